@@ -1,0 +1,60 @@
+"""What every command shares: the registry option, error reporting, tables and progress."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from functools import wraps
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from schedhub.registry import Registry, RegistryError, RegistryUnavailable, connect
+
+DEFAULT_HOME = Path(os.environ.get("SCHEDHUB_HOME", Path.home() / ".local" / "share" / "schedhub"))
+DEFAULT_REGISTRY = os.environ.get("SCHEDHUB_REGISTRY", str(DEFAULT_HOME / "registry"))
+EXIT_ERROR, EXIT_UNAVAILABLE = 1, 3
+
+console = Console(stderr=True)
+out = Console()
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def registry_option(f: F) -> F:
+    f = click.option("--token", envvar="SCHEDHUB_TOKEN", default=None, help="Bearer token for writes [env SCHEDHUB_TOKEN].")(f)
+    f = click.option(
+        "--registry", "-r", "registry", default=DEFAULT_REGISTRY, show_default=True, envvar="SCHEDHUB_REGISTRY",
+        help="Registry URL (http://…) or local store directory [env SCHEDHUB_REGISTRY].",
+    )(f)  # fmt: skip
+    return f
+
+
+def open_registry(spec: str, token: str | None = None, readonly: bool = False) -> Registry:
+    if spec.startswith(("http://", "https://")):
+        return connect(spec, token=token)
+    return connect(spec, readonly=readonly)
+
+
+def reports_errors(f: F) -> F:
+    """Named errors become one line on stderr and an exit code, not a traceback."""
+
+    @wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return f(*args, **kwargs)
+        except RegistryUnavailable as exc:
+            console.print(f"[red]error:[/] {exc}")
+            raise SystemExit(EXIT_UNAVAILABLE) from None
+        except (RegistryError, OSError, ValueError) as exc:
+            console.print(f"[red]error:[/] {exc}")
+            raise SystemExit(EXIT_ERROR) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def progress(description: str, total: int | None = None) -> Progress:
+    return Progress(TextColumn(description), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=console, transient=False, disable=not console.is_terminal)  # fmt: skip

@@ -1,0 +1,105 @@
+"""Commands that read a registry: ls, show, stats, queue (and requeue)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+from rich.table import Table
+
+from schedhub.registry import NotFound, Record, Registry
+
+from .common import open_registry, out, registry_option, reports_errors
+
+
+def _dump(obj: Any) -> None:
+    click.echo(json.dumps(obj, indent=2, sort_keys=True, default=str))
+
+
+@click.command("ls")
+@registry_option
+@click.option("--op", default=None, help="Only this op (fused function name).")
+@click.option("--target", default=None, help="Only this target kind (llvm, cuda) or canonical target text.")
+@click.option("--limit", default=50, show_default=True, help="At most this many keys (newest changes last).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@reports_errors
+def ls(registry: str, token: str | None, op: str | None, target: str | None, limit: int, as_json: bool) -> None:
+    """List keys with their op, target and best time."""
+    reg = open_registry(registry, token, readonly=True)
+    rows = reg.summaries(op, target)[-limit:]
+    if as_json:
+        return _dump([r.to_dict() for r in rows])
+    table = Table("key", "op", "target", "records", "best µs")
+    for r in rows:
+        table.add_row(r.key[:16], r.op, r.kind, str(r.count), f"{r.best_secs * 1e6:.2f}")
+    out.print(table)
+
+
+def resolve_key(reg: Registry, key: str) -> str:
+    """A full key from a unique prefix of at least 8 hex characters."""
+    if len(key) == 64:
+        return key
+    if len(key) < 8:
+        raise NotFound("give at least 8 characters of the key")
+    matches = [s.key for s in reg.summaries() if s.key.startswith(key)]
+    if len(matches) != 1:
+        raise NotFound(f"{len(matches)} keys start with {key!r}")
+    return matches[0]
+
+
+@click.command()
+@click.argument("key")
+@registry_option
+@click.option("--json", "as_json", is_flag=True, help="Print the records as JSON.")
+@click.option("--workload", is_flag=True, help="Also print the canonical workload text.")
+@reports_errors
+def show(key: str, registry: str, token: str | None, as_json: bool, workload: bool) -> None:
+    """Show the records of one key (a unique prefix will do), best first."""
+    reg = open_registry(registry, token, readonly=True)
+    full = resolve_key(reg, key)
+    records: list[Record] = reg.get(full)
+    if not records:
+        raise NotFound(f"no records for key {full}")
+    if as_json:
+        return _dump([r.to_dict() for r in records])
+    ident = records[0].identity
+    out.print(f"[bold]{full}[/]\nop {ident.op}\ntarget {ident.target}\ncompiler {ident.fingerprint}")
+    out.print("args " + ", ".join(f"{a[1]}{a[2]}" for a in ident.args_info))
+    table = Table("rank", "trace", "mean µs", "runs", "provenance")
+    for i, r in enumerate(records):
+        prov = ", ".join(f"{k}={v}" for k, v in sorted(r.provenance.items()))
+        table.add_row(str(i), r.trace_id, f"{r.mean_secs * 1e6:.2f}", str(len(r.run_secs)), prov)
+    out.print(table)
+    if workload:
+        out.print(ident.workload, markup=False, highlight=False)
+
+
+@click.command()
+@registry_option
+@reports_errors
+def stats(registry: str, token: str | None) -> None:
+    """Store size, queue states and (for a server) request counters."""
+    _dump(open_registry(registry, token, readonly=True).stats())
+
+
+@click.command()
+@registry_option
+@click.option("--state", type=click.Choice(["pending", "leased", "done", "dead"]), default=None)
+@reports_errors
+def queue(registry: str, token: str | None, state: str | None) -> None:
+    """Jobs in the miss queue."""
+    table = Table("key", "op", "state", "demand", "attempts", "last error")
+    for job in open_registry(registry, token, readonly=True).jobs(state):
+        table.add_row(job["key"][:16], job["op"], job["state"], str(job["demand"]), str(job["attempts"]), job["last_error"][:60])
+    out.print(table)
+
+
+@click.command()
+@click.argument("key")
+@registry_option
+@reports_errors
+def requeue(key: str, registry: str, token: str | None) -> None:
+    """Put a dead (or done) queue job back to pending."""
+    open_registry(registry, token).requeue(key)
+    click.echo(f"requeued {key}")

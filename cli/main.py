@@ -1,0 +1,58 @@
+"""The ``schedhub`` command."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from schedhub.registry import load_tokens, serve as serve_registry
+
+from .argfiles import ArgFileError, expand
+from .common import DEFAULT_REGISTRY, EXIT_ERROR, console, reports_errors
+from .inspect_cmds import ls, queue, requeue, show, stats
+from .transfer_cmds import export_cmd, import_cmd, pull, push
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(package_name="schedhub")
+def cli() -> None:
+    """schedhub: a content-addressed registry of tuned TVM schedules.
+
+    Any argument of the form @FILE.yaml expands into the options its mapping names.
+    """
+
+
+@cli.command()
+@click.option("--root", default=DEFAULT_REGISTRY, show_default=True, type=click.Path(path_type=Path), help="LMDB store directory.")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8470, show_default=True, type=int)
+@click.option("--token-file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="File of 'name token' lines allowed to write (also $SCHEDHUB_TOKEN).")  # fmt: skip
+@click.option("--read-only", is_flag=True, help="Refuse every write.")
+@click.option("--no-sync", is_flag=True, help="Skip fsync on commit (faster; a power loss may drop recent writes).")
+@click.option("--max-body", default=16 << 20, show_default=True, help="Largest request body in bytes.")
+@reports_errors
+def serve(root: Path, host: str, port: int, token_file: str | None, read_only: bool, no_sync: bool, max_body: int) -> None:
+    """Serve a registry over HTTP (msgpack for programs, JSON for people, / for a dashboard)."""
+    tokens = load_tokens(token_file)
+    console.print(f"schedhub registry at {root} on http://{host}:{port} ({'read-only' if read_only else f'{len(tokens)} token(s)' if tokens else 'open writes: loopback only'})")
+    serve_registry(root, host, port, tokens=tokens, read_only=read_only, sync=not no_sync, max_body=max_body)
+
+
+for command in (push, pull, export_cmd, import_cmd, ls, show, stats, queue, requeue):
+    cli.add_command(command)
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        args = expand(sys.argv[1:] if argv is None else argv)
+    except ArgFileError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise SystemExit(EXIT_ERROR) from None
+    cli.main(args=args, prog_name="schedhub")
+
+
+if __name__ == "__main__":
+    main()

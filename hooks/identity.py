@@ -1,0 +1,147 @@
+"""Workload identity on the TVM side: canonical strings → the registry's content address.
+
+- canonical workload: the PrimFunc's TVMScript with its parameters renamed ``arg0..argN`` and
+  comment lines dropped. Parameter names come from Relax variable names (``x``, ``l1_bias``), so
+  without the rename one dense layer in two models would get two keys.
+- canonical target: the target's ``export()`` as sorted JSON (see registry.canonical_target).
+- compiler fingerprint: TVM and tvm-ffi versions plus the hashes of the loaded libtvm builds.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import importlib.metadata
+import io
+import json
+import re
+import tokenize
+from pathlib import Path
+from typing import Any
+
+import tvm
+from tvm import tirx
+
+from schedhub.registry import SCHEMA_VERSION, Identity, canonical_target, record_key
+
+_SBLOCK = re.compile(r'T\.sblock\("([^"]+)"\)')
+
+
+def plain_json(obj: Any) -> Any:
+    """A TVM value made of FFI containers and IntImm/FloatImm, as plain JSON values."""
+    return json.loads(json.dumps(obj, default=_ffi_default))
+
+
+def _ffi_default(obj: Any) -> Any:
+    if hasattr(obj, "value") and isinstance(obj.value, (int, float, bool)):
+        return obj.value
+    if hasattr(obj, "items"):
+        return {str(k): v for k, v in obj.items()}
+    if hasattr(obj, "__iter__") and not isinstance(obj, (str, bytes)):
+        return list(obj)
+    return str(obj)
+
+
+def as_module(func: tvm.IRModule | tirx.PrimFunc) -> tvm.IRModule:
+    """One PrimFunc as a module whose function is named ``main`` (MetaSchedule's workload form)."""
+    if isinstance(func, tvm.IRModule):
+        prim = [f for _, f in func.functions_items() if isinstance(f, tirx.PrimFunc)]
+        if len(prim) != 1:
+            raise ValueError(f"expected a module of one PrimFunc, found {len(prim)}")
+        func = prim[0]
+    return tvm.IRModule({"main": func.with_attr("global_symbol", "main") if "global_symbol" in (func.attrs or {}) else func})
+
+
+def canonical_workload(func: tvm.IRModule | tirx.PrimFunc) -> str:
+    """TVMScript of the workload, parameters renamed ``arg0..argN``, comment lines dropped."""
+    return rename_parameters(as_module(func).script())
+
+
+def rename_parameters(script: str) -> str:
+    tree = ast.parse(script)
+    funcs = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]
+    if len(funcs) != 1:
+        raise ValueError(f"expected one function in the workload script, found {len(funcs)}")
+    names = {a.arg: f"arg{i}" for i, a in enumerate(funcs[0].args.args)}
+    out: list[tokenize.TokenInfo] = []
+    previous = ""
+    for tok in tokenize.generate_tokens(io.StringIO(script).readline):
+        if tok.type == tokenize.COMMENT:
+            continue
+        if tok.type == tokenize.NAME and tok.string in names and previous != ".":
+            tok = tok._replace(string=names[tok.string])
+        previous = tok.string if tok.type == tokenize.OP else ""
+        out.append(tok)
+    text = tokenize.untokenize(out)
+    return "\n".join(line.rstrip() for line in text.splitlines() if line.strip()) + "\n"
+
+
+def workload_module(text: str) -> tvm.IRModule:
+    """Parse a canonical workload text back into the module it describes."""
+    parsed = tvm.script.from_source(text)
+    return parsed if isinstance(parsed, tvm.IRModule) else tvm.IRModule({"main": parsed})
+
+
+def target_text(target: tvm.target.Target | dict[str, Any] | str) -> str:
+    if isinstance(target, str):
+        target = tvm.target.Target(target)
+    exported = target.export() if isinstance(target, tvm.target.Target) else target
+    return canonical_target(plain_json(exported))
+
+
+def target_from_text(text: str) -> tvm.target.Target:
+    return tvm.target.Target(json.loads(text))
+
+
+@functools.lru_cache(maxsize=1)
+def compiler_fingerprint() -> str:
+    """What decides the code TVM emits: versions and the hashes of the libtvm builds in use."""
+    parts = [f"tvm={tvm.__version__}"]
+    try:
+        import tvm_ffi
+
+        parts.append(f"tvm-ffi={tvm_ffi.__version__}")
+    except ImportError:  # a source build without the separate ffi package
+        pass
+    parts.append(f"libtvm={_library_digest()}")
+    return ";".join(parts)
+
+
+def _library_digest() -> str:
+    """sha256 (16 hex) over the libtvm libraries: from the wheel's RECORD, else from the files."""
+    hashes = []
+    try:
+        for f in importlib.metadata.distribution("apache-tvm").files or []:
+            if f.name.startswith("libtvm") and f.name.endswith(".so") and f.hash is not None:
+                hashes.append(f"{f.name}:{f.hash.value}")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    if not hashes:  # a source build: hash the loaded libraries themselves (slower, once a process)
+        lib_dir = Path(tvm.__file__).parent
+        for path in sorted(lib_dir.rglob("libtvm*.so")):
+            hashes.append(f"{path.name}:{hashlib.sha256(path.read_bytes()).hexdigest()}")
+    return hashlib.sha256("\n".join(sorted(hashes)).encode()).hexdigest()[:16]
+
+
+def op_name(func: tvm.IRModule | tirx.PrimFunc) -> str:
+    """A readable op name when TVM gave none (e.g. a MetaSchedule database): its block names."""
+    names = [n for n in dict.fromkeys(_SBLOCK.findall(as_module(func).script())) if n != "root"]
+    return ("fused_" if len(names) > 1 else "") + "_".join(names) if names else "main"
+
+
+def args_info(func: tvm.IRModule | tirx.PrimFunc) -> list[Any]:
+    from tvm.s_tir import meta_schedule as ms
+
+    return [plain_json(a.as_json()) for a in ms.arg_info.ArgInfo.from_prim_func(as_module(func)["main"])]
+
+
+def workload_identity(func: tvm.IRModule | tirx.PrimFunc, target: tvm.target.Target | dict[str, Any] | str, op: str | None = None) -> Identity:
+    """The registry identity of one kernel for one target under this compiler."""
+    workload = canonical_workload(func)
+    tgt = target_text(target)
+    fingerprint = compiler_fingerprint()
+    return Identity(
+        key=record_key(fingerprint, tgt, workload), schema=SCHEMA_VERSION, fingerprint=fingerprint,
+        target=tgt, workload=workload, op=op or op_name(func), args_info=args_info(func),
+    )  # fmt: skip

@@ -1,0 +1,58 @@
+"""schedhub.registry: tuned TVM schedules keyed by content address, in LMDB, over HTTP.
+
+Needs neither TVM nor Ray. Public surface:
+
+- keys: :func:`record_key`, :func:`canonical_target`, :data:`SCHEMA_VERSION`
+- records: :class:`Record`, :class:`Identity` (canonical msgpack codec with validation)
+- storage: :class:`LocalRegistry` over an LMDB root (:class:`Store`, :class:`MissQueue` beneath)
+- HTTP: :func:`create_app` (Starlette) and :class:`RegistryClient` (httpx), same method names
+- :func:`connect`: an instance, a URL or a directory → a registry
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Union
+
+from ._client import RegistryClient
+from ._errors import (
+    InvalidRecord,
+    KeyMismatch,
+    LeaseLost,
+    NotFound,
+    PayloadTooLarge,
+    RegistryError,
+    RegistryUnavailable,
+    Unauthorized,
+)
+from ._keys import SCHEMA_VERSION, canonical_target, is_key, record_key, target_kind
+from ._queue import DEAD, DONE, LEASED, PENDING, Lease, MissQueue
+from ._records import Identity, Record, packb, unpackb
+from ._serve import InsecureServerError, ServerThread, load_tokens, serve
+from ._server import create_app
+from ._service import LocalRegistry
+from ._store import KeySummary, PutResult, Store, StoreFormatError
+
+Registry = Union[LocalRegistry, RegistryClient]
+
+
+def connect(spec: Registry | str | os.PathLike[str], **options: object) -> Registry:
+    """A registry from an instance (returned as is), an ``http(s)://`` URL or a store directory."""
+    if isinstance(spec, (LocalRegistry, RegistryClient)):
+        return spec
+    text = os.fspath(spec)
+    if text.startswith(("http://", "https://")):
+        return RegistryClient(text, **options)  # type: ignore[arg-type]
+    return LocalRegistry(text, **options)  # type: ignore[arg-type]
+
+
+__all__ = [
+    "SCHEMA_VERSION", "record_key", "canonical_target", "is_key", "target_kind",
+    "Record", "Identity", "packb", "unpackb",
+    "Store", "StoreFormatError", "MissQueue", "Lease", "KeySummary", "PutResult",
+    "PENDING", "LEASED", "DONE", "DEAD",
+    "LocalRegistry", "RegistryClient", "Registry", "connect", "create_app",
+    "serve", "ServerThread", "load_tokens", "InsecureServerError",
+    "RegistryError", "InvalidRecord", "KeyMismatch", "PayloadTooLarge", "NotFound",
+    "Unauthorized", "LeaseLost", "RegistryUnavailable",
+]  # fmt: skip

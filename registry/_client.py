@@ -1,0 +1,203 @@
+"""RegistryClient: the registry's operations over HTTP, with the method names of LocalRegistry.
+
+One persistent httpx connection per client, msgpack both ways, timeouts on every call, and
+retries where they are safe: always when the connection could not be made (nothing was sent),
+and on a dropped connection for idempotent calls. ``transport=`` lets tests run the real ASGI
+app in process.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import httpx
+
+from ._errors import RegistryUnavailable, error_for_status
+from ._queue import Lease
+from ._records import Identity, Record, packb, unpackb
+from ._store import KeySummary, PutResult
+from ._wire import MSGPACK
+
+LOOKUP_CHUNK = 4096
+PUSH_CHUNK_BYTES = 8 << 20
+_SAFE_TO_RESEND = (httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError)
+
+
+class RegistryClient:
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str | None = None,
+        timeout: float = 10.0,
+        retries: int = 3,
+        backoff: float = 0.2,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.retries = retries
+        self.backoff = backoff
+        token = token if token is not None else os.environ.get("SCHEDHUB_TOKEN")
+        headers = {"accept": MSGPACK, "user-agent": "schedhub"}
+        if token:
+            headers["authorization"] = f"Bearer {token}"
+        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout, transport=transport)
+
+    @property
+    def location(self) -> str:
+        return self.url
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> RegistryClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- transport -------------------------------------------------------------------------
+
+    def _call(self, method: str, path: str, body: Any = None, *, params: dict[str, Any] | None = None,
+              idempotent: bool = True, allow_404: bool = False) -> Any:  # fmt: skip
+        content = packb(body) if body is not None else None
+        headers = {"content-type": MSGPACK} if content is not None else None
+        for attempt in range(self.retries + 1):
+            try:
+                response = self._http.request(method, path, content=content, headers=headers, params=params)
+                break
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                failure: Exception = exc
+            except _SAFE_TO_RESEND as exc:
+                if not idempotent:
+                    raise RegistryUnavailable(f"{method} {self.url}{path}: connection lost ({exc}); the request may or may not have applied") from None
+                failure = exc
+            except httpx.TimeoutException as exc:
+                raise RegistryUnavailable(f"{method} {self.url}{path} timed out ({exc.__class__.__name__})") from None
+            if attempt < self.retries:
+                time.sleep(self.backoff * 2**attempt)
+        else:
+            raise RegistryUnavailable(f"registry at {self.url} is unreachable after {self.retries + 1} tries: {failure}")
+        if response.status_code == 404 and allow_404:
+            return None
+        if response.status_code >= 400:
+            raise error_for_status(response.status_code, _error_message(response))
+        if method == "HEAD":
+            return True
+        if not response.content:
+            return None
+        return unpackb(response.content) if response.headers.get("content-type", "").startswith(MSGPACK) else response.json()
+
+    # -- records ---------------------------------------------------------------------------
+
+    def get_raw(self, key: str) -> list[bytes]:
+        answer = self._call("GET", f"/v1/records/{key}", allow_404=True)
+        return list(answer["records"]) if answer else []
+
+    def get(self, key: str) -> list[Record]:
+        return [Record.from_bytes(b) for b in self.get_raw(key)]
+
+    def exists(self, key: str) -> bool:
+        return self._call("HEAD", f"/v1/records/{key}", allow_404=True) is not None
+
+    def lookup_raw(self, keys: list[str]) -> dict[str, list[bytes]]:
+        found: dict[str, list[bytes]] = {}
+        unique = list(dict.fromkeys(keys))
+        for i in range(0, len(unique), LOOKUP_CHUNK):
+            answer = self._call("POST", "/v1/lookup", {"keys": unique[i : i + LOOKUP_CHUNK]})
+            found.update({k: list(v) for k, v in answer["records"].items()})
+        return found
+
+    def lookup(self, keys: list[str]) -> dict[str, list[Record]]:
+        return {k: [Record.from_bytes(b) for b in v] for k, v in self.lookup_raw(keys).items()}
+
+    def put_many(self, records: Iterable[Record], pushed_by: str = "") -> list[PutResult]:
+        """Push records in batches of about PUSH_CHUNK_BYTES; each batch is one transaction.
+
+        ``pushed_by`` is decided by the server from the bearer token; the argument is ignored.
+        """
+        results: list[PutResult] = []
+        batch: list[dict[str, Any]] = []
+        size = 0
+        for record in records:
+            data = record.to_dict()
+            batch.append(data)
+            size += len(record.to_bytes())
+            if size >= PUSH_CHUNK_BYTES:
+                results += self._push(batch)
+                batch, size = [], 0
+        if batch:
+            results += self._push(batch)
+        return results
+
+    def _push(self, batch: list[dict[str, Any]]) -> list[PutResult]:
+        answer = self._call("POST", "/v1/records", {"records": batch})
+        return [PutResult(**r) for r in answer["results"]]
+
+    def put(self, record: Record, pushed_by: str = "") -> PutResult:
+        answer = self._call("PUT", f"/v1/records/{record.key}", record.to_dict())
+        return PutResult(**answer)
+
+    def quarantine(self, key: str, trace_id: str, reason: str) -> bool:
+        return self._call("POST", f"/v1/records/{key}/quarantine", {"trace_id": trace_id, "reason": reason}, allow_404=True) is not None
+
+    def summaries(self, op: str | None = None, target: str | None = None, since: int = 0, limit: int | None = None) -> list[KeySummary]:
+        params = _params(op=op, target=target, since=since, limit=limit)
+        return [KeySummary(**item) for item in self._call("GET", "/v1/records", params=params)["items"]]
+
+    def iter_raw(self, op: str | None = None, target: str | None = None, since: int = 0, page: int = 256) -> Iterator[tuple[KeySummary, list[bytes]]]:
+        """Every matching key with its records' bytes, one page per request."""
+        while True:
+            answer = self._call("GET", "/v1/records", params=_params(op=op, target=target, since=since, limit=page, include="records"))
+            for item in answer["items"]:
+                raws = list(item.pop("records"))
+                yield KeySummary(**item), raws
+            if not answer["more"]:
+                return
+            since = answer["next"]
+
+    # -- queue -----------------------------------------------------------------------------
+
+    def report_misses(self, misses: Iterable[Identity]) -> list[dict[str, Any]]:
+        body = {"misses": [m.to_dict() for m in misses]}
+        return self._call("POST", "/v1/misses", body, idempotent=False)["results"]
+
+    def lease(self, worker: str, max_jobs: int = 1, lease_secs: float = 300.0) -> list[Lease]:
+        answer = self._call("POST", "/v1/queue/lease", {"worker": worker, "max_jobs": max_jobs, "lease_secs": lease_secs}, idempotent=False)
+        return [Lease(**item) for item in answer["leases"]]
+
+    def renew(self, key: str, lease_id: str, lease_secs: float = 300.0) -> float:
+        return self._call("POST", f"/v1/queue/{key}/renew", {"lease_id": lease_id, "lease_secs": lease_secs})["expires"]
+
+    def ack(self, key: str, lease_id: str) -> None:
+        self._call("POST", f"/v1/queue/{key}/ack", {"lease_id": lease_id})
+
+    def fail(self, key: str, lease_id: str, error: str) -> str:
+        return self._call("POST", f"/v1/queue/{key}/fail", {"lease_id": lease_id, "error": error}, idempotent=False)["state"]
+
+    def requeue(self, key: str) -> None:
+        self._call("POST", f"/v1/queue/{key}/requeue", {})
+
+    def jobs(self, state: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/queue", params=_params(state=state))["jobs"][:limit]
+
+    def stats(self) -> dict[str, Any]:
+        return self._call("GET", "/v1/stats")
+
+    def health(self) -> bool:
+        return bool(self._call("GET", "/healthz")["ok"])
+
+
+def _params(**values: Any) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if v is not None and v != ""}
+
+
+def _error_message(response: httpx.Response) -> str:
+    try:
+        body = unpackb(response.content) if response.headers.get("content-type", "").startswith(MSGPACK) else response.json()
+        return str(body.get("message", body))
+    except Exception:  # an error page that is not ours (a proxy, say): show its start
+        return response.text[:300]

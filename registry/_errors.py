@@ -1,0 +1,65 @@
+"""Named errors of the registry.
+
+    RegistryError
+    ├── InvalidRecord          a record or request body that fails validation (HTTP 400/422)
+    │   └── KeyMismatch        the key does not hash from the record's own fields (422)
+    ├── PayloadTooLarge        a body or field over its size limit (413)
+    ├── NotFound               no record / no queue job under that key (404)
+    ├── Unauthorized           a write without a valid bearer token (401)
+    ├── LeaseLost              ack/fail/renew with a lease that expired or was re-leased (409)
+    └── RegistryUnavailable    the registry could not be reached or answered 5xx
+"""
+
+from __future__ import annotations
+
+
+class RegistryError(Exception):
+    """Base of every error the registry raises on purpose."""
+
+    status = 500
+
+
+class InvalidRecord(RegistryError):
+    status = 400
+
+
+class KeyMismatch(InvalidRecord):
+    status = 422
+
+
+class PayloadTooLarge(RegistryError):
+    status = 413
+
+
+class NotFound(RegistryError):
+    status = 404
+
+
+class Unauthorized(RegistryError):
+    status = 401
+
+
+class LeaseLost(RegistryError):
+    status = 409
+
+
+class RegistryUnavailable(RegistryError):
+    status = 503
+
+
+BY_STATUS: dict[int, type[RegistryError]] = {
+    400: InvalidRecord,
+    401: Unauthorized,
+    403: Unauthorized,
+    404: NotFound,
+    409: LeaseLost,
+    413: PayloadTooLarge,
+    422: KeyMismatch,
+}
+
+
+def error_for_status(status: int, message: str) -> RegistryError:
+    """The named error a client raises for an HTTP error answer."""
+    if status >= 500:
+        return RegistryUnavailable(f"registry error {status}: {message}")
+    return BY_STATUS.get(status, RegistryError)(message)

@@ -1,0 +1,78 @@
+"""The OpenAPI description served at /openapi.json (hand-written: the API is small and stable)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _op(summary: str, body: str | None = None, ok: str = "200", auth: bool = False, params: list[str] | None = None) -> dict[str, Any]:
+    op: dict[str, Any] = {"summary": summary, "responses": {ok: {"description": "ok"}, "4XX": {"$ref": "#/components/responses/Error"}}}
+    if body:
+        op["requestBody"] = {"required": True, "content": {m: {"schema": {"$ref": f"#/components/schemas/{body}"}} for m in ("application/msgpack", "application/json")}}
+    if auth:
+        op["security"] = [{"bearer": []}]
+    if params:
+        op["parameters"] = [{"name": p, "in": "query", "required": False, "schema": {"type": "string"}} for p in params]
+    return op
+
+
+_KEY = {"name": "key", "in": "path", "required": True, "schema": {"type": "string", "pattern": "^[0-9a-f]{64}$"}}
+_IDENTITY = {
+    "key": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+    "schema": {"type": "string"},
+    "fingerprint": {"type": "string"},
+    "target": {"type": "string", "description": "canonical target JSON text"},
+    "workload": {"type": "string", "description": "canonical TVMScript of the fused PrimFunc"},
+    "op": {"type": "string"},
+    "args_info": {"type": "array"},
+}
+
+OPENAPI: dict[str, Any] = {
+    "openapi": "3.1.0",
+    "info": {"title": "schedhub registry", "version": "1",
+             "description": "Tuned TVM schedules keyed by sha256(schema ‖ fingerprint ‖ target ‖ workload). "
+                            "Bodies are msgpack (Content-Type/Accept: application/msgpack) or JSON."},  # fmt: skip
+    "paths": {
+        "/healthz": {"get": _op("liveness")},
+        "/v1/stats": {"get": _op("store, queue and request counters")},
+        "/v1/records": {
+            "get": _op("page through keys changed after a cursor", params=["since", "limit", "op", "target", "include"]),
+            "post": _op("push many records in one transaction", "RecordBatch", auth=True),
+        },
+        "/v1/records/{key}": {
+            "parameters": [_KEY],
+            "get": _op("the key's records, best first"),
+            "head": _op("does the key have records"),
+            "put": _op("push one record; the key must hash from its fields", "Record", "201", auth=True),
+        },
+        "/v1/records/{key}/quarantine": {"parameters": [_KEY], "post": _op("take a record that fails to replay out of service", "Quarantine", auth=True)},
+        "/v1/lookup": {"post": _op("records of many keys in one round trip", "Lookup")},
+        "/v1/misses": {"post": _op("report workloads without records (queued for tuning)", "MissBatch", auth=True)},
+        "/v1/queue": {"get": _op("queue jobs", params=["state"])},
+        "/v1/queue/lease": {"post": _op("lease pending jobs", "LeaseRequest", auth=True)},
+        "/v1/queue/{key}/{action}": {
+            "parameters": [_KEY, {"name": "action", "in": "path", "required": True, "schema": {"enum": ["renew", "ack", "fail", "requeue"]}}],
+            "post": _op("renew, ack or fail a held lease; requeue a dead job", "LeaseAction", auth=True),
+        },
+    },
+    "components": {
+        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        "responses": {"Error": {"description": "error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}},
+        "schemas": {
+            "Error": {"type": "object", "properties": {"error": {"type": "string"}, "message": {"type": "string"}, "status": {"type": "integer"}}},
+            "Identity": {"type": "object", "required": list(_IDENTITY), "properties": _IDENTITY},
+            "Record": {
+                "type": "object",
+                "required": [*_IDENTITY, "trace", "run_secs"],
+                "properties": {**_IDENTITY, "trace": {"type": "string"}, "run_secs": {"type": "array", "items": {"type": "number", "exclusiveMinimum": 0}},
+                               "provenance": {"type": "object"}},  # fmt: skip
+            },
+            "RecordBatch": {"type": "object", "required": ["records"], "properties": {"records": {"type": "array", "items": {"$ref": "#/components/schemas/Record"}}}},
+            "MissBatch": {"type": "object", "required": ["misses"], "properties": {"misses": {"type": "array", "items": {"$ref": "#/components/schemas/Identity"}}}},
+            "Lookup": {"type": "object", "required": ["keys"], "properties": {"keys": {"type": "array", "items": {"type": "string"}, "maxItems": 4096}}},
+            "Quarantine": {"type": "object", "required": ["trace_id"], "properties": {"trace_id": {"type": "string"}, "reason": {"type": "string"}}},
+            "LeaseRequest": {"type": "object", "required": ["worker"], "properties": {"worker": {"type": "string"}, "max_jobs": {"type": "integer"}, "lease_secs": {"type": "number"}}},
+            "LeaseAction": {"type": "object", "properties": {"lease_id": {"type": "string"}, "lease_secs": {"type": "number"}, "error": {"type": "string"}}},
+        },
+    },
+}

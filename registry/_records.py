@@ -1,0 +1,223 @@
+"""Record schema and its canonical msgpack codec.
+
+A *record* is one tuned schedule for one workload: what MetaSchedule needs to replay it (trace,
+run_secs, target, args_info) plus the canonical workload text and provenance. Its canonical bytes
+are msgpack of a map with sorted keys; the store and the wire keep exactly those bytes, so a record
+pulled is byte-identical to the record pushed.
+
+A *miss* carries the same identity fields without a schedule: enough to tune the workload later.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import msgpack
+
+from ._errors import InvalidRecord, KeyMismatch, PayloadTooLarge
+from ._keys import SCHEMA_VERSION, is_key, record_key
+
+MAX_RECORD_BYTES = 1 << 20  # one encoded record
+MAX_TEXT_CHARS = 512 << 10  # workload text, trace text
+MAX_SHORT_CHARS = 4096  # op, target, fingerprint, provenance values
+MAX_RUN_SECS = 1000
+MAX_ARGS = 256
+MAX_PROVENANCE_FIELDS = 64
+
+
+def packb(obj: Any) -> bytes:
+    """Canonical msgpack: sorted map keys, str as str, bytes as bin, floats as float64."""
+    return msgpack.packb(_sorted(obj), use_bin_type=True)
+
+
+def unpackb(data: bytes) -> Any:
+    """Parse msgpack from an untrusted source; any malformation becomes InvalidRecord."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise InvalidRecord("expected msgpack bytes")
+    try:
+        return msgpack.unpackb(bytes(data), raw=False, strict_map_key=True, ext_hook=_no_ext)
+    except InvalidRecord:
+        raise
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:  # ExtraData, OutOfData, …
+        raise InvalidRecord(f"malformed msgpack: {exc.__class__.__name__}: {exc}") from None
+
+
+def _no_ext(code: int, data: bytes) -> Any:
+    raise InvalidRecord(f"msgpack extension type {code} is not accepted")
+
+
+def _sorted(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _sorted(obj[k]) for k in sorted(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [_sorted(v) for v in obj]
+    return obj
+
+
+# -- field validation -------------------------------------------------------------------------
+
+
+def _require_map(obj: Any, what: str) -> dict[str, Any]:
+    if not isinstance(obj, dict):
+        raise InvalidRecord(f"{what} must be a map/object, got {type(obj).__name__}")
+    return obj
+
+
+def _text(obj: dict[str, Any], name: str, limit: int = MAX_SHORT_CHARS, empty: bool = False) -> str:
+    value = obj.get(name)
+    if not isinstance(value, str):
+        raise InvalidRecord(f"field {name!r} must be a string, got {type(value).__name__}")
+    if not value and not empty:
+        raise InvalidRecord(f"field {name!r} must not be empty")
+    if len(value) > limit:
+        raise PayloadTooLarge(f"field {name!r} has {len(value)} characters, the limit is {limit}")
+    return value
+
+
+def _args_info(value: Any) -> list[Any]:
+    """MetaSchedule ArgInfo JSON: ``["TENSOR", dtype, [dims…]]`` per argument."""
+    if not isinstance(value, list) or len(value) > MAX_ARGS:
+        raise InvalidRecord(f"field 'args_info' must be a list of at most {MAX_ARGS} arguments")
+    for i, arg in enumerate(value):
+        ok = (
+            isinstance(arg, list)
+            and len(arg) == 3
+            and arg[0] == "TENSOR"
+            and isinstance(arg[1], str)
+            and isinstance(arg[2], list)
+            and all(isinstance(d, int) and not isinstance(d, bool) for d in arg[2])
+        )
+        if not ok:
+            raise InvalidRecord(f"args_info[{i}] must be [\"TENSOR\", dtype, [int, …]], got {arg!r:.200}")
+    return value
+
+
+def _run_secs(value: Any) -> list[float]:
+    if not isinstance(value, list) or not value or len(value) > MAX_RUN_SECS:
+        raise InvalidRecord(f"field 'run_secs' must be a list of 1..{MAX_RUN_SECS} seconds")
+    out = []
+    for v in value:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise InvalidRecord(f"run_secs must be finite positive numbers, got {v!r}")
+        out.append(float(v))
+    return out
+
+
+def _provenance(value: Any) -> dict[str, Any]:
+    prov = _require_map(value if value is not None else {}, "provenance")
+    if len(prov) > MAX_PROVENANCE_FIELDS:
+        raise InvalidRecord(f"provenance has more than {MAX_PROVENANCE_FIELDS} fields")
+    for k, v in prov.items():
+        if not isinstance(k, str) or (v is not None and not isinstance(v, (str, int, float, bool))):
+            raise InvalidRecord(f"provenance values must be scalars, got {k!r}: {type(v).__name__}")
+        if isinstance(v, str) and len(v) > MAX_SHORT_CHARS:
+            raise PayloadTooLarge(f"provenance field {k!r} is over {MAX_SHORT_CHARS} characters")
+    return dict(prov)
+
+
+@dataclass(frozen=True)
+class Identity:
+    """The hashed fields of a workload and what is kept beside them for search."""
+
+    key: str
+    schema: str
+    fingerprint: str
+    target: str
+    workload: str
+    op: str
+    args_info: list[Any]
+
+    @classmethod
+    def from_obj(cls, obj: Any, expected_key: str | None = None) -> Identity:
+        obj = _require_map(obj, "body")
+        key = _text(obj, "key", 64)
+        if not is_key(key):
+            raise InvalidRecord("field 'key' must be 64 lowercase hex characters (sha256)")
+        if expected_key is not None and key != expected_key:
+            raise KeyMismatch(f"the URL names key {expected_key} but the body carries key {key}")
+        ident = cls(
+            key=key,
+            schema=_text(obj, "schema", 64),
+            fingerprint=_text(obj, "fingerprint"),
+            target=_text(obj, "target"),
+            workload=_text(obj, "workload", MAX_TEXT_CHARS),
+            op=_text(obj, "op", 256),
+            args_info=_args_info(obj.get("args_info")),
+        )
+        if ident.schema != SCHEMA_VERSION:
+            raise InvalidRecord(f"schema {ident.schema!r} is not supported; this registry speaks {SCHEMA_VERSION!r}")
+        derived = record_key(ident.fingerprint, ident.target, ident.workload, ident.schema)
+        if derived != key:
+            raise KeyMismatch(
+                f"key {key} does not match its content: schema, fingerprint, target and workload hash to {derived}"
+            )
+        return ident
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Record:
+    """One tuned schedule of one workload."""
+
+    identity: Identity
+    trace: str  # JSON text of a MetaSchedule Trace
+    run_secs: list[float]
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return self.identity.key
+
+    @property
+    def mean_secs(self) -> float:
+        return sum(self.run_secs) / len(self.run_secs)
+
+    @property
+    def trace_id(self) -> str:
+        """Short content id of the schedule: two pushes of one trace are one entry."""
+        return hashlib.sha256(self.trace.encode()).hexdigest()[:16]
+
+    @classmethod
+    def from_obj(cls, obj: Any, expected_key: str | None = None) -> Record:
+        obj = _require_map(obj, "record")
+        unknown = set(obj) - _RECORD_FIELDS
+        if unknown:
+            raise InvalidRecord(f"unknown record fields: {sorted(unknown)}")
+        identity = Identity.from_obj(obj, expected_key)
+        trace = _text(obj, "trace", MAX_TEXT_CHARS)
+        try:
+            parsed = json.loads(trace)
+        except ValueError:
+            raise InvalidRecord("field 'trace' must be the JSON text of a MetaSchedule trace") from None
+        if not isinstance(parsed, list):
+            raise InvalidRecord("field 'trace' must be a JSON list (MetaSchedule Trace.as_json())")
+        return cls(identity, trace, _run_secs(obj.get("run_secs")), _provenance(obj.get("provenance")))
+
+    @classmethod
+    def from_bytes(cls, data: bytes, expected_key: str | None = None) -> Record:
+        if len(data) > MAX_RECORD_BYTES:
+            raise PayloadTooLarge(f"record is {len(data)} bytes, the limit is {MAX_RECORD_BYTES}")
+        return cls.from_obj(unpackb(data), expected_key)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **self.identity.to_dict(),
+            "trace": self.trace,
+            "run_secs": list(self.run_secs),
+            "provenance": dict(self.provenance),
+        }
+
+    def to_bytes(self) -> bytes:
+        data = packb(self.to_dict())
+        if len(data) > MAX_RECORD_BYTES:
+            raise PayloadTooLarge(f"record is {len(data)} bytes, the limit is {MAX_RECORD_BYTES}")
+        return data
+
+
+_RECORD_FIELDS = {"key", "schema", "fingerprint", "target", "workload", "op", "args_info", "trace", "run_secs", "provenance"}
