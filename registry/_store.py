@@ -79,8 +79,7 @@ class Store:
             str(self.root), map_size=map_size, max_dbs=len(_DB_NAMES), readonly=readonly,
             sync=sync, metasync=sync, lock=True, max_readers=512,
         )  # fmt: skip
-        with self.env.begin(write=not readonly) as txn:
-            self.dbs = {name: self.env.open_db(name.encode(), txn=txn, create=not readonly) for name in _DB_NAMES}
+        self.dbs = {name: self.env.open_db(name.encode(), create=not readonly) for name in _DB_NAMES}
         if not readonly:
             self._check_format()
 

@@ -1,0 +1,46 @@
+"""Shared fixtures: records built from real canonical fields, real stores, a real server."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from schedhub.registry import SCHEMA_VERSION, LocalRegistry, Record, RegistryClient, ServerThread, canonical_target, record_key
+
+TOKEN = "s3cret-token"
+TARGET = canonical_target({"kind": "llvm", "mcpu": "znver5", "num-cores": 2, "keys": ["cpu"]})
+FINGERPRINT = "tvm=0.27.0.post1;test"
+
+
+def make_record(workload: int, secs: float, variant: int = 0, *, op: str | None = None, target: str = TARGET, provenance: dict | None = None) -> Record:
+    """A valid record: workload ``workload`` (its text decides the key), schedule ``variant``."""
+    text = f"# workload {workload}\n@T.prim_func\ndef main(arg0: T.Buffer(({workload}, 64), 'float32')): pass\n"
+    trace = [[["GetSBlock", [], ["matmul", "main"], ["b0"]], ["Split", ["l1", "None", 4 + variant], [], ["l2", "l3"]]], []]
+    return Record.from_obj({
+        "key": record_key(FINGERPRINT, target, text), "schema": SCHEMA_VERSION, "fingerprint": FINGERPRINT,
+        "target": target, "workload": text, "op": op or f"fused_op{workload % 3}",
+        "args_info": [["TENSOR", "float32", [workload, 64]]], "trace": json.dumps(trace),
+        "run_secs": [secs, secs * 1.01], "provenance": provenance or {"host_cpu": "test"},
+    })  # fmt: skip
+
+
+@pytest.fixture
+def local(tmp_path: Path) -> Iterator[LocalRegistry]:
+    with LocalRegistry(tmp_path / "store", sync=False) as reg:
+        yield reg
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[ServerThread]:
+    """A real uvicorn server on 127.0.0.1 with one write token."""
+    with ServerThread(tmp_path / "served", tokens={TOKEN: "tester"}, sync=False) as srv:
+        yield srv
+
+
+@pytest.fixture
+def client(server: ServerThread) -> Iterator[RegistryClient]:
+    with RegistryClient(server.url, token=TOKEN, timeout=5) as c:
+        yield c

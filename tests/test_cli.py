@@ -1,0 +1,109 @@
+"""The schedhub command against a real server and real stores."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from schedhub.cli.main import cli, main
+from schedhub.cli.recordfiles import write_records
+from schedhub.registry import LocalRegistry, Record, ServerThread
+
+from .conftest import TOKEN, make_record
+
+
+def run(*args: str, ok: bool = True) -> str:
+    result = CliRunner().invoke(cli, list(args), catch_exceptions=False)
+    assert (result.exit_code == 0) is ok, result.output
+    return result.output
+
+
+@pytest.fixture
+def records_file(tmp_path: Path) -> tuple[Path, list[Record]]:
+    recs = [make_record(w % 7, (w + 1) * 1e-5, variant=w) for w in range(30)]
+    path = tmp_path / "in.msgpack"
+    write_records(path, (r.to_bytes() for r in recs))
+    return path, recs
+
+
+def test_push_http_pull_round_trip_is_byte_identical(server: ServerThread, tmp_path: Path, records_file: tuple[Path, list[Record]]) -> None:
+    path, recs = records_file
+    assert "pushed 30 records" in run("push", str(path), "--registry", server.url, "--token", TOKEN)
+    out = tmp_path / "out.msgpack"
+    run("pull", "--registry", server.url, "--out", str(out), "--format", "records")
+    assert sorted(Record.from_bytes(b).to_bytes() for b in _split(out)) == sorted(r.to_bytes() for r in recs)
+    assert sorted(_split(out)) == sorted(r.to_bytes() for r in recs)
+    # into a local store, then exported: the same bytes again
+    store = tmp_path / "pulled"
+    run("pull", "-r", server.url, "-o", str(store))
+    again = tmp_path / "again.msgpack"
+    run("export", "-r", str(store), "-o", str(again))
+    assert sorted(_split(again)) == sorted(_split(out))
+    # JSON lines for people, and back
+    as_jsonl = tmp_path / "out.jsonl"
+    run("export", "-r", str(store), "-o", str(as_jsonl))
+    with LocalRegistry(tmp_path / "from-jsonl") as reg:
+        pass
+    run("import", str(as_jsonl), "-r", str(tmp_path / "from-jsonl"))
+    assert LocalRegistry(tmp_path / "from-jsonl", readonly=True).stats()["measurements"] == 30
+
+
+def _split(path: Path) -> list[bytes]:
+    import msgpack
+
+    unpacker = msgpack.Unpacker(raw=False)
+    unpacker.feed(path.read_bytes())
+    return [msgpack.packb(obj, use_bin_type=True) for obj in unpacker]
+
+
+def test_pull_filters_by_op_and_target(server: ServerThread, tmp_path: Path, records_file: tuple[Path, list[Record]]) -> None:
+    path, recs = records_file
+    run("push", str(path), "-r", server.url, "--token", TOKEN)
+    out = tmp_path / "ops.jsonl"
+    run("pull", "-r", server.url, "-o", str(out), "--format", "records", "--op", "fused_op1")
+    ops = {json.loads(line)["op"] for line in out.read_text().splitlines()}
+    assert ops == {"fused_op1"}
+    run("pull", "-r", server.url, "-o", str(out), "--format", "records", "--target", "cuda")
+    assert out.read_text() == ""
+
+
+def test_ls_show_stats_and_yaml_argument_files(server: ServerThread, tmp_path: Path, records_file: tuple[Path, list[Record]]) -> None:
+    path, recs = records_file
+    config = tmp_path / "push.yaml"
+    config.write_text(f"registry: {server.url}\ntoken: {TOKEN}\n")
+    main_out = subprocess.run([sys.executable, "-m", "schedhub.cli.main", "push", str(path), f"@{config}"], capture_output=True, text=True)
+    assert main_out.returncode == 0 and "pushed 30" in main_out.stdout, main_out.stderr
+    listing = json.loads(run("ls", "-r", server.url, "--json"))
+    assert len(listing) == 7 and all(item["count"] >= 4 for item in listing)
+    shown = json.loads(run("show", listing[0]["key"][:12], "-r", server.url, "--json"))
+    assert [r["run_secs"][0] for r in shown] == sorted(r["run_secs"][0] for r in shown)
+    assert json.loads(run("stats", "-r", server.url))["keys"] == 7
+
+
+def test_errors_are_one_line_and_an_exit_code(server: ServerThread, tmp_path: Path, records_file: tuple[Path, list[Record]]) -> None:
+    path, _ = records_file
+    result = CliRunner().invoke(cli, ["push", str(path), "-r", server.url, "--token", "wrong"])
+    assert result.exit_code == 1 and "not accepted" in result.output
+    result = CliRunner().invoke(cli, ["ls", "-r", "http://127.0.0.1:9"])
+    assert result.exit_code == 3 and "unreachable" in result.output
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(make_record(1, 1e-3).to_dict() | {"run_secs": [-1]}) + "\n")
+    result = CliRunner().invoke(cli, ["push", str(bad), "-r", server.url, "--token", TOKEN])
+    assert result.exit_code == 1 and "bad.jsonl:1" in result.output
+    result = CliRunner().invoke(cli, ["show", "deadbeefdeadbeef", "-r", server.url])
+    assert result.exit_code == 1 and "0 keys start with" in result.output
+    with pytest.raises(SystemExit) as exited:
+        main(["ls", "@" + str(tmp_path / "missing.yaml")])
+    assert exited.value.code == 1
+
+
+def test_serve_refuses_a_public_address_without_a_token(tmp_path: Path) -> None:
+    env = {k: v for k, v in __import__("os").environ.items() if k != "SCHEDHUB_TOKEN"}
+    done = subprocess.run([sys.executable, "-m", "schedhub.cli.main", "serve", "--root", str(tmp_path), "--host", "0.0.0.0", "--port", "0"],
+                          capture_output=True, text=True, env=env, timeout=60)  # fmt: skip
+    assert done.returncode == 1 and "without a token" in done.stderr

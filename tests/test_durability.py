@@ -1,0 +1,119 @@
+"""A real `schedhub serve` process, several pushing processes, and kill -9."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+from schedhub.registry import LocalRegistry
+
+from .conftest import TOKEN
+
+REPO = Path(__file__).resolve().parent.parent
+TOP_K = 8
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def serve(root: Path) -> Iterator[tuple[str, subprocess.Popen]]:
+    port = free_port()
+    env = {**os.environ, "SCHEDHUB_TOKEN": TOKEN}
+    proc = subprocess.Popen([sys.executable, "-m", "schedhub.cli.main", "serve", "--root", str(root), "--port", str(port)],
+                            env=env, start_new_session=True, stderr=subprocess.PIPE)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 30
+    while True:
+        try:
+            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else "server exited"
+        assert time.time() < deadline, "server did not come up"
+        time.sleep(0.05)
+    try:
+        yield url, proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(10)
+
+
+def start_pushers(url: str, tmp: Path, count: int, keys: int, workers: int = 4) -> list[tuple[subprocess.Popen, Path]]:
+    out = []
+    for w in range(workers):
+        log = tmp / f"acked-{w}.txt"
+        cmd = [sys.executable, "-m", "tests.pusher", url, str(w), str(count), str(keys), str(log)]
+        out.append((subprocess.Popen(cmd, cwd=REPO, stderr=subprocess.DEVNULL), log))
+    return out
+
+
+def acked(logs: list[Path]) -> dict[str, list[tuple[str, float]]]:
+    by_key: dict[str, list[tuple[str, float]]] = defaultdict(list)
+    for log in logs:
+        for line in log.read_text().splitlines():
+            key, tid, mean = line.split()
+            by_key[key].append((tid, float(mean)))
+    return by_key
+
+
+def stored(root: Path) -> tuple[dict[str, list[tuple[str, float]]], set[tuple[str, str]]]:
+    with LocalRegistry(root) as reg:
+        keys = {s.key: [(r.trace_id, r.mean_secs) for r in reg.get(s.key)] for s in reg.summaries()}
+        logged = {(m["key"], m["tid"]) for _, m in reg.store.measurements()}
+    return keys, logged
+
+
+def test_kill_9_mid_push_loses_no_acknowledged_record(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    with serve(root) as (url, proc):
+        pushers = start_pushers(url, tmp_path, count=5000, keys=25)
+        deadline = time.time() + 60
+        while sum(len(log.read_text().splitlines()) for _, log in pushers if log.exists()) < 400:
+            assert time.time() < deadline, "pushers made no progress"
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        for p, _ in pushers:
+            p.wait(60)
+    claimed = acked([log for _, log in pushers])
+    assert sum(len(v) for v in claimed.values()) >= 400
+    with serve(root) as (url, _):  # the environment opens and serves again
+        assert httpx.get(url + "/v1/stats").json()["keys"] == len(claimed)
+    records, logged = stored(root)
+    for key, pushed in claimed.items():
+        kept = records[key]
+        assert [m for _, m in kept] == sorted(m for _, m in kept)
+        for tid, mean in pushed:
+            assert (key, tid) in logged  # every acknowledged measurement survived
+            assert tid in {t for t, _ in kept} or (len(kept) == TOP_K and mean >= kept[-1][1])
+
+
+def test_four_pushing_processes_lose_nothing_and_keep_the_true_top_k(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    with serve(root) as (url, _):
+        pushers = start_pushers(url, tmp_path, count=150, keys=10)
+        for p, _ in pushers:
+            assert p.wait(120) == 0
+    claimed = acked([log for _, log in pushers])
+    assert sum(len(v) for v in claimed.values()) == 600
+    records, logged = stored(root)
+    assert len(logged) == 600
+    for key, pushed in claimed.items():
+        best = sorted(pushed, key=lambda p: p[1])[:TOP_K]
+        assert [t for t, _ in records[key]] == [t for t, _ in best]

@@ -1,0 +1,110 @@
+"""TVM side of identity and the MetaSchedule bridge, with real Relax models and real traces."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+tvm = pytest.importorskip("tvm", reason="needs the tvm extra: pip install -e '.[test]'")
+
+from click.testing import CliRunner  # noqa: E402
+import tvm_ffi  # noqa: E402
+from tvm import relax  # noqa: E402
+from tvm.relax.frontend import nn  # noqa: E402
+from tvm.s_tir import meta_schedule as ms  # noqa: E402
+
+from schedhub.cli.main import cli  # noqa: E402
+from schedhub.hooks.identity import target_from_text, workload_identity, workload_module  # noqa: E402
+from schedhub.hooks.msdb import record_from_tuning_record, tuning_record  # noqa: E402
+from schedhub.registry import Record, ServerThread  # noqa: E402
+
+from .conftest import TOKEN  # noqa: E402
+
+CPU = tvm.target.Target({"kind": "llvm", "mcpu": "znver1", "num-cores": 2})
+
+
+class Small(nn.Module):
+    def __init__(self) -> None:
+        self.l1 = nn.Linear(64, 128)
+
+    def forward(self, x: nn.Tensor) -> nn.Tensor:
+        return nn.relu(self.l1(x))
+
+
+class Bigger(nn.Module):
+    def __init__(self) -> None:
+        self.first = nn.Linear(64, 128)
+        self.head = nn.Linear(128, 10)
+
+    def forward(self, inputs: nn.Tensor) -> nn.Tensor:
+        return self.head(nn.relu(self.first(inputs)))
+
+
+def kernels(model: nn.Module, arg: str, batch: int = 4, target: tvm.target.Target = CPU) -> dict:
+    mod, _ = model.export_tvm({"forward": {arg: nn.spec.Tensor((batch, 64), "float32")}})
+    with target:
+        fused = relax.get_pipeline("zero")(mod)
+    return {t.task_name: t.dispatched[0] for t in ms.relax_integration.extract_tasks(fused, target)}
+
+
+def scheduled_record(mod: tvm.IRModule, run_secs: float, tile: int) -> ms.database.TuningRecord:
+    sch = tvm.s_tir.Schedule(mod)
+    i, j, k = sch.get_loops(sch.get_sblock("matmul"))
+    jo, ji = sch.split(j, factors=[None, tile])
+    sch.reorder(i, jo, k, ji)
+    sch.vectorize(ji)
+    return sch.trace, run_secs
+
+
+def test_one_layer_in_two_models_has_one_key_and_targets_never_share() -> None:
+    a, b = kernels(Small(), "x"), kernels(Bigger(), "inputs")
+    ia = workload_identity(a["fused_matmul_add_relu"], CPU, "fused_matmul_add_relu")
+    ib = workload_identity(b["fused_matmul_add_relu"], CPU, "fused_matmul_add_relu")
+    assert ia.key == ib.key and "arg0" in ia.workload and "inputs" not in ib.workload
+    other_cpu = tvm.target.Target({"kind": "llvm", "mcpu": "skylake", "num-cores": 2})
+    assert workload_identity(a["fused_matmul_add_relu"], other_cpu).key != ia.key
+    assert workload_identity(kernels(Small(), "x", batch=8)["fused_matmul_add_relu"], CPU).key != ia.key
+    assert tvm_ffi.structural_equal(workload_module(ia.workload), tvm.IRModule({"main": a["fused_matmul_add_relu"]["main"]}))
+    assert target_from_text(ia.target).export()["mcpu"] == "znver1"
+
+
+def test_metaschedule_database_push_pull_round_trip(tmp_path: Path) -> None:
+    mod = kernels(Small(), "x")["fused_matmul_add_relu"]
+    source = tmp_path / "tuned"
+    source.mkdir()
+    db = ms.database.JSONDatabase(work_dir=str(source))
+    workload = db.commit_workload(mod)
+    args = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
+    for tile, secs in ((4, 3e-4), (16, 1e-4), (8, 2e-4)):
+        trace, run_secs = scheduled_record(mod, secs, tile)
+        db.commit_tuning_record(ms.database.TuningRecord(trace, workload, [run_secs], CPU, args))
+
+    with ServerThread(tmp_path / "served", tokens={TOKEN: "t"}, sync=False) as srv:
+        pushed = CliRunner().invoke(cli, ["push", str(source), "-r", srv.url, "--token", TOKEN], catch_exceptions=False)
+        assert "pushed 3 records" in pushed.output
+        out = tmp_path / "pulled"
+        pulled = CliRunner().invoke(cli, ["pull", "-r", srv.url, "-o", str(out), "--format", "metaschedule"], catch_exceptions=False)
+        assert "pulled 3 records" in pulled.output
+
+    loaded = ms.database.JSONDatabase(work_dir=str(out), allow_missing=False)
+    assert len(loaded.get_all_tuning_records()) == 3
+    # the user's own module (with its own parameter names) finds the best record in the pulled database
+    best = loaded.query_tuning_record(mod, CPU, "main")
+    assert best is not None and float(best.run_secs[0]) == pytest.approx(1e-4)
+    sch = loaded.query_schedule(mod, CPU, "main")
+    assert "T.vectorized" in sch.mod.script()
+
+
+def test_a_trace_that_does_not_fit_the_module_fails_loudly() -> None:
+    kern = kernels(Small(), "x")
+    trace, secs = scheduled_record(kern["fused_matmul_add_relu"], 1e-4, 8)
+    db_record = ms.database.TuningRecord(trace, ms.database.Workload(kern["fused_matmul_add_relu"]), [secs], CPU, ms.arg_info.ArgInfo.from_prim_func(kern["fused_matmul_add_relu"]["main"]))
+
+    record = record_from_tuning_record(db_record, "fused_matmul_add_relu")
+    assert Record.from_bytes(record.to_bytes()) == record
+    tuning_record(record)  # replays on its own workload
+    with pytest.raises(tvm.s_tir.schedule.ScheduleError):
+        tuning_record(record, kern["transpose"])  # no matmul block there
+    assert json.loads(record.trace)[0][0][0] == "GetSBlock"

@@ -1,0 +1,99 @@
+"""The miss queue: dedup with demand, leases that expire, capped retries, dead letters."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from schedhub.registry import DEAD, DONE, LEASED, PENDING, LeaseLost, LocalRegistry
+
+from .conftest import make_record
+
+
+def miss(workload: int):
+    return make_record(workload, 1e-3).identity
+
+
+def test_a_key_reported_twice_is_one_job_with_demand_two(local: LocalRegistry) -> None:
+    local.report_misses([miss(1)])
+    local.report_misses([miss(1), miss(2)])
+    jobs = {j["key"]: j for j in local.jobs()}
+    assert len(jobs) == 2
+    assert jobs[miss(1).key]["demand"] == 2 and jobs[miss(2).key]["demand"] == 1
+
+
+def test_most_demanded_job_is_leased_first(local: LocalRegistry) -> None:
+    local.report_misses([miss(1), miss(2), miss(2), miss(3)])
+    leases = local.lease("w", max_jobs=3, lease_secs=60)
+    assert leases[0].key == miss(2).key
+    assert [l.key for l in leases[1:]] == [miss(1).key, miss(3).key]  # then oldest first
+    assert local.lease("w", 5) == []
+
+
+def test_an_unacked_lease_comes_back_after_expiry(local: LocalRegistry) -> None:
+    local.report_misses([miss(1)])
+    first = local.lease("doomed-worker", lease_secs=0.2)[0]
+    assert local.lease("other", lease_secs=60) == []  # still held
+    time.sleep(0.3)
+    second = local.lease("other", lease_secs=60)[0]
+    assert second.key == first.key and second.lease_id != first.lease_id
+    assert second.job["attempts"] == 2 and "expired" in second.job["last_error"]
+    with pytest.raises(LeaseLost):
+        local.ack(first.key, first.lease_id)  # the dead worker's lease is gone
+    local.ack(second.key, second.lease_id)
+    assert local.jobs(DONE)[0]["key"] == first.key
+
+
+def test_renew_keeps_a_lease_alive(local: LocalRegistry) -> None:
+    local.report_misses([miss(1)])
+    lease = local.lease("w", lease_secs=0.3)[0]
+    for _ in range(3):
+        time.sleep(0.15)
+        local.renew(lease.key, lease.lease_id, lease_secs=0.3)
+    assert local.lease("other") == []
+    assert local.jobs(LEASED)[0]["lease_owner"] == "w"
+
+
+def test_failures_retry_then_dead_letter_with_last_error(tmp_path: Path) -> None:
+    with LocalRegistry(tmp_path, sync=False, max_attempts=2) as reg:
+        reg.report_misses([miss(1)])
+        lease = reg.lease("w")[0]
+        assert reg.fail(lease.key, lease.lease_id, "ScheduleError: first") == PENDING
+        lease = reg.lease("w")[0]
+        assert reg.fail(lease.key, lease.lease_id, "ScheduleError: second") == DEAD
+        assert reg.lease("w") == []
+        dead = reg.jobs(DEAD)[0]
+        assert dead["last_error"] == "ScheduleError: second" and dead["attempts"] == 2
+        reg.requeue(lease.key)
+        assert reg.lease("w")[0].job["attempts"] == 1
+
+
+def test_expired_leases_also_count_toward_the_cap(tmp_path: Path) -> None:
+    with LocalRegistry(tmp_path, sync=False, max_attempts=2) as reg:
+        reg.report_misses([miss(1)])
+        reg.lease("a", lease_secs=0.05)
+        time.sleep(0.1)
+        reg.lease("b", lease_secs=0.05)
+        time.sleep(0.1)
+        assert reg.lease("c") == []
+        assert reg.jobs(DEAD)[0]["last_error"].startswith("lease held by 'b' expired")
+
+
+def test_a_pushed_record_satisfies_a_pending_miss_and_quarantine_reopens_it(local: LocalRegistry) -> None:
+    rec = make_record(1, 1e-3)
+    local.report_misses([rec.identity])
+    local.put(rec)
+    assert local.jobs(DONE)[0]["key"] == rec.key
+    local.quarantine(rec.key, rec.trace_id, "trace failed to apply")
+    assert local.report_misses([rec.identity])[0]["state"] == PENDING
+
+
+def test_the_queue_survives_reopening(tmp_path: Path) -> None:
+    with LocalRegistry(tmp_path) as reg:
+        reg.report_misses([miss(1), miss(2)])
+        held = reg.lease("w", lease_secs=600)[0]
+    with LocalRegistry(tmp_path) as reg:
+        assert reg.stats()["queue"] == {PENDING: 1, LEASED: 1, DONE: 0, DEAD: 0}
+        reg.ack(held.key, held.lease_id)

@@ -1,0 +1,89 @@
+"""Keys and the record codec: deterministic, unambiguous, strict about what they accept."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from schedhub.registry import (
+    InvalidRecord, KeyMismatch, PayloadTooLarge, Record, canonical_target, packb, record_key, target_kind, unpackb,
+)  # fmt: skip
+from schedhub.registry._records import MAX_TEXT_CHARS
+
+from .conftest import make_record
+
+
+def test_key_is_sha256_of_length_prefixed_fields() -> None:
+    assert record_key("fp", "t", "w") == record_key("fp", "t", "w")
+    assert len(record_key("fp", "t", "w")) == 64
+    # moving a character from one field to the next must change the key
+    assert record_key("fp", "tw", "") != record_key("fp", "t", "w")
+    assert record_key("fp", "t", "w", schema="schedhub/2") != record_key("fp", "t", "w")
+
+
+def test_canonical_target_sorts_and_drops_empty_fields() -> None:
+    a = canonical_target({"kind": "llvm", "tag": "", "keys": ("cpu",), "mcpu": "znver5"})
+    b = canonical_target({"mcpu": "znver5", "keys": ["cpu"], "kind": "llvm"})
+    assert a == b == '{"keys":["cpu"],"kind":"llvm","mcpu":"znver5"}'
+    assert target_kind(a) == "llvm"
+    assert canonical_target({"kind": "cuda", "arch": "sm_90"}) != canonical_target({"kind": "llvm"})
+
+
+def test_canonical_bytes_round_trip_and_ignore_field_order() -> None:
+    rec = make_record(1, 1e-3)
+    data = rec.to_bytes()
+    assert Record.from_bytes(data).to_bytes() == data
+    shuffled = dict(reversed(list(rec.to_dict().items())))
+    assert packb(shuffled) == data
+    assert unpackb(data)["op"] == rec.identity.op
+
+
+def _with(**changes: object) -> dict:
+    obj = make_record(1, 1e-3).to_dict()
+    obj.update(changes)
+    return obj
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"key": "abc"}, "64 lowercase hex"),
+        ({"workload": 5}, "'workload' must be a string"),
+        ({"run_secs": []}, "run_secs"),
+        ({"run_secs": [math.inf]}, "finite positive"),
+        ({"run_secs": [-1.0]}, "finite positive"),
+        ({"run_secs": [True]}, "finite positive"),
+        ({"args_info": [["TENSOR", "float32", ["x"]]]}, "args_info[0]"),
+        ({"trace": "not json"}, "JSON text"),
+        ({"trace": '{"a": 1}'}, "JSON list"),
+        ({"schema": "other/9"}, "not supported"),
+        ({"provenance": {"a": [1, 2]}}, "scalars"),
+        ({"surprise": 1}, "unknown record fields"),
+    ],
+)
+def test_invalid_records_are_refused_with_a_reason(changes: dict, message: str) -> None:
+    with pytest.raises(InvalidRecord, match=message.replace("[", r"\[").replace("]", r"\]")):
+        Record.from_obj(_with(**changes))
+
+
+def test_key_must_hash_from_the_records_own_fields() -> None:
+    other = make_record(2, 1e-3)
+    with pytest.raises(KeyMismatch, match="does not match its content"):
+        Record.from_obj(_with(key=other.key))
+    with pytest.raises(KeyMismatch, match="URL names key"):
+        Record.from_obj(make_record(1, 1e-3).to_dict(), expected_key=other.key)
+
+
+def test_oversized_fields_and_records_are_refused() -> None:
+    with pytest.raises(PayloadTooLarge):
+        Record.from_obj(_with(trace=json.dumps(["x" * MAX_TEXT_CHARS])))
+    with pytest.raises(PayloadTooLarge):
+        Record.from_bytes(b"\x00" * (2 << 20))
+
+
+@pytest.mark.parametrize("data", [b"", b"\xc1", b"\x81\xa1", packb([1, 2]), b"\xd4\x01\x00", packb({1: 2})])
+def test_malformed_msgpack_is_invalid_record(data: bytes) -> None:
+    with pytest.raises(InvalidRecord):
+        Record.from_bytes(data)

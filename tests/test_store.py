@@ -1,0 +1,91 @@
+"""The LMDB store: top-k per key, idempotent pushes, change feed, log, quarantine, reopen."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lmdb
+import pytest
+
+from schedhub.registry import LocalRegistry, Record, Store, StoreFormatError
+
+from .conftest import make_record
+
+
+def test_top_k_keeps_the_fastest_best_first(tmp_path: Path) -> None:
+    with LocalRegistry(tmp_path, sync=False, top_k=3) as reg:
+        times = [5.0, 1.0, 4.0, 2.0, 6.0]
+        results = [reg.put(make_record(7, t * 1e-3, variant=i)) for i, t in enumerate(times)]
+        assert [r.kept for r in results] == [True, True, True, True, False]
+        kept = reg.get(make_record(7, 1).key)
+        assert [round(r.mean_secs * 1e3 / 1.005, 6) for r in kept] == [1.0, 2.0, 4.0]
+
+
+def test_the_same_trace_twice_is_one_entry_with_its_best_time(local: LocalRegistry) -> None:
+    local.put(make_record(1, 3e-3))
+    local.put(make_record(1, 1e-3))
+    local.put(make_record(1, 2e-3))
+    records = local.get(make_record(1, 1).key)
+    assert len(records) == 1
+    assert records[0].run_secs[0] == pytest.approx(1e-3)
+    assert local.stats()["measurements"] == 3  # every measurement is logged
+
+
+def test_records_come_back_byte_identical(local: LocalRegistry) -> None:
+    rec = make_record(3, 1e-3, provenance={"host_cpu": "znver5", "trials": 64})
+    local.put(rec)
+    assert local.get_raw(rec.key) == [rec.to_bytes()]
+
+
+def test_change_feed_pages_and_filters(local: LocalRegistry) -> None:
+    for w in range(10):
+        local.put(make_record(w, 1e-3, op="fused_dense" if w % 2 else "fused_conv"))
+    feed = local.summaries()
+    assert [s.seq for s in feed] == sorted(s.seq for s in feed) and len(feed) == 10
+    page = local.summaries(since=feed[3].seq, limit=4)
+    assert [s.key for s in page] == [s.key for s in feed[4:8]]
+    assert {s.op for s in local.summaries(op="fused_dense")} == {"fused_dense"}
+    assert len(local.summaries(op="fused_dense")) == 5
+    assert local.summaries(target="cuda") == []
+    assert len(local.summaries(target="llvm")) == 10
+    # a push that changes a key's records moves it to the head of the feed; a repeat that does not, stays
+    local.put(make_record(0, 0.5e-3, variant=1))
+    assert local.summaries()[-1].key == make_record(0, 1).key
+    local.put(make_record(5, 9.0, variant=0))
+    assert local.summaries()[-1].key == make_record(0, 1).key
+    assert [s.key for _, raws in local.iter_raw(page=3) for s in [_]] == [s.key for s in local.summaries()]
+
+
+def test_quarantine_takes_one_record_out(local: LocalRegistry) -> None:
+    good, bad = make_record(4, 2e-3, variant=0), make_record(4, 1e-3, variant=1)
+    local.put_many([good, bad])
+    assert local.quarantine(bad.key, bad.trace_id, "ScheduleError: no block") is True
+    assert [r.trace_id for r in local.get(bad.key)] == [good.trace_id]
+    assert local.quarantine(bad.key, bad.trace_id, "again") is False
+    assert local.quarantine(good.key, good.trace_id, "also bad") is True
+    assert local.get(good.key) == [] and local.summaries() == []
+    assert local.stats()["quarantined"] == 2
+
+
+def test_reopen_sees_everything_and_readonly_refuses_writes(tmp_path: Path) -> None:
+    with LocalRegistry(tmp_path) as reg:
+        reg.put_many([make_record(w, 1e-3) for w in range(20)])
+    with LocalRegistry(tmp_path, readonly=True) as reg:
+        assert reg.stats()["keys"] == 20
+        with pytest.raises(lmdb.Error):
+            reg.put(make_record(99, 1e-3))
+
+
+def test_a_store_of_another_format_is_refused(tmp_path: Path) -> None:
+    with Store(tmp_path) as store, store.write() as txn:
+        txn.put(b"format", b"999", db=store.dbs["meta"])
+    with pytest.raises(StoreFormatError, match="format"):
+        Store(tmp_path)
+
+
+def test_records_decode_from_what_the_store_holds(local: LocalRegistry) -> None:
+    recs = [make_record(w, (w + 1) * 1e-4) for w in range(5)]
+    local.put_many(recs)
+    found = local.lookup([r.key for r in recs] + ["0" * 64])
+    assert set(found) == {r.key for r in recs}
+    assert all(isinstance(v[0], Record) for v in found.values())
