@@ -1,0 +1,258 @@
+"""Registry benchmark: open + first lookup vs MetaSchedule's JSONDatabase, HTTP GET/s, batch lookup.
+
+    python -m bench.registry            # schedhub stores of 1k/100k/1M records, JSONDatabases of 1k/10k/100k
+    python -m bench.registry --quick    # 1k/10k/100k and 1k/10k
+
+Every timing is a median over fresh processes (the store or database is opened inside the timed
+region; imports are not). Both sides hold the same workloads (TE matmuls of distinct shapes, their
+canonical TIR) and the same real MetaSchedule traces.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from schedhub.registry import SCHEMA_VERSION, LocalRegistry, Record, record_key
+
+from .stats import percentile, summary
+
+RECORDS_PER_KEY = 4  # schedhub keeps the top records of a key; a tuning log keeps every trial
+RECORDS_PER_WORKLOAD = 100
+REPS = 5
+SENTINEL = 977
+
+
+def matmul(n: int) -> Any:
+    import tvm
+    from tvm import te
+
+    a, b = te.placeholder((n, 64), name="A"), te.placeholder((64, 128), name="B")
+    k = te.reduce_axis((0, 64), name="k")
+    c = te.compute((n, 128), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="matmul")
+    return tvm.IRModule({"main": te.create_prim_func([a, b, c])})
+
+
+def trace_of(mod: Any, tile: int) -> Any:
+    import tvm
+
+    sch = tvm.s_tir.Schedule(mod)
+    i, j, k = sch.get_loops(sch.get_sblock("matmul"))
+    jo, ji = sch.split(j, factors=[None, tile])
+    sch.reorder(i, jo, k, ji)
+    sch.vectorize(ji)
+    return sch.trace
+
+
+def target() -> Any:
+    import tvm
+
+    return tvm.target.Target({"kind": "llvm", "mcpu": "znver1", "num-cores": 2})
+
+
+def build_store(root: Path, records: int) -> float:
+    """A schedhub store of ``records`` records over records/4 keys; returns seconds to build."""
+    from schedhub.hooks.identity import args_info, canonical_workload, compiler_fingerprint, target_text
+    from schedhub.hooks.msdb import plain_json
+
+    template = canonical_workload(matmul(SENTINEL))
+    args_template = json.dumps(args_info(matmul(SENTINEL)))
+    traces = [json.dumps(plain_json(trace_of(matmul(SENTINEL), t).as_json()), separators=(",", ":")) for t in (4, 8, 16, 32)]
+    fp, tgt = compiler_fingerprint(), target_text(target())
+    rng = random.Random(0)
+    start = time.perf_counter()
+    with LocalRegistry(root, sync=False) as reg:
+        store = reg.store
+        for base in range(0, records // RECORDS_PER_KEY, 5000):
+            with store.write() as txn:
+                for n in range(base + 1, min(base + 5000, records // RECORDS_PER_KEY) + 1):
+                    text = template.replace(str(SENTINEL), str(n))
+                    obj = {"key": record_key(fp, tgt, text), "schema": SCHEMA_VERSION, "fingerprint": fp, "target": tgt,
+                           "workload": text, "op": "fused_matmul", "args_info": json.loads(args_template.replace(str(SENTINEL), str(n))),
+                           "provenance": {"host_cpu": "znver1", "trials": 64}}  # fmt: skip
+                    for trace in traces[:RECORDS_PER_KEY]:
+                        store.put(Record.from_obj({**obj, "trace": trace, "run_secs": [rng.uniform(1e-5, 1e-3)]}), "bench", txn=txn)
+        store.env.sync(True)
+    return time.perf_counter() - start
+
+
+def build_json_database(work_dir: Path, records: int) -> float:
+    from tvm.s_tir import meta_schedule as ms
+
+    work_dir.mkdir(parents=True)
+    db = ms.database.JSONDatabase(work_dir=str(work_dir))
+    tgt, rng = target(), random.Random(0)
+    start = time.perf_counter()
+    for n in range(1, records // RECORDS_PER_WORKLOAD + 1):
+        mod = matmul(n)
+        workload = db.commit_workload(mod)
+        args = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
+        traces = [trace_of(mod, t) for t in (4, 8, 16, 32)]
+        for r in range(RECORDS_PER_WORKLOAD):
+            db.commit_tuning_record(ms.database.TuningRecord(traces[r % 4], workload, [rng.uniform(1e-5, 1e-3)], tgt, args))
+    return time.perf_counter() - start
+
+
+_OPEN_SCHEDHUB = """
+import sys, time
+from schedhub.registry import LocalRegistry
+key = sys.argv[2]
+t = time.perf_counter()
+reg = LocalRegistry(sys.argv[1], readonly=True)
+found = reg.get(key)
+print(time.perf_counter() - t, len(found))
+"""
+
+_OPEN_METASCHEDULE = """
+import sys, time
+import tvm
+from bench.registry import matmul, target
+from tvm.s_tir import meta_schedule as ms
+mod, tgt = matmul(int(sys.argv[2])), target()
+t = time.perf_counter()
+db = ms.database.JSONDatabase(work_dir=sys.argv[1], allow_missing=False)
+found = db.query_tuning_record(mod, tgt, "main")
+print(time.perf_counter() - t, int(found is not None))
+"""
+
+
+def time_open(script: str, path: Path, arg: str) -> dict[str, float]:
+    times = []
+    for _ in range(REPS):
+        out = subprocess.run([sys.executable, "-c", script, str(path), arg], capture_output=True, text=True, check=True, cwd=Path(__file__).parent.parent)
+        seconds, found = out.stdout.split()
+        assert int(found) > 0, f"lookup found nothing in {path}"
+        times.append(float(seconds))
+    return summary(times)
+
+
+def some_keys(root: Path, count: int) -> list[str]:
+    with LocalRegistry(root, readonly=True) as reg:
+        keys = [s.key for s in reg.summaries()]
+    return random.Random(1).sample(keys, min(count, len(keys)))
+
+
+def http_load(url: str, keys: list[str], seconds: float, threads: int = 16) -> dict[str, float]:
+    """GETs of random keys over keep-alive connections from ``threads`` threads in this process."""
+    latencies: list[list[float]] = [[] for _ in range(threads)]
+    stop = time.perf_counter() + seconds
+
+    def worker(i: int) -> None:
+        rng = random.Random(i)
+        with httpx.Client(base_url=url, headers={"accept": "application/msgpack"}) as c:
+            while time.perf_counter() < stop:
+                t = time.perf_counter()
+                r = c.get(f"/v1/records/{rng.choice(keys)}")
+                latencies[i].append(time.perf_counter() - t)
+                assert r.status_code == 200
+
+    pool = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
+    start = time.perf_counter()
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    flat = [x for lat in latencies for x in lat]
+    return {"requests_per_s": len(flat) / (time.perf_counter() - start), "p50_ms": percentile(flat, 50) * 1e3, "p99_ms": percentile(flat, 99) * 1e3, "threads": threads}
+
+
+def batch_lookup(url: str, keys: list[str], rounds: int = 200) -> dict[str, Any]:
+    from schedhub.registry import RegistryClient
+
+    rng = random.Random(2)
+    batch_t, seq_t = [], []
+    with RegistryClient(url) as c:
+        for _ in range(rounds):
+            chosen = rng.sample(keys, 50)
+            t = time.perf_counter()
+            assert len(c.lookup_raw(chosen)) == 50
+            batch_t.append(time.perf_counter() - t)
+        for _ in range(rounds // 10):
+            chosen = rng.sample(keys, 50)
+            t = time.perf_counter()
+            for k in chosen:
+                c.get_raw(k)
+            seq_t.append(time.perf_counter() - t)
+    return {"lookup_50_ms": {k: v * 1e3 if k != "n" else v for k, v in summary(batch_t).items()},
+            "lookup_50_p99_ms": percentile(batch_t, 99) * 1e3,
+            "sequential_50_gets_ms": {k: v * 1e3 if k != "n" else v for k, v in summary(seq_t).items()}}  # fmt: skip
+
+
+def serve(root: Path, port: int) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-m", "schedhub.cli.main", "serve", "--root", str(root), "--port", str(port), "--read-only"],
+                            start_new_session=True, stderr=subprocess.DEVNULL)  # fmt: skip
+    for _ in range(600):
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200:
+                return proc
+        except httpx.TransportError:
+            time.sleep(0.05)
+    raise RuntimeError("server did not start")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/schedhub-bench"))
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "registry.json")
+    args = parser.parse_args()
+    store_sizes = [1_000, 10_000, 100_000] if args.quick else [1_000, 100_000, 1_000_000]
+    ms_sizes = [1_000, 10_000] if args.quick else [1_000, 10_000, 100_000]
+    shutil.rmtree(args.workdir, ignore_errors=True)
+    args.workdir.mkdir(parents=True)
+    results: dict[str, Any] = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
+                               "command": "python -m bench.registry" + (" --quick" if args.quick else ""), "schedhub": {}, "metaschedule": {}}  # fmt: skip
+
+    for size in store_sizes:
+        root = args.workdir / f"store-{size}"
+        build = build_store(root, size)
+        key = some_keys(root, 1)[0]
+        results["schedhub"][size] = {"open_first_lookup_ms": {k: v * 1e3 if k != "n" else v for k, v in time_open(_OPEN_SCHEDHUB, root, key).items()},
+                                     "build_records_per_s": size / build, "disk_mb": sum(f.stat().st_size for f in root.iterdir()) / 1e6}  # fmt: skip
+        print(f"schedhub {size:>9} records: {results['schedhub'][size]}", flush=True)
+    for size in ms_sizes:
+        work = args.workdir / f"ms-{size}"
+        build = build_json_database(work, size)
+        results["metaschedule"][size] = {"open_first_lookup_ms": {k: v * 1e3 if k != "n" else v for k, v in time_open(_OPEN_METASCHEDULE, work, "1").items()},
+                                         "build_records_per_s": size / build, "disk_mb": sum(f.stat().st_size for f in work.iterdir()) / 1e6}  # fmt: skip
+        print(f"metaschedule {size:>9} records: {results['metaschedule'][size]}", flush=True)
+
+    served = args.workdir / f"store-{store_sizes[1]}"
+    keys = some_keys(served, 5000)
+    port = 18470
+    proc = serve(served, port)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        http_load(url, keys, 1.0)  # warm-up
+        runs = [http_load(url, keys, 5.0) for _ in range(3)]
+        results["http"] = {"store_records": store_sizes[1], "runs": runs,
+                           "requests_per_s": summary([r["requests_per_s"] for r in runs]),
+                           "p50_ms": summary([r["p50_ms"] for r in runs]), "p99_ms": summary([r["p99_ms"] for r in runs])}  # fmt: skip
+        single = [http_load(url, keys, 3.0, threads=1) for _ in range(3)]
+        results["http_one_connection"] = {"requests_per_s": summary([r["requests_per_s"] for r in single]),
+                                          "p50_ms": summary([r["p50_ms"] for r in single]), "p99_ms": summary([r["p99_ms"] for r in single])}  # fmt: skip
+        results["batch"] = batch_lookup(url, keys)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait()
+    print(json.dumps({k: results[k] for k in ("http", "http_one_connection", "batch")}, indent=1), flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1, default=str))
+    shutil.rmtree(args.workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
