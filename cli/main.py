@@ -12,7 +12,7 @@ from schedhub.registry import load_tokens, serve as serve_registry
 from .argfiles import ArgFileError, expand
 from .common import DEFAULT_REGISTRY, EXIT_ERROR, console, reports_errors
 from .inspect_cmds import ls, queue, requeue, show, stats
-from .transfer_cmds import export_cmd, import_cmd, pull, push
+from .transfer_cmds import export_cmd, pull, push
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
@@ -41,8 +41,9 @@ def serve(root: Path, host: str, port: int, token_file: str | None, read_only: b
     serve_registry(root, host, port, tokens=tokens, read_only=read_only, sync=not no_sync, max_body=max_body)
 
 
-for command in (push, pull, export_cmd, import_cmd, ls, show, stats, queue, requeue):
+for command in (push, pull, export_cmd, ls, show, stats, queue, requeue):
     cli.add_command(command)
+cli.add_command(push, name="import")  # the local spelling of push: `schedhub import FILE -r DIR`
 
 
 def main(argv: list[str] | None = None) -> None:

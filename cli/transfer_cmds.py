@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from typing import TypeVar
 from pathlib import Path
 
 import click
 
 from schedhub.registry import LocalRegistry, Record, Registry
 
-from .common import console, open_registry, progress, registry_option, reports_errors
+from .common import open_registry, progress, registry_option, reports_errors
 from .recordfiles import is_records_file, read_records, write_records
 
 FORMATS = ("lmdb", "metaschedule", "records")
+T = TypeVar("T")
 
 
 def _needs_tvm(what: str) -> None:
@@ -43,24 +45,26 @@ def records_of(source: Path) -> Iterator[Record]:
         )
 
 
+def chunks(items: Iterable[T], size: int) -> Iterator[list[T]]:
+    chunk: list[T] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
 def push_records(reg: Registry, sources: list[Path], batch: int = 500) -> tuple[int, int]:
     """Push every source's records in batches; returns (records sent, records kept in a top-k)."""
     sent = kept = 0
     with progress("push") as bar:
         task = bar.add_task("push", total=None)
-        pending: list[Record] = []
-        for source in sources:
-            for record in records_of(source):
-                pending.append(record)
-                if len(pending) >= batch:
-                    kept += sum(r.kept for r in reg.put_many(pending))
-                    sent += len(pending)
-                    bar.update(task, advance=len(pending))
-                    pending = []
-        if pending:
-            kept += sum(r.kept for r in reg.put_many(pending))
-            sent += len(pending)
-            bar.update(task, advance=len(pending))
+        for chunk in chunks((r for source in sources for r in records_of(source)), batch):
+            kept += sum(r.kept for r in reg.put_many(chunk))
+            sent += len(chunk)
+            bar.update(task, advance=len(chunk))
     return sent, kept
 
 
@@ -90,14 +94,7 @@ def pull_into(reg: Registry, out: Path, fmt: str, op: str | None, target: str | 
 
         return write_json_database(out, (Record.from_bytes(b) for b in raws()))
     with LocalRegistry(out) as local:
-        count = 0
-        chunk: list[Record] = []
-        for raw in raws():
-            chunk.append(Record.from_bytes(raw))
-            if len(chunk) >= 500:
-                count += len(local.put_many(chunk))
-                chunk = []
-        return count + len(local.put_many(chunk))
+        return sum(len(local.put_many(chunk)) for chunk in chunks((Record.from_bytes(b) for b in raws()), 500))
 
 
 @click.command()
@@ -129,13 +126,3 @@ def export_cmd(registry: str, token: str | None, out: Path, op: str | None, targ
         raise click.BadParameter("the file must end in .msgpack or .jsonl", param_hint="--out")
     count = pull_into(open_registry(registry, token, readonly=True), out, "records", op, target, 0)
     click.echo(f"exported {count} records to {out}")
-
-
-@click.command("import")
-@click.argument("sources", nargs=-1, required=True, type=click.Path(path_type=Path))
-@registry_option
-@reports_errors
-def import_cmd(sources: tuple[Path, ...], registry: str, token: str | None) -> None:
-    """Add records from files or databases to a registry (push, by its local name)."""
-    sent, kept = push_records(open_registry(registry, token), list(sources))
-    console.print(f"imported {sent} records; {kept} are now among their key's best")

@@ -15,7 +15,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -111,6 +111,20 @@ def path_key(request: Request) -> str:
     return key
 
 
+T = TypeVar("T")
+
+
+def parse_each(items: list[Any], parse: Callable[[Any], T], name: str) -> list[T]:
+    """Validate every item of a batch; the first bad one fails the batch, named by its index."""
+    parsed = []
+    for i, item in enumerate(items):
+        try:
+            parsed.append(parse(item))
+        except RegistryError as exc:
+            raise type(exc)(f"{name}[{i}]: {exc}") from None
+    return parsed
+
+
 def _records_body(raws: list[bytes]) -> list[RawRecord]:
     return [RawRecord(b) for b in raws]
 
@@ -150,13 +164,7 @@ def create_app(
 
     async def post_records(request: Request) -> Response:
         who = state.writer(request)
-        items = field(await state.body(request), "records", list)
-        records = []
-        for i, item in enumerate(items):
-            try:
-                records.append(Record.from_obj(item))
-            except RegistryError as exc:
-                raise type(exc)(f"records[{i}]: {exc}") from None
+        records = parse_each(field(await state.body(request), "records", list), Record.from_obj, "records")
         results = await state.write(lambda txn: state.reg.put_many(records, who, txn=txn))
         state.counters["puts"] += len(records)
         return reply(request, {"results": [r.__dict__ for r in results]})
@@ -201,13 +209,7 @@ def create_app(
 
     async def report_misses(request: Request) -> Response:
         state.writer(request)
-        items = field(await state.body(request), "misses", list)
-        misses = []
-        for i, item in enumerate(items):
-            try:
-                misses.append(Identity.from_obj(item))
-            except RegistryError as exc:
-                raise type(exc)(f"misses[{i}]: {exc}") from None
+        misses = parse_each(field(await state.body(request), "misses", list), Identity.from_obj, "misses")
         results = await state.write(lambda txn: state.reg.report_misses(misses, txn=txn))
         return reply(request, {"results": results})
 
