@@ -1,1 +1,70 @@
-"""schedhub.hooks."""
+"""schedhub.hooks: TVM builds that pick up registry schedules.
+
+    with schedhub.hooks.use("http://registry:8470", target=target) as session:
+        ex = tvm.compile(mod, target)          # unchanged user code
+    print(session.report.summary())
+
+Inside ``use`` every fused kernel is looked up (one batch request per compile); a record is
+replayed on the user's own kernel; misses are reported to the registry's queue in one request; a
+registry that is down or slow costs at most ``timeout`` and one warning. Outside it, TVM behaves
+as it always does. ``relax_pipeline="schedhub"`` names the same pipeline explicitly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import tvm
+
+from schedhub.registry import LocalRegistry, Registry, RegistryClient
+
+from .database import RegistryDatabase
+from .identity import canonical_workload, compiler_fingerprint, target_text, workload_identity
+from .pipeline import ACTIVE, install, schedhub_pipeline
+from .session import CompileReport, HookSession, KernelOutcome, RegistryFallbackWarning
+
+DEFAULT_TIMEOUT = 2.0
+
+
+def _open(registry: Registry | str | os.PathLike[str], timeout: float) -> tuple[Registry, bool]:
+    """The registry and whether this block opened it (and so closes it)."""
+    if isinstance(registry, (LocalRegistry, RegistryClient)):
+        return registry, False
+    spec = os.fspath(registry)
+    if spec.startswith(("http://", "https://")):
+        return RegistryClient(spec, timeout=timeout, retries=0), True
+    return LocalRegistry(spec), True
+
+
+@contextlib.contextmanager
+def use(
+    registry: Registry | str | os.PathLike[str],
+    target: tvm.target.Target | str | dict[str, Any] | None = None,
+    *,
+    timeout: float = DEFAULT_TIMEOUT,
+    report_misses: bool = True,
+) -> Iterator[HookSession]:
+    """Apply registry schedules to every Relax build in this block (this thread)."""
+    install()
+    reg, opened = _open(registry, timeout)
+    session = HookSession(reg, report_misses=report_misses)
+    token = ACTIVE.set(session)
+    try:
+        with contextlib.ExitStack() as stack:
+            if target is not None:
+                stack.enter_context(tvm.target.Target(target) if not isinstance(target, tvm.target.Target) else target)
+            stack.enter_context(RegistryDatabase(session))
+            yield session
+    finally:
+        ACTIVE.reset(token)
+        if opened:
+            reg.close()
+
+
+__all__ = [
+    "use", "schedhub_pipeline", "RegistryDatabase", "HookSession", "CompileReport", "KernelOutcome",
+    "RegistryFallbackWarning", "workload_identity", "canonical_workload", "target_text", "compiler_fingerprint",
+]  # fmt: skip

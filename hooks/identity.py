@@ -44,13 +44,19 @@ def _ffi_default(obj: Any) -> Any:
 
 
 def as_module(func: tvm.IRModule | tirx.PrimFunc) -> tvm.IRModule:
-    """One PrimFunc as a module whose function is named ``main`` (MetaSchedule's workload form)."""
+    """One PrimFunc as a module whose function is ``main``, without its ``global_symbol``.
+
+    The compile path hands MetaSchedule kernels with ``global_symbol = "main"``, task extraction
+    without: a name, not semantics, so the identity leaves it out.
+    """
     if isinstance(func, tvm.IRModule):
         prim = [f for _, f in func.functions_items() if isinstance(f, tirx.PrimFunc)]
         if len(prim) != 1:
             raise ValueError(f"expected a module of one PrimFunc, found {len(prim)}")
         func = prim[0]
-    return tvm.IRModule({"main": func.with_attr("global_symbol", "main") if "global_symbol" in (func.attrs or {}) else func})
+    if func.attrs is not None and "global_symbol" in func.attrs:
+        func = func.without_attr("global_symbol")
+    return tvm.IRModule({"main": func})
 
 
 def canonical_workload(func: tvm.IRModule | tirx.PrimFunc) -> str:
