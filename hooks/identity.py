@@ -84,9 +84,10 @@ def rename_parameters(script: str) -> str:
 
 
 def workload_module(text: str) -> tvm.IRModule:
-    """Parse a canonical workload text back into the module it describes."""
+    """Parse a canonical workload text back into MetaSchedule's workload form (``main``, public)."""
     parsed = tvm.script.from_source(text)
-    return parsed if isinstance(parsed, tvm.IRModule) else tvm.IRModule({"main": parsed})
+    func = parsed["main"] if isinstance(parsed, tvm.IRModule) else parsed
+    return tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
 
 
 def target_text(target: tvm.target.Target | dict[str, Any] | str) -> str:
