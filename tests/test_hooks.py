@@ -1,0 +1,212 @@
+"""The compile hook with real TVM builds and a real registry server."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+tvm = pytest.importorskip("tvm", reason="needs the tvm extra: pip install -e '.[test]'")
+
+from tvm import relax  # noqa: E402
+from tvm.relax.frontend import nn  # noqa: E402
+
+from schedhub.hooks import RegistryFallbackWarning, target_text, use  # noqa: E402
+from schedhub.registry import Record, RegistryClient, ServerThread, record_key  # noqa: E402
+
+from .conftest import TOKEN  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+CPU = tvm.target.Target({"kind": "llvm", "mcpu": "znver1", "num-cores": 2})
+OTHER_CPU = tvm.target.Target({"kind": "llvm", "mcpu": "skylake", "num-cores": 2})
+
+
+class MLP(nn.Module):
+    def __init__(self) -> None:
+        self.l1 = nn.Linear(64, 128)
+        self.l2 = nn.Linear(128, 10)
+
+    def forward(self, x: nn.Tensor) -> nn.Tensor:
+        return self.l2(nn.relu(self.l1(x)))
+
+
+class SharesFirstLayer(nn.Module):
+    """Another model whose first layer has the same shapes as MLP.l1 (other names)."""
+
+    def __init__(self) -> None:
+        self.encoder = nn.Linear(64, 128)
+        self.head = nn.Linear(128, 32)
+
+    def forward(self, features: nn.Tensor) -> nn.Tensor:
+        return nn.sigmoid(self.head(nn.relu(self.encoder(features))))
+
+
+def export(model: nn.Module, arg: str) -> tuple[tvm.IRModule, list[np.ndarray]]:
+    mod, spec = model.export_tvm({"forward": {arg: nn.spec.Tensor((4, 64), "float32")}})
+    rng = np.random.default_rng(0)
+    params = [rng.standard_normal([int(d) for d in p.shape]).astype("float32") for _, p in spec]
+    return mod, params
+
+
+def run(ex: relax.VMExecutable, x: np.ndarray, params: list[np.ndarray]) -> np.ndarray:
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    return vm["forward"](tvm.runtime.tensor(x), *[tvm.runtime.tensor(p) for p in params]).numpy()
+
+
+def mlp_reference(x: np.ndarray, p: list[np.ndarray]) -> np.ndarray:
+    return np.maximum(x @ p[0].T + p[1], 0) @ p[2].T + p[3]
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, RegistryClient]]:
+    with ServerThread(tmp_path_factory.mktemp("hooked"), tokens={TOKEN: "t"}, sync=False) as srv, RegistryClient(srv.url, token=TOKEN) as client:
+        yield srv.url, client
+
+
+@pytest.fixture(scope="module")
+def tuned(registry: tuple[str, RegistryClient]) -> dict:
+    """Compile MLP against an empty registry, then tune its misses in another process."""
+    url, client = registry
+    mod, params = export(MLP(), "x")
+    with use(client, CPU) as session:
+        untuned = tvm.compile(mod, CPU)
+    first = session.report
+    queued = client.jobs("pending")
+    tuner = subprocess.run([sys.executable, "-m", "tests.hand_tuner", url, TOKEN], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert tuner.returncode == 0, tuner.stderr
+    return {"first": first, "queued": queued, "untuned": untuned, "mod": mod, "params": params}
+
+
+def test_an_empty_registry_misses_every_kernel_and_queues_them(tuned: dict) -> None:
+    first = tuned["first"]
+    assert len(first.kernels) == 4 and first.hits == 0 and first.misses == 4
+    assert first.lookups == 1  # one batch request for the whole model
+    assert sorted(j["op"] for j in tuned["queued"]) == sorted(k.op for k in first.kernels)
+    assert all(j["workload"].startswith("@I.ir_module") for j in tuned["queued"])  # tunable without the model
+    x = np.random.default_rng(1).standard_normal((4, 64)).astype("float32")
+    np.testing.assert_allclose(run(tuned["untuned"], x, tuned["params"]), mlp_reference(x, tuned["params"]), rtol=1e-4, atol=1e-4)
+
+
+def test_recompiling_hits_applies_the_schedules_and_stays_correct(registry: tuple[str, RegistryClient], tuned: dict) -> None:
+    url, client = registry
+    assert client.jobs("pending") == [] and len(client.jobs("done")) == 4
+    with use(client, CPU) as session:
+        ex = tvm.compile(tuned["mod"], CPU)  # the user's unchanged call
+        lowered = relax.get_pipeline("schedhub")(tuned["mod"])  # the explicit spelling
+    assert session.reports[0].hits == 4 and session.reports[0].misses == 0
+    kernels = {gv.name_hint: f for gv, f in lowered.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
+    assert len(kernels) == 4 and all(f.attrs.get("tirx.is_scheduled") for f in kernels.values())
+    x = np.random.default_rng(2).standard_normal((4, 64)).astype("float32")
+    np.testing.assert_allclose(run(ex, x, tuned["params"]), mlp_reference(x, tuned["params"]), rtol=1e-4, atol=1e-4)
+
+
+def test_a_second_model_sharing_a_layer_hits_on_that_layer(registry: tuple[str, RegistryClient], tuned: dict) -> None:
+    _, client = registry
+    mod, _ = export(SharesFirstLayer(), "features")
+    with use(client, CPU) as session:
+        tvm.compile(mod, CPU)
+    outcomes = {k.op: k.outcome for k in session.report.kernels}
+    assert outcomes["fused_matmul_add_relu"] == "hit" and outcomes["transpose"] == "hit"
+    assert "miss" in outcomes.values()  # its own head layer is new
+
+
+def test_outside_use_tvm_is_untouched(registry: tuple[str, RegistryClient], tuned: dict) -> None:
+    _, client = registry
+    before = client.stats()["since_start"].get("hits", 0)
+    tvm.compile(tuned["mod"], CPU)
+    assert client.stats()["since_start"].get("hits", 0) == before
+
+
+def test_a_record_for_another_target_never_applies(tmp_path: Path, tuned: dict, registry: tuple[str, RegistryClient]) -> None:
+    _, source = registry
+    other = target_text(OTHER_CPU)
+    with ServerThread(tmp_path, tokens={TOKEN: "t"}, sync=False) as srv, RegistryClient(srv.url, token=TOKEN) as client:
+        for summary in source.summaries():
+            for rec in source.get(summary.key):
+                moved = rec.to_dict() | {"target": other, "key": record_key(rec.identity.fingerprint, other, rec.identity.workload)}
+                client.put(Record.from_obj(moved))
+        with use(client, CPU) as session:
+            tvm.compile(tuned["mod"], CPU)
+        assert session.report.hits == 0 and session.report.misses == 4
+        with use(client, OTHER_CPU) as session:
+            tvm.compile(tuned["mod"], OTHER_CPU)
+        assert session.report.hits == 4
+
+
+def test_a_trace_that_fails_to_replay_falls_back_and_is_quarantined(tmp_path: Path, tuned: dict, registry: tuple[str, RegistryClient]) -> None:
+    _, source = registry
+    by_op = {s.op: source.get(s.key)[0] for s in source.summaries()}
+    dense, transpose = by_op["fused_matmul_add_relu"], by_op["transpose"]
+    broken = [
+        Record.from_obj(dense.to_dict() | {"trace": transpose.trace}),  # refers to a block the kernel lacks
+        Record.from_obj(dense.to_dict() | {"trace": json.dumps([[["NoSuchInstruction", [], [], []]], []]), "run_secs": [1e-9]}),
+    ]
+    with ServerThread(tmp_path, tokens={TOKEN: "t"}, sync=False) as srv, RegistryClient(srv.url, token=TOKEN) as client:
+        client.put_many(broken)
+        with use(client, CPU) as session:
+            ex = tvm.compile(tuned["mod"], CPU)
+        outcome = {k.op: k.outcome for k in session.report.kernels}
+        assert outcome["fused_matmul_add_relu"] == "fallback"
+        assert client.stats()["quarantined"] == 2 and client.get(dense.key) == []
+        assert dense.key in {j["key"] for j in client.jobs("pending")}  # back in the queue for tuning
+    x = np.random.default_rng(3).standard_normal((4, 64)).astype("float32")
+    np.testing.assert_allclose(run(ex, x, tuned["params"]), mlp_reference(x, tuned["params"]), rtol=1e-4, atol=1e-4)
+
+
+def _silent_server() -> tuple[socket.socket, threading.Event]:
+    """Accepts connections and never answers: a registry that hangs."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    stop = threading.Event()
+
+    def hold() -> None:
+        held = []
+        sock.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                held.append(sock.accept()[0])
+            except OSError:
+                pass
+        for conn in held:
+            conn.close()
+
+    threading.Thread(target=hold, daemon=True).start()
+    return sock, stop
+
+
+@pytest.mark.parametrize("kind", ["down", "hangs"])
+def test_a_dead_or_hanging_registry_never_breaks_the_compile(kind: str, tuned: dict) -> None:
+    if kind == "down":
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            url = f"http://127.0.0.1:{s.getsockname()[1]}"  # closed again: connection refused
+        stop = None
+    else:
+        sock, stop = _silent_server()
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with use(url, CPU, timeout=0.5) as session:
+                ex = tvm.compile(tuned["mod"], CPU)
+                tvm.compile(tuned["mod"], CPU)  # a second build in the block does not try again
+    finally:
+        if stop is not None:
+            stop.set()
+            sock.close()
+    assert len([w for w in caught if issubclass(w.category, RegistryFallbackWarning)]) == 1
+    assert sum(r.lookups for r in session.reports) == 1
+    assert session.reports[0].lookup_secs < 0.5 + 0.5  # the configured timeout, not more
+    assert all(k.outcome == "offline" for r in session.reports for k in r.kernels)
+    x = np.random.default_rng(4).standard_normal((4, 64)).astype("float32")
+    np.testing.assert_allclose(run(ex, x, tuned["params"]), mlp_reference(x, tuned["params"]), rtol=1e-4, atol=1e-4)
