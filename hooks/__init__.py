@@ -41,16 +41,24 @@ def _open(registry: Registry | str | os.PathLike[str], timeout: float) -> tuple[
 
 @contextlib.contextmanager
 def use(
-    registry: Registry | str | os.PathLike[str],
+    registry: HookSession | Registry | str | os.PathLike[str],
     target: tvm.target.Target | str | dict[str, Any] | None = None,
     *,
     timeout: float = DEFAULT_TIMEOUT,
     report_misses: bool = True,
 ) -> Iterator[HookSession]:
-    """Apply registry schedules to every Relax build in this block (this thread)."""
+    """Apply registry schedules to every Relax build in this block (this thread).
+
+    ``registry`` is a URL, a store directory, a registry instance, or the session of an earlier
+    block, whose read-through cache (and registry) this block then reuses.
+    """
     install()
-    reg, opened = _open(registry, timeout)
-    session = HookSession(reg, report_misses=report_misses)
+    if isinstance(registry, HookSession):
+        session, opened = registry, False
+        reg = session.registry
+    else:
+        reg, opened = _open(registry, timeout)
+        session = HookSession(reg, report_misses=report_misses)
     token = ACTIVE.set(session)
     try:
         with contextlib.ExitStack() as stack:

@@ -1,0 +1,136 @@
+"""Compile-hook benchmark: what looking schedules up in the registry costs a Relax build.
+
+    python -m bench.hook [--reps 7]
+
+A 6-layer MLP (12 fused kernels) is compiled once inside ``use()`` against an empty registry
+server (all misses queued), its kernels are tuned by the stand-in tuner process
+(``tests.hand_tuner``: real builds and timings of a few candidates), then, side by side:
+
+- plain ``tvm.compile`` (no database: TVM's default schedules)
+- the same records in a MetaSchedule MemoryDatabase (``with target, db`` + zero + default pipelines)
+- ``use(URL)`` cold: a new block per compile (one batch lookup each)
+- ``use(URL)`` warm: repeated compiles in one block (read-through cache, no request)
+- ``use(DIR)``: the embedded default, the same records in a local LMDB store
+
+Each figure is a median over ``--reps`` compiles (after one warm-up) with min–max.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import tvm
+from tvm import relax
+from tvm.relax.frontend import nn
+from tvm.s_tir import meta_schedule as ms
+
+from schedhub.hooks import use
+from schedhub.hooks.msdb import tuning_record
+from schedhub.registry import LocalRegistry, RegistryClient, ServerThread
+
+from .stats import summary
+
+REPO = Path(__file__).resolve().parent.parent
+TOKEN = "bench-token"
+TARGET = tvm.target.Target({"kind": "llvm", "mcpu": "znver1", "num-cores": 2})
+
+
+class DeepMLP(nn.Module):
+    def __init__(self, widths: tuple[int, ...] = (256, 512, 512, 256, 128, 64, 10)) -> None:
+        self.layers = nn.ModuleList([nn.Linear(a, b) for a, b in zip(widths, widths[1:])])
+
+    def forward(self, x: nn.Tensor) -> nn.Tensor:
+        for i, layer in enumerate(self.layers):
+            x = layer(x)
+            if i < len(self.layers) - 1:
+                x = nn.relu(x)
+        return x
+
+
+def interleaved(configs: dict[str, Callable[[], Any]], reps: int) -> dict[str, dict[str, float]]:
+    """Time each configuration once per round, rounds in turn, so drift hits all alike."""
+    for fn in configs.values():
+        fn()  # warm-up
+    times: dict[str, list[float]] = {name: [] for name in configs}
+    for _ in range(reps):
+        for name, fn in configs.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: {k: v * 1e3 if k != "n" else v for k, v in summary(t).items()} for name, t in times.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "hook.json")
+    args = parser.parse_args()
+    mod, _ = DeepMLP().export_tvm({"forward": {"x": nn.spec.Tensor((8, 256), "float32")}})
+    work = Path(tempfile.mkdtemp(prefix="schedhub-hook-"))
+    results: dict[str, Any] = {"command": "python -m bench.hook", "reps": args.reps}
+    with ServerThread(work / "served", tokens={TOKEN: "bench"}, sync=False) as srv, RegistryClient(srv.url, token=TOKEN) as client:
+        with use(client, TARGET) as first:
+            tvm.compile(mod, TARGET)
+        results["kernels"] = len(first.report.kernels)
+        tuner = subprocess.run([sys.executable, "-m", "tests.hand_tuner", srv.url, TOKEN], cwd=REPO, capture_output=True, text=True)
+        assert tuner.returncode == 0, tuner.stderr
+        records = [client.get(s.key)[0] for s in client.summaries()]
+        with LocalRegistry(work / "local") as local:
+            local.put_many(records)
+        memory = ms.database.MemoryDatabase()
+        for rec in records:
+            workload = memory.commit_workload(tuning_record(rec).workload.mod)
+            memory.commit_tuning_record(tuning_record(rec, workload.mod))
+        zero_then_default = tvm.transform.Sequential([relax.get_pipeline("zero"), relax.get_pipeline("default")])
+
+        def with_memory_db() -> None:
+            with TARGET, memory:
+                tvm.compile(mod, TARGET, relax_pipeline=zero_then_default)
+
+        def hook_cold() -> None:
+            with use(srv.url, TARGET) as session:
+                tvm.compile(mod, TARGET)
+            assert session.report.hits == results["kernels"], session.report.summary()
+
+        def hook_local() -> None:
+            with use(work / "local", TARGET) as session:
+                tvm.compile(mod, TARGET)
+            assert session.report.hits == results["kernels"], session.report.summary()
+
+        with use(client, TARGET) as warm:
+            tvm.compile(mod, TARGET)  # fills the session's cache
+
+        def hook_warm() -> None:
+            with use(warm, TARGET):
+                tvm.compile(mod, TARGET)
+
+        results.update(interleaved({
+            "plain_tvm_ms": lambda: tvm.compile(mod, TARGET),
+            "memory_database_ms": with_memory_db,
+            "hook_http_cold_ms": hook_cold,
+            "hook_http_warm_ms": hook_warm,
+            "hook_local_lmdb_ms": hook_local,
+        }, args.reps))  # fmt: skip
+        assert all(r.hits == results["kernels"] and r.lookups == 0 for r in warm.reports[1:]), warm.reports[-1].summary()
+        with use(srv.url, TARGET) as probe:
+            tvm.compile(mod, TARGET)
+        results["lookup_round_trip_ms"] = probe.report.lookup_secs * 1e3
+        results["lookup_per_kernel_ms"] = probe.report.lookup_secs * 1e3 / results["kernels"]
+    base = results["memory_database_ms"]["median"]
+    for name in ("hook_http_cold_ms", "hook_http_warm_ms", "hook_local_lmdb_ms", "plain_tvm_ms"):
+        results[name]["vs_memory_database"] = results[name]["median"] / base
+    print(json.dumps(results, indent=1))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
