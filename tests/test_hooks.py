@@ -210,3 +210,24 @@ def test_a_dead_or_hanging_registry_never_breaks_the_compile(kind: str, tuned: d
     assert all(k.outcome == "offline" for r in session.reports for k in r.kernels)
     x = np.random.default_rng(4).standard_normal((4, 64)).astype("float32")
     np.testing.assert_allclose(run(ex, x, tuned["params"]), mlp_reference(x, tuned["params"]), rtol=1e-4, atol=1e-4)
+
+
+def test_a_local_store_serves_relax_build_and_other_threads_are_untouched(tmp_path: Path, tuned: dict, registry: tuple[str, RegistryClient]) -> None:
+    _, source = registry
+    from schedhub.registry import LocalRegistry
+
+    with LocalRegistry(tmp_path / "local") as local:
+        local.put_many(rec for s in source.summaries() for rec in source.get(s.key))
+    elsewhere: list = []
+    with use(tmp_path / "local", CPU) as session:
+        ex = relax.build(tuned["mod"], CPU)
+        thread = threading.Thread(target=lambda: elsewhere.append(relax.get_pipeline("default")))
+        thread.start()
+        thread.join()
+        inside = relax.get_pipeline("default")
+    after = relax.get_pipeline("default")
+    assert "SchedhubPipeline" in str(inside)
+    assert session.report.hits == 4 and session.report.lookups == 1
+    assert "SchedhubPipeline" not in str(elsewhere[0]) and "SchedhubPipeline" not in str(after)
+    x = np.random.default_rng(5).standard_normal((4, 64)).astype("float32")
+    np.testing.assert_allclose(run(ex, x, tuned["params"]), mlp_reference(x, tuned["params"]), rtol=1e-4, atol=1e-4)
