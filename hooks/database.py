@@ -43,10 +43,7 @@ class RegistryDatabase(ms.database.PyDatabase):
         return [tuning_record(r, workload.mod) for r in records]
 
     def get_all_tuning_records(self) -> list[ms.database.TuningRecord]:
-        out = []
-        for records in self.session._records.values():
-            out += [tuning_record(r) for r in records]
-        return out
+        return [tuning_record(r) for records in self.session.cached().values() for r in records]
 
     def query_tuning_record(self, mod: tvm.IRModule, target: tvm.target.Target, workload_name: str | None = None) -> Any:
         op = workload_name if workload_name and workload_name != "main" else None
@@ -65,4 +62,4 @@ class RegistryDatabase(ms.database.PyDatabase):
         return None if sch is None else sch.mod
 
     def __len__(self) -> int:
-        return 1 + len(self.session._records)  # never 0: the zero pipeline skips an empty database
+        return 1 + len(self.session.cached())  # never 0: the zero pipeline skips an empty database

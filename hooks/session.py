@@ -117,6 +117,10 @@ class HookSession:
         for key in wanted:
             self._records[key] = found.get(key, [])
 
+    def cached(self) -> dict[str, list[Record]]:
+        """Every key this session has looked up, with the records it found ([] for a miss)."""
+        return dict(self._records)
+
     def records(self, identity: Identity) -> list[Record]:
         self.prefetch([identity])
         return self._records.get(identity.key, [])
