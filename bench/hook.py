@@ -36,7 +36,7 @@ from schedhub.hooks import use
 from schedhub.hooks.msdb import tuning_record
 from schedhub.registry import LocalRegistry, RegistryClient, ServerThread
 
-from .stats import summary
+from .stats import summary_ms
 
 REPO = Path(__file__).resolve().parent.parent
 TOKEN = "bench-token"
@@ -65,7 +65,7 @@ def interleaved(configs: dict[str, Callable[[], Any]], reps: int) -> dict[str, d
             start = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - start)
-    return {name: {k: v * 1e3 if k != "n" else v for k, v in summary(t).items()} for name, t in times.items()}
+    return {name: summary_ms(t) for name, t in times.items()}
 
 
 def main() -> None:

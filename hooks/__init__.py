@@ -19,7 +19,7 @@ from typing import Any
 
 import tvm
 
-from schedhub.registry import LocalRegistry, Registry, RegistryClient
+from schedhub.registry import LocalRegistry, Registry, RegistryClient, connect
 
 from .database import RegistryDatabase
 from .identity import canonical_workload, compiler_fingerprint, target_text, workload_identity
@@ -34,9 +34,8 @@ def _open(registry: Registry | str | os.PathLike[str], timeout: float) -> tuple[
     if isinstance(registry, (LocalRegistry, RegistryClient)):
         return registry, False
     spec = os.fspath(registry)
-    if spec.startswith(("http://", "https://")):
-        return RegistryClient(spec, timeout=timeout, retries=0), True
-    return LocalRegistry(spec), True
+    http_options = {"timeout": timeout, "retries": 0} if spec.startswith(("http://", "https://")) else {}
+    return connect(spec, **http_options), True
 
 
 @contextlib.contextmanager

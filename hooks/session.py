@@ -73,7 +73,7 @@ class HookSession:
         self.report_misses = report_misses
         self.reports: list[CompileReport] = [CompileReport()]
         self.offline = False
-        self._identities: dict[int, Identity] = {}
+        self._identities: dict[tuple[int, str], Identity] = {}
         self._records: dict[str, list[Record]] = {}
         self._pending_misses: dict[str, Identity] = {}
         self._quarantined_keys: set[str] = set()
@@ -95,10 +95,10 @@ class HookSession:
 
     def identity(self, func: tvm.IRModule | Any, target: tvm.target.Target, op: str | None = None) -> Identity:
         mod = as_module(func)
-        h = tvm_ffi.structural_hash(mod) ^ hash(str(target))
-        if h not in self._identities:
-            self._identities[h] = workload_identity(mod, target, op)
-        return self._identities[h]
+        cache_key = (tvm_ffi.structural_hash(mod), str(target))
+        if cache_key not in self._identities:
+            self._identities[cache_key] = workload_identity(mod, target, op)
+        return self._identities[cache_key]
 
     def prefetch(self, identities: list[Identity]) -> None:
         """Fetch every key not yet cached in one batch request."""
