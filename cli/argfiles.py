@@ -2,11 +2,14 @@
 
 ``schedhub pull @pull.yaml`` with ``{registry: http://…, op: fused_dense, out: ./cache}`` reads as
 ``--registry http://… --op fused_dense --out ./cache``. Lists repeat the option, ``true`` is a bare
-flag, ``false``/null drop it. Only plain YAML (safe_load): no tags, no Python objects.
+flag, ``false``/null drop it, a mapping becomes its JSON text (``target: {kind: llvm}`` →
+``--target '{"kind": "llvm"}'``; ``model: [{name: mlp, batch: 8}]``). Only plain YAML (safe_load):
+no tags, no Python objects.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -54,4 +57,9 @@ def _option(name: str, value: Any, path: Path) -> list[str]:
         return [part for item in value for part in _option(name, item, path)]
     if isinstance(value, (str, int, float)):
         return [flag, str(value)]
-    raise ArgFileError(f"{path}: option {name!r} must be a scalar or a list of scalars")
+    if isinstance(value, dict):
+        try:
+            return [flag, json.dumps(value, sort_keys=True)]
+        except TypeError:  # dates and other non-JSON YAML scalars
+            raise ArgFileError(f"{path}: option {name!r} holds a value that is not plain JSON data") from None
+    raise ArgFileError(f"{path}: option {name!r} must be a scalar, a mapping or a list of them")

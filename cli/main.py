@@ -13,6 +13,7 @@ from .argfiles import ArgFileError, expand
 from .common import DEFAULT_REGISTRY, EXIT_ERROR, console, reports_errors
 from .inspect_cmds import ls, queue, requeue, show, stats
 from .transfer_cmds import export_cmd, pull, push
+from .tune_cmds import demo, jobs_group, submit, tune, worker
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
@@ -41,7 +42,7 @@ def serve(root: Path, host: str, port: int, token_file: str | None, read_only: b
     serve_registry(root, host, port, tokens=tokens, read_only=read_only, sync=not no_sync, max_body=max_body)
 
 
-for command in (push, pull, export_cmd, ls, show, stats, queue, requeue):
+for command in (push, pull, export_cmd, ls, show, stats, queue, requeue, tune, submit, jobs_group, worker, demo):
     cli.add_command(command)
 cli.add_command(push, name="import")  # the local spelling of push: `schedhub import FILE -r DIR`
 

@@ -26,7 +26,7 @@ _install_lock = threading.Lock()
 _tvm_default: Callable[..., tvm.transform.Pass] | None = None
 
 
-def _fusion() -> tvm.transform.Pass:
+def fusion_passes() -> tvm.transform.Pass:
     """The zero pipeline's passes before MetaScheduleApplyDatabase (same passes as task extraction)."""
     return tvm.transform.Sequential([
         relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant(),
@@ -50,7 +50,7 @@ def schedhub_pipeline(**kwargs: Any) -> tvm.transform.Pass:
 
     @tvm.transform.module_pass(opt_level=0, name="SchedhubPipeline")
     def run(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        mod = _fusion()(mod)
+        mod = fusion_passes()(mod)
         session = ACTIVE.get()
         if ms.Database.current() is not None:
             if session is not None:

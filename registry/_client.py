@@ -165,8 +165,9 @@ class RegistryClient:
         body = {"misses": [m.to_dict() for m in misses]}
         return self._call("POST", "/v1/misses", body, idempotent=False)["results"]
 
-    def lease(self, worker: str, max_jobs: int = 1, lease_secs: float = 300.0) -> list[Lease]:
-        answer = self._call("POST", "/v1/queue/lease", {"worker": worker, "max_jobs": max_jobs, "lease_secs": lease_secs}, idempotent=False)
+    def lease(self, worker: str, max_jobs: int = 1, lease_secs: float = 300.0, *, fingerprint: str | None = None, kind: str | None = None) -> list[Lease]:
+        body = {"worker": worker, "max_jobs": max_jobs, "lease_secs": lease_secs, "fingerprint": fingerprint or "", "kind": kind or ""}
+        answer = self._call("POST", "/v1/queue/lease", body, idempotent=False)
         return [Lease(**item) for item in answer["leases"]]
 
     def renew(self, key: str, lease_id: str, lease_secs: float = 300.0) -> float:

@@ -109,8 +109,15 @@ class MissQueue:
             self._save(t, job, old)
             return {"key": job["key"], "state": job["state"], "demand": job["demand"]}
 
-    def lease(self, worker: str, max_jobs: int = 1, lease_secs: float = 300.0, *, txn: lmdb.Transaction | None = None) -> list[Lease]:
-        """Hand out up to ``max_jobs`` pending jobs, reclaiming expired leases first."""
+    def lease(
+        self, worker: str, max_jobs: int = 1, lease_secs: float = 300.0, *, fingerprint: str | None = None,
+        kind: str | None = None, txn: lmdb.Transaction | None = None,
+    ) -> list[Lease]:
+        """Hand out up to ``max_jobs`` pending jobs, most demanded first, reclaiming expired leases first.
+
+        ``fingerprint`` and ``kind`` restrict the jobs to those a worker can do: its compiler (a
+        schedule found by another compiler lands under a key nobody asks for) and its target kind.
+        """
         now = time.time()
         with self.store.write(txn) as t:
             self._reclaim_expired(t, now)
@@ -120,7 +127,9 @@ class MissQueue:
                 for idx_key in cursor.iternext(values=False):
                     if not idx_key.startswith(b"P") or len(taken) >= max_jobs:
                         break
-                    taken.append(self._get(t, idx_key[13:].decode()))
+                    job = self._get(t, idx_key[13:].decode())
+                    if (fingerprint is None or job["fingerprint"] == fingerprint) and (kind is None or job["kind"] == kind):
+                        taken.append(job)
             leases = []
             for job in taken:
                 lease_id = secrets.token_hex(16)

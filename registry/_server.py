@@ -219,9 +219,11 @@ def create_app(
         worker = field(body, "worker", str)
         max_jobs = field(body, "max_jobs", int, 1)
         lease_secs = float(field(body, "lease_secs", (int, float), 300.0))
+        fingerprint = field(body, "fingerprint", str, "") or None
+        kind = field(body, "kind", str, "") or None
         if not 1 <= max_jobs <= 100 or not 0 < lease_secs <= 86400:
             raise InvalidRecord("max_jobs must be 1..100 and lease_secs 0..86400")
-        leases = await state.write(lambda txn: state.reg.lease(worker, max_jobs, lease_secs, txn=txn))
+        leases = await state.write(lambda txn: state.reg.lease(worker, max_jobs, lease_secs, fingerprint=fingerprint, kind=kind, txn=txn))
         return reply(request, {"leases": [{"key": l.key, "lease_id": l.lease_id, "expires": l.expires, "job": l.job} for l in leases]})
 
     async def queue_action(request: Request) -> Response:

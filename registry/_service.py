@@ -97,8 +97,11 @@ class LocalRegistry:
         with self.store.write(txn) as t:
             return [self.queue.report(m, txn=t) for m in misses]
 
-    def lease(self, worker: str, max_jobs: int = 1, lease_secs: float = 300.0, *, txn: lmdb.Transaction | None = None) -> list[Lease]:
-        return self.queue.lease(worker, max_jobs, lease_secs, txn=txn)
+    def lease(
+        self, worker: str, max_jobs: int = 1, lease_secs: float = 300.0, *, fingerprint: str | None = None,
+        kind: str | None = None, txn: lmdb.Transaction | None = None,
+    ) -> list[Lease]:
+        return self.queue.lease(worker, max_jobs, lease_secs, fingerprint=fingerprint, kind=kind, txn=txn)
 
     def renew(self, key: str, lease_id: str, lease_secs: float = 300.0, *, txn: lmdb.Transaction | None = None) -> float:
         return self.queue.renew(key, lease_id, lease_secs, txn=txn)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from schedhub.registry import DEAD, DONE, LEASED, PENDING, LeaseLost, LocalRegistry
+from schedhub.registry import DEAD, DONE, LEASED, PENDING, Identity, LeaseLost, LocalRegistry, canonical_target, record_key
 
 from .conftest import make_record
 
@@ -30,6 +30,19 @@ def test_most_demanded_job_is_leased_first(local: LocalRegistry) -> None:
     assert leases[0].key == miss(2).key
     assert [l.key for l in leases[1:]] == [miss(1).key, miss(3).key]  # then oldest first
     assert local.lease("w", 5) == []
+
+
+def test_a_worker_leases_only_jobs_for_its_compiler_and_target_kind(local: LocalRegistry, client) -> None:
+    from .conftest import FINGERPRINT, TARGET
+
+    gpu = canonical_target({"kind": "cuda", "arch": "sm_90", "keys": ["cuda", "gpu"]})
+    ours, other_compiler, on_gpu = miss(1), make_record(2, 1e-3).identity, make_record(3, 1e-3, target=gpu).identity
+    other_compiler = Identity.from_obj({**other_compiler.to_dict(), "fingerprint": "tvm=0.99", "key": record_key("tvm=0.99", TARGET, other_compiler.workload)})
+    for reg in (local, client):  # in process and over HTTP
+        reg.report_misses([on_gpu, other_compiler, ours, ours])
+        leases = reg.lease("cpu-worker", max_jobs=5, lease_secs=60, fingerprint=FINGERPRINT, kind="llvm")
+        assert [l.key for l in leases] == [ours.key]
+        assert {l.key for l in reg.lease("anyone", max_jobs=5, lease_secs=60)} == {on_gpu.key, other_compiler.key}
 
 
 def test_an_unacked_lease_comes_back_after_expiry(local: LocalRegistry) -> None:

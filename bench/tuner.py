@@ -1,0 +1,176 @@
+"""Tuner benchmark: schedhub's Ray tuner vs plain ``ms.tune_tir``, and what tuning buys.
+
+    python -m bench.tuner [--trials 64] [--runs 1] [--json bench/results/tuner.json]
+
+Workloads are kernels of the shipped models, at their real shapes: ResNet-18's 3×3 convolution on
+56×56×64 (``fused_conv2d2_add1_relu1``) and BERT-base's attention output projection, 128×768×768
+plus bias and residual (``fused_matmul3_add1_add2``).
+
+Per workload and run, with the same trial budget, candidates per round and seed:
+
+- **ray**: :func:`schedhub.tuner.search.tune_workload` on a local Ray cluster (2 CPUs): builds as
+  parallel tasks, measurements holding the device resource;
+- **plain**: ``ms.tune_tir`` with MetaSchedule's LocalBuilder/LocalRunner (the builder given the
+  DESIGN §6 build function: the stock one times out on every candidate here) and the same timing.
+
+Search throughput is trials / wall seconds of the search. Then the best schedule of each, the
+unscheduled kernel and numpy (``numpy.matmul`` / im2col + GEMM) are timed side by side in one
+process with longer repeated timing, outputs checked against the unscheduled build.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from schedhub.tuner import baselines, cluster, kernels, models, tvm_env
+from schedhub.tuner.search import TuneOptions, TuneResult
+
+from .stats import summary
+
+TARGET = {"kind": "llvm", "mcpu": "znver1", "num-cores": 2}
+WORKLOADS = [("resnet18", {}, "fused_conv2d2_add1_relu1"), ("bert_layer", {}, "fused_matmul3_add1_add2")]
+
+
+def flops(args_info: list[Any], op: str) -> float:
+    """Multiply-adds ×2 of a matmul or conv2d kernel from its argument shapes."""
+    shapes = [a[2] for a in args_info]
+    out = shapes[-1]
+    if "conv2d" in op:
+        _, cg, kh, kw = shapes[1]
+        n, o, oh, ow = out
+        return 2.0 * n * o * oh * ow * cg * kh * kw
+    k = shapes[0][-1]
+    size = 1
+    for d in out:
+        size *= d
+    return 2.0 * size * k
+
+
+def find_kernel(model: str, shape: dict[str, int], name: str) -> Any:
+    mod = models.export_with_weights(model, **shape)[0]
+    for k in models.kernels(mod, TARGET):
+        if k.name == name:
+            return k.identity
+    raise LookupError(f"{model} has no kernel {name}")
+
+
+def tune_ray(identity: Any, options: TuneOptions) -> tuple[float, str, list]:
+    t0 = time.time()
+    result = TuneResult.from_dict(cluster.result(cluster.submit("tune", identity=identity.to_dict(), warm_traces=[], options=options.__dict__, label="ray")))
+    return result.search_secs, result.records[0].trace, result.curve
+
+
+def tune_plain(identity: Any, options: TuneOptions) -> tuple[float, str, list]:
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from schedhub.hooks.identity import plain_json, workload_module
+
+    mod = workload_module(identity.workload)
+    timing = options.timing
+    runner = ms.runner.LocalRunner(evaluator_config=ms.runner.EvaluatorConfig(number=timing["number"], repeat=timing["repeat"], min_repeat_ms=timing["min_repeat_ms"]))
+    with tempfile.TemporaryDirectory() as work_dir:
+        t0 = time.time()
+        db = ms.tune_tir(mod, tvm.target.Target(TARGET), work_dir, max_trials_global=options.trials, num_trials_per_iter=options.trials_per_iter,
+                         builder=ms.builder.LocalBuilder(f_build=tvm_env.build_kernel), runner=runner, database="memory", seed=options.seed)  # fmt: skip
+        secs = time.time() - t0
+        records = [r for r in db.get_all_tuning_records() if r.run_secs and float(r.run_secs[0]) < 1e9]
+        means = [statistics.mean(float(s) for s in r.run_secs) for r in records]
+        best = records[means.index(min(means))]
+        curve, low = [], float("inf")
+        for i, m in enumerate(means, 1):
+            low = min(low, m)
+            curve.append((i, low))
+        return secs, json.dumps(plain_json(best.trace.as_json()), separators=(",", ":")), curve
+
+
+def side_by_side(identity: Any, traces: dict[str, str], rounds: int) -> dict[str, dict[str, float]]:
+    """Untuned, each tuned schedule and numpy, timed in this process; medians over ``rounds``."""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from schedhub.hooks.identity import target_from_text, workload_module
+
+    mod = workload_module(identity.workload)
+    target = target_from_text(identity.target)
+    modules = {"untuned": mod}
+    for name, text in traces.items():
+        tr = ms.database.TuningRecord.from_json([json.loads(text), [1.0], TARGET, None], ms.database.Workload(mod))
+        sch = tvm.s_tir.Schedule(mod)
+        tr.trace.apply_to_schedule(sch, remove_postproc=False)
+        modules[name] = sch.mod
+    built = {n: tvm_env.library_bytes(tvm_env.build_kernel(m, target)) for n, m in modules.items()}
+    names = list(built)
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    samples["numpy"] = []
+    fn = baselines.numpy_kernel(identity.op, identity.args_info)
+    for _ in range(rounds):
+        answer = kernels.measure([built[n] for n in names], identity.args_info, kernels.FINAL_TIMING, reference=built["untuned"])
+        for n, res in zip(names, answer["results"]):
+            if not res["run_secs"]:
+                raise RuntimeError(f"{n}: {res['error']}")
+            samples[n].append(statistics.median(res["run_secs"]))
+        if fn is not None:
+            samples["numpy"].append(statistics.median(baselines.time_callable(fn, 5, 0.1)))
+    work = flops(identity.args_info, identity.op)
+    out = {}
+    for n, secs in samples.items():
+        if secs:
+            s = summary([x * 1e3 for x in secs])
+            out[n] = {**s, "gflops": work / (s["median"] * 1e-3) / 1e9}
+    return out
+
+
+def run(trials: int, runs: int, rounds: int, trials_per_iter: int = 16) -> dict[str, Any]:
+    tvm_env.prepare()
+    cluster.start(num_cpus=2)
+    # Start Ray's workers (TVM import, intrinsics) before any clock runs.
+    cluster.result(cluster.submit("build", mod_json=_tiny_mod_json(), target_text=json.dumps(TARGET, sort_keys=True)))
+    out: dict[str, Any] = {"target": TARGET, "trials": trials, "trials_per_iter": trials_per_iter, "runs": runs, "workloads": {}}
+    for model, shape, name in WORKLOADS:
+        ident = find_kernel(model, shape, name)
+        entry: dict[str, Any] = {"op": ident.op, "args_info": ident.args_info, "model": model, "flops": flops(ident.args_info, ident.op), "runs": []}
+        for run_i in range(runs):
+            options = TuneOptions(trials=trials, trials_per_iter=trials_per_iter, seed=run_i, publish=1)
+            row: dict[str, Any] = {"seed": run_i}
+            traces = {}
+            for label, fn in (("ray", tune_ray), ("plain", tune_plain)) if run_i % 2 == 0 else (("plain", tune_plain), ("ray", tune_ray)):
+                secs, trace, curve = fn(ident, options)
+                traces[label] = trace
+                row[label] = {"search_secs": secs, "trials_per_sec": trials / secs, "curve_ms": [(i, m * 1e3) for i, m in curve]}
+                print(f"{name} seed {run_i} {label}: {trials} trials in {secs:.1f} s ({trials / secs:.2f}/s), tuner's best {curve[-1][1] * 1e3:.3f} ms", flush=True)
+            row["timed"] = side_by_side(ident, traces, rounds)
+            entry["runs"].append(row)
+            print(f"  side by side: " + ", ".join(f"{k} {v['median']:.3f} ms ({v['gflops']:.1f} GFLOPS)" for k, v in row["timed"].items()), flush=True)
+        out["workloads"][name] = entry
+    return out
+
+
+def _tiny_mod_json() -> str:
+    import tvm
+    from tvm import te
+
+    a = te.placeholder((8,), name="a")
+    return tvm.ir.save_json(tvm.IRModule({"main": te.create_prim_func([a, te.compute((8,), lambda i: a[i] + 1.0)])}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trials", type=int, default=64)
+    parser.add_argument("--runs", type=int, default=1, help="tuning runs per workload and tuner (seeds 0..runs-1)")
+    parser.add_argument("--rounds", type=int, default=5, help="side-by-side timing rounds")
+    parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "tuner.json")
+    args = parser.parse_args()
+    result = run(args.trials, args.runs, args.rounds)
+    args.json.write_text(json.dumps(result, indent=1))
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,199 @@
+"""``schedhub tune | worker | demo``: tuning on Ray (TVM and Ray are imported only when these run)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+from typing import Any
+
+import click
+from rich.table import Table
+
+from .common import console, open_registry, out, progress, registry_option, reports_errors
+
+
+def ray_option(f: Any) -> Any:
+    f = click.option("--num-cpus", type=int, default=None, help="CPUs of the embedded local Ray cluster (default: all).")(f)
+    return click.option(
+        "--ray-address", default=None, metavar="ADDR",
+        help="Ray cluster to join ('auto', host:port, ray://…); default: start a local one.",
+    )(f)  # fmt: skip
+
+
+def budget_options(f: Any) -> Any:
+    f = click.option("--seed", type=int, default=0, show_default=True, help="Search seed.")(f)
+    f = click.option("--trials-per-iter", type=int, default=16, show_default=True, help="Candidates measured per search round.")(f)
+    return click.option("--trials", type=int, default=64, show_default=True, help="Measured candidates per workload.")(f)
+
+
+def _options(trials: int, trials_per_iter: int, seed: int) -> Any:
+    from schedhub.tuner.search import TuneOptions
+
+    if trials < 1 or trials_per_iter < 1:
+        raise click.BadParameter("--trials and --trials-per-iter must be at least 1")
+    return TuneOptions(trials=trials, trials_per_iter=min(trials_per_iter, trials), seed=seed)
+
+
+def work_options(f: Any) -> Any:
+    """What a bulk run covers: shared by ``tune`` and ``submit``."""
+    f = click.option("--retune", is_flag=True, help="Tune workloads that already have records too.")(f)
+    f = click.option("--concurrency", type=int, default=2, show_default=True, help="Workloads tuned at once (they share the devices).")(f)
+    f = budget_options(f)
+    f = click.option("--target", default="host", show_default=True, help="'host', a target JSON object, or a TVM target string.")(f)
+    f = click.option("--sweep", multiple=True, help="A shape sweep, name=v1,v2 (e.g. batch=1,8); repeatable.")(f)
+    return click.option(
+        "--model", "-m", "model_specs", multiple=True, required=True,
+        help="A shipped model (mlp, resnet18, mobilenetv2, bert_layer) with shape options ('resnet18:batch=8,image=112'), "
+             "onnx:FILE, or a JSON mapping ({\"torch\": \"pkg.mod:factory\", \"inputs\": {\"x\": [1, 16]}}); repeatable.",
+    )(f)  # fmt: skip
+
+
+@click.command()
+@registry_option
+@work_options
+@click.option("--dry-run", is_flag=True, help="List the workloads and stop.")
+@ray_option
+@reports_errors
+def tune(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: tuple[str, ...], target: str, trials: int, trials_per_iter: int,
+         seed: int, concurrency: int, retune: bool, dry_run: bool, ray_address: str | None, num_cpus: int | None) -> None:  # fmt: skip
+    """Tune every kernel of the given models and push the results (resumable: tuned keys are skipped)."""
+    from schedhub.tuner import cluster, plan
+    from schedhub.tuner.dispatch import tune_many
+
+    refs = plan.expand([plan.parse_model(m) for m in model_specs], dict(plan.parse_sweep(s) for s in sweep))
+    tgt = plan.resolve_target(target)
+    planned = plan.plan(refs, tgt)
+    console.print(f"{len(refs)} model shape(s), {len(planned)} distinct kernels for {tgt}")
+    if dry_run:
+        for p in planned:
+            out.print(f"{p.kernel.identity.key[:16]}  {p.kernel.identity.op:<40} {', '.join(p.models)}")
+        return
+    options = _options(trials, trials_per_iter, seed)
+    reg = open_registry(registry, token)
+    cluster.start(ray_address, num_cpus)
+    with progress("tuning", total=len(planned)) as bar:
+        task = bar.add_task("tuning", total=len(planned))
+        summary = tune_many(reg, [p.kernel.identity for p in planned], options, concurrency=concurrency, retune=retune,
+                            on_done=lambda *_: bar.advance(task))  # fmt: skip
+        bar.update(task, completed=len(planned))
+    table = Table("op", "untuned ms", "tuned ms", "speedup", "key", title=f"tuned {len(summary.tuned)}, skipped {len(summary.skipped)} (already tuned), failed {len(summary.failed)}")
+    for r in summary.tuned:
+        table.add_row(r.identity.op, f"{r.untuned_secs * 1e3:.3f}", f"{(r.best_secs or 0) * 1e3:.3f}", f"{r.untuned_secs / (r.best_secs or 1):.1f}×", r.identity.key[:12])
+    out.print(table)
+    for key, error in summary.failed.items():
+        console.print(f"[red]failed[/] {key[:12]}: {error}")
+    if summary.failed:
+        raise SystemExit(1)
+
+
+@click.command()
+@registry_option
+@work_options
+@click.option("--address", required=True, envvar="RAY_API_SERVER_ADDRESS", help="The cluster's Jobs API (http://head:8265).")
+@click.option("--attempt", type=int, default=1, show_default=True, help="Bump to run the same work again after a failed job.")
+@click.option("--python", default=None, help="Interpreter on the cluster (default: this one's path).")
+@click.option("--follow", is_flag=True, help="Stream the job's logs until it ends.")
+@reports_errors
+def submit(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: tuple[str, ...], target: str, trials: int, trials_per_iter: int,
+           seed: int, concurrency: int, retune: bool, address: str, attempt: int, python: str | None, follow: bool) -> None:  # fmt: skip
+    """Submit a bulk tuning run as a Ray Job (idempotent: the same work is one job)."""
+    from schedhub.tuner import jobs, plan
+
+    models = [plan.parse_model(m) for m in model_specs]  # fail here, not on the cluster
+    sweeps = dict(plan.parse_sweep(s) for s in sweep)
+    work = {"models": [m.__dict__ for m in models], "sweeps": sweeps, "target": target, "trials": trials, "trials_per_iter": trials_per_iter,
+            "seed": seed, "retune": retune, "registry": registry}  # fmt: skip
+    args = ["--registry", registry, "--target", target, "--trials", str(trials), "--trials-per-iter", str(trials_per_iter), "--seed", str(seed),
+            "--concurrency", str(concurrency), *(a for m in model_specs for a in ("--model", m)), *(a for s in sweep for a in ("--sweep", s))]  # fmt: skip
+    if retune:
+        args.append("--retune")
+    sub = jobs.submit(address, args, work, attempt=attempt, python=python, env={"SCHEDHUB_TOKEN": token} if token else None)
+    verb = "submitted" if sub.created else "already submitted"
+    out.print(f"{verb} {sub.submission_id} ({sub.status})", highlight=False)
+    if follow:
+        out.print(f"finished: {jobs.follow(address, sub.submission_id)}", highlight=False)
+
+
+@click.group(name="jobs")
+def jobs_group() -> None:
+    """Follow Ray Jobs started by `schedhub submit`."""
+
+
+@jobs_group.command(name="status")
+@click.argument("submission_id")
+@click.option("--address", required=True, envvar="RAY_API_SERVER_ADDRESS", help="The cluster's Jobs API (http://head:8265).")
+@reports_errors
+def job_status(submission_id: str, address: str) -> None:
+    from schedhub.tuner import jobs
+
+    info = jobs.status(address, submission_id)
+    out.print(f"{info['submission_id']}: {info['status']} {info['message']}", highlight=False)
+
+
+@jobs_group.command(name="logs")
+@click.argument("submission_id")
+@click.option("--address", required=True, envvar="RAY_API_SERVER_ADDRESS", help="The cluster's Jobs API (http://head:8265).")
+@click.option("--follow", "-f", is_flag=True, help="Stream until the job ends.")
+@reports_errors
+def job_logs(submission_id: str, address: str, follow: bool) -> None:
+    from schedhub.tuner import jobs
+
+    if follow:
+        jobs.follow(address, submission_id, out.file.write)
+    else:
+        out.file.write(jobs.logs(address, submission_id))
+
+
+@click.command()
+@registry_option
+@budget_options
+@click.option("--concurrency", type=int, default=1, show_default=True, help="Jobs tuned at once by this worker.")
+@click.option("--lease-secs", type=float, default=120.0, show_default=True, help="Lease length; renewed every third of it.")
+@click.option("--poll-secs", type=float, default=5.0, show_default=True, help="Wait between polls of an empty queue.")
+@click.option("--max-jobs", type=int, default=None, help="Stop after this many jobs.")
+@click.option("--until-idle", is_flag=True, help="Stop when the queue has nothing left to lease.")
+@click.option("--name", default=None, help="Worker name in the queue (default host:pid).")
+@ray_option
+@reports_errors
+def worker(registry: str, token: str | None, trials: int, trials_per_iter: int, seed: int, concurrency: int, lease_secs: float, poll_secs: float,
+           max_jobs: int | None, until_idle: bool, name: str | None, ray_address: str | None, num_cpus: int | None) -> None:  # fmt: skip
+    """Lease misses from the registry's queue, tune them on Ray, push the results and ack."""
+    from schedhub.tuner import cluster
+    from schedhub.tuner.worker import Worker
+
+    options = _options(trials, trials_per_iter, seed)
+    reg = open_registry(registry, token)
+    info = cluster.start(ray_address, num_cpus)
+    stopping: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, _frame: stopping.append(signum))
+
+    def event(kind: str, data: dict[str, Any]) -> None:
+        details = " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in data.items())
+        out.print(f"{kind} {details}", highlight=False, soft_wrap=True)
+
+    w = Worker(reg, options, name=name, concurrency=concurrency, lease_secs=lease_secs, poll_secs=poll_secs, on_event=event)
+    out.print(f"worker {w.name} on ray {info['address']}; registry {registry}", highlight=False)
+    stats = w.run(max_jobs=max_jobs, until_idle=until_idle, should_stop=lambda: bool(stopping))
+    out.print(f"worker done: {stats.done} done, {stats.failed} failed, {stats.lost} lost", highlight=False)
+
+
+@click.command()
+@click.option("--trials", type=int, default=32, show_default=True, help="Measured candidates per kernel.")
+@click.option("--registry-dir", default=None, help="LMDB directory for the demo registry (default: a fresh temporary one).")
+@ray_option
+@reports_errors
+def demo(trials: int, registry_dir: str | None, ray_address: str | None, num_cpus: int | None) -> None:
+    """Compile a shipped model through the hook, tune its misses on Ray, recompile, compare."""
+    from schedhub.tuner import cluster, demo as demo_run
+
+    logging.getLogger("schedhub").setLevel(logging.WARNING)
+    cluster.start(ray_address, num_cpus)
+    with progress("tuning the misses in the background", total=None) as bar:
+        task = bar.add_task("tune", total=None)
+        report = demo_run.run(trials=trials, registry_dir=registry_dir, ray_address=ray_address, say=lambda s: out.print(s, highlight=False),
+                              on_queue=lambda done, total: bar.update(task, completed=done, total=total))  # fmt: skip
+    table = Table("kernel", "untuned ms", "schedhub-tuned ms", "numpy ms", "speedup", title=f"{demo_run.DEMO_MODEL} {demo_run.DEMO_SHAPE}, {trials} trials per kernel")
+    for row in demo_run.render(report):
+        table.add_row(*row)
+    out.print(table)
+    out.print(f"demo finished in {report.seconds:.0f} s; registry kept at {report.registry}", highlight=False)

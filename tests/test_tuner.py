@@ -1,0 +1,201 @@
+"""The tuner on a real local Ray cluster: real MetaSchedule search, real builds, real timings.
+
+Budgets are tiny (8–16 trials) and shapes small; bench/tuner.py runs the real budgets.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tvm
+from tvm import relax, te
+
+from schedhub.hooks import use
+from schedhub.hooks.identity import workload_identity
+from schedhub.registry import Identity, LocalRegistry, RegistryClient, ServerThread
+from schedhub.tuner import cluster, models, plan
+from schedhub.tuner.dispatch import warm_start_traces
+from schedhub.tuner.search import TuneOptions, TuneResult
+
+from .conftest import TOKEN
+
+REPO = Path(__file__).resolve().parent.parent
+TARGET = {"kind": "llvm", "mcpu": "znver1", "num-cores": 2}
+TINY = TuneOptions(trials=8, trials_per_iter=8, publish=2)
+
+
+@pytest.fixture(scope="module")
+def ray_address() -> Iterator[str]:
+    """One local Ray cluster for the module (2 CPUs, one measurement unit); subprocess workers join it."""
+    info = cluster.start(num_cpus=2)
+    yield info["address"]
+    cluster.stop()
+
+
+def matmul(m: int, n: int, k: int) -> Identity:
+    a, b = te.placeholder((m, k), name="A"), te.placeholder((n, k), name="B")
+    r = te.reduce_axis((0, k), name="k")
+    c = te.compute((m, n), lambda i, j: te.sum(a[i, r] * b[j, r], axis=r), name="matmul")
+    return workload_identity(te.create_prim_func([a, b, c]), TARGET, "matmul_nt")
+
+
+def tune(identity: Identity, options: TuneOptions = TINY, warm: list[str] | None = None, label: str = "") -> object:
+    return cluster.submit("tune", identity=identity.to_dict(), warm_traces=warm or [], options=options.__dict__, label=label)
+
+
+def overlaps(a: dict, b: dict) -> bool:
+    return a["start"] < b["end"] and b["start"] < a["end"]
+
+
+def test_two_jobs_share_the_device_without_overlapping_measurements(ray_address: str, tmp_path: Path) -> None:
+    options = TuneOptions(trials=16, trials_per_iter=8, publish=2)
+    refs = [tune(matmul(64, 128, 128), options, label="job-a"), tune(matmul(32, 256, 64), options, label="job-b")]
+    results = [TuneResult.from_dict(cluster.result(r)) for r in refs]
+    events = [e for r in results for e in r.events]
+    measures = sorted((e for e in events if e["kind"] == "measure"), key=lambda e: e["start"])
+    builds = [e for e in events if e["kind"] == "build"]
+    assert {e["job"] for e in measures} == {"job-a", "job-b"}
+    # Exclusive device: no two measurements at once, across both jobs.
+    for earlier, later in zip(measures, measures[1:]):
+        assert later["start"] >= earlier["end"], (earlier, later)
+    # A measurement of a 2-thread kernel holds both CPUs of this 2-CPU node: no build beside it.
+    assert not [(b, m) for b in builds for m in measures if overlaps(b, m)]
+    # Builds run in parallel (two at a time), including builds of different jobs.
+    parallel = [(a, b) for i, a in enumerate(builds) for b in builds[i + 1 :] if overlaps(a, b)]
+    assert parallel and any(a["job"] != b["job"] for a, b in parallel)
+    for r in results:
+        assert r.records and r.untuned_secs > 0
+        assert r.records[0].mean_secs < r.untuned_secs  # 16 trials beat the unscheduled loop nest
+        assert all(rec.provenance["trials"] == 16 and rec.provenance["tuner"].startswith("schedhub.tuner") for rec in r.records)
+
+    # Warm start: job-a's schedules are replayed on another shape of the same op and seed its search.
+    with LocalRegistry(tmp_path / "reg", sync=False) as reg:
+        reg.put_many(results[0].records)
+        other = matmul(64, 256, 128)
+        warm = warm_start_traces(reg, other, limit=4)
+        assert warm == [results[0].records[0].trace]
+        seeded = TuneResult.from_dict(cluster.result(tune(other, TuneOptions(trials=8, trials_per_iter=8, publish=1), warm)))
+        assert seeded.warm_started == 1 and seeded.records
+
+
+def test_a_trace_of_another_structure_is_skipped_not_fatal(ray_address: str) -> None:
+    a, b = te.placeholder((64, 64), name="A"), te.placeholder((64,), name="b")
+    c = te.compute((64, 64), lambda i, j: a[i, j] + b[j], name="bias_add")
+    ident = workload_identity(te.create_prim_func([a, b, c]), TARGET, "bias_add")
+    foreign = '[[["GetSBlock",[],["matmul","main"],["b0"]]],[]]'
+    result = TuneResult.from_dict(cluster.result(tune(ident, TuneOptions(trials=4, trials_per_iter=4, publish=1), [foreign])))
+    assert result.warm_started == 0 and result.records
+
+
+def start_worker(url: str, ray_address: str, *extra: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "schedhub.cli.main", "worker", "-r", url, "--token", TOKEN, "--ray-address", ray_address,
+           "--trials", "8", "--trials-per-iter", "8", "--poll-secs", "0.5", *extra]  # fmt: skip
+    return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            env={**os.environ, "COLUMNS": "200"})  # fmt: skip
+
+
+def wait_for_line(proc: subprocess.Popen, prefix: str, timeout: float) -> str:
+    deadline = time.time() + timeout
+    seen = []
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        if not line and proc.poll() is not None:
+            break
+        seen.append(line)
+        if line.startswith(prefix):
+            return line
+    raise AssertionError(f"no {prefix!r} line from the worker; it printed:\n{''.join(seen)}")
+
+
+def test_worker_killed_mid_tuning_loses_nothing_and_the_job_completes_once(ray_address: str, tmp_path: Path) -> None:
+    root = tmp_path / "reg"
+    ident = matmul(64, 64, 128)
+    with ServerThread(root, tokens={TOKEN: "tuners"}, sync=False) as srv, RegistryClient(srv.url, token=TOKEN) as client:
+        client.report_misses([ident])
+        victim = start_worker(srv.url, ray_address, "--lease-secs", "6", "--name", "victim")
+        wait_for_line(victim, "leased", 120)
+        time.sleep(3)  # inside the search: builds and measurements are running on Ray
+        job = client.jobs()[0]
+        assert job["state"] == "leased" and job["lease_owner"] == "victim"
+        os.killpg(victim.pid, signal.SIGKILL)
+        victim.wait(10)
+        assert client.jobs()[0]["state"] == "leased"  # nothing acked, nothing pushed
+        assert not client.exists(ident.key)
+
+        survivor = start_worker(srv.url, ray_address, "--lease-secs", "6", "--name", "survivor", "--max-jobs", "1")
+        output, _ = survivor.communicate(timeout=240)
+        assert survivor.returncode == 0, output
+        job = client.jobs()[0]
+        assert job["state"] == "done" and job["attempts"] == 2, job
+        assert "expired" not in job["last_error"]
+        records = client.get(ident.key)
+        assert records and all(r.provenance["job"].endswith(ident.key[:8]) for r in records)
+    with LocalRegistry(root) as reg:  # the measurement log: one tuning run's records, pushed once
+        logged = [entry for _, entry in reg.store.measurements() if entry["key"] == ident.key]
+    assert len(logged) == len(records)
+    assert len({entry["tid"] for entry in logged}) == len(logged)
+
+
+def test_a_miss_from_the_hook_is_tuned_by_a_running_worker_and_then_hits(ray_address: str, tmp_path: Path) -> None:
+    mod, weights, shape = models.export_with_weights("mlp", batch=4, features=32, hidden=64)
+    planned = {p.kernel.identity.key for p in plan.plan([plan.parse_model("mlp:batch=4,features=32,hidden=64")], TARGET)}
+    x = np.random.default_rng(0).standard_normal(shape).astype("float32")
+    with ServerThread(tmp_path / "reg", tokens={TOKEN: "t"}, sync=False) as srv, RegistryClient(srv.url, token=TOKEN) as client:
+        worker = start_worker(srv.url, ray_address, "--concurrency", "2", "--name", "background")
+        try:
+            wait_for_line(worker, "worker ", 60)
+            with use(client, TARGET) as session:
+                tvm.compile(mod, tvm.target.Target(TARGET))
+            assert session.report.misses == len(planned) == 3
+            assert {j["key"] for j in client.jobs()} == planned  # `schedhub tune` plans the keys the hook asks for
+            deadline = time.time() + 240
+            while client.stats()["queue"].get("done", 0) < len(planned) and time.time() < deadline:
+                time.sleep(1)
+            assert client.stats()["queue"].get("done", 0) == len(planned), client.jobs()
+            with use(client, TARGET) as session:
+                ex = tvm.compile(mod, tvm.target.Target(TARGET))
+            assert session.report.hits == len(planned) and session.report.misses == 0
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            worker.wait(30)
+    out = relax.VirtualMachine(ex, tvm.cpu())["forward"](tvm.runtime.tensor(x)).numpy()
+    h = np.maximum(x @ weights["fc1.weight"].T + weights["fc1.bias"], 0)
+    h = np.maximum(h @ weights["fc2.weight"].T + weights["fc2.bias"], 0)
+    np.testing.assert_allclose(out, h @ weights["head.weight"].T + weights["head.bias"], rtol=1e-4, atol=1e-4)
+
+
+def test_tune_cli_pushes_every_kernel_and_resumes(ray_address: str, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    cmd = [sys.executable, "-m", "schedhub.cli.main", "tune", "-r", str(store), "--model", '{"name": "mlp", "features": 32, "hidden": 32}',
+           "--sweep", "batch=2,4", "--target", '{"kind": "llvm", "mcpu": "znver1", "num-cores": 2}', "--trials", "4",
+           "--trials-per-iter", "4", "--ray-address", ray_address]  # fmt: skip
+    first = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=400, env={**os.environ, "COLUMNS": "200"})
+    assert first.returncode == 0, first.stdout + first.stderr
+    # fc1 and fc2 are both 32→32 dense+relu: one workload, tuned once per batch size.
+    assert "2 model shape(s), 4 distinct kernels" in first.stderr
+    with LocalRegistry(store, readonly=True) as reg:
+        assert len(reg.summaries()) == 4
+    again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=200, env={**os.environ, "COLUMNS": "200"})
+    assert again.returncode == 0 and "tuned 0, skipped 4" in again.stdout, again.stdout + again.stderr
+
+
+def test_plan_parses_models_and_sweeps_without_eval() -> None:
+    assert plan.parse_model("resnet18:batch=8,image=112") == plan.ModelRef("shipped", "resnet18", {"batch": 8, "image": 112})
+    assert plan.parse_model({"name": "mlp", "hidden": 64}).shape == {"hidden": 64}
+    assert plan.parse_model({"onnx": "m.onnx", "inputs": {"x": [1, 3]}}) == plan.ModelRef("onnx", "m.onnx", inputs={"x": [1, 3]})
+    refs = plan.expand([plan.parse_model("mlp"), plan.parse_model({"onnx": "m.onnx", "inputs": {"x": [1, 3]}})], {"batch": [1, 8]})
+    assert [r.label for r in refs] == ["mlp[batch=1]", "mlp[batch=8]", "m.onnx[x=1x3]", "m.onnx[x=8x3]"]
+    for bad in ("nosuchmodel", "mlp:batch=__import__('os')", "mlp:image=3", {"name": "mlp", "batch": -1}, {"torch": "m:f", "extra": 1}):
+        with pytest.raises(plan.PlanError):
+            plan.parse_model(bad)
+    with pytest.raises(plan.PlanError):
+        plan.parse_sweep("batch")

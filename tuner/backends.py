@@ -1,0 +1,116 @@
+"""MetaSchedule Builder and Runner that hand their work to Ray tasks (see :mod:`.cluster`)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+import tvm
+from tvm.s_tir import meta_schedule as ms
+from tvm.ir.utils import derived_object
+
+from schedhub.hooks.identity import plain_json, target_text
+
+from . import cluster
+from .kernels import TUNING_TIMING
+
+#: Candidates per measurement task: the device is shared between jobs at this granularity.
+MEASURE_CHUNK = 8
+
+
+class Timeline:
+    """Wall-clock intervals of the build and measurement tasks one job ran."""
+
+    def __init__(self, job: str) -> None:
+        self.job = job
+        self.events: list[dict[str, Any]] = []
+
+    def add(self, kind: str, answer: dict[str, Any], count: int = 1) -> None:
+        self.events.append({"job": self.job, "kind": kind, "start": answer["start"], "end": answer["end"], "host": answer["host"], "pid": answer["pid"], "count": count})
+
+
+@derived_object
+class RayBuilder(ms.builder.PyBuilder):
+    """Builds every candidate of a batch as its own Ray task; artifacts land in ``artifact_root``."""
+
+    def __init__(self, artifact_root: str, timeline: Timeline) -> None:
+        super().__init__()
+        self.artifact_root = artifact_root
+        self.timeline = timeline
+
+    def build(self, build_inputs: list[ms.builder.BuilderInput]) -> list[ms.builder.BuilderResult]:
+        refs = [cluster.submit("build", mod_json=tvm.ir.save_json(bi.mod), target_text=target_text(bi.target)) for bi in build_inputs]
+        results = []
+        for ref in refs:
+            try:
+                answer = cluster.result(ref)
+            except Exception as exc:  # the task itself died (after Ray's retries)
+                results.append(ms.builder.BuilderResult(None, f"build task lost: {exc}"))
+                continue
+            self.timeline.add("build", answer)
+            if answer["artifact"] is None:
+                results.append(ms.builder.BuilderResult(None, answer["error"]))
+            else:
+                results.append(ms.builder.BuilderResult(self._save(answer["artifact"]), None))
+        return results
+
+    def _save(self, data: bytes) -> str:
+        # MetaSchedule's RemoveBuildArtifact deletes the artifact's directory: one directory each.
+        path = os.path.join(tempfile.mkdtemp(dir=self.artifact_root), "kernel.so")
+        with open(path, "wb") as f:
+            f.write(data)
+        return path
+
+
+class _Chunk:
+    """One measurement task's answer, fetched once for all the futures that share it."""
+
+    def __init__(self, ref: Any, size: int, timeline: Timeline) -> None:
+        self.ref, self.size, self.timeline = ref, size, timeline
+        self._answer: dict[str, Any] | None = None
+
+    def done(self) -> bool:
+        import ray
+
+        return self._answer is not None or bool(ray.wait([self.ref], timeout=0)[0])
+
+    def result(self, index: int) -> ms.runner.RunnerResult:
+        if self._answer is None:
+            try:
+                self._answer = cluster.result(self.ref)
+                self.timeline.add("measure", self._answer, self.size)
+            except Exception as exc:  # the task died after Ray's retries: every candidate failed
+                self._answer = {"results": [{"run_secs": None, "error": f"measurement task lost: {exc}"}] * self.size}
+        item = self._answer["results"][index]
+        return ms.runner.RunnerResult(item["run_secs"], item["error"])
+
+
+@derived_object
+class RayRunner(ms.runner.PyRunner):
+    """Times candidates in measurement tasks that hold the device resource, a chunk at a time."""
+
+    def __init__(self, timeline: Timeline, cpus: int, timing: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        self.timeline = timeline
+        self.cpus = cpus
+        self.timing = dict(timing or TUNING_TIMING)
+
+    def run(self, runner_inputs: list[ms.runner.RunnerInput]) -> list[ms.runner.RunnerFuture]:
+        futures = []
+        for lo in range(0, len(runner_inputs), MEASURE_CHUNK):
+            batch = runner_inputs[lo : lo + MEASURE_CHUNK]
+            artifacts = [_read(ri.artifact_path) for ri in batch]
+            args_info = [plain_json(a.as_json()) for a in batch[0].args_info]
+            chunk = _Chunk(cluster.submit("measure", cpus=self.cpus, artifacts=artifacts, args_info=args_info, timing=self.timing), len(batch), self.timeline)
+            for i in range(len(batch)):
+                futures.append(ms.runner.RunnerFuture(f_done=chunk.done, f_result=lambda i=i, chunk=chunk: chunk.result(i)))
+        return futures
+
+
+def _read(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return None

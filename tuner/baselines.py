@@ -1,0 +1,92 @@
+"""numpy equivalents of fused kernels, timed at the kernel's own shapes (a baseline, not a tuner).
+
+A fused kernel is named after its ops (``fused_matmul1_add_relu``, ``fused_conv2d3_add2_relu1``)
+and its arguments are ``ArgInfo`` JSON: inputs in order, the output last. Matmul kernels map to
+``numpy.matmul``; convolutions (padding k//2, stride from the shapes, groups from the weight) to
+im2col + GEMM, as a framework without a tuned convolution does. Other kernels have no baseline.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .kernels import random_arguments
+
+_EPILOGUE = {"add", "relu", "multiply"}
+
+
+def _ops(op: str) -> list[str]:
+    return [re.sub(r"\d+$", "", part) for part in op.split("_") if part and part != "fused"]
+
+
+def _epilogue(ops: list[str], extra: list[np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
+    def apply(y: np.ndarray) -> np.ndarray:
+        rest = iter(extra)
+        for op in ops:
+            if op == "add":
+                y = y + next(rest)
+            elif op == "multiply":
+                y = y * next(rest)
+            elif op == "relu":
+                y = np.maximum(y, 0)
+        return y
+
+    return apply
+
+
+def _conv2d(x: np.ndarray, w: np.ndarray, out_hw: tuple[int, int]) -> np.ndarray:
+    n, c, h, _ = x.shape
+    o, cg, kh, kw = w.shape
+    groups = c // cg
+    stride, pad = h // out_hw[0] if out_hw[0] else 1, kh // 2
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    oh, ow = out_hw
+    cols = np.lib.stride_tricks.sliding_window_view(xp, (kh, kw), axis=(2, 3))[:, :, ::stride, ::stride][:, :, :oh, :ow]
+    cols = cols.reshape(n, groups, cg, oh, ow, kh, kw)
+    wg = w.reshape(groups, o // groups, cg, kh, kw)
+    if groups == 1:
+        patches = cols[:, 0].transpose(0, 2, 3, 1, 4, 5).reshape(n * oh * ow, cg * kh * kw)
+        y = patches @ wg[0].reshape(o, -1).T
+        return y.reshape(n, oh, ow, o).transpose(0, 3, 1, 2)
+    return np.einsum("ngchwij,gocij->ngohw", cols, wg, optimize=True).reshape(n, o, oh, ow)
+
+
+def numpy_kernel(op: str, args_info: list[Any]) -> Callable[[], np.ndarray] | None:
+    """A zero-argument callable computing the kernel in numpy on random inputs, or None."""
+    ops = _ops(op)
+    if not ops or not set(ops[1:]) <= _EPILOGUE or ops[0] not in ("matmul", "conv2d"):
+        return None
+    arrays = random_arguments(args_info)
+    inputs, out = arrays[:-1], arrays[-1]
+    if len(inputs) < 2:
+        return None
+    a, b = inputs[0], inputs[1]
+    tail = _epilogue(ops[1:], list(inputs[2:]))
+    if ops[0] == "matmul":
+        return lambda: tail(np.matmul(a, b))
+    if a.ndim != 4 or b.ndim != 4:
+        return None
+    return lambda: tail(_conv2d(a, b, (out.shape[2], out.shape[3])))
+
+
+def time_callable(fn: Callable[[], Any], repeat: int = 5, min_secs: float = 0.1) -> list[float]:
+    """Per-call seconds: ``repeat`` samples, each averaging enough calls to last ``min_secs``."""
+    fn()  # warm-up
+    start, calls = time.perf_counter(), 0
+    while time.perf_counter() - start < min_secs / 4 or calls == 0:
+        fn()
+        calls += 1
+    per_call = (time.perf_counter() - start) / calls
+    number = max(1, int(min_secs / max(per_call, 1e-9)))
+    samples = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        for _ in range(number):
+            fn()
+        samples.append((time.perf_counter() - t0) / number)
+    return samples

@@ -1,0 +1,181 @@
+"""``schedhub demo``: the whole loop on embedded defaults, in one process tree.
+
+1. a registry (LMDB in a fresh directory) served on 127.0.0.1 and a local Ray cluster start;
+2. a shipped model compiles through the hook: every kernel misses and is queued;
+3. a worker tunes the queue in the background (small budget) while a bar follows the queue;
+4. the model compiles again: every kernel hits;
+5. a table compares, per kernel and end to end, the untuned and registry-tuned latency with numpy
+   (and PyTorch when installed), all measured in this run.
+"""
+
+from __future__ import annotations
+
+import secrets
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from schedhub.registry import RegistryClient, ServerThread
+
+from . import baselines, cluster, models
+from .search import TuneOptions, TuneResult
+from .worker import Worker
+
+#: The demo model: an MLP at batch 32 (three dense kernels; a few minutes to tune on 2 cores).
+DEMO_MODEL, DEMO_SHAPE = "mlp", {"batch": 32}
+
+
+@dataclass
+class DemoReport:
+    kernels: list[dict[str, Any]] = field(default_factory=list)
+    end_to_end: dict[str, float] = field(default_factory=dict)  # name → median ms
+    first_compile: dict[str, int] = field(default_factory=dict)
+    second_compile: dict[str, int] = field(default_factory=dict)
+    registry: str = ""
+    seconds: float = 0.0
+
+
+def _vm_ms(ex: Any, x: np.ndarray, repeat: int = 7) -> float:
+    import tvm
+    from tvm import relax
+
+    dev = tvm.cpu()
+    vm = relax.VirtualMachine(ex, dev)
+    arg = tvm.runtime.tensor(x, dev)
+    timer = vm.time_evaluator("forward", dev, number=max(1, 20), repeat=repeat, min_repeat_ms=50)
+    return statistics.median(timer(arg).results) * 1e3
+
+
+def _numpy_mlp(weights: dict[str, np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
+    def forward(x: np.ndarray) -> np.ndarray:
+        h = np.maximum(x @ weights["fc1.weight"].T + weights["fc1.bias"], 0)
+        h = np.maximum(h @ weights["fc2.weight"].T + weights["fc2.bias"], 0)
+        return h @ weights["head.weight"].T + weights["head.bias"]
+
+    return forward
+
+
+def _torch_mlp(weights: dict[str, np.ndarray]) -> Callable[[np.ndarray], Any] | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    net = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
+    names = ["fc1", None, "fc2", None, "head"]
+    with torch.no_grad():
+        for layer, name in zip(net, names):
+            if name:
+                layer.weight.copy_(torch.from_numpy(weights[f"{name}.weight"]))
+                layer.bias.copy_(torch.from_numpy(weights[f"{name}.bias"]))
+    net.eval()
+
+    def forward(x: np.ndarray) -> Any:
+        with torch.no_grad():
+            return net(torch.from_numpy(x))
+
+    return forward
+
+
+def run(trials: int = 32, registry_dir: str | None = None, ray_address: str | None = None, say: Callable[[str], None] = print,
+        on_queue: Callable[[int, int], None] | None = None) -> DemoReport:  # fmt: skip
+    """Run the demo; ``on_queue(done, total)`` follows the background tuning."""
+    import tvm
+
+    from schedhub import hooks
+
+    started = time.time()
+    report = DemoReport(registry=registry_dir or tempfile.mkdtemp(prefix="schedhub-demo-"))
+    target = tvm.target.Target(_target())
+    mod, weights, input_shape = models.export_with_weights(DEMO_MODEL, **DEMO_SHAPE)
+    x = np.random.default_rng(1).standard_normal(input_shape).astype("float32")
+    token = secrets.token_hex(16)
+    with ServerThread(report.registry, tokens={token: "demo"}) as server, RegistryClient(server.url, token=token) as client:
+        say(f"registry: {report.registry} served on {server.url}")
+        say(f"ray: {cluster.start(ray_address)['address']}")
+        with hooks.use(client, target) as session:
+            untuned_ex = tvm.compile(mod, target)
+        first = session.report
+        report.first_compile = {"kernels": len(first.kernels), "hits": first.hits, "misses": first.misses}
+        say(f"compile 1: {first.summary()}")
+        results = _tune_queue(client, TuneOptions(trials=trials, trials_per_iter=min(16, trials)), on_queue)
+        with hooks.use(client, target) as session:
+            tuned_ex = tvm.compile(mod, target)
+        second = session.report
+        report.second_compile = {"kernels": len(second.kernels), "hits": second.hits, "misses": second.misses}
+        say(f"compile 2: {second.summary()}")
+    np.testing.assert_allclose(_run(tuned_ex, x), _numpy_mlp(weights)(x), rtol=1e-3, atol=1e-3)
+    report.kernels = [_kernel_row(r) for r in results]
+    report.end_to_end = _end_to_end(untuned_ex, tuned_ex, weights, x)
+    report.seconds = time.time() - started
+    return report
+
+
+def _target() -> dict[str, Any]:
+    from .tvm_env import host_target
+
+    return host_target()
+
+
+def _run(ex: Any, x: np.ndarray) -> np.ndarray:
+    import tvm
+    from tvm import relax
+
+    return relax.VirtualMachine(ex, tvm.cpu())["forward"](tvm.runtime.tensor(x)).numpy()
+
+
+def _tune_queue(client: RegistryClient, options: TuneOptions, on_queue: Callable[[int, int], None] | None) -> list[TuneResult]:
+    """A worker drains the queue in a background thread; the caller sees the queue's progress."""
+    worker = Worker(client, options, name="demo-worker", concurrency=2, lease_secs=120, poll_secs=0.5)
+    total = client.stats()["queue"].get("pending", 0)
+    outcome: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: outcome.update(stats=worker.run(until_idle=True)), daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(timeout=1.0)
+        if on_queue is not None:
+            on_queue(client.stats()["queue"].get("done", 0), total)
+    return outcome["stats"].results if "stats" in outcome else []
+
+
+def _kernel_row(result: TuneResult) -> dict[str, Any]:
+    ident = result.identity
+    fn = baselines.numpy_kernel(ident.op, ident.args_info)
+    numpy_ms = statistics.median(baselines.time_callable(fn)) * 1e3 if fn else None
+    tuned_ms = (result.best_secs or 0) * 1e3
+    return {"op": ident.op, "key": ident.key[:12], "untuned_ms": result.untuned_secs * 1e3, "tuned_ms": tuned_ms,
+            "numpy_ms": numpy_ms, "speedup": result.untuned_secs * 1e3 / tuned_ms if tuned_ms else None, "trials": result.trials}  # fmt: skip
+
+
+def _end_to_end(untuned_ex: Any, tuned_ex: Any, weights: dict[str, np.ndarray], x: np.ndarray) -> dict[str, float]:
+    """Median ms per forward pass, the configurations interleaved round by round."""
+    numpy_fn, torch_fn = _numpy_mlp(weights), _torch_mlp(weights)
+    samples: dict[str, list[float]] = {"untuned TVM": [], "schedhub-tuned TVM": [], "numpy": []}
+    if torch_fn is not None:
+        samples["PyTorch"] = []
+    for _ in range(3):
+        samples["untuned TVM"].append(_vm_ms(untuned_ex, x, 3))
+        samples["schedhub-tuned TVM"].append(_vm_ms(tuned_ex, x, 3))
+        samples["numpy"].append(statistics.median(baselines.time_callable(lambda: numpy_fn(x), 3, 0.05)) * 1e3)
+        if torch_fn is not None:
+            samples["PyTorch"].append(statistics.median(baselines.time_callable(lambda: torch_fn(x), 3, 0.05)) * 1e3)
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
+def render(report: DemoReport) -> list[list[str]]:
+    """The report's rows for a table: per kernel, then end to end."""
+    rows = []
+    for k in report.kernels:
+        rows.append([k["op"], f"{k['untuned_ms']:.3f}", f"{k['tuned_ms']:.3f}", f"{k['numpy_ms']:.3f}" if k["numpy_ms"] else "–",
+                     f"{k['speedup']:.1f}×" if k["speedup"] else "–"])  # fmt: skip
+    e = report.end_to_end
+    if e:
+        torch = f", PyTorch {e['PyTorch']:.3f}" if "PyTorch" in e else ""
+        rows.append(["end to end (VM forward)", f"{e['untuned TVM']:.3f}", f"{e['schedhub-tuned TVM']:.3f}", f"{e['numpy']:.3f}{torch}",
+                     f"{e['untuned TVM'] / e['schedhub-tuned TVM']:.1f}×"])  # fmt: skip
+    return rows

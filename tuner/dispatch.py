@@ -1,0 +1,85 @@
+"""Starting tuning jobs on Ray, and tuning a list of workloads (``schedhub tune``).
+
+Resume state lives in the registry, not in the driver: a workload whose key already has records
+is skipped (unless ``retune``), so a run that was killed and started again does only what is left.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from schedhub.registry import Identity, Registry
+
+from . import cluster
+from .search import TuneOptions, TuneResult
+
+log = logging.getLogger("schedhub.tuner")
+
+
+def warm_start_traces(registry: Registry, identity: Identity, limit: int) -> list[str]:
+    """Traces worth replaying first: this key's records, then the same op's at other shapes."""
+    if limit <= 0:
+        return []
+    traces = [r.trace for r in registry.get(identity.key)] if registry.exists(identity.key) else []
+    others = [s.key for s in registry.summaries(op=identity.op, target=identity.target, limit=4 * limit) if s.key != identity.key]
+    for records in registry.lookup(others).values() if others else ():
+        traces.extend(r.trace for r in records[:1])
+    return list(dict.fromkeys(traces))[:limit]
+
+
+def start_tuning(registry: Registry, identity: Identity, options: TuneOptions, label: str) -> Any:
+    """Submit one tuning job as a Ray task (warm-started from the registry); returns its ObjectRef."""
+    warm = warm_start_traces(registry, identity, options.warm_start)
+    return cluster.submit("tune", identity=identity.to_dict(), warm_traces=warm, options=asdict(options), label=label)
+
+
+@dataclass
+class BulkSummary:
+    tuned: list[TuneResult] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # keys that already had records
+    failed: dict[str, str] = field(default_factory=dict)
+
+
+def tune_many(
+    registry: Registry, identities: list[Identity], options: TuneOptions, *, concurrency: int = 2, retune: bool = False,
+    pushed_by: str = "", on_done: Callable[[Identity, TuneResult | None, str | None], None] | None = None,
+) -> BulkSummary:  # fmt: skip
+    """Tune each workload (``concurrency`` jobs at once share the cluster), pushing results as they come."""
+    import ray
+
+    summary = BulkSummary()
+    have = registry.lookup([i.key for i in identities]) if not retune and identities else {}
+    todo = [i for i in identities if not have.get(i.key)]
+    summary.skipped = [i.key for i in identities if have.get(i.key)]
+    pending = list(reversed(todo))
+    running: dict[Any, Identity] = {}
+    while pending or running:
+        while pending and len(running) < max(1, concurrency):
+            ident = pending.pop()
+            running[start_tuning(registry, ident, options, f"{ident.op}:{ident.key[:8]}")] = ident
+        ready, _ = ray.wait(list(running), num_returns=1)
+        ident = running.pop(ready[0])
+        try:
+            result = TuneResult.from_dict(cluster.result(ready[0]))
+        except Exception as exc:  # one workload failing does not stop the others
+            summary.failed[ident.key] = str(exc).strip()[-2000:]
+            _notify(on_done, ident, None, summary.failed[ident.key])
+            continue
+        if result.records:
+            registry.put_many(result.records, pushed_by)
+            summary.tuned.append(result)
+            _notify(on_done, ident, result, None)
+        else:
+            summary.failed[ident.key] = "no schedule passed verification: " + "; ".join(result.rejected)
+            _notify(on_done, ident, result, summary.failed[ident.key])
+    return summary
+
+
+def _notify(on_done: Callable[[Identity, TuneResult | None, str | None], None] | None, ident: Identity, result: TuneResult | None, error: str | None) -> None:
+    if error:
+        log.warning("tuning %s (%s) failed: %s", ident.op, ident.key[:12], error)
+    if on_done is not None:
+        on_done(ident, result, error)

@@ -1,0 +1,119 @@
+"""What runs inside build and measurement tasks: plain values in, plain values out.
+
+A module travels as TVM's JSON text, a target as its canonical JSON text, a built kernel as
+shared-library bytes, arguments as MetaSchedule ``ArgInfo`` JSON. Every result carries the wall
+clock interval it ran in (``time.time()``), so a caller can show which work overlapped.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import time
+import traceback
+from typing import Any
+
+import numpy as np
+
+from . import tvm_env
+
+#: Defaults of a tuning measurement (MetaSchedule's EvaluatorConfig has the same fields).
+TUNING_TIMING = {"number": 3, "repeat": 1, "min_repeat_ms": 40, "flush_cache": False}
+#: Longer, repeated timing for the few candidates that will be published (DESIGN §6).
+FINAL_TIMING = {"number": 10, "repeat": 5, "min_repeat_ms": 100, "flush_cache": False}
+
+
+def _interval(start: float) -> dict[str, Any]:
+    return {"start": start, "end": time.time(), "host": socket.gethostname(), "pid": os.getpid()}
+
+
+def _short_error(exc: BaseException) -> str:
+    lines = traceback.format_exception_only(type(exc), exc)
+    return "".join(lines).strip()[-2000:]
+
+
+def build(mod_json: str, target_text: str) -> dict[str, Any]:
+    """Build one scheduled module: ``{"artifact": bytes | None, "error": str | None, ...interval}``."""
+    import tvm
+
+    from schedhub.hooks.identity import target_from_text
+
+    start = time.time()
+    tvm_env.prepare()
+    try:
+        rt_mod = tvm_env.build_kernel(tvm.ir.load_json(mod_json), target_from_text(target_text))
+        out: dict[str, Any] = {"artifact": tvm_env.library_bytes(rt_mod), "error": None}
+    except Exception as exc:  # a candidate that does not build is a result, not a crash
+        out = {"artifact": None, "error": f"build failed: {_short_error(exc)}"}
+    return {**out, **_interval(start)}
+
+
+def random_arguments(args_info: list[Any], seed: int = 0) -> list[np.ndarray]:
+    """Host arrays for ``ArgInfo`` JSON values (``["TENSOR", dtype, shape]``)."""
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for info in args_info:
+        if not (isinstance(info, list) and len(info) == 3 and info[0] == "TENSOR"):
+            raise ValueError(f"unsupported argument {info!r}: only tensors can be measured")
+        _, dtype, shape = info
+        if dtype.startswith(("int", "uint")):
+            arrays.append(np.zeros(shape, dtype=dtype))  # indices: zero is valid for every op
+        else:
+            arrays.append(rng.uniform(-1.0, 1.0, size=shape).astype(dtype))
+    return arrays
+
+
+def _run(rt_mod: Any, arrays: list[np.ndarray], dev: Any) -> list[np.ndarray]:
+    import tvm
+
+    tensors = [tvm.runtime.tensor(a, dev) for a in arrays]
+    rt_mod["main"](*tensors)
+    return [t.numpy() for t in tensors]
+
+
+def _mismatch(expected: list[np.ndarray], actual: list[np.ndarray], rtol: float) -> str | None:
+    for i, (want, got) in enumerate(zip(expected, actual)):
+        if want.dtype.kind == "f":
+            atol = rtol * max(1.0, float(np.abs(want).max(initial=0.0)))
+            if not np.allclose(got, want, rtol=rtol, atol=atol, equal_nan=True):
+                worst = float(np.abs(got.astype(np.float64) - want).max())
+                return f"argument {i} differs from the unscheduled build (max abs error {worst:.3g})"
+        elif not np.array_equal(got, want):
+            return f"argument {i} differs from the unscheduled build"
+    return None
+
+
+def measure(artifacts: list[bytes | None], args_info: list[Any], timing: dict[str, Any], reference: bytes | None = None, rtol: float = 1e-3) -> dict[str, Any]:
+    """Time each built kernel; with ``reference`` (the unscheduled build) check outputs first.
+
+    Returns ``{"results": [{"run_secs": [...] | None, "error": str | None}], ...interval}``. The
+    caller holds the device's measurement resource for the whole call.
+    """
+    import tvm
+
+    start = time.time()
+    tvm_env.prepare()
+    dev = tvm.cpu(0)
+    results: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="schedhub-measure-") as tmp:
+        arrays = random_arguments(args_info)
+        expected = _run(tvm_env.load_library(reference, tmp), arrays, dev) if reference is not None else None
+        for artifact in artifacts:
+            if artifact is None:
+                results.append({"run_secs": None, "error": "not built"})
+                continue
+            try:
+                rt_mod = tvm_env.load_library(artifact, tmp)
+                if expected is not None and (problem := _mismatch(expected, _run(rt_mod, arrays, dev), rtol)):
+                    results.append({"run_secs": None, "error": problem})
+                    continue
+                tensors = [tvm.runtime.tensor(a, dev) for a in arrays]
+                evaluator = rt_mod.time_evaluator(
+                    "main", dev, number=timing["number"], repeat=timing["repeat"], min_repeat_ms=timing["min_repeat_ms"],
+                    f_preproc="cache_flush_cpu_non_first_arg" if timing.get("flush_cache") else "",
+                )  # fmt: skip
+                results.append({"run_secs": [float(s) for s in evaluator(*tensors).results], "error": None})
+            except Exception as exc:  # a kernel that fails to load or run is a result
+                results.append({"run_secs": None, "error": f"run failed: {_short_error(exc)}"})
+    return {"results": results, **_interval(start)}

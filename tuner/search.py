@@ -1,0 +1,223 @@
+"""Tune one workload: warm start, MetaSchedule search on Ray, then verify and re-measure.
+
+1. Warm start: traces the registry already holds (the same key, and the same fused op at other
+   shapes, where replay re-derives tile sizes) are replayed on this workload, measured, and seeded
+   into the search's database, so evolutionary search starts from them.
+2. Search: ``ms.tune_tir`` with the xgboost cost model; builds and measurements are Ray tasks
+   (:mod:`.backends`).
+3. Publish: the best distinct schedules are rebuilt, their outputs checked against the
+   unscheduled build on the same random inputs, and timed again with longer repeated timing; the
+   re-measured figures are what the records carry.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from schedhub.registry import Identity, Record
+
+from . import cluster, tvm_env
+from .backends import RayBuilder, RayRunner, Timeline
+from .kernels import FINAL_TIMING, TUNING_TIMING
+
+log = logging.getLogger("schedhub.tuner")
+TUNER_NAME = "schedhub.tuner/0.1"
+_FAILED_SECS = 1e9  # MetaSchedule records a failed measurement as 1e10
+
+
+class ToolchainMismatch(RuntimeError):
+    """The workload was keyed under another compiler: its schedules would land under a key no one asks for."""
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    """The budget and knobs of one tuning job (all plain values: they travel as msgpack)."""
+
+    trials: int = 64
+    trials_per_iter: int = 16
+    seed: int = 0
+    publish: int = 3  # best distinct schedules verified, re-measured and pushed
+    warm_start: int = 8  # registry traces replayed before the search
+    search_threads: int = 0  # MetaSchedule's own threads; 0: physical cores
+    timing: dict[str, Any] = field(default_factory=lambda: dict(TUNING_TIMING))
+    final_timing: dict[str, Any] = field(default_factory=lambda: dict(FINAL_TIMING))
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TuneOptions:
+        unknown = set(values) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"unknown tuning options: {sorted(unknown)}")
+        return cls(**values)
+
+
+@dataclass
+class TuneResult:
+    """What a tuning job produced; ``records`` are verified and re-measured, best first."""
+
+    identity: Identity
+    records: list[Record]
+    untuned_secs: float
+    trials: int
+    warm_started: int
+    search_secs: float
+    curve: list[tuple[int, float]]  # (measured candidates so far, best mean seconds so far)
+    events: list[dict[str, Any]]
+    rejected: list[str]
+
+    @property
+    def best_secs(self) -> float | None:
+        return self.records[0].mean_secs if self.records else None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["identity"] = self.identity.to_dict()
+        out["records"] = [r.to_dict() for r in self.records]
+        out["curve"] = [list(p) for p in self.curve]
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TuneResult:
+        return cls(
+            identity=Identity(**d["identity"]), records=[Record.from_obj(r) for r in d["records"]],
+            untuned_secs=d["untuned_secs"], trials=d["trials"], warm_started=d["warm_started"],
+            search_secs=d["search_secs"], curve=[(int(a), float(b)) for a, b in d["curve"]],
+            events=d["events"], rejected=d["rejected"],
+        )  # fmt: skip
+
+
+def tune_job(identity: dict[str, Any], warm_traces: list[str], options: dict[str, Any], label: str) -> dict[str, Any]:
+    """:func:`tune_workload` with plain values in and out: the body of a Ray tuning task."""
+    return tune_workload(Identity(**identity), warm_traces, TuneOptions.from_dict(options), label).to_dict()
+
+
+def tune_workload(identity: Identity, warm_traces: list[str], options: TuneOptions, label: str = "") -> TuneResult:
+    """Search schedules for one workload on the Ray cluster this process is connected to."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from schedhub.hooks.identity import compiler_fingerprint, target_from_text, workload_module
+
+    tvm_env.prepare()
+    if identity.fingerprint != compiler_fingerprint():
+        raise ToolchainMismatch(f"workload {identity.key[:12]} was keyed under {identity.fingerprint!r}; this tuner runs {compiler_fingerprint()!r}")
+    mod = workload_module(identity.workload)
+    target = target_from_text(identity.target)
+    timeline = Timeline(label or identity.key[:12])
+    with tempfile.TemporaryDirectory(prefix="schedhub-tune-") as work_dir:
+        builder, runner = RayBuilder(work_dir, timeline), RayRunner(timeline, cluster.measure_cpus(identity.target), options.timing)
+        database = ms.database.MemoryDatabase()
+        warm = _seed_database(database, mod, target, warm_traces[: options.warm_start], builder, runner)
+        started = time.time()
+        ms.tune_tir(
+            mod, target, work_dir=work_dir, max_trials_global=options.trials, num_trials_per_iter=options.trials_per_iter,
+            builder=builder, runner=runner, database=database, cost_model="xgb", seed=options.seed,
+            num_tuning_cores=options.search_threads or "physical",
+        )  # fmt: skip
+        search_secs = time.time() - started
+        measured = [tr for tr in database.get_all_tuning_records() if _mean(tr) < _FAILED_SECS]
+        curve = _best_so_far([_mean(tr) for tr in measured])
+        records, untuned, rejected = _publish(identity, mod, measured, options, timeline)
+    prov = {"tuner": TUNER_NAME, "strategy": "evolutionary+xgb", "trials": options.trials, "seed": options.seed, "warm_started": warm,
+            "search_secs": round(search_secs, 3), "untuned_secs": untuned, "host": socket.gethostname(), "job": timeline.job,
+            "tuned_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "curve": json.dumps(_thin(curve, 64))}  # fmt: skip
+    records = [Record(r.identity, r.trace, r.run_secs, {**prov, "rank": i}) for i, r in enumerate(records)]
+    return TuneResult(identity, records, untuned, options.trials, warm, search_secs, curve, timeline.events, rejected)
+
+
+def _mean(tr: Any) -> float:
+    secs = [float(s) for s in (tr.run_secs or [])]
+    return sum(secs) / len(secs) if secs else float("inf")
+
+
+def _best_so_far(means: list[float]) -> list[tuple[int, float]]:
+    curve, best = [], float("inf")
+    for i, m in enumerate(means, 1):
+        best = min(best, m)
+        curve.append((i, best))
+    return curve
+
+
+def _thin(curve: list[tuple[int, float]], points: int) -> list[tuple[int, float]]:
+    if len(curve) <= points:
+        return curve
+    step = len(curve) / points
+    return [curve[int(i * step)] for i in range(points - 1)] + [curve[-1]]
+
+
+def _schedule(mod: Any, trace: Any) -> Any:
+    import tvm
+
+    sch = tvm.s_tir.Schedule(mod)
+    trace.apply_to_schedule(sch, remove_postproc=False)
+    return sch.mod
+
+
+def _seed_database(database: Any, mod: Any, target: Any, traces: list[str], builder: RayBuilder, runner: RayRunner) -> int:
+    """Replay registry traces on ``mod``, measure them and commit them to ``database``."""
+    from tvm.s_tir import meta_schedule as ms
+
+    workload = database.commit_workload(mod)
+    replayed = []
+    for text in traces:
+        try:  # from_json replays the trace on the workload: wrong structure raises here
+            tr = ms.database.TuningRecord.from_json([json.loads(text), [1.0], target.export(), None], workload)
+            replayed.append((tr.trace, _schedule(mod, tr.trace)))
+        except Exception as exc:  # a trace of another structure: skip it, say so
+            log.info("warm start: a registry trace does not apply (%s)", str(exc).splitlines()[0][:200])
+    if not replayed:
+        return 0
+    args_info = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
+    built = builder.build([ms.builder.BuilderInput(m, target) for _, m in replayed])
+    inputs = [ms.runner.RunnerInput(b.artifact_path, "cpu", args_info) for b in built if b.artifact_path]
+    futures = iter(runner.run(inputs))
+    seeded = 0
+    for (trace, _), b in zip(replayed, built):
+        if b.artifact_path is None:
+            continue
+        res = next(futures).result()
+        if res.run_secs:
+            database.commit_tuning_record(ms.database.TuningRecord(trace, workload, res.run_secs, target, args_info))
+            seeded += 1
+    return seeded
+
+
+def _publish(identity: Identity, mod: Any, measured: list[Any], options: TuneOptions, timeline: Timeline) -> tuple[list[Record], float, list[str]]:
+    """Verify and re-measure the best distinct schedules; returns (records best first, untuned secs, rejections)."""
+    import tvm
+
+    from schedhub.hooks.identity import plain_json
+
+    best: dict[str, Any] = {}
+    for tr in sorted(measured, key=_mean):
+        text = json.dumps(plain_json(tr.trace.as_json()), separators=(",", ":"))
+        best.setdefault(text, tr)
+        if len(best) >= options.publish:
+            break
+    modules = [mod] + [_schedule(mod, tr.trace) for tr in best.values()]
+    refs = [cluster.submit("build", mod_json=tvm.ir.save_json(m), target_text=identity.target) for m in modules]
+    built = [cluster.result(r) for r in refs]
+    for b in built:
+        timeline.add("build", b)
+    if built[0]["artifact"] is None:
+        raise RuntimeError(f"the unscheduled workload does not build: {built[0]['error']}")
+    answer = cluster.result(cluster.submit(
+        "measure", cpus=cluster.measure_cpus(identity.target), artifacts=[b["artifact"] for b in built], args_info=identity.args_info,
+        timing=options.final_timing, reference=built[0]["artifact"],
+    ))  # fmt: skip
+    timeline.add("measure", answer, len(built))
+    untuned = answer["results"][0]
+    if not untuned["run_secs"]:
+        raise RuntimeError(f"the unscheduled workload does not run: {untuned['error']}")
+    records, rejected = [], []
+    for text, result in zip(best, answer["results"][1:]):
+        if result["run_secs"]:
+            records.append(Record(identity, text, result["run_secs"]))
+        else:
+            rejected.append(result["error"])
+    records.sort(key=lambda r: r.mean_secs)
+    return records, sum(untuned["run_secs"]) / len(untuned["run_secs"]), rejected

@@ -1,0 +1,148 @@
+"""The miss-queue worker: lease jobs, tune them on Ray, push the results, ack.
+
+Nothing lives only in the worker. A job is leased for ``lease_secs`` and renewed every third of
+that while its tuning task runs; a worker killed at any moment stops renewing, the lease expires
+and the registry hands the job to the next worker. Pushes are idempotent (a trace is one entry per
+key) and the ack comes after the push, so a job is done exactly when its records are stored.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from schedhub.registry import Identity, Lease, LeaseLost, Registry, RegistryError
+
+from . import cluster
+from .dispatch import start_tuning
+from .search import TuneOptions, TuneResult
+
+log = logging.getLogger("schedhub.tuner.worker")
+_IDENTITY_FIELDS = ("key", "schema", "fingerprint", "target", "workload", "op", "args_info")
+
+
+def identity_of(job: dict[str, Any]) -> Identity:
+    return Identity(**{k: job[k] for k in _IDENTITY_FIELDS})
+
+
+@dataclass
+class WorkerStats:
+    done: int = 0
+    failed: int = 0
+    lost: int = 0
+    results: list[TuneResult] = field(default_factory=list)
+
+
+@dataclass
+class _Running:
+    lease: Lease
+    identity: Identity
+    ref: Any
+    renewed: float
+
+
+class Worker:
+    """Drains the registry's miss queue onto the Ray cluster this process is connected to."""
+
+    def __init__(
+        self, registry: Registry, options: TuneOptions, *, name: str | None = None, concurrency: int = 1,
+        lease_secs: float = 120.0, poll_secs: float = 2.0, on_event: Callable[[str, dict[str, Any]], None] | None = None,
+    ) -> None:  # fmt: skip
+        from schedhub.hooks.identity import compiler_fingerprint
+
+        self.registry = registry
+        self.options = options
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}"
+        self.concurrency = max(1, concurrency)
+        self.lease_secs = lease_secs
+        self.poll_secs = poll_secs
+        self.fingerprint = compiler_fingerprint()
+        self.on_event = on_event or (lambda kind, info: log.info("%s %s", kind, info))
+        self.running: dict[str, _Running] = {}
+
+    def run(self, *, max_jobs: int | None = None, until_idle: bool = False, should_stop: Callable[[], bool] = lambda: False) -> WorkerStats:
+        """Work until ``max_jobs`` jobs ended, the queue is empty (``until_idle``), or ``should_stop()``."""
+        import ray
+
+        stats = WorkerStats()
+        started = 0
+        while not should_stop():
+            if max_jobs is None or started < max_jobs:
+                started += self._lease_more(None if max_jobs is None else max_jobs - started)
+            if not self.running:
+                if until_idle or (max_jobs is not None and started >= max_jobs):
+                    break
+                time.sleep(self.poll_secs)
+                continue
+            refs = [r.ref for r in self.running.values()]
+            ready, _ = ray.wait(refs, num_returns=1, timeout=min(self.poll_secs, self.lease_secs / 3))
+            for key in [k for k, r in self.running.items() if r.ref in ready]:
+                self._finish(self.running.pop(key), stats)
+            self._renew_due()
+        return stats
+
+    def _lease_more(self, allowed: int | None) -> int:
+        room = self.concurrency - len(self.running)
+        if allowed is not None:
+            room = min(room, allowed)
+        if room <= 0:
+            return 0
+        leases = self.registry.lease(self.name, room, self.lease_secs, fingerprint=self.fingerprint, kind="llvm")
+        for lease in leases:
+            identity = identity_of(lease.job)
+            ref = start_tuning(self.registry, identity, self.options, f"{identity.op}:{lease.key[:8]}")
+            self.running[lease.key] = _Running(lease, identity, ref, time.time())
+            self.on_event("leased", {"key": lease.key, "op": identity.op, "attempt": lease.job.get("attempts")})
+        return len(leases)
+
+    def _renew_due(self) -> None:
+        import ray
+
+        now = time.time()
+        for key, run in list(self.running.items()):
+            if now - run.renewed < self.lease_secs / 3:
+                continue
+            try:
+                self.registry.renew(key, run.lease.lease_id, self.lease_secs)
+                run.renewed = now
+            except LeaseLost:  # the registry gave the job to someone else: stop spending on it
+                ray.cancel(run.ref, force=True)
+                del self.running[key]
+                self.on_event("lost", {"key": key})
+            except RegistryError as exc:  # the registry is briefly away: keep tuning, retry next round
+                self.on_event("renew-failed", {"key": key, "error": str(exc)})
+
+    def _finish(self, run: _Running, stats: WorkerStats) -> None:
+        key, lease_id = run.lease.key, run.lease.lease_id
+        try:
+            result = TuneResult.from_dict(cluster.result(run.ref))
+        except Exception as exc:  # the tuning task raised or died: the job goes back with the error
+            error = f"tuning failed: {str(exc).strip()[-2000:]}"
+            self._fail(key, lease_id, error, stats)
+            return
+        if not result.records:
+            self._fail(key, lease_id, "no schedule passed verification: " + "; ".join(result.rejected)[:2000], stats)
+            return
+        try:
+            self.registry.put_many(result.records, self.name)
+            self.registry.ack(key, lease_id)
+        except LeaseLost:  # expired while we pushed: the records are stored, the next holder will find them
+            stats.lost += 1
+            self.on_event("lost", {"key": key})
+            return
+        stats.done += 1
+        stats.results.append(result)
+        self.on_event("done", {"key": key, "op": run.identity.op, "untuned_ms": result.untuned_secs * 1e3, "best_ms": (result.best_secs or 0) * 1e3})
+
+    def _fail(self, key: str, lease_id: str, error: str, stats: WorkerStats) -> None:
+        stats.failed += 1
+        try:
+            state = self.registry.fail(key, lease_id, error)
+        except LeaseLost:
+            state = "lost"
+        self.on_event("failed", {"key": key, "state": state, "error": error})
