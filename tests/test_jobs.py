@@ -52,9 +52,10 @@ def jobs_api() -> Iterator[str]:
     finally:
         os.killpg(head.pid, signal.SIGTERM)
         try:
-            head.wait(60)
-        except subprocess.TimeoutExpired:
+            head.wait(5)
+        except subprocess.TimeoutExpired:  # `ray start --block` cleans up slowly; its processes share the group
             os.killpg(head.pid, signal.SIGKILL)
+            head.wait(10)
 
 
 def schedhub(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -73,11 +74,11 @@ def test_submit_runs_tune_as_a_ray_job_once_per_work(jobs_api: str, tmp_path: Pa
     assert again.stdout.startswith(f"already submitted {job_id}"), again.stdout + again.stderr
 
     logs = schedhub("jobs", "logs", job_id, "--address", jobs_api, "--follow", timeout=400)
-    assert "1 model shape(s), 3 distinct kernels" in logs.stdout, logs.stdout + logs.stderr
+    assert "1 model shape(s), 2 distinct kernels" in logs.stdout  # fc1 and fc2 are one 16→16 workload, logs.stdout + logs.stderr
     status = schedhub("jobs", "status", job_id, "--address", jobs_api)
     assert f"{job_id}: SUCCEEDED" in status.stdout, status.stdout + status.stderr + logs.stdout
     with LocalRegistry(store, readonly=True) as reg:
-        assert len(reg.summaries()) == 3
+        assert len(reg.summaries()) == 2
     listed = subprocess.run([RAY, "job", "list", "--address", jobs_api], capture_output=True, text=True, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
     assert listed.stdout.count(job_id) == 1  # the second submit started nothing
 

@@ -125,7 +125,7 @@ def tune_workload(identity: Identity, warm_traces: list[str], options: TuneOptio
     prov = {"tuner": TUNER_NAME, "strategy": "evolutionary+xgb", "trials": options.trials, "seed": options.seed, "warm_started": warm,
             "search_secs": round(search_secs, 3), "untuned_secs": untuned, "host": socket.gethostname(), "job": timeline.job,
             "tuned_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "curve": json.dumps(_thin(curve, 64))}  # fmt: skip
-    records = [Record(r.identity, r.trace, r.run_secs, {**prov, "rank": i}) for i, r in enumerate(records)]
+    records = [Record(r.identity, r.trace, r.run_secs, {**prov, **r.provenance, "rank": i}) for i, r in enumerate(records)]
     return TuneResult(identity, records, untuned, options.trials, warm, search_secs, curve, timeline.events, rejected)
 
 
@@ -147,6 +147,12 @@ def _thin(curve: list[tuple[int, float]], points: int) -> list[tuple[int, float]
         return curve
     step = len(curve) / points
     return [curve[int(i * step)] for i in range(points - 1)] + [curve[-1]]
+
+
+def _trace_text(trace: Any) -> str:
+    from schedhub.hooks.identity import plain_json
+
+    return json.dumps(plain_json(trace.as_json()), separators=(",", ":"))
 
 
 def _schedule(mod: Any, trace: Any) -> Any:
@@ -190,11 +196,9 @@ def _publish(identity: Identity, mod: Any, measured: list[Any], options: TuneOpt
     """Verify and re-measure the best distinct schedules; returns (records best first, untuned secs, rejections)."""
     import tvm
 
-    from schedhub.hooks.identity import plain_json
-
     best: dict[str, Any] = {}
     for tr in sorted(measured, key=_mean):
-        text = json.dumps(plain_json(tr.trace.as_json()), separators=(",", ":"))
+        text = _trace_text(tr.trace)
         best.setdefault(text, tr)
         if len(best) >= options.publish:
             break
@@ -213,11 +217,18 @@ def _publish(identity: Identity, mod: Any, measured: list[Any], options: TuneOpt
     untuned = answer["results"][0]
     if not untuned["run_secs"]:
         raise RuntimeError(f"the unscheduled workload does not run: {untuned['error']}")
+    untuned_secs = sum(untuned["run_secs"]) / len(untuned["run_secs"])
     records, rejected = [], []
     for text, result in zip(best, answer["results"][1:]):
-        if result["run_secs"]:
+        if not result["run_secs"]:
+            rejected.append(result["error"])
+        elif sum(result["run_secs"]) / len(result["run_secs"]) < untuned_secs:
             records.append(Record(identity, text, result["run_secs"]))
         else:
-            rejected.append(result["error"])
+            rejected.append("slower than the unscheduled kernel when timed side by side")
+    if not records:
+        # Nothing beat TVM's default: that *is* the best known schedule. Publish it (an empty
+        # trace) so the hook stops reporting the kernel as a miss and nobody tunes it again blindly.
+        records.append(Record(identity, _trace_text(tvm.s_tir.Schedule(mod).trace), untuned["run_secs"], {"default_schedule": True}))
     records.sort(key=lambda r: r.mean_secs)
-    return records, sum(untuned["run_secs"]) / len(untuned["run_secs"]), rejected
+    return records, untuned_secs, rejected
