@@ -53,8 +53,11 @@ def prepare() -> None:
         import tvm.s_tir.tensor_intrin  # noqa: F401  (registers intrinsics; slow without the patch)
 
 
-def build_kernel(mod: Any, target: Any) -> Any:
-    """MetaSchedule's default build without its tensor-intrinsic import: a runtime Module."""
+def build_kernel(mod: Any, target: Any, _params: Any = None) -> Any:
+    """MetaSchedule's default build without its tensor-intrinsic import: a runtime Module.
+
+    Same signature as MetaSchedule's ``default_build``, so ``LocalBuilder(f_build=build_kernel)`` works too.
+    """
     import tvm
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
