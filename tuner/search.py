@@ -124,9 +124,16 @@ def tune_workload(identity: Identity, warm_traces: list[str], options: TuneOptio
         records, untuned, rejected = _publish(identity, mod, measured, options, timeline)
     prov = {"tuner": TUNER_NAME, "strategy": "evolutionary+xgb", "trials": options.trials, "seed": options.seed, "warm_started": warm,
             "search_secs": round(search_secs, 3), "untuned_secs": untuned, "host": socket.gethostname(), "job": timeline.job,
+            "host_cpu": _host_cpu(),
             "tuned_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "curve": json.dumps(_thin(curve, 64))}  # fmt: skip
     records = [Record(r.identity, r.trace, r.run_secs, {**prov, **r.provenance, "rank": i}) for i, r in enumerate(records)]
     return TuneResult(identity, records, untuned, options.trials, warm, search_secs, curve, timeline.events, rejected)
+
+
+def _host_cpu() -> str:
+    import tvm
+
+    return str(tvm.target.codegen.llvm_get_system_cpu())
 
 
 def _mean(tr: Any) -> float:
