@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from schedhub.tuner import baselines, cluster, kernels, models, tvm_env
-from schedhub.tuner.search import TuneOptions, TuneResult
+from schedhub.tuner.search import TuneOptions, TuneResult, best_so_far, mean_secs, replay, scheduled, trace_text
 
 from .stats import summary
 
@@ -61,7 +61,6 @@ def find_kernel(model: str, shape: dict[str, int], name: str) -> Any:
 
 
 def tune_ray(identity: Any, options: TuneOptions) -> tuple[float, str, list]:
-    t0 = time.time()
     result = TuneResult.from_dict(cluster.result(cluster.submit("tune", identity=identity.to_dict(), warm_traces=[], options=options.__dict__, label="ray")))
     return result.search_secs, result.records[0].trace, result.curve
 
@@ -70,7 +69,7 @@ def tune_plain(identity: Any, options: TuneOptions) -> tuple[float, str, list]:
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    from schedhub.hooks.identity import plain_json, workload_module
+    from schedhub.hooks.identity import workload_module
 
     mod = workload_module(identity.workload)
     timing = options.timing
@@ -80,31 +79,20 @@ def tune_plain(identity: Any, options: TuneOptions) -> tuple[float, str, list]:
         db = ms.tune_tir(mod, tvm.target.Target(TARGET), work_dir, max_trials_global=options.trials, num_trials_per_iter=options.trials_per_iter,
                          builder=ms.builder.LocalBuilder(f_build=tvm_env.build_kernel), runner=runner, database="memory", seed=options.seed)  # fmt: skip
         secs = time.time() - t0
-        records = [r for r in db.get_all_tuning_records() if r.run_secs and float(r.run_secs[0]) < 1e9]
-        means = [statistics.mean(float(s) for s in r.run_secs) for r in records]
-        best = records[means.index(min(means))]
-        curve, low = [], float("inf")
-        for i, m in enumerate(means, 1):
-            low = min(low, m)
-            curve.append((i, low))
-        return secs, json.dumps(plain_json(best.trace.as_json()), separators=(",", ":")), curve
+        records = [r for r in db.get_all_tuning_records() if mean_secs(r) < 1e9]  # 1e10 marks a failed run
+        return secs, trace_text(min(records, key=mean_secs).trace), best_so_far([mean_secs(r) for r in records])
 
 
 def side_by_side(identity: Any, traces: dict[str, str], rounds: int) -> dict[str, dict[str, float]]:
     """Untuned, each tuned schedule and numpy, timed in this process; medians over ``rounds``."""
-    import tvm
     from tvm.s_tir import meta_schedule as ms
 
     from schedhub.hooks.identity import target_from_text, workload_module
 
     mod = workload_module(identity.workload)
     target = target_from_text(identity.target)
-    modules = {"untuned": mod}
-    for name, text in traces.items():
-        tr = ms.database.TuningRecord.from_json([json.loads(text), [1.0], TARGET, None], ms.database.Workload(mod))
-        sch = tvm.s_tir.Schedule(mod)
-        tr.trace.apply_to_schedule(sch, remove_postproc=False)
-        modules[name] = sch.mod
+    workload = ms.database.Workload(mod)
+    modules = {"untuned": mod, **{name: scheduled(mod, replay(workload, text, target)) for name, text in traces.items()}}
     built = {n: tvm_env.library_bytes(tvm_env.build_kernel(m, target)) for n, m in modules.items()}
     names = list(built)
     samples: dict[str, list[float]] = {n: [] for n in names}
@@ -147,7 +135,7 @@ def run(trials: int, runs: int, rounds: int, trials_per_iter: int = 16) -> dict[
                 print(f"{name} seed {run_i} {label}: {trials} trials in {secs:.1f} s ({trials / secs:.2f}/s), tuner's best {curve[-1][1] * 1e3:.3f} ms", flush=True)
             row["timed"] = side_by_side(ident, traces, rounds)
             entry["runs"].append(row)
-            print(f"  side by side: " + ", ".join(f"{k} {v['median']:.3f} ms ({v['gflops']:.1f} GFLOPS)" for k, v in row["timed"].items()), flush=True)
+            print("  side by side: " + ", ".join(f"{k} {v['median']:.3f} ms ({v['gflops']:.1f} GFLOPS)" for k, v in row["timed"].items()), flush=True)
         out["workloads"][name] = entry
     return out
 

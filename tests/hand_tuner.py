@@ -19,7 +19,6 @@ from schedhub.hooks.identity import plain_json, target_from_text, workload_modul
 from schedhub.registry import Identity, Record, RegistryClient
 
 FACTORS = (2, 4, 8, 16)
-_FIELDS = ("key", "schema", "fingerprint", "target", "workload", "op", "args_info")
 
 
 def measure(mod: tvm.IRModule, target: tvm.target.Target) -> list[float]:
@@ -50,7 +49,7 @@ def main(url: str, token: str) -> None:
     with RegistryClient(url, token=token) as client:
         while leases := client.lease("hand-tuner", max_jobs=8, lease_secs=120):
             for lease in leases:
-                identity = Identity(**{k: lease.job[k] for k in _FIELDS})
+                identity = Identity.from_obj(lease.job)
                 client.put(tune(identity))
                 client.ack(lease.key, lease.lease_id)
                 print(f"tuned {identity.op}", flush=True)

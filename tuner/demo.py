@@ -25,6 +25,7 @@ from schedhub.registry import RegistryClient, ServerThread
 
 from . import baselines, cluster, models
 from .search import TuneOptions, TuneResult
+from .tvm_env import host_target
 from .worker import Worker
 
 #: The demo model: an MLP at batch 32 (three dense kernels; a few minutes to tune on 2 cores).
@@ -48,7 +49,7 @@ def _vm_ms(ex: Any, x: np.ndarray, repeat: int = 7) -> float:
     dev = tvm.cpu()
     vm = relax.VirtualMachine(ex, dev)
     arg = tvm.runtime.tensor(x, dev)
-    timer = vm.time_evaluator("forward", dev, number=max(1, 20), repeat=repeat, min_repeat_ms=50)
+    timer = vm.time_evaluator("forward", dev, number=20, repeat=repeat, min_repeat_ms=50)
     return statistics.median(timer(arg).results) * 1e3
 
 
@@ -91,7 +92,7 @@ def run(trials: int = 32, registry_dir: str | None = None, ray_address: str | No
 
     started = time.time()
     report = DemoReport(registry=registry_dir or tempfile.mkdtemp(prefix="schedhub-demo-"))
-    target = tvm.target.Target(_target())
+    target = tvm.target.Target(host_target())
     mod, weights, input_shape = models.export_with_weights(DEMO_MODEL, **DEMO_SHAPE)
     x = np.random.default_rng(1).standard_normal(input_shape).astype("float32")
     token = secrets.token_hex(16)
@@ -114,12 +115,6 @@ def run(trials: int = 32, registry_dir: str | None = None, ray_address: str | No
     report.end_to_end = _end_to_end(untuned_ex, tuned_ex, weights, x)
     report.seconds = time.time() - started
     return report
-
-
-def _target() -> dict[str, Any]:
-    from .tvm_env import host_target
-
-    return host_target()
 
 
 def _run(ex: Any, x: np.ndarray) -> np.ndarray:

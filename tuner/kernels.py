@@ -98,6 +98,7 @@ def measure(artifacts: list[bytes | None], args_info: list[Any], timing: dict[st
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="schedhub-measure-") as tmp:
         arrays = random_arguments(args_info)
+        tensors = [tvm.runtime.tensor(a, dev) for a in arrays]  # timing only: shared by every candidate
         expected = _run(tvm_env.load_library(reference, tmp), arrays, dev) if reference is not None else None
         for artifact in artifacts:
             if artifact is None:
@@ -108,7 +109,6 @@ def measure(artifacts: list[bytes | None], args_info: list[Any], timing: dict[st
                 if expected is not None and (problem := _mismatch(expected, _run(rt_mod, arrays, dev), rtol)):
                     results.append({"run_secs": None, "error": problem})
                     continue
-                tensors = [tvm.runtime.tensor(a, dev) for a in arrays]
                 evaluator = rt_mod.time_evaluator(
                     "main", dev, number=timing["number"], repeat=timing["repeat"], min_repeat_ms=timing["min_repeat_ms"],
                     f_preproc="cache_flush_cpu_non_first_arg" if timing.get("flush_cache") else "",

@@ -119,29 +119,25 @@ def tune_workload(identity: Identity, warm_traces: list[str], options: TuneOptio
             num_tuning_cores=options.search_threads or "physical",
         )  # fmt: skip
         search_secs = time.time() - started
-        measured = [tr for tr in database.get_all_tuning_records() if _mean(tr) < _FAILED_SECS]
-        curve = _best_so_far([_mean(tr) for tr in measured])
+        measured = [tr for tr in database.get_all_tuning_records() if mean_secs(tr) < _FAILED_SECS]
+        curve = best_so_far([mean_secs(tr) for tr in measured])
         records, untuned, rejected = _publish(identity, mod, measured, options, timeline)
     prov = {"tuner": TUNER_NAME, "strategy": "evolutionary+xgb", "trials": options.trials, "seed": options.seed, "warm_started": warm,
             "search_secs": round(search_secs, 3), "untuned_secs": untuned, "host": socket.gethostname(), "job": timeline.job,
-            "host_cpu": _host_cpu(),
+            "host_cpu": tvm_env.host_target()["mcpu"],
             "tuned_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "curve": json.dumps(_thin(curve, 64))}  # fmt: skip
     records = [Record(r.identity, r.trace, r.run_secs, {**prov, **r.provenance, "rank": i}) for i, r in enumerate(records)]
     return TuneResult(identity, records, untuned, options.trials, warm, search_secs, curve, timeline.events, rejected)
 
 
-def _host_cpu() -> str:
-    import tvm
-
-    return str(tvm.target.codegen.llvm_get_system_cpu())
-
-
-def _mean(tr: Any) -> float:
+def mean_secs(tr: Any) -> float:
+    """A TuningRecord's mean run time (inf when it was never measured)."""
     secs = [float(s) for s in (tr.run_secs or [])]
     return sum(secs) / len(secs) if secs else float("inf")
 
 
-def _best_so_far(means: list[float]) -> list[tuple[int, float]]:
+def best_so_far(means: list[float]) -> list[tuple[int, float]]:
+    """The tuning curve: (candidates measured, best mean so far) after each measurement."""
     curve, best = [], float("inf")
     for i, m in enumerate(means, 1):
         best = min(best, m)
@@ -156,18 +152,30 @@ def _thin(curve: list[tuple[int, float]], points: int) -> list[tuple[int, float]
     return [curve[int(i * step)] for i in range(points - 1)] + [curve[-1]]
 
 
-def _trace_text(trace: Any) -> str:
+def trace_text(trace: Any) -> str:
+    """A Trace as the JSON text records carry."""
     from schedhub.hooks.identity import plain_json
 
     return json.dumps(plain_json(trace.as_json()), separators=(",", ":"))
 
 
-def _schedule(mod: Any, trace: Any) -> Any:
+def scheduled(mod: Any, trace: Any) -> Any:
+    """``mod`` with ``trace`` applied."""
     import tvm
 
     sch = tvm.s_tir.Schedule(mod)
     trace.apply_to_schedule(sch, remove_postproc=False)
     return sch.mod
+
+
+def replay(workload: Any, text: str, target: Any) -> Any:
+    """A record's trace text replayed on a MetaSchedule Workload: the re-derived Trace.
+
+    Raises TVM's error when the trace does not fit the workload's structure.
+    """
+    from tvm.s_tir import meta_schedule as ms
+
+    return ms.database.TuningRecord.from_json([json.loads(text), [1.0], target.export(), None], workload).trace
 
 
 def _seed_database(database: Any, mod: Any, target: Any, traces: list[str], builder: RayBuilder, runner: RayRunner) -> int:
@@ -177,9 +185,9 @@ def _seed_database(database: Any, mod: Any, target: Any, traces: list[str], buil
     workload = database.commit_workload(mod)
     replayed = []
     for text in traces:
-        try:  # from_json replays the trace on the workload: wrong structure raises here
-            tr = ms.database.TuningRecord.from_json([json.loads(text), [1.0], target.export(), None], workload)
-            replayed.append((tr.trace, _schedule(mod, tr.trace)))
+        try:
+            trace = replay(workload, text, target)
+            replayed.append((trace, scheduled(mod, trace)))
         except Exception as exc:  # a trace of another structure: skip it, say so
             log.info("warm start: a registry trace does not apply (%s)", str(exc).splitlines()[0][:200])
     if not replayed:
@@ -204,12 +212,12 @@ def _publish(identity: Identity, mod: Any, measured: list[Any], options: TuneOpt
     import tvm
 
     best: dict[str, Any] = {}
-    for tr in sorted(measured, key=_mean):
-        text = _trace_text(tr.trace)
+    for tr in sorted(measured, key=mean_secs):
+        text = trace_text(tr.trace)
         best.setdefault(text, tr)
         if len(best) >= options.publish:
             break
-    modules = [mod] + [_schedule(mod, tr.trace) for tr in best.values()]
+    modules = [mod] + [scheduled(mod, tr.trace) for tr in best.values()]
     refs = [cluster.submit("build", mod_json=tvm.ir.save_json(m), target_text=identity.target) for m in modules]
     built = [cluster.result(r) for r in refs]
     for b in built:
@@ -224,18 +232,16 @@ def _publish(identity: Identity, mod: Any, measured: list[Any], options: TuneOpt
     untuned = answer["results"][0]
     if not untuned["run_secs"]:
         raise RuntimeError(f"the unscheduled workload does not run: {untuned['error']}")
-    untuned_secs = sum(untuned["run_secs"]) / len(untuned["run_secs"])
+    default = Record(identity, trace_text(tvm.s_tir.Schedule(mod).trace), untuned["run_secs"], {"default_schedule": True})
     records, rejected = [], []
     for text, result in zip(best, answer["results"][1:]):
         if not result["run_secs"]:
             rejected.append(result["error"])
-        elif sum(result["run_secs"]) / len(result["run_secs"]) < untuned_secs:
-            records.append(Record(identity, text, result["run_secs"]))
+        elif (record := Record(identity, text, result["run_secs"])).mean_secs < default.mean_secs:
+            records.append(record)
         else:
             rejected.append("slower than the unscheduled kernel when timed side by side")
-    if not records:
-        # Nothing beat TVM's default: that *is* the best known schedule. Publish it (an empty
-        # trace) so the hook stops reporting the kernel as a miss and nobody tunes it again blindly.
-        records.append(Record(identity, _trace_text(tvm.s_tir.Schedule(mod).trace), untuned["run_secs"], {"default_schedule": True}))
-    records.sort(key=lambda r: r.mean_secs)
-    return records, untuned_secs, rejected
+    # When nothing beat TVM's default, that *is* the best known schedule: publish it (an empty
+    # trace) so the hook stops reporting the kernel as a miss and nobody tunes it again blindly.
+    records = sorted(records, key=lambda r: r.mean_secs) or [default]
+    return records, default.mean_secs, rejected

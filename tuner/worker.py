@@ -23,13 +23,6 @@ from .dispatch import start_tuning
 from .search import TuneOptions, TuneResult
 
 log = logging.getLogger("schedhub.tuner.worker")
-_IDENTITY_FIELDS = ("key", "schema", "fingerprint", "target", "workload", "op", "args_info")
-
-
-def identity_of(job: dict[str, Any]) -> Identity:
-    return Identity(**{k: job[k] for k in _IDENTITY_FIELDS})
-
-
 @dataclass
 class WorkerStats:
     done: int = 0
@@ -94,7 +87,7 @@ class Worker:
             return 0
         leases = self.registry.lease(self.name, room, self.lease_secs, fingerprint=self.fingerprint, kind="llvm")
         for lease in leases:
-            identity = identity_of(lease.job)
+            identity = Identity.from_obj(lease.job)
             ref = start_tuning(self.registry, identity, self.options, f"{identity.op}:{lease.key[:8]}")
             self.running[lease.key] = _Running(lease, identity, ref, time.time())
             self.on_event("leased", {"key": lease.key, "op": identity.op, "attempt": lease.job.get("attempts")})
@@ -124,9 +117,6 @@ class Worker:
         except Exception as exc:  # the tuning task raised or died: the job goes back with the error
             error = f"tuning failed: {str(exc).strip()[-2000:]}"
             self._fail(key, lease_id, error, stats)
-            return
-        if not result.records:
-            self._fail(key, lease_id, "no schedule passed verification: " + "; ".join(result.rejected)[:2000], stats)
             return
         try:
             self.registry.put_many(result.records, self.name)
