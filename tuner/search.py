@@ -45,6 +45,8 @@ class TuneOptions:
     publish: int = 3  # best distinct schedules verified, re-measured and pushed
     warm_start: int = 8  # registry traces replayed before the search
     search_threads: int = 0  # MetaSchedule's own threads; 0: physical cores
+    population: int = 512  # evolutionary search population (MetaSchedule's default); smaller is cheaper per trial
+    genetic_iters: int = 4  # evolution rounds per batch of candidates (MetaSchedule's default)
     timing: dict[str, Any] = field(default_factory=lambda: dict(TUNING_TIMING))
     final_timing: dict[str, Any] = field(default_factory=lambda: dict(FINAL_TIMING))
 
@@ -116,7 +118,7 @@ def tune_workload(identity: Identity, warm_traces: list[str], options: TuneOptio
         ms.tune_tir(
             mod, target, work_dir=work_dir, max_trials_global=options.trials, num_trials_per_iter=options.trials_per_iter,
             builder=builder, runner=runner, database=database, cost_model="xgb", seed=options.seed,
-            num_tuning_cores=options.search_threads or "physical",
+            num_tuning_cores=options.search_threads or "physical", strategy=_strategy(options),
         )  # fmt: skip
         search_secs = time.time() - started
         measured = [tr for tr in database.get_all_tuning_records() if mean_secs(tr) < _FAILED_SECS]
@@ -128,6 +130,14 @@ def tune_workload(identity: Identity, warm_traces: list[str], options: TuneOptio
             "tuned_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "curve": json.dumps(_thin(curve, 64))}  # fmt: skip
     records = [Record(r.identity, r.trace, r.run_secs, {**prov, **r.provenance, "rank": i}) for i, r in enumerate(records)]
     return TuneResult(identity, records, untuned, options.trials, warm, search_secs, curve, timeline.events, rejected)
+
+
+def _strategy(options: TuneOptions) -> Any:
+    from tvm.s_tir import meta_schedule as ms
+
+    return ms.search_strategy.EvolutionarySearch(
+        population_size=options.population, init_min_unmeasured=min(50, max(1, options.population // 2)), genetic_num_iters=options.genetic_iters,
+    )  # fmt: skip
 
 
 def mean_secs(tr: Any) -> float:
