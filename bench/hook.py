@@ -70,12 +70,15 @@ def interleaved(configs: dict[str, Callable[[], Any]], reps: int) -> dict[str, d
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--reps", type=int, default=7)
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "hook.json")
+    parser.add_argument("--quick", action="store_true", help="5 rounds instead of 7")
+    parser.add_argument("--reps", type=int)
+    parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    args.reps = args.reps or (5 if args.quick else 7)
+    args.out = args.out or Path(__file__).parent / "results" / ("quick" if args.quick else "full") / "hook.json"
     mod, _ = DeepMLP().export_tvm({"forward": {"x": nn.spec.Tensor((8, 256), "float32")}})
     work = Path(tempfile.mkdtemp(prefix="schedhub-hook-"))
-    results: dict[str, Any] = {"command": "python -m bench.hook", "reps": args.reps}
+    results: dict[str, Any] = {"command": "python -m bench.hook" + (" --quick" if args.quick else ""), "reps": args.reps}
     with ServerThread(work / "served", tokens={TOKEN: "bench"}, sync=False) as srv, RegistryClient(srv.url, token=TOKEN) as client:
         with use(client, TARGET) as first:
             tvm.compile(mod, TARGET)

@@ -207,8 +207,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/schedhub-bench"))
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "registry.json")
+    parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    args.out = args.out or Path(__file__).parent / "results" / ("quick" if args.quick else "full") / "registry.json"
     store_sizes = [1_000, 10_000, 100_000] if args.quick else [1_000, 100_000, 1_000_000]
     ms_sizes = [1_000, 10_000] if args.quick else [1_000, 10_000, 100_000]
     shutil.rmtree(args.workdir, ignore_errors=True)

@@ -1,6 +1,6 @@
 """Tuner benchmark: schedhub's Ray tuner vs plain ``ms.tune_tir``, and what tuning buys.
 
-    python -m bench.tuner [--trials 64] [--runs 1] [--json bench/results/tuner.json]
+    python -m bench.tuner [--quick] [--trials 64] [--runs 1] [--out bench/results/full/tuner.json]
 
 Workloads are kernels of the shipped models, at their real shapes: ResNet-18's 3×3 convolution on
 56×56×64 (``fused_conv2d2_add1_relu1``) and BERT-base's attention output projection, 128×768×768
@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -150,14 +151,19 @@ def _tiny_mod_json() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--trials", type=int, default=64)
+    parser.add_argument("--quick", action="store_true", help="16 trials, 3 timing rounds")
+    parser.add_argument("--trials", type=int)
     parser.add_argument("--runs", type=int, default=1, help="tuning runs per workload and tuner (seeds 0..runs-1)")
-    parser.add_argument("--rounds", type=int, default=5, help="side-by-side timing rounds")
-    parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "tuner.json")
+    parser.add_argument("--rounds", type=int, help="side-by-side timing rounds (default 5)")
+    parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    result = run(args.trials, args.runs, args.rounds)
-    args.json.write_text(json.dumps(result, indent=1))
-    print(f"wrote {args.json}")
+    trials, rounds = args.trials or (16 if args.quick else 64), args.rounds or (3 if args.quick else 5)
+    out = args.out or Path(__file__).parent / "results" / ("quick" if args.quick else "full") / "tuner.json"
+    result = run(trials, args.runs, rounds)
+    result["command"] = " ".join(["python -m bench.tuner", *sys.argv[1:]])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
-"""numpy equivalents of fused kernels, timed at the kernel's own shapes (a baseline, not a tuner).
+"""numpy and PyTorch equivalents of fused kernels, timed at the kernel's own shapes (baselines, not tuners).
 
 A fused kernel is named after its ops (``fused_matmul1_add_relu``, ``fused_conv2d3_add2_relu1``)
 and its arguments are ``ArgInfo`` JSON: inputs in order, the output last. Matmul kernels map to
-``numpy.matmul``; convolutions (padding k//2, stride from the shapes, groups from the weight) to
-im2col + GEMM, as a framework without a tuned convolution does. Other kernels have no baseline.
+``numpy.matmul`` / ``torch.matmul``; convolutions (padding k//2, stride from the shapes, groups
+from the weight) to im2col + GEMM in numpy, as a framework without a tuned convolution does, and
+to ``torch.nn.functional.conv2d`` (oneDNN) in PyTorch. Other kernels have no baseline.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ def _ops(op: str) -> list[str]:
     return [re.sub(r"\d+$", "", part) for part in op.split("_") if part and part != "fused"]
 
 
-def _epilogue(ops: list[str], extra: list[np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
-    def apply(y: np.ndarray) -> np.ndarray:
+def _epilogue(ops: list[str], extra: list[Any], relu: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def apply(y: Any) -> Any:
         rest = iter(extra)
         for op in ops:
             if op == "add":
@@ -33,7 +34,7 @@ def _epilogue(ops: list[str], extra: list[np.ndarray]) -> Callable[[np.ndarray],
             elif op == "multiply":
                 y = y * next(rest)
             elif op == "relu":
-                y = np.maximum(y, 0)
+                y = relu(y)
         return y
 
     return apply
@@ -56,22 +57,62 @@ def _conv2d(x: np.ndarray, w: np.ndarray, out_hw: tuple[int, int]) -> np.ndarray
     return np.einsum("ngchwij,gocij->ngohw", cols, wg, optimize=True).reshape(n, o, oh, ow)
 
 
-def numpy_kernel(op: str, args_info: list[Any]) -> Callable[[], np.ndarray] | None:
+def numpy_kernel(op: str, args_info: list[Any]) -> Callable[[], Any] | None:
     """A zero-argument callable computing the kernel in numpy on random inputs, or None."""
+    return kernel_baseline(op, args_info, "numpy")
+
+
+def supported(op: str, args_info: list[Any]) -> bool:
+    """Whether a kernel has baselines: a matmul or conv2d whose add/multiply/relu epilogue takes only tensor arguments.
+
+    (A multiply by a constant folded into the kernel, as attention's scaling, has no argument to read it from.)
+    """
     ops = _ops(op)
-    if not ops or not set(ops[1:]) <= _EPILOGUE or ops[0] not in ("matmul", "conv2d"):
+    binary = sum(o in ("add", "multiply") for o in ops[1:])
+    shapes = [a[2] for a in args_info]
+    convolution = ops[:1] == ["conv2d"] and len(shapes) >= 2 and len(shapes[0]) == len(shapes[1]) == 4
+    return (ops[:1] == ["matmul"] or convolution) and set(ops[1:]) <= _EPILOGUE and len(args_info) == 3 + binary
+
+
+def kernel_baseline(op: str, args_info: list[Any], library: str = "numpy") -> Callable[[], Any] | None:
+    """The kernel in ``library`` ("numpy" or "torch") on random inputs, or None when it has no equivalent.
+
+    Raises ImportError for "torch" when PyTorch is not installed.
+    """
+    if not supported(op, args_info):
         return None
+    ops = _ops(op)
     arrays = random_arguments(args_info)
     inputs, out = arrays[:-1], arrays[-1]
-    if len(inputs) < 2:
-        return None
+    out_hw = (out.shape[2], out.shape[3]) if ops[0] == "conv2d" else (0, 0)
+    if library == "torch":
+        return _torch_kernel(ops, inputs, out_hw)
+    if library != "numpy":
+        raise ValueError(f"unknown baseline library {library!r}")
     a, b = inputs[0], inputs[1]
-    tail = _epilogue(ops[1:], list(inputs[2:]))
+    tail = _epilogue(ops[1:], list(inputs[2:]), lambda y: np.maximum(y, 0))
     if ops[0] == "matmul":
         return lambda: tail(np.matmul(a, b))
-    if a.ndim != 4 or b.ndim != 4:
-        return None
-    return lambda: tail(_conv2d(a, b, (out.shape[2], out.shape[3])))
+    return lambda: tail(_conv2d(a, b, out_hw))
+
+
+def _torch_kernel(ops: list[str], inputs: list[np.ndarray], out_hw: tuple[int, int]) -> Callable[[], Any]:
+    import torch
+
+    a, b, *extra = (torch.from_numpy(x) for x in inputs)
+    tail = _epilogue(ops[1:], extra, torch.relu)
+    if ops[0] == "matmul":
+        return lambda: _no_grad(lambda: tail(torch.matmul(a, b)))
+    stride, groups = a.shape[2] // out_hw[0], a.shape[1] // b.shape[1]
+    conv = torch.nn.functional.conv2d
+    return lambda: _no_grad(lambda: tail(conv(a, b, stride=stride, padding=b.shape[2] // 2, groups=groups)))
+
+
+def _no_grad(fn: Callable[[], Any]) -> Any:
+    import torch
+
+    with torch.inference_mode():
+        return fn()
 
 
 def time_callable(fn: Callable[[], Any], repeat: int = 5, min_secs: float = 0.1) -> list[float]:

@@ -37,6 +37,11 @@ def configure_environment() -> None:
     # Ray 2.60's ray.init() turns token auth on and then `ray job submit` needs it: one mode
     # everywhere; the embedded default is a loopback-only local cluster.
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    # A tuning task waits in ray.get for its builds, so a node runs more workers than CPUs. Ray's
+    # default keeps only num_cpus idle workers and kills the rest after a second; each replacement
+    # re-imports TVM (seconds) on the CPUs the measurements need. Keeping a few more idle workers
+    # made tuning a ResNet-18's 22 kernels 3.4x faster (117 s -> 34 s at 4 trials each).
+    os.environ.setdefault("RAY_num_workers_soft_limit", str(2 * (os.cpu_count() or 1) + 4))
 
 
 def start(address: str | None = None, num_cpus: int | None = None) -> dict[str, Any]:

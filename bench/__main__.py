@@ -1,0 +1,70 @@
+"""Every schedhub benchmark from one entry point, written up in ``bench/RESULTS.md`` with plots.
+
+    python -m bench all [--quick]            # registry, hook, tuner, models; then the report
+    python -m bench models|tuner|hook|registry [--quick]
+    python -m bench report [--quick]         # rewrite RESULTS.md from the recorded results
+
+Each benchmark runs in its own process (a crash loses only its section; no Ray or TVM state
+leaks between timings) and writes ``bench/results/<mode>/<name>.json``. Before ``all`` starts,
+the previous results of the same mode move to ``bench/results/<mode>.prev/``; the report
+compares the two runs figure by figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from . import report
+
+SECTIONS = ["registry", "hook", "tuner", "models"]
+
+
+def run_section(name: str, quick: bool, results: Path) -> dict[str, object]:
+    """Run ``python -m bench.<name>`` into ``results``; returns its command, exit code and wall seconds."""
+    args = [sys.executable, "-u", "-m", f"bench.{name}", *(["--quick"] if quick else []), "--out", str(results / f"{name}.json")]
+    print(f"== bench.{name}{' --quick' if quick else ''}", flush=True)
+    started = time.time()
+    rc = subprocess.run(args, cwd=report.REPO).returncode
+    wall = time.time() - started
+    print(f"== bench.{name}: exit {rc} after {wall:.0f} s", flush=True)
+    return {"command": f"python -m bench.{name}" + (" --quick" if quick else ""), "rc": rc, "wall_secs": wall}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", choices=["all", "report", *SECTIONS])
+    parser.add_argument("--quick", action="store_true", help="small shapes and budgets: about 15 minutes on 2 cores")
+    args = parser.parse_args()
+    mode = "quick" if args.quick else "full"
+    results = report.RESULTS / mode
+    if args.what == "all":
+        if results.exists():
+            shutil.rmtree(report.RESULTS / f"{mode}.prev", ignore_errors=True)
+            results.rename(report.RESULTS / f"{mode}.prev")
+        results.mkdir(parents=True)
+        started = time.time()
+        manifest = {"mode": mode, "command": "python -m bench all" + (" --quick" if args.quick else ""),
+                    "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)), **report.environment(), "sections": {}}  # fmt: skip
+        for name in SECTIONS:
+            manifest["sections"][name] = run_section(name, args.quick, results)
+            manifest["wall_secs"] = time.time() - started
+            (results / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    elif args.what != "report":
+        results.mkdir(parents=True, exist_ok=True)
+        run_section(args.what, args.quick, results)
+        return
+    path = report.write(mode)
+    print(f"wrote {path}")
+    failed = [n for n, s in json.loads((results / "manifest.json").read_text())["sections"].items() if s["rc"] != 0]
+    if failed:
+        sys.exit(f"failed: {', '.join(failed)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""Model benchmark, after the Ansor artifact's evaluation: network × batch → PyTorch, untuned TVM, schedhub-tuned.
+
+    python -m bench.models [--quick] [--out bench/results/<mode>/models.json]
+
+For every shipped network (ResNet-18, MobileNet-V2, a BERT-base layer, an MLP) at batch 1 and a
+larger batch, in one process:
+
+1. the Relax model (seeded weights bound) compiles with plain ``tvm.compile``: TVM's default schedules;
+2. its kernels are tuned with ``schedhub.tuner`` on a local Ray cluster into an embedded LMDB
+   registry (a kernel shared with an earlier network is not tuned twice), budget from the options;
+3. it compiles again with ``schedhub.hooks.use(registry)``: every kernel must hit;
+4. the PyTorch twin (``bench.torch_models``, same weights) runs the same input; the three outputs
+   are checked against each other;
+5. untuned, tuned and PyTorch forward passes are timed side by side: rounds interleave the three,
+   each sample is a median over repeats after warm-up.
+
+Per kernel, the untuned and tuned times are the tuner's side-by-side re-measurement; numpy and
+PyTorch equivalents (matmul, conv2d) are timed here at the kernel's shapes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from schedhub.registry import LocalRegistry
+from schedhub.tuner import baselines, cluster, dispatch, models, tvm_env
+from schedhub.tuner.search import TuneOptions, TuneResult
+
+from .stats import summary
+from .tuner import flops
+
+#: Networks with their shape options, batch sizes and tuning budgets of the two modes.
+MODES: dict[str, dict[str, Any]] = {
+    "full": {
+        "networks": {"resnet18": {"image": 224}, "mobilenetv2": {"image": 224}, "bert_layer": {"seq": 128}, "mlp": {}},
+        "batches": [1, 8],
+        "options": TuneOptions(trials=64, trials_per_iter=16),
+        "rounds": 5,
+    },
+    "quick": {
+        "networks": {"resnet18": {"image": 64}, "mobilenetv2": {"image": 64}, "bert_layer": {"seq": 32}, "mlp": {}},
+        "batches": [1, 4],
+        # One round of 8 candidates from a small population: seconds per kernel instead of minutes.
+        "options": TuneOptions(trials=8, trials_per_iter=8, population=32, genetic_iters=1, publish=2,
+                               final_timing={"number": 3, "repeat": 3, "min_repeat_ms": 20}),  # fmt: skip
+        "rounds": 5,
+    },
+}
+
+
+def run(mode: str, say: Callable[[str], None] = print) -> dict[str, Any]:
+    import tvm
+
+    from schedhub import hooks
+
+    config = MODES[mode]
+    options: TuneOptions = config["options"]
+    target = tvm.target.Target(tvm_env.host_target())
+    tvm_env.prepare()
+    cluster.start()
+    out: dict[str, Any] = {"mode": mode, "target": tvm_env.host_target(), "options": asdict(options), "batches": config["batches"],
+                           "networks": config["networks"], "rounds": config["rounds"], "rows": [], "kernels": []}  # fmt: skip
+    tuned: dict[str, TuneResult] = {}
+    with tempfile.TemporaryDirectory(prefix="schedhub-bench-models-") as root, LocalRegistry(root) as registry:
+        for name, shape in config["networks"].items():
+            for batch in config["batches"]:
+                started = time.time()
+                mod, weights, input_shape = models.export_with_weights(name, batch=batch, **shape)
+                untuned_ex = tvm.compile(mod, target)
+                kernels = models.kernels(mod, target)
+                summary_ = dispatch.tune_many(registry, [k.identity for k in kernels], options, concurrency=2, pushed_by="bench.models")
+                if summary_.failed:
+                    raise RuntimeError(f"{name} batch {batch}: tuning failed for {len(summary_.failed)} kernels: {summary_.failed}")
+                tuned.update({r.identity.key: r for r in summary_.tuned})
+                tune_secs = time.time() - started
+                with hooks.use(registry, target) as session:
+                    tuned_ex = tvm.compile(mod, target)
+                report = session.report
+                if report.hits != len(kernels) or report.misses:
+                    raise RuntimeError(f"{name} batch {batch}: the tuned compile hit {report.hits} of {len(kernels)} kernels")
+                row = _time_network(name, batch, shape, weights, input_shape, untuned_ex, tuned_ex, config["rounds"])
+                row.update({"kernels": len(kernels), "tuned_now": len(summary_.tuned), "tune_secs": tune_secs,
+                            "trials": sum(tuned[k.identity.key].trials + tuned[k.identity.key].warm_started for k in kernels)})  # fmt: skip
+                out["rows"].append(row)
+                out["kernels"] += _kernel_rows(name, batch, kernels, tuned)
+                t = row["timing"]
+                say(f"{name} b{batch}: {len(kernels)} kernels ({len(summary_.tuned)} tuned, {tune_secs:.0f} s); "
+                    f"PyTorch {t['pytorch']['median']:.3f} ms, untuned {t['untuned']['median']:.3f} ms, tuned {t['tuned']['median']:.3f} ms")  # fmt: skip
+    return out
+
+
+def _time_network(name: str, batch: int, shape: dict[str, int], weights: dict[str, np.ndarray], input_shape: tuple[int, ...],
+                  untuned_ex: Any, tuned_ex: Any, rounds: int) -> dict[str, Any]:  # fmt: skip
+    from . import torch_models
+
+    x = np.random.default_rng(1).standard_normal(input_shape).astype("float32")
+    net = torch_models.build(name, weights, batch=batch, **shape)
+    untuned, tuned = _vm_forward(untuned_ex), _vm_forward(tuned_ex)
+    outputs = {"untuned": untuned(x), "tuned": tuned(x), "pytorch": torch_models.forward(net, x)}
+    scale = float(np.abs(outputs["untuned"]).max()) or 1.0
+    errors = {k: float(np.abs(v - outputs["untuned"]).max()) / scale for k, v in outputs.items() if k != "untuned"}
+    if max(errors.values()) > 1e-3:
+        raise AssertionError(f"{name} batch {batch}: outputs disagree (max error relative to the output's scale: {errors})")
+    timers = {"untuned": _vm_timer(untuned_ex, x), "tuned": _vm_timer(tuned_ex, x),
+              "pytorch": lambda: statistics.median(baselines.time_callable(lambda: torch_models.forward(net, x), 3, 0.1))}  # fmt: skip
+    samples: dict[str, list[float]] = {k: [] for k in timers}
+    for _ in range(rounds):
+        for k, timer in timers.items():
+            samples[k].append(timer() * 1e3)
+    timing = {k: summary(v) for k, v in samples.items()}
+    return {"network": name, "batch": batch, "shape": shape, "input_shape": list(input_shape), "timing": timing, "max_rel_error": errors,
+            "speedup_vs_untuned": timing["untuned"]["median"] / timing["tuned"]["median"],
+            "speedup_vs_pytorch": timing["pytorch"]["median"] / timing["tuned"]["median"]}  # fmt: skip
+
+
+def _vm_forward(ex: Any) -> Callable[[np.ndarray], np.ndarray]:
+    import tvm
+    from tvm import relax
+
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    return lambda x: vm["forward"](tvm.runtime.tensor(x)).numpy()
+
+
+def _vm_timer(ex: Any, x: np.ndarray) -> Callable[[], float]:
+    """Seconds per forward pass: the median of 3 repeats of at least 100 ms each (one warm-up call first)."""
+    import tvm
+    from tvm import relax
+
+    dev = tvm.cpu()
+    vm = relax.VirtualMachine(ex, dev)
+    arg = tvm.runtime.tensor(x, dev)
+    evaluator = vm.time_evaluator("forward", dev, number=1, repeat=3, min_repeat_ms=100)
+    vm["forward"](arg)
+    return lambda: statistics.median(evaluator(arg).results)
+
+
+def _kernel_rows(network: str, batch: int, kernels: list[models.Kernel], tuned: dict[str, TuneResult], baselined: int = 3) -> list[dict[str, Any]]:
+    """One row per kernel, heaviest (untuned time × calls) first; the ``baselined`` heaviest matmul/conv kernels get numpy and PyTorch times."""
+    rows = sorted((_kernel_row(network, batch, k, tuned[k.identity.key]) for k in kernels), key=lambda r: -r["untuned_ms"] * r["calls"])
+    for row in [r for r in rows if r["flops"]][:baselined]:
+        for library in ("numpy", "torch"):
+            fn = baselines.kernel_baseline(row["op"], row["args_info"], library)
+            row[f"{library}_ms"] = statistics.median(baselines.time_callable(fn, 3, 0.05)) * 1e3 if fn else None
+    return rows
+
+
+def _kernel_row(network: str, batch: int, kernel: models.Kernel, result: TuneResult) -> dict[str, Any]:
+    ident = kernel.identity
+    work = flops(ident.args_info, ident.op) if baselines.supported(ident.op, ident.args_info) else None
+    row: dict[str, Any] = {"network": network, "batch": batch, "op": kernel.name, "key": ident.key, "calls": kernel.calls, "flops": work,
+                           "untuned_ms": result.untuned_secs * 1e3, "tuned_ms": (result.best_secs or result.untuned_secs) * 1e3,
+                           "default_schedule": bool(result.records[0].provenance.get("default_schedule")),
+                           "curve_ms": [(i, s * 1e3) for i, s in result.curve], "args_info": ident.args_info}  # fmt: skip
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    mode = "quick" if args.quick else "full"
+    out = args.out or Path(__file__).parent / "results" / mode / "models.json"
+    started = time.time()
+    result = run(mode)
+    result["wall_secs"] = time.time() - started
+    result["command"] = "python -m bench.models" + (" --quick" if args.quick else "")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""PNG plots for RESULTS.md: speedup bars and tuning curves (best GFLOPS vs trials)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def all_plots(data: dict[str, Any], directory: Path) -> dict[str, str]:
+    """Draw what the data allows; returns plot name → path relative to ``bench/``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    drawn = {}
+    if data.get("models", {}).get("rows"):
+        drawn["speedup"] = _save(speedups(data["models"]), directory / "speedup.png")
+    if data.get("models") or data.get("tuner"):
+        drawn["curves"] = _save(curves(data.get("models"), data.get("tuner")), directory / "curves.png")
+    return drawn
+
+
+def _save(fig: Any, path: Path) -> str:
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return str(path.relative_to(path.parents[2]))
+
+
+def speedups(models: dict[str, Any]) -> Any:
+    """Grouped log-scale bars: schedhub-tuned vs PyTorch and vs untuned TVM, per network and batch."""
+    import matplotlib.pyplot as plt
+
+    rows = models["rows"]
+    labels = [f"{r['network']}\nb{r['batch']}" for r in rows]
+    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(rows)), 3.6))
+    width = 0.4
+    xs = range(len(rows))
+    for offset, key, label in ((-width / 2, "speedup_vs_pytorch", "vs PyTorch"), (width / 2, "speedup_vs_untuned", "vs untuned TVM")):
+        values = [r[key] for r in rows]
+        bars = ax.bar([x + offset for x in xs], values, width, label=label)
+        ax.bar_label(bars, labels=[f"{v:.2g}×" for v in values], fontsize=7)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_yscale("log")
+    ax.set_xticks(list(xs), labels, fontsize=8)
+    ax.set_ylabel("speedup of schedhub-tuned (×)")
+    ax.set_title(f"End-to-end speedup ({models['mode']} run, {models['options']['trials']} trials per kernel)")
+    ax.legend(fontsize=8)
+    return fig
+
+
+def curves(models: dict[str, Any] | None, tuner: dict[str, Any] | None) -> Any:
+    """Best GFLOPS so far vs measured candidates: the tuner bench's kernels (ray and plain), and each network's heaviest kernel."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    left, right = axes
+    for name, entry in (tuner or {}).get("workloads", {}).items():
+        for run in entry["runs"]:
+            for label, style in (("ray", "-"), ("plain", "--")):
+                _curve(left, run[label]["curve_ms"], entry["flops"], f"{name} {label} (seed {run['seed']})", style)
+    left.set_title("Tuner bench: Ray tuner vs plain MetaSchedule")
+    heaviest: dict[tuple[str, int], dict[str, Any]] = {}
+    for k in (models or {}).get("kernels", []):
+        if k["flops"] and k["curve_ms"]:
+            heaviest.setdefault((k["network"], k["batch"]), k)  # rows come heaviest first
+    for (network, batch), k in heaviest.items():
+        _curve(right, k["curve_ms"], k["flops"], f"{network} b{batch}: {k['op']}", "-" if batch == 1 else ":")
+    right.set_title("Heaviest matmul/conv kernel of each network")
+    for ax in axes:
+        ax.set_xlabel("measured candidates")
+        ax.set_ylabel("best GFLOPS so far")
+        if ax.lines:
+            ax.legend(fontsize=6)
+    return fig
+
+
+def _curve(ax: Any, curve_ms: list[list[float]], flops: float, label: str, style: str) -> None:
+    if not curve_ms:
+        return
+    xs = [p[0] for p in curve_ms]
+    ys = [flops / (p[1] * 1e-3) / 1e9 for p in curve_ms]
+    ax.step(xs, ys, style, where="post", label=label)

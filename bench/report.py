@@ -1,0 +1,230 @@
+"""``bench/RESULTS.md`` and its plots, from the JSON the benchmarks recorded (``python -m bench report``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+from collections.abc import Iterator
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench" / "results"
+RESULTS_MD = REPO / "bench" / "RESULTS.md"
+PLOTS = REPO / "bench" / "plots"
+PACKAGES = ["apache-tvm", "apache-tvm-ffi", "torch", "numpy", "ray", "xgboost", "lmdb", "msgpack"]
+
+
+def environment() -> dict[str, Any]:
+    """The machine, the package versions and the commit a run was made on."""
+    cpu = next((line.split(":", 1)[1].strip() for line in _read("/proc/cpuinfo").splitlines() if line.startswith("model name")), platform.processor())
+    mem_kb = next((int(line.split()[1]) for line in _read("/proc/meminfo").splitlines() if line.startswith("MemTotal")), 0)
+    versions = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True).stdout.strip())
+    return {"machine": {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(mem_kb / 2**20, 1), "platform": platform.platform()},
+            "versions": versions, "commit": commit + ("+changes" if dirty else "")}  # fmt: skip
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
+
+
+def load(directory: Path) -> dict[str, Any]:
+    """Every ``<name>.json`` of a results directory, by name."""
+    return {p.stem: json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))} if directory.is_dir() else {}
+
+
+def fmt(s: dict[str, float] | None, digits: int = 3) -> str:
+    """``median [min–max]`` of a :func:`bench.stats.summary`."""
+    if not s:
+        return "–"
+    if s["median"] >= 100:
+        return f"{s['median']:,.0f} [{s['min']:,.0f}–{s['max']:,.0f}]"
+    return f"{s['median']:.{digits}g} [{s['min']:.{digits}g}–{s['max']:.{digits}g}]"
+
+
+def table(header: list[str], rows: list[list[str]], align: str = "") -> list[str]:
+    align = align or "l" + "r" * (len(header) - 1)
+    return ["| " + " | ".join(header) + " |", "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|", *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def figures(data: dict[str, Any]) -> Iterator[tuple[str, dict[str, float]]]:
+    """Every timed figure of a run as ``(name, summary)``: what two runs are compared on."""
+    for row in data.get("models", {}).get("rows", []):
+        for config, s in row["timing"].items():
+            yield f"models: {row['network']} b{row['batch']} {config} ms", s
+    hook = data.get("hook", {})
+    for name in ("plain_tvm_ms", "memory_database_ms", "hook_http_cold_ms", "hook_http_warm_ms", "hook_local_lmdb_ms"):
+        if name in hook:
+            yield f"hook: {name.removesuffix('_ms')} compile ms", hook[name]
+    for name, entry in data.get("tuner", {}).get("workloads", {}).items():
+        for run in entry["runs"]:
+            for config, s in run["timed"].items():
+                yield f"tuner: {name} seed {run['seed']} {config} ms", s
+    registry = data.get("registry", {})
+    for size, entry in registry.get("schedhub", {}).items():
+        yield f"registry: schedhub open+lookup ms @{size}", entry["open_first_lookup_ms"]
+    for size, entry in registry.get("metaschedule", {}).items():
+        yield f"registry: JSONDatabase open+query ms @{size}", entry["open_first_lookup_ms"]
+    if "http_one_connection" in registry:
+        yield "registry: HTTP GET p50 ms, one connection", registry["http_one_connection"]["p50_ms"]
+        yield "registry: HTTP GET/s, 16 threads", registry["http"]["requests_per_s"]
+        yield "registry: batch lookup of 50 keys ms", registry["batch"]["lookup_50_ms"]
+
+
+def agreement(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, Any]]:
+    """Figures present in both runs, and whether their [min, max] ranges overlap (agree within the reported noise)."""
+    old = dict(figures(before))
+    rows = []
+    for name, new in figures(after):
+        if name in old:
+            a = old[name]
+            overlap = max(a["min"], new["min"]) <= min(a["max"], new["max"])
+            rows.append({"figure": name, "before": a, "after": new, "change": new["median"] / a["median"] - 1, "agree": overlap})
+    return rows
+
+
+def write(mode: str) -> Path:
+    data = load(RESULTS / mode)
+    manifest = data.pop("manifest", {})
+    plots = PLOTS / mode
+    plots.mkdir(parents=True, exist_ok=True)
+    from . import plots as draw
+
+    drawn = draw.all_plots(data, plots)
+    lines = [f"# schedhub benchmarks ({mode} run)", ""]
+    lines += _header(manifest)
+    lines += _models(data.get("models"), drawn)
+    lines += _tuner(data.get("tuner"))
+    lines += _hook(data.get("hook"))
+    lines += _registry(data.get("registry"))
+    lines += _agreement(load(RESULTS / f"{mode}.prev"), data, mode)
+    RESULTS_MD.write_text("\n".join(lines) + "\n")
+    return RESULTS_MD
+
+
+def _header(m: dict[str, Any]) -> list[str]:
+    if not m:
+        return ["(no manifest: run `python -m bench all` to record one)", ""]
+    mach, ver = m["machine"], m["versions"]
+    sections = ", ".join(f"{n} {s['wall_secs'] / 60:.1f} min" + ("" if s["rc"] == 0 else f" (FAILED, exit {s['rc']})") for n, s in m["sections"].items())
+    return [
+        f"Reproduce: `.venv/bin/pip install -q -e '.[bench]' && .venv/bin/{m['command']}` "
+        f"(the venv from the README's test command has everything but matplotlib).",
+        "",
+        f"- Recorded {m['started']} at commit `{m['commit']}`, {m.get('wall_secs', 0) / 60:.1f} min in all: {sections}.",
+        f"- Machine: {mach['cpu']}, {mach['cores']} cores, {mach['memory_gib']} GiB, {mach['platform']}. Shared and noisy.",
+        "- Versions: " + ", ".join(f"{k} {v}" for k, v in ver.items()) + ".",
+        "- Every figure is a median with [min–max] over repeated samples after warm-up; configurations compared "
+        "with each other are measured side by side in one process, interleaved round by round.",
+        "",
+    ]  # fmt: skip
+
+
+def _models(d: dict[str, Any] | None, drawn: dict[str, str]) -> list[str]:
+    if not d:
+        return []
+    o = d["options"]
+    lines = ["## Models: PyTorch vs untuned TVM vs schedhub-tuned (`python -m bench.models" + (" --quick`)" if d["mode"] == "quick" else "`)"), "",
+             f"Target `{json.dumps(d['target'])}`. Tuning budget per kernel: {o['trials']} trials in rounds of {o['trials_per_iter']}, "
+             f"evolutionary search population {o['population']} × {o['genetic_iters']} genetic rounds, xgboost cost model, seed {o['seed']}; "
+             f"the best {o['publish']} candidates re-timed next to the unscheduled kernel. "
+             f"Kernels of batch b>1 are warm-started from batch 1's schedules (up to {o['warm_start']} traces). "
+             f"End to end: VM `forward` / PyTorch eager `inference_mode` on the same input and weights, "
+             f"{d['rounds']} interleaved rounds, each sample the median of 3 repeats of ≥ 100 ms; outputs agree to 1e-3 of their scale.",
+             ""]  # fmt: skip
+    rows = []
+    for r in d["rows"]:
+        t = r["timing"]
+        shape = ", ".join(f"{k} {v}" for k, v in r["shape"].items()) or "256→512→512→10"
+        rows.append([r["network"], str(r["batch"]), shape, str(r["kernels"]), str(r["trials"]), fmt(t["pytorch"]), fmt(t["untuned"]), fmt(t["tuned"]),
+                     f"{r['speedup_vs_pytorch']:.2f}×", f"{r['speedup_vs_untuned']:.0f}×"])  # fmt: skip
+    lines += table(["network", "batch", "shape", "kernels", "trials", "PyTorch ms", "untuned TVM ms", "schedhub-tuned ms", "tuned vs PyTorch", "tuned vs untuned"],
+                   rows, "lrlrrrrrrr")  # fmt: skip
+    lines += ["", "\"trials\": candidates measured for the network's kernels, warm starts included.", ""]
+    if "speedup" in drawn:
+        lines += [f"![speedups]({drawn['speedup']})", ""]
+    lines += ["### Heaviest kernels: GFLOPS (the three matmul/conv kernels with the most untuned time × calls per network and batch)", ""]
+    rows = []
+    for k in d["kernels"]:
+        if k.get("numpy_ms") is None and k.get("torch_ms") is None:
+            continue
+        g = k["flops"] / 1e9
+
+        def gf(ms: float | None, g: float = g) -> str:
+            return f"{g / (ms * 1e-3):.1f}" if ms else "–"
+
+        rows.append([k["network"], str(k["batch"]), f"`{k['op']}`", str(k["calls"]), f"{g:.3f}", gf(k["untuned_ms"]), gf(k["tuned_ms"]), gf(k["numpy_ms"]), gf(k["torch_ms"])])
+    lines += table(["network", "batch", "kernel", "calls", "GFLOP", "untuned", "tuned", "numpy", "PyTorch"], rows, "lrlrrrrrr")
+    lines += ["", "Untuned and tuned are the tuner's own side-by-side re-timing; numpy (im2col + GEMM for convolutions) and "
+              "PyTorch (`F.conv2d` / `torch.matmul`, oneDNN/MKL) run the same kernel shapes with the epilogue, timed here.", ""]  # fmt: skip
+    if "curves" in drawn:
+        lines += [f"![tuning curves]({drawn['curves']})", ""]
+    return lines
+
+
+def _tuner(d: dict[str, Any] | None) -> list[str]:
+    if not d:
+        return []
+    lines = [f"## Tuner: Ray tuner vs plain MetaSchedule (`{d.get('command', 'python -m bench.tuner')}`)", "",
+             f"Same budget ({d['trials']} trials, rounds of {d['trials_per_iter']}) and seed on one 2-CPU node; then the best schedule of each, "
+             "the unscheduled kernel and numpy timed side by side.", ""]  # fmt: skip
+    rows = []
+    for name, e in d["workloads"].items():
+        for r in e["runs"]:
+            t = r["timed"]
+            rows.append([f"`{name}`", str(r["seed"]), f"{r['ray']['trials_per_sec']:.2f}", f"{r['plain']['trials_per_sec']:.2f}",
+                         f"{r['ray']['trials_per_sec'] / r['plain']['trials_per_sec']:.2f}", fmt(t["untuned"]), fmt(t["ray"]), fmt(t["plain"]), fmt(t.get("numpy"))])  # fmt: skip
+    lines += table(["kernel", "seed", "ray trials/s", "plain trials/s", "ratio", "untuned ms", "ray best ms", "plain best ms", "numpy ms"], rows)
+    return lines + [""]
+
+
+def _hook(d: dict[str, Any] | None) -> list[str]:
+    if not d:
+        return []
+    names = {"plain_tvm_ms": "plain `tvm.compile`, no database", "memory_database_ms": "records in a MetaSchedule `MemoryDatabase`",
+             "hook_http_cold_ms": "`use(URL)`: one batch lookup over HTTP", "hook_http_warm_ms": "`use(session)`: warm cache, no request",
+             "hook_local_lmdb_ms": "`use(DIR)`: local LMDB"}  # fmt: skip
+    lines = [f"## Compile hook (`{d['command']}`)", "", f"A 6-layer MLP, {d['kernels']} kernels, all with records; {d['reps']} interleaved rounds.", ""]
+    rows = [[label, fmt(d[k]), f"{d[k].get('vs_memory_database', 1):.2f}"] for k, label in names.items() if k in d]
+    lines += table(["configuration", "compile ms", "vs MemoryDatabase"], rows)
+    return lines + ["", f"One `POST /v1/lookup` for all kernels: {d['lookup_round_trip_ms']:.2f} ms.", ""]
+
+
+def _registry(d: dict[str, Any] | None) -> list[str]:
+    if not d:
+        return []
+    lines = [f"## Registry (`{d['command']}`)", "", "Open a store in a fresh process and answer the first lookup, against MetaSchedule's JSONDatabase.", ""]
+    sizes = sorted({*d["schedhub"], *d["metaschedule"]}, key=int)
+    rows = [[f"{int(n):,}", fmt(d["schedhub"].get(n, {}).get("open_first_lookup_ms")), fmt(d["metaschedule"].get(n, {}).get("open_first_lookup_ms"))] for n in sizes]
+    lines += table(["records", "schedhub LMDB ms", "JSONDatabase ms"], rows)
+    h, one = d["http"], d["http_one_connection"]
+    lines += ["", f"HTTP on loopback ({int(h['store_records']):,}-record store): {fmt(h['requests_per_s'])} GET/s with 16 client threads; "
+              f"one connection p50 {fmt(one['p50_ms'])} ms; a batch lookup of 50 keys {fmt(d['batch']['lookup_50_ms'])} ms "
+              f"against {fmt(d['batch']['sequential_50_gets_ms'])} ms for 50 sequential GETs.", ""]  # fmt: skip
+    return lines
+
+
+def _agreement(before: dict[str, Any], after: dict[str, Any], mode: str) -> list[str]:
+    rows = agreement(before, after)
+    if not rows:
+        return []
+    agree = sum(r["agree"] for r in rows)
+    when = before.get("manifest", {}).get("started", "an earlier run")
+    lines = [f"## Run-to-run agreement: this run against the previous `{mode}` run ({when})", "",
+             f"{agree} of {len(rows)} figures agree: their [min–max] ranges overlap. "
+             "The previous run's raw results are in `bench/results/" + mode + ".prev/`.", ""]  # fmt: skip
+    body = [[r["figure"], fmt(r["before"]), fmt(r["after"]), f"{r['change'] * 100:+.1f}%", "yes" if r["agree"] else "**no**"] for r in rows]
+    return lines + table(["figure", "previous run", "this run", "change", "ranges overlap"], body, "lrrrl") + [""]
