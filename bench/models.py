@@ -5,13 +5,14 @@
 For every shipped network (ResNet-18, MobileNet-V2, a BERT-base layer, an MLP) at batch 1 and a
 larger batch, in one process:
 
-1. the Relax model (seeded weights bound) compiles with plain ``tvm.compile``: TVM's default schedules;
-2. its kernels are tuned with ``schedhub.tuner`` on a local Ray cluster into an embedded LMDB
-   registry (a kernel shared with an earlier network is not tuned twice), budget from the options;
-3. it compiles again with ``schedhub.hooks.use(registry)``: every kernel must hit;
-4. the PyTorch twin (``bench.torch_models``, same weights) runs the same input; the three outputs
+1. its kernels are tuned with ``schedhub.tuner`` on a local Ray cluster into an embedded LMDB
+   registry (a kernel shared with an earlier network is not tuned twice), budget from the mode;
+   then the Ray cluster stops, so that nothing else runs on the cores while timing;
+2. the Relax model (seeded weights bound) compiles with plain ``tvm.compile`` (TVM's default
+   schedules) and with ``schedhub.hooks.use(registry)``, where every kernel must hit;
+3. the PyTorch twin (``bench.torch_models``, same weights) runs the same input; the three outputs
    are checked against each other;
-5. untuned, tuned and PyTorch forward passes are timed side by side: rounds interleave the three,
+4. untuned, tuned and PyTorch forward passes are timed side by side: rounds interleave the three,
    each sample is a median over repeats after warm-up.
 
 Per kernel, the untuned and tuned times are the tuner's side-by-side re-measurement; numpy and
@@ -72,30 +73,35 @@ def run(mode: str, say: Callable[[str], None] = print) -> dict[str, Any]:
                            "networks": config["networks"], "rounds": config["rounds"], "rows": [], "kernels": []}  # fmt: skip
     tuned: dict[str, TuneResult] = {}
     with tempfile.TemporaryDirectory(prefix="schedhub-bench-models-") as root, LocalRegistry(root) as registry:
+        configs = []
         for name, shape in config["networks"].items():
             for batch in config["batches"]:
                 started = time.time()
                 mod, weights, input_shape = models.export_with_weights(name, batch=batch, **shape)
-                untuned_ex = tvm.compile(mod, target)
                 kernels = models.kernels(mod, target)
-                summary_ = dispatch.tune_many(registry, [k.identity for k in kernels], options, concurrency=2, pushed_by="bench.models")
-                if summary_.failed:
-                    raise RuntimeError(f"{name} batch {batch}: tuning failed for {len(summary_.failed)} kernels: {summary_.failed}")
-                tuned.update({r.identity.key: r for r in summary_.tuned})
-                tune_secs = time.time() - started
-                with hooks.use(registry, target) as session:
-                    tuned_ex = tvm.compile(mod, target)
-                report = session.report
-                if report.hits != len(kernels) or report.misses:
-                    raise RuntimeError(f"{name} batch {batch}: the tuned compile hit {report.hits} of {len(kernels)} kernels")
-                row = _time_network(name, batch, shape, weights, input_shape, untuned_ex, tuned_ex, config["rounds"])
-                row.update({"kernels": len(kernels), "tuned_now": len(summary_.tuned), "tune_secs": tune_secs,
-                            "trials": sum(tuned[k.identity.key].trials + tuned[k.identity.key].warm_started for k in kernels)})  # fmt: skip
-                out["rows"].append(row)
-                out["kernels"] += _kernel_rows(name, batch, kernels, tuned)
-                t = row["timing"]
-                say(f"{name} b{batch}: {len(kernels)} kernels ({len(summary_.tuned)} tuned, {tune_secs:.0f} s); "
-                    f"PyTorch {t['pytorch']['median']:.3f} ms, untuned {t['untuned']['median']:.3f} ms, tuned {t['tuned']['median']:.3f} ms")  # fmt: skip
+                done = dispatch.tune_many(registry, [k.identity for k in kernels], options, concurrency=2, pushed_by="bench.models")
+                if done.failed:
+                    raise RuntimeError(f"{name} batch {batch}: tuning failed for {len(done.failed)} kernels: {done.failed}")
+                tuned.update({r.identity.key: r for r in done.tuned})
+                say(f"{name} b{batch}: {len(kernels)} kernels, {len(done.tuned)} tuned now, {time.time() - started:.0f} s")
+                configs.append((name, batch, shape, mod, weights, input_shape, kernels, len(done.tuned), time.time() - started))
+        # Nothing of Ray may share the 2 cores with the timings: a busy raylet or worker stalls
+        # PyTorch's spinning OpenMP barriers by whole scheduler ticks.
+        cluster.stop()
+        for name, batch, shape, mod, weights, input_shape, kernels, tuned_now, tune_secs in configs:
+            untuned_ex = tvm.compile(mod, target)
+            with hooks.use(registry, target) as session:
+                tuned_ex = tvm.compile(mod, target)
+            report = session.report
+            if report.hits != len(kernels) or report.misses:
+                raise RuntimeError(f"{name} batch {batch}: the tuned compile hit {report.hits} of {len(kernels)} kernels")
+            row = _time_network(name, batch, shape, weights, input_shape, untuned_ex, tuned_ex, config["rounds"])
+            row.update({"kernels": len(kernels), "tuned_now": tuned_now, "tune_secs": tune_secs,
+                        "trials": sum(tuned[k.identity.key].trials + tuned[k.identity.key].warm_started for k in kernels)})  # fmt: skip
+            out["rows"].append(row)
+            out["kernels"] += _kernel_rows(name, batch, kernels, tuned)
+            t = row["timing"]
+            say(f"{name} b{batch}: PyTorch {t['pytorch']['median']:.3f} ms, untuned {t['untuned']['median']:.3f} ms, tuned {t['tuned']['median']:.3f} ms")
     return out
 
 

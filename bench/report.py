@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 RESULTS_MD = REPO / "bench" / "RESULTS.md"
 PLOTS = REPO / "bench" / "plots"
-PACKAGES = ["apache-tvm", "apache-tvm-ffi", "torch", "numpy", "ray", "xgboost", "lmdb", "msgpack"]
+PACKAGES = ["apache-tvm", "apache-tvm-ffi", "torch", "numpy", "ray", "xgboost-cpu", "lmdb", "msgpack"]
 
 
 def environment() -> dict[str, Any]:
