@@ -1,6 +1,6 @@
 """Every schedhub benchmark from one entry point, written up in ``bench/RESULTS.md`` with plots.
 
-    python -m bench all [--quick]            # registry, hook, tuner, models; then the report
+    python -m bench all [--quick] [--model-trials N]   # registry, hook, tuner, models; then the report
     python -m bench models|tuner|hook|registry [--quick]
     python -m bench report [--quick]         # rewrite RESULTS.md from the recorded results
 
@@ -25,21 +25,26 @@ from . import report
 SECTIONS = ["registry", "hook", "tuner", "models"]
 
 
-def run_section(name: str, quick: bool, results: Path) -> dict[str, object]:
-    """Run ``python -m bench.<name>`` into ``results``; returns its command, exit code and wall seconds."""
-    args = [sys.executable, "-u", "-m", f"bench.{name}", *(["--quick"] if quick else []), "--out", str(results / f"{name}.json")]
-    print(f"== bench.{name}{' --quick' if quick else ''}", flush=True)
+def run_section(name: str, options: list[str], results: Path) -> dict[str, object]:
+    """Run ``python -m bench.<name> OPTIONS`` into ``results``; returns its command, exit code and wall seconds."""
+    command = " ".join([f"python -m bench.{name}", *options])
+    print(f"== {command}", flush=True)
     started = time.time()
-    rc = subprocess.run(args, cwd=report.REPO).returncode
+    rc = subprocess.run([sys.executable, "-u", "-m", f"bench.{name}", *options, "--out", str(results / f"{name}.json")], cwd=report.REPO).returncode
     wall = time.time() - started
     print(f"== bench.{name}: exit {rc} after {wall:.0f} s", flush=True)
-    return {"command": f"python -m bench.{name}" + (" --quick" if quick else ""), "rc": rc, "wall_secs": wall}
+    return {"command": command, "rc": rc, "wall_secs": wall}
+
+
+def section_options(name: str, quick: bool, model_trials: int | None) -> list[str]:
+    return (["--quick"] if quick else []) + (["--trials", str(model_trials)] if name == "models" and model_trials else [])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=["all", "report", *SECTIONS])
     parser.add_argument("--quick", action="store_true", help="small shapes and budgets: about 15 minutes on 2 cores")
+    parser.add_argument("--model-trials", type=int, help="tuning trials per kernel in the model table (default: the mode's)")
     args = parser.parse_args()
     mode = "quick" if args.quick else "full"
     results = report.RESULTS / mode
@@ -49,15 +54,16 @@ def main() -> None:
             results.rename(report.RESULTS / f"{mode}.prev")
         results.mkdir(parents=True)
         started = time.time()
-        manifest = {"mode": mode, "command": "python -m bench all" + (" --quick" if args.quick else ""),
+        command = "python -m bench all" + (" --quick" if args.quick else "") + (f" --model-trials {args.model_trials}" if args.model_trials else "")
+        manifest = {"mode": mode, "command": command,
                     "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)), **report.environment(), "sections": {}}  # fmt: skip
         for name in SECTIONS:
-            manifest["sections"][name] = run_section(name, args.quick, results)
+            manifest["sections"][name] = run_section(name, section_options(name, args.quick, args.model_trials), results)
             manifest["wall_secs"] = time.time() - started
             (results / "manifest.json").write_text(json.dumps(manifest, indent=1))
     elif args.what != "report":
         results.mkdir(parents=True, exist_ok=True)
-        run_section(args.what, args.quick, results)
+        run_section(args.what, section_options(args.what, args.quick, args.model_trials), results)
         return
     path = report.write(mode)
     print(f"wrote {path}")

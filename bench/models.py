@@ -1,6 +1,6 @@
 """Model benchmark, after the Ansor artifact's evaluation: network × batch → PyTorch, untuned TVM, schedhub-tuned.
 
-    python -m bench.models [--quick] [--out bench/results/<mode>/models.json]
+    python -m bench.models [--quick] [--trials N] [--out bench/results/<mode>/models.json]
 
 For every shipped network (ResNet-18, MobileNet-V2, a BERT-base layer, an MLP) at batch 1 and a
 larger batch, in one process:
@@ -27,7 +27,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -59,13 +59,16 @@ MODES: dict[str, dict[str, Any]] = {
 }
 
 
-def run(mode: str, say: Callable[[str], None] = print) -> dict[str, Any]:
+def run(mode: str, trials: int | None = None, say: Callable[[str], None] = print) -> dict[str, Any]:
+    """The table for ``mode``; ``trials`` overrides the mode's per-kernel budget."""
     import tvm
 
     from schedhub import hooks
 
     config = MODES[mode]
     options: TuneOptions = config["options"]
+    if trials:
+        options = replace(options, trials=trials, trials_per_iter=min(options.trials_per_iter, trials))
     target = tvm.target.Target(tvm_env.host_target())
     tvm_env.prepare()
     cluster.start()
@@ -173,14 +176,15 @@ def _kernel_row(network: str, batch: int, kernel: models.Kernel, result: TuneRes
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--trials", type=int, help="trials per kernel (default: 8 quick, 64 full)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     mode = "quick" if args.quick else "full"
     out = args.out or Path(__file__).parent / "results" / mode / "models.json"
     started = time.time()
-    result = run(mode)
+    result = run(mode, args.trials)
     result["wall_secs"] = time.time() - started
-    result["command"] = "python -m bench.models" + (" --quick" if args.quick else "")
+    result["command"] = "python -m bench.models" + (" --quick" if args.quick else "") + (f" --trials {args.trials}" if args.trials else "")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     print(f"wrote {out}")

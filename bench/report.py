@@ -137,7 +137,7 @@ def _models(d: dict[str, Any] | None, drawn: dict[str, str]) -> list[str]:
     if not d:
         return []
     o = d["options"]
-    lines = ["## Models: PyTorch vs untuned TVM vs schedhub-tuned (`python -m bench.models" + (" --quick`)" if d["mode"] == "quick" else "`)"), "",
+    lines = [f"## Models: PyTorch vs untuned TVM vs schedhub-tuned (`{d['command']}`)", "",
              f"Target `{json.dumps(d['target'])}`. Tuning budget per kernel: {o['trials']} trials in rounds of {o['trials_per_iter']}, "
              f"evolutionary search population {o['population']} × {o['genetic_iters']} genetic rounds, xgboost cost model, seed {o['seed']}; "
              f"the best {o['publish']} candidates re-timed next to the unscheduled kernel. "

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -160,7 +159,7 @@ def main() -> None:
     trials, rounds = args.trials or (16 if args.quick else 64), args.rounds or (3 if args.quick else 5)
     out = args.out or Path(__file__).parent / "results" / ("quick" if args.quick else "full") / "tuner.json"
     result = run(trials, args.runs, rounds)
-    result["command"] = " ".join(["python -m bench.tuner", *sys.argv[1:]])
+    result["command"] = f"python -m bench.tuner --trials {trials} --runs {args.runs} --rounds {rounds}"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     print(f"wrote {out}")

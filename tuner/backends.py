@@ -32,19 +32,31 @@ class Timeline:
 
 @derived_object
 class RayBuilder(ms.builder.PyBuilder):
-    """Builds every candidate of a batch as its own Ray task; artifacts land in ``artifact_root``."""
+    """Builds every candidate of a batch as its own Ray task; artifacts land in ``artifact_root``.
 
-    def __init__(self, artifact_root: str, timeline: Timeline) -> None:
+    A candidate whose build is still running ``timeout_secs`` after the builder starts waiting
+    for it is cancelled and reported as failed (LLVM can take practically forever on some
+    unrolled candidates; MetaSchedule's LocalBuilder gives each 30 s).
+    """
+
+    def __init__(self, artifact_root: str, timeline: Timeline, timeout_secs: float = 60.0) -> None:
         super().__init__()
         self.artifact_root = artifact_root
         self.timeline = timeline
+        self.timeout_secs = timeout_secs
 
     def build(self, build_inputs: list[ms.builder.BuilderInput]) -> list[ms.builder.BuilderResult]:
+        import ray
+
         refs = [cluster.submit("build", mod_json=tvm.ir.save_json(bi.mod), target_text=target_text(bi.target)) for bi in build_inputs]
         results = []
         for ref in refs:
             try:
-                answer = cluster.result(ref)
+                answer = cluster.result(ref, timeout=self.timeout_secs)
+            except ray.exceptions.GetTimeoutError:
+                ray.cancel(ref, force=True)
+                results.append(ms.builder.BuilderResult(None, f"build timed out after {self.timeout_secs:.0f} s"))
+                continue
             except Exception as exc:  # the task itself died (after Ray's retries)
                 results.append(ms.builder.BuilderResult(None, f"build task lost: {exc}"))
                 continue
