@@ -114,13 +114,13 @@ def _time_network(name: str, batch: int, shape: dict[str, int], weights: dict[st
 
     x = np.random.default_rng(1).standard_normal(input_shape).astype("float32")
     net = torch_models.build(name, weights, batch=batch, **shape)
-    untuned, tuned = _vm_forward(untuned_ex), _vm_forward(tuned_ex)
-    outputs = {"untuned": untuned(x), "tuned": tuned(x), "pytorch": torch_models.forward(net, x)}
+    (untuned_out, untuned_timer), (tuned_out, tuned_timer) = _vm_run(untuned_ex, x), _vm_run(tuned_ex, x)
+    outputs = {"untuned": untuned_out, "tuned": tuned_out, "pytorch": torch_models.forward(net, x)}
     scale = float(np.abs(outputs["untuned"]).max()) or 1.0
     errors = {k: float(np.abs(v - outputs["untuned"]).max()) / scale for k, v in outputs.items() if k != "untuned"}
     if max(errors.values()) > 1e-3:
         raise AssertionError(f"{name} batch {batch}: outputs disagree (max error relative to the output's scale: {errors})")
-    timers = {"untuned": _vm_timer(untuned_ex, x), "tuned": _vm_timer(tuned_ex, x),
+    timers = {"untuned": untuned_timer, "tuned": tuned_timer,
               "pytorch": lambda: statistics.median(baselines.time_callable(lambda: torch_models.forward(net, x), 3, 0.1))}  # fmt: skip
     samples: dict[str, list[float]] = {k: [] for k in timers}
     for _ in range(rounds):
@@ -132,25 +132,18 @@ def _time_network(name: str, batch: int, shape: dict[str, int], weights: dict[st
             "speedup_vs_pytorch": timing["pytorch"]["median"] / timing["tuned"]["median"]}  # fmt: skip
 
 
-def _vm_forward(ex: Any) -> Callable[[np.ndarray], np.ndarray]:
-    import tvm
-    from tvm import relax
-
-    vm = relax.VirtualMachine(ex, tvm.cpu())
-    return lambda x: vm["forward"](tvm.runtime.tensor(x)).numpy()
-
-
-def _vm_timer(ex: Any, x: np.ndarray) -> Callable[[], float]:
-    """Seconds per forward pass: the median of 3 repeats of at least 100 ms each (one warm-up call first)."""
+def _vm_run(ex: Any, x: np.ndarray) -> tuple[np.ndarray, Callable[[], float]]:
+    """One VM for ``ex``: its output on ``x`` (also the warm-up) and a timer giving seconds per
+    forward pass, the median of 3 repeats of at least 100 ms each."""
     import tvm
     from tvm import relax
 
     dev = tvm.cpu()
     vm = relax.VirtualMachine(ex, dev)
     arg = tvm.runtime.tensor(x, dev)
+    output = vm["forward"](arg).numpy()
     evaluator = vm.time_evaluator("forward", dev, number=1, repeat=3, min_repeat_ms=100)
-    vm["forward"](arg)
-    return lambda: statistics.median(evaluator(arg).results)
+    return output, lambda: statistics.median(evaluator(arg).results)
 
 
 def _kernel_rows(network: str, batch: int, kernels: list[models.Kernel], tuned: dict[str, TuneResult], baselined: int = 3) -> list[dict[str, Any]]:
