@@ -6,7 +6,8 @@ Workloads are kernels of the shipped models, at their real shapes: ResNet-18's 3
 56×56×64 (``fused_conv2d2_add1_relu1``) and BERT-base's attention output projection, 128×768×768
 plus bias and residual (``fused_matmul3_add1_add2``).
 
-Per workload and run, with the same trial budget, candidates per round and seed:
+Per workload and run, with the same trial budget, candidates per round, seed and
+one search thread (so both search the same first-round candidates):
 
 - **ray**: :func:`schedhub.tuner.search.tune_workload` on a local Ray cluster (2 CPUs): builds as
   parallel tasks, measurements holding the device resource;
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from schedhub.tuner import baselines, cluster, kernels, models, tvm_env
-from schedhub.tuner.search import TuneOptions, TuneResult, best_so_far, mean_secs, replay, scheduled, trace_text
+from schedhub.tuner.search import TuneOptions, TuneResult, best_so_far, mean_secs, replay, scheduled, search_settings, trace_text
 
 from .stats import summary
 
@@ -76,8 +77,8 @@ def tune_plain(identity: Any, options: TuneOptions) -> tuple[float, str, list]:
     runner = ms.runner.LocalRunner(evaluator_config=ms.runner.EvaluatorConfig(number=timing["number"], repeat=timing["repeat"], min_repeat_ms=timing["min_repeat_ms"]))
     with tempfile.TemporaryDirectory() as work_dir:
         t0 = time.time()
-        db = ms.tune_tir(mod, tvm.target.Target(TARGET), work_dir, max_trials_global=options.trials, num_trials_per_iter=options.trials_per_iter,
-                         builder=ms.builder.LocalBuilder(f_build=tvm_env.build_kernel), runner=runner, database="memory", seed=options.seed)  # fmt: skip
+        db = ms.tune_tir(mod, tvm.target.Target(TARGET), work_dir, builder=ms.builder.LocalBuilder(f_build=tvm_env.build_kernel), runner=runner,
+                         database="memory", **search_settings(options))  # fmt: skip
         secs = time.time() - t0
         records = [r for r in db.get_all_tuning_records() if mean_secs(r) < 1e9]  # 1e10 marks a failed run
         return secs, trace_text(min(records, key=mean_secs).trace), best_so_far([mean_secs(r) for r in records])
@@ -125,7 +126,8 @@ def run(trials: int, runs: int, rounds: int, trials_per_iter: int = 16) -> dict[
         ident = find_kernel(model, shape, name)
         entry: dict[str, Any] = {"op": ident.op, "args_info": ident.args_info, "model": model, "flops": flops(ident.args_info, ident.op), "runs": []}
         for run_i in range(runs):
-            options = TuneOptions(trials=trials, trials_per_iter=trials_per_iter, seed=run_i, publish=1)
+            # One search thread: the seed fixes the first round's candidates, the same for both tuners.
+            options = TuneOptions(trials=trials, trials_per_iter=trials_per_iter, seed=run_i, publish=1, search_threads=1)
             row: dict[str, Any] = {"seed": run_i}
             traces = {}
             for label, fn in (("ray", tune_ray), ("plain", tune_plain)) if run_i % 2 == 0 else (("plain", tune_plain), ("ray", tune_ray)):

@@ -44,7 +44,7 @@ class TuneOptions:
     seed: int = 0
     publish: int = 3  # best distinct schedules verified, re-measured and pushed
     warm_start: int = 8  # registry traces replayed before the search
-    search_threads: int = 0  # MetaSchedule's own threads; 0: physical cores
+    search_threads: int = 0  # MetaSchedule's own threads; 0: physical cores. With 1, a seed gives the same candidates every time
     population: int = 512  # evolutionary search population (MetaSchedule's default); smaller is cheaper per trial
     genetic_iters: int = 4  # evolution rounds per batch of candidates (MetaSchedule's default)
     timing: dict[str, Any] = field(default_factory=lambda: dict(TUNING_TIMING))
@@ -115,11 +115,7 @@ def tune_workload(identity: Identity, warm_traces: list[str], options: TuneOptio
         database = ms.database.MemoryDatabase()
         warm = _seed_database(database, mod, target, warm_traces[: options.warm_start], builder, runner)
         started = time.time()
-        ms.tune_tir(
-            mod, target, work_dir=work_dir, max_trials_global=options.trials, num_trials_per_iter=options.trials_per_iter,
-            builder=builder, runner=runner, database=database, cost_model="xgb", seed=options.seed,
-            num_tuning_cores=options.search_threads or "physical", strategy=_strategy(options),
-        )  # fmt: skip
+        ms.tune_tir(mod, target, work_dir=work_dir, builder=builder, runner=runner, database=database, **search_settings(options))
         search_secs = time.time() - started
         measured = [tr for tr in database.get_all_tuning_records() if mean_secs(tr) < _FAILED_SECS]
         curve = best_so_far([mean_secs(tr) for tr in measured])
@@ -132,12 +128,23 @@ def tune_workload(identity: Identity, warm_traces: list[str], options: TuneOptio
     return TuneResult(identity, records, untuned, options.trials, warm, search_secs, curve, timeline.events, rejected)
 
 
-def _strategy(options: TuneOptions) -> Any:
+def search_settings(options: TuneOptions) -> dict[str, Any]:
+    """``ms.tune_tir`` keyword arguments for the search ``options`` ask for: budget, seed, threads, strategy.
+
+    Seeds numpy's global generator too: until it has enough samples, MetaSchedule's XGBoost cost
+    model scores candidates with ``np.random.uniform``, so the seed alone did not fix the candidates.
+    (With more than one search thread the candidates still vary: threads take work dynamically,
+    each with its own generator.)
+    """
+    import numpy as np
     from tvm.s_tir import meta_schedule as ms
 
-    return ms.search_strategy.EvolutionarySearch(
+    np.random.seed(options.seed)
+    strategy = ms.search_strategy.EvolutionarySearch(
         population_size=options.population, init_min_unmeasured=min(50, max(1, options.population // 2)), genetic_num_iters=options.genetic_iters,
     )  # fmt: skip
+    return {"max_trials_global": options.trials, "num_trials_per_iter": options.trials_per_iter, "cost_model": "xgb", "seed": options.seed,
+            "num_tuning_cores": options.search_threads or "physical", "strategy": strategy}  # fmt: skip
 
 
 def mean_secs(tr: Any) -> float:
