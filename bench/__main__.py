@@ -20,20 +20,22 @@ import sys
 import time
 from pathlib import Path
 
-from . import report
+from . import report, stats
 
 SECTIONS = ["registry", "hook", "tuner", "models"]
 
 
 def run_section(name: str, options: list[str], results: Path) -> dict[str, object]:
-    """Run ``python -m bench.<name> OPTIONS`` into ``results``; returns its command, exit code and wall seconds."""
+    """Run ``python -m bench.<name> OPTIONS`` into ``results``; returns its command, exit code, wall seconds
+    and the machine probe timed just before (how fast the shared machine was)."""
     command = " ".join([f"python -m bench.{name}", *options])
-    print(f"== {command}", flush=True)
+    probe = stats.machine_probe()
+    print(f"== {command} (machine probe {probe['median']:.1f} ms)", flush=True)
     started = time.time()
     rc = subprocess.run([sys.executable, "-u", "-m", f"bench.{name}", *options, "--out", str(results / f"{name}.json")], cwd=report.REPO).returncode
     wall = time.time() - started
     print(f"== bench.{name}: exit {rc} after {wall:.0f} s", flush=True)
-    return {"command": command, "rc": rc, "wall_secs": wall}
+    return {"command": command, "rc": rc, "wall_secs": wall, "probe_ms": probe}
 
 
 def section_options(name: str, quick: bool, model_trials: int | None) -> list[str]:

@@ -37,7 +37,7 @@ from schedhub.registry import LocalRegistry
 from schedhub.tuner import baselines, cluster, dispatch, models, tvm_env
 from schedhub.tuner.search import TuneOptions, TuneResult
 
-from .stats import summary
+from .stats import ratio, summary
 from .tuner import flops
 
 #: Networks with their shape options, batch sizes and tuning budgets of the two modes.
@@ -129,8 +129,8 @@ def _time_network(name: str, batch: int, shape: dict[str, int], weights: dict[st
             samples[k].append(timer() * 1e3)
     timing = {k: summary(v) for k, v in samples.items()}
     return {"network": name, "batch": batch, "shape": shape, "input_shape": list(input_shape), "timing": timing, "max_rel_error": errors,
-            "speedup_vs_untuned": timing["untuned"]["median"] / timing["tuned"]["median"],
-            "speedup_vs_pytorch": timing["pytorch"]["median"] / timing["tuned"]["median"]}  # fmt: skip
+            "speedup_vs_untuned": ratio(timing["untuned"], timing["tuned"], paired=True),
+            "speedup_vs_pytorch": ratio(timing["pytorch"], timing["tuned"], paired=True)}  # fmt: skip
 
 
 def _vm_run(ex: Any, x: np.ndarray) -> tuple[np.ndarray, Callable[[], float]]:
@@ -150,10 +150,14 @@ def _vm_run(ex: Any, x: np.ndarray) -> tuple[np.ndarray, Callable[[], float]]:
 def _kernel_rows(network: str, batch: int, kernels: list[models.Kernel], tuned: dict[str, TuneResult], baselined: int = 3) -> list[dict[str, Any]]:
     """One row per kernel, heaviest (untuned time × calls) first; the ``baselined`` heaviest matmul/conv kernels get numpy and PyTorch times."""
     rows = sorted((_kernel_row(network, batch, k, tuned[k.identity.key]) for k in kernels), key=lambda r: -r["untuned_ms"] * r["calls"])
-    for row in [r for r in rows if r["flops"]][:baselined]:
-        for library in ("numpy", "torch"):
+    for library in ("numpy", "torch"):
+        # One library at a time, after the last one's worker threads stopped spinning: on 2 cores,
+        # OpenBLAS's, PyTorch's and TVM's spinning pools starve each other's barriers (it showed as
+        # single kernels at 0.1 GFLOPS).
+        time.sleep(0.5)
+        for row in [r for r in rows if r["flops"]][:baselined]:
             fn = baselines.kernel_baseline(row["op"], row["args_info"], library)
-            row[f"{library}_ms"] = statistics.median(baselines.time_callable(fn, 3, 0.05)) * 1e3 if fn else None
+            row[f"{library}_ms"] = statistics.median(baselines.time_callable(fn, 5, 0.05)) * 1e3 if fn else None
     return rows
 
 

@@ -28,7 +28,7 @@ def _save(fig: Any, path: Path) -> str:
 
 
 def speedups(models: dict[str, Any]) -> Any:
-    """Grouped log-scale bars: schedhub-tuned vs PyTorch and vs untuned TVM, per network and batch."""
+    """Grouped log-scale bars: schedhub-tuned vs PyTorch and vs untuned TVM, per network and batch (whiskers: per-round min–max)."""
     import matplotlib.pyplot as plt
 
     rows = models["rows"]
@@ -37,8 +37,9 @@ def speedups(models: dict[str, Any]) -> Any:
     width = 0.4
     xs = range(len(rows))
     for offset, key, label in ((-width / 2, "speedup_vs_pytorch", "vs PyTorch"), (width / 2, "speedup_vs_untuned", "vs untuned TVM")):
-        values = [r[key] for r in rows]
-        bars = ax.bar([x + offset for x in xs], values, width, label=label)
+        values = [r[key]["median"] for r in rows]
+        noise = [[v - r[key]["min"] for v, r in zip(values, rows)], [r[key]["max"] - v for v, r in zip(values, rows)]]
+        bars = ax.bar([x + offset for x in xs], values, width, yerr=noise, capsize=2, label=label)
         ax.bar_label(bars, labels=[f"{v:.2g}×" for v in values], fontsize=7)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_yscale("log")

@@ -6,10 +6,12 @@ import json
 import os
 import platform
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from .stats import overlap, ratio
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
@@ -55,6 +57,12 @@ def fmt(s: dict[str, float] | None, digits: int = 3) -> str:
     return f"{s['median']:.{digits}g} [{s['min']:.{digits}g}–{s['max']:.{digits}g}]"
 
 
+def times(s: dict[str, float]) -> str:
+    """A speedup ``median× [min–max]``."""
+    digits = 2 if s["median"] < 10 else 0
+    return f"{s['median']:.{digits}f}× [{s['min']:.{digits}f}–{s['max']:.{digits}f}]"
+
+
 def table(header: list[str], rows: list[list[str]], align: str = "") -> list[str]:
     align = align or "l" + "r" * (len(header) - 1)
     return ["| " + " | ".join(header) + " |", "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|", *("| " + " | ".join(r) + " |" for r in rows)]
@@ -84,16 +92,40 @@ def figures(data: dict[str, Any]) -> Iterator[tuple[str, dict[str, float]]]:
         yield "registry: batch lookup of 50 keys ms", registry["batch"]["lookup_50_ms"]
 
 
-def agreement(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, Any]]:
-    """Figures present in both runs, and whether their [min, max] ranges overlap (agree within the reported noise)."""
-    old = dict(figures(before))
-    rows = []
-    for name, new in figures(after):
-        if name in old:
-            a = old[name]
-            overlap = max(a["min"], new["min"]) <= min(a["max"], new["max"])
-            rows.append({"figure": name, "before": a, "after": new, "change": new["median"] / a["median"] - 1, "agree": overlap})
-    return rows
+def comparisons(data: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every comparison a run claims, as ``(name, ratio summary)``: per-round ratios where the two
+    sides were timed side by side, round by round; otherwise bounds from the two ranges."""
+    for row in data.get("models", {}).get("rows", []):
+        t = row["timing"]
+        yield f"models: {row['network']} b{row['batch']} tuned vs PyTorch ×", ratio(t["pytorch"], t["tuned"], paired=True)
+        yield f"models: {row['network']} b{row['batch']} tuned vs untuned ×", ratio(t["untuned"], t["tuned"], paired=True)
+    hook = data.get("hook", {})
+    for name in ("plain_tvm_ms", "hook_http_cold_ms", "hook_http_warm_ms", "hook_local_lmdb_ms"):
+        if name in hook:
+            yield f"hook: {name.removesuffix('_ms')} compile / MemoryDatabase's", ratio(hook[name], hook["memory_database_ms"], paired=True)
+    for name, entry in data.get("tuner", {}).get("workloads", {}).items():
+        for run in entry["runs"]:
+            t = run["timed"]
+            yield f"tuner: {name} seed {run['seed']} untuned / ray best", ratio(t["untuned"], t["ray"], paired=True)
+            yield f"tuner: {name} seed {run['seed']} plain best / ray best", ratio(t["plain"], t["ray"], paired=True)
+    registry = data.get("registry", {})
+    for size, entry in registry.get("metaschedule", {}).items():
+        if size in registry.get("schedhub", {}):
+            yield f"registry: JSONDatabase / schedhub open+lookup @{size}", ratio(entry["open_first_lookup_ms"], registry["schedhub"][size]["open_first_lookup_ms"], paired=False)
+    if "batch" in registry:
+        b = registry["batch"]
+        yield "registry: 50 sequential GETs / one batch lookup", ratio(b["sequential_50_gets_ms"], b["lookup_50_ms"], paired=False)
+
+
+def agreement(before: dict[str, Any], after: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Comparisons and absolute figures present in both runs, and whether each pair's [min, max] ranges overlap."""
+
+    def rows(kind: Callable[[dict[str, Any]], Iterator[tuple[str, dict[str, Any]]]]) -> list[dict[str, Any]]:
+        old = dict(kind(before))
+        return [{"figure": name, "before": old[name], "after": new, "change": new["median"] / old[name]["median"] - 1, "agree": overlap(old[name], new)}
+                for name, new in kind(after) if name in old]  # fmt: skip
+
+    return {"comparisons": rows(comparisons), "absolute": rows(figures)}
 
 
 def write(mode: str) -> Path:
@@ -150,7 +182,7 @@ def _models(d: dict[str, Any] | None, drawn: dict[str, str]) -> list[str]:
         t = r["timing"]
         shape = ", ".join(f"{k} {v}" for k, v in r["shape"].items()) or "256→512→512→10"
         rows.append([r["network"], str(r["batch"]), shape, str(r["kernels"]), str(r["trials"]), fmt(t["pytorch"]), fmt(t["untuned"]), fmt(t["tuned"]),
-                     f"{r['speedup_vs_pytorch']:.2f}×", f"{r['speedup_vs_untuned']:.0f}×"])  # fmt: skip
+                     times(r["speedup_vs_pytorch"]), times(r["speedup_vs_untuned"])])  # fmt: skip
     lines += table(["network", "batch", "shape", "kernels", "trials", "PyTorch ms", "untuned TVM ms", "schedhub-tuned ms", "tuned vs PyTorch", "tuned vs untuned"],
                    rows, "lrlrrrrrrr")  # fmt: skip
     lines += ["", "\"trials\": candidates measured for the network's kernels, warm starts included.", ""]
@@ -179,7 +211,7 @@ def _tuner(d: dict[str, Any] | None) -> list[str]:
     if not d:
         return []
     lines = [f"## Tuner: Ray tuner vs plain MetaSchedule (`{d.get('command', 'python -m bench.tuner')}`)", "",
-             f"Same budget ({d['trials']} trials, rounds of {d['trials_per_iter']}) and seed on one 2-CPU node; then the best schedule of each, "
+             f"Same budget ({d['trials']} trials, rounds of {d['trials_per_iter']}), seed and search ({_search(d)}) on one 2-CPU node; then the best schedule of each, "
              "the unscheduled kernel and numpy timed side by side.", ""]  # fmt: skip
     rows = []
     for name, e in d["workloads"].items():
@@ -191,6 +223,11 @@ def _tuner(d: dict[str, Any] | None) -> list[str]:
     return lines + [""]
 
 
+def _search(d: dict[str, Any]) -> str:
+    s = d.get("search")
+    return f"population {s['population']} × {s['genetic_iters']} genetic rounds, {s['threads']} search thread" if s else "MetaSchedule's defaults"
+
+
 def _hook(d: dict[str, Any] | None) -> list[str]:
     if not d:
         return []
@@ -198,8 +235,8 @@ def _hook(d: dict[str, Any] | None) -> list[str]:
              "hook_http_cold_ms": "`use(URL)`: one batch lookup over HTTP", "hook_http_warm_ms": "`use(session)`: warm cache, no request",
              "hook_local_lmdb_ms": "`use(DIR)`: local LMDB"}  # fmt: skip
     lines = [f"## Compile hook (`{d['command']}`)", "", f"A 6-layer MLP, {d['kernels']} kernels, all with records; {d['reps']} interleaved rounds.", ""]
-    rows = [[label, fmt(d[k]), f"{d[k].get('vs_memory_database', 1):.2f}"] for k, label in names.items() if k in d]
-    lines += table(["configuration", "compile ms", "vs MemoryDatabase"], rows)
+    rows = [[label, fmt(d[k]), times(d[k]["vs_memory_database"]) if "vs_memory_database" in d[k] else "1 (the baseline)"] for k, label in names.items() if k in d]
+    lines += table(["configuration", "compile ms", "vs MemoryDatabase (per round)"], rows)
     return lines + ["", f"One `POST /v1/lookup` for all kernels: {d['lookup_round_trip_ms']:.2f} ms.", ""]
 
 
@@ -218,13 +255,40 @@ def _registry(d: dict[str, Any] | None) -> list[str]:
 
 
 def _agreement(before: dict[str, Any], after: dict[str, Any], mode: str) -> list[str]:
-    rows = agreement(before, after)
-    if not rows:
+    found = agreement(before, after)
+    if not found["comparisons"] and not found["absolute"]:
         return []
-    agree = sum(r["agree"] for r in rows)
     when = before.get("manifest", {}).get("started", "an earlier run")
     lines = [f"## Run-to-run agreement: this run against the previous `{mode}` run ({when})", "",
-             f"{agree} of {len(rows)} figures agree: their [min–max] ranges overlap. "
-             "The previous run's raw results are in `bench/results/" + mode + ".prev/`.", ""]  # fmt: skip
-    body = [[r["figure"], fmt(r["before"]), fmt(r["after"]), f"{r['change'] * 100:+.1f}%", "yes" if r["agree"] else "**no**"] for r in rows]
-    return lines + table(["figure", "previous run", "this run", "change", "ranges overlap"], body, "lrrrl") + [""]
+             f"The previous run's raw results are in `bench/results/{mode}.prev/`. Two figures agree when their [min–max] ranges "
+             "overlap: each run's range is the noise it reports.", ""]  # fmt: skip
+    lines += _probe_drift(before.get("manifest", {}), after.get("manifest", {}))
+    for kind, title, note in (
+        ("comparisons", "Comparisons (the claims: ratios of configurations timed side by side)",
+         "Range: the per-round ratios where both sides ran in the same rounds, else the bounds of the two ranges."),
+        ("absolute", "Absolute figures", "Range: min–max over the run's repeated samples. Absolute times also move with the "
+         "load other tenants put on this shared machine (the probe above); ratios measured side by side cancel it."),
+    ):  # fmt: skip
+        rows = found[kind]
+        if not rows:
+            continue
+        agree = sum(r["agree"] for r in rows)
+        changes = sorted(abs(r["change"]) for r in rows)
+        lines += [f"### {title}: {agree} of {len(rows)} agree", "", f"{note} Median change {changes[len(changes) // 2] * 100:.1f}%, largest {changes[-1] * 100:.0f}%.", ""]
+        body = [[r["figure"], fmt(r["before"]), fmt(r["after"]), f"{r['change'] * 100:+.1f}%", "yes" if r["agree"] else "**no**"] for r in rows]
+        lines += table(["figure", "previous run", "this run", "change", "ranges overlap"], body, "lrrrl") + [""]
+    return lines
+
+
+def _probe_drift(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """The machine probe before each section, in both runs: how much faster or slower the shared machine was."""
+    rows = []
+    for name, section in after.get("sections", {}).items():
+        old = before.get("sections", {}).get(name, {}).get("probe_ms")
+        new = section.get("probe_ms")
+        if old and new:
+            rows.append([name, fmt(old), fmt(new), f"{(new['median'] / old['median'] - 1) * 100:+.1f}%"])
+    if not rows:
+        return []
+    return ["Machine probe (`bench.stats.machine_probe`: a fixed single-threaded pure-Python workload, ms, timed before each section):", "",
+            *table(["before section", "previous run", "this run", "change"], rows), ""]  # fmt: skip

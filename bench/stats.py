@@ -3,20 +3,55 @@
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Sequence
+from typing import Any
 
 
-def summary(values: Sequence[float]) -> dict[str, float]:
-    """Median with min and max (the form every figure in bench/ is reported in)."""
+def summary(values: Sequence[float]) -> dict[str, Any]:
+    """Median with min and max (the form every figure in bench/ is reported in), and the samples in order."""
     ordered = sorted(values)
-    return {"median": statistics.median(ordered), "min": ordered[0], "max": ordered[-1], "n": len(ordered)}
+    return {"median": statistics.median(ordered), "min": ordered[0], "max": ordered[-1], "n": len(ordered), "samples": list(values)}
 
 
-def summary_ms(seconds: Sequence[float]) -> dict[str, float]:
+def summary_ms(seconds: Sequence[float]) -> dict[str, Any]:
     """:func:`summary` of timings in seconds, reported in milliseconds."""
-    return {k: v * 1e3 if k != "n" else v for k, v in summary(seconds).items()}
+    return summary([s * 1e3 for s in seconds])
+
+
+def ratio(num: dict[str, Any], den: dict[str, Any], paired: bool) -> dict[str, Any]:
+    """``num / den`` of two summaries, with its noise.
+
+    ``paired``: the two were sampled side by side, round by round (sample i of each from the same
+    round), so the ratio is summarized over the per-round ratios. Otherwise (or when the samples
+    are missing) the median ratio with the widest bounds the two ranges allow.
+    """
+    a, b = num.get("samples"), den.get("samples")
+    if paired and a and b and len(a) == len(b):
+        return summary([x / y for x, y in zip(a, b)])
+    return {"median": num["median"] / den["median"], "min": num["min"] / den["max"], "max": num["max"] / den["min"], "n": 0}
+
+
+def overlap(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether the [min, max] ranges of two summaries overlap: they agree within their reported noise."""
+    return max(a["min"], b["min"]) <= min(a["max"], b["max"])
 
 
 def percentile(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
+
+
+def machine_probe(reps: int = 7) -> dict[str, Any]:
+    """Milliseconds of a fixed single-threaded pure-Python workload: how fast this shared machine is right now."""
+
+    def work() -> float:
+        start = time.perf_counter()
+        total = 0
+        for i in range(300_000):
+            total += i * i % 7
+        sorted(range(100_000, 0, -1), key=lambda v: v % 1000)
+        return time.perf_counter() - start
+
+    work()
+    return summary_ms([work() for _ in range(reps)])

@@ -35,6 +35,7 @@ from schedhub.tuner.search import TuneOptions, TuneResult, best_so_far, mean_sec
 from .stats import summary
 
 TARGET = {"kind": "llvm", "mcpu": "znver1", "num-cores": 2}
+QUICK_SEARCH = {"population": 128, "genetic_iters": 2}  # a quarter of MetaSchedule's search per round: the quick run's budget
 WORKLOADS = [("resnet18", {}, "fused_conv2d2_add1_relu1"), ("bert_layer", {}, "fused_matmul3_add1_add2")]
 
 
@@ -116,18 +117,21 @@ def side_by_side(identity: Any, traces: dict[str, str], rounds: int) -> dict[str
     return out
 
 
-def run(trials: int, runs: int, rounds: int, trials_per_iter: int = 16) -> dict[str, Any]:
+def run(trials: int, runs: int, rounds: int, trials_per_iter: int = 16, search: dict[str, int] | None = None) -> dict[str, Any]:
+    """``search``: evolutionary search settings for both tuners (population, genetic_iters); MetaSchedule's defaults if None."""
+    search = search or {}
     tvm_env.prepare()
     cluster.start(num_cpus=2)
     # Start Ray's workers (TVM import, intrinsics) before any clock runs.
     cluster.result(cluster.submit("build", mod_json=_tiny_mod_json(), target_text=json.dumps(TARGET, sort_keys=True)))
-    out: dict[str, Any] = {"target": TARGET, "trials": trials, "trials_per_iter": trials_per_iter, "runs": runs, "workloads": {}}
+    out: dict[str, Any] = {"target": TARGET, "trials": trials, "trials_per_iter": trials_per_iter, "runs": runs, "workloads": {},
+                           "search": {"population": TuneOptions.population, "genetic_iters": TuneOptions.genetic_iters, **search, "threads": 1}}  # fmt: skip
     for model, shape, name in WORKLOADS:
         ident = find_kernel(model, shape, name)
         entry: dict[str, Any] = {"op": ident.op, "args_info": ident.args_info, "model": model, "flops": flops(ident.args_info, ident.op), "runs": []}
         for run_i in range(runs):
             # One search thread: the seed fixes the first round's candidates, the same for both tuners.
-            options = TuneOptions(trials=trials, trials_per_iter=trials_per_iter, seed=run_i, publish=1, search_threads=1)
+            options = TuneOptions(trials=trials, trials_per_iter=trials_per_iter, seed=run_i, publish=1, search_threads=1, **search)
             row: dict[str, Any] = {"seed": run_i}
             traces = {}
             for label, fn in (("ray", tune_ray), ("plain", tune_plain)) if run_i % 2 == 0 else (("plain", tune_plain), ("ray", tune_ray)):
@@ -152,7 +156,7 @@ def _tiny_mod_json() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="16 trials, 3 timing rounds")
+    parser.add_argument("--quick", action="store_true", help="16 trials, search population 128 × 2 genetic rounds, 3 timing rounds")
     parser.add_argument("--trials", type=int)
     parser.add_argument("--runs", type=int, default=1, help="tuning runs per workload and tuner (seeds 0..runs-1)")
     parser.add_argument("--rounds", type=int, help="side-by-side timing rounds (default 5)")
@@ -160,8 +164,8 @@ def main() -> None:
     args = parser.parse_args()
     trials, rounds = args.trials or (16 if args.quick else 64), args.rounds or (3 if args.quick else 5)
     out = args.out or Path(__file__).parent / "results" / ("quick" if args.quick else "full") / "tuner.json"
-    result = run(trials, args.runs, rounds)
-    result["command"] = f"python -m bench.tuner --trials {trials} --runs {args.runs} --rounds {rounds}"
+    result = run(trials, args.runs, rounds, search=QUICK_SEARCH if args.quick else None)
+    result["command"] = f"python -m bench.tuner{' --quick' if args.quick else ''} --trials {trials} --runs {args.runs} --rounds {rounds}"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     print(f"wrote {out}")

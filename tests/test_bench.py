@@ -8,6 +8,7 @@ import tvm
 from tvm import relax
 
 from bench import report, torch_models
+from bench.stats import ratio, summary
 from schedhub.tuner import baselines, kernels, models
 from schedhub.tuner.tvm_env import host_target
 
@@ -54,17 +55,25 @@ def test_kernel_baselines_compute_what_the_tvm_kernel_computes() -> None:
     assert baselines.kernel_baseline("fused_matmul1_multiply", scaled, "numpy") is None  # its constant is inside the kernel
 
 
-def _summary(median: float, lo: float, hi: float) -> dict[str, float]:
-    return {"median": median, "min": lo, "max": hi, "n": 5}
+def test_a_paired_ratio_uses_the_per_round_ratios_and_an_unpaired_one_the_widest_bounds() -> None:
+    slow, fast = summary([10.0, 20.0, 12.0]), summary([5.0, 10.0, 6.0])  # a machine slowed in round 2: both sides alike
+    paired = ratio(slow, fast, paired=True)
+    assert (paired["min"], paired["median"], paired["max"]) == (2.0, 2.0, 2.0)
+    unpaired = ratio(slow, fast, paired=False)
+    assert (unpaired["min"], unpaired["max"]) == (1.0, 4.0) and unpaired["median"] == pytest.approx(2.0)
 
 
-def test_agreement_compares_each_figure_by_overlap_of_its_ranges() -> None:
-    def run(tuned: dict[str, float]) -> dict[str, object]:
-        row = {"network": "mlp", "batch": 1, "timing": {"untuned": _summary(10, 9, 11), "tuned": tuned}}
-        return {"models": {"rows": [row]}, "hook": {"plain_tvm_ms": _summary(300, 280, 320)}}
+def test_agreement_compares_claims_and_absolute_figures_by_overlap_of_their_ranges() -> None:
+    def run(scale: float, tuned: list[float]) -> dict[str, object]:
+        timing = {"untuned": summary([scale * x for x in (10.0, 10.5, 9.5)]), "tuned": summary([scale * x for x in tuned]),
+                  "pytorch": summary([scale * x for x in (2.0, 2.1, 1.9)])}  # fmt: skip
+        return {"models": {"rows": [{"network": "mlp", "batch": 1, "timing": timing}]}}
 
-    rows = {r["figure"]: r for r in report.agreement(run(_summary(1.0, 0.9, 1.1)), run(_summary(1.3, 1.2, 1.4)))}
-    assert set(rows) == {"models: mlp b1 untuned ms", "models: mlp b1 tuned ms", "hook: plain_tvm compile ms"}
-    assert rows["models: mlp b1 untuned ms"]["agree"] and rows["hook: plain_tvm compile ms"]["agree"]
-    assert not rows["models: mlp b1 tuned ms"]["agree"]
-    assert rows["models: mlp b1 tuned ms"]["change"] == pytest.approx(0.3)
+    before, drifted, better = run(1.0, [1.0, 1.05, 0.95]), run(1.3, [1.0, 1.05, 0.95]), run(1.0, [0.5, 0.52, 0.48])
+    found = report.agreement(before, drifted)  # the whole machine 30% slower: absolute times move, the claims do not
+    absolute = {r["figure"]: r for r in found["absolute"]}
+    assert not absolute["models: mlp b1 tuned ms"]["agree"] and absolute["models: mlp b1 tuned ms"]["change"] == pytest.approx(0.3)
+    assert all(r["agree"] and r["change"] == pytest.approx(0) for r in found["comparisons"])
+    assert {r["figure"] for r in found["comparisons"]} == {"models: mlp b1 tuned vs PyTorch ×", "models: mlp b1 tuned vs untuned ×"}
+    claims = {r["figure"]: r for r in report.agreement(before, better)["comparisons"]}  # a schedule twice as fast is a different claim
+    assert not claims["models: mlp b1 tuned vs PyTorch ×"]["agree"] and claims["models: mlp b1 tuned vs PyTorch ×"]["change"] == pytest.approx(1.0, rel=0.05)
