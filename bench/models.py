@@ -83,7 +83,10 @@ def run(mode: str, trials: int | None = None, say: Callable[[str], None] = print
                 started = time.time()
                 mod, weights, input_shape = models.export_with_weights(name, batch=batch, **shape)
                 kernels = models.kernels(mod, target)
-                done = dispatch.tune_many(registry, [k.identity for k in kernels], options, concurrency=2, pushed_by="bench.models")
+                # One job at a time: two jobs on 2 cores are no faster here, and one job's search and
+                # verification run on the cores while the other's candidates are timed (Ray gives a
+                # task's CPU back while it waits), which inflated some tuning measurements 3×.
+                done = dispatch.tune_many(registry, [k.identity for k in kernels], options, concurrency=1, pushed_by="bench.models")
                 if done.failed:
                     raise RuntimeError(f"{name} batch {batch}: tuning failed for {len(done.failed)} kernels: {done.failed}")
                 tuned.update({r.identity.key: r for r in done.tuned})

@@ -31,7 +31,9 @@ def environment() -> dict[str, Any]:
         except metadata.PackageNotFoundError:
             versions[name] = "not installed"
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True).stdout.strip())
+    # Changed tracked files, except what a benchmark run itself rewrites (its results, the report, the plots).
+    outputs = [f":(exclude){p.relative_to(REPO)}" for p in (RESULTS, RESULTS_MD, PLOTS)]
+    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", *outputs], cwd=REPO, capture_output=True, text=True).stdout.strip())
     return {"machine": {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(mem_kb / 2**20, 1), "platform": platform.platform()},
             "versions": versions, "commit": commit + ("+changes" if dirty else "")}  # fmt: skip
 

@@ -96,6 +96,19 @@ def test_a_trace_of_another_structure_is_skipped_not_fatal(ray_address: str) -> 
     assert result.warm_started == 0 and result.records
 
 
+def test_a_build_that_outlives_its_timeout_is_cancelled_and_reported_failed(ray_address: str, tmp_path: Path) -> None:
+    from tvm.s_tir import meta_schedule as ms
+
+    from schedhub.hooks.identity import workload_module
+    from schedhub.tuner.backends import RayBuilder, Timeline
+
+    inputs = [ms.builder.BuilderInput(workload_module(matmul(64, 64, 64).workload), tvm.target.Target(TARGET))]
+    [late] = RayBuilder(str(tmp_path), Timeline("late"), timeout_secs=0.001).build(inputs)  # no LLVM build takes 1 ms
+    assert late.artifact_path is None and "build timed out" in late.error_msg
+    [built] = RayBuilder(str(tmp_path), Timeline("fine")).build(inputs)  # the cluster still builds
+    assert built.error_msg is None and Path(built.artifact_path).is_file()
+
+
 def test_a_seed_with_one_search_thread_measures_the_same_candidates_every_time(ray_address: str) -> None:
     # MetaSchedule's untrained cost model draws from numpy's global generator: the tuner seeds it too.
     options = TuneOptions(trials=8, trials_per_iter=8, publish=8, search_threads=1, population=32, genetic_iters=1, seed=3)
