@@ -119,15 +119,51 @@ def comparisons(data: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
         yield "registry: 50 sequential GETs / one batch lookup", ratio(b["sequential_50_gets_ms"], b["lookup_50_ms"], paired=False)
 
 
-def agreement(before: dict[str, Any], after: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
-    """Comparisons and absolute figures present in both runs, and whether each pair's [min, max] ranges overlap."""
+def controls(data: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Side-by-side ratios of two configurations whose code is identical in every run (no tuned
+    schedule in either: a library against TVM's default schedules): how far unchanged code moves
+    between runs on this machine."""
+    for row in data.get("models", {}).get("rows", []):
+        t = row["timing"]
+        yield f"models: {row['network']} b{row['batch']} PyTorch / untuned", ratio(t["pytorch"], t["untuned"], paired=True)
+    for name, entry in data.get("tuner", {}).get("workloads", {}).items():
+        for run in entry["runs"]:
+            if "numpy" in run["timed"]:
+                yield f"tuner: {name} seed {run['seed']} numpy / untuned", ratio(run["timed"]["numpy"], run["timed"]["untuned"], paired=True)
+
+
+#: Absolute figures whose code is identical in every run, by the configuration that ends their name.
+SAME_CODE_FIGURES = (" untuned ms", " pytorch ms", " numpy ms")
+
+
+def agreement(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """Comparisons and absolute figures present in both runs, each judged two ways.
+
+    ``agree``: the two runs' [min, max] ranges overlap (the noise within a run). ``within_noise``:
+    they overlap, or the change is within the run-to-run noise: the 90th percentile of the changes
+    of the same-code figures (:func:`controls` for comparisons, :data:`SAME_CODE_FIGURES` for
+    absolute figures) between these two runs.
+    """
 
     def rows(kind: Callable[[dict[str, Any]], Iterator[tuple[str, dict[str, Any]]]]) -> list[dict[str, Any]]:
         old = dict(kind(before))
         return [{"figure": name, "before": old[name], "after": new, "change": new["median"] / old[name]["median"] - 1, "agree": overlap(old[name], new)}
                 for name, new in kind(after) if name in old]  # fmt: skip
 
-    return {"comparisons": rows(comparisons), "absolute": rows(figures)}
+    found: dict[str, Any] = {"controls": rows(controls), "comparisons": rows(comparisons), "absolute": rows(figures)}
+    same_code = [r for r in found["absolute"] if r["figure"].endswith(SAME_CODE_FIGURES)]
+    found["noise"] = {"comparisons": _p90(found["controls"]), "absolute": _p90(same_code)}
+    for kind in ("comparisons", "absolute"):
+        band = found["noise"][kind]
+        for r in found[kind]:
+            r["within_noise"] = r["agree"] or (band is not None and abs(r["change"]) <= band)
+    return found
+
+
+def _p90(rows: list[dict[str, Any]]) -> float | None:
+    """The 90th percentile of the rows' absolute changes (None with fewer than 5 rows: too few to tell)."""
+    changes = sorted(abs(r["change"]) for r in rows)
+    return changes[max(0, -(-9 * len(changes) // 10) - 1)] if len(changes) >= 5 else None
 
 
 def write(mode: str) -> Path:
@@ -173,7 +209,7 @@ def _models(d: dict[str, Any] | None, drawn: dict[str, str]) -> list[str]:
     o = d["options"]
     lines = [f"## Models: PyTorch vs untuned TVM vs schedhub-tuned (`{d['command']}`)", "",
              f"Target `{json.dumps(d['target'])}`. Tuning budget per kernel: {o['trials']} trials in rounds of {o['trials_per_iter']}, "
-             f"evolutionary search population {o['population']} × {o['genetic_iters']} genetic rounds, xgboost cost model, seed {o['seed']}; "
+             f"evolutionary search population {o['population']} × {o['genetic_iters']} genetic rounds, xgboost cost model, seed {o['seed']}, {_threads(o)}, one tuning job at a time; "
              f"the best {o['publish']} candidates re-timed next to the unscheduled kernel. "
              f"Kernels of batch b>1 are warm-started from batch 1's schedules (up to {o['warm_start']} traces). "
              f"End to end: VM `forward` / PyTorch eager `inference_mode` on the same input and weights, "
@@ -225,6 +261,11 @@ def _tuner(d: dict[str, Any] | None) -> list[str]:
     return lines + [""]
 
 
+def _threads(o: dict[str, Any]) -> str:
+    n = o.get("search_threads", 0)
+    return f"{n} search thread{'s' if n != 1 else ''}" if n else "a search thread per physical core"
+
+
 def _search(d: dict[str, Any]) -> str:
     s = d.get("search")
     return f"population {s['population']} × {s['genetic_iters']} genetic rounds, {s['threads']} search thread" if s else "MetaSchedule's defaults"
@@ -261,24 +302,35 @@ def _agreement(before: dict[str, Any], after: dict[str, Any], mode: str) -> list
     if not found["comparisons"] and not found["absolute"]:
         return []
     when = before.get("manifest", {}).get("started", "an earlier run")
+    noise = found["noise"]
     lines = [f"## Run-to-run agreement: this run against the previous `{mode}` run ({when})", "",
-             f"The previous run's raw results are in `bench/results/{mode}.prev/`. Two figures agree when their [min–max] ranges "
-             "overlap: each run's range is the noise it reports.", ""]  # fmt: skip
+             f"The previous run's raw results are in `bench/results/{mode}.prev/`. Each figure is judged two ways: do the two runs' "
+             "[min–max] ranges overlap (the noise within a run), and is the change within the **run-to-run noise** of this machine. "
+             "That noise is measured here, on figures whose code is identical in both runs (PyTorch, numpy and TVM's default "
+             "schedules: no tuned schedule in them): the 90th percentile of their changes between the two runs.", ""]  # fmt: skip
     lines += _probe_drift(before.get("manifest", {}), after.get("manifest", {}))
+    if found["controls"]:
+        lines += [f"### Same-code comparisons: run-to-run noise of a ratio ±{noise['comparisons'] * 100:.0f}%" if noise["comparisons"] is not None
+                  else "### Same-code comparisons", ""]  # fmt: skip
+        body = [[r["figure"], fmt(r["before"]), fmt(r["after"]), f"{r['change'] * 100:+.1f}%", "yes" if r["agree"] else "no"] for r in found["controls"]]
+        lines += table(["figure", "previous run", "this run", "change", "ranges overlap"], body, "lrrrl") + [""]
     for kind, title, note in (
         ("comparisons", "Comparisons (the claims: ratios of configurations timed side by side)",
          "Range: the per-round ratios where both sides ran in the same rounds, else the bounds of the two ranges."),
-        ("absolute", "Absolute figures", "Range: min–max over the run's repeated samples. Absolute times also move with the "
-         "load other tenants put on this shared machine (the probe above); ratios measured side by side cancel it."),
+        ("absolute", "Absolute figures", "Range: min–max over the run's repeated samples."),
     ):  # fmt: skip
         rows = found[kind]
         if not rows:
             continue
-        agree = sum(r["agree"] for r in rows)
+        band = noise[kind]
+        within = sum(r["within_noise"] for r in rows)
         changes = sorted(abs(r["change"]) for r in rows)
-        lines += [f"### {title}: {agree} of {len(rows)} agree", "", f"{note} Median change {changes[len(changes) // 2] * 100:.1f}%, largest {changes[-1] * 100:.0f}%.", ""]
-        body = [[r["figure"], fmt(r["before"]), fmt(r["after"]), f"{r['change'] * 100:+.1f}%", "yes" if r["agree"] else "**no**"] for r in rows]
-        lines += table(["figure", "previous run", "this run", "change", "ranges overlap"], body, "lrrrl") + [""]
+        head = f"{within} of {len(rows)} within the run-to-run noise (±{band * 100:.0f}%)" if band is not None else "no run-to-run noise measured"
+        lines += [f"### {title}: {head}; {sum(r['agree'] for r in rows)} of {len(rows)} ranges overlap", "",
+                  f"{note} Median change {changes[len(changes) // 2] * 100:.1f}%, largest {changes[-1] * 100:.0f}%.", ""]  # fmt: skip
+        body = [[r["figure"], fmt(r["before"]), fmt(r["after"]), f"{r['change'] * 100:+.1f}%", "yes" if r["agree"] else "no",
+                 "yes" if r["within_noise"] else "**no**"] for r in rows]  # fmt: skip
+        lines += table(["figure", "previous run", "this run", "change", "ranges overlap", "within run-to-run noise"], body, "lrrrll") + [""]
     return lines
 
 

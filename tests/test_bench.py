@@ -77,3 +77,20 @@ def test_agreement_compares_claims_and_absolute_figures_by_overlap_of_their_rang
     assert {r["figure"] for r in found["comparisons"]} == {"models: mlp b1 tuned vs PyTorch ×", "models: mlp b1 tuned vs untuned ×"}
     claims = {r["figure"]: r for r in report.agreement(before, better)["comparisons"]}  # a schedule twice as fast is a different claim
     assert not claims["models: mlp b1 tuned vs PyTorch ×"]["agree"] and claims["models: mlp b1 tuned vs PyTorch ×"]["change"] == pytest.approx(1.0, rel=0.05)
+
+
+def test_the_run_to_run_noise_is_measured_on_same_code_figures_and_judges_the_tuned_ones() -> None:
+    def run(pytorch_scale: float, tuned: float) -> dict[str, object]:
+        rows = [{"network": f"net{i}", "batch": 1, "timing": {"untuned": summary([10.0, 10.1, 9.9]), "tuned": summary([tuned, tuned * 1.01, tuned * 0.99]),
+                 "pytorch": summary([pytorch_scale * (2.0 + i / 10) * x for x in (1.0, 1.01, 0.99)])}} for i in range(5)]  # fmt: skip
+        return {"models": {"rows": rows}}
+
+    # PyTorch (same code in both runs) moved 10% between the runs: that is the machine's run-to-run noise.
+    found = report.agreement(run(1.0, 1.0), run(1.1, 1.08))
+    assert found["noise"]["comparisons"] == pytest.approx(0.1)
+    claims = {r["figure"]: r for r in found["comparisons"]}
+    moved = claims["models: net0 b1 tuned vs untuned ×"]  # tuned 8% slower: outside its ranges, inside the noise
+    assert not moved["agree"] and moved["within_noise"]
+    found = report.agreement(run(1.0, 1.0), run(1.1, 1.5))  # a schedule 50% slower is more than noise
+    assert not any(r["within_noise"] for r in found["comparisons"] if "tuned vs untuned" in r["figure"])
+    assert report.agreement(run(1.0, 1.0), run(1.1, 1.0))["noise"]["absolute"] == pytest.approx(0.1)
