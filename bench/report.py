@@ -180,7 +180,7 @@ def write(mode: str) -> Path:
     lines += _tuner(data.get("tuner"))
     lines += _hook(data.get("hook"))
     lines += _registry(data.get("registry"))
-    lines += _agreement(load(RESULTS / f"{mode}.prev"), data, mode)
+    lines += _agreement(load(RESULTS / f"{mode}.prev"), {**data, "manifest": manifest}, mode)
     RESULTS_MD.write_text("\n".join(lines) + "\n")
     return RESULTS_MD
 
