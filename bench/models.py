@@ -153,12 +153,13 @@ def _vm_run(ex: Any, x: np.ndarray) -> tuple[np.ndarray, Callable[[], float]]:
 def _kernel_rows(network: str, batch: int, kernels: list[models.Kernel], tuned: dict[str, TuneResult], baselined: int = 3) -> list[dict[str, Any]]:
     """One row per kernel, heaviest (untuned time × calls) first; the ``baselined`` heaviest matmul/conv kernels get numpy and PyTorch times."""
     rows = sorted((_kernel_row(network, batch, k, tuned[k.identity.key]) for k in kernels), key=lambda r: -r["untuned_ms"] * r["calls"])
+    heaviest = [r for r in rows if r["flops"]][:baselined]
     for library in ("numpy", "torch"):
         # One library at a time, after the last one's worker threads stopped spinning: on 2 cores,
         # OpenBLAS's, PyTorch's and TVM's spinning pools starve each other's barriers (it showed as
         # single kernels at 0.1 GFLOPS).
         time.sleep(0.5)
-        for row in [r for r in rows if r["flops"]][:baselined]:
+        for row in heaviest:
             fn = baselines.kernel_baseline(row["op"], row["args_info"], library)
             row[f"{library}_ms"] = statistics.median(baselines.time_callable(fn, 5, 0.05)) * 1e3 if fn else None
     return rows

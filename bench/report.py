@@ -11,7 +11,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from .stats import overlap, ratio
+from .stats import overlap, percentile, ratio
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
@@ -162,8 +162,7 @@ def agreement(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
 
 def _p90(rows: list[dict[str, Any]]) -> float | None:
     """The 90th percentile of the rows' absolute changes (None with fewer than 5 rows: too few to tell)."""
-    changes = sorted(abs(r["change"]) for r in rows)
-    return changes[max(0, -(-9 * len(changes) // 10) - 1)] if len(changes) >= 5 else None
+    return percentile([abs(r["change"]) for r in rows], 90) if len(rows) >= 5 else None
 
 
 def write(mode: str) -> Path:
@@ -209,7 +208,7 @@ def _models(d: dict[str, Any] | None, drawn: dict[str, str]) -> list[str]:
     o = d["options"]
     lines = [f"## Models: PyTorch vs untuned TVM vs schedhub-tuned (`{d['command']}`)", "",
              f"Target `{json.dumps(d['target'])}`. Tuning budget per kernel: {o['trials']} trials in rounds of {o['trials_per_iter']}, "
-             f"evolutionary search population {o['population']} × {o['genetic_iters']} genetic rounds, xgboost cost model, seed {o['seed']}, {_threads(o)}, one tuning job at a time; "
+             f"evolutionary search {_search(o['population'], o['genetic_iters'], o['search_threads'])}, xgboost cost model, seed {o['seed']}, one tuning job at a time; "
              f"the best {o['publish']} candidates re-timed next to the unscheduled kernel. "
              f"Kernels of batch b>1 are warm-started from batch 1's schedules (up to {o['warm_start']} traces). "
              f"End to end: VM `forward` / PyTorch eager `inference_mode` on the same input and weights, "
@@ -248,8 +247,9 @@ def _models(d: dict[str, Any] | None, drawn: dict[str, str]) -> list[str]:
 def _tuner(d: dict[str, Any] | None) -> list[str]:
     if not d:
         return []
+    search = _search(**d["search"]) if "search" in d else "MetaSchedule's defaults"
     lines = [f"## Tuner: Ray tuner vs plain MetaSchedule (`{d.get('command', 'python -m bench.tuner')}`)", "",
-             f"Same budget ({d['trials']} trials, rounds of {d['trials_per_iter']}), seed and search ({_search(d)}) on one 2-CPU node; then the best schedule of each, "
+             f"Same budget ({d['trials']} trials, rounds of {d['trials_per_iter']}), seed and search ({search}) on one 2-CPU node; then the best schedule of each, "
              "the unscheduled kernel and numpy timed side by side.", ""]  # fmt: skip
     rows = []
     for name, e in d["workloads"].items():
@@ -261,14 +261,10 @@ def _tuner(d: dict[str, Any] | None) -> list[str]:
     return lines + [""]
 
 
-def _threads(o: dict[str, Any]) -> str:
-    n = o.get("search_threads", 0)
-    return f"{n} search thread{'s' if n != 1 else ''}" if n else "a search thread per physical core"
-
-
-def _search(d: dict[str, Any]) -> str:
-    s = d.get("search")
-    return f"population {s['population']} × {s['genetic_iters']} genetic rounds, {s['threads']} search thread" if s else "MetaSchedule's defaults"
+def _search(population: int, genetic_iters: int, threads: int) -> str:
+    """The evolutionary search a run used, in words (``threads`` 0: one per physical core)."""
+    return (f"population {population} × {genetic_iters} genetic rounds, "
+            + (f"{threads} search thread{'s' if threads != 1 else ''}" if threads else "a search thread per physical core"))
 
 
 def _hook(d: dict[str, Any] | None) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Sequence
@@ -38,8 +39,9 @@ def overlap(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 
 def percentile(values: Sequence[float], q: float) -> float:
+    """The nearest-rank ``q``-th percentile: the smallest value with at least q% of the values at or below it."""
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
 
 
 def machine_probe(reps: int = 7) -> dict[str, Any]:

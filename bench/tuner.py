@@ -26,6 +26,7 @@ import json
 import statistics
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -124,14 +125,15 @@ def run(trials: int, runs: int, rounds: int, trials_per_iter: int = 16, search: 
     cluster.start(num_cpus=2)
     # Start Ray's workers (TVM import, intrinsics) before any clock runs.
     cluster.result(cluster.submit("build", mod_json=_tiny_mod_json(), target_text=json.dumps(TARGET, sort_keys=True)))
+    # One search thread: the seed fixes the first round's candidates, the same for both tuners.
+    base = TuneOptions(trials=trials, trials_per_iter=trials_per_iter, publish=1, search_threads=1, **search)
     out: dict[str, Any] = {"target": TARGET, "trials": trials, "trials_per_iter": trials_per_iter, "runs": runs, "workloads": {},
-                           "search": {"population": TuneOptions.population, "genetic_iters": TuneOptions.genetic_iters, **search, "threads": 1}}  # fmt: skip
+                           "search": {"population": base.population, "genetic_iters": base.genetic_iters, "threads": base.search_threads}}  # fmt: skip
     for model, shape, name in WORKLOADS:
         ident = find_kernel(model, shape, name)
         entry: dict[str, Any] = {"op": ident.op, "args_info": ident.args_info, "model": model, "flops": flops(ident.args_info, ident.op), "runs": []}
         for run_i in range(runs):
-            # One search thread: the seed fixes the first round's candidates, the same for both tuners.
-            options = TuneOptions(trials=trials, trials_per_iter=trials_per_iter, seed=run_i, publish=1, search_threads=1, **search)
+            options = replace(base, seed=run_i)
             row: dict[str, Any] = {"seed": run_i}
             traces = {}
             for label, fn in (("ray", tune_ray), ("plain", tune_plain)) if run_i % 2 == 0 else (("plain", tune_plain), ("ray", tune_ray)):
