@@ -14,8 +14,10 @@ from __future__ import annotations
 import os
 from typing import Union
 
+from ._auth import ROLES, Principal, load_tokens
 from ._client import RegistryClient
 from ._errors import (
+    Forbidden,
     InvalidRecord,
     KeyMismatch,
     LeaseLost,
@@ -23,12 +25,15 @@ from ._errors import (
     PayloadTooLarge,
     RegistryError,
     RegistryUnavailable,
+    RequestTimeout,
+    TooManyRequests,
     Unauthorized,
 )
 from ._keys import SCHEMA_VERSION, canonical_target, is_key, record_key, target_kind
-from ._queue import DEAD, DONE, LEASED, PENDING, Lease, MissQueue
-from ._records import Identity, Record, packb, unpackb
-from ._serve import InsecureServerError, ServerThread, load_tokens, serve
+from ._limits import signature_args_info
+from ._queue import DEAD, DONE, LEASED, PENDING, TUNE, VERIFY, Lease, MissQueue, verify_job_id
+from ._records import Identity, Record, Served, packb, unpackb
+from ._serve import InsecureServerError, ServerThread, serve
 from ._server import create_app
 from ._service import LocalRegistry
 from ._store import KeySummary, PutResult, Store, StoreFormatError
@@ -48,11 +53,12 @@ def connect(spec: Registry | str | os.PathLike[str], **options: object) -> Regis
 
 __all__ = [
     "SCHEMA_VERSION", "record_key", "canonical_target", "is_key", "target_kind",
-    "Record", "Identity", "packb", "unpackb",
+    "Record", "Identity", "Served", "packb", "unpackb", "signature_args_info",
+    "Principal", "ROLES", "TUNE", "VERIFY", "verify_job_id",
     "Store", "StoreFormatError", "MissQueue", "Lease", "KeySummary", "PutResult",
     "PENDING", "LEASED", "DONE", "DEAD",
     "LocalRegistry", "RegistryClient", "Registry", "connect", "create_app",
     "serve", "ServerThread", "load_tokens", "InsecureServerError",
     "RegistryError", "InvalidRecord", "KeyMismatch", "PayloadTooLarge", "NotFound",
-    "Unauthorized", "LeaseLost", "RegistryUnavailable",
+    "Unauthorized", "Forbidden", "TooManyRequests", "RequestTimeout", "LeaseLost", "RegistryUnavailable",
 ]  # fmt: skip

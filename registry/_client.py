@@ -17,7 +17,7 @@ import httpx
 
 from ._errors import RegistryUnavailable, error_for_status
 from ._queue import Lease
-from ._records import Identity, Record, packb, unpackb
+from ._records import Identity, Record, packb, served_record, unpackb
 from ._store import KeySummary, PutResult
 from ._wire import MSGPACK
 
@@ -98,21 +98,29 @@ class RegistryClient:
         return list(answer["records"]) if answer else []
 
     def get(self, key: str) -> list[Record]:
-        return [Record.from_bytes(b) for b in self.get_raw(key)]
+        return self.lookup([key]).get(key, [])
 
     def exists(self, key: str) -> bool:
         return self._call("HEAD", f"/v1/records/{key}", allow_404=True) is not None
 
-    def lookup_raw(self, keys: list[str]) -> dict[str, list[bytes]]:
-        found: dict[str, list[bytes]] = {}
-        unique = list(dict.fromkeys(keys))
-        for i in range(0, len(unique), LOOKUP_CHUNK):
-            answer = self._call("POST", "/v1/lookup", {"keys": unique[i : i + LOOKUP_CHUNK]})
-            found.update({k: list(v) for k, v in answer["records"].items()})
+    def lookup_entries(self, keys: list[str], top: int | None = None) -> dict[str, list[tuple[bytes, dict[str, Any]]]]:
+        """(record bytes, status) of many keys; chunked, and keys the server left out of a large answer are asked again."""
+        found: dict[str, list[tuple[bytes, dict[str, Any]]]] = {}
+        pending = list(dict.fromkeys(keys))
+        while pending:
+            chunk, pending = pending[:LOOKUP_CHUNK], pending[LOOKUP_CHUNK:]
+            answer = self._call("POST", "/v1/lookup", {"keys": chunk, "top": top or 8})
+            for key, raws in answer["records"].items():
+                found[key] = list(zip(raws, answer["entries"][key]))
+            pending = list(answer.get("truncated", [])) + pending
         return found
 
-    def lookup(self, keys: list[str]) -> dict[str, list[Record]]:
-        return {k: [Record.from_bytes(b) for b in v] for k, v in self.lookup_raw(keys).items()}
+    def lookup_raw(self, keys: list[str]) -> dict[str, list[bytes]]:
+        return {k: [b for b, _ in v] for k, v in self.lookup_entries(keys).items()}
+
+    def lookup(self, keys: list[str], top: int | None = None) -> dict[str, list[Record]]:
+        """Records of many keys, best first, each with its ``served`` status (owner, verifier)."""
+        return {k: [served_record(b, s) for b, s in v] for k, v in self.lookup_entries(keys, top).items()}
 
     def put_many(self, records: Iterable[Record], pushed_by: str = "") -> list[PutResult]:
         """Push records in batches of about PUSH_CHUNK_BYTES; each batch is one transaction.
@@ -141,8 +149,16 @@ class RegistryClient:
         answer = self._call("PUT", f"/v1/records/{record.key}", record.to_dict())
         return PutResult(**answer)
 
+    def complain(self, key: str, trace_id: str, reason: str) -> dict[str, Any] | None:
+        """Report a record that failed here; the registry queues its verification (None: no such record)."""
+        return self._call("POST", f"/v1/records/{key}/complaints", {"trace_id": trace_id, "reason": reason[:4000]}, allow_404=True, idempotent=False)
+
     def quarantine(self, key: str, trace_id: str, reason: str) -> bool:
+        """Take a record out of service (needs an admin token)."""
         return self._call("POST", f"/v1/records/{key}/quarantine", {"trace_id": trace_id, "reason": reason}, allow_404=True) is not None
+
+    def quarantined(self, limit: int = 100) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/quarantine", params={"limit": limit})["items"]
 
     def summaries(self, op: str | None = None, target: str | None = None, since: int = 0, limit: int | None = None) -> list[KeySummary]:
         params = _params(op=op, target=target, since=since, limit=limit)
@@ -154,6 +170,7 @@ class RegistryClient:
             answer = self._call("GET", "/v1/records", params=_params(op=op, target=target, since=since, limit=page, include="records"))
             for item in answer["items"]:
                 raws = list(item.pop("records"))
+                item.pop("entries", None)
                 yield KeySummary(**item), raws
             if not answer["more"]:
                 return
@@ -165,25 +182,43 @@ class RegistryClient:
         body = {"misses": [m.to_dict() for m in misses]}
         return self._call("POST", "/v1/misses", body, idempotent=False)["results"]
 
-    def lease(self, worker: str, max_jobs: int = 1, lease_secs: float = 300.0, *, fingerprint: str | None = None, kind: str | None = None) -> list[Lease]:
-        body = {"worker": worker, "max_jobs": max_jobs, "lease_secs": lease_secs, "fingerprint": fingerprint or "", "kind": kind or ""}
+    def lease(self, worker: str, max_jobs: int = 1, lease_secs: float = 300.0, *, fingerprint: str | None = None, kind: str | None = None,
+              tasks: tuple[str, ...] = ("tune",)) -> list[Lease]:  # fmt: skip
+        body = {"worker": worker, "max_jobs": max_jobs, "lease_secs": lease_secs, "fingerprint": fingerprint or "", "kind": kind or "", "tasks": list(tasks)}
         answer = self._call("POST", "/v1/queue/lease", body, idempotent=False)
         return [Lease(**item) for item in answer["leases"]]
 
     def renew(self, key: str, lease_id: str, lease_secs: float = 300.0) -> float:
         return self._call("POST", f"/v1/queue/{key}/renew", {"lease_id": lease_id, "lease_secs": lease_secs})["expires"]
 
-    def ack(self, key: str, lease_id: str) -> None:
-        self._call("POST", f"/v1/queue/{key}/ack", {"lease_id": lease_id})
+    def ack(self, key: str, lease_id: str, verdict: dict[str, Any] | None = None) -> str:
+        body: dict[str, Any] = {"lease_id": lease_id}
+        if verdict is not None:
+            body["verdict"] = verdict
+        return self._call("POST", f"/v1/queue/{key}/ack", body)["outcome"]
 
     def fail(self, key: str, lease_id: str, error: str) -> str:
-        return self._call("POST", f"/v1/queue/{key}/fail", {"lease_id": lease_id, "error": error}, idempotent=False)["state"]
+        return self._call("POST", f"/v1/queue/{key}/fail", {"lease_id": lease_id, "error": error[:4000]}, idempotent=False)["state"]
+
+    def release(self, key: str, lease_id: str, reason: str) -> None:
+        self._call("POST", f"/v1/queue/{key}/release", {"lease_id": lease_id, "error": reason[:4000]})
 
     def requeue(self, key: str) -> None:
         self._call("POST", f"/v1/queue/{key}/requeue", {})
 
-    def jobs(self, state: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
-        return self._call("GET", "/v1/queue", params=_params(state=state))["jobs"][:limit]
+    def job(self, key: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/queue/{key}")
+
+    def jobs(self, state: str | None = None, limit: int = 1000, after: str = "") -> list[dict[str, Any]]:
+        """Job summaries, paged through the server's 500-a-request limit."""
+        out: list[dict[str, Any]] = []
+        while len(out) < limit:
+            answer = self._call("GET", "/v1/queue", params=_params(state=state, limit=min(500, limit - len(out)), after=after))
+            out += answer["jobs"]
+            if not answer.get("next"):
+                break
+            after = answer["next"]
+        return out
 
     def stats(self) -> dict[str, Any]:
         return self._call("GET", "/v1/stats")

@@ -5,7 +5,10 @@
     │   └── KeyMismatch        the key does not hash from the record's own fields (422)
     ├── PayloadTooLarge        a body or field over its size limit (413)
     ├── NotFound               no record / no queue job under that key (404)
-    ├── Unauthorized           a write without a valid bearer token (401)
+    ├── Unauthorized           a call without a valid bearer token (401)
+    │   └── Forbidden          a valid token whose role does not allow the call (403)
+    ├── TooManyRequests        over a rate limit, e.g. complaints (429)
+    ├── RequestTimeout         a body that did not arrive in time (408)
     ├── LeaseLost              ack/fail/renew with a lease that expired or was re-leased (409)
     └── RegistryUnavailable    the registry could not be reached or answered 5xx
 """
@@ -39,6 +42,18 @@ class Unauthorized(RegistryError):
     status = 401
 
 
+class Forbidden(Unauthorized):
+    status = 403
+
+
+class TooManyRequests(RegistryError):
+    status = 429
+
+
+class RequestTimeout(RegistryError):
+    status = 408
+
+
 class LeaseLost(RegistryError):
     status = 409
 
@@ -50,11 +65,13 @@ class RegistryUnavailable(RegistryError):
 BY_STATUS: dict[int, type[RegistryError]] = {
     400: InvalidRecord,
     401: Unauthorized,
-    403: Unauthorized,
+    403: Forbidden,
+    408: RequestTimeout,
     404: NotFound,
     409: LeaseLost,
     413: PayloadTooLarge,
     422: KeyMismatch,
+    429: TooManyRequests,
 }
 
 

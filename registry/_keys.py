@@ -29,7 +29,7 @@ def record_key(fingerprint: str, target: str, workload: str, schema: str = SCHEM
 
 
 def is_key(text: str) -> bool:
-    return bool(KEY_RE.match(text))
+    return isinstance(text, str) and KEY_RE.fullmatch(text) is not None
 
 
 def _plain(value: Any) -> Any:
@@ -53,6 +53,6 @@ def target_kind(target: str) -> str:
     """The kind (``llvm``, ``cuda`` …) of a canonical target text; '' when it is not JSON."""
     try:
         parsed = json.loads(target)
-    except ValueError:
+    except (ValueError, RecursionError):
         return ""
     return str(parsed.get("kind", "")) if isinstance(parsed, dict) else ""

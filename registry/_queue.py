@@ -5,12 +5,21 @@ neither acked nor renewed expires and the job returns to the queue, so a killed 
 nothing. Failures are retried up to ``max_attempts`` leases, then the job is dead with its last
 error. Pending jobs are served most-demanded first, then oldest first.
 
-Index layout (``queue_idx``): ``P | inverted demand | seq | key`` for pending jobs and
-``L | lease expiry (ms) | key`` for leased ones, so leasing and reclaiming are range scans.
+Two tasks share the queue: ``tune`` (one job per missed key; its job id is the key) and
+``verify`` (one job per pushed claim or complaint: replay, check and re-measure one record; its
+job id is :func:`verify_job_id`). Verification jobs are leased before tuning jobs.
+
+A lease belongs to the token that took it: renew, ack, fail and release need the lease id *and*
+the same holder, lease ids are never listed, and an expired lease is reported (and treated) as
+given back on every read, not only when the next worker leases.
+
+Index layout (``queue_idx``): ``V|P | inverted demand | seq | id`` for pending verify/tune jobs
+and ``L | lease expiry (ms) | id`` for leased ones, so leasing and reclaiming are range scans.
 """
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 import struct
 import time
@@ -19,14 +28,25 @@ from typing import Any
 
 import lmdb
 
-from ._errors import LeaseLost, NotFound
+from ._errors import InvalidRecord, LeaseLost, NotFound
 from ._keys import target_kind
-from ._records import Identity, packb, unpackb
+from ._records import Identity, Record, packb, unpackb
 from ._store import Store
 
 PENDING, LEASED, DONE, DEAD = "pending", "leased", "done", "dead"
 STATES = (PENDING, LEASED, DONE, DEAD)
+TUNE, VERIFY = "tune", "verify"
+TASKS = (TUNE, VERIFY)
 DEFAULT_MAX_ATTEMPTS = 3
+DEFAULT_TOLERANCE = 2.0  # a claim re-measured slower than this many times its claimed time is refused
+MAX_LEASE_SECS = 86400.0
+_PRIVATE = ("lease_id", "lease_holder")
+_SUMMARY_DROP = ("workload", "trace", "args_info")
+
+
+def verify_job_id(key: str, trace_id: str) -> str:
+    """The queue id of the verification of one record (64 hex characters, like a key)."""
+    return hashlib.sha256(f"verify\0{key}\0{trace_id}".encode()).hexdigest()
 _U32, _U64 = struct.Struct(">I"), struct.Struct(">Q")
 
 
@@ -41,9 +61,10 @@ class Lease:
 class MissQueue:
     """Queue operations over a :class:`Store`'s environment; every method takes an optional txn."""
 
-    def __init__(self, store: Store, max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> None:
+    def __init__(self, store: Store, max_attempts: int = DEFAULT_MAX_ATTEMPTS, tolerance: float = DEFAULT_TOLERANCE) -> None:
         self.store = store
         self.max_attempts = max_attempts
+        self.tolerance = tolerance
         self._jobs = store.dbs["queue"]
         self._idx = store.dbs["queue_idx"]
 
@@ -56,7 +77,7 @@ class MissQueue:
     def _index_key(self, job: dict[str, Any]) -> bytes | None:
         key = job["key"].encode()
         if job["state"] == PENDING:
-            return b"P" + _U32.pack(0xFFFFFFFF - min(job["demand"], 0xFFFFFFFF)) + _U64.pack(job["seq"]) + key
+            return (b"V" if job.get("task") == VERIFY else b"P") + _U32.pack(0xFFFFFFFF - min(job["demand"], 0xFFFFFFFF)) + _U64.pack(job["seq"]) + key
         if job["state"] == LEASED:
             return b"L" + _U64.pack(int(job["lease_expires"] * 1000)) + key
         return None
@@ -73,16 +94,31 @@ class MissQueue:
         old = self._index_key(job)
         job.update(state=state, **changes)
         if state != LEASED:
-            job.update(lease_id="", lease_owner="", lease_expires=0.0)
+            job.update(lease_id="", lease_owner="", lease_holder="", lease_expires=0.0)
         self._save(txn, job, old)
 
-    def _leased_job(self, txn: lmdb.Transaction, key: str, lease_id: str) -> dict[str, Any]:
+    def _leased_job(self, txn: lmdb.Transaction, key: str, lease_id: str, holder: str | None) -> dict[str, Any]:
+        """The job under a lease its caller still holds: same lease id, same holder, not expired."""
         job = self._get(txn, key)
         if job is None:
             raise NotFound(f"no queue job for key {key}")
-        if job["state"] != LEASED or not secrets.compare_digest(job["lease_id"], lease_id):
-            raise LeaseLost(f"lease {lease_id[:8]}… on {key[:12]}… is no longer held (job is {job['state']}); drop this work")
+        held = (
+            job["state"] == LEASED and secrets.compare_digest(job["lease_id"].encode(), lease_id.encode())
+            and (holder is None or secrets.compare_digest(job.get("lease_holder", "").encode(), holder.encode()))
+            and job["lease_expires"] >= time.time()
+        )  # fmt: skip
+        if not held:
+            raise LeaseLost(f"lease {lease_id[:8]}… on {key[:12]}… is not held by this caller (expired, re-leased or someone else's); drop this work")
         return job
+
+    def _view(self, job: dict[str, Any], now: float, summary: bool = False) -> dict[str, Any]:
+        """A job as callers see it: no lease id, and an expired lease shown as given back."""
+        out = {k: v for k, v in job.items() if k not in _PRIVATE and not (summary and k in _SUMMARY_DROP)}
+        out.setdefault("task", TUNE)
+        if job["state"] == LEASED and job["lease_expires"] < now:
+            out["state"] = DEAD if job["attempts"] >= self.max_attempts else PENDING
+            out["last_error"] = f"lease held by {job['lease_owner']!r} expired (attempt {job['attempts']})"
+        return out
 
     # -- operations ------------------------------------------------------------------------
 
@@ -94,10 +130,10 @@ class MissQueue:
             job = self._get(t, identity.key)
             if job is None:
                 job = {
-                    **identity.to_dict(), "kind": target_kind(identity.target), "demand": 0,
+                    **identity.to_dict(), "task": TUNE, "kind": target_kind(identity.target), "demand": 0,
                     "state": DONE if has_records else PENDING, "attempts": 0, "first_seen": now,
                     "seq": self.store.next_seq(t, b"queue_seq"), "last_error": "",
-                    "lease_id": "", "lease_owner": "", "lease_expires": 0.0,
+                    "lease_id": "", "lease_owner": "", "lease_holder": "", "lease_expires": 0.0,
                 }  # fmt: skip
                 old = None
             else:
@@ -109,23 +145,52 @@ class MissQueue:
             self._save(t, job, old)
             return {"key": job["key"], "state": job["state"], "demand": job["demand"]}
 
+    def enqueue_verify(self, record: Record, pushed_by: str, reason: str, *, txn: lmdb.Transaction | None = None) -> dict[str, Any]:
+        """Queue the verification of one stored record (a new claim, or a complaint about it)."""
+        now = time.time()
+        job_id = verify_job_id(record.key, record.trace_id)
+        with self.store.write(txn) as t:
+            job = self._get(t, job_id)
+            if job is not None and job["state"] in (PENDING, LEASED):
+                old = self._index_key(job)
+                job["demand"] += 1
+                job["last_seen"] = now
+                self._save(t, job, old)
+                return {"key": job_id, "state": job["state"], "demand": job["demand"]}
+            old = self._index_key(job) if job is not None else None
+            ident = record.identity
+            job = {
+                "key": job_id, "task": VERIFY, "record_key": record.key, "trace_id": record.trace_id, "trace": record.trace,
+                "claimed_secs": record.mean_secs, "pusher": pushed_by, "reason": reason[:1000],
+                "identity": ident.to_dict(), "op": ident.op, "fingerprint": ident.fingerprint, "target": ident.target,
+                "kind": target_kind(ident.target), "demand": 1, "state": PENDING, "attempts": 0, "first_seen": now,
+                "last_seen": now, "seq": self.store.next_seq(t, b"queue_seq"), "last_error": "",
+                "lease_id": "", "lease_owner": "", "lease_holder": "", "lease_expires": 0.0,
+            }  # fmt: skip
+            self._save(t, job, old)
+            return {"key": job_id, "state": PENDING, "demand": 1}
+
     def lease(
         self, worker: str, max_jobs: int = 1, lease_secs: float = 300.0, *, fingerprint: str | None = None,
-        kind: str | None = None, txn: lmdb.Transaction | None = None,
+        kind: str | None = None, tasks: tuple[str, ...] = (TUNE,), holder: str | None = None, txn: lmdb.Transaction | None = None,
     ) -> list[Lease]:
-        """Hand out up to ``max_jobs`` pending jobs, most demanded first, reclaiming expired leases first.
+        """Hand out up to ``max_jobs`` pending jobs (verifications first, then most demanded), reclaiming expired leases first.
 
         ``fingerprint`` and ``kind`` restrict the jobs to those a worker can do: its compiler (a
         schedule found by another compiler lands under a key nobody asks for) and its target kind.
+        ``holder`` names the token that takes the lease; only it can renew, ack, fail or release it.
         """
         now = time.time()
+        lease_secs = min(lease_secs, MAX_LEASE_SECS)
         with self.store.write(txn) as t:
             self._reclaim_expired(t, now)
             taken: list[dict[str, Any]] = []
             cursor = t.cursor(db=self._idx)
-            if cursor.set_range(b"P"):
+            for prefix, task in ((b"V", VERIFY), (b"P", TUNE)):
+                if task not in tasks or not cursor.set_range(prefix):
+                    continue
                 for idx_key in cursor.iternext(values=False):
-                    if not idx_key.startswith(b"P") or len(taken) >= max_jobs:
+                    if not idx_key.startswith(prefix) or len(taken) >= max_jobs:
                         break
                     job = self._get(t, idx_key[13:].decode())
                     if (fingerprint is None or job["fingerprint"] == fingerprint) and (kind is None or job["kind"] == kind):
@@ -133,9 +198,9 @@ class MissQueue:
             leases = []
             for job in taken:
                 lease_id = secrets.token_hex(16)
-                self._set_state(t, job, LEASED, attempts=job["attempts"] + 1, lease_id=lease_id,
-                                lease_owner=worker, lease_expires=now + lease_secs)  # fmt: skip
-                leases.append(Lease(job["key"], lease_id, job["lease_expires"], job))
+                self._set_state(t, job, LEASED, attempts=job["attempts"] + 1, lease_id=lease_id, lease_owner=worker,
+                                lease_holder=holder or "", lease_expires=now + lease_secs)  # fmt: skip
+                leases.append(Lease(job["key"], lease_id, job["lease_expires"], self._view(job, now)))
             return leases
 
     def _reclaim_expired(self, txn: lmdb.Transaction, now: float) -> None:
@@ -152,24 +217,41 @@ class MissQueue:
             state = DEAD if job["attempts"] >= self.max_attempts else PENDING
             self._set_state(txn, job, state, last_error=error)
 
-    def renew(self, key: str, lease_id: str, lease_secs: float = 300.0, *, txn: lmdb.Transaction | None = None) -> float:
-        """Extend a held lease (a worker's heartbeat); LeaseLost once it was reclaimed."""
+    def renew(self, key: str, lease_id: str, lease_secs: float = 300.0, *, holder: str | None = None, txn: lmdb.Transaction | None = None) -> float:
+        """Extend a held lease (a worker's heartbeat, capped like a lease); LeaseLost once it expired or was reclaimed."""
         with self.store.write(txn) as t:
-            job = self._leased_job(t, key, lease_id)
-            self._set_state(t, job, LEASED, lease_expires=time.time() + lease_secs)
+            job = self._leased_job(t, key, lease_id, holder)
+            self._set_state(t, job, LEASED, lease_expires=time.time() + min(lease_secs, MAX_LEASE_SECS))
             return job["lease_expires"]
 
-    def ack(self, key: str, lease_id: str, *, txn: lmdb.Transaction | None = None) -> None:
+    def ack(self, key: str, lease_id: str, verdict: dict[str, Any] | None = None, *, holder: str | None = None,
+            txn: lmdb.Transaction | None = None) -> str:  # fmt: skip
+        """Close a held job. A verification job needs its ``verdict`` ({"run_secs": [...] | None,
+        "reason": str}), which is applied to the record; returns the outcome ('done', or the verdict's)."""
         with self.store.write(txn) as t:
-            self._set_state(t, self._leased_job(t, key, lease_id), DONE, last_error="")
+            job = self._leased_job(t, key, lease_id, holder)
+            outcome = DONE
+            if job.get("task") == VERIFY:
+                if not isinstance(verdict, dict):
+                    raise InvalidRecord("acking a verification job needs a 'verdict': {'run_secs': [...] or null, 'reason': '...'}")
+                outcome = self.store.verdict(job["record_key"], job["trace_id"], job.get("lease_owner", ""), verdict.get("run_secs"),
+                                             str(verdict.get("reason", "")), self.tolerance, txn=t)  # fmt: skip
+            self._set_state(t, job, DONE, last_error="", outcome=outcome)
+            return outcome
 
-    def fail(self, key: str, lease_id: str, error: str, *, txn: lmdb.Transaction | None = None) -> str:
+    def fail(self, key: str, lease_id: str, error: str, *, holder: str | None = None, txn: lmdb.Transaction | None = None) -> str:
         """Give a job back after an error; dead once it used its attempts. Returns the new state."""
         with self.store.write(txn) as t:
-            job = self._leased_job(t, key, lease_id)
+            job = self._leased_job(t, key, lease_id, holder)
             state = DEAD if job["attempts"] >= self.max_attempts else PENDING
             self._set_state(t, job, state, last_error=error[:4000])
             return state
+
+    def release(self, key: str, lease_id: str, reason: str, *, holder: str | None = None, txn: lmdb.Transaction | None = None) -> None:
+        """Give a job back unfinished (a worker shutting down): pending again, the attempt not counted."""
+        with self.store.write(txn) as t:
+            job = self._leased_job(t, key, lease_id, holder)
+            self._set_state(t, job, PENDING, attempts=max(0, job["attempts"] - 1), last_error=f"released: {reason}"[:4000])
 
     def requeue(self, key: str, *, txn: lmdb.Transaction | None = None) -> None:
         """Put a dead or done job back to pending with fresh attempts (an operator's action)."""
@@ -187,17 +269,23 @@ class MissQueue:
                 self._set_state(t, job, DONE)
 
     def get(self, key: str) -> dict[str, Any]:
+        """One job, whole (workload included), as callers see it."""
         with self.store.read() as t:
             job = self._get(t, key)
         if job is None:
             raise NotFound(f"no queue job for key {key}")
-        return job
+        return self._view(job, time.time())
 
-    def jobs(self, state: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
-        out = []
+    def jobs(self, state: str | None = None, limit: int = 1000, after: str = "") -> list[dict[str, Any]]:
+        """Job summaries (no workload, trace or lease id) in id order after ``after``: one page."""
+        out: list[dict[str, Any]] = []
+        now = time.time()
         with self.store.read() as t:
-            for _, raw in t.cursor(db=self._jobs):
-                job = unpackb(raw)
+            cursor = t.cursor(db=self._jobs)
+            if not cursor.set_range(after.encode() + b"\0" if after else b""):
+                return out
+            for _, raw in cursor:
+                job = self._view(unpackb(raw), now, summary=True)
                 if state is None or job["state"] == state:
                     out.append(job)
                     if len(out) >= limit:
@@ -206,7 +294,8 @@ class MissQueue:
 
     def counts(self) -> dict[str, int]:
         counts = dict.fromkeys(STATES, 0)
+        now = time.time()
         with self.store.read() as t:
             for _, raw in t.cursor(db=self._jobs):
-                counts[unpackb(raw)["state"]] += 1
+                counts[self._view(unpackb(raw), now, summary=True)["state"]] += 1
         return counts

@@ -10,6 +10,7 @@ A *miss* carries the same identity fields without a schedule: enough to tune the
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -19,7 +20,8 @@ from typing import Any
 import msgpack
 
 from ._errors import InvalidRecord, KeyMismatch, PayloadTooLarge
-from ._keys import SCHEMA_VERSION, is_key, record_key
+from ._keys import SCHEMA_VERSION, is_key, record_key, target_kind
+from ._limits import MAX_INT, check_kind, check_number, check_op, check_text, signature_args_info
 
 MAX_RECORD_BYTES = 1 << 20  # one encoded record
 MAX_TEXT_CHARS = 512 << 10  # workload text, trace text
@@ -75,7 +77,7 @@ def _text(obj: dict[str, Any], name: str, limit: int = MAX_SHORT_CHARS, empty: b
         raise InvalidRecord(f"field {name!r} must not be empty")
     if len(value) > limit:
         raise PayloadTooLarge(f"field {name!r} has {len(value)} characters, the limit is {limit}")
-    return value
+    return check_text(value, name)
 
 
 def _args_info(value: Any) -> list[Any]:
@@ -96,13 +98,13 @@ def _args_info(value: Any) -> list[Any]:
     return value
 
 
-def _run_secs(value: Any) -> list[float]:
+def run_secs_field(value: Any) -> list[float]:
     if not isinstance(value, list) or not value or len(value) > MAX_RUN_SECS:
         raise InvalidRecord(f"field 'run_secs' must be a list of 1..{MAX_RUN_SECS} seconds")
     out = []
     for v in value:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-            raise InvalidRecord(f"run_secs must be finite positive numbers, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 < v <= 1e6:
+            raise InvalidRecord(f"run_secs must be finite positive numbers of seconds up to 1e6, got {v!r:.40}")
         out.append(float(v))
     return out
 
@@ -113,9 +115,14 @@ def _provenance(value: Any) -> dict[str, Any]:
         raise InvalidRecord(f"provenance has more than {MAX_PROVENANCE_FIELDS} fields")
     for k, v in prov.items():
         if not isinstance(k, str) or (v is not None and not isinstance(v, (str, int, float, bool))):
-            raise InvalidRecord(f"provenance values must be scalars, got {k!r}: {type(v).__name__}")
-        if isinstance(v, str) and len(v) > MAX_SHORT_CHARS:
-            raise PayloadTooLarge(f"provenance field {k!r} is over {MAX_SHORT_CHARS} characters")
+            raise InvalidRecord(f"provenance values must be scalars, got {k!r:.80}: {type(v).__name__}")
+        if len(k) > 64 or (isinstance(v, str) and len(v) > MAX_SHORT_CHARS):
+            raise PayloadTooLarge(f"provenance field {k!r:.80} is over its size limit (64-character names, {MAX_SHORT_CHARS}-character values)")
+        check_text(k, "provenance")
+        if isinstance(v, str):
+            check_text(v, f"provenance.{k}")
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            check_number(v, f"provenance.{k}", low=-MAX_INT, high=MAX_INT)
     return dict(prov)
 
 
@@ -145,9 +152,10 @@ class Identity:
             fingerprint=_text(obj, "fingerprint"),
             target=_text(obj, "target"),
             workload=_text(obj, "workload", MAX_TEXT_CHARS),
-            op=_text(obj, "op", 256),
+            op=check_op(_text(obj, "op", 256)),
             args_info=_args_info(obj.get("args_info")),
         )
+        check_kind(target_kind(ident.target))
         if ident.schema != SCHEMA_VERSION:
             raise InvalidRecord(f"schema {ident.schema!r} is not supported; this registry speaks {SCHEMA_VERSION!r}")
         derived = record_key(ident.fingerprint, ident.target, ident.workload, ident.schema)
@@ -155,6 +163,8 @@ class Identity:
             raise KeyMismatch(
                 f"key {key} does not match its content: schema, fingerprint, target and workload hash to {derived}"
             )
+        if ident.args_info != signature_args_info(ident.workload):
+            raise InvalidRecord("field 'args_info' does not match the workload's signature (it is derived from the workload)")
         return ident
 
     def to_dict(self) -> dict[str, Any]:
@@ -162,13 +172,35 @@ class Identity:
 
 
 @dataclass(frozen=True)
+class Served:
+    """What the registry says about a stored record besides its bytes: whose it is, who verified it."""
+
+    trace_id: str
+    pushed_by: str
+    verified_by: str = ""  # a worker (or admin) that replayed, checked and re-measured it; "" for a claim
+    verified_secs: float = 0.0  # the verifier's mean run time
+    complaints: int = 0  # clients that reported it failing to replay
+
+    @property
+    def verified(self) -> bool:
+        return bool(self.verified_by)
+
+    @classmethod
+    def from_obj(cls, obj: Any) -> Served:
+        obj = _require_map(obj, "entry status")
+        return cls(str(obj.get("tid", "")), str(obj.get("by", "")), str(obj.get("vby", "")),
+                   float(obj.get("vmean", 0.0)), int(obj.get("complaints", 0)))  # fmt: skip
+
+
+@dataclass(frozen=True)
 class Record:
-    """One tuned schedule of one workload."""
+    """One tuned schedule of one workload (``served``: the registry's status of it, when fetched)."""
 
     identity: Identity
     trace: str  # JSON text of a MetaSchedule Trace
     run_secs: list[float]
     provenance: dict[str, Any] = field(default_factory=dict)
+    served: Served | None = field(default=None, compare=False)
 
     @property
     def key(self) -> str:
@@ -197,7 +229,7 @@ class Record:
             raise InvalidRecord("field 'trace' must be the JSON text of a MetaSchedule trace") from None
         if not isinstance(parsed, list):
             raise InvalidRecord("field 'trace' must be a JSON list (MetaSchedule Trace.as_json())")
-        return cls(identity, trace, _run_secs(obj.get("run_secs")), _provenance(obj.get("provenance")))
+        return cls(identity, trace, run_secs_field(obj.get("run_secs")), _provenance(obj.get("provenance")))
 
     @classmethod
     def from_bytes(cls, data: bytes, expected_key: str | None = None) -> Record:
@@ -221,3 +253,8 @@ class Record:
 
 
 _RECORD_FIELDS = {"key", "schema", "fingerprint", "target", "workload", "op", "args_info", "trace", "run_secs", "provenance"}
+
+
+def served_record(data: bytes, status: dict[str, Any]) -> Record:
+    """A record parsed from its stored bytes, with the registry's status of it attached."""
+    return dataclasses.replace(Record.from_bytes(data), served=Served.from_obj(status))

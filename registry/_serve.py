@@ -2,19 +2,73 @@
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import os
 import socket
 import threading
-from pathlib import Path
 from typing import Any
 
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from ._auth import TOKEN_ENV, Principal
 from ._errors import RegistryError
 from ._server import create_app
 
-TOKEN_ENV = "SCHEDHUB_TOKEN"
+HEADER_TIMEOUT = 10.0  # seconds for a request's headers to arrive once it has begun
+
+
+class HeaderTimeoutProtocol(HttpToolsProtocol):
+    """uvicorn's HTTP protocol, closing a connection whose request headers do not arrive in time.
+
+    uvicorn times out idle keep-alive connections but not a request that has begun: a client
+    sending its headers a byte at a time (slowloris) would hold its connection forever.
+    """
+
+    header_timeout = HEADER_TIMEOUT
+
+    def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._arm()
+
+    def _arm(self) -> None:
+        if self._header_timer is None:
+            self._header_timer = self.loop.call_later(self.header_timeout, self._headers_too_slow)
+
+    def _disarm(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _headers_too_slow(self) -> None:
+        self._header_timer = None
+        if not self.transport.is_closing():
+            self.transport.close()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._arm()
+
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        super().on_headers_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._disarm()  # idle from here on: uvicorn's keep-alive timeout takes over
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+
+def server_config(app: Any, **options: Any) -> uvicorn.Config:
+    """uvicorn settings every schedhub server uses: header timeout, bounded headers and connections."""
+    return uvicorn.Config(app, http=HeaderTimeoutProtocol, access_log=False, timeout_keep_alive=5,
+                          limit_concurrency=2048, h11_max_incomplete_event_size=64 << 10, **options)  # fmt: skip
+
 
 
 class InsecureServerError(RegistryError):
@@ -30,39 +84,20 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def load_tokens(token_file: str | os.PathLike[str] | None = None, env: dict[str, str] | None = None) -> dict[str, str]:
-    """Bearer tokens → writer names: ``$SCHEDHUB_TOKEN`` (named 'default') and a file of
-    ``name token`` (or bare ``token``) lines; '#' starts a comment."""
-    env = os.environ if env is None else env
-    tokens: dict[str, str] = {}
-    if env.get(TOKEN_ENV):
-        tokens[env[TOKEN_ENV].strip()] = "default"
-    if token_file:
-        for n, line in enumerate(Path(token_file).read_text().splitlines(), 1):
-            parts = line.split("#", 1)[0].split()
-            if not parts:
-                continue
-            if len(parts) > 2:
-                raise RegistryError(f"{token_file}:{n}: expected 'name token' or 'token'")
-            name, token = (parts[0], parts[1]) if len(parts) == 2 else (f"token{n}", parts[0])
-            tokens[token] = name
-    return tokens
-
-
-def check_exposure(host: str, tokens: dict[str, str], read_only: bool) -> None:
+def check_exposure(host: str, tokens: dict[str, str | Principal], read_only: bool) -> None:
     if not tokens and not read_only and not is_loopback(host):
         raise InsecureServerError(
             f"refusing to serve writable on {host} without a token: set {TOKEN_ENV}, pass --token-file, or --read-only"
         )
 
 
-def serve(root: str | os.PathLike[str], host: str = "127.0.0.1", port: int = 8470, *, tokens: dict[str, str] | None = None,
+def serve(root: str | os.PathLike[str], host: str = "127.0.0.1", port: int = 8470, *, tokens: dict[str, str | Principal] | None = None,
           read_only: bool = False, log_level: str = "info", **app_options: Any) -> None:  # fmt: skip
     """Serve the store at ``root`` until interrupted."""
     tokens = tokens or {}
     check_exposure(host, tokens, read_only)
     app = create_app(root, tokens=tokens, read_only=read_only, **app_options)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
+    uvicorn.Server(server_config(app, host=host, port=port, log_level=log_level)).run()
 
 
 class ServerThread:
@@ -73,7 +108,7 @@ class ServerThread:
         self._socket = socket.socket()
         self._socket.bind((host, port))
         self.port = self._socket.getsockname()[1]
-        config = uvicorn.Config(create_app(root, **app_options), log_level="warning", access_log=False)
+        config = server_config(create_app(root, **app_options), log_level="warning")
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True)
 

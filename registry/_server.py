@@ -8,9 +8,9 @@ size-limited; malformed input is a 4xx with a message, never a 500.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import html
 import os
+import re
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
@@ -18,36 +18,48 @@ from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
+from ._auth import RateLimiter, Principal, as_principals, authenticate
 from ._commit import GroupCommitter
-from ._errors import InvalidRecord, NotFound, PayloadTooLarge, RegistryError, Unauthorized
+from ._errors import Forbidden, InvalidRecord, NotFound, PayloadTooLarge, RegistryError, RequestTimeout, TooManyRequests, Unauthorized
 from ._keys import is_key
+from ._limits import MAX_CURSOR, MAX_SECS, check_number, check_op, check_text, query_int
 from ._openapi import OPENAPI
-from ._records import Identity, Record
+from ._queue import STATES, TASKS, TUNE
+from ._records import Identity, Record, run_secs_field
 from ._service import LocalRegistry
 from ._wire import RawRecord, check_length, decode_body, encode_body, field, wants_msgpack
 
 DEFAULT_MAX_BODY = 16 << 20
+DEFAULT_BODY_TIMEOUT = 30.0  # seconds for a whole request body to arrive
 MAX_LOOKUP_KEYS = 4096
+MAX_ANSWER_BYTES = 32 << 20  # a lookup answer past this lists the rest under 'truncated'
 MAX_PAGE = 1000
+MAX_QUEUE_PAGE = 500
+_OFF_LOOP_BYTES = 64 << 10  # bodies larger than this are decoded in a worker thread
+_TRACE_ID = re.compile(r"[0-9a-f]{16}")
 
 
 class RegistryApp:
     """Holds the open registry, the committer and counters for one serving process."""
 
-    def __init__(self, root: str | os.PathLike[str], tokens: dict[str, str] | None, max_body: int, sync: bool, read_only: bool) -> None:
+    def __init__(self, root: str | os.PathLike[str], tokens: dict[str, str | Principal] | None, max_body: int, sync: bool,
+                 read_only: bool, body_timeout: float, complaints_per_minute: int) -> None:  # fmt: skip
         self.root = root
-        self.tokens = dict(tokens or {})
+        self.tokens = as_principals(tokens)
         self.max_body = max_body
+        self.body_timeout = body_timeout
         self.sync = sync
         self.read_only = read_only
         self.registry: LocalRegistry | None = None
         self.committer: GroupCommitter | None = None
         self.counters: Counter[str] = Counter()
+        self.complaints = RateLimiter(complaints_per_minute, 60.0)
         self.started = time.time()
 
     @asynccontextmanager
@@ -68,30 +80,35 @@ class RegistryApp:
         assert self.registry is not None, "the app is not started (lifespan)"
         return self.registry
 
-    def writer(self, request: Request) -> str:
-        """The name behind the request's bearer token; Unauthorized without a valid one."""
+    def require(self, request: Request, role: str) -> Principal:
+        """The caller behind the bearer token, if its role allows ``role``; every such call writes."""
         if self.read_only or self.committer is None:
             raise Unauthorized("this registry is read-only")
-        if not self.tokens:
-            return "anonymous"
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not token:
-            raise Unauthorized("writes need 'Authorization: Bearer <token>' (schedhub --token or SCHEDHUB_TOKEN)")
-        for known, name in self.tokens.items():
-            if hmac.compare_digest(known.encode(), token.strip().encode()):
-                return name
-        raise Unauthorized("the bearer token is not accepted by this registry")
+        principal = authenticate(self.tokens, request.headers.get("authorization", ""))
+        if not principal.can(role):
+            raise Forbidden(f"token {principal.name!r} has role {principal.role!r}; this call needs {role!r} or above")
+        return principal
 
     async def body(self, request: Request) -> Any:
+        """The decoded body: size-limited, time-limited, nesting-limited, large ones decoded off the loop."""
         check_length(request.headers.get("content-length"), self.max_body)
+        try:
+            data = await asyncio.wait_for(self._read(request), self.body_timeout)
+        except asyncio.TimeoutError:
+            raise RequestTimeout(f"the request body did not arrive within {self.body_timeout:g} s") from None
+        content_type = request.headers.get("content-type", "")
+        if len(data) > _OFF_LOOP_BYTES:
+            return await run_in_threadpool(decode_body, data, content_type)
+        return decode_body(data, content_type)
+
+    async def _read(self, request: Request) -> bytes:
         chunks, size = [], 0
         async for chunk in request.stream():
             size += len(chunk)
             if size > self.max_body:
                 raise PayloadTooLarge(f"body is over the limit of {self.max_body} bytes")
             chunks.append(chunk)
-        return decode_body(b"".join(chunks), request.headers.get("content-type", ""))
+        return b"".join(chunks)
 
     async def write(self, fn: Callable[..., Any]) -> Any:
         assert self.committer is not None
@@ -129,133 +146,216 @@ def _records_body(raws: list[bytes]) -> list[RawRecord]:
     return [RawRecord(b) for b in raws]
 
 
+def trace_id_field(body: Any) -> str:
+    trace_id = field(body, "trace_id", str)
+    if not _TRACE_ID.fullmatch(trace_id):
+        raise InvalidRecord("'trace_id' must be 16 lowercase hex characters")
+    return trace_id
+
+
+def bounded_text(body: Any, name: str, limit: int = 4000) -> str:
+    return check_text(field(body, name, str, "")[:limit], name)
+
+
+def lease_secs_field(body: Any, name: str = "lease_secs") -> float:
+    return float(check_number(field(body, name, (int, float), 300.0), name, low=0.001, high=MAX_SECS))
+
+
+def served_body(entries: list[tuple[bytes, dict[str, Any]]]) -> dict[str, Any]:
+    return {"records": [RawRecord(b) for b, _ in entries], "entries": [s for _, s in entries]}
+
+
 def create_app(
     root: str | os.PathLike[str],
     *,
-    tokens: dict[str, str] | None = None,
+    tokens: dict[str, str | Principal] | None = None,
     max_body: int = DEFAULT_MAX_BODY,
     sync: bool = True,
     read_only: bool = False,
+    body_timeout: float = DEFAULT_BODY_TIMEOUT,
+    complaints_per_minute: int = 30,
 ) -> Starlette:
     """The registry as an ASGI app over the store at ``root`` (opened when the app starts).
 
-    ``tokens`` maps bearer token → writer name; None or empty lets anyone write, which the CLI
-    only allows on a loopback address.
+    ``tokens`` maps bearer token → :class:`Principal` (name and role; a plain name is an admin).
+    None or empty lets anyone write, which the CLI only allows on a loopback address.
     """
-    state = RegistryApp(root, tokens, max_body, sync, read_only)
+    state = RegistryApp(root, tokens, max_body, sync, read_only, body_timeout, complaints_per_minute)
 
     async def get_record(request: Request) -> Response:
         key = path_key(request)
-        raws = state.reg.get_raw(key)
-        state.counters["hits" if raws else "misses"] += 1
+        entries = (await run_in_threadpool(state.reg.lookup_entries, [key])).get(key, [])
+        state.counters["hits" if entries else "misses"] += 1
         if request.method == "HEAD":
-            return Response(status_code=200 if raws else 404)
-        if not raws:
+            return Response(status_code=200 if entries else 404)
+        if not entries:
             raise NotFound(f"no records for key {key}")
-        return reply(request, {"key": key, "records": _records_body(raws)})
+        return reply(request, {"key": key, **served_body(entries)})
 
     async def put_record(request: Request) -> Response:
         key = path_key(request)
-        who = state.writer(request)
+        who = state.require(request, "push")
         record = Record.from_obj(await state.body(request), expected_key=key)
-        result = (await state.write(lambda txn: state.reg.put_many([record], who, txn=txn)))[0]
+        result = (await state.write(lambda txn: state.reg.put_many([record], who.name, verified=who.trusted, txn=txn)))[0]
         state.counters["puts"] += 1
         return reply(request, result.__dict__, 201 if result.kept else 200)
 
     async def post_records(request: Request) -> Response:
-        who = state.writer(request)
-        records = parse_each(field(await state.body(request), "records", list), Record.from_obj, "records")
-        results = await state.write(lambda txn: state.reg.put_many(records, who, txn=txn))
+        who = state.require(request, "push")
+        body = await state.body(request)
+        records = await run_in_threadpool(parse_each, field(body, "records", list), Record.from_obj, "records")
+        results = await state.write(lambda txn: state.reg.put_many(records, who.name, verified=who.trusted, txn=txn))
         state.counters["puts"] += len(records)
         return reply(request, {"results": [r.__dict__ for r in results]})
 
     async def list_records(request: Request) -> Response:
         q = request.query_params
-        try:
-            since = int(q.get("since", "0"))
-            limit = min(int(q.get("limit", str(MAX_PAGE))), MAX_PAGE)
-        except ValueError:
-            raise InvalidRecord("'since' and 'limit' must be integers") from None
-        page = state.reg.summaries(q.get("op") or None, q.get("target") or None, since, limit)
-        items: list[dict[str, Any]] = [s.to_dict() for s in page]
-        if q.get("include") == "records":
-            found = state.reg.lookup_raw([s.key for s in page])
-            for item in items:
-                item["records"] = _records_body(found.get(item["key"], []))
-        cursor = page[-1].seq if page else since
-        return reply(request, {"items": items, "next": cursor, "more": len(page) == limit and not q.get("op")})
+        since = query_int(q.get("since"), "since", 0, 0, MAX_CURSOR)
+        limit = query_int(q.get("limit"), "limit", MAX_PAGE, 1, MAX_PAGE)
+        op = check_op(q["op"]) if q.get("op") else None
+        target = check_text(q["target"], "target")[:4096] if q.get("target") else None
+
+        def page_of() -> dict[str, Any]:
+            page = state.reg.summaries(op, target, since, limit)
+            items: list[dict[str, Any]] = [s.to_dict() for s in page]
+            if q.get("include") == "records":
+                found = state.reg.lookup_entries([s.key for s in page])
+                for item in items:
+                    item.update(served_body(found.get(item["key"], [])))
+            return {"items": items, "next": page[-1].seq if page else since, "more": len(page) == limit and not op}
+
+        return reply(request, await run_in_threadpool(page_of))
 
     async def lookup(request: Request) -> Response:
-        keys = field(await state.body(request), "keys", list)
+        body = await state.body(request)
+        keys = field(body, "keys", list)
+        top = int(check_number(field(body, "top", int, 8), "top", low=1, high=64, integer=True))
         if len(keys) > MAX_LOOKUP_KEYS or not all(isinstance(k, str) and is_key(k) for k in keys):
             raise InvalidRecord(f"'keys' must be at most {MAX_LOOKUP_KEYS} sha256 hex keys")
-        found = state.reg.lookup_raw(keys)
-        state.counters["hits"] += len(found)
-        state.counters["misses"] += len(set(keys) - set(found))
-        return reply(request, {
-            "records": {k: _records_body(v) for k, v in found.items()},
-            "missing": [k for k in keys if k not in found],
-        })  # fmt: skip
+        unique = list(dict.fromkeys(keys))
+
+        def answer() -> dict[str, Any]:
+            found = state.reg.lookup_entries(unique, top)
+            records: dict[str, Any] = {}
+            truncated: list[str] = []
+            size = 0
+            for key, entries in found.items():
+                size += sum(len(b) for b, _ in entries)
+                if size > MAX_ANSWER_BYTES and records:
+                    truncated.append(key)
+                else:
+                    records[key] = entries
+            return {
+                "records": {k: [RawRecord(b) for b, _ in v] for k, v in records.items()},
+                "entries": {k: [s for _, s in v] for k, v in records.items()},
+                "missing": [k for k in unique if k not in found], "truncated": truncated,
+            }  # fmt: skip
+
+        result = await run_in_threadpool(answer)
+        state.counters["hits"] += len(result["records"])
+        state.counters["misses"] += len(result["missing"])
+        return reply(request, result)
+
+    async def complain(request: Request) -> Response:
+        key = path_key(request)
+        who = state.require(request, "read")
+        body = await state.body(request)
+        trace_id, reason = trace_id_field(body), bounded_text(body, "reason")
+        caller = who.name if state.tokens else f"{who.name}@{request.client.host if request.client else '?'}"
+        if not state.complaints.allow(caller):
+            raise TooManyRequests(f"{caller!r} is over {state.complaints.count} complaints a minute; try again later")
+        status = await state.write(lambda txn: state.reg.complain(key, trace_id, reason, caller, txn=txn))
+        if status is None:
+            raise NotFound(f"key {key} has no record with trace_id {trace_id}")
+        state.counters["complaints"] += 1
+        return reply(request, {"key": key, "trace_id": trace_id, **status})
 
     async def quarantine(request: Request) -> Response:
         key = path_key(request)
-        state.writer(request)
+        who = state.require(request, "admin")
         body = await state.body(request)
-        trace_id, reason = field(body, "trace_id", str), field(body, "reason", str, "")
-        moved = await state.write(lambda txn: state.reg.quarantine(key, trace_id, reason[:4000], txn=txn))
+        trace_id, reason = trace_id_field(body), bounded_text(body, "reason")
+        moved = await state.write(lambda txn: state.reg.quarantine(key, trace_id, f"by {who.name}: {reason}", txn=txn))
         if not moved:
             raise NotFound(f"key {key} has no record with trace_id {trace_id}")
         return reply(request, {"key": key, "trace_id": trace_id, "quarantined": True})
 
+    async def list_quarantine(request: Request) -> Response:
+        limit = query_int(request.query_params.get("limit"), "limit", 100, 1, MAX_QUEUE_PAGE)
+        return reply(request, {"items": await run_in_threadpool(state.reg.quarantined, limit)})
+
     async def report_misses(request: Request) -> Response:
-        state.writer(request)
-        misses = parse_each(field(await state.body(request), "misses", list), Identity.from_obj, "misses")
+        state.require(request, "read")
+        body = await state.body(request)
+        misses = await run_in_threadpool(parse_each, field(body, "misses", list), Identity.from_obj, "misses")
         results = await state.write(lambda txn: state.reg.report_misses(misses, txn=txn))
         return reply(request, {"results": results})
 
     async def lease(request: Request) -> Response:
-        state.writer(request)
+        who = state.require(request, "worker")
         body = await state.body(request)
-        worker = field(body, "worker", str)
-        max_jobs = field(body, "max_jobs", int, 1)
-        lease_secs = float(field(body, "lease_secs", (int, float), 300.0))
-        fingerprint = field(body, "fingerprint", str, "") or None
-        kind = field(body, "kind", str, "") or None
-        if not 1 <= max_jobs <= 100 or not 0 < lease_secs <= 86400:
-            raise InvalidRecord("max_jobs must be 1..100 and lease_secs 0..86400")
-        leases = await state.write(lambda txn: state.reg.lease(worker, max_jobs, lease_secs, fingerprint=fingerprint, kind=kind, txn=txn))
+        worker = check_text(field(body, "worker", str)[:200], "worker")
+        max_jobs = int(check_number(field(body, "max_jobs", int, 1), "max_jobs", low=1, high=100, integer=True))
+        lease_secs = lease_secs_field(body)
+        fingerprint = check_text(field(body, "fingerprint", str, "")[:4096], "fingerprint") or None
+        kind = check_text(field(body, "kind", str, "")[:64], "kind") or None
+        tasks = field(body, "tasks", list, [TUNE])
+        if not tasks or not all(t in TASKS for t in tasks):
+            raise InvalidRecord(f"'tasks' must be a non-empty list of {', '.join(TASKS)}")
+        leases = await state.write(lambda txn: state.reg.lease(f"{who.name}/{worker}", max_jobs, lease_secs, fingerprint=fingerprint,
+                                                               kind=kind, tasks=tuple(tasks), holder=who.name, txn=txn))  # fmt: skip
         return reply(request, {"leases": [{"key": l.key, "lease_id": l.lease_id, "expires": l.expires, "job": l.job} for l in leases]})
 
     async def queue_action(request: Request) -> Response:
         key = path_key(request)
-        state.writer(request)
         action = request.path_params["action"]
-        body = await state.body(request) if action != "requeue" else {}
+        if action not in ("renew", "ack", "fail", "release", "requeue"):
+            raise NotFound(f"unknown queue action {action!r}: use renew, ack, fail, release or requeue")
+        who = state.require(request, "admin" if action == "requeue" else "worker")
+        body = await state.body(request)
         if action == "requeue":
             await state.write(lambda txn: state.reg.requeue(key, txn=txn))
             return reply(request, {"key": key, "state": "pending"})
-        lease_id = field(body, "lease_id", str)
+        lease_id = field(body, "lease_id", str)[:64]
         if action == "renew":
-            secs = float(field(body, "lease_secs", (int, float), 300.0))
-            expires = await state.write(lambda txn: state.reg.renew(key, lease_id, secs, txn=txn))
+            secs = lease_secs_field(body)
+            expires = await state.write(lambda txn: state.reg.renew(key, lease_id, secs, holder=who.name, txn=txn))
             return reply(request, {"key": key, "expires": expires})
         if action == "ack":
-            await state.write(lambda txn: state.reg.ack(key, lease_id, txn=txn))
-            return reply(request, {"key": key, "state": "done"})
-        if action == "fail":
-            error = field(body, "error", str, "")
-            new_state = await state.write(lambda txn: state.reg.fail(key, lease_id, error, txn=txn))
-            return reply(request, {"key": key, "state": new_state})
-        raise NotFound(f"unknown queue action {action!r}: use renew, ack, fail or requeue")
+            verdict = field(body, "verdict", dict, None)
+            if verdict is not None:
+                secs = verdict.get("run_secs")
+                if secs is not None:
+                    verdict["run_secs"] = run_secs_field(secs)
+                verdict["reason"] = bounded_text(verdict, "reason")
+            outcome = await state.write(lambda txn: state.reg.ack(key, lease_id, verdict, holder=who.name, txn=txn))
+            return reply(request, {"key": key, "state": "done", "outcome": outcome})
+        error = bounded_text(body, "error")
+        if action == "release":
+            await state.write(lambda txn: state.reg.release(key, lease_id, error, holder=who.name, txn=txn))
+            return reply(request, {"key": key, "state": "pending"})
+        new_state = await state.write(lambda txn: state.reg.fail(key, lease_id, error, holder=who.name, txn=txn))
+        return reply(request, {"key": key, "state": new_state})
 
     async def list_queue(request: Request) -> Response:
-        state_filter = request.query_params.get("state") or None
-        return reply(request, {"jobs": state.reg.jobs(state_filter, 1000)})
+        q = request.query_params
+        state_filter = q.get("state") or None
+        if state_filter is not None and state_filter not in STATES:
+            raise InvalidRecord(f"'state' must be one of {', '.join(STATES)}")
+        limit = query_int(q.get("limit"), "limit", 100, 1, MAX_QUEUE_PAGE)
+        after = q.get("after") or ""
+        if after and not is_key(after):
+            raise InvalidRecord("'after' must be a job id (64 hex characters)")
+        jobs = await run_in_threadpool(state.reg.jobs, state_filter, limit, after)
+        return reply(request, {"jobs": jobs, "next": jobs[-1]["key"] if len(jobs) == limit else None})
+
+    async def get_job(request: Request) -> Response:
+        return reply(request, await run_in_threadpool(state.reg.job, path_key(request)))
 
     async def stats(request: Request) -> Response:
         committer = state.committer
         return reply(request, {
-            **state.reg.stats(),
+            **(await run_in_threadpool(state.reg.stats)),
             "since_start": dict(state.counters),
             "uptime_secs": time.time() - state.started,
             "commits": {"batches": committer.batches, "writes": committer.writes} if committer else None,
@@ -269,20 +369,23 @@ def create_app(
         return reply(request, OPENAPI)
 
     async def dashboard(request: Request) -> Response:
-        s = state.reg.stats()
-        recent = state.reg.summaries(since=max(0, s["cursor"] - 50))[::-1]
-        rows = "".join(
-            f"<tr><td><code>{html.escape(r.key[:16])}…</code></td><td>{html.escape(r.op)}</td><td>{html.escape(r.kind)}</td>"
-            f"<td>{r.count}</td><td>{r.best_secs * 1e6:.1f}</td></tr>"
-            for r in recent
-        )
-        queue = ", ".join(f"{k}: {v}" for k, v in s["queue"].items())
-        return HTMLResponse(
-            f"<!doctype html><title>schedhub</title><h1>schedhub registry</h1>"
-            f"<p>{s['keys']} keys, {s['measurements']} measurements, {s['quarantined']} quarantined; queue {queue}</p>"
-            f"<table border=1 cellpadding=4><tr><th>key</th><th>op</th><th>target</th><th>records</th><th>best µs</th></tr>{rows}</table>"
-            f"<p>API: <a href='/openapi.json'>/openapi.json</a></p>"
-        )
+        def render() -> str:
+            s = state.reg.stats()
+            recent = state.reg.summaries(since=max(0, s["cursor"] - 50))[::-1]
+            rows = "".join(
+                f"<tr><td><code>{html.escape(r.key[:16])}…</code></td><td>{html.escape(r.op)}</td><td>{html.escape(r.kind)}</td>"
+                f"<td>{r.count}</td><td>{r.verified}</td><td>{r.best_secs * 1e6:.1f}</td></tr>"
+                for r in recent
+            )
+            queue = ", ".join(f"{k}: {v}" for k, v in s["queue"].items())
+            return (
+                f"<!doctype html><title>schedhub</title><h1>schedhub registry</h1>"
+                f"<p>{s['keys']} keys, {s['measurements']} measurements, {s['quarantined']} quarantined; queue {queue}</p>"
+                f"<table border=1 cellpadding=4><tr><th>key</th><th>op</th><th>target</th><th>records</th><th>verified</th><th>best µs</th></tr>{rows}</table>"
+                f"<p>API: <a href='/openapi.json'>/openapi.json</a></p>"
+            )
+
+        return HTMLResponse(await run_in_threadpool(render))
 
     async def on_error(request: Request, exc: Exception) -> Response:
         status = exc.status if isinstance(exc, RegistryError) else 500
@@ -298,13 +401,17 @@ def create_app(
         Route("/v1/records", post_records, methods=["POST"]),
         Route("/v1/records/{key}", get_record, methods=["GET", "HEAD"]),
         Route("/v1/records/{key}", put_record, methods=["PUT"]),
+        Route("/v1/records/{key}/complaints", complain, methods=["POST"]),
         Route("/v1/records/{key}/quarantine", quarantine, methods=["POST"]),
+        Route("/v1/quarantine", list_quarantine, methods=["GET"]),
         Route("/v1/lookup", lookup, methods=["POST"]),
         Route("/v1/misses", report_misses, methods=["POST"]),
         Route("/v1/queue", list_queue, methods=["GET"]),
         Route("/v1/queue/lease", lease, methods=["POST"]),
+        Route("/v1/queue/{key}", get_job, methods=["GET"]),
         Route("/v1/queue/{key}/{action}", queue_action, methods=["POST"]),
     ]
+
     async def on_http_error(request: Request, exc: HTTPException) -> Response:
         return reply(request, {"error": "HTTPError", "message": str(exc.detail), "status": exc.status_code}, exc.status_code)
 

@@ -13,21 +13,21 @@ from typing import Any
 
 import lmdb
 
-from ._queue import Lease, MissQueue
-from ._records import Identity, Record
+from ._queue import DEFAULT_MAX_ATTEMPTS, DEFAULT_TOLERANCE, TUNE, Lease, MissQueue
+from ._records import Identity, Record, served_record
 from ._store import KeySummary, PutResult, Store
 
 
 class LocalRegistry:
     """Records, miss queue and statistics of one store root."""
 
-    def __init__(self, root: str | os.PathLike[str], *, readonly: bool = False, sync: bool = True,
-                 top_k: int | None = None, max_attempts: int | None = None) -> None:  # fmt: skip
+    def __init__(self, root: str | os.PathLike[str], *, readonly: bool = False, sync: bool = True, top_k: int | None = None,
+                 max_attempts: int = DEFAULT_MAX_ATTEMPTS, tolerance: float = DEFAULT_TOLERANCE) -> None:  # fmt: skip
         kwargs: dict[str, Any] = {"readonly": readonly, "sync": sync}
         if top_k is not None:
             kwargs["top_k"] = top_k
         self.store = Store(root, **kwargs)
-        self.queue = MissQueue(self.store) if max_attempts is None else MissQueue(self.store, max_attempts)
+        self.queue = MissQueue(self.store, max_attempts, tolerance)
 
     @property
     def location(self) -> str:
@@ -48,31 +48,63 @@ class LocalRegistry:
         return self.store.get(key)
 
     def get(self, key: str) -> list[Record]:
-        return [Record.from_bytes(b) for b in self.store.get(key)]
+        return self.lookup([key]).get(key, [])
+
+    def lookup_entries(self, keys: list[str], top: int | None = None) -> dict[str, list[tuple[bytes, dict[str, Any]]]]:
+        """(canonical bytes, status) of the best ``top`` records of every key that has some."""
+        return self.store.entries_many(keys, top)
 
     def lookup_raw(self, keys: list[str]) -> dict[str, list[bytes]]:
         return self.store.get_many(keys)
 
-    def lookup(self, keys: list[str]) -> dict[str, list[Record]]:
-        return {k: [Record.from_bytes(b) for b in v] for k, v in self.store.get_many(keys).items()}
+    def lookup(self, keys: list[str], top: int | None = None) -> dict[str, list[Record]]:
+        """Records of many keys, best first, each with its ``served`` status (owner, verifier)."""
+        return {k: [served_record(b, s) for b, s in v] for k, v in self.store.entries_many(keys, top).items()}
 
     def exists(self, key: str) -> bool:
         return self.store.exists(key)
 
-    def put_many(self, records: Iterable[Record], pushed_by: str = "", *, txn: lmdb.Transaction | None = None) -> list[PutResult]:
-        """Store records in one transaction; a pending miss for their key is done."""
+    def put_many(self, records: Iterable[Record], pushed_by: str = "", *, verified: bool = True,
+                 txn: lmdb.Transaction | None = None) -> list[PutResult]:  # fmt: skip
+        """Store records in one transaction; a pending miss for their key is done.
+
+        ``verified``: the pusher vouches for the measurements (a local store's owner, a trusted
+        worker). Otherwise each new record is a claim, and its verification is queued.
+        """
         with self.store.write(txn) as t:
-            results = [self.store.put(r, pushed_by, txn=t) for r in records]
+            results = []
+            for record in records:
+                result = self.store.put(record, pushed_by, verified=verified, txn=t)
+                if result.needs_verification:
+                    self.queue.enqueue_verify(record, pushed_by, "new claim", txn=t)
+                results.append(result)
             for key in {r.key for r in results}:
                 self.queue.satisfy(key, txn=t)
             return results
 
-    def put(self, record: Record, pushed_by: str = "") -> PutResult:
-        return self.put_many([record], pushed_by)[0]
+    def put(self, record: Record, pushed_by: str = "", *, verified: bool = True) -> PutResult:
+        return self.put_many([record], pushed_by, verified=verified)[0]
+
+    def complain(self, key: str, trace_id: str, reason: str, who: str = "local", *, txn: lmdb.Transaction | None = None) -> dict[str, Any] | None:
+        """A client saw a record fail (replay, build, bounds): noted, and its verification queued.
+
+        The record stays in service until the verification confirms the failure (or an admin
+        quarantines it); returns its status, None when the registry has no such record.
+        """
+        with self.store.write(txn) as t:
+            status = self.store.complain(key, trace_id, who, txn=t)
+            found = self.store.entry(key, trace_id, txn=t)
+            if status is None or found is None:
+                return None
+            job = self.queue.enqueue_verify(Record.from_bytes(found[0]), status["by"], f"complaint by {who}: {reason}", txn=t)
+            return {**status, "verify_job": job["key"]}
 
     def quarantine(self, key: str, trace_id: str, reason: str, *, txn: lmdb.Transaction | None = None) -> bool:
-        """Take a record that failed to replay out of service (the next miss report re-queues its key)."""
+        """Take a record out of service (an admin's decision; the next miss report re-queues its key)."""
         return self.store.quarantine(key, trace_id, reason, txn=txn)
+
+    def quarantined(self, limit: int = 100) -> list[dict[str, Any]]:
+        return self.store.quarantined(limit)
 
     def summaries(self, op: str | None = None, target: str | None = None, since: int = 0, limit: int | None = None) -> list[KeySummary]:
         return self.store.summaries(op, target, since, limit)
@@ -99,24 +131,32 @@ class LocalRegistry:
 
     def lease(
         self, worker: str, max_jobs: int = 1, lease_secs: float = 300.0, *, fingerprint: str | None = None,
-        kind: str | None = None, txn: lmdb.Transaction | None = None,
+        kind: str | None = None, tasks: tuple[str, ...] = (TUNE,), holder: str | None = None, txn: lmdb.Transaction | None = None,
     ) -> list[Lease]:
-        return self.queue.lease(worker, max_jobs, lease_secs, fingerprint=fingerprint, kind=kind, txn=txn)
+        return self.queue.lease(worker, max_jobs, lease_secs, fingerprint=fingerprint, kind=kind, tasks=tasks, holder=holder, txn=txn)
 
-    def renew(self, key: str, lease_id: str, lease_secs: float = 300.0, *, txn: lmdb.Transaction | None = None) -> float:
-        return self.queue.renew(key, lease_id, lease_secs, txn=txn)
+    def renew(self, key: str, lease_id: str, lease_secs: float = 300.0, *, holder: str | None = None, txn: lmdb.Transaction | None = None) -> float:
+        return self.queue.renew(key, lease_id, lease_secs, holder=holder, txn=txn)
 
-    def ack(self, key: str, lease_id: str, *, txn: lmdb.Transaction | None = None) -> None:
-        self.queue.ack(key, lease_id, txn=txn)
+    def ack(self, key: str, lease_id: str, verdict: dict[str, Any] | None = None, *, holder: str | None = None,
+            txn: lmdb.Transaction | None = None) -> str:  # fmt: skip
+        return self.queue.ack(key, lease_id, verdict, holder=holder, txn=txn)
 
-    def fail(self, key: str, lease_id: str, error: str, *, txn: lmdb.Transaction | None = None) -> str:
-        return self.queue.fail(key, lease_id, error, txn=txn)
+    def fail(self, key: str, lease_id: str, error: str, *, holder: str | None = None, txn: lmdb.Transaction | None = None) -> str:
+        return self.queue.fail(key, lease_id, error, holder=holder, txn=txn)
+
+    def release(self, key: str, lease_id: str, reason: str, *, holder: str | None = None, txn: lmdb.Transaction | None = None) -> None:
+        self.queue.release(key, lease_id, reason, holder=holder, txn=txn)
 
     def requeue(self, key: str, *, txn: lmdb.Transaction | None = None) -> None:
         self.queue.requeue(key, txn=txn)
 
-    def jobs(self, state: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
-        return self.queue.jobs(state, limit)
+    def job(self, key: str) -> dict[str, Any]:
+        return self.queue.get(key)
+
+    def jobs(self, state: str | None = None, limit: int = 1000, after: str = "") -> list[dict[str, Any]]:
+        return self.queue.jobs(state, limit, after)
 
     def stats(self) -> dict[str, Any]:
         return {**self.store.stats(), "queue": self.queue.counts()}
+

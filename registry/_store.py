@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import struct
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,6 +25,7 @@ from ._records import Record, packb, unpackb
 
 DEFAULT_MAP_SIZE = int(os.environ.get("SCHEDHUB_MAP_SIZE", 64 << 30))
 DEFAULT_TOP_K = 8
+MAX_COMPLAINANTS = 32
 STORE_FORMAT = b"1"
 _SEQ = struct.Struct(">Q")
 _DB_NAMES = ("records", "by_op", "changes", "log", "meta", "quarantine", "queue", "queue_idx")
@@ -40,6 +42,21 @@ class PutResult:
     kept: bool  # the record is among the top-k of its key now
     rank: int  # its 0-based rank when kept, else -1
     best_secs: float
+    verified: bool = False  # the entry is verified (now or before)
+    needs_verification: bool = False  # a new claim: a verification job was (or should be) queued
+
+
+def rank(entry: dict[str, Any]) -> tuple[int, float, str]:
+    """Serving order: verified entries first by their verified time, then claims by claimed time."""
+    if entry.get("vby"):
+        return (0, entry["vmean"], entry["tid"])
+    return (1, entry["mean"], entry["tid"])
+
+
+def entry_status(entry: dict[str, Any]) -> dict[str, Any]:
+    """The public part of an entry's bookkeeping (who pushed it, who verified it)."""
+    return {"tid": entry["tid"], "by": entry.get("by", ""), "vby": entry.get("vby", ""),
+            "vmean": entry.get("vmean", 0.0), "complaints": len(entry.get("complaints", []))}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -51,9 +68,46 @@ class KeySummary:
     target: str
     count: int
     best_secs: float
+    verified: int = 0  # entries verified by a trusted worker
 
     def to_dict(self) -> dict[str, Any]:
         return self.__dict__.copy()
+
+
+class _SharedEnv:
+    """One LMDB environment per store path per process, shared by every Store on that path.
+
+    LMDB allows one open environment per file per process; a second ``lmdb.open`` raises. The
+    process id is part of the key: an environment inherited across fork is never reused.
+    """
+
+    _open: dict[tuple[int, str], _SharedEnv] = {}
+    _lock = threading.Lock()
+
+    def __init__(self, path: str, env: lmdb.Environment, readonly: bool) -> None:
+        self.path, self.env, self.readonly, self.refs = path, env, readonly, 0
+        self.dbs = {name: env.open_db(name.encode(), create=not readonly) for name in _DB_NAMES}
+
+    @classmethod
+    def acquire(cls, root: Path, *, map_size: int, readonly: bool, sync: bool) -> _SharedEnv:
+        path = os.path.realpath(root)
+        with cls._lock:
+            shared = cls._open.get((os.getpid(), path))
+            if shared is None:
+                env = lmdb.open(path, map_size=map_size, max_dbs=len(_DB_NAMES), readonly=readonly,
+                                sync=sync, metasync=sync, lock=True, max_readers=512)  # fmt: skip
+                shared = cls._open[(os.getpid(), path)] = cls(path, env, readonly)
+            elif shared.readonly and not readonly:
+                raise RegistryError(f"the store at {path} is already open read-only in this process; close it before opening it writable")
+            shared.refs += 1
+            return shared
+
+    def release(self) -> None:
+        with self._lock:
+            self.refs -= 1
+            if self.refs == 0:
+                self._open.pop((os.getpid(), self.path), None)
+                self.env.close()
 
 
 class Store:
@@ -66,20 +120,19 @@ class Store:
         map_size: int = DEFAULT_MAP_SIZE,
         readonly: bool = False,
         top_k: int = DEFAULT_TOP_K,
+        per_pusher: int | None = None,
         sync: bool = True,
     ) -> None:
         self.root = Path(root)
         self.top_k = top_k
+        self.per_pusher = per_pusher if per_pusher is not None else max(1, top_k // 4)
         self.readonly = readonly
         if not readonly:
             self.root.mkdir(parents=True, exist_ok=True)
         elif not (self.root / "data.mdb").exists():
             raise NotFound(f"no schedhub store at {self.root} (data.mdb missing)")
-        self.env = lmdb.open(
-            str(self.root), map_size=map_size, max_dbs=len(_DB_NAMES), readonly=readonly,
-            sync=sync, metasync=sync, lock=True, max_readers=512,
-        )  # fmt: skip
-        self.dbs = {name: self.env.open_db(name.encode(), create=not readonly) for name in _DB_NAMES}
+        self._shared = _SharedEnv.acquire(self.root, map_size=map_size, readonly=readonly, sync=sync)
+        self.env, self.dbs = self._shared.env, self._shared.dbs
         if not readonly:
             self._check_format()
 
@@ -93,7 +146,9 @@ class Store:
                 raise StoreFormatError(f"{self.root} holds store format {found!r}; this schedhub reads {STORE_FORMAT!r}")
 
     def close(self) -> None:
-        self.env.close()
+        if self._shared is not None:
+            self._shared.release()
+            self._shared = None
 
     def __enter__(self) -> Store:
         return self
@@ -106,6 +161,8 @@ class Store:
     @contextmanager
     def write(self, txn: lmdb.Transaction | None = None) -> Iterator[lmdb.Transaction]:
         """Use ``txn`` when given, else a new write transaction committed on success."""
+        if self.readonly:
+            raise RegistryError(f"the store at {self.root} is open read-only")
         if txn is not None:
             yield txn
             return
@@ -124,6 +181,12 @@ class Store:
         return seq
 
     # -- records ---------------------------------------------------------------------------
+    #
+    # A key's value holds its entries, best first. An entry is one trace: its owner ("by", the
+    # first pusher), the claimed mean time of the owner's push ("mean"), and, once a trusted
+    # worker replayed, checked and re-measured it, the verifier ("vby") and its mean ("vmean").
+    # Verified entries rank before claims; each pusher holds at most ``per_pusher`` unverified
+    # claims on a key, so no one pusher can crowd the others out of the top-k.
 
     def _load(self, txn: lmdb.Transaction, key: str) -> dict[str, Any] | None:
         raw = txn.get(key.encode(), db=self.dbs["records"])
@@ -131,26 +194,34 @@ class Store:
 
     def get(self, key: str) -> list[bytes]:
         """The canonical bytes of the key's records, best first; [] when none."""
-        with self.read() as txn:
-            value = self._load(txn, key)
-        return [e["rec"] for e in value["entries"]] if value else []
+        return [rec for rec, _ in self.entries_many([key]).get(key, [])]
 
     def get_many(self, keys: list[str]) -> dict[str, list[bytes]]:
         """Records of every key that has some, in one read transaction."""
-        found: dict[str, list[bytes]] = {}
+        return {k: [rec for rec, _ in v] for k, v in self.entries_many(keys).items()}
+
+    def entries_many(self, keys: list[str], top: int | None = None) -> dict[str, list[tuple[bytes, dict[str, Any]]]]:
+        """For every key that has records: (canonical bytes, status) of its best ``top``, best first."""
+        found: dict[str, list[tuple[bytes, dict[str, Any]]]] = {}
         with self.read() as txn:
             for key in keys:
                 value = self._load(txn, key)
                 if value:
-                    found[key] = [e["rec"] for e in value["entries"]]
+                    found[key] = [(e["rec"], entry_status(e)) for e in value["entries"][:top]]
         return found
 
     def exists(self, key: str) -> bool:
         with self.read() as txn:
             return txn.get(key.encode(), db=self.dbs["records"]) is not None
 
-    def put(self, record: Record, pushed_by: str = "", *, txn: lmdb.Transaction | None = None) -> PutResult:
-        """Insert a record into its key's top-k (idempotent: one trace is one entry, best time kept)."""
+    def put(self, record: Record, pushed_by: str = "", *, verified: bool = False, txn: lmdb.Transaction | None = None) -> PutResult:
+        """Add a record to its key's entries (idempotent: one trace is one entry, owned by its first pusher).
+
+        ``verified``: the pusher is trusted to have replayed, checked and measured it (a worker,
+        an admin, a local store's owner); otherwise the record is a claim awaiting verification.
+        A trace someone else owns is not overwritten: a trusted re-push verifies it, any other
+        re-push is only logged.
+        """
         now = time.time()
         data = record.to_bytes()
         with self.write(txn) as t:
@@ -159,20 +230,41 @@ class Store:
                 "op": record.identity.op, "target": record.identity.target,
                 "kind": target_kind(record.identity.target), "seq": 0, "entries": [],
             }  # fmt: skip
-            entries = [e for e in value["entries"] if e["tid"] != record.trace_id]
-            previous = next((e for e in value["entries"] if e["tid"] == record.trace_id), None)
-            mine = {"rec": data, "mean": record.mean_secs, "tid": record.trace_id, "at": now, "by": pushed_by}
-            if previous is not None and previous["mean"] <= record.mean_secs:
-                mine = previous
-            entries.append(mine)
-            entries.sort(key=lambda e: (e["mean"], e["tid"]))
-            value["entries"] = entries[: self.top_k]
-            rank = next((i for i, e in enumerate(value["entries"]) if e is mine), -1)
-            if rank >= 0 and mine is not previous:  # the key's top-k changed
-                self._touch(t, key, value)
-                t.put(key.encode(), packb(value), db=self.dbs["records"])
-            self._log(t, record, pushed_by, now)
-            return PutResult(key, record.trace_id, rank >= 0, rank, value["entries"][0]["mean"])
+            entries: list[dict[str, Any]] = value["entries"]
+            mine = next((e for e in entries if e["tid"] == record.trace_id), None)
+            changed, new_claim = False, False
+            if mine is None:
+                mine = {"rec": data, "mean": record.mean_secs, "tid": record.trace_id, "at": now, "by": pushed_by, "vby": "", "vmean": 0.0, "complaints": []}
+                entries.append(mine)
+                changed, new_claim = True, not verified
+                claims = sorted((e for e in entries if e["by"] == pushed_by and not e.get("vby")), key=rank)
+                for extra in claims[self.per_pusher :]:  # the pusher's worst claims beyond its share
+                    entries.remove(extra)
+            elif mine["by"] == pushed_by and record.mean_secs < mine["mean"]:
+                mine.update(rec=data, mean=record.mean_secs, at=now)
+                changed = True
+            if verified and not mine.get("vby"):
+                mine.update(vby=pushed_by or "local", vmean=record.mean_secs)
+                changed = True
+            entries.sort(key=rank)
+            del entries[self.top_k :]
+            kept = any(e is mine for e in entries)
+            if changed:
+                self._save(t, key, value)
+            self._log(t, record, pushed_by, now, verified=verified)
+            best = entries[0] if entries else mine
+            return PutResult(key, record.trace_id, kept, entries.index(mine) if kept else -1, rank(best)[1],
+                             verified=bool(mine.get("vby")), needs_verification=kept and new_claim)  # fmt: skip
+
+    def _save(self, txn: lmdb.Transaction, key: str, value: dict[str, Any]) -> None:
+        """Write a key's entries (its change-feed position moves to the head), or drop an empty key."""
+        if value["entries"]:
+            self._touch(txn, key, value)
+            txn.put(key.encode(), packb(value), db=self.dbs["records"])
+        elif value["seq"]:
+            txn.delete(_SEQ.pack(value["seq"]), db=self.dbs["changes"])
+            txn.delete(_op_index(value["op"], value["kind"], key), db=self.dbs["by_op"])
+            txn.delete(key.encode(), db=self.dbs["records"])
 
     def _touch(self, txn: lmdb.Transaction, key: str, value: dict[str, Any]) -> None:
         """Move the key to the head of the change feed and keep the op index."""
@@ -182,31 +274,93 @@ class Store:
         txn.put(_SEQ.pack(value["seq"]), key.encode(), db=self.dbs["changes"])
         txn.put(_op_index(value["op"], value["kind"], key), b"", db=self.dbs["by_op"])
 
-    def _log(self, txn: lmdb.Transaction, record: Record, pushed_by: str, now: float) -> None:
+    def _log(self, txn: lmdb.Transaction, record: Record, pushed_by: str, now: float, *, verified: bool) -> None:
         entry = {
             "key": record.key, "tid": record.trace_id, "op": record.identity.op,
-            "run_secs": record.run_secs, "at": now, "by": pushed_by,
+            "run_secs": record.run_secs, "at": now, "by": pushed_by, "verified": verified,
             "host_cpu": record.provenance.get("host_cpu", ""),
         }  # fmt: skip
+        self.log_event(txn, entry)
+
+    def log_event(self, txn: lmdb.Transaction, entry: dict[str, Any]) -> None:
+        """Append to the measurement log (pushes, verifications, refusals, complaints)."""
         txn.put(_SEQ.pack(self.next_seq(txn, b"log_seq")), packb(entry), db=self.dbs["log"])
 
+    def entry(self, key: str, trace_id: str, *, txn: lmdb.Transaction | None = None) -> tuple[bytes, dict[str, Any]] | None:
+        """One entry's record bytes and status, or None."""
+        if txn is not None:
+            value = self._load(txn, key)
+        else:
+            with self.read() as own:
+                value = self._load(own, key)
+        hit = next((e for e in value["entries"] if e["tid"] == trace_id), None) if value else None
+        return (hit["rec"], entry_status(hit)) if hit else None
+
+    def complain(self, key: str, trace_id: str, who: str, *, txn: lmdb.Transaction | None = None) -> dict[str, Any] | None:
+        """Note that ``who`` saw the entry fail (once per complainant); its status, or None if absent."""
+        with self.write(txn) as t:
+            value = self._load(t, key)
+            hit = next((e for e in value["entries"] if e["tid"] == trace_id), None) if value else None
+            if value is None or hit is None:
+                return None
+            if who not in hit["complaints"] and len(hit["complaints"]) < MAX_COMPLAINANTS:
+                hit["complaints"].append(who)
+                t.put(key.encode(), packb(value), db=self.dbs["records"])
+            return entry_status(hit)
+
+    def verdict(self, key: str, trace_id: str, verifier: str, run_secs: list[float] | None, reason: str,
+                tolerance: float, *, txn: lmdb.Transaction | None = None) -> str:  # fmt: skip
+        """Apply a verification: 'verified', 'refused' (re-measured far slower than claimed),
+        'quarantined' (did not replay, build or match the reference) or 'gone' (no such entry)."""
+        now = time.time()
+        with self.write(txn) as t:
+            value = self._load(t, key)
+            hit = next((e for e in value["entries"] if e["tid"] == trace_id), None) if value else None
+            if value is None or hit is None:
+                return "gone"
+            measured = sum(run_secs) / len(run_secs) if run_secs else None
+            if measured is not None and measured <= hit["mean"] * tolerance:
+                hit.update(vby=verifier, vmean=measured)
+                value["entries"].sort(key=rank)
+                outcome = "verified"
+            else:
+                outcome = "quarantined" if measured is None else "refused"
+                if measured is not None:
+                    reason = f"claimed {hit['mean'] * 1e6:.3g} µs, re-measured {measured * 1e6:.3g} µs by {verifier} (over {tolerance:g}× the claim)"
+                self._remove(t, key, value, hit, f"{outcome} by {verifier}: {reason}"[:4000])
+            self.log_event(t, {"key": key, "tid": trace_id, "op": value["op"], "event": outcome, "by": hit["by"], "verifier": verifier,
+                               "run_secs": run_secs or [], "claimed_secs": hit["mean"], "reason": reason[:1000], "at": now})  # fmt: skip
+            if outcome == "verified":
+                self._save(t, key, value)
+            return outcome
+
+    def _remove(self, txn: lmdb.Transaction, key: str, value: dict[str, Any], hit: dict[str, Any], reason: str) -> None:
+        value["entries"] = [e for e in value["entries"] if e is not hit]
+        record = {"rec": hit["rec"], "reason": reason, "by": hit["by"], "at": time.time()}
+        txn.put(f"{key}:{hit['tid']}".encode(), packb(record), db=self.dbs["quarantine"])
+        self._save(txn, key, value)
+
     def quarantine(self, key: str, trace_id: str, reason: str, *, txn: lmdb.Transaction | None = None) -> bool:
-        """Move one record out of service (its trace failed to replay); False if it was not there."""
+        """Move one record out of service (an admin's decision); False if it was not there."""
         with self.write(txn) as t:
             value = self._load(t, key)
             hit = next((e for e in value["entries"] if e["tid"] == trace_id), None) if value else None
             if value is None or hit is None:
                 return False
-            value["entries"] = [e for e in value["entries"] if e is not hit]
-            t.put(f"{key}:{trace_id}".encode(), packb({"rec": hit["rec"], "reason": reason, "at": time.time()}), db=self.dbs["quarantine"])
-            if value["entries"]:
-                self._touch(t, key, value)
-                t.put(key.encode(), packb(value), db=self.dbs["records"])
-            else:
-                t.delete(_SEQ.pack(value["seq"]), db=self.dbs["changes"])
-                t.delete(_op_index(value["op"], value["kind"], key), db=self.dbs["by_op"])
-                t.delete(key.encode(), db=self.dbs["records"])
+            self._remove(t, key, value, hit, reason)
             return True
+
+    def quarantined(self, limit: int = 100) -> list[dict[str, Any]]:
+        """Records out of service, with why and whose (the record bytes left out)."""
+        out = []
+        with self.read() as txn:
+            for k, raw in txn.cursor(db=self.dbs["quarantine"]):
+                item = unpackb(raw)
+                key, _, tid = k.decode().partition(":")
+                out.append({"key": key, "trace_id": tid, "reason": item["reason"], "by": item.get("by", ""), "at": item["at"]})
+                if len(out) >= limit:
+                    break
+        return out
 
     # -- listing ---------------------------------------------------------------------------
 
@@ -223,7 +377,8 @@ class Store:
                 if value is None or value["seq"] <= since or (target and target not in (value["kind"], value["target"])):
                     continue
                 out.append(KeySummary(key, value["seq"], value["op"], value["kind"], value["target"],
-                                      len(value["entries"]), value["entries"][0]["mean"]))  # fmt: skip
+                                      len(value["entries"]), rank(value["entries"][0])[1],
+                                      sum(bool(e.get("vby")) for e in value["entries"])))  # fmt: skip
                 if limit is not None and not op and len(out) >= limit:
                     break
         out.sort(key=lambda s: s.seq)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._errors import InvalidRecord, PayloadTooLarge
+from ._limits import MAX_DEPTH, check_depth
 from ._records import packb, unpackb
 
 MSGPACK = "application/msgpack"
@@ -33,13 +34,18 @@ def is_msgpack(content_type: str) -> bool:
 
 
 def decode_body(body: bytes, content_type: str) -> Any:
-    """Parse a request body by its Content-Type (msgpack, else JSON)."""
+    """Parse a request body by its Content-Type (msgpack, else JSON), at most MAX_DEPTH levels deep."""
     if is_msgpack(content_type):
-        return unpackb(body)
-    try:
-        return json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidRecord(f"malformed JSON body: {exc}; send JSON or Content-Type: {MSGPACK}") from None
+        obj = unpackb(body)
+    else:
+        try:
+            obj = json.loads(body)
+        except RecursionError:
+            raise InvalidRecord(f"body is nested deeper than {MAX_DEPTH} levels") from None
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise InvalidRecord(f"malformed JSON body: {str(exc)[:200]}; send JSON or Content-Type: {MSGPACK}") from None
+    check_depth(obj)
+    return obj
 
 
 def encode_body(obj: Any, msgpack_out: bool) -> bytes:

@@ -7,7 +7,7 @@ from pathlib import Path
 import lmdb
 import pytest
 
-from schedhub.registry import LocalRegistry, Record, Store, StoreFormatError
+from schedhub.registry import LocalRegistry, Record, RegistryError, Store, StoreFormatError
 
 from .conftest import make_record
 
@@ -72,7 +72,7 @@ def test_reopen_sees_everything_and_readonly_refuses_writes(tmp_path: Path) -> N
         reg.put_many([make_record(w, 1e-3) for w in range(20)])
     with LocalRegistry(tmp_path, readonly=True) as reg:
         assert reg.stats()["keys"] == 20
-        with pytest.raises(lmdb.Error):
+        with pytest.raises(RegistryError, match="read-only"):
             reg.put(make_record(99, 1e-3))
 
 
