@@ -89,9 +89,9 @@ def stats(registry: str, token: str | None) -> None:
 @reports_errors
 def queue(registry: str, token: str | None, state: str | None) -> None:
     """Jobs in the miss queue."""
-    table = Table("key", "op", "state", "demand", "attempts", "last error")
+    table = Table("key", "task", "op", "state", "demand", "attempts", "last error")
     for job in open_registry(registry, token, readonly=True).jobs(state):
-        table.add_row(job["key"][:16], job["op"], job["state"], str(job["demand"]), str(job["attempts"]), job["last_error"][:60])
+        table.add_row(job["key"][:16], job.get("task", "tune"), job["op"], job["state"], str(job["demand"]), str(job["attempts"]), job["last_error"][:60])
     out.print(table)
 
 

@@ -157,7 +157,9 @@ def job_logs(submission_id: str, address: str, follow: bool) -> None:
 @reports_errors
 def worker(registry: str, token: str | None, trials: int, trials_per_iter: int, seed: int, concurrency: int, lease_secs: float, poll_secs: float,
            max_jobs: int | None, until_idle: bool, name: str | None, ray_address: str | None, num_cpus: int | None) -> None:  # fmt: skip
-    """Lease misses from the registry's queue, tune them on Ray, push the results and ack."""
+    """Lease jobs from the registry's queue (verifications of pushed claims first, then misses), run them on Ray, push and ack.
+
+    SIGTERM or SIGINT: stop leasing, give held leases back at once, stop Ray."""
     from schedhub.tuner import cluster
     from schedhub.tuner.worker import Worker
 
@@ -165,7 +167,8 @@ def worker(registry: str, token: str | None, trials: int, trials_per_iter: int, 
     reg = open_registry(registry, token)
     info = cluster.start(ray_address, num_cpus)
     stopping: list[int] = []
-    signal.signal(signal.SIGTERM, lambda signum, _frame: stopping.append(signum))
+    for signum in (signal.SIGTERM, signal.SIGINT):  # stop leasing, give held leases back, stop Ray
+        signal.signal(signum, lambda sig, _frame: stopping.append(sig))
 
     def event(kind: str, data: dict[str, Any]) -> None:
         details = " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in data.items())
@@ -173,8 +176,13 @@ def worker(registry: str, token: str | None, trials: int, trials_per_iter: int, 
 
     w = Worker(reg, options, name=name, concurrency=concurrency, lease_secs=lease_secs, poll_secs=poll_secs, on_event=event)
     out.print(f"worker {w.name} on ray {info['address']}; registry {registry}", highlight=False)
-    stats = w.run(max_jobs=max_jobs, until_idle=until_idle, should_stop=lambda: bool(stopping))
-    out.print(f"worker done: {stats.done} done, {stats.failed} failed, {stats.lost} lost", highlight=False)
+    try:
+        stats = w.run(max_jobs=max_jobs, until_idle=until_idle, should_stop=lambda: bool(stopping))
+    finally:
+        w.release_all("worker interrupted")  # leases still held after an error: back to the queue now
+        cluster.stop()
+    out.print(f"worker done: {stats.done} tuned, {stats.verified} verified, {stats.failed} failed, {stats.lost} lost, "
+              f"{stats.released} released", highlight=False)  # fmt: skip
 
 
 @click.command()

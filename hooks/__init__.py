@@ -24,7 +24,8 @@ from schedhub.registry import LocalRegistry, Registry, RegistryClient, connect
 from .database import RegistryDatabase
 from .identity import canonical_workload, compiler_fingerprint, target_text, workload_identity
 from .pipeline import ACTIVE, install, schedhub_pipeline
-from .session import CompileReport, HookSession, KernelOutcome, RegistryFallbackWarning
+from .guard import ScheduleLimits, ScheduleTooCostly
+from .session import CompileReport, HookSession, KernelOutcome, RegistryFallbackWarning, Trust
 
 DEFAULT_TIMEOUT = 2.0
 
@@ -45,11 +46,15 @@ def use(
     *,
     timeout: float = DEFAULT_TIMEOUT,
     report_misses: bool = True,
+    trust: Trust = "verified",
+    limits: ScheduleLimits | None = None,
 ) -> Iterator[HookSession]:
     """Apply registry schedules to every Relax build in this block (this thread).
 
     ``registry`` is a URL, a store directory, a registry instance, or the session of an earlier
-    block, whose read-through cache (and registry) this block then reuses.
+    block, whose read-through cache (and registry) this block then reuses. ``trust`` says which
+    records are served ("verified", "any", or pusher names besides verified records); ``limits``
+    bounds what a record may cost the compile.
     """
     install()
     if isinstance(registry, HookSession):
@@ -57,7 +62,7 @@ def use(
         reg = session.registry
     else:
         reg, opened = _open(registry, timeout)
-        session = HookSession(reg, report_misses=report_misses)
+        session = HookSession(reg, report_misses=report_misses, trust=trust, limits=limits)
     token = ACTIVE.set(session)
     try:
         with contextlib.ExitStack() as stack:
@@ -73,5 +78,5 @@ def use(
 
 __all__ = [
     "use", "schedhub_pipeline", "RegistryDatabase", "HookSession", "CompileReport", "KernelOutcome",
-    "RegistryFallbackWarning", "workload_identity", "canonical_workload", "target_text", "compiler_fingerprint",
+    "RegistryFallbackWarning", "ScheduleLimits", "ScheduleTooCostly", "Trust", "workload_identity", "canonical_workload", "target_text", "compiler_fingerprint",
 ]  # fmt: skip

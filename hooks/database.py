@@ -33,7 +33,9 @@ class RegistryDatabase(ms.database.PyDatabase):
     def commit_tuning_record(self, record: ms.database.TuningRecord) -> None:
         secs = [float(s) for s in record.run_secs or []]
         if secs and all(0 < s < 1e9 for s in secs):  # 1e10 marks a failed run
-            self.session.registry.put(record_from_tuning_record(record, provenance={"source": "RegistryDatabase"}))
+            pushed = record_from_tuning_record(record, provenance={"source": "RegistryDatabase"})
+            self.session.registry.put(pushed)
+            self.session.committed(pushed)  # read-your-writes: the next query sees it
 
     def get_top_k(self, workload: ms.database.Workload, top_k: int) -> list[ms.database.TuningRecord]:
         target = tvm.target.Target.current(allow_none=True)

@@ -1,9 +1,14 @@
 """HookSession: what the compile hook knows during one ``use(...)`` block, in plain Python.
 
 It turns kernels into registry identities (cached by structural hash), looks them up in batches
-with a read-through cache, buffers misses for one batched report, quarantines records whose trace
-does not replay, and goes offline (one warning) when the registry fails, so the compile falls
-back to TVM's default schedules instead of failing.
+with a read-through cache, serves only records its ``trust`` accepts, refuses records that fail to
+replay or would cost the compile too much (:mod:`.guard`) and complains about them to the registry,
+buffers misses for one batched report, and goes offline (one warning) when the registry fails, so
+the compile falls back to TVM's default schedules instead of failing.
+
+``trust``: ``"verified"`` (the default) serves records a trusted worker replayed, checked and
+re-measured; ``"any"`` also serves unverified claims (verified first); a collection of pusher
+names serves verified records and those names' claims.
 """
 
 from __future__ import annotations
@@ -12,15 +17,19 @@ import logging
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Collection
+from typing import Any, Union
 
 import tvm
 import tvm_ffi
 
 from schedhub.registry import Identity, Record, Registry, RegistryError
 
+from .guard import ScheduleLimits, check_scheduled, check_trace_size
 from .identity import as_module, workload_identity
 from .msdb import tuning_record
+
+Trust = Union[str, Collection[str]]
 
 log = logging.getLogger("schedhub")
 
@@ -67,16 +76,32 @@ class CompileReport:
                 f"({self.lookups} lookups in {self.lookup_secs * 1e3:.1f} ms, {self.misses_reported} misses reported)")  # fmt: skip
 
 
+def trust_filter(trust: Trust) -> Callable[[Record], bool]:
+    """Which served records a session accepts (records without a registry status are its own)."""
+    if trust == "any":
+        return lambda r: True
+    if trust == "verified":
+        return lambda r: r.served is None or r.served.verified
+    if isinstance(trust, str):
+        raise ValueError(f"trust must be 'verified', 'any' or a collection of pusher names, got {trust!r}")
+    names = frozenset(trust)
+    return lambda r: r.served is None or r.served.verified or r.served.pushed_by in names
+
+
 class HookSession:
-    def __init__(self, registry: Registry, *, report_misses: bool = True) -> None:
+    def __init__(self, registry: Registry, *, report_misses: bool = True, trust: Trust = "verified",
+                 limits: ScheduleLimits | None = None) -> None:  # fmt: skip
         self.registry = registry
         self.report_misses = report_misses
+        self.trusts = trust_filter(trust)
+        self.limits = limits or ScheduleLimits()
         self.reports: list[CompileReport] = [CompileReport()]
         self.offline = False
         self._identities: dict[tuple[int, str], Identity] = {}
         self._records: dict[str, list[Record]] = {}
+        self._committed: dict[str, list[Record]] = {}  # what this process committed: read back at once
         self._pending_misses: dict[str, Identity] = {}
-        self._quarantined_keys: set[str] = set()
+        self._refused_keys: set[str] = set()
 
     @property
     def report(self) -> CompileReport:
@@ -122,39 +147,56 @@ class HookSession:
         return dict(self._records)
 
     def records(self, identity: Identity) -> list[Record]:
+        """The records this session would serve for ``identity``, best first (its own commits included)."""
         self.prefetch([identity])
-        return self._records.get(identity.key, [])
+        served = [r for r in self._records.get(identity.key, []) if self.trusts(r)]
+        own = self._committed.get(identity.key, [])
+        if not own:
+            return served
+        mine = {r.trace_id for r in own}
+        return sorted(own, key=lambda r: r.mean_secs) + [r for r in served if r.trace_id not in mine]
+
+    def committed(self, record: Record) -> None:
+        """A record this process stored: served from now on, whatever the registry's cache said."""
+        own = [r for r in self._committed.get(record.key, []) if r.trace_id != record.trace_id]
+        self._committed[record.key] = sorted([*own, record], key=lambda r: r.mean_secs)
 
     # -- the query TVM makes -----------------------------------------------------------------
 
     def best_tuning_record(self, mod: tvm.IRModule, target: tvm.target.Target, op: str | None) -> Any:
-        """The best record that replays on ``mod``, or None (a miss, reported later)."""
+        """The best record that replays on ``mod`` within the bounds, or None (a miss, reported later)."""
         identity = self.identity(mod, target, op)
-        if self.offline:
+        if self.offline and not self._committed.get(identity.key):
             self._note(identity, OFFLINE)
             return None
         for record in self.records(identity):
             try:
+                check_trace_size(record.trace, self.limits)
                 tr = tuning_record(record, mod)
+                check_scheduled(scheduled_module(mod, tr.trace), self.limits)
             except Exception as exc:  # TVM raises ScheduleError, TVMError, ValueError… on a bad trace
-                self._quarantine(record, exc)
+                self._refuse(record, exc)
                 continue
             self._note(identity, HIT, record.trace_id)
             return tr
-        self._note(identity, FALLBACK if identity.key in self._quarantined_keys else MISS)
+        self._note(identity, FALLBACK if identity.key in self._refused_keys else MISS)
         self._pending_misses[identity.key] = identity
         return None
 
-    def _quarantine(self, record: Record, exc: Exception) -> None:
+    def _refuse(self, record: Record, exc: Exception) -> None:
+        """Stop serving a record here and complain to the registry, which queues its verification."""
         reason = f"{exc.__class__.__name__}: {str(exc)[:1000]}"
-        self.report.problems.append(f"record {record.trace_id} of {record.identity.op} failed to replay ({reason}); quarantined")
-        log.warning("schedhub: a record for %s failed to replay and was quarantined: %s", record.identity.op, reason[:200])
-        self._quarantined_keys.add(record.key)
+        self.report.problems.append(f"record {record.trace_id} of {record.identity.op} refused ({reason}); complaint sent")
+        log.warning("schedhub: a record for %s was refused and reported: %s", record.identity.op, reason[:200])
+        self._refused_keys.add(record.key)
         self._records[record.key] = [r for r in self._records.get(record.key, []) if r.trace_id != record.trace_id]
+        self._committed[record.key] = [r for r in self._committed.get(record.key, []) if r.trace_id != record.trace_id]
+        if self.offline:
+            return
         try:
-            self.registry.quarantine(record.key, record.trace_id, reason)
+            self.registry.complain(record.key, record.trace_id, reason)
         except RegistryError as exc2:
-            self.report.problems.append(f"could not quarantine {record.trace_id}: {exc2}")
+            self.report.problems.append(f"could not report {record.trace_id}: {exc2}")
 
     def _note(self, identity: Identity, outcome: str, detail: str = "") -> None:
         self.report.kernels.append(KernelOutcome(identity.op, identity.key, outcome, detail))
@@ -179,3 +221,10 @@ class HookSession:
         except RegistryError as exc:
             self.report.problems.append(f"misses not reported: {exc}")
             warnings.warn(f"schedhub could not report {len(misses)} misses: {exc}", RegistryFallbackWarning, stacklevel=2)
+
+
+def scheduled_module(mod: tvm.IRModule, trace: Any) -> tvm.IRModule:
+    """``mod`` with ``trace`` applied (postprocessing instructions included)."""
+    sch = tvm.s_tir.Schedule(mod)
+    trace.apply_to_schedule(sch, remove_postproc=False)
+    return sch.mod

@@ -80,7 +80,7 @@ def tuned(registry: tuple[str, RegistryClient]) -> dict:
     with use(client, CPU) as session:
         untuned = tvm.compile(mod, CPU)
     first = session.report
-    queued = client.jobs("pending")
+    queued = [client.job(j["key"]) for j in client.jobs("pending")]  # listings are summaries: fetch each whole
     tuner = subprocess.run([sys.executable, "-m", "tests.hand_tuner", url, TOKEN], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert tuner.returncode == 0, tuner.stderr
     return {"first": first, "queued": queued, "untuned": untuned, "mod": mod, "params": params}
@@ -142,7 +142,9 @@ def test_a_record_for_another_target_never_applies(tmp_path: Path, tuned: dict, 
         assert session.report.hits == 4
 
 
-def test_a_trace_that_fails_to_replay_falls_back_and_is_quarantined(tmp_path: Path, tuned: dict, registry: tuple[str, RegistryClient]) -> None:
+def test_a_trace_that_fails_to_replay_falls_back_is_reported_and_verification_quarantines_it(tmp_path: Path, tuned: dict, registry: tuple[str, RegistryClient]) -> None:
+    from schedhub.tuner.verify import verify_job
+
     _, source = registry
     by_op = {s.op: source.get(s.key)[0] for s in source.summaries()}
     dense, transpose = by_op["fused_matmul_add_relu"], by_op["transpose"]
@@ -156,7 +158,18 @@ def test_a_trace_that_fails_to_replay_falls_back_and_is_quarantined(tmp_path: Pa
             ex = tvm.compile(tuned["mod"], CPU)
         outcome = {k.op: k.outcome for k in session.report.kernels}
         assert outcome["fused_matmul_add_relu"] == "fallback"
+        # a client's failure is a complaint, not a verdict: the records stay until verification confirms it
+        assert [r.served.complaints for r in client.get(dense.key)] == [1, 1]
+        assert client.stats()["quarantined"] == 0
+        leases = client.lease("verifier", max_jobs=5, lease_secs=60, tasks=("verify",))
+        assert sorted(l.job["trace_id"] for l in leases) == sorted(r.trace_id for r in broken)
+        for lease in leases:
+            verdict = verify_job(lease.job)
+            assert verdict["run_secs"] is None and "does not replay" in verdict["reason"]
+            assert client.ack(lease.key, lease.lease_id, verdict) == "quarantined"
         assert client.stats()["quarantined"] == 2 and client.get(dense.key) == []
+        with use(client, CPU):
+            tvm.compile(tuned["mod"], CPU)
         assert dense.key in {j["key"] for j in client.jobs("pending")}  # back in the queue for tuning
     x = np.random.default_rng(3).standard_normal((4, 64)).astype("float32")
     np.testing.assert_allclose(run(ex, x, tuned["params"]), mlp_reference(x, tuned["params"]), rtol=1e-4, atol=1e-4)

@@ -109,9 +109,15 @@ def _tune_body(payload: bytes) -> bytes:
     return _bytes_task(search.tune_job)(payload)
 
 
+def _verify_body(payload: bytes) -> bytes:
+    from . import verify
+
+    return _bytes_task(verify.verify_job)(payload)
+
+
 @functools.lru_cache(maxsize=1)
 def tasks() -> dict[str, Any]:
-    """The Ray remote functions: ``build``, ``measure`` and ``tune``."""
+    """The Ray remote functions: ``build``, ``measure``, ``tune`` and ``verify``."""
     configure_environment()
     import ray
 
@@ -120,6 +126,7 @@ def tasks() -> dict[str, Any]:
         "build": ray.remote(num_cpus=1, max_retries=2)(_build_body),
         "measure": ray.remote(num_cpus=1, resources={MEASURE_RESOURCE: 1}, max_retries=2)(_measure_body),
         "tune": ray.remote(num_cpus=1, max_retries=0)(_tune_body),
+        "verify": ray.remote(num_cpus=1, max_retries=1)(_verify_body),
     }
 
 

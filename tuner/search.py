@@ -224,6 +224,31 @@ def _seed_database(database: Any, mod: Any, target: Any, traces: list[str], buil
     return seeded
 
 
+def side_by_side(identity: Identity, mod: Any, candidates: list[Any], timing: dict[str, Any], timeline: Timeline) -> list[dict[str, Any]]:
+    """Build the unscheduled ``mod`` and each scheduled candidate (CPU tasks), then time them in one
+    measurement task that holds the device, checking every output against the unscheduled build.
+
+    Returns one ``{"run_secs", "error"}`` per module, the unscheduled one first (it must run).
+    """
+    import tvm
+
+    refs = [cluster.submit("build", mod_json=tvm.ir.save_json(m), target_text=identity.target) for m in [mod, *candidates]]
+    built = [cluster.result(r) for r in refs]
+    for b in built:
+        timeline.add("build", b)
+    if built[0]["artifact"] is None:
+        raise RuntimeError(f"the unscheduled workload does not build: {built[0]['error']}")
+    answer = cluster.result(cluster.submit(
+        "measure", cpus=cluster.measure_cpus(identity.target), artifacts=[b["artifact"] for b in built], args_info=identity.args_info,
+        timing=timing, reference=built[0]["artifact"],
+    ))  # fmt: skip
+    timeline.add("measure", answer, len(built))
+    results = [r if b["artifact"] is not None else {**r, "error": b["error"]} for r, b in zip(answer["results"], built)]
+    if not results[0]["run_secs"]:
+        raise RuntimeError(f"the unscheduled workload does not run: {results[0]['error']}")
+    return results
+
+
 def _publish(identity: Identity, mod: Any, measured: list[Any], options: TuneOptions, timeline: Timeline) -> tuple[list[Record], float, list[str]]:
     """Verify and re-measure the best distinct schedules; returns (records best first, untuned secs, rejections)."""
     import tvm
@@ -234,24 +259,11 @@ def _publish(identity: Identity, mod: Any, measured: list[Any], options: TuneOpt
         best.setdefault(text, tr)
         if len(best) >= options.publish:
             break
-    modules = [mod] + [scheduled(mod, tr.trace) for tr in best.values()]
-    refs = [cluster.submit("build", mod_json=tvm.ir.save_json(m), target_text=identity.target) for m in modules]
-    built = [cluster.result(r) for r in refs]
-    for b in built:
-        timeline.add("build", b)
-    if built[0]["artifact"] is None:
-        raise RuntimeError(f"the unscheduled workload does not build: {built[0]['error']}")
-    answer = cluster.result(cluster.submit(
-        "measure", cpus=cluster.measure_cpus(identity.target), artifacts=[b["artifact"] for b in built], args_info=identity.args_info,
-        timing=options.final_timing, reference=built[0]["artifact"],
-    ))  # fmt: skip
-    timeline.add("measure", answer, len(built))
-    untuned = answer["results"][0]
-    if not untuned["run_secs"]:
-        raise RuntimeError(f"the unscheduled workload does not run: {untuned['error']}")
+    results = side_by_side(identity, mod, [scheduled(mod, tr.trace) for tr in best.values()], options.final_timing, timeline)
+    untuned = results[0]
     default = Record(identity, trace_text(tvm.s_tir.Schedule(mod).trace), untuned["run_secs"], {"default_schedule": True})
     records, rejected = [], []
-    for text, result in zip(best, answer["results"][1:]):
+    for text, result in zip(best, results[1:]):
         if not result["run_secs"]:
             rejected.append(result["error"])
         elif (record := Record(identity, text, result["run_secs"])).mean_secs < default.mean_secs:

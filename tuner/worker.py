@@ -1,9 +1,13 @@
 """The miss-queue worker: lease jobs, tune them on Ray, push the results, ack.
 
 Nothing lives only in the worker. A job is leased for ``lease_secs`` and renewed every third of
-that while its tuning task runs; a worker killed at any moment stops renewing, the lease expires
-and the registry hands the job to the next worker. Pushes are idempotent (a trace is one entry per
-key) and the ack comes after the push, so a job is done exactly when its records are stored.
+that while its task runs; a worker killed at any moment stops renewing, the lease expires and the
+registry hands the job to the next worker. A worker asked to stop (SIGTERM, SIGINT) gives its
+leases back at once instead. Pushes are idempotent (a trace is one entry per key) and the ack
+comes after the push, so a job is done exactly when its records are stored.
+
+Two tasks: ``tune`` (search a missed workload, push the results) and ``verify`` (replay, check and
+re-measure someone's pushed claim; the verdict travels with the ack). Verifications come first.
 """
 
 from __future__ import annotations
@@ -16,18 +20,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from schedhub.registry import Identity, Lease, LeaseLost, Registry, RegistryError
+from schedhub.registry import TUNE, VERIFY, Identity, Lease, LeaseLost, Registry, RegistryError
 
 from . import cluster
 from .dispatch import start_tuning
 from .search import TuneOptions, TuneResult
 
 log = logging.getLogger("schedhub.tuner.worker")
+
+
 @dataclass
 class WorkerStats:
     done: int = 0
+    verified: int = 0
     failed: int = 0
     lost: int = 0
+    released: int = 0
     results: list[TuneResult] = field(default_factory=list)
 
 
@@ -45,6 +53,7 @@ class Worker:
     def __init__(
         self, registry: Registry, options: TuneOptions, *, name: str | None = None, concurrency: int = 1,
         lease_secs: float = 120.0, poll_secs: float = 2.0, on_event: Callable[[str, dict[str, Any]], None] | None = None,
+        tasks: tuple[str, ...] = (VERIFY, TUNE),
     ) -> None:  # fmt: skip
         from schedhub.hooks.identity import compiler_fingerprint
 
@@ -55,6 +64,7 @@ class Worker:
         self.lease_secs = lease_secs
         self.poll_secs = poll_secs
         self.fingerprint = compiler_fingerprint()
+        self.tasks = tasks
         self.on_event = on_event or (lambda kind, info: log.info("%s %s", kind, info))
         self.running: dict[str, _Running] = {}
 
@@ -77,7 +87,23 @@ class Worker:
             for key in [k for k, r in self.running.items() if r.ref in ready]:
                 self._finish(self.running.pop(key), stats)
             self._renew_due()
+        self.release_all("worker stopped", stats)
         return stats
+
+    def release_all(self, reason: str, stats: WorkerStats | None = None) -> None:
+        """Give every held lease back now (pending again, the attempt not counted) and cancel its task."""
+        import ray
+
+        for key, run in list(self.running.items()):
+            ray.cancel(run.ref, force=True)
+            try:
+                self.registry.release(key, run.lease.lease_id, reason)
+                if stats is not None:
+                    stats.released += 1
+                self.on_event("released", {"key": key, "reason": reason})
+            except RegistryError as exc:  # lost already, or the registry is away: the lease expires on its own
+                self.on_event("release-failed", {"key": key, "error": str(exc)})
+            del self.running[key]
 
     def _lease_more(self, allowed: int | None) -> int:
         room = self.concurrency - len(self.running)
@@ -85,12 +111,16 @@ class Worker:
             room = min(room, allowed)
         if room <= 0:
             return 0
-        leases = self.registry.lease(self.name, room, self.lease_secs, fingerprint=self.fingerprint, kind="llvm")
+        leases = self.registry.lease(self.name, room, self.lease_secs, fingerprint=self.fingerprint, kind="llvm", tasks=self.tasks)
         for lease in leases:
-            identity = Identity.from_obj(lease.job)
-            ref = start_tuning(self.registry, identity, self.options, f"{identity.op}:{lease.key[:8]}")
+            if lease.job.get("task") == VERIFY:
+                identity = Identity.from_obj(lease.job["identity"])
+                ref = cluster.submit("verify", job=lease.job, timing=self.options.final_timing)
+            else:
+                identity = Identity.from_obj(lease.job)
+                ref = start_tuning(self.registry, identity, self.options, f"{identity.op}:{lease.key[:8]}")
             self.running[lease.key] = _Running(lease, identity, ref, time.time())
-            self.on_event("leased", {"key": lease.key, "op": identity.op, "attempt": lease.job.get("attempts")})
+            self.on_event("leased", {"key": lease.key, "task": lease.job.get("task", TUNE), "op": identity.op, "attempt": lease.job.get("attempts")})
         return len(leases)
 
     def _renew_due(self) -> None:
@@ -112,13 +142,19 @@ class Worker:
 
     def _finish(self, run: _Running, stats: WorkerStats) -> None:
         key, lease_id = run.lease.key, run.lease.lease_id
+        task = run.lease.job.get("task", TUNE)
         try:
-            result = TuneResult.from_dict(cluster.result(run.ref))
-        except Exception as exc:  # the tuning task raised or died: the job goes back with the error
-            error = f"tuning failed: {str(exc).strip()[-2000:]}"
-            self._fail(key, lease_id, error, stats)
+            answer = cluster.result(run.ref)
+            result = TuneResult.from_dict(answer) if task == TUNE else None
+        except Exception as exc:  # the task raised or died: the job goes back with the error
+            self._fail(key, lease_id, f"{task} failed: {str(exc).strip()[-2000:]}", stats)
             return
         try:
+            if result is None:
+                outcome = self.registry.ack(key, lease_id, answer)
+                stats.verified += 1
+                self.on_event("verified", {"key": run.identity.key, "trace_id": run.lease.job["trace_id"], "outcome": outcome, "reason": answer["reason"]})
+                return
             self.registry.put_many(result.records, self.name)
             self.registry.ack(key, lease_id)
         except LeaseLost:  # expired while we pushed: the records are stored, the next holder will find them

@@ -1,0 +1,92 @@
+"""Bounds on what a record may cost a compile, checked before TVM lowers the scheduled kernel.
+
+A trace is data from someone else. Replaying it is cheap, but what it asks for may not be: a
+180-byte trace that unrolls every loop of a matmul turned a 0.2 s compile into 44 s and 665 MiB.
+So the hook measures the scheduled kernel before handing it to TVM: how many statements full
+unrolling would emit, how far LLVM is asked to unroll, how wide vectors get. A record past a
+bound is refused (and complained about), and the kernel falls back.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import tvm
+from tvm import s_tir, tirx
+
+
+class ScheduleTooCostly(ValueError):
+    """A record whose kernel would cost the compile more than the hook's bounds allow."""
+
+
+@dataclass(frozen=True)
+class ScheduleLimits:
+    """The bounds (MetaSchedule's own search stays far inside them: unroll steps ≤ 512, lanes ≤ 64)."""
+
+    max_trace_instructions: int = 4096
+    max_unrolled_statements: int = 1 << 16  # statements after expanding ForKind.UNROLLED loops
+    max_auto_unroll: int = 4096  # pragma_auto_unroll_max_step / meta_schedule.unroll_* values
+    max_vector_lanes: int = 1 << 12  # product of vectorized extents around a statement
+
+
+_UNROLL_KEYS = ("pragma_auto_unroll_max_step", "meta_schedule.unroll_explicit", "meta_schedule.unroll_implicit")
+
+
+def check_trace_size(trace_text: str, limits: ScheduleLimits) -> None:
+    """Refuse a trace with too many instructions before replaying it."""
+    parsed = json.loads(trace_text)
+    count = len(parsed[0]) if isinstance(parsed, list) and parsed and isinstance(parsed[0], list) else 0
+    if count > limits.max_trace_instructions:
+        raise ScheduleTooCostly(f"trace has {count} instructions, over the limit of {limits.max_trace_instructions}")
+
+
+def check_scheduled(mod: tvm.IRModule, limits: ScheduleLimits) -> None:
+    """Refuse a scheduled kernel whose lowering would blow up (see the module docstring)."""
+    for _, func in mod.functions_items():
+        if isinstance(func, tirx.PrimFunc):
+            _walk(func.body, limits)
+
+
+def _walk(root: Any, limits: ScheduleLimits) -> None:
+    statements = 0
+    stack: list[tuple[Any, int, int]] = [(root, 1, 1)]  # (node, unrolled copies, vector lanes)
+    while stack:
+        node, copies, lanes = stack.pop()
+        if node is None:
+            continue
+        if isinstance(node, tirx.For):
+            _check_annotations(node.annotations, limits)
+            extent = node.extent.value if isinstance(node.extent, tirx.IntImm) else 1
+            if node.kind == tirx.ForKind.UNROLLED:
+                copies *= max(1, extent)
+            elif node.kind == tirx.ForKind.VECTORIZED:
+                lanes *= max(1, extent)
+                if lanes > limits.max_vector_lanes:
+                    raise ScheduleTooCostly(f"vectorized loops of {lanes} lanes, over the limit of {limits.max_vector_lanes}")
+            stack.append((node.body, copies, lanes))
+        elif isinstance(node, tirx.SeqStmt):
+            stack.extend((s, copies, lanes) for s in node.seq)
+        elif isinstance(node, s_tir.SBlockRealize):
+            stack.append((node.block, copies, lanes))
+        elif isinstance(node, s_tir.SBlock):
+            _check_annotations(node.annotations, limits)
+            stack.append((node.body, copies, lanes))
+            stack.append((node.init, copies, lanes))
+        elif isinstance(node, tirx.IfThenElse):
+            stack.append((node.then_case, copies, lanes))
+            stack.append((node.else_case, copies, lanes))
+        elif hasattr(node, "body") and isinstance(getattr(node, "body"), tirx.Stmt):
+            stack.append((node.body, copies, lanes))
+        else:
+            statements += copies
+            if statements > limits.max_unrolled_statements:
+                raise ScheduleTooCostly(f"unrolling would emit over {limits.max_unrolled_statements} statements")
+
+
+def _check_annotations(annotations: Any, limits: ScheduleLimits) -> None:
+    for name in _UNROLL_KEYS:
+        value = annotations.get(name) if annotations is not None else None
+        if value is not None and int(getattr(value, "value", value)) > limits.max_auto_unroll:
+            raise ScheduleTooCostly(f"{name}={int(getattr(value, 'value', value))}, over the limit of {limits.max_auto_unroll}")

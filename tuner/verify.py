@@ -1,0 +1,48 @@
+"""Verifying a pushed claim: replay the record's trace, check its output, time it side by side.
+
+A record pushed by a ``push`` token is a claim. A worker leases its verification job, replays
+the trace on the workload (refusing one past the hook's cost bounds), builds it and the
+unscheduled kernel as CPU tasks, and times both in one measurement task that holds the device,
+checking the output against the unscheduled build on the same random inputs. The verdict goes
+back with the ack; the registry marks the record verified, or refuses it (far slower than
+claimed) or quarantines it (does not replay, build, run or match) and names its pusher.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from schedhub.registry import Identity
+
+from . import tvm_env
+from .backends import Timeline
+from .kernels import FINAL_TIMING
+
+
+def verify_job(job: dict[str, Any], timing: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The verdict on one verification job: ``{"run_secs": [...] | None, "reason": str}``."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from schedhub.hooks.guard import ScheduleLimits, check_scheduled, check_trace_size
+    from schedhub.hooks.identity import compiler_fingerprint, target_from_text, workload_module
+
+    from .search import ToolchainMismatch, replay, scheduled, side_by_side
+
+    tvm_env.prepare()
+    identity = Identity.from_obj(job["identity"])
+    if identity.fingerprint != compiler_fingerprint():
+        raise ToolchainMismatch(f"record {identity.key[:12]} was keyed under {identity.fingerprint!r}; this worker runs {compiler_fingerprint()!r}")
+    mod = workload_module(identity.workload)
+    limits = ScheduleLimits()
+    try:
+        check_trace_size(job["trace"], limits)
+        candidate = scheduled(mod, replay(ms.database.Workload(mod), job["trace"], target_from_text(identity.target)))
+        check_scheduled(candidate, limits)
+    except Exception as exc:  # ScheduleError, TVMError, ScheduleTooCostly…: the verdict, not a crash
+        return {"run_secs": None, "reason": f"does not replay within bounds: {exc.__class__.__name__}: {str(exc).strip()[:500]}"}
+    untuned, result = side_by_side(identity, mod, [candidate], timing or dict(FINAL_TIMING), Timeline(f"verify:{identity.key[:8]}"))
+    if not result["run_secs"]:
+        return {"run_secs": None, "reason": result["error"] or "did not run"}
+    untuned_secs = sum(untuned["run_secs"]) / len(untuned["run_secs"])
+    return {"run_secs": result["run_secs"], "reason": f"output matches the unscheduled kernel ({untuned_secs * 1e6:.3g} µs side by side)"}
+
