@@ -64,9 +64,10 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
 
-def server_config(app: Any, **options: Any) -> uvicorn.Config:
+def server_config(app: Any, header_timeout: float = HEADER_TIMEOUT, **options: Any) -> uvicorn.Config:
     """uvicorn settings every schedhub server uses: header timeout, bounded headers and connections."""
-    return uvicorn.Config(app, http=HeaderTimeoutProtocol, access_log=False, timeout_keep_alive=5,
+    protocol = type("SchedhubHttpProtocol", (HeaderTimeoutProtocol,), {"header_timeout": header_timeout})
+    return uvicorn.Config(app, http=protocol, access_log=False, timeout_keep_alive=5,
                           limit_concurrency=2048, h11_max_incomplete_event_size=64 << 10, **options)  # fmt: skip
 
 
@@ -103,12 +104,13 @@ def serve(root: str | os.PathLike[str], host: str = "127.0.0.1", port: int = 847
 class ServerThread:
     """A real uvicorn server on 127.0.0.1 (an ephemeral port) in a background thread."""
 
-    def __init__(self, root: str | os.PathLike[str], host: str = "127.0.0.1", port: int = 0, **app_options: Any) -> None:
+    def __init__(self, root: str | os.PathLike[str], host: str = "127.0.0.1", port: int = 0, *, header_timeout: float = HEADER_TIMEOUT,
+                 **app_options: Any) -> None:  # fmt: skip
         self.host = host
         self._socket = socket.socket()
         self._socket.bind((host, port))
         self.port = self._socket.getsockname()[1]
-        config = server_config(create_app(root, **app_options), log_level="warning")
+        config = server_config(create_app(root, **app_options), header_timeout, log_level="warning")
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True)
 

@@ -213,7 +213,9 @@ def create_app(
         since = query_int(q.get("since"), "since", 0, 0, MAX_CURSOR)
         limit = query_int(q.get("limit"), "limit", MAX_PAGE, 1, MAX_PAGE)
         op = check_op(q["op"]) if q.get("op") else None
-        target = check_text(q["target"], "target")[:4096] if q.get("target") else None
+        target = check_text(q["target"], "target") if q.get("target") else None
+        if target is not None and len(target) > 4096:
+            raise InvalidRecord("query parameter 'target' is over 4096 characters")
 
         def page_of() -> dict[str, Any]:
             page = state.reg.summaries(op, target, since, limit)

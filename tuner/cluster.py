@@ -25,6 +25,7 @@ from schedhub.registry import packb, unpackb
 #: One unit per node: the right to time kernels on its CPU.
 MEASURE_RESOURCE = "schedhub_measure_cpu"
 _TEMP_ROOT = "/tmp/schedhub-ray"  # short: Ray's socket paths must stay under 107 bytes
+_LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
 class ClusterError(RuntimeError):
@@ -51,12 +52,13 @@ def start(address: str | None = None, num_cpus: int | None = None) -> dict[str, 
     context information; a second call in one process returns the running connection's.
     """
     configure_environment()
-    import ray
-
     if address is None:  # inside a Ray Job (or a shell that chose a cluster): join that cluster
         address = os.environ.get("RAY_ADDRESS")
+    import ray
+
     if not ray.is_initialized():
         if address in (None, "", "local"):
+            _loopback_only()
             os.makedirs(_TEMP_ROOT, exist_ok=True)
             ray.init(
                 address="local", num_cpus=num_cpus or os.cpu_count() or 1, resources={MEASURE_RESOURCE: 1},
@@ -72,6 +74,22 @@ def start(address: str | None = None, num_cpus: int | None = None) -> dict[str, 
             f"ray start ... --resources '{{\"{MEASURE_RESOURCE}\": 1}}'"
         )
     return {"address": ray.get_runtime_context().gcs_address, "resources": ray.cluster_resources()}
+
+
+def _loopback_only() -> None:
+    """Confine the embedded cluster to 127.0.0.1.
+
+    Ray's servers listen on every interface and advertise the node's outward address, and the
+    embedded cluster runs without Ray's token auth: anyone who could reach it could run code.
+    In Ray's single-machine mode (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``) the node address is
+    127.0.0.1 and every Ray server binds the loopback interface only. Ray reads the variable on
+    import (its servers read it from their environment): when Ray was imported before, its
+    constant is switched here too.
+    """
+    from ray._private import ray_constants
+
+    os.environ[_LOOPBACK_ENV] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 def stop() -> None:

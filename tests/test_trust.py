@@ -1,0 +1,320 @@
+"""The reliability suite, registry side: each attack of the hostile review, re-run against a real
+server on 127.0.0.1 with tokens of every role. (Hook-side attacks: test_trust_hook.py; Ray and the
+worker: test_tuner.py; kill -9 cycles and the 10,000-case schemathesis run: -m slow.)"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from schedhub.registry import (
+    SCHEMA_VERSION, Forbidden, InvalidRecord, LeaseLost, Principal, Record, RegistryClient, ServerThread, TooManyRequests,
+    canonical_target, record_key,
+)  # fmt: skip
+
+from .conftest import FINGERPRINT, make_record
+
+ROLES = {"admin-tok": Principal("root", "admin"), "alice-tok": Principal("alice"), "bob-tok": Principal("bob"),
+         "w1-tok": Principal("w1", "worker"), "w2-tok": Principal("w2", "worker"), "reader-tok": Principal("reader", "read")}  # fmt: skip
+
+
+@pytest.fixture
+def srv(tmp_path: Path) -> Iterator[ServerThread]:
+    with ServerThread(tmp_path / "trust", tokens=ROLES, sync=False, complaints_per_minute=5, body_timeout=1.0, header_timeout=1.0) as s:
+        yield s
+
+
+@pytest.fixture
+def as_(srv: ServerThread) -> Iterator[dict[str, RegistryClient]]:
+    clients = {p.name: RegistryClient(srv.url, token=tok, timeout=10) for tok, p in ROLES.items()}
+    yield clients
+    for c in clients.values():
+        c.close()
+
+
+# -- 1. poisoning, overwriting, evicting, quarantining ------------------------------------------
+
+
+def test_a_claim_never_outranks_a_verified_record_and_awaits_verification(as_: dict[str, RegistryClient]) -> None:
+    honest, poison = make_record(1, 1e-3), make_record(1, 1e-10, variant=1)  # the review's 89.7x-slow trace claimed 1e-10 s
+    assert as_["w1"].put(honest).verified
+    result = as_["alice"].put(poison)
+    assert result.kept and not result.verified and result.needs_verification
+    served = as_["reader"].get(honest.key)
+    assert [r.trace_id for r in served] == [honest.trace_id, poison.trace_id]  # verified first, whatever the claim
+    assert served[0].served.verified_by == "w1" and served[1].served.pushed_by == "alice" and not served[1].served.verified
+    lease = as_["w2"].lease("v", max_jobs=5, lease_secs=60, tasks=("verify",))[0]
+    assert lease.job["task"] == "verify" and lease.job["trace_id"] == poison.trace_id and lease.job["pusher"] == "alice"
+    assert lease.job["trace"] == poison.trace and lease.job["identity"]["key"] == poison.key
+
+
+def test_a_claim_re_measured_far_slower_is_refused_and_its_pusher_named(as_: dict[str, RegistryClient]) -> None:
+    honest, poison, fair = make_record(1, 1e-3), make_record(1, 1e-10, variant=1), make_record(1, 2e-3, variant=2)
+    as_["w1"].put(honest)
+    as_["alice"].put(poison)
+    as_["bob"].put(fair)
+    leases = {l.job["trace_id"]: l for l in as_["w2"].lease("v", max_jobs=5, lease_secs=60, tasks=("verify",))}
+    assert as_["w2"].ack(leases[poison.trace_id].key, leases[poison.trace_id].lease_id, {"run_secs": [9e-5], "reason": "timed"}) == "refused"
+    assert as_["w2"].ack(leases[fair.trace_id].key, leases[fair.trace_id].lease_id, {"run_secs": [2.4e-3], "reason": "timed"}) == "verified"
+    served = as_["reader"].get(honest.key)
+    assert [r.trace_id for r in served] == [honest.trace_id, fair.trace_id]
+    assert served[1].served.verified_by == "w2/v" and served[1].served.verified_secs == pytest.approx(2.4e-3)
+    refused = as_["reader"].quarantined()
+    assert len(refused) == 1 and refused[0]["by"] == "alice" and "re-measured 90 µs" in refused[0]["reason"]
+
+
+def test_a_pusher_cannot_overwrite_evict_or_quarantine_anothers_records(as_: dict[str, RegistryClient]) -> None:
+    mine = make_record(2, 2e-3, provenance={"host_cpu": "alice-box"})
+    as_["alice"].put(mine)
+    stolen = Record.from_obj(mine.to_dict() | {"run_secs": [1e-9], "provenance": {"host_cpu": "bob-box"}})
+    as_["bob"].put(stolen)  # same trace, lower claim, new provenance
+    (entry,) = as_["reader"].get(mine.key)
+    assert entry.served.pushed_by == "alice" and entry.run_secs == mine.run_secs and entry.provenance["host_cpu"] == "alice-box"
+    for variant in range(1, 9):  # bob floods the key with faster claims
+        as_["bob"].put(make_record(2, 1e-6 * variant, variant=variant))
+    served = as_["reader"].get(mine.key)
+    assert mine.trace_id in {r.trace_id for r in served}
+    assert sum(r.served.pushed_by == "bob" for r in served) == 2  # a pusher's share of unverified claims
+    with pytest.raises(Forbidden):
+        as_["bob"].quarantine(mine.key, mine.trace_id, "I say so")
+    status = as_["bob"].complain(mine.key, mine.trace_id, "fails here")
+    assert status is not None and status["complaints"] == 1
+    assert mine.trace_id in {r.trace_id for r in as_["reader"].get(mine.key)}  # a complaint is not a verdict
+    assert as_["root"].quarantine(mine.key, mine.trace_id, "confirmed by hand")
+    assert mine.trace_id not in {r.trace_id for r in as_["reader"].get(mine.key)}
+
+
+def test_roles_bound_each_call(as_: dict[str, RegistryClient], srv: ServerThread) -> None:
+    rec = make_record(3, 1e-3)
+    with pytest.raises(Forbidden):
+        as_["reader"].put(rec)
+    as_["reader"].report_misses([rec.identity])  # compiling clients report misses with read tokens
+    for who in ("reader", "alice"):
+        with pytest.raises(Forbidden):
+            as_[who].lease("x", lease_secs=10)
+    with pytest.raises(Forbidden):
+        as_["w1"].requeue(rec.key)
+    with RegistryClient(srv.url, token="", timeout=5) as anon:
+        assert anon.get(rec.key) == []  # reads stay open
+        with pytest.raises(Exception, match="Bearer"):
+            anon.report_misses([rec.identity])
+
+
+def test_complaints_are_rate_limited(as_: dict[str, RegistryClient]) -> None:
+    rec = make_record(4, 1e-3)
+    as_["w1"].put(rec)
+    for _ in range(5):
+        as_["reader"].complain(rec.key, rec.trace_id, "again")
+    with pytest.raises(TooManyRequests):
+        as_["reader"].complain(rec.key, rec.trace_id, "and again")
+    assert as_["alice"].complain(rec.key, rec.trace_id, "mine") is not None  # per caller
+    (entry,) = as_["reader"].get(rec.key)
+    assert entry.served.complaints == 2  # one per complainant
+
+
+# -- 4. queue state -------------------------------------------------------------------------------
+
+
+def test_leases_belong_to_their_holder_and_are_never_listed(as_: dict[str, RegistryClient], srv: ServerThread) -> None:
+    miss = make_record(5, 1e-3).identity
+    as_["reader"].report_misses([miss])
+    lease = as_["w1"].lease("a", lease_secs=60)[0]
+    listing = httpx.get(f"{srv.url}/v1/queue").text + httpx.get(f"{srv.url}/v1/queue/{miss.key}").text
+    assert lease.lease_id not in listing and "lease_id" not in listing
+    with pytest.raises(LeaseLost):
+        as_["w2"].renew(lease.key, lease.lease_id, 60)
+    with pytest.raises(LeaseLost):
+        as_["w2"].ack(lease.key, lease.lease_id)
+    as_["w1"].ack(lease.key, lease.lease_id)
+
+
+@pytest.mark.parametrize("secs", ["1e15", "NaN", "Infinity", "-Infinity", "1e300", "0", "-1"])
+def test_renew_and_lease_times_are_bounded(as_: dict[str, RegistryClient], srv: ServerThread, secs: str) -> None:
+    as_["reader"].report_misses([make_record(6, 1e-3).identity])
+    lease = as_["w1"].lease("a", lease_secs=60)[0]
+    headers = {"authorization": "Bearer w1-tok", "content-type": "application/json"}
+    body = f'{{"lease_id": "{lease.lease_id}", "lease_secs": {secs}}}'
+    assert httpx.post(f"{srv.url}/v1/queue/{lease.key}/renew", content=body, headers=headers).status_code == 400
+    body = f'{{"worker": "x", "lease_secs": {secs}}}'
+    assert httpx.post(f"{srv.url}/v1/queue/lease", content=body, headers=headers).status_code == 400
+
+
+def test_an_expired_lease_reads_as_given_back_and_cannot_be_revived(as_: dict[str, RegistryClient]) -> None:
+    as_["reader"].report_misses([make_record(7, 1e-3).identity])
+    lease = as_["w1"].lease("a", lease_secs=0.3)[0]
+    time.sleep(0.4)
+    job = as_["reader"].jobs()[0]
+    assert job["state"] == "pending" and "expired" in job["last_error"]  # before anyone leases again
+    with pytest.raises(LeaseLost):
+        as_["w1"].renew(lease.key, lease.lease_id, 60)
+
+
+def test_release_gives_a_job_back_without_spending_an_attempt(as_: dict[str, RegistryClient]) -> None:
+    as_["reader"].report_misses([make_record(8, 1e-3).identity])
+    lease = as_["w1"].lease("a", lease_secs=60)[0]
+    as_["w1"].release(lease.key, lease.lease_id, "SIGTERM")
+    job = as_["reader"].job(lease.key)
+    assert job["state"] == "pending" and job["attempts"] == 0 and "SIGTERM" in job["last_error"]
+
+
+def test_a_jobs_args_info_comes_from_its_workload_not_from_a_report(as_: dict[str, RegistryClient]) -> None:
+    honest = make_record(9, 1e-3).identity
+    lying = honest.to_dict() | {"args_info": [["TENSOR", "float32", [1, 1]]]}
+    with pytest.raises(InvalidRecord, match="args_info"):
+        as_["reader"]._call("POST", "/v1/misses", {"misses": [lying]})
+    as_["reader"].report_misses([honest])
+    assert as_["reader"].job(honest.key)["args_info"] == [["TENSOR", "float32", [9, 64]]]
+
+
+# -- 5. no 5xx on hostile input -------------------------------------------------------------------
+
+
+def _identity_body(op: str = "fused_op", kind: str = "llvm") -> dict:
+    target = canonical_target({"kind": kind})
+    text = "@T.prim_func\ndef main(arg0: T.Buffer((4, 64), 'float32')): pass\n"
+    return {"key": record_key(FINGERPRINT, target, text), "schema": SCHEMA_VERSION, "fingerprint": FINGERPRINT, "target": target,
+            "workload": text, "op": op, "args_info": [["TENSOR", "float32", [4, 64]]]}  # fmt: skip
+
+
+def _hostile_requests() -> list[tuple[str, str, bytes, str]]:
+    rec = make_record(10, 1e-3).to_dict()
+    deep_json = b"[" * 100_000 + b"]" * 100_000
+    deep_msgpack = b"\x91" * 100_000 + b"\x00"
+    cases = []
+    for method, path in (("PUT", f"/v1/records/{rec['key']}"), ("POST", "/v1/records"), ("POST", "/v1/lookup"), ("POST", "/v1/misses"),
+                         ("POST", "/v1/queue/lease"), ("POST", f"/v1/queue/{rec['key']}/renew"), ("POST", f"/v1/records/{rec['key']}/complaints")):  # fmt: skip
+        cases += [(method, path, deep_json, "application/json"), (method, path, deep_msgpack, "application/msgpack")]
+    huge = 2**64
+    for body in (
+        {"records": [rec | {"args_info": [["TENSOR", "float32", [huge, 64]]]}]},
+        {"records": [rec | {"provenance": {"trials": huge}}]},
+        {"records": [rec | {"provenance": {"x": -huge * huge}}]},
+        {"misses": [_identity_body(op="é" * 600)]},
+        {"misses": [_identity_body(op="fused\x00op")]},
+        {"misses": [_identity_body(kind="k" * 600)]},
+        {"misses": [_identity_body() | {"key": _identity_body()["key"] + "\n"}]},
+        {"records": [rec | {"run_secs": [1e308, 1e308]}]},
+        {"keys": [rec["key"]], "top": huge},
+    ):
+        path = "/v1/lookup" if "keys" in body else "/v1/records" if "records" in body else "/v1/misses"
+        cases.append(("POST", path, json.dumps(body).encode(), "application/json"))
+    for query in ("since=-2", f"since={huge}", "limit=0", "limit=abc", f"limit={huge}", "op=" + "é" * 600, "op=a%00b", "target=" + "x" * 9000):
+        cases.append(("GET", f"/v1/records?{query}", b"", ""))
+    cases += [("GET", f"/v1/records/{rec['key']}%0A", b"", ""), ("GET", "/v1/queue?state=bogus", b"", ""), ("GET", "/v1/queue?after=zz", b"", "")]
+    return cases
+
+
+def test_hostile_inputs_answer_4xx_never_5xx(srv: ServerThread, as_: dict[str, RegistryClient]) -> None:
+    statuses = []
+    with httpx.Client(base_url=srv.url, headers={"authorization": "Bearer admin-tok"}, timeout=10) as http:
+        for method, path, body, ctype in _hostile_requests():
+            r = http.request(method, path, content=body, headers={"content-type": ctype} if ctype else None)
+            statuses.append((r.status_code, method, path[:40]))
+            assert 400 <= r.status_code < 500, (r.status_code, method, path[:60], r.text[:200])
+        assert http.get("/healthz").json()["ok"]
+    assert as_["reader"].stats()["keys"] == 0  # none of it was stored
+
+
+# -- 3. one request cannot stall the others -------------------------------------------------------
+
+
+def test_lookup_collapses_duplicate_keys(as_: dict[str, RegistryClient]) -> None:
+    rec = make_record(11, 1e-3)
+    as_["w1"].put(rec)
+    answer = as_["reader"]._call("POST", "/v1/lookup", {"keys": [rec.key] * 4096})
+    assert list(answer["records"]) == [rec.key] and answer["missing"] == []
+
+
+def _big_record(workload: int, variant: int, size: int) -> Record:
+    rec = make_record(workload, 1e-3 * (variant + 1), variant=variant)
+    text = rec.identity.workload + "#" * size + "\n"
+    return Record.from_obj(rec.to_dict() | {"workload": text, "key": record_key(FINGERPRINT, rec.identity.target, text)})
+
+
+def test_a_large_lookup_is_paged_and_does_not_stall_other_requests(srv: ServerThread, as_: dict[str, RegistryClient]) -> None:
+    records = [_big_record(w, v, 480_000) for w in range(10) for v in range(8)]  # ~38 MB of records in one answer
+    for w in range(10):
+        as_["w1"].put_many(records[w * 8 : (w + 1) * 8])
+    keys = list(dict.fromkeys(r.key for r in records))
+    first = as_["reader"]._call("POST", "/v1/lookup", {"keys": keys})
+    assert first["truncated"] and len(first["records"]) + len(first["truncated"]) == 10  # over 32 MiB: the rest to ask again
+    stop, worst = threading.Event(), [0.0]
+
+    def probe() -> None:
+        with httpx.Client(base_url=srv.url, timeout=30) as http:
+            while not stop.is_set():
+                start = time.perf_counter()
+                http.get("/healthz")
+                worst[0] = max(worst[0], time.perf_counter() - start)
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    try:
+        with ThreadPoolExecutor(3) as pool:  # heavy lookups side by side, answered in full by paging
+            found = list(pool.map(lambda _: as_["reader"].lookup(keys), range(3)))
+    finally:
+        stop.set()
+        prober.join()
+    assert all(len(f) == 10 and all(len(v) == 8 for v in f.values()) for f in found)
+    assert worst[0] < 1.0, f"/healthz waited {worst[0]:.2f} s behind the lookups"  # the review saw 9 s
+
+
+# -- 6. read timeouts ----------------------------------------------------------------------------
+
+
+def _raw(srv: ServerThread, data: bytes) -> socket.socket:
+    sock = socket.create_connection((srv.host, srv.port), timeout=10)
+    sock.sendall(data)
+    return sock
+
+
+def _closed_within(sock: socket.socket, seconds: float) -> tuple[bool, bytes]:
+    sock.settimeout(seconds)
+    got = b""
+    try:
+        while chunk := sock.recv(4096):
+            got += chunk
+        return True, got
+    except (TimeoutError, socket.timeout):
+        return False, got
+    except ConnectionResetError:
+        return True, got
+
+
+def test_a_body_shorter_than_its_length_is_cut_off(srv: ServerThread) -> None:
+    head = f"POST /v1/lookup HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n".encode()
+    sock = _raw(srv, head + b'{"keys": [')
+    start = time.monotonic()
+    sock.settimeout(5)
+    answer = sock.recv(4096)
+    assert b" 408 " in answer.split(b"\r\n")[0] and time.monotonic() - start < 4
+    sock.close()
+
+
+def test_slowloris_connections_are_closed(srv: ServerThread) -> None:
+    socks = [_raw(srv, b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ") for _ in range(100)]
+    time.sleep(1.5)
+    closed = [_closed_within(s, 3.0)[0] for s in socks]
+    for s in socks:
+        s.close()
+    assert all(closed), f"{closed.count(False)} of 100 half-sent requests still open"
+    assert httpx.get(f"{srv.url}/healthz").json()["ok"]
+
+
+def test_a_second_store_handle_in_one_process_shares_the_environment(tmp_path: Path) -> None:
+    from schedhub.registry import LocalRegistry
+
+    rec = make_record(12, 1e-3)
+    with LocalRegistry(tmp_path) as first, LocalRegistry(tmp_path) as second:
+        first.put(rec)
+        assert [r.trace_id for r in second.get(rec.key)] == [rec.trace_id]
+    with LocalRegistry(tmp_path) as again:  # both closed: the environment reopens
+        assert again.exists(rec.key)
