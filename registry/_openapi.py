@@ -5,6 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 
+_QUERY = {
+    "since": {"type": "integer", "minimum": 0},
+    "limit": {"type": "integer", "minimum": 1, "maximum": 1000},
+    "op": {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,200}$"},
+    "target": {"type": "string", "maxLength": 4096},
+    "include": {"enum": ["records"]},
+    "state": {"enum": ["pending", "leased", "done", "dead"]},
+    "after": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+}
+
+
 def _op(summary: str, body: str | None = None, ok: str = "200", auth: bool = False, params: list[str] | None = None) -> dict[str, Any]:
     op: dict[str, Any] = {"summary": summary, "responses": {ok: {"description": "ok"}, "4XX": {"$ref": "#/components/responses/Error"}}}
     if body:
@@ -12,7 +23,7 @@ def _op(summary: str, body: str | None = None, ok: str = "200", auth: bool = Fal
     if auth:
         op["security"] = [{"bearer": []}]
     if params:
-        op["parameters"] = [{"name": p, "in": "query", "required": False, "schema": {"type": "string"}} for p in params]
+        op["parameters"] = [{"name": p, "in": "query", "required": False, "schema": _QUERY[p]} for p in params]
     return op
 
 
@@ -45,14 +56,17 @@ OPENAPI: dict[str, Any] = {
             "head": _op("does the key have records"),
             "put": _op("push one record; the key must hash from its fields", "Record", "201", auth=True),
         },
-        "/v1/records/{key}/quarantine": {"parameters": [_KEY], "post": _op("take a record that fails to replay out of service", "Quarantine", auth=True)},
+        "/v1/records/{key}/complaints": {"parameters": [_KEY], "post": _op("report a record that failed here (read role; rate-limited); queues its verification", "Complaint", auth=True)},
+        "/v1/records/{key}/quarantine": {"parameters": [_KEY], "post": _op("take a record out of service (admin)", "Complaint", auth=True)},
+        "/v1/quarantine": {"get": _op("records out of service, with why and whose", params=["limit"])},
         "/v1/lookup": {"post": _op("records of many keys in one round trip", "Lookup")},
-        "/v1/misses": {"post": _op("report workloads without records (queued for tuning)", "MissBatch", auth=True)},
-        "/v1/queue": {"get": _op("queue jobs", params=["state"])},
-        "/v1/queue/lease": {"post": _op("lease pending jobs", "LeaseRequest", auth=True)},
+        "/v1/misses": {"post": _op("report workloads without records (read role; queued for tuning)", "MissBatch", auth=True)},
+        "/v1/queue": {"get": _op("queue job summaries, one page (no lease ids)", params=["state", "limit", "after"])},
+        "/v1/queue/lease": {"post": _op("lease pending jobs (worker role)", "LeaseRequest", auth=True)},
+        "/v1/queue/{key}": {"parameters": [_KEY], "get": _op("one queue job, whole")},
         "/v1/queue/{key}/{action}": {
-            "parameters": [_KEY, {"name": "action", "in": "path", "required": True, "schema": {"enum": ["renew", "ack", "fail", "requeue"]}}],
-            "post": _op("renew, ack or fail a held lease; requeue a dead job", "LeaseAction", auth=True),
+            "parameters": [_KEY, {"name": "action", "in": "path", "required": True, "schema": {"enum": ["renew", "ack", "fail", "release", "requeue"]}}],
+            "post": _op("renew, ack (with a verdict for verify jobs), fail or release a lease you hold (worker); requeue a job (admin)", "LeaseAction", auth=True),
         },
     },
     "components": {
@@ -69,10 +83,17 @@ OPENAPI: dict[str, Any] = {
             },
             "RecordBatch": {"type": "object", "required": ["records"], "properties": {"records": {"type": "array", "items": {"$ref": "#/components/schemas/Record"}}}},
             "MissBatch": {"type": "object", "required": ["misses"], "properties": {"misses": {"type": "array", "items": {"$ref": "#/components/schemas/Identity"}}}},
-            "Lookup": {"type": "object", "required": ["keys"], "properties": {"keys": {"type": "array", "items": {"type": "string"}, "maxItems": 4096}}},
-            "Quarantine": {"type": "object", "required": ["trace_id"], "properties": {"trace_id": {"type": "string"}, "reason": {"type": "string"}}},
-            "LeaseRequest": {"type": "object", "required": ["worker"], "properties": {"worker": {"type": "string"}, "max_jobs": {"type": "integer"}, "lease_secs": {"type": "number"}}},
-            "LeaseAction": {"type": "object", "properties": {"lease_id": {"type": "string"}, "lease_secs": {"type": "number"}, "error": {"type": "string"}}},
+            "Lookup": {"type": "object", "required": ["keys"], "properties": {
+                "keys": {"type": "array", "items": {"type": "string", "pattern": "^[0-9a-f]{64}$"}, "maxItems": 4096},
+                "top": {"type": "integer", "minimum": 1, "maximum": 64}}},
+            "Complaint": {"type": "object", "required": ["trace_id"], "properties": {"trace_id": {"type": "string", "pattern": "^[0-9a-f]{16}$"}, "reason": {"type": "string"}}},
+            "LeaseRequest": {"type": "object", "required": ["worker"], "properties": {
+                "worker": {"type": "string"}, "max_jobs": {"type": "integer", "minimum": 1, "maximum": 100},
+                "lease_secs": {"type": "number", "exclusiveMinimum": 0, "maximum": 86400}, "fingerprint": {"type": "string"}, "kind": {"type": "string"},
+                "tasks": {"type": "array", "items": {"enum": ["tune", "verify"]}, "minItems": 1}}},
+            "LeaseAction": {"type": "object", "properties": {
+                "lease_id": {"type": "string"}, "lease_secs": {"type": "number", "exclusiveMinimum": 0, "maximum": 86400}, "error": {"type": "string"},
+                "verdict": {"type": "object", "properties": {"run_secs": {"type": ["array", "null"], "items": {"type": "number"}}, "reason": {"type": "string"}}}}},
         },
     },
 }

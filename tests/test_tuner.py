@@ -121,8 +121,9 @@ def test_a_seed_with_one_search_thread_measures_the_same_candidates_every_time(r
     assert {r.trace for r in other_seed.records} != candidates
 
 
-def start_worker(url: str, ray_address: str, *extra: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "schedhub.cli.main", "worker", "-r", url, "--token", TOKEN, "--ray-address", ray_address,
+def start_worker(url: str, ray_address: str | None, *extra: str) -> subprocess.Popen:
+    """A ``schedhub worker`` process joining ``ray_address`` (None: its own embedded cluster)."""
+    cmd = [sys.executable, "-m", "schedhub.cli.main", "worker", "-r", url, "--token", TOKEN, *(["--ray-address", ray_address] if ray_address else []),
            "--trials", "8", "--trials-per-iter", "8", "--poll-secs", "0.5", *extra]  # fmt: skip
     return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
                             env={**os.environ, "COLUMNS": "200"})  # fmt: skip
@@ -150,7 +151,7 @@ def test_worker_killed_mid_tuning_loses_nothing_and_the_job_completes_once(ray_a
         wait_for_line(victim, "leased", 120)
         time.sleep(3)  # inside the search: builds and measurements are running on Ray
         job = client.jobs()[0]
-        assert job["state"] == "leased" and job["lease_owner"] == "victim"
+        assert job["state"] == "leased" and job["lease_owner"] == "tuners/victim"  # the token's name / the worker's
         os.killpg(victim.pid, signal.SIGKILL)
         victim.wait(10)
         assert client.jobs()[0]["state"] == "leased"  # nothing acked, nothing pushed
@@ -224,3 +225,53 @@ def test_plan_parses_models_and_sweeps_without_eval() -> None:
             plan.parse_model(bad)
     with pytest.raises(plan.PlanError):
         plan.parse_sweep("batch")
+
+
+def test_a_worker_verifies_claims_and_refuses_a_poisoned_one(ray_address: str, tmp_path: Path) -> None:
+    from schedhub.hooks.identity import workload_module
+    from schedhub.registry import Principal, Record
+    from schedhub.tuner.search import trace_text
+
+    ident = matmul(64, 64, 128)
+    unscheduled = trace_text(tvm.s_tir.Schedule(workload_module(ident.workload)).trace)
+    poison = Record(ident, unscheduled, [1e-10])  # the review's attack: a slow schedule claimed 1e-10 s
+    tokens = {TOKEN: Principal("tuners", "worker"), "mallory-token": Principal("mallory")}
+    with ServerThread(tmp_path, tokens=tokens, sync=False) as srv, RegistryClient(srv.url, token="mallory-token") as mallory:
+        assert mallory.put(poison).needs_verification
+        worker = start_worker(srv.url, ray_address, "--max-jobs", "1")
+        output, _ = worker.communicate(timeout=240)
+        assert worker.returncode == 0 and "outcome=refused" in output, output
+        assert mallory.get(ident.key) == []
+        (refused,) = mallory.quarantined()
+        assert refused["by"] == "mallory" and "re-measured" in refused["reason"]
+
+
+def test_sigterm_gives_the_lease_back_and_leaves_no_ray_behind(tmp_path: Path) -> None:
+    import psutil
+
+    ident = matmul(64, 64, 128)
+    with ServerThread(tmp_path, tokens={TOKEN: "tuners"}, sync=False) as srv, RegistryClient(srv.url, token=TOKEN) as client:
+        client.report_misses([ident])
+        worker = start_worker(srv.url, None, "--lease-secs", "600", "--trials", "64")  # its own embedded Ray
+        wait_for_line(worker, "leased", 180)
+        ray_processes = psutil.Process(worker.pid).children(recursive=True)
+        listening = {c.laddr.ip for p in ray_processes for c in _listening(p)}
+        assert listening and all(ip in ("127.0.0.1", "::ffff:127.0.0.1", "::1") for ip in listening), listening  # loopback only
+        started = time.time()
+        worker.send_signal(signal.SIGTERM)
+        output, _ = worker.communicate(timeout=60)
+        assert worker.returncode == 0 and "released" in output, output
+        job = client.jobs()[0]
+        assert job["state"] == "pending" and job["attempts"] == 0 and "released" in job["last_error"]  # at once, not after 600 s
+        _, alive = psutil.wait_procs(ray_processes, timeout=15)
+        assert not alive, [p.name() for p in alive]
+        assert time.time() - started < 60
+
+
+def _listening(process: object) -> list:
+    import psutil
+
+    try:
+        return [c for c in process.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]  # type: ignore[attr-defined]
+    except psutil.NoSuchProcess:
+        return []

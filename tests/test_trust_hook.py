@@ -1,0 +1,132 @@
+"""The reliability suite, hook side: what a record may cost a compile, whose records a compile
+takes, and the MetaSchedule database contract (read-your-writes, one environment per store)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import tvm
+from tvm.relax.frontend import nn
+from tvm.s_tir import meta_schedule as ms
+
+from schedhub.hooks import RegistryDatabase, use, workload_identity
+from schedhub.hooks.identity import workload_module
+from schedhub.hooks.session import HookSession
+from schedhub.registry import LocalRegistry, Principal, Record, RegistryClient, ServerThread
+from schedhub.tuner.search import trace_text
+
+CPU = tvm.target.Target({"kind": "llvm", "num-cores": 1})
+
+
+class MatMul(nn.Module):
+    def __init__(self) -> None:
+        self.w = nn.Parameter((512, 512), "float32")
+
+    def forward(self, x: nn.Tensor) -> nn.Tensor:
+        return nn.op.matmul(x, self.w)
+
+
+@pytest.fixture(scope="module")
+def model() -> dict:
+    mod, _ = MatMul().export_tvm({"forward": {"x": nn.spec.Tensor((128, 512), "float32")}})
+    from schedhub.tuner import models
+
+    (kernel,) = models.kernels(mod, CPU)
+    return {"mod": mod, "identity": kernel.identity, "kernel": workload_module(kernel.identity.workload)}
+
+
+def schedule_record(model: dict, build: str, secs: float) -> Record:
+    """A record of the matmul kernel whose trace ``build`` names: default, split or bomb."""
+    sch = tvm.s_tir.Schedule(model["kernel"])
+    block = sch.get_sblock("matmul")
+    loops = sch.get_loops(block)
+    if build == "split":
+        sch.split(loops[1], [None, 16])
+    elif build == "bomb":  # the review's 180-byte trace: unroll every loop of the matmul
+        for loop in loops:
+            sch.unroll(loop)
+    return Record(model["identity"], trace_text(sch.trace), [secs])
+
+
+def compile_secs(mod: tvm.IRModule, registry: object) -> tuple[float, HookSession]:
+    start = time.perf_counter()
+    with use(registry, CPU) as session:  # type: ignore[arg-type]
+        tvm.compile(mod, CPU)
+    return time.perf_counter() - start, session
+
+
+def test_a_compile_bomb_is_refused_and_reported_and_costs_no_more_than_a_fallback(tmp_path: Path, model: dict) -> None:
+    empty, bombed = tmp_path / "empty", tmp_path / "bombed"
+    bomb = schedule_record(model, "bomb", 1e-9)
+    with LocalRegistry(bombed) as reg:
+        reg.put(bomb)
+    fallback, attacked = [], []
+    for _ in range(3):  # interleaved: the same machine state for both
+        fallback.append(compile_secs(model["mod"], empty)[0])
+        secs, session = compile_secs(model["mod"], bombed)
+        attacked.append(secs)
+        assert [k.outcome for k in session.report.kernels] == ["fallback"]
+        assert "ScheduleTooCostly" in session.report.problems[0]
+    with LocalRegistry(bombed) as reg:
+        (entry,) = reg.get(bomb.key)
+        assert entry.served.complaints == 1  # reported once per complainant, verification queued
+        assert sorted(j["task"] for j in reg.jobs()) == ["tune", "verify"]
+    # the review saw 44.36 s against 0.22 s; the bound is 1.5x (plus slack for a noisy shared machine)
+    assert statistics.median(attacked) <= 1.5 * statistics.median(fallback) + 0.25, (attacked, fallback)
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[ServerThread]:
+    tokens = {"w": Principal("tuner", "worker"), "a": Principal("alice"), "r": Principal("reader", "read")}
+    with ServerThread(tmp_path / "srv", tokens=tokens, sync=False) as srv:
+        yield srv
+
+
+def test_a_compile_takes_verified_records_unless_told_otherwise(server: ServerThread, model: dict) -> None:
+    verified, claim = schedule_record(model, "default", 2e-3), schedule_record(model, "split", 1e-10)
+    with RegistryClient(server.url, token="a") as alice, RegistryClient(server.url, token="r") as reader:
+        alice.put(claim)
+        outcomes = {}
+        for trust in ("verified", "any", ["alice"], ["bob"]):
+            with use(reader, CPU, trust=trust) as session:
+                tvm.compile(model["mod"], CPU)
+            (kernel,) = session.report.kernels
+            outcomes[str(trust)] = (kernel.outcome, kernel.detail)
+        assert outcomes == {"verified": ("miss", ""), "any": ("hit", claim.trace_id), "['alice']": ("hit", claim.trace_id), "['bob']": ("miss", "")}
+        with RegistryClient(server.url, token="w") as tuner:
+            tuner.put(verified)
+        with use(reader, CPU, trust="any") as session:
+            tvm.compile(model["mod"], CPU)
+        assert session.report.kernels[0].detail == verified.trace_id  # verified first, whatever the claim says
+
+
+def test_the_database_reads_its_own_writes(server: ServerThread, model: dict) -> None:
+    kernel = model["kernel"]
+    with RegistryClient(server.url, token="a") as alice:  # a pusher: what it commits is an unverified claim
+        session = HookSession(alice)
+        db = RegistryDatabase(session)
+        assert db.query_tuning_record(kernel, CPU, "matmul") is None  # a miss, now cached
+        workload = db.commit_workload(kernel)
+        sch = tvm.s_tir.Schedule(kernel)
+        sch.split(sch.get_loops(sch.get_sblock("matmul"))[1], [None, 8])
+        args = ms.arg_info.ArgInfo.from_prim_func(kernel["main"])
+        db.commit_tuning_record(ms.database.TuningRecord(sch.trace, workload, [1e-4], CPU, args))
+        with CPU:
+            found = db.query_tuning_record(kernel, CPU, "matmul")
+            top = db.get_top_k(workload, 4)
+        assert found is not None and len(top) == 1
+        assert trace_text(found.trace) == trace_text(top[0].trace)
+        assert alice.get(workload_identity(kernel, CPU).key)[0].served.pushed_by == "alice"  # and it reached the registry
+
+
+def test_many_handles_on_one_store_in_one_process(tmp_path: Path, model: dict) -> None:
+    record = schedule_record(model, "default", 1e-3)
+    with LocalRegistry(tmp_path) as reg:
+        reg.put(record)
+    with use(tmp_path, CPU) as outer, use(tmp_path, CPU) as inner:  # the review: "environment already open"
+        tvm.compile(model["mod"], CPU)
+    assert inner.report.hits == 1 and not outer.report.kernels
