@@ -138,9 +138,14 @@ def op_name(func: tvm.IRModule | tirx.PrimFunc) -> str:
 
 
 def args_info(func: tvm.IRModule | tirx.PrimFunc) -> list[Any]:
+    """MetaSchedule ArgInfo JSON of the kernel; ``[["DYNAMIC", "", []]]`` for symbolic shapes, which
+    MetaSchedule cannot tune (the compile goes on: such kernels are looked up, never reported)."""
     from tvm.s_tir import meta_schedule as ms
 
-    return [plain_json(a.as_json()) for a in ms.arg_info.ArgInfo.from_prim_func(as_module(func)["main"])]
+    try:
+        return [plain_json(a.as_json()) for a in ms.arg_info.ArgInfo.from_prim_func(as_module(func)["main"])]
+    except (TypeError, ValueError, RuntimeError):  # the FFI raises TypeError for symbolic dimensions
+        return [["DYNAMIC", "", []]]
 
 
 def workload_identity(func: tvm.IRModule | tirx.PrimFunc, target: tvm.target.Target | dict[str, Any] | str, op: str | None = None) -> Identity:

@@ -23,7 +23,7 @@ from typing import Any, Union
 import tvm
 import tvm_ffi
 
-from schedhub.registry import Identity, Record, Registry, RegistryError
+from schedhub.registry import Identity, Record, Registry, RegistryError, signature_args_info
 
 from .guard import ScheduleLimits, check_scheduled, check_trace_size
 from .identity import as_module, workload_identity
@@ -213,14 +213,27 @@ class HookSession:
         """Report buffered misses in one request (skipped when offline or disabled)."""
         if not self._pending_misses or not self.report_misses or self.offline:
             return
-        misses = list(self._pending_misses.values())
+        misses = [m for m in self._pending_misses.values() if tunable(m)]
+        skipped = len(self._pending_misses) - len(misses)
+        if skipped:  # dynamic shapes: nothing MetaSchedule could tune, and the registry refuses them
+            self.report.problems.append(f"{skipped} kernels with non-static arguments not reported")
         self._pending_misses.clear()
+        if not misses:
+            return
         try:
             self.registry.report_misses(misses)
             self.report.misses_reported += len(misses)
         except RegistryError as exc:
             self.report.problems.append(f"misses not reported: {exc}")
             warnings.warn(f"schedhub could not report {len(misses)} misses: {exc}", RegistryFallbackWarning, stacklevel=2)
+
+
+def tunable(identity: Identity) -> bool:
+    """Whether the registry can derive the kernel's arguments from its workload (static tensors)."""
+    try:
+        return signature_args_info(identity.workload) == identity.args_info
+    except RegistryError:
+        return False
 
 
 def scheduled_module(mod: tvm.IRModule, trace: Any) -> tvm.IRModule:

@@ -130,3 +130,20 @@ def test_many_handles_on_one_store_in_one_process(tmp_path: Path, model: dict) -
     with use(tmp_path, CPU) as outer, use(tmp_path, CPU) as inner:  # the review: "environment already open"
         tvm.compile(model["mod"], CPU)
     assert inner.report.hits == 1 and not outer.report.kernels
+
+
+class DynamicBatch(nn.Module):
+    def __init__(self) -> None:
+        self.fc = nn.Linear(64, 32)
+
+    def forward(self, x: nn.Tensor) -> nn.Tensor:
+        return nn.relu(self.fc(x))
+
+
+def test_a_dynamic_shape_model_compiles_and_only_its_static_kernels_are_queued(tmp_path: Path) -> None:
+    mod, _ = DynamicBatch().export_tvm({"forward": {"x": nn.spec.Tensor(("n", 64), "float32")}})
+    with LocalRegistry(tmp_path) as reg:
+        with use(reg, CPU) as session:
+            tvm.compile(mod, CPU)  # it raised in ArgInfo before: a hook must never break a compile
+        assert session.report.misses == 2 and session.report.misses_reported == 1
+        assert [j["op"] for j in reg.jobs()] == ["transpose"]  # the weight's transpose is static; the batched matmul is not
