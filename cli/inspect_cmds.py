@@ -1,4 +1,4 @@
-"""Commands that read a registry: ls, show, stats, queue (and requeue)."""
+"""Commands that inspect a registry: ls, show, stats, queue, quarantined (and requeue, quarantine)."""
 
 from __future__ import annotations
 
@@ -30,9 +30,9 @@ def ls(registry: str, token: str | None, op: str | None, target: str | None, lim
     rows = reg.summaries(op, target)[-limit:]
     if as_json:
         return _dump([r.to_dict() for r in rows])
-    table = Table("key", "op", "target", "records", "best µs")
+    table = Table("key", "op", "target", "records", "verified", "best µs")
     for r in rows:
-        table.add_row(r.key[:16], r.op, r.kind, str(r.count), f"{r.best_secs * 1e6:.2f}")
+        table.add_row(r.key[:16], r.op, r.kind, str(r.count), str(r.verified), f"{r.best_secs * 1e6:.2f}")
     out.print(table)
 
 
@@ -66,10 +66,12 @@ def show(key: str, registry: str, token: str | None, as_json: bool, workload: bo
     ident = records[0].identity
     out.print(f"[bold]{full}[/]\nop {ident.op}\ntarget {ident.target}\ncompiler {ident.fingerprint}")
     out.print("args " + ", ".join(f"{a[1]}{a[2]}" for a in ident.args_info))
-    table = Table("rank", "trace", "mean µs", "runs", "provenance")
+    table = Table("rank", "trace", "claimed µs", "pushed by", "verified by (µs)", "complaints", "provenance")
     for i, r in enumerate(records):
         prov = ", ".join(f"{k}={v}" for k, v in sorted(r.provenance.items()))
-        table.add_row(str(i), r.trace_id, f"{r.mean_secs * 1e6:.2f}", str(len(r.run_secs)), prov)
+        s = r.served
+        verified = f"{s.verified_by} ({s.verified_secs * 1e6:.2f})" if s and s.verified else "unverified claim"
+        table.add_row(str(i), r.trace_id, f"{r.mean_secs * 1e6:.2f}", s.pushed_by if s else "", verified, str(s.complaints if s else 0), prov)
     out.print(table)
     if workload:
         out.print(ident.workload, markup=False, highlight=False)
@@ -103,3 +105,29 @@ def requeue(key: str, registry: str, token: str | None) -> None:
     """Put a dead (or done) queue job back to pending."""
     open_registry(registry, token).requeue(key)
     click.echo(f"requeued {key}")
+
+
+@click.command()
+@click.argument("key")
+@click.argument("trace_id")
+@registry_option
+@click.option("--reason", default="", help="Why it goes out of service (kept with it).")
+@reports_errors
+def quarantine(key: str, trace_id: str, registry: str, token: str | None, reason: str) -> None:
+    """Take one record out of service (an admin's decision; clients' failures only queue a verification)."""
+    reg = open_registry(registry, token)
+    full = resolve_key(reg, key)
+    if not reg.quarantine(full, trace_id, reason):
+        raise NotFound(f"key {full} has no record {trace_id}")
+    click.echo(f"quarantined {trace_id} of {full}")
+
+
+@click.command("quarantined")
+@registry_option
+@reports_errors
+def quarantined_cmd(registry: str, token: str | None) -> None:
+    """Records out of service: quarantined by an admin, refused or failed by a verifying worker, and whose they were."""
+    table = Table("key", "trace", "pushed by", "reason")
+    for item in open_registry(registry, token, readonly=True).quarantined():
+        table.add_row(item["key"][:16], item["trace_id"], item["by"], item["reason"][:100])
+    out.print(table)

@@ -11,7 +11,7 @@ from schedhub.registry import load_tokens, serve as serve_registry
 
 from .argfiles import ArgFileError, expand
 from .common import DEFAULT_REGISTRY, EXIT_ERROR, console, reports_errors
-from .inspect_cmds import ls, queue, requeue, show, stats
+from .inspect_cmds import ls, quarantine, quarantined_cmd, queue, requeue, show, stats
 from .transfer_cmds import export_cmd, pull, push
 from .tune_cmds import demo, jobs_group, submit, tune, worker
 
@@ -30,7 +30,7 @@ def cli() -> None:
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8470, show_default=True, type=int)
 @click.option("--token-file", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="File of 'name token' lines allowed to write (also $SCHEDHUB_TOKEN).")  # fmt: skip
+              help="File of 'name token [role]' lines; role read|push|worker|admin, default push ($SCHEDHUB_TOKEN is an admin).")  # fmt: skip
 @click.option("--read-only", is_flag=True, help="Refuse every write.")
 @click.option("--no-sync", is_flag=True, help="Skip fsync on commit (faster; a power loss may drop recent writes).")
 @click.option("--max-body", default=16 << 20, show_default=True, help="Largest request body in bytes.")
@@ -42,7 +42,7 @@ def serve(root: Path, host: str, port: int, token_file: str | None, read_only: b
     serve_registry(root, host, port, tokens=tokens, read_only=read_only, sync=not no_sync, max_body=max_body)
 
 
-for command in (push, pull, export_cmd, ls, show, stats, queue, requeue, tune, submit, jobs_group, worker, demo):
+for command in (push, pull, export_cmd, ls, show, stats, queue, requeue, quarantine, quarantined_cmd, tune, submit, jobs_group, worker, demo):
     cli.add_command(command)
 cli.add_command(push, name="import")  # the local spelling of push: `schedhub import FILE -r DIR`
 

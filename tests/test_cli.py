@@ -107,3 +107,23 @@ def test_serve_refuses_a_public_address_without_a_token(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "schedhub.cli.main", "serve", "--root", str(tmp_path), "--host", "0.0.0.0", "--port", "0"],
                           capture_output=True, text=True, env=env, timeout=60)  # fmt: skip
     assert done.returncode == 1 and "without a token" in done.stderr
+
+
+def test_only_an_admin_quarantines_and_the_list_names_the_pusher(tmp_path: Path) -> None:
+    from schedhub.registry import Principal
+
+    rec = make_record(3, 1e-3)
+    tokens = {"adm": Principal("root", "admin"), "pub": Principal("alice")}
+    with ServerThread(tmp_path, tokens=tokens, sync=False) as srv:
+        run("push", *_file(tmp_path, rec), "--registry", srv.url, "--token", "pub")
+        denied = CliRunner().invoke(cli, ["quarantine", rec.key, rec.trace_id, "-r", srv.url, "--token", "pub"])
+        assert denied.exit_code == 1 and "role 'push'" in denied.output
+        assert "quarantined" in run("quarantine", rec.key[:12], rec.trace_id, "-r", srv.url, "--token", "adm", "--reason", "bad")
+        listing = run("quarantined", "-r", srv.url)
+        assert rec.trace_id in listing and "alice" in listing
+
+
+def _file(tmp_path: Path, rec: Record) -> list[str]:
+    path = tmp_path / "one.msgpack"
+    write_records(path, [rec.to_bytes()])
+    return [str(path)]
