@@ -1,10 +1,19 @@
 """Pipelines that apply registry schedules during an ordinary Relax build.
 
-TVM 0.27's default CPU pipeline never consults ``Database.current()``. ``schedhub_pipeline``
-runs the fusion passes of the "zero" pipeline, prefetches every fused kernel in one registry
-request, applies the database (MetaScheduleApplyDatabase), then TVM's default build pipeline.
-It is registered as ``relax_pipeline="schedhub"``; inside ``use(...)`` the name "default" also
-resolves to it, for the current thread only (other threads and code outside keep TVM's own).
+TVM 0.27's default pipelines never consult ``Database.current()``. ``schedhub_pipeline`` runs
+the fusion passes of the "zero" pipeline, prefetches every fused kernel in one registry request,
+applies the database (MetaScheduleApplyDatabase), then finishes the build per target:
+
+- CPU: TVM's default build pipeline;
+- GPU (cuda, rocm, and the generic GPU backend's kinds: vulkan, metal, opencl, webgpu): the
+  backend's library dispatch first, then DLight's default schedules for every kernel the
+  registry did not schedule (DLight skips scheduled kernels), then the backend's lowering.
+  On a GPU, DLight is the default a record has to beat, not an unscheduled kernel.
+
+It is registered as ``relax_pipeline="schedhub"``. Inside ``use(...)``, for the current thread
+only, the name "default" resolves to it on CPU targets and ``relax.get_default_pipeline`` (what
+``tvm.compile`` takes for targets whose keys include "gpu") on GPU targets; other threads and
+code outside keep TVM's own.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from .session import HookSession
 ACTIVE: contextvars.ContextVar[HookSession | None] = contextvars.ContextVar("schedhub_session", default=None)
 _install_lock = threading.Lock()
 _tvm_default: Callable[..., tvm.transform.Pass] | None = None
+_tvm_gpu_default: Callable[[tvm.target.Target], tvm.transform.Pass] | None = None
 
 
 def fusion_passes() -> tvm.transform.Pass:
@@ -44,22 +54,66 @@ def prefetch(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule
     return mod
 
 
+class UnsupportedTarget(RuntimeError):  # not ValueError: tvm.compile swallows those and builds for the CPU
+    """A GPU target whose backend schedhub's pipeline does not know yet."""
+
+
+_GPU_BACKENDS = {"cuda": "cuda", "rocm": "rocm", "vulkan": "gpu_generic", "metal": "gpu_generic", "opencl": "gpu_generic", "webgpu": "gpu_generic"}
+
+
+def is_gpu(target: tvm.target.Target) -> bool:
+    return "gpu" in target.keys
+
+
+def gpu_backend(target: tvm.target.Target) -> Any:
+    """The ``tvm.relax.backend.<name>.pipeline`` module whose passes build for ``target``."""
+    import importlib
+
+    name = _GPU_BACKENDS.get(target.kind.name)
+    if name is None or "adreno" in target.keys:
+        raise UnsupportedTarget(
+            f"schedhub's compile hook does not support {target.kind.name} targets ({', '.join(target.keys)}) yet: "
+            f"it supports llvm and {', '.join(sorted(_GPU_BACKENDS))}; compile outside schedhub.hooks.use() for now"
+        )
+    return importlib.import_module(f"tvm.relax.backend.{name}.pipeline")
+
+
+def apply_database(mod: tvm.IRModule) -> tvm.IRModule:
+    """Fuse, then (with a database in scope) prefetch every kernel and apply the database's records."""
+    mod = fusion_passes()(mod)
+    session = ACTIVE.get()
+    if ms.Database.current() is not None:
+        if session is not None:
+            session.begin_compile()
+        mod = prefetch(mod)
+        mod = relax.transform.MetaScheduleApplyDatabase()(mod)
+        if session is not None:
+            session.end_compile()
+    return mod
+
+
+def gpu_build(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
+    """The GPU route: library dispatch, fusion and the registry's records, DLight for the rest, lowering."""
+    from tvm.s_tir import dlight as dl
+
+    backend = gpu_backend(target)
+    with target:
+        mod = tvm.transform.Sequential(backend.library_dispatch_passes(target))(mod)
+        mod = apply_database(mod)
+        mod = dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback())(mod)
+        return tvm.transform.Sequential(backend.dataflow_lower_passes(target) + backend.finalize_passes(target))(mod)
+
+
 def schedhub_pipeline(**kwargs: Any) -> tvm.transform.Pass:
-    """Fuse, prefetch, apply the current database, then TVM's default build."""
+    """Fuse, prefetch and apply the current database, then build the rest as the target's default does."""
     default = _tvm_default or relax_pipeline.default_build_pipeline
 
     @tvm.transform.module_pass(opt_level=0, name="SchedhubPipeline")
     def run(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        mod = fusion_passes()(mod)
-        session = ACTIVE.get()
-        if ms.Database.current() is not None:
-            if session is not None:
-                session.begin_compile()
-            mod = prefetch(mod)
-            mod = relax.transform.MetaScheduleApplyDatabase()(mod)
-            if session is not None:
-                session.end_compile()
-        return default(**kwargs)(mod)
+        target = tvm.target.Target.current(allow_none=True)
+        if target is not None and is_gpu(target):
+            return gpu_build(mod, target)
+        return default(**kwargs)(apply_database(mod))
 
     return run
 
@@ -70,11 +124,28 @@ def _default_or_schedhub(**kwargs: Any) -> tvm.transform.Pass:
     return schedhub_pipeline(**kwargs) if ACTIVE.get() is not None else _tvm_default(**kwargs)
 
 
+def _gpu_default_or_schedhub(target: tvm.target.Target) -> tvm.transform.Pass:
+    """What ``relax.get_default_pipeline`` returns once installed: schedhub's GPU route inside use()."""
+    assert _tvm_gpu_default is not None
+    if ACTIVE.get() is None or not is_gpu(target):
+        return _tvm_gpu_default(target)
+    gpu_backend(target)  # an unsupported GPU kind fails here, before the build starts
+
+    @tvm.transform.module_pass(opt_level=0, name="SchedhubGpuPipeline")
+    def run(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        return gpu_build(mod, target)
+
+    return run
+
+
 def install() -> None:
-    """Register "schedhub" and route "default" through the thread-aware switch (idempotent)."""
-    global _tvm_default
+    """Register "schedhub"; route "default" and ``relax.get_default_pipeline`` through the thread-aware switches (idempotent)."""
+    global _tvm_default, _tvm_gpu_default
     with _install_lock:
         if _tvm_default is None:
             _tvm_default = relax_pipeline.PIPELINE_MAP["default"]
             relax_pipeline.PIPELINE_MAP["default"] = _default_or_schedhub
+        if _tvm_gpu_default is None:  # tvm.compile looks it up on the relax package for GPU targets
+            _tvm_gpu_default = relax.get_default_pipeline
+            relax.get_default_pipeline = _gpu_default_or_schedhub
         relax_pipeline.PIPELINE_MAP.setdefault("schedhub", schedhub_pipeline)

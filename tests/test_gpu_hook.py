@@ -1,0 +1,96 @@
+"""The compile hook on a CUDA target, without a GPU: TVM compiles CUDA targets to CUDA C source on
+any machine, so the GPU route, its lookups, its misses and which schedule each kernel got (its
+launch bounds in the source) are checked here. Timings on a real GPU: ``python -m bench gpu``."""
+
+from __future__ import annotations
+
+import re
+import warnings
+from pathlib import Path
+
+import pytest
+import tvm
+from tvm import relax
+
+from schedhub.hooks import RegistryFallbackWarning, use
+from schedhub.hooks.identity import workload_module
+from schedhub.hooks.pipeline import UnsupportedTarget
+from schedhub.registry import LocalRegistry, Record
+from schedhub.tuner import models
+from schedhub.tuner.search import trace_text
+
+CUDA = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+
+
+@pytest.fixture(scope="module")
+def mlp() -> dict:
+    mod, _, _ = models.export("mlp", batch=4, features=32, hidden=64)
+    return {"mod": mod, "kernels": {k.identity.op: k.identity for k in models.kernels(mod, CUDA)}}
+
+
+def launch_bounds(executable: relax.VMExecutable) -> dict[str, int]:
+    """Each CUDA kernel's threads per block, read from the generated source."""
+    source = executable.mod.imports[0].imports[0].inspect_source("")
+    return {name: int(n) for n, name in re.findall(r"__launch_bounds__\((\d+)\) (\w+)_kernel\(", source)}
+
+
+def threads_record(identity: object, threads: int) -> Record:
+    """A CUDA schedule of an elementwise kernel: all loops fused, ``threads`` threads per block."""
+    sch = tvm.s_tir.Schedule(workload_module(identity.workload))  # type: ignore[attr-defined]
+    block = [b for b in re.findall(r'T\.sblock\("([^"]+)"\)', identity.workload) if b != "root"][0]  # type: ignore[attr-defined]
+    fused = sch.fuse(*sch.get_loops(sch.get_sblock(block)))
+    bx, tx = sch.split(fused, [None, threads])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+    return Record(identity, trace_text(sch.trace), [1e-6])  # type: ignore[arg-type]
+
+
+def test_every_cuda_kernel_is_looked_up_and_misses_are_queued_for_cuda(tmp_path: Path, mlp: dict) -> None:
+    with LocalRegistry(tmp_path) as reg:
+        with use(reg, CUDA) as session:
+            ex = tvm.compile(mlp["mod"], CUDA)  # unchanged user code: TVM takes its GPU default pipeline
+        assert session.report.lookups == 1 and session.report.misses == len(mlp["kernels"]) == 6
+        assert {j["key"] for j in reg.jobs()} == {i.key for i in mlp["kernels"].values()}
+        assert {j["kind"] for j in reg.jobs()} == {"cuda"}
+        assert all('"arch":"sm_90"' in reg.job(j["key"])["target"] for j in reg.jobs())
+    assert launch_bounds(ex)["transpose"] == 1024  # DLight's schedule where the registry has none
+
+
+def test_a_cuda_record_is_applied_and_dlight_schedules_the_rest(tmp_path: Path, mlp: dict) -> None:
+    with LocalRegistry(tmp_path) as reg:
+        reg.put(threads_record(mlp["kernels"]["transpose"], 64))
+        for pipeline in ("default", "schedhub"):
+            with use(reg, CUDA) as session:
+                ex = tvm.compile(mlp["mod"], CUDA, relax_pipeline=pipeline)
+            assert session.report.hits == 1 and session.report.misses == 5
+            bounds = launch_bounds(ex)
+            assert bounds["transpose"] == 64 and bounds["transpose1"] == 1024  # the record's launch configuration; DLight's
+            assert bounds["fused_matmul_add_relu"] == 128
+
+
+def test_a_cuda_record_never_applies_to_a_cpu_build_and_tvm_is_untouched_outside(tmp_path: Path, mlp: dict) -> None:
+    cpu = tvm.target.Target({"kind": "llvm", "num-cores": 1})
+    with LocalRegistry(tmp_path) as reg:
+        reg.put(threads_record(mlp["kernels"]["transpose"], 64))
+        with use(reg, cpu) as session:
+            tvm.compile(mlp["mod"], cpu)
+        assert session.report.hits == 0
+    assert launch_bounds(tvm.compile(mlp["mod"], CUDA))["transpose"] == 1024  # outside use(): TVM's own pipeline
+
+
+def test_a_dead_registry_falls_back_to_dlight_once(mlp: dict) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with use("http://127.0.0.1:9", CUDA, timeout=0.5) as session:
+            ex = tvm.compile(mlp["mod"], CUDA)
+    assert sum(issubclass(w.category, RegistryFallbackWarning) for w in caught) == 1
+    assert session.report.count("offline") == 6 and launch_bounds(ex)["transpose"] == 1024
+
+
+def test_a_gpu_kind_without_a_route_is_a_clear_error(tmp_path: Path, mlp: dict) -> None:
+    adreno = tvm.target.Target({"kind": "opencl", "device": "adreno"})
+    with LocalRegistry(tmp_path) as reg, use(reg, adreno):
+        with pytest.raises(UnsupportedTarget, match="does not support opencl"):
+            tvm.compile(mlp["mod"], adreno)
+        with pytest.raises(RuntimeError, match="does not support opencl"):  # raised inside TVM's pass: re-raised by its FFI
+            tvm.compile(mlp["mod"], adreno, relax_pipeline="schedhub")
