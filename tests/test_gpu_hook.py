@@ -94,3 +94,24 @@ def test_a_gpu_kind_without_a_route_is_a_clear_error(tmp_path: Path, mlp: dict) 
             tvm.compile(mlp["mod"], adreno)
         with pytest.raises(RuntimeError, match="does not support opencl"):  # raised inside TVM's pass: re-raised by its FFI
             tvm.compile(mlp["mod"], adreno, relax_pipeline="schedhub")
+
+
+@pytest.mark.slow
+def test_the_generated_cuda_source_compiles_for_sm_90(tmp_path: Path, mlp: dict) -> None:
+    """Needs the cuda-nvcc extra (pip install -e '.[cuda-nvcc]'): nvcc from PyPI, no GPU."""
+    import subprocess
+
+    try:
+        import nvidia
+    except ImportError:
+        pytest.fail("nvcc is not installed: pip install -e '.[cuda-nvcc]'")
+    nvcc = next(Path(p) for root in nvidia.__path__ for p in Path(root).glob("*/bin/nvcc"))
+    with LocalRegistry(tmp_path / "reg") as reg:
+        reg.put(threads_record(mlp["kernels"]["transpose"], 64))
+        with use(reg, CUDA):
+            ex = tvm.compile(mlp["mod"], CUDA)
+    source = tmp_path / "kernels.cu"
+    source.write_text(ex.mod.imports[0].imports[0].inspect_source(""))
+    done = subprocess.run([str(nvcc), "-arch=sm_90", "--ptx", str(source), "-o", str(tmp_path / "kernels.ptx")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert ".entry transpose_kernel" in (tmp_path / "kernels.ptx").read_text()
