@@ -12,7 +12,7 @@ one search thread (so both search the same first-round candidates):
 - **ray**: :func:`schedhub.tuner.search.tune_workload` on a local Ray cluster (2 CPUs): builds as
   parallel tasks, measurements holding the device resource;
 - **plain**: ``ms.tune_tir`` with MetaSchedule's LocalBuilder/LocalRunner (the builder given the
-  DESIGN §6 build function: the stock one times out on every candidate here) and the same timing.
+  schedhub's build function: the stock one times out on every candidate here) and the same timing.
 
 Search throughput is trials / wall seconds of the search. Then the best schedule of each, the
 unscheduled kernel and numpy (``numpy.matmul`` / im2col + GEMM) are timed side by side in one

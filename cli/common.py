@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from functools import wraps
 from pathlib import Path
@@ -18,8 +19,15 @@ DEFAULT_HOME = Path(os.environ.get("SCHEDHUB_HOME", Path.home() / ".local" / "sh
 DEFAULT_REGISTRY = os.environ.get("SCHEDHUB_REGISTRY", str(DEFAULT_HOME / "registry"))
 EXIT_ERROR, EXIT_UNAVAILABLE = 1, 3
 
-console = Console(stderr=True)
-out = Console()
+
+def _console(stderr: bool = False) -> Console:
+    """A terminal's own width; piped output is never wrapped (80 columns cut keys and summaries)."""
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr, width=None if stream.isatty() or os.environ.get("COLUMNS") else 100_000)
+
+
+console = _console(stderr=True)
+out = _console()
 F = TypeVar("F", bound=Callable[..., Any])
 
 

@@ -32,8 +32,31 @@ def ls(registry: str, token: str | None, op: str | None, target: str | None, lim
         return _dump([r.to_dict() for r in rows])
     table = Table("key", "op", "target", "records", "verified", "best µs")
     for r in rows:
-        table.add_row(r.key[:16], r.op, r.kind, str(r.count), str(r.verified), f"{r.best_secs * 1e6:.2f}")
+        table.add_row(r.key[:16], r.op, target_summary(r.target), str(r.count), str(r.verified), f"{r.best_secs * 1e6:.2f}")
     out.print(table)
+
+
+def _short(name: str, value: Any) -> str:
+    """A provenance value for a table: the tuning curve as its length and end point, not 64 pairs."""
+    if name == "curve" and isinstance(value, str):
+        try:
+            points = json.loads(value)
+            return f"<{len(points)} points, best {points[-1][1] * 1e6:.2f} µs after {points[-1][0]}>"
+        except (ValueError, IndexError, TypeError):
+            return value[:40]
+    return str(value)
+
+
+def target_summary(target: str) -> str:
+    """The parts of a canonical target that tell targets apart in a listing: kind, CPU or arch, cores."""
+    try:
+        parsed = json.loads(target)
+    except ValueError:
+        return target[:40]
+    parts = [str(parsed.get(k)) for k in ("kind", "mcpu", "arch", "device") if parsed.get(k)]
+    if parsed.get("num-cores"):
+        parts.append(f"x{parsed['num-cores']}")
+    return " ".join(parts)
 
 
 def resolve_key(reg: Registry, key: str) -> str:
@@ -55,7 +78,7 @@ def resolve_key(reg: Registry, key: str) -> str:
 @click.option("--workload", is_flag=True, help="Also print the canonical workload text.")
 @reports_errors
 def show(key: str, registry: str, token: str | None, as_json: bool, workload: bool) -> None:
-    """Show the records of one key (a unique prefix will do), best first."""
+    """Show the records of one key, best first. KEY is the full key or a unique prefix of at least 8 characters."""
     reg = open_registry(registry, token, readonly=True)
     full = resolve_key(reg, key)
     records: list[Record] = reg.get(full)
@@ -68,7 +91,7 @@ def show(key: str, registry: str, token: str | None, as_json: bool, workload: bo
     out.print("args " + ", ".join(f"{a[1]}{a[2]}" for a in ident.args_info))
     table = Table("rank", "trace", "claimed µs", "pushed by", "verified by (µs)", "complaints", "provenance")
     for i, r in enumerate(records):
-        prov = ", ".join(f"{k}={v}" for k, v in sorted(r.provenance.items()))
+        prov = ", ".join(f"{k}={_short(k, v)}" for k, v in sorted(r.provenance.items()))
         s = r.served
         verified = f"{s.verified_by} ({s.verified_secs * 1e6:.2f})" if s and s.verified else "unverified claim"
         table.add_row(str(i), r.trace_id, f"{r.mean_secs * 1e6:.2f}", s.pushed_by if s else "", verified, str(s.complaints if s else 0), prov)
@@ -93,7 +116,7 @@ def queue(registry: str, token: str | None, state: str | None) -> None:
     """Jobs in the miss queue."""
     table = Table("key", "task", "op", "state", "demand", "attempts", "last error")
     for job in open_registry(registry, token, readonly=True).jobs(state):
-        table.add_row(job["key"][:16], job.get("task", "tune"), job["op"], job["state"], str(job["demand"]), str(job["attempts"]), job["last_error"][:60])
+        table.add_row(job["key"], job.get("task", "tune"), job["op"], job["state"], str(job["demand"]), str(job["attempts"]), job["last_error"][:60])
     out.print(table)
 
 

@@ -38,8 +38,9 @@ def cli() -> None:
 def serve(root: Path, host: str, port: int, token_file: str | None, read_only: bool, no_sync: bool, max_body: int) -> None:
     """Serve a registry over HTTP (msgpack for programs, JSON for people, / for a dashboard)."""
     tokens = load_tokens(token_file)
-    console.print(f"schedhub registry at {root} on http://{host}:{port} ({'read-only' if read_only else f'{len(tokens)} token(s)' if tokens else 'open writes: loopback only'})")
-    serve_registry(root, host, port, tokens=tokens, read_only=read_only, sync=not no_sync, max_body=max_body)
+    mode = "read-only" if read_only else f"{len(tokens)} token(s)" if tokens else "open writes: loopback only"
+    serve_registry(root, host, port, tokens=tokens, read_only=read_only, sync=not no_sync, max_body=max_body,
+                   announce=lambda url: console.print(f"schedhub registry at {root} on {url} ({mode})", highlight=False, soft_wrap=True))  # fmt: skip
 
 
 for command in (push, pull, export_cmd, ls, show, stats, queue, requeue, quarantine, quarantined_cmd, tune, submit, jobs_group, worker, demo):

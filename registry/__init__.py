@@ -12,6 +12,7 @@ Needs neither TVM nor Ray. Public surface:
 from __future__ import annotations
 
 import os
+import re
 from typing import Union
 
 from ._auth import ROLES, Principal, load_tokens
@@ -39,6 +40,7 @@ from ._service import LocalRegistry
 from ._store import KeySummary, PutResult, Store, StoreFormatError
 
 Registry = Union[LocalRegistry, RegistryClient]
+_ADDRESS = re.compile(r"[A-Za-z0-9.\-]+:[0-9]{1,5}(/.*)?")
 
 
 def connect(spec: Registry | str | os.PathLike[str], **options: object) -> Registry:
@@ -48,6 +50,10 @@ def connect(spec: Registry | str | os.PathLike[str], **options: object) -> Regis
     text = os.fspath(spec)
     if text.startswith(("http://", "https://")):
         return RegistryClient(text, **options)  # type: ignore[arg-type]
+    if "://" in text:
+        raise RegistryError(f"{text!r} is not a registry URL: write it as http://HOST:PORT, or give a store directory")
+    if _ADDRESS.fullmatch(text) and not os.path.exists(text):
+        raise RegistryError(f"{text!r} looks like a server address, not a store directory: write http://{text}")
     return LocalRegistry(text, **options)  # type: ignore[arg-type]
 
 

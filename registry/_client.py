@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from ._errors import RegistryUnavailable, error_for_status
+from ._errors import RegistryError, RegistryUnavailable, error_for_status
 from ._queue import Lease
 from ._records import Identity, Record, packb, served_record, unpackb
 from ._store import KeySummary, PutResult
@@ -44,7 +44,13 @@ class RegistryClient:
         headers = {"accept": MSGPACK, "user-agent": "schedhub"}
         if token:
             headers["authorization"] = f"Bearer {token}"
-        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout, transport=transport)
+        try:
+            parsed = httpx.URL(self.url)
+            if parsed.scheme not in ("http", "https") or not parsed.host:
+                raise httpx.InvalidURL("expected http://HOST:PORT or https://HOST:PORT")
+            self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout, transport=transport)
+        except httpx.InvalidURL as exc:
+            raise RegistryError(f"{url!r} is not a registry URL ({exc}); write it as http://HOST:PORT, e.g. http://127.0.0.1:8470") from None
 
     @property
     def location(self) -> str:
@@ -81,6 +87,8 @@ class RegistryClient:
                 time.sleep(self.backoff * 2**attempt)
         else:
             raise RegistryUnavailable(f"registry at {self.url} is unreachable after {self.retries + 1} tries: {failure}")
+        if response.status_code == 404 and not _is_registry_answer(response):
+            raise RegistryError(f"{method} {self.url}{path}: no such endpoint (404): is {self.url} the registry's root URL (http://HOST:PORT, no path)?")
         if response.status_code == 404 and allow_404:
             return None
         if response.status_code >= 400:
@@ -229,6 +237,15 @@ class RegistryClient:
 
 def _params(**values: Any) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None and v != ""}
+
+
+def _is_registry_answer(response: httpx.Response) -> bool:
+    """A 404 from the registry itself (an unknown key or job), not from a path it does not serve."""
+    try:
+        body = unpackb(response.content) if response.headers.get("content-type", "").startswith(MSGPACK) else response.json()
+    except (ValueError, RegistryError):
+        return False
+    return isinstance(body, dict) and body.get("error") == "NotFound"
 
 
 def _error_message(response: httpx.Response) -> str:

@@ -7,6 +7,7 @@ import ipaddress
 import os
 import socket
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
@@ -92,13 +93,30 @@ def check_exposure(host: str, tokens: dict[str, str | Principal], read_only: boo
         )
 
 
+def listen(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` (0: an ephemeral port), or a RegistryError saying why not."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise RegistryError(f"cannot listen on {host}:{port}: {exc.strerror or exc} (another server on that port? try --port 0)") from None
+    return sock
+
+
 def serve(root: str | os.PathLike[str], host: str = "127.0.0.1", port: int = 8470, *, tokens: dict[str, str | Principal] | None = None,
-          read_only: bool = False, log_level: str = "info", **app_options: Any) -> None:  # fmt: skip
-    """Serve the store at ``root`` until interrupted."""
+          read_only: bool = False, log_level: str = "info", announce: Callable[[str], None] | None = None, **app_options: Any) -> None:  # fmt: skip
+    """Serve the store at ``root`` until interrupted; ``announce`` gets the real URL once the port is bound."""
     tokens = tokens or {}
     check_exposure(host, tokens, read_only)
+    sock = listen(host, port)
     app = create_app(root, tokens=tokens, read_only=read_only, **app_options)
-    uvicorn.Server(server_config(app, host=host, port=port, log_level=log_level)).run()
+    if announce is not None:
+        shown = f"[{host}]" if ":" in host else host
+        announce(f"http://{shown}:{sock.getsockname()[1]}")
+    uvicorn.Server(server_config(app, log_level=log_level)).run(sockets=[sock])
 
 
 class ServerThread:
@@ -107,8 +125,7 @@ class ServerThread:
     def __init__(self, root: str | os.PathLike[str], host: str = "127.0.0.1", port: int = 0, *, header_timeout: float = HEADER_TIMEOUT,
                  **app_options: Any) -> None:  # fmt: skip
         self.host = host
-        self._socket = socket.socket()
-        self._socket.bind((host, port))
+        self._socket = listen(host, port)
         self.port = self._socket.getsockname()[1]
         config = server_config(create_app(root, **app_options), header_timeout, log_level="warning")
         self._server = uvicorn.Server(config)

@@ -127,3 +127,62 @@ def _file(tmp_path: Path, rec: Record) -> list[str]:
     path = tmp_path / "one.msgpack"
     write_records(path, [rec.to_bytes()])
     return [str(path)]
+
+
+@pytest.mark.parametrize(("address", "says"), [
+    ("http://127.0.0.1:notaport", "is not a registry URL"),
+    ("127.0.0.1:8470", "write http://127.0.0.1:8470"),
+    ("ftp://127.0.0.1:8470", "is not a registry URL"),
+])  # fmt: skip
+def test_a_mistyped_registry_address_says_how_to_write_it(address: str, says: str) -> None:
+    result = CliRunner().invoke(cli, ["ls", "-r", address])
+    assert result.exit_code == 1 and says in result.output and "Traceback" not in result.output
+
+
+def test_a_url_with_a_path_is_told_to_use_the_servers_root(server: ServerThread) -> None:
+    for command in (["ls"], ["show", "a" * 64], ["stats"]):
+        result = CliRunner().invoke(cli, [*command, "-r", server.url + "/v2"])
+        assert result.exit_code == 1 and "root URL" in result.output, result.output
+
+
+def _serve(root: Path, port: int) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "schedhub.cli.main", "serve", "--root", str(root), "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+
+
+def test_serve_names_its_real_port_and_refuses_a_busy_one_before_starting(tmp_path: Path) -> None:
+    import re
+
+    import httpx
+
+    first = _serve(tmp_path / "a", 0)
+    try:
+        banner = first.stdout.readline()
+        port = int(re.search(r"http://127\.0\.0\.1:(\d+)", banner).group(1))
+        assert port != 0
+        for _ in range(100):
+            try:
+                assert httpx.get(f"http://127.0.0.1:{port}/healthz").json()["ok"]
+                break
+            except httpx.TransportError:
+                __import__("time").sleep(0.1)
+        second = _serve(tmp_path / "b", port)
+        output, _ = second.communicate(timeout=60)
+        assert second.returncode == 1 and "cannot listen" in output and "startup complete" not in output and "registry at" not in output
+    finally:
+        first.terminate()
+        first.wait(10)
+
+
+def test_listings_print_whole_keys_and_short_curves_when_piped(tmp_path: Path) -> None:
+    curve = json.dumps([[i, 1e-3 / (i + 1)] for i in range(64)])
+    rec = make_record(5, 1e-3, provenance={"curve": curve, "host_cpu": "x"})
+    with LocalRegistry(tmp_path) as reg:
+        reg.put(rec)
+        reg.report_misses([make_record(6, 1e-3).identity])
+    queue_out = run("queue", "-r", str(tmp_path))
+    assert make_record(6, 1e-3).key in queue_out  # whole, copyable into show/requeue
+    shown = run("show", rec.key, "-r", str(tmp_path))
+    assert "<64 points, best 15.62 µs after 63>" in shown and len(shown.splitlines()) < 20
+    listing = run("ls", "-r", str(tmp_path))
+    assert "llvm znver5 x2" in listing

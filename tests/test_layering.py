@@ -17,3 +17,31 @@ def test_registry_and_cli_import_neither_tvm_nor_ray() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _imports(path: "Path", package: str) -> set[str]:
+    """Modules of ``package`` that a file imports anywhere (function-level imports included)."""
+    import ast
+
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            names = [node.module] if node.module else [a.name for a in node.names]
+            found.update(n.split(".")[0] for n in names)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(package + "."):
+            found.add(node.module.split(".")[2])
+    return found
+
+
+def test_no_import_cycles_inside_a_package() -> None:
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    for folder, package in (("registry", "schedhub.registry"), ("hooks", "schedhub.hooks"), ("tuner", "schedhub.tuner"), ("cli", "schedhub.cli")):
+        graph = {p.stem: _imports(p, package) - {p.stem} for p in (root / folder).glob("*.py") if p.stem != "__init__"}
+
+        def reaches(start: str, goal: str, seen: set[str]) -> bool:
+            return any(n == goal or (n not in seen and reaches(n, goal, seen | {n})) for n in graph.get(start, ()))
+
+        cycles = sorted(m for m in graph if reaches(m, m, {m}))
+        assert not cycles, f"{package}: modules on an import cycle: {cycles}"

@@ -5,7 +5,9 @@ Budgets are tiny (8–16 trials) and shapes small; bench/tuner.py runs the real 
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -225,6 +227,10 @@ def test_plan_parses_models_and_sweeps_without_eval() -> None:
             plan.parse_model(bad)
     with pytest.raises(plan.PlanError):
         plan.parse_sweep("batch")
+    with pytest.raises(plan.PlanError) as unknown:
+        plan.parse_model("nosuchmodel")
+    suggested = json.loads(re.search(r"(\{.*\})", str(unknown.value)).group(1))  # the form it suggests must parse
+    assert plan.parse_model(suggested) == plan.ModelRef("torch", "pkg.module:factory", inputs={"x": [1, 16]})
 
 
 def test_a_worker_verifies_claims_and_refuses_a_poisoned_one(ray_address: str, tmp_path: Path) -> None:

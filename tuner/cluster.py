@@ -15,6 +15,7 @@ and references to importable functions, never pickled application objects.
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 import tempfile
 from collections.abc import Callable
@@ -33,7 +34,7 @@ class ClusterError(RuntimeError):
 
 
 def configure_environment() -> None:
-    """Ray settings that must be in the environment before ``import ray`` (DESIGN §7)."""
+    """Ray settings that must be in the environment before ``import ray``."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     # Ray 2.60's ray.init() turns token auth on and then `ray job submit` needs it: one mode
     # everywhere; the embedded default is a loopback-only local cluster.
@@ -99,53 +100,31 @@ def stop() -> None:
         ray.shutdown()
 
 
-def _bytes_task(fn: Callable[..., dict[str, Any]]) -> Callable[[bytes], bytes]:
-    """``fn(**kwargs) -> dict`` as a task body that takes and returns msgpack bytes."""
-
-    @functools.wraps(fn)
-    def body(payload: bytes) -> bytes:
-        return packb(fn(**unpackb(payload)))
-
-    return body
-
-
-def _build_body(payload: bytes) -> bytes:
-    from . import kernels
-
-    return _bytes_task(kernels.build)(payload)
+#: What each kind of task runs (module, function) and how Ray schedules it. Named, not imported:
+#: the task bodies (search, verify) submit tasks themselves, so importing them here would be a cycle.
+#: A killed Ray worker re-runs a build or measurement; a candidate that fails to build is a result, not an error.
+TASKS: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "build": ("schedhub.tuner.kernels", "build", {"num_cpus": 1, "max_retries": 2}),
+    "measure": ("schedhub.tuner.kernels", "measure", {"num_cpus": 1, "resources": {MEASURE_RESOURCE: 1}, "max_retries": 2}),
+    "tune": ("schedhub.tuner.search", "tune_job", {"num_cpus": 1, "max_retries": 0}),
+    "verify": ("schedhub.tuner.verify", "verify_job", {"num_cpus": 1, "max_retries": 1}),
+}
 
 
-def _measure_body(payload: bytes) -> bytes:
-    from . import kernels
-
-    return _bytes_task(kernels.measure)(payload)
-
-
-def _tune_body(payload: bytes) -> bytes:
-    from . import search
-
-    return _bytes_task(search.tune_job)(payload)
-
-
-def _verify_body(payload: bytes) -> bytes:
-    from . import verify
-
-    return _bytes_task(verify.verify_job)(payload)
+def run_task(kind: str, payload: bytes) -> bytes:
+    """The body of every task: the kind's function on msgpack keyword arguments, its dict result as msgpack."""
+    module, name, _ = TASKS[kind]
+    fn: Callable[..., dict[str, Any]] = getattr(importlib.import_module(module), name)
+    return packb(fn(**unpackb(payload)))
 
 
 @functools.lru_cache(maxsize=1)
 def tasks() -> dict[str, Any]:
-    """The Ray remote functions: ``build``, ``measure``, ``tune`` and ``verify``."""
+    """The Ray remote function of each kind in :data:`TASKS`."""
     configure_environment()
     import ray
 
-    return {
-        # A killed Ray worker re-runs the task; a candidate that fails to build is a result, not an error.
-        "build": ray.remote(num_cpus=1, max_retries=2)(_build_body),
-        "measure": ray.remote(num_cpus=1, resources={MEASURE_RESOURCE: 1}, max_retries=2)(_measure_body),
-        "tune": ray.remote(num_cpus=1, max_retries=0)(_tune_body),
-        "verify": ray.remote(num_cpus=1, max_retries=1)(_verify_body),
-    }
+    return {kind: ray.remote(**options)(run_task) for kind, (_, _, options) in TASKS.items()}
 
 
 def submit(kind: str, *, cpus: int | None = None, **kwargs: Any) -> Any:
@@ -156,7 +135,7 @@ def submit(kind: str, *, cpus: int | None = None, **kwargs: Any) -> Any:
     fn = tasks()[kind]
     if cpus is not None:
         fn = fn.options(num_cpus=cpus)
-    return fn.remote(packb(kwargs))
+    return fn.remote(kind, packb(kwargs))
 
 
 def measure_cpus(target_text: str) -> int:

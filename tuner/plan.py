@@ -32,6 +32,10 @@ class PlanError(ValueError):
     """A model reference, sweep or target that cannot be planned; the message says which."""
 
 
+#: How a PyTorch model is named (a string cannot carry its input shapes).
+TORCH_FORM = '{"torch": "pkg.module:factory", "inputs": {"x": [1, 16]}}'
+
+
 @dataclass(frozen=True)
 class ModelRef:
     source: str  # "shipped" | "onnx" | "torch"
@@ -98,7 +102,7 @@ def parse_model(spec: str | dict[str, Any]) -> ModelRef:
 
 def _shipped(name: str, shape: dict[str, int]) -> ModelRef:
     if name not in models.MODELS:
-        raise PlanError(f"unknown model {name!r}; shipped models: {', '.join(models.model_names())} (or onnx:FILE, torch:MODULE:FACTORY)")
+        raise PlanError(f"unknown model {name!r}; shipped models: {', '.join(models.model_names())} (or onnx:FILE, or a PyTorch module as a mapping: {TORCH_FORM})")
     unknown = set(shape) - set(models.MODELS[name].defaults)
     if unknown:
         raise PlanError(f"model {name!r} takes shape options {sorted(models.MODELS[name].defaults)}, not {sorted(unknown)}")
@@ -154,7 +158,7 @@ def load(ref: ModelRef) -> tvm.IRModule:
 
         module_name, _, factory = ref.name.partition(":")
         if not factory or not ref.inputs:
-            raise PlanError(f"torch model {ref.name!r} must be 'module:factory' with 'inputs' shapes")
+            raise PlanError(f"torch model {ref.name!r} needs 'module:factory' and input shapes: write it as a mapping, {TORCH_FORM}")
         module = getattr(importlib.import_module(module_name), factory)().eval()
         args = tuple(torch.randn(*shape) for shape in ref.inputs.values())
         return from_exported_program(torch.export.export(module, args), keep_params_as_input=False)

@@ -1,6 +1,6 @@
 """TVM set-up for tuning processes, and the build → artifact bytes → load path used across Ray.
 
-Two facts from DESIGN §6 shape this module:
+Two facts shape this module:
 
 - Importing ``tvm.s_tir.tensor_intrin`` parses ~250 TVMScript functions, each calling
   ``inspect.stack()``, which on CPython 3.11 resolves a module per frame: 35–120 s. MetaSchedule's
