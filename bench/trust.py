@@ -253,6 +253,96 @@ def timeouts(tmp: Path, connections: int) -> dict[str, Any]:
             "short_body_cut_after_secs": body_cut_secs}  # fmt: skip
 
 
+def _record(n: int) -> Record:
+    """A small valid record of its own key (workload ``n``)."""
+    from schedhub.registry import SCHEMA_VERSION, canonical_target
+
+    target = canonical_target({"kind": "llvm", "mcpu": "bench"})
+    text = f"@T.prim_func\ndef main(arg0: T.Buffer(({n + 1}, 64), 'float32')): pass\n"
+    return Record.from_obj({"key": record_key("bench", target, text), "schema": SCHEMA_VERSION, "fingerprint": "bench", "target": target,
+                            "workload": text, "op": "bench_op", "args_info": [["TENSOR", "float32", [n + 1, 64]]],
+                            "trace": '[[["GetSBlock",[],["b","main"],["b0"]]],[]]', "run_secs": [1e-4 * (1 + n % 7)]})  # fmt: skip
+
+
+class _Served:
+    """``schedhub serve`` in its own process (fsync on), killable with SIGKILL."""
+
+    def __init__(self, root: Path) -> None:
+        import os
+        import subprocess
+        import sys
+
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc = subprocess.Popen([sys.executable, "-m", "schedhub.cli.main", "serve", "--root", str(root), "--port", str(port)],
+                                     env={**os.environ, "SCHEDHUB_TOKEN": "bench-admin"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        for _ in range(600):
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                time.sleep(0.05)
+        raise RuntimeError("server did not start")
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(10)
+
+
+def durability(tmp: Path, pushers: int, per_pusher: int, kills: int) -> dict[str, Any]:
+    """Concurrent pushes (single PUTs and batches) and kill -9 of the server under load: what was acknowledged must be stored."""
+    root = tmp / "durable"
+    server = _Served(root)
+
+    def push(offset: int, count: int, batch: int) -> None:
+        with RegistryClient(server.url, token="bench-admin", timeout=30) as client:
+            records = [_record(offset + i) for i in range(count)]
+            for i in range(0, count, batch):
+                client.put_many(records[i : i + batch]) if batch > 1 else client.put(records[i])
+
+    figures: dict[str, Any] = {}
+    for label, batch, count in (("single_put_per_sec", 1, 250), ("batched_records_per_sec", per_pusher, per_pusher)):
+        start = time.perf_counter()
+        with ThreadPoolExecutor(pushers) as pool:
+            list(pool.map(lambda w: push((1 + w) * 1_000_000 + batch * 100_000, count, batch), range(pushers)))
+        figures[label] = pushers * count / (time.perf_counter() - start)
+    server.kill()
+    acked: list[str] = []
+    lock = threading.Lock()
+    for cycle in range(kills):
+        server = _Served(root)
+        stop = threading.Event()
+
+        def keep_pushing(w: int) -> None:
+            n = 50_000_000 + cycle * 1_000_000 + w * 100_000
+            with RegistryClient(server.url, token="bench-admin", timeout=5, retries=0) as client:
+                while not stop.is_set():
+                    record = _record(n)
+                    n += 1
+                    try:
+                        client.put(record)
+                    except Exception:  # the server was killed: this push was never acknowledged
+                        return
+                    with lock:
+                        acked.append(record.key)
+
+        threads = [threading.Thread(target=keep_pushing, args=(w,)) for w in range(4)]
+        for t in threads:
+            t.start()
+        time.sleep(0.5 + (cycle % 5) * 0.2)
+        server.kill()
+        stop.set()
+        for t in threads:
+            t.join()
+    with LocalRegistry(root) as reg:
+        present = {key for key in acked if reg.exists(key)}
+        stored_batches = sum(reg.exists(_record((1 + w) * 1_000_000 + per_pusher * 100_000 + i).key) for w in range(pushers) for i in range(per_pusher))
+    return {**figures, "pushers": pushers, "batched_records_stored": stored_batches, "batched_records_sent": pushers * per_pusher,
+            "kill9_cycles": kills, "acknowledged_under_kill9": len(acked), "lost": len(acked) - len(present)}  # fmt: skip
+
+
 def ray_exposure() -> dict[str, Any]:
     import psutil
 
@@ -271,18 +361,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--only", nargs="*", default=None, help="run these sections, keeping the others' recorded figures")
     args = parser.parse_args()
-    results: dict[str, Any] = {}
+    out = args.out or Path(__file__).parent / "results" / ("quick" if args.quick else "full") / "trust.json"
+    results: dict[str, Any] = json.loads(out.read_text()) if args.only and out.exists() else {}
     with tempfile.TemporaryDirectory(prefix="schedhub-trust-") as tmp_dir:
         tmp = Path(tmp_dir)
         for name, fn in (("poisoning", lambda: poisoning(tmp)), ("ownership", lambda: ownership(tmp)), ("compile_bomb", lambda: compile_bomb(tmp, 5)),
                          ("stall", lambda: stall(tmp)), ("queue", lambda: queue_abuse(tmp)),
                          ("fuzz", lambda: fuzzing(tmp, 45 if args.quick else 480)), ("timeouts", lambda: timeouts(tmp, 300 if args.quick else 900)),
-                         ("ray", ray_exposure)):  # fmt: skip
+                         ("ray", ray_exposure), ("durability", lambda: durability(tmp, 8, 200 if args.quick else 1000, 5 if args.quick else 20))):  # fmt: skip
+            if args.only and name not in args.only:
+                continue
             started = time.time()
             results[name] = fn()
             print(f"{name} ({time.time() - started:.0f} s): {json.dumps(results[name])}", flush=True)
-    out = args.out or Path(__file__).parent / "results" / ("quick" if args.quick else "full") / "trust.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1))
     print(f"wrote {out}")

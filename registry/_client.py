@@ -19,7 +19,7 @@ from ._errors import RegistryError, RegistryUnavailable, error_for_status
 from ._queue import Lease
 from ._records import Identity, Record, packb, served_record, unpackb
 from ._store import KeySummary, PutResult
-from ._wire import MSGPACK
+from ._wire import ERROR_HEADER, MSGPACK
 
 LOOKUP_CHUNK = 4096
 PUSH_CHUNK_BYTES = 8 << 20
@@ -241,11 +241,7 @@ def _params(**values: Any) -> dict[str, Any]:
 
 def _is_registry_answer(response: httpx.Response) -> bool:
     """A 404 from the registry itself (an unknown key or job), not from a path it does not serve."""
-    try:
-        body = unpackb(response.content) if response.headers.get("content-type", "").startswith(MSGPACK) else response.json()
-    except (ValueError, RegistryError):
-        return False
-    return isinstance(body, dict) and body.get("error") == "NotFound"
+    return response.headers.get(ERROR_HEADER) == "NotFound"
 
 
 def _error_message(response: httpx.Response) -> str:

@@ -33,7 +33,7 @@ from ._openapi import OPENAPI
 from ._queue import STATES, TASKS, TUNE
 from ._records import Identity, Record, run_secs_field
 from ._service import LocalRegistry
-from ._wire import RawRecord, check_length, decode_body, encode_body, field, wants_msgpack
+from ._wire import ERROR_HEADER, RawRecord, check_length, decode_body, encode_body, field, wants_msgpack
 
 DEFAULT_MAX_BODY = 16 << 20
 DEFAULT_BODY_TIMEOUT = 30.0  # seconds for a whole request body to arrive
@@ -118,7 +118,8 @@ class RegistryApp:
 def reply(request: Request, obj: Any, status: int = 200) -> Response:
     as_msgpack = wants_msgpack(request.headers.get("accept", ""))
     media = "application/msgpack" if as_msgpack else "application/json"
-    return Response(encode_body(obj, as_msgpack), status_code=status, media_type=media)
+    headers = {ERROR_HEADER: obj["error"]} if status >= 400 and isinstance(obj, dict) and "error" in obj else None
+    return Response(encode_body(obj, as_msgpack), status_code=status, media_type=media, headers=headers)
 
 
 def path_key(request: Request) -> str:
@@ -187,7 +188,7 @@ def create_app(
         entries = (await run_in_threadpool(state.reg.lookup_entries, [key])).get(key, [])
         state.counters["hits" if entries else "misses"] += 1
         if request.method == "HEAD":
-            return Response(status_code=200 if entries else 404)
+            return Response(status_code=200) if entries else Response(status_code=404, headers={ERROR_HEADER: "NotFound"})
         if not entries:
             raise NotFound(f"no records for key {key}")
         return reply(request, {"key": key, **served_body(entries)})

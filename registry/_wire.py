@@ -15,6 +15,7 @@ from ._limits import MAX_DEPTH, check_depth
 from ._records import packb, unpackb
 
 MSGPACK = "application/msgpack"
+ERROR_HEADER = "x-schedhub-error"  # names the error class of an error answer (a HEAD answer has no body)
 _MSGPACK_TYPES = (MSGPACK, "application/x-msgpack", "application/vnd.msgpack")
 
 
