@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 
 def test_registry_and_cli_import_neither_tvm_nor_ray() -> None:
@@ -19,7 +20,7 @@ def test_registry_and_cli_import_neither_tvm_nor_ray() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def _imports(path: "Path", package: str) -> set[str]:
+def _imports(path: Path, package: str) -> set[str]:
     """Modules of ``package`` that a file imports anywhere (function-level imports included)."""
     import ast
 
@@ -34,8 +35,6 @@ def _imports(path: "Path", package: str) -> set[str]:
 
 
 def test_no_import_cycles_inside_a_package() -> None:
-    from pathlib import Path
-
     root = Path(__file__).resolve().parent.parent
     for folder, package in (("registry", "schedhub.registry"), ("hooks", "schedhub.hooks"), ("tuner", "schedhub.tuner"), ("cli", "schedhub.cli")):
         graph = {p.stem: _imports(p, package) - {p.stem} for p in (root / folder).glob("*.py") if p.stem != "__init__"}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import lmdb
 import pytest
 
 from schedhub.registry import LocalRegistry, Record, RegistryError, Store, StoreFormatError

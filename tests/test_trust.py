@@ -290,7 +290,7 @@ def _closed_within(sock: socket.socket, seconds: float) -> tuple[bool, bytes]:
 
 
 def test_a_body_shorter_than_its_length_is_cut_off(srv: ServerThread) -> None:
-    head = f"POST /v1/lookup HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n".encode()
+    head = "POST /v1/lookup HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n".encode()
     sock = _raw(srv, head + b'{"keys": [')
     start = time.monotonic()
     sock.settimeout(5)
