@@ -237,10 +237,10 @@ class Store:
                 mine = {"rec": data, "mean": record.mean_secs, "tid": record.trace_id, "at": now, "by": pushed_by, "vby": "", "vmean": 0.0, "complaints": []}
                 entries.append(mine)
                 changed, new_claim = True, not verified
-                claims = sorted((e for e in entries if e["by"] == pushed_by and not e.get("vby")), key=rank)
+                claims = sorted((e for e in entries if e.get("by") == pushed_by and not e.get("vby")), key=rank)
                 for extra in claims[self.per_pusher :]:  # the pusher's worst claims beyond its share
                     entries.remove(extra)
-            elif mine["by"] == pushed_by and record.mean_secs < mine["mean"]:
+            elif mine.get("by") == pushed_by and record.mean_secs < mine["mean"]:
                 mine.update(rec=data, mean=record.mean_secs, at=now)
                 changed = True
             if verified and not mine.get("vby"):
@@ -289,22 +289,27 @@ class Store:
     def entry(self, key: str, trace_id: str, *, txn: lmdb.Transaction | None = None) -> tuple[bytes, dict[str, Any]] | None:
         """One entry's record bytes and status, or None."""
         if txn is not None:
-            value = self._load(txn, key)
+            _, hit = self._find(txn, key, trace_id)
         else:
             with self.read() as own:
-                value = self._load(own, key)
-        hit = next((e for e in value["entries"] if e["tid"] == trace_id), None) if value else None
+                _, hit = self._find(own, key, trace_id)
         return (hit["rec"], entry_status(hit)) if hit else None
+
+    def _find(self, txn: lmdb.Transaction, key: str, trace_id: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        """A key's value and its entry for ``trace_id`` (None where absent)."""
+        value = self._load(txn, key)
+        hit = next((e for e in value["entries"] if e["tid"] == trace_id), None) if value else None
+        return value, hit
 
     def complain(self, key: str, trace_id: str, who: str, *, txn: lmdb.Transaction | None = None) -> dict[str, Any] | None:
         """Note that ``who`` saw the entry fail (once per complainant); its status, or None if absent."""
         with self.write(txn) as t:
-            value = self._load(t, key)
-            hit = next((e for e in value["entries"] if e["tid"] == trace_id), None) if value else None
+            value, hit = self._find(t, key, trace_id)
             if value is None or hit is None:
                 return None
-            if who not in hit["complaints"] and len(hit["complaints"]) < MAX_COMPLAINANTS:
-                hit["complaints"].append(who)
+            complaints = hit.setdefault("complaints", [])  # entries stored before complaints existed lack it
+            if who not in complaints and len(complaints) < MAX_COMPLAINANTS:
+                complaints.append(who)
                 t.put(key.encode(), packb(value), db=self.dbs["records"])
             return entry_status(hit)
 
@@ -314,8 +319,7 @@ class Store:
         'quarantined' (did not replay, build or match the reference) or 'gone' (no such entry)."""
         now = time.time()
         with self.write(txn) as t:
-            value = self._load(t, key)
-            hit = next((e for e in value["entries"] if e["tid"] == trace_id), None) if value else None
+            value, hit = self._find(t, key, trace_id)
             if value is None or hit is None:
                 return "gone"
             measured = sum(run_secs) / len(run_secs) if run_secs else None
@@ -328,7 +332,7 @@ class Store:
                 if measured is not None:
                     reason = f"claimed {hit['mean'] * 1e6:.3g} µs, re-measured {measured * 1e6:.3g} µs by {verifier} (over {tolerance:g}× the claim)"
                 self._remove(t, key, value, hit, f"{outcome} by {verifier}: {reason}"[:4000])
-            self.log_event(t, {"key": key, "tid": trace_id, "op": value["op"], "event": outcome, "by": hit["by"], "verifier": verifier,
+            self.log_event(t, {"key": key, "tid": trace_id, "op": value["op"], "event": outcome, "by": hit.get("by", ""), "verifier": verifier,
                                "run_secs": run_secs or [], "claimed_secs": hit["mean"], "reason": reason[:1000], "at": now})  # fmt: skip
             if outcome == "verified":
                 self._save(t, key, value)
@@ -336,15 +340,14 @@ class Store:
 
     def _remove(self, txn: lmdb.Transaction, key: str, value: dict[str, Any], hit: dict[str, Any], reason: str) -> None:
         value["entries"] = [e for e in value["entries"] if e is not hit]
-        record = {"rec": hit["rec"], "reason": reason, "by": hit["by"], "at": time.time()}
+        record = {"rec": hit["rec"], "reason": reason, "by": hit.get("by", ""), "at": time.time()}
         txn.put(f"{key}:{hit['tid']}".encode(), packb(record), db=self.dbs["quarantine"])
         self._save(txn, key, value)
 
     def quarantine(self, key: str, trace_id: str, reason: str, *, txn: lmdb.Transaction | None = None) -> bool:
         """Move one record out of service (an admin's decision); False if it was not there."""
         with self.write(txn) as t:
-            value = self._load(t, key)
-            hit = next((e for e in value["entries"] if e["tid"] == trace_id), None) if value else None
+            value, hit = self._find(t, key, trace_id)
             if value is None or hit is None:
                 return False
             self._remove(t, key, value, hit, reason)

@@ -88,3 +88,21 @@ def test_records_decode_from_what_the_store_holds(local: LocalRegistry) -> None:
     found = local.lookup([r.key for r in recs] + ["0" * 64])
     assert set(found) == {r.key for r in recs}
     assert all(isinstance(v[0], Record) for v in found.values())
+
+
+def test_entries_stored_before_trust_existed_read_as_claims_and_take_every_new_operation(local: LocalRegistry) -> None:
+    from schedhub.registry import packb, unpackb
+
+    old, new = make_record(9, 2e-3), make_record(9, 1e-3, variant=1)
+    local.put(old, "tuner")
+    with local.store.write() as txn:  # the entry as the store kept it before: no verifier, no complaints
+        value = unpackb(txn.get(old.key.encode(), db=local.store.dbs["records"]))
+        value["entries"] = [{k: e[k] for k in ("rec", "mean", "tid", "at", "by")} for e in value["entries"]]
+        txn.put(old.key.encode(), packb(value), db=local.store.dbs["records"])
+    (legacy,) = local.get(old.key)
+    assert not legacy.served.verified and legacy.served.complaints == 0
+    assert local.complain(old.key, old.trace_id, "it failed", "client")["complaints"] == 1
+    local.put(new, "alice", verified=False)
+    assert [r.trace_id for r in local.get(old.key)] == [new.trace_id, old.trace_id]  # two claims, by claimed time
+    assert local.store.verdict(old.key, old.trace_id, "w", [2.1e-3], "timed", 2.0) == "verified"
+    assert [r.trace_id for r in local.get(old.key)] == [old.trace_id, new.trace_id]
