@@ -30,8 +30,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from schedhub.hooks.msdb import scheduled
 from schedhub.tuner import baselines, cluster, kernels, models, tvm_env
-from schedhub.tuner.search import TuneOptions, TuneResult, best_so_far, mean_secs, replay, scheduled, search_settings, trace_text
+from schedhub.tuner.search import TuneOptions, TuneResult, best_so_far, mean_secs, replay, search_settings, trace_text
 
 from .stats import summary
 

@@ -35,6 +35,13 @@ def tuning_record(record: Record, mod: tvm.IRModule | None = None) -> ms.databas
     return ms.database.TuningRecord.from_json(as_json, workload)
 
 
+def scheduled(mod: tvm.IRModule, trace: Any) -> tvm.IRModule:
+    """``mod`` with ``trace`` applied (postprocessing instructions included)."""
+    sch = tvm.s_tir.Schedule(mod)
+    trace.apply_to_schedule(sch, remove_postproc=False)
+    return sch.mod
+
+
 def read_json_database(work_dir: str | os.PathLike[str], provenance: dict[str, Any] | None = None) -> Iterator[Record]:
     """Records of a MetaSchedule JSONDatabase directory; failed measurements are skipped."""
     directory = Path(work_dir)

@@ -27,7 +27,7 @@ from schedhub.registry import Identity, Record, Registry, RegistryError, signatu
 
 from .guard import ScheduleLimits, check_scheduled, check_trace_size
 from .identity import as_module, workload_identity
-from .msdb import tuning_record
+from .msdb import scheduled, tuning_record
 
 Trust = Union[str, Collection[str]]
 
@@ -173,7 +173,7 @@ class HookSession:
             try:
                 check_trace_size(record.trace, self.limits)
                 tr = tuning_record(record, mod)
-                check_scheduled(scheduled_module(mod, tr.trace), self.limits)
+                check_scheduled(scheduled(mod, tr.trace), self.limits)
             except Exception as exc:  # TVM raises ScheduleError, TVMError, ValueError… on a bad trace
                 self._refuse(record, exc)
                 continue
@@ -234,10 +234,3 @@ def tunable(identity: Identity) -> bool:
         return signature_args_info(identity.workload) == identity.args_info
     except RegistryError:
         return False
-
-
-def scheduled_module(mod: tvm.IRModule, trace: Any) -> tvm.IRModule:
-    """``mod`` with ``trace`` applied (postprocessing instructions included)."""
-    sch = tvm.s_tir.Schedule(mod)
-    trace.apply_to_schedule(sch, remove_postproc=False)
-    return sch.mod

@@ -176,15 +176,6 @@ def trace_text(trace: Any) -> str:
     return json.dumps(plain_json(trace.as_json()), separators=(",", ":"))
 
 
-def scheduled(mod: Any, trace: Any) -> Any:
-    """``mod`` with ``trace`` applied."""
-    import tvm
-
-    sch = tvm.s_tir.Schedule(mod)
-    trace.apply_to_schedule(sch, remove_postproc=False)
-    return sch.mod
-
-
 def replay(workload: Any, text: str, target: Any) -> Any:
     """A record's trace text replayed on a MetaSchedule Workload: the re-derived Trace.
 
@@ -198,6 +189,8 @@ def replay(workload: Any, text: str, target: Any) -> Any:
 def _seed_database(database: Any, mod: Any, target: Any, traces: list[str], builder: RayBuilder, runner: RayRunner) -> int:
     """Replay registry traces on ``mod``, measure them and commit them to ``database``."""
     from tvm.s_tir import meta_schedule as ms
+
+    from schedhub.hooks.msdb import scheduled
 
     workload = database.commit_workload(mod)
     replayed = []
@@ -252,6 +245,8 @@ def side_by_side(identity: Identity, mod: Any, candidates: list[Any], timing: di
 def _publish(identity: Identity, mod: Any, measured: list[Any], options: TuneOptions, timeline: Timeline) -> tuple[list[Record], float, list[str]]:
     """Verify and re-measure the best distinct schedules; returns (records best first, untuned secs, rejections)."""
     import tvm
+
+    from schedhub.hooks.msdb import scheduled
 
     best: dict[str, Any] = {}
     for tr in sorted(measured, key=mean_secs):

@@ -26,7 +26,9 @@ def verify_job(job: dict[str, Any], timing: dict[str, Any] | None = None) -> dic
     from schedhub.hooks.guard import ScheduleLimits, check_scheduled, check_trace_size
     from schedhub.hooks.identity import compiler_fingerprint, target_from_text, workload_module
 
-    from .search import ToolchainMismatch, replay, scheduled, side_by_side
+    from schedhub.hooks.msdb import scheduled
+
+    from .search import ToolchainMismatch, replay, side_by_side
 
     tvm_env.prepare()
     identity = Identity.from_obj(job["identity"])
