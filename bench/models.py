@@ -3,25 +3,27 @@
     python -m bench.models [--quick] [--trials N] [--out bench/results/<mode>/models.json]
 
 For every shipped network (ResNet-18, MobileNet-V2, a BERT-base layer, an MLP) at batch 1 and a
-larger batch, in one process:
+larger batch (PyTorch in a process of its own, ``schedhub.tuner.torch_process``: beside TVM it was seen
+25–35× slower):
 
 1. its kernels are tuned with ``schedhub.tuner`` on a local Ray cluster into an embedded LMDB
    registry (a kernel shared with an earlier network is not tuned twice), budget from the mode;
    then the Ray cluster stops, so that nothing else runs on the cores while timing;
 2. the Relax model (seeded weights bound) compiles with plain ``tvm.compile`` (TVM's default
    schedules) and with ``schedhub.hooks.use(registry)``, where every kernel must hit;
-3. the PyTorch twin (``bench.torch_models``, same weights) runs the same input; the three outputs
-   are checked against each other;
+3. the PyTorch twin (``bench.torch_models``, same weights) runs the same input in the PyTorch
+   process; the three outputs are checked against each other;
 4. untuned, tuned and PyTorch forward passes are timed side by side: rounds interleave the three,
    each sample is a median over repeats after warm-up.
 
 Per kernel, the untuned and tuned times are the tuner's side-by-side re-measurement; numpy and
-PyTorch equivalents (matmul, conv2d) are timed here at the kernel's shapes.
+PyTorch equivalents (matmul, conv2d) are timed at the kernel's shapes (numpy here, PyTorch in its process).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import tempfile
@@ -36,6 +38,7 @@ import numpy as np
 from schedhub.registry import LocalRegistry
 from schedhub.tuner import baselines, cluster, dispatch, models, tvm_env
 from schedhub.tuner.search import TuneOptions, TuneResult
+from schedhub.tuner.torch_process import TorchProcess
 
 from .stats import ratio, summary
 from .tuner import flops
@@ -76,7 +79,9 @@ def run(mode: str, trials: int | None = None, say: Callable[[str], None] = print
     out: dict[str, Any] = {"mode": mode, "target": tvm_env.host_target(), "options": asdict(options), "batches": config["batches"],
                            "networks": config["networks"], "rounds": config["rounds"], "rows": [], "kernels": []}  # fmt: skip
     tuned: dict[str, TuneResult] = {}
-    with tempfile.TemporaryDirectory(prefix="schedhub-bench-models-") as root, LocalRegistry(root) as registry:
+    with contextlib.ExitStack() as stack:
+        root = stack.enter_context(tempfile.TemporaryDirectory(prefix="schedhub-bench-models-"))
+        registry = stack.enter_context(LocalRegistry(root))
         configs = []
         for name, shape in config["networks"].items():
             for batch in config["batches"]:
@@ -95,6 +100,7 @@ def run(mode: str, trials: int | None = None, say: Callable[[str], None] = print
         # Nothing of Ray may share the 2 cores with the timings: a busy raylet or worker stalls
         # PyTorch's spinning OpenMP barriers by whole scheduler ticks.
         cluster.stop()
+        torch_proc = stack.enter_context(TorchProcess(cwd=Path(__file__).resolve().parent.parent))  # PyTorch never shares a process with TVM
         for name, batch, shape, mod, weights, input_shape, kernels, tuned_now, tune_secs in configs:
             untuned_ex = tvm.compile(mod, target)
             with hooks.use(registry, target) as session:
@@ -102,30 +108,30 @@ def run(mode: str, trials: int | None = None, say: Callable[[str], None] = print
             report = session.report
             if report.hits != len(kernels) or report.misses:
                 raise RuntimeError(f"{name} batch {batch}: the tuned compile hit {report.hits} of {len(kernels)} kernels")
-            row = _time_network(name, batch, shape, weights, input_shape, untuned_ex, tuned_ex, config["rounds"])
+            row = _time_network(name, batch, shape, weights, input_shape, untuned_ex, tuned_ex, config["rounds"], torch_proc)
             row.update({"kernels": len(kernels), "tuned_now": tuned_now, "tune_secs": tune_secs,
                         "trials": sum(tuned[k.identity.key].trials + tuned[k.identity.key].warm_started for k in kernels)})  # fmt: skip
             out["rows"].append(row)
-            out["kernels"] += _kernel_rows(name, batch, kernels, tuned)
+            out["kernels"] += _kernel_rows(name, batch, kernels, tuned, torch_proc)
             t = row["timing"]
             say(f"{name} b{batch}: PyTorch {t['pytorch']['median']:.3f} ms, untuned {t['untuned']['median']:.3f} ms, tuned {t['tuned']['median']:.3f} ms")
     return out
 
 
-def _time_network(name: str, batch: int, shape: dict[str, int], weights: dict[str, np.ndarray], input_shape: tuple[int, ...],
-                  untuned_ex: Any, tuned_ex: Any, rounds: int) -> dict[str, Any]:  # fmt: skip
-    from . import torch_models
+TORCH_TWINS = "bench.torch_models:build"  # the PyTorch twins of every shipped network
 
+
+def _time_network(name: str, batch: int, shape: dict[str, int], weights: dict[str, np.ndarray], input_shape: tuple[int, ...],
+                  untuned_ex: Any, tuned_ex: Any, rounds: int, torch_proc: TorchProcess) -> dict[str, Any]:  # fmt: skip
     x = np.random.default_rng(1).standard_normal(input_shape).astype("float32")
-    net = torch_models.build(name, weights, batch=batch, **shape)
     (untuned_out, untuned_timer), (tuned_out, tuned_timer) = _vm_run(untuned_ex, x), _vm_run(tuned_ex, x)
-    outputs = {"untuned": untuned_out, "tuned": tuned_out, "pytorch": torch_models.forward(net, x)}
+    outputs = {"untuned": untuned_out, "tuned": tuned_out, "pytorch": torch_proc.load_network(name, weights, x, factory=TORCH_TWINS, batch=batch, **shape)}
     scale = float(np.abs(outputs["untuned"]).max()) or 1.0
     errors = {k: float(np.abs(v - outputs["untuned"]).max()) / scale for k, v in outputs.items() if k != "untuned"}
     if max(errors.values()) > 1e-3:
         raise AssertionError(f"{name} batch {batch}: outputs disagree (max error relative to the output's scale: {errors})")
     timers = {"untuned": untuned_timer, "tuned": tuned_timer,
-              "pytorch": lambda: statistics.median(baselines.time_callable(lambda: torch_models.forward(net, x), 3, 0.1))}  # fmt: skip
+              "pytorch": torch_proc.time_network}  # fmt: skip
     samples: dict[str, list[float]] = {k: [] for k in timers}
     for _ in range(rounds):
         for k, timer in timers.items():
@@ -150,18 +156,24 @@ def _vm_run(ex: Any, x: np.ndarray) -> tuple[np.ndarray, Callable[[], float]]:
     return output, lambda: statistics.median(evaluator(arg).results)
 
 
-def _kernel_rows(network: str, batch: int, kernels: list[models.Kernel], tuned: dict[str, TuneResult], baselined: int = 3) -> list[dict[str, Any]]:
-    """One row per kernel, heaviest (untuned time × calls) first; the ``baselined`` heaviest matmul/conv kernels get numpy and PyTorch times."""
+def _kernel_rows(network: str, batch: int, kernels: list[models.Kernel], tuned: dict[str, TuneResult], torch_proc: TorchProcess,
+                 baselined: int = 3) -> list[dict[str, Any]]:  # fmt: skip
+    """One row per kernel, heaviest (untuned time × calls) first; the ``baselined`` heaviest matmul/conv kernels get numpy
+    and PyTorch times (PyTorch in its own process)."""
     rows = sorted((_kernel_row(network, batch, k, tuned[k.identity.key]) for k in kernels), key=lambda r: -r["untuned_ms"] * r["calls"])
     heaviest = [r for r in rows if r["flops"]][:baselined]
-    for library in ("numpy", "torch"):
+    def numpy_secs(op: str, args_info: list[Any]) -> float | None:
+        fn = baselines.kernel_baseline(op, args_info, "numpy")
+        return statistics.median(baselines.time_callable(fn, 5, 0.05)) if fn else None
+
+    for library, secs_of in (("numpy", numpy_secs), ("torch", torch_proc.time_kernel)):
         # One library at a time, after the last one's worker threads stopped spinning: on 2 cores,
         # OpenBLAS's, PyTorch's and TVM's spinning pools starve each other's barriers (it showed as
         # single kernels at 0.1 GFLOPS).
         time.sleep(0.5)
         for row in heaviest:
-            fn = baselines.kernel_baseline(row["op"], row["args_info"], library)
-            row[f"{library}_ms"] = statistics.median(baselines.time_callable(fn, 5, 0.05)) * 1e3 if fn else None
+            secs = secs_of(row["op"], row["args_info"])
+            row[f"{library}_ms"] = secs * 1e3 if secs is not None else None
     return rows
 
 

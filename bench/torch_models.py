@@ -120,10 +120,15 @@ class BertLayer(nn.Module):
 
 
 def build(name: str, weights: dict[str, np.ndarray], **shape: int) -> nn.Module:
-    """The PyTorch twin of shipped model ``name`` carrying ``weights`` (by Relax parameter name), in eval mode."""
-    from schedhub.tuner.models import MODELS
+    """The PyTorch twin of shipped model ``name`` carrying ``weights`` (by Relax parameter name), in eval mode.
 
-    options = {**MODELS[name].defaults, **shape}
+    Given every option it needs (``bench.torch_process`` passes them all), it does not import TVM.
+    """
+    options = shape
+    if name == "mlp" and not {"features", "hidden"} <= set(shape):
+        from schedhub.tuner.models import MODELS  # imports TVM
+
+        options = {**MODELS[name].defaults, **shape}
     factories: dict[str, Any] = {
         "mlp": lambda: MLP(options["features"], options["hidden"]),
         "resnet18": ResNet18,

@@ -94,3 +94,29 @@ def test_the_run_to_run_noise_is_measured_on_same_code_figures_and_judges_the_tu
     found = report.agreement(run(1.0, 1.0), run(1.1, 1.5))  # a schedule 50% slower is more than noise
     assert not any(r["within_noise"] for r in found["comparisons"] if "tuned vs untuned" in r["figure"])
     assert report.agreement(run(1.0, 1.0), run(1.1, 1.0))["noise"]["absolute"] == pytest.approx(0.1)
+
+
+def test_pytorch_runs_in_its_own_process_without_tvm() -> None:
+    import numpy as np
+
+    from schedhub.tuner import models
+    from schedhub.tuner.torch_process import TorchProcess, TorchProcessError
+
+    _, weights, input_shape = models.export_with_weights("mlp", batch=2, features=32, hidden=64)
+    x = np.random.default_rng(0).standard_normal(input_shape).astype("float32")
+    with TorchProcess() as torch_proc:
+        out = torch_proc.load_network("mlp", weights, x, batch=2, features=32, hidden=64)
+        w1, b1, w2, b2, w3, b3 = (weights[k] for k in ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "head.weight", "head.bias"))
+        expected = np.maximum(np.maximum(x @ w1.T + b1, 0) @ w2.T + b2, 0) @ w3.T + b3
+        np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+        assert torch_proc.time_network() > 0
+        assert torch_proc.time_kernel("fused_matmul_add_relu", [["TENSOR", "float32", [2, 32]], ["TENSOR", "float32", [32, 64]],
+                                                                 ["TENSOR", "float32", [64]], ["TENSOR", "float32", [2, 64]]]) > 0  # fmt: skip
+        with pytest.raises(TorchProcessError, match="nosuchnet"):
+            torch_proc.load_network("nosuchnet", weights, x, batch=2, features=32, hidden=64)
+        assert torch_proc.time_network() > 0  # still serving after an error
+    from pathlib import Path
+
+    with TorchProcess(cwd=Path(__file__).resolve().parent.parent) as torch_proc:  # the benchmarks' twins, by factory name
+        twin = torch_proc.load_network("mlp", weights, x, factory="bench.torch_models:build", batch=2, features=32, hidden=64)
+        np.testing.assert_allclose(twin, expected, rtol=1e-4, atol=1e-4)

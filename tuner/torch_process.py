@@ -1,0 +1,149 @@
+"""PyTorch baselines timed in a process of their own, which never imports TVM.
+
+In a process that had imported TVM, PyTorch's ResNet-18 was seen 25–35× slower, intermittently
+(two runtimes' thread pools on the same cores). So the demo and the benchmarks keep PyTorch in a
+child process and talk to it in JSON lines over its stdin/stdout; arrays travel as ``.npy``/``.npz``
+files loaded with ``allow_pickle=False``; the network's PyTorch twin comes from a factory named
+``module:function`` (imported by name in the child). The child stays up for a whole run, so its
+timings still interleave with TVM's round by round.
+
+    with TorchProcess() as torch_proc:
+        out = torch_proc.load_network("mlp", weights, x, batch=4)   # its output, to check against TVM's
+        secs = torch_proc.time_network()                             # seconds per forward pass
+        secs = torch_proc.time_kernel("fused_matmul_add_relu", args_info)
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+#: The default factory: the shipped MLP (the demo's model) from its Relax weights.
+MLP_FACTORY = "schedhub.tuner.torch_process:mlp_twin"
+
+
+class TorchProcessError(RuntimeError):
+    """The PyTorch process failed a request (its message says why)."""
+
+
+class TorchProcess:
+    """The PyTorch child; ``cwd`` where its factory modules import from (``bench`` needs the repository root)."""
+
+    def __init__(self, cwd: str | Path | None = None) -> None:
+        self._dir = tempfile.TemporaryDirectory(prefix="schedhub-torch-")
+        self._proc = subprocess.Popen([sys.executable, "-u", "-m", "schedhub.tuner.torch_process"], cwd=cwd, stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, text=True)  # fmt: skip
+
+    def __enter__(self) -> TorchProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            assert self._proc.stdin is not None
+            self._proc.stdin.close()
+            self._proc.wait(30)
+        self._dir.cleanup()
+
+    def _ask(self, **request: Any) -> dict[str, Any]:
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._proc.stdin.write(json.dumps(request) + "\n")
+        self._proc.stdin.flush()
+        line = self._proc.stdout.readline()
+        if not line:
+            raise TorchProcessError(f"the PyTorch process exited (code {self._proc.wait(10)})")
+        answer = json.loads(line)
+        if "error" in answer:
+            raise TorchProcessError(answer["error"])
+        return answer
+
+    def load_network(self, name: str, weights: dict[str, np.ndarray], x: np.ndarray, factory: str = MLP_FACTORY, **shape: int) -> np.ndarray:
+        """Build the PyTorch twin of shipped model ``name`` with these weights (``factory(name, weights, **options)``);
+        its output on ``x``."""
+        from .models import MODELS  # here, not in the PyTorch process: it imports TVM
+
+        if name in MODELS:
+            shape = {**MODELS[name].defaults, **shape}
+        folder = Path(self._dir.name)
+        np.savez(folder / "weights.npz", **weights)
+        np.save(folder / "x.npy", x)
+        self._ask(cmd="load", name=name, factory=factory, dir=str(folder), shape=shape)
+        return np.load(folder / "out.npy", allow_pickle=False)
+
+    def time_network(self, repeat: int = 3, min_secs: float = 0.1) -> float:
+        """Median seconds per forward pass of the loaded network."""
+        return float(self._ask(cmd="time", repeat=repeat, min_secs=min_secs)["secs"])
+
+    def time_kernel(self, op: str, args_info: list[Any], repeat: int = 5, min_secs: float = 0.05) -> float | None:
+        """Median seconds of PyTorch's equivalent of a fused kernel (None: no equivalent)."""
+        secs = self._ask(cmd="kernel", op=op, args_info=args_info, repeat=repeat, min_secs=min_secs)["secs"]
+        return None if secs is None else float(secs)
+
+
+def mlp_twin(name: str, weights: dict[str, np.ndarray], features: int, hidden: int, classes: int = 10, **_: int) -> Any:
+    """The shipped MLP (``fc1``, ``fc2``, ``head`` with ReLUs) in PyTorch, carrying the Relax weights."""
+    import torch
+
+    if name != "mlp":
+        raise ValueError(f"the default factory builds the shipped mlp only, not {name!r}")
+    net = torch.nn.Sequential(torch.nn.Linear(features, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
+                              torch.nn.Linear(hidden, classes))  # fmt: skip
+    state = {f"{i}.{part}": torch.from_numpy(np.ascontiguousarray(weights[f"{layer}.{part}"]))
+             for i, layer in ((0, "fc1"), (2, "fc2"), (4, "head")) for part in ("weight", "bias")}  # fmt: skip
+    net.load_state_dict(state, strict=True)
+    return net.eval()
+
+
+def _forward(net: Any, x: np.ndarray) -> np.ndarray:
+    import torch
+
+    with torch.inference_mode():
+        return net(torch.from_numpy(x)).numpy()
+
+
+def _serve() -> None:
+    """The child: answers one JSON request per line until stdin closes."""
+    import importlib
+    import statistics
+
+    from . import baselines
+
+    net: Any = None
+    x: np.ndarray | None = None
+    for line in sys.stdin:
+        request = json.loads(line)
+        try:
+            if request["cmd"] == "load":
+                folder = Path(request["dir"])
+                with np.load(folder / "weights.npz", allow_pickle=False) as loaded:
+                    weights = {k: loaded[k] for k in loaded.files}
+                x = np.load(folder / "x.npy", allow_pickle=False)
+                module, _, function = request["factory"].partition(":")
+                net = getattr(importlib.import_module(module), function)(request["name"], weights, **request["shape"])
+                np.save(folder / "out.npy", _forward(net, x))
+                answer: dict[str, Any] = {"ok": True}
+            elif request["cmd"] == "time":
+                samples = baselines.time_callable(lambda: _forward(net, x), request["repeat"], request["min_secs"])
+                answer = {"secs": statistics.median(samples)}
+            elif request["cmd"] == "kernel":
+                fn = baselines.kernel_baseline(request["op"], request["args_info"], "torch")
+                answer = {"secs": statistics.median(baselines.time_callable(fn, request["repeat"], request["min_secs"])) if fn else None}
+            else:
+                answer = {"error": f"unknown request {request['cmd']!r}"}
+        except Exception as exc:  # the parent gets the reason, the child keeps serving
+            answer = {"error": f"{exc.__class__.__name__}: {exc}"}
+        if "tvm" in sys.modules:
+            answer = {"error": "TVM got imported into the PyTorch process"}
+        print(json.dumps(answer), flush=True)
+
+
+if __name__ == "__main__":
+    _serve()
