@@ -5,7 +5,8 @@
     print(session.report.summary())
 
 Inside ``use`` every fused kernel is looked up (one batch request per compile); a record is
-replayed on the user's own kernel; misses are reported to the registry's queue in one request; a
+replayed on the user's own kernel; on a miss, the nearest record of the same structure that
+replays (another shape, compiler build or target) is served as a transfer; misses are reported to the registry's queue in one request; a
 registry that is down or slow costs at most ``timeout`` and one warning. Outside it, TVM behaves
 as it always does. ``relax_pipeline="schedhub"`` names the same pipeline explicitly.
 """
@@ -48,13 +49,15 @@ def use(
     report_misses: bool = True,
     trust: Trust = "verified",
     limits: ScheduleLimits | None = None,
+    transfer: bool = True,
 ) -> Iterator[HookSession]:
     """Apply registry schedules to every Relax build in this block (this thread).
 
     ``registry`` is a URL, a store directory, a registry instance, or the session of an earlier
     block, whose read-through cache (and registry) this block then reuses. ``trust`` says which
     records are served ("verified", "any", or pusher names besides verified records); ``limits``
-    bounds what a record may cost the compile.
+    bounds what a record may cost the compile. ``transfer``: on a miss, serve the nearest record
+    of the same structure (another shape, compiler build or target) that replays on the kernel.
     """
     install()
     if isinstance(registry, HookSession):
@@ -62,7 +65,7 @@ def use(
         reg = session.registry
     else:
         reg, opened = _open(registry, timeout)
-        session = HookSession(reg, report_misses=report_misses, trust=trust, limits=limits)
+        session = HookSession(reg, report_misses=report_misses, trust=trust, limits=limits, transfer=transfer)
     token = ACTIVE.set(session)
     try:
         with contextlib.ExitStack() as stack:

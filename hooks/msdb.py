@@ -25,13 +25,15 @@ def record_from_tuning_record(tr: ms.database.TuningRecord, op: str | None = Non
     return Record(identity, json.dumps(trace, separators=(",", ":")), run_secs, dict(provenance or {}))
 
 
-def tuning_record(record: Record, mod: tvm.IRModule | None = None) -> ms.database.TuningRecord:
+def tuning_record(record: Record, mod: tvm.IRModule | None = None, args_info: list[Any] | None = None) -> ms.database.TuningRecord:
     """The record as a TuningRecord on ``mod`` (default: its own workload), replaying the trace.
 
+    ``args_info``: the module's own, when the record was tuned for another shape (a transfer).
     Raises TVM's error when the trace does not apply to the module.
     """
     workload = ms.database.Workload(mod if mod is not None else workload_module(record.identity.workload))
-    as_json = [json.loads(record.trace), record.run_secs, json.loads(record.identity.target), record.identity.args_info]
+    info = args_info if args_info is not None else record.identity.args_info
+    as_json = [json.loads(record.trace), record.run_secs, json.loads(record.identity.target), info]
     return ms.database.TuningRecord.from_json(as_json, workload)
 
 

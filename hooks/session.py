@@ -3,7 +3,9 @@
 It turns kernels into registry identities (cached by structural hash), looks them up in batches
 with a read-through cache, serves only records its ``trust`` accepts, refuses records that fail to
 replay or would cost the compile too much (:mod:`.guard`) and complains about them to the registry,
-buffers misses for one batched report, and goes offline (one warning) when the registry fails, so
+serves a *transfer* on a miss (a record of the same structure from another shape, compiler build or
+target that replays on the kernel within the bounds; the miss is still reported, so the exact
+schedule gets tuned), buffers misses for one batched report, and goes offline (one warning) when the registry fails, so
 the compile falls back to TVM's default schedules instead of failing.
 
 ``trust``: ``"verified"`` (the default) serves records a trusted worker replayed, checked and
@@ -23,7 +25,7 @@ from typing import Any, Union
 import tvm
 import tvm_ffi
 
-from schedhub.registry import Identity, Record, Registry, RegistryError, signature_args_info
+from schedhub.registry import Candidate, Identity, Record, Registry, RegistryError, signature_args_info
 
 from .guard import ScheduleLimits, check_scheduled, check_trace_size
 from .identity import as_module, workload_identity
@@ -33,7 +35,8 @@ Trust = Union[str, Collection[str]]
 
 log = logging.getLogger("schedhub")
 
-HIT, MISS, FALLBACK, OFFLINE = "hit", "miss", "fallback", "offline"
+HIT, TRANSFER, MISS, FALLBACK, OFFLINE = "hit", "transfer", "miss", "fallback", "offline"
+DEFAULT_CANDIDATES = 4  # neighbours asked for per missed key
 
 
 class RegistryFallbackWarning(UserWarning):
@@ -44,7 +47,7 @@ class RegistryFallbackWarning(UserWarning):
 class KernelOutcome:
     op: str
     key: str
-    outcome: str  # hit | miss | fallback (a record failed to replay) | offline
+    outcome: str  # hit | transfer | miss | fallback (a record failed to replay) | offline
     detail: str = ""
 
 
@@ -64,6 +67,10 @@ class CompileReport:
         return self.count(HIT)
 
     @property
+    def transfers(self) -> int:
+        return self.count(TRANSFER)
+
+    @property
     def misses(self) -> int:
         return self.count(MISS) + self.count(OFFLINE)
 
@@ -72,7 +79,7 @@ class CompileReport:
         return self.count(FALLBACK)
 
     def summary(self) -> str:
-        return (f"schedhub: {len(self.kernels)} kernels: {self.hits} hits, {self.misses} misses, {self.fallbacks} fallbacks "
+        return (f"schedhub: {len(self.kernels)} kernels: {self.hits} hits, {self.transfers} transfers, {self.misses} misses, {self.fallbacks} fallbacks "
                 f"({self.lookups} lookups in {self.lookup_secs * 1e3:.1f} ms, {self.misses_reported} misses reported)")  # fmt: skip
 
 
@@ -90,15 +97,17 @@ def trust_filter(trust: Trust) -> Callable[[Record], bool]:
 
 class HookSession:
     def __init__(self, registry: Registry, *, report_misses: bool = True, trust: Trust = "verified",
-                 limits: ScheduleLimits | None = None) -> None:  # fmt: skip
+                 limits: ScheduleLimits | None = None, transfer: bool = True) -> None:  # fmt: skip
         self.registry = registry
         self.report_misses = report_misses
+        self.transfer = transfer
         self.trusts = trust_filter(trust)
         self.limits = limits or ScheduleLimits()
         self.reports: list[CompileReport] = [CompileReport()]
         self.offline = False
         self._identities: dict[tuple[int, str], Identity] = {}
         self._records: dict[str, list[Record]] = {}
+        self._candidates: dict[str, list[Candidate]] = {}  # neighbours of missed keys, nearest first
         self._committed: dict[str, list[Record]] = {}  # what this process committed: read back at once
         self._pending_misses: dict[str, Identity] = {}
         self._refused_keys: set[str] = set()
@@ -127,20 +136,24 @@ class HookSession:
 
     def prefetch(self, identities: list[Identity]) -> None:
         """Fetch every key not yet cached in one batch request."""
-        wanted = [i.key for i in identities if i.key not in self._records]
+        wanted = list({i.key: i for i in identities if i.key not in self._records}.values())
         if not wanted or self.offline:
             return
         start = time.perf_counter()
         try:
-            found = self.registry.lookup(wanted)
+            if self.transfer:
+                found, near = self.registry.lookup_with_candidates(wanted, per_key=DEFAULT_CANDIDATES)
+            else:
+                found, near = self.registry.lookup([i.key for i in wanted]), {}
         except RegistryError as exc:
             self._go_offline(exc)
             return
         finally:
             self.report.lookups += 1
             self.report.lookup_secs += time.perf_counter() - start
-        for key in wanted:
-            self._records[key] = found.get(key, [])
+        for identity in wanted:
+            self._records[identity.key] = found.get(identity.key, [])
+            self._candidates[identity.key] = [c for c in near.get(identity.key, []) if c.record.identity.structure == identity.structure]
 
     def cached(self) -> dict[str, list[Record]]:
         """Every key this session has looked up, with the records it found ([] for a miss)."""
@@ -179,8 +192,33 @@ class HookSession:
                 continue
             self._note(identity, HIT, record.trace_id)
             return tr
+        self._pending_misses[identity.key] = identity  # a transfer too: the exact schedule is still to tune
+        transferred = self._transfer(identity, mod)
+        if transferred is not None:
+            return transferred
         self._note(identity, FALLBACK if identity.key in self._refused_keys else MISS)
-        self._pending_misses[identity.key] = identity
+        return None
+
+    def _transfer(self, identity: Identity, mod: tvm.IRModule) -> Any:
+        """The first candidate (nearest first) that replays on ``mod`` within the bounds, or None.
+
+        A candidate that does not apply is dropped for this session without a complaint: it was
+        tuned for another kernel, and failing on this one says nothing against it.
+        """
+        candidates = [c for c in self._candidates.get(identity.key, []) if self.trusts(c.record)]
+        for candidate in candidates:
+            record = candidate.record
+            try:
+                check_trace_size(record.trace, self.limits)
+                tr = tuning_record(record, mod, identity.args_info)
+                check_scheduled(scheduled(mod, tr.trace), self.limits)
+            except Exception as exc:  # another structure after all, or over the bounds here
+                log.debug("schedhub: candidate %s does not transfer to %s: %s", record.trace_id, identity.op, str(exc)[:200])
+                self._candidates[identity.key].remove(candidate)
+                continue
+            self._candidates[identity.key] = [candidate, *(c for c in self._candidates[identity.key] if c is not candidate)]
+            self._note(identity, TRANSFER, f"{candidate.relation}:{record.trace_id}:{record.identity.op}")
+            return tr
         return None
 
     def _refuse(self, record: Record, exc: Exception) -> None:

@@ -4,6 +4,8 @@ Needs neither TVM nor Ray. Public surface:
 
 - keys: :func:`record_key`, :func:`canonical_target`, :data:`SCHEMA_VERSION`
 - records: :class:`Record`, :class:`Identity` (canonical msgpack codec with validation)
+- neighbours: :func:`structure_key`, :func:`workload_key`, :class:`Probe`, :class:`Candidate`:
+  records of the same structure offered for a missed key (``lookup_with_candidates``)
 - storage: :class:`LocalRegistry` over an LMDB root (:class:`Store`, :class:`MissQueue` beneath)
 - HTTP: :func:`create_app` (Starlette) and :class:`RegistryClient` (httpx), same method names
 - :func:`connect`: an instance, a URL or a directory → a registry
@@ -30,8 +32,9 @@ from ._errors import (
     TooManyRequests,
     Unauthorized,
 )
-from ._keys import SCHEMA_VERSION, canonical_target, is_key, record_key, target_kind
+from ._keys import SCHEMA_VERSION, canonical_target, is_key, record_key, skeleton, structure_key, target_kind, workload_key
 from ._limits import signature_args_info
+from ._neighbours import COMPILER, SHAPE, TARGET, Candidate, Probe, shape_distance
 from ._queue import DEAD, DONE, LEASED, PENDING, TUNE, VERIFY, Lease, MissQueue, verify_job_id
 from ._records import Identity, Record, Served, packb, unpackb
 from ._serve import InsecureServerError, ServerThread, serve
@@ -59,6 +62,7 @@ def connect(spec: Registry | str | os.PathLike[str], **options: object) -> Regis
 
 __all__ = [
     "SCHEMA_VERSION", "record_key", "canonical_target", "is_key", "target_kind",
+    "skeleton", "structure_key", "workload_key", "Probe", "Candidate", "shape_distance", "COMPILER", "SHAPE", "TARGET",
     "Record", "Identity", "Served", "packb", "unpackb", "signature_args_info",
     "Principal", "ROLES", "TUNE", "VERIFY", "verify_job_id",
     "Store", "StoreFormatError", "MissQueue", "Lease", "KeySummary", "PutResult",

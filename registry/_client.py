@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 
 from ._errors import RegistryError, RegistryUnavailable, error_for_status
+from ._neighbours import RELATIONS, Candidate, Probe
 from ._queue import Lease
 from ._records import Identity, Record, packb, served_record, unpackb
 from ._store import KeySummary, PutResult
@@ -113,15 +114,33 @@ class RegistryClient:
 
     def lookup_entries(self, keys: list[str], top: int | None = None) -> dict[str, list[tuple[bytes, dict[str, Any]]]]:
         """(record bytes, status) of many keys; chunked, and keys the server left out of a large answer are asked again."""
+        return self._lookup(list(dict.fromkeys(keys)), top, {}, 0)[0]
+
+    def lookup_with_candidates(self, identities: list[Identity], top: int | None = None,
+                               per_key: int = 4) -> tuple[dict[str, list[Record]], dict[str, list[Candidate]]]:  # fmt: skip
+        """Records of every key that has some and, for each key that has none, candidates to transfer."""
+        probes = {i.key: Probe.of(i) for i in identities}
+        found, near = self._lookup(list(probes), top, probes, per_key)
+        records = {k: [served_record(b, s) for b, s in v] for k, v in found.items()}
+        return records, {k: [Candidate(served_record(b, s), rel, d) for b, s, rel, d in v] for k, v in near.items()}
+
+    def _lookup(self, keys: list[str], top: int | None, probes: dict[str, Probe], per_key: int) -> tuple[
+            dict[str, list[tuple[bytes, dict[str, Any]]]], dict[str, list[tuple[bytes, dict[str, Any], str, float]]]]:  # fmt: skip
         found: dict[str, list[tuple[bytes, dict[str, Any]]]] = {}
-        pending = list(dict.fromkeys(keys))
+        near: dict[str, list[tuple[bytes, dict[str, Any], str, float]]] = {}
+        pending = keys
         while pending:
             chunk, pending = pending[:LOOKUP_CHUNK], pending[LOOKUP_CHUNK:]
-            answer = self._call("POST", "/v1/lookup", {"keys": chunk, "top": top or 8})
+            body: dict[str, Any] = {"keys": chunk, "top": top or 8}
+            if probes and per_key > 0:
+                body.update(probes=[probes[k].to_dict() for k in chunk], candidates=per_key)
+            answer = self._call("POST", "/v1/lookup", body)
             for key, raws in answer["records"].items():
                 found[key] = list(zip(raws, answer["entries"][key]))
+            for key, items in (answer.get("candidates") or {}).items():
+                near[key] = [_candidate(item) for item in items]
             pending = list(answer.get("truncated", [])) + pending
-        return found
+        return found, near
 
     def lookup_raw(self, keys: list[str]) -> dict[str, list[bytes]]:
         return {k: [b for b, _ in v] for k, v in self.lookup_entries(keys).items()}
@@ -250,3 +269,13 @@ def _error_message(response: httpx.Response) -> str:
         return str(body.get("message", body))
     except Exception:  # an error page that is not ours (a proxy, say): show its start
         return response.text[:300]
+
+
+def _candidate(item: Any) -> tuple[bytes, dict[str, Any], str, float]:
+    """One candidate of a lookup answer, checked: a hostile server gets an error, not a crash."""
+    if not isinstance(item, dict) or not isinstance(item.get("record"), bytes) or not isinstance(item.get("entry"), dict):
+        raise RegistryError("the registry answered a malformed candidate")
+    relation, distance = item.get("relation"), item.get("distance")
+    if relation not in RELATIONS or isinstance(distance, bool) or not isinstance(distance, (int, float)):
+        raise RegistryError("the registry answered a candidate with a malformed relation or distance")
+    return item["record"], item["entry"], relation, float(distance)

@@ -20,12 +20,7 @@ def record_key(fingerprint: str, target: str, workload: str, schema: str = SCHEM
 
     Each field is length-prefixed, so no two field tuples hash the same byte string.
     """
-    h = hashlib.sha256()
-    for field in (schema, fingerprint, target, workload):
-        data = field.encode("utf-8")
-        h.update(b"%d:" % len(data))
-        h.update(data)
-    return h.hexdigest()
+    return _digest(schema, fingerprint, target, workload)
 
 
 def is_key(text: str) -> bool:
@@ -56,3 +51,44 @@ def target_kind(target: str) -> str:
     except (ValueError, RecursionError):
         return ""
     return str(parsed.get("kind", "")) if isinstance(parsed, dict) else ""
+
+
+# -- neighbours: what a workload shares with others ----------------------------------------------
+#
+# A trace replays by block and loop names, loop counts and iteration kinds; sizes are re-derived.
+# So workloads whose *skeleton* matches (signature ranks and dtypes, buffers, loop nests, blocks,
+# iteration kinds; every integer abstracted) are candidates for one another's schedules, and the
+# replay on the user's kernel is the check. Index expressions are left out: batch 1 broadcasts a
+# bias with the batch index where batch 4 writes a constant, and the same trace serves both.
+
+_TOKEN = re.compile(r'"(?:[^"\\\n]|\\.)*"|[A-Za-z_]\w*|\d+\.\d*(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+|(\d+)')
+_SKELETON_LINE = re.compile(r"\s*(?:def |for |with T\.sblock\(|with T\.init\(|[\w, ]+= T\.axis\.|\w+ = T\.sblock_alloc_buffer\(|T\.where\()")
+
+
+def skeleton(workload: str) -> str:
+    """The lines of a canonical workload a trace depends on, integers replaced by ``?``."""
+    lines = (line for line in workload.splitlines() if _SKELETON_LINE.match(line))
+    return "\n".join(_TOKEN.sub(_abstract_int, line) for line in lines)
+
+
+def _abstract_int(match: re.Match[str]) -> str:
+    return "?" if match.group(1) is not None else match.group(0)
+
+
+def _digest(*fields: str) -> str:
+    h = hashlib.sha256()
+    for field in fields:
+        data = field.encode("utf-8")
+        h.update(b"%d:" % len(data))
+        h.update(data)
+    return h.hexdigest()
+
+
+def structure_key(target: str, workload: str, schema: str = SCHEMA_VERSION) -> str:
+    """sha256 hex of (schema ‖ target kind ‖ skeleton): the same op at any shape, under any compiler."""
+    return _digest(schema, "structure", target_kind(target), skeleton(workload))
+
+
+def workload_key(target: str, workload: str, schema: str = SCHEMA_VERSION) -> str:
+    """sha256 hex of (schema ‖ canonical target ‖ canonical workload): one workload under any compiler."""
+    return _digest(schema, "workload", target, workload)

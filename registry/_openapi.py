@@ -59,7 +59,7 @@ OPENAPI: dict[str, Any] = {
         "/v1/records/{key}/complaints": {"parameters": [_KEY], "post": _op("report a record that failed here (read role; rate-limited); queues its verification", "Complaint", auth=True)},
         "/v1/records/{key}/quarantine": {"parameters": [_KEY], "post": _op("take a record out of service (admin)", "Complaint", auth=True)},
         "/v1/quarantine": {"get": _op("records out of service, with why and whose", params=["limit"])},
-        "/v1/lookup": {"post": _op("records of many keys in one round trip", "Lookup")},
+        "/v1/lookup": {"post": _op("records of many keys in one round trip; with probes, candidates of the same structure for keys that have none", "Lookup")},
         "/v1/misses": {"post": _op("report workloads without records (read role; queued for tuning)", "MissBatch", auth=True)},
         "/v1/queue": {"get": _op("queue job summaries, one page (no lease ids)", params=["state", "limit", "after"])},
         "/v1/queue/lease": {"post": _op("lease pending jobs (worker role)", "LeaseRequest", auth=True)},
@@ -85,7 +85,12 @@ OPENAPI: dict[str, Any] = {
             "MissBatch": {"type": "object", "required": ["misses"], "properties": {"misses": {"type": "array", "items": {"$ref": "#/components/schemas/Identity"}}}},
             "Lookup": {"type": "object", "required": ["keys"], "properties": {
                 "keys": {"type": "array", "items": {"type": "string", "pattern": "^[0-9a-f]{64}$"}, "maxItems": 4096},
-                "top": {"type": "integer", "minimum": 1, "maximum": 64}}},
+                "top": {"type": "integer", "minimum": 1, "maximum": 64},
+                "candidates": {"type": "integer", "minimum": 0, "maximum": 8},
+                "probes": {"type": "array", "maxItems": 4096, "items": {"type": "object", "required": ["key", "structure", "workload", "target", "dims"], "properties": {
+                    "key": {"type": "string", "pattern": "^[0-9a-f]{64}$"}, "structure": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+                    "workload": {"type": "string", "pattern": "^[0-9a-f]{64}$"}, "target": {"type": "string", "maxLength": 4096},
+                    "dims": {"type": "array", "maxItems": 256, "items": {"type": "array", "maxItems": 16, "items": {"type": "integer", "minimum": 0, "maximum": 2147483647}}}}}}}},
             "Complaint": {"type": "object", "required": ["trace_id"], "properties": {"trace_id": {"type": "string", "pattern": "^[0-9a-f]{16}$"}, "reason": {"type": "string"}}},
             "LeaseRequest": {"type": "object", "required": ["worker"], "properties": {
                 "worker": {"type": "string"}, "max_jobs": {"type": "integer", "minimum": 1, "maximum": 100},

@@ -21,7 +21,7 @@ from typing import Any
 import msgpack
 
 from ._errors import InvalidRecord, KeyMismatch, PayloadTooLarge
-from ._keys import SCHEMA_VERSION, is_key, record_key, target_kind
+from ._keys import SCHEMA_VERSION, is_key, record_key, structure_key, target_kind, workload_key
 from ._limits import MAX_INT, check_kind, check_number, check_op, check_text, signature_args_info
 
 MAX_RECORD_BYTES = 1 << 20  # one encoded record
@@ -167,6 +167,16 @@ class Identity:
         if ident.args_info != signature_args_info(ident.workload):
             raise InvalidRecord("field 'args_info' does not match the workload's signature (it is derived from the workload)")
         return ident
+
+    @functools.cached_property
+    def structure(self) -> str:
+        """The structure id: this op at any shape, under any compiler (``_keys.structure_key``)."""
+        return structure_key(self.target, self.workload, self.schema)
+
+    @functools.cached_property
+    def workload_id(self) -> str:
+        """The workload id: this workload on this target under any compiler (``_keys.workload_key``)."""
+        return workload_key(self.target, self.workload, self.schema)
 
     def to_dict(self) -> dict[str, Any]:
         # not dataclasses.asdict: its deep copy was a third of a batch push's server time

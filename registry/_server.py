@@ -28,6 +28,7 @@ from ._auth import RateLimiter, Principal, as_principals, authenticate
 from ._commit import GroupCommitter
 from ._errors import Forbidden, InvalidRecord, NotFound, PayloadTooLarge, RegistryError, RequestTimeout, TooManyRequests, Unauthorized
 from ._keys import is_key
+from ._neighbours import Probe
 from ._limits import MAX_CURSOR, MAX_SECS, check_number, check_op, check_text, query_int
 from ._openapi import OPENAPI
 from ._queue import STATES, TASKS, TUNE
@@ -38,6 +39,7 @@ from ._wire import ERROR_HEADER, RawRecord, check_length, decode_body, encode_bo
 DEFAULT_MAX_BODY = 16 << 20
 DEFAULT_BODY_TIMEOUT = 30.0  # seconds for a whole request body to arrive
 MAX_LOOKUP_KEYS = 4096
+MAX_CANDIDATES = 8  # neighbours offered per missed key
 MAX_ANSWER_BYTES = 32 << 20  # a lookup answer past this lists the rest under 'truncated'
 MAX_PAGE = 1000
 MAX_QUEUE_PAGE = 500
@@ -233,8 +235,13 @@ def create_app(
         body = await state.body(request)
         keys = field(body, "keys", list)
         top = int(check_number(field(body, "top", int, 8), "top", low=1, high=64, integer=True))
+        per_key = int(check_number(field(body, "candidates", int, 0), "candidates", low=0, high=MAX_CANDIDATES, integer=True))
         if len(keys) > MAX_LOOKUP_KEYS or not all(isinstance(k, str) and is_key(k) for k in keys):
             raise InvalidRecord(f"'keys' must be at most {MAX_LOOKUP_KEYS} sha256 hex keys")
+        raw_probes = field(body, "probes", list, [])
+        if len(raw_probes) > MAX_LOOKUP_KEYS:
+            raise InvalidRecord(f"'probes' must be at most {MAX_LOOKUP_KEYS} probes")
+        probes = {p.key: p for p in await run_in_threadpool(parse_each, raw_probes, Probe.from_obj, "probes")}
         unique = list(dict.fromkeys(keys))
 
         def answer() -> dict[str, Any]:
@@ -248,10 +255,18 @@ def create_app(
                     truncated.append(key)
                 else:
                     records[key] = entries
+            missing = [k for k in unique if k not in found]
+            wanted = [probes[k] for k in missing if k in probes]
+            candidates: dict[str, list[dict[str, Any]]] = {}
+            for key, items in (state.reg.neighbours(wanted, per_key) if wanted and per_key else {}).items():
+                size += sum(len(b) for b, *_ in items)
+                if size > MAX_ANSWER_BYTES:
+                    break  # candidates are a best effort: the rest of the keys go without
+                candidates[key] = [{"record": RawRecord(b), "entry": st, "relation": rel, "distance": d} for b, st, rel, d in items]
             return {
                 "records": {k: [RawRecord(b) for b, _ in v] for k, v in records.items()},
                 "entries": {k: [s for _, s in v] for k, v in records.items()},
-                "missing": [k for k in unique if k not in found], "truncated": truncated,
+                "missing": missing, "truncated": truncated, "candidates": candidates,
             }  # fmt: skip
 
         result = await run_in_threadpool(answer)

@@ -14,6 +14,7 @@ from typing import Any
 import lmdb
 
 from ._queue import DEFAULT_MAX_ATTEMPTS, DEFAULT_TOLERANCE, TUNE, Lease, MissQueue
+from ._neighbours import Candidate, Probe
 from ._records import Identity, Record, served_record
 from ._store import KeySummary, PutResult, Store
 
@@ -60,6 +61,18 @@ class LocalRegistry:
     def lookup(self, keys: list[str], top: int | None = None) -> dict[str, list[Record]]:
         """Records of many keys, best first, each with its ``served`` status (owner, verifier)."""
         return {k: [served_record(b, s) for b, s in v] for k, v in self.store.entries_many(keys, top).items()}
+
+    def neighbours(self, probes: list[Probe], per_key: int = 4) -> dict[str, list[tuple[bytes, dict[str, Any], str, float]]]:
+        """(record bytes, status, relation, distance) of each probe's nearest neighbours, nearest first."""
+        return self.store.neighbours(probes, per_key)
+
+    def lookup_with_candidates(self, identities: list[Identity], top: int | None = None,
+                               per_key: int = 4) -> tuple[dict[str, list[Record]], dict[str, list[Candidate]]]:  # fmt: skip
+        """Records of every key that has some and, for each key that has none, candidates to transfer."""
+        found = self.lookup([i.key for i in identities], top)
+        probes = [Probe.of(i) for i in identities if i.key not in found]
+        near = self.neighbours(probes, per_key) if probes and per_key > 0 else {}
+        return found, {k: [Candidate(served_record(b, s), rel, d) for b, s, rel, d in v] for k, v in near.items()}
 
     def exists(self, key: str) -> bool:
         return self.store.exists(key)

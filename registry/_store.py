@@ -21,14 +21,18 @@ import lmdb
 
 from ._errors import NotFound, RegistryError
 from ._keys import SCHEMA_VERSION, target_kind
-from ._records import Record, packb, unpackb
+from ._neighbours import Probe, dims_of
+from ._records import Identity, Record, packb, unpackb
 
 DEFAULT_MAP_SIZE = int(os.environ.get("SCHEDHUB_MAP_SIZE", 64 << 30))
 DEFAULT_TOP_K = 8
 MAX_COMPLAINANTS = 32
 STORE_FORMAT = b"1"
 _SEQ = struct.Struct(">Q")
-_DB_NAMES = ("records", "by_op", "changes", "log", "meta", "quarantine", "queue", "queue_idx")
+_DB_NAMES = ("records", "by_op", "by_struct", "changes", "log", "meta", "quarantine", "queue", "queue_idx")
+STRUCTURE_INDEX = b"index:by_struct"  # meta flag: every key is in by_struct (stores from before it get it on open)
+MAX_NEIGHBOUR_SCAN = 4096  # index rows read for one probe
+MAX_REQUEST_SCAN = 65536  # index rows read for one neighbours call
 
 
 class StoreFormatError(RegistryError):
@@ -86,7 +90,7 @@ class _SharedEnv:
 
     def __init__(self, path: str, env: lmdb.Environment, readonly: bool) -> None:
         self.path, self.env, self.readonly, self.refs = path, env, readonly, 0
-        self.dbs = {name: env.open_db(name.encode(), create=not readonly) for name in _DB_NAMES}
+        self.dbs = {name: _open_db(env, name, readonly) for name in _DB_NAMES}
 
     @classmethod
     def acquire(cls, root: Path, *, map_size: int, readonly: bool, sync: bool) -> _SharedEnv:
@@ -144,6 +148,19 @@ class Store:
                 txn.put(b"schema", SCHEMA_VERSION.encode(), db=self.dbs["meta"])
             elif found != STORE_FORMAT:
                 raise StoreFormatError(f"{self.root} holds store format {found!r}; this schedhub reads {STORE_FORMAT!r}")
+            if txn.get(STRUCTURE_INDEX, db=self.dbs["meta"]) is None:
+                self._index_structures(txn)
+                txn.put(STRUCTURE_INDEX, b"1", db=self.dbs["meta"])
+
+    def _index_structures(self, txn: lmdb.Transaction) -> None:
+        """Put every key of a store written before the structure index into it (once, on open)."""
+        for raw_key, raw in txn.cursor(db=self.dbs["records"]):
+            value = unpackb(raw)
+            if value["entries"] and "st" not in value:
+                _describe(value, Record.from_bytes(value["entries"][0]["rec"]).identity)
+                txn.put(raw_key, packb(value), db=self.dbs["records"])
+            if value["entries"]:
+                _put_structure(txn, self.dbs["by_struct"], raw_key.decode(), value)
 
     def close(self) -> None:
         if self._shared is not None:
@@ -230,6 +247,8 @@ class Store:
                 "op": record.identity.op, "target": record.identity.target,
                 "kind": target_kind(record.identity.target), "seq": 0, "entries": [],
             }  # fmt: skip
+            if "st" not in value:  # new, or stored before the structure index
+                _describe(value, record.identity)
             entries: list[dict[str, Any]] = value["entries"]
             mine = next((e for e in entries if e["tid"] == record.trace_id), None)
             changed, new_claim = False, False
@@ -264,6 +283,8 @@ class Store:
         elif value["seq"]:
             txn.delete(_SEQ.pack(value["seq"]), db=self.dbs["changes"])
             txn.delete(_op_index(value["op"], value["kind"], key), db=self.dbs["by_op"])
+            if "st" in value:
+                txn.delete(_structure_index(value["st"], key), db=self.dbs["by_struct"])
             txn.delete(key.encode(), db=self.dbs["records"])
 
     def _touch(self, txn: lmdb.Transaction, key: str, value: dict[str, Any]) -> None:
@@ -273,6 +294,8 @@ class Store:
         value["seq"] = self.next_seq(txn, b"seq")
         txn.put(_SEQ.pack(value["seq"]), key.encode(), db=self.dbs["changes"])
         txn.put(_op_index(value["op"], value["kind"], key), b"", db=self.dbs["by_op"])
+        if "st" in value:
+            _put_structure(txn, self.dbs["by_struct"], key, value)
 
     def _log(self, txn: lmdb.Transaction, record: Record, pushed_by: str, now: float, *, verified: bool) -> None:
         entry = {
@@ -365,6 +388,49 @@ class Store:
                     break
         return out
 
+    # -- neighbours ------------------------------------------------------------------------
+
+    def neighbours(self, probes: list[Probe], per_key: int = 4) -> dict[str, list[tuple[bytes, dict[str, Any], str, float]]]:
+        """For each probe, the best entry of up to ``per_key`` keys of its structure, nearest first.
+
+        Each item is (record bytes, status, relation, distance); see :mod:`._neighbours` for the
+        order. At most MAX_NEIGHBOUR_SCAN index rows are read per probe and MAX_REQUEST_SCAN per
+        call, so a request stays bounded whatever the store holds; later probes then get nothing.
+        """
+        found: dict[str, list[tuple[bytes, dict[str, Any], str, float]]] = {}
+        db = self.dbs["by_struct"]
+        if db is None:
+            return found
+        budget = MAX_REQUEST_SCAN
+        with self.read() as txn:
+            cursor = txn.cursor(db=db)
+            for probe in probes:
+                if budget <= 0:
+                    break
+                ranked = []
+                prefix = bytes.fromhex(probe.structure)
+                if cursor.set_range(prefix):
+                    for raw_key, raw in cursor:
+                        if not raw_key.startswith(prefix) or budget <= 0 or len(ranked) >= MAX_NEIGHBOUR_SCAN:
+                            break
+                        budget -= 1
+                        key = raw_key[len(prefix) :].hex()
+                        if key != probe.key:
+                            meta = unpackb(raw)
+                            ranked.append((probe.rank(meta["t"], meta["w"], meta["d"]), key))
+                ranked.sort(key=lambda item: (item[0][0], item[0][1], item[1]))
+                picked = []
+                for (_, distance, relation), key in ranked:
+                    value = self._load(txn, key)
+                    if value and value["entries"]:
+                        best = value["entries"][0]
+                        picked.append((best["rec"], entry_status(best), relation, distance))
+                    if len(picked) >= per_key:
+                        break
+                if picked:
+                    found[probe.key] = picked
+        return found
+
     # -- listing ---------------------------------------------------------------------------
 
     def summaries(self, op: str | None = None, target: str | None = None, since: int = 0, limit: int | None = None) -> list[KeySummary]:
@@ -434,3 +500,27 @@ class Store:
 
 def _op_index(op: str, kind: str, key: str) -> bytes:
     return f"{op}\0{kind}\0{key}".encode()
+
+
+def _structure_index(structure: str, key: str) -> bytes:
+    return bytes.fromhex(structure) + bytes.fromhex(key)
+
+
+def _describe(value: dict[str, Any], identity: Identity) -> None:
+    """Keep on a key's value what ranking its neighbours needs: structure, workload id, shapes."""
+    value.update(st=identity.structure, wid=identity.workload_id, dims=dims_of(identity.args_info))
+
+
+def _put_structure(txn: lmdb.Transaction, db: Any, key: str, value: dict[str, Any]) -> None:
+    meta = {"t": value["target"], "w": value["wid"], "d": value["dims"]}
+    txn.put(_structure_index(value["st"], key), packb(meta), db=db)
+
+
+def _open_db(env: lmdb.Environment, name: str, readonly: bool) -> Any:
+    """A named database; None for one a read-only store of an older layout lacks."""
+    try:
+        return env.open_db(name.encode(), create=not readonly)
+    except lmdb.NotFoundError:
+        if readonly:
+            return None
+        raise
