@@ -1,0 +1,238 @@
+"""Transfer: a missed key gets the nearest record of its structure, replayed and checked on its own kernel."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import lmdb
+import numpy as np
+import pytest
+import tvm  # the test extra installs it: a missing TVM must fail, not skip
+from tvm import relax
+from tvm.relax.frontend import nn
+
+from schedhub.hooks import target_text, use
+from schedhub.registry import (
+    SCHEMA_VERSION, Candidate, Identity, InvalidRecord, LocalRegistry, Probe, Record, RegistryClient, ServerThread,
+    canonical_target, packb, record_key, structure_key, unpackb,
+)  # fmt: skip
+from schedhub.tuner.models import kernels
+
+from .conftest import TOKEN
+from .hand_tuner import tune
+
+TARGET = canonical_target({"kind": "llvm", "mcpu": "znver5", "num-cores": 2, "keys": ["cpu"]})
+OTHER_TARGET = canonical_target({"kind": "llvm", "mcpu": "skylake", "num-cores": 2, "keys": ["cpu"]})
+CPU = tvm.target.Target({"kind": "llvm", "mcpu": "znver1", "num-cores": 2})
+
+
+def record(rows: int, *, fingerprint: str = "tvm=0.27;build-a", target: str = TARGET, args: int = 1, secs: float = 1e-3) -> Record:
+    """A valid record whose workload has ``args`` arguments of ``rows``×64 (``args`` decides the structure)."""
+    params = ", ".join(f"arg{i}: T.Buffer(({rows}, 64), 'float32')" for i in range(args))
+    text = f"@T.prim_func\ndef main({params}): pass\n"
+    trace = [[["GetSBlock", [], ["compute", "main"], ["b0"]]], []]
+    return Record.from_obj({
+        "key": record_key(fingerprint, target, text), "schema": SCHEMA_VERSION, "fingerprint": fingerprint, "target": target,
+        "workload": text, "op": f"op{args}", "args_info": [["TENSOR", "float32", [rows, 64]]] * args,
+        "trace": json.dumps(trace), "run_secs": [secs], "provenance": {},
+    })  # fmt: skip
+
+
+def relations(found: dict[str, list[Candidate]], key: str) -> list[tuple[str, int]]:
+    return [(c.relation, c.record.identity.args_info[0][2][0]) for c in found.get(key, [])]
+
+
+# -- the registry: index, ranking, bounds (no TVM) --------------------------------------------------
+
+
+def test_neighbours_come_nearest_first_and_never_of_another_structure(local: LocalRegistry, client: RegistryClient) -> None:
+    wanted = record(32)  # the key a compile misses: never stored
+    stored = [
+        record(32, fingerprint="tvm=0.26;build-old"),  # the same workload under another compiler
+        record(30), record(256), record(8),  # the same structure at other shapes
+        record(32, target=OTHER_TARGET),  # another CPU
+        record(32, args=2),  # another structure: never offered
+    ]
+    local.put_many(stored)
+    client.put_many(stored)
+    for registry in (local, client):
+        found, near = registry.lookup_with_candidates([wanted.identity, stored[1].identity], per_key=8)
+        assert list(found) == [stored[1].key] and list(near) == [wanted.key]  # candidates only for a key without records
+        assert relations(near, wanted.key) == [("compiler", 32), ("shape", 30), ("shape", 8), ("shape", 256), ("target", 32)]
+        assert all(c.record.identity.structure == wanted.identity.structure for c in near[wanted.key])
+        assert registry.lookup_with_candidates([wanted.identity], per_key=2)[1][wanted.key][1].relation == "shape"
+    assert structure_key(TARGET, stored[-1].identity.workload) != wanted.identity.structure
+
+
+def test_a_key_that_leaves_service_leaves_the_index(local: LocalRegistry) -> None:
+    only = record(64)
+    local.put(only)
+    assert relations(local.lookup_with_candidates([record(32).identity])[1], record(32).key) == [("shape", 64)]
+    assert local.quarantine(only.key, only.trace_id, "admin")
+    assert local.lookup_with_candidates([record(32).identity])[1] == {}
+
+
+def test_a_store_written_before_the_index_is_indexed_when_opened(tmp_path: Path) -> None:
+    with LocalRegistry(tmp_path, sync=False) as reg:
+        reg.put_many([record(128), record(16)])
+    env = lmdb.open(str(tmp_path), max_dbs=16)  # make it look like a store of the previous layout
+    records_db, meta, index = (env.open_db(n) for n in (b"records", b"meta", b"by_struct"))
+    with env.begin(write=True) as txn:
+        txn.drop(index, delete=False)
+        txn.delete(b"index:by_struct", db=meta)
+        for key, raw in list(txn.cursor(db=records_db)):
+            value = unpackb(raw)
+            for name in ("st", "wid", "dims"):
+                value.pop(name)
+            txn.put(key, packb(value), db=records_db)
+    env.close()
+    with LocalRegistry(tmp_path, sync=False) as reg:
+        assert relations(reg.lookup_with_candidates([record(32).identity])[1], record(32).key) == [("shape", 16), ("shape", 128)]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"structure": "not-a-sha"},
+        {"dims": [[1] * 17]},
+        {"dims": [[-1]]},
+        {"dims": "32x64"},
+        {"target": "x" * 5000},
+        {"key": None},
+    ],
+)
+def test_malformed_probes_are_refused_with_a_clear_error(client: RegistryClient, change: dict) -> None:
+    probe = Probe.of(record(32).identity).to_dict() | change
+    with pytest.raises(InvalidRecord, match="probe"):
+        client._call("POST", "/v1/lookup", {"keys": [record(32).key], "probes": [probe], "candidates": 4})
+    with pytest.raises(InvalidRecord, match="candidates"):
+        client._call("POST", "/v1/lookup", {"keys": [record(32).key], "candidates": 9})
+
+
+# -- the hook: real TVM builds ----------------------------------------------------------------------
+
+
+class MLP(nn.Module):
+    def __init__(self) -> None:
+        self.l1 = nn.Linear(64, 128)
+        self.l2 = nn.Linear(128, 10)
+
+    def forward(self, x: nn.Tensor) -> nn.Tensor:
+        return self.l2(nn.relu(self.l1(x)))
+
+
+def export(batch: int) -> tvm.IRModule:
+    mod, _ = MLP().export_tvm({"forward": {"x": nn.spec.Tensor((batch, 64), "float32")}})
+    return mod
+
+
+PARAMS = [np.random.default_rng(0).standard_normal(s).astype("float32") * 0.1 for s in ((128, 64), (128,), (10, 128), (10,))]
+
+
+def forward(ex: relax.VMExecutable, x: np.ndarray) -> np.ndarray:
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    return vm["forward"](tvm.runtime.tensor(x), *[tvm.runtime.tensor(p) for p in PARAMS]).numpy()
+
+
+def reference(x: np.ndarray) -> np.ndarray:
+    return np.maximum(x @ PARAMS[0].T + PARAMS[1], 0) @ PARAMS[2].T + PARAMS[3]
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> LocalRegistry:
+    """A registry holding hand-tuned records of the MLP at batch 4 only."""
+    reg = LocalRegistry(tmp_path_factory.mktemp("transfer"), sync=False)
+    reg.put_many([tune(k.identity) for k in kernels(export(4), CPU)])
+    return reg
+
+
+def test_a_held_out_shape_is_served_by_transfer_with_correct_output_and_queued(registry: LocalRegistry) -> None:
+    held_out = kernels(export(16), CPU)
+    with use(registry, CPU) as session:
+        ex = tvm.compile(export(16), CPU)
+        lowered = relax.get_pipeline("schedhub")(export(16))
+    report = session.reports[0]
+    transferred = {k.key for k in report.kernels if k.outcome == "transfer"}
+    # the weight transposes are the same kernels at batch 16: hits; every batch-dependent kernel transfers
+    assert report.hits + report.transfers == len(held_out) and report.misses == 0 and report.transfers == 2
+    assert all(k.detail.startswith("shape:") for k in report.kernels if k.outcome == "transfer")
+    assert {j["key"] for j in registry.jobs("pending")} == transferred  # the exact schedules are still to tune
+    x = np.random.default_rng(1).standard_normal((16, 64)).astype("float32")
+    np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)
+    scheduled = [f for _, f in lowered.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    assert all(f.attrs.get("tirx.is_scheduled") for f in scheduled)  # the transferred traces were applied
+    with use(registry, CPU, transfer=False) as session:
+        tvm.compile(export(16), CPU)
+    assert session.report.transfers == 0 and session.report.misses == 2
+
+
+def test_a_transfer_is_replaced_by_the_exact_record_once_it_exists(tmp_path: Path, registry: LocalRegistry) -> None:
+    with LocalRegistry(tmp_path, sync=False) as reg:
+        reg.put_many([r for s in registry.summaries() for r in registry.get(s.key)])
+        with use(reg, CPU) as session:
+            tvm.compile(export(16), CPU)
+        assert session.report.transfers == 2
+        exact = [tune(k.identity) for k in kernels(export(16), CPU) if k.identity.key in {j["key"] for j in reg.jobs("pending")}]
+        reg.put_many(exact)  # what the worker pushes after tuning the queued miss
+        with use(reg, CPU) as session:
+            ex = tvm.compile(export(16), CPU)
+        assert session.report.transfers == 0 and session.report.hits == len(session.report.kernels)
+        assert {k.detail for k in session.report.kernels} >= {r.trace_id for r in exact}
+        assert reg.jobs("pending") == []
+    x = np.random.default_rng(2).standard_normal((16, 64)).astype("float32")
+    np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)
+
+
+def test_a_record_of_another_compiler_build_is_served_as_a_transfer(tmp_path: Path, registry: LocalRegistry) -> None:
+    """A TVM upgrade changes every key; the old build's records of the same workloads transfer."""
+    with LocalRegistry(tmp_path, sync=False) as reg:
+        for summary in registry.summaries():
+            for rec in registry.get(summary.key):
+                ident = rec.identity
+                old = "tvm=0.26.0;tvm-ffi=0.1.9;libtvm=0123456789abcdef"
+                moved = rec.to_dict() | {"fingerprint": old, "key": record_key(old, ident.target, ident.workload)}
+                reg.put(Record.from_obj(moved))
+        with use(reg, CPU) as session:
+            ex = tvm.compile(export(4), CPU)
+    report = session.report
+    assert report.hits == 0 and report.transfers == len(report.kernels) == 4
+    assert all(k.detail.startswith("compiler:") for k in report.kernels)
+    x = np.random.default_rng(3).standard_normal((4, 64)).astype("float32")
+    np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)
+
+
+class ForeignCandidates(LocalRegistry):
+    """A registry that answers every miss with a record of another workload (a hostile or broken server)."""
+
+    def __init__(self, root: Path, foreign: Record) -> None:
+        super().__init__(root, sync=False)
+        self.foreign = foreign
+
+    def lookup_with_candidates(self, identities: list[Identity], top: int | None = None, per_key: int = 4):  # type: ignore[no-untyped-def]
+        found = self.lookup([i.key for i in identities], top)
+        near = {i.key: [Candidate(self.foreign, "shape", 0.0)] for i in identities if i.key not in found}
+        return found, near
+
+
+def test_a_candidate_of_another_structure_is_never_served(tmp_path: Path, registry: LocalRegistry) -> None:
+    transpose = next(r for s in registry.summaries() for r in registry.get(s.key) if r.identity.op.startswith("transpose"))
+    matmul = next(k.identity for k in kernels(export(16), CPU) if "matmul" in k.identity.op)
+    impostor = dataclasses.replace(transpose, identity=matmul)  # a transpose's trace claiming a matmul's structure
+    for foreign in (transpose, impostor):
+        with ForeignCandidates(tmp_path / foreign.trace_id / str(id(foreign)), foreign) as reg:
+            with use(reg, CPU) as session:
+                ex = tvm.compile(export(16), CPU)
+        outcomes = {k.op: k.outcome for k in session.report.kernels}
+        assert [o for op, o in outcomes.items() if "matmul" in op] == ["miss", "miss"]  # neither the foreign trace nor the impostor
+        assert session.report.misses_reported == 4
+    x = np.random.default_rng(4).standard_normal((16, 64)).astype("float32")
+    np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)
+
+
+def test_the_probe_carries_what_the_hook_computed(registry: LocalRegistry) -> None:
+    ident = kernels(export(16), CPU)[0].identity
+    probe = Probe.of(ident)
+    assert probe.target == target_text(CPU) == ident.target and probe.dims == [a[2] for a in ident.args_info]
+    assert Probe.from_obj(probe.to_dict()) == probe
