@@ -124,25 +124,33 @@ TORCH_TWINS = "bench.torch_models:build"  # the PyTorch twins of every shipped n
 def _time_network(name: str, batch: int, shape: dict[str, int], weights: dict[str, np.ndarray], input_shape: tuple[int, ...],
                   untuned_ex: Any, tuned_ex: Any, rounds: int, torch_proc: TorchProcess) -> dict[str, Any]:  # fmt: skip
     x = np.random.default_rng(1).standard_normal(input_shape).astype("float32")
-    (untuned_out, untuned_timer), (tuned_out, tuned_timer) = _vm_run(untuned_ex, x), _vm_run(tuned_ex, x)
-    outputs = {"untuned": untuned_out, "tuned": tuned_out, "pytorch": torch_proc.load_network(name, weights, x, factory=TORCH_TWINS, batch=batch, **shape)}
-    scale = float(np.abs(outputs["untuned"]).max()) or 1.0
-    errors = {k: float(np.abs(v - outputs["untuned"]).max()) / scale for k, v in outputs.items() if k != "untuned"}
+    pytorch = torch_proc.load_network(name, weights, x, factory=TORCH_TWINS, batch=batch, **shape)
+    timing, errors = time_side_by_side({"untuned": untuned_ex, "tuned": tuned_ex}, x, rounds, pytorch, torch_proc.time_network)
     if max(errors.values()) > 1e-3:
         raise AssertionError(f"{name} batch {batch}: outputs disagree (max error relative to the output's scale: {errors})")
-    timers = {"untuned": untuned_timer, "tuned": tuned_timer,
-              "pytorch": torch_proc.time_network}  # fmt: skip
-    samples: dict[str, list[float]] = {k: [] for k in timers}
-    for _ in range(rounds):
-        for k, timer in timers.items():
-            samples[k].append(timer() * 1e3)
-    timing = {k: summary(v) for k, v in samples.items()}
     return {"network": name, "batch": batch, "shape": shape, "input_shape": list(input_shape), "timing": timing, "max_rel_error": errors,
             "speedup_vs_untuned": ratio(timing["untuned"], timing["tuned"], paired=True),
             "speedup_vs_pytorch": ratio(timing["pytorch"], timing["tuned"], paired=True)}  # fmt: skip
 
 
-def _vm_run(ex: Any, x: np.ndarray) -> tuple[np.ndarray, Callable[[], float]]:
+def time_side_by_side(executables: dict[str, Any], x: np.ndarray, rounds: int, pytorch_out: np.ndarray, pytorch_timer: Callable[[], float],
+                      func: str = "forward") -> tuple[dict[str, Any], dict[str, float]]:  # fmt: skip
+    """Time the executables and PyTorch (in its process) in interleaved rounds, in ms; and the max error of
+    each output relative to the first executable's output scale."""
+    runs = {k: _vm_run(ex, x, func) for k, ex in executables.items()}
+    outputs = {**{k: out for k, (out, _) in runs.items()}, "pytorch": pytorch_out}
+    first = outputs[next(iter(executables))]
+    scale = float(np.abs(first).max()) or 1.0
+    errors = {k: float(np.abs(v - first).max()) / scale for k, v in list(outputs.items())[1:]}
+    timers = {**{k: timer for k, (_, timer) in runs.items()}, "pytorch": pytorch_timer}
+    samples: dict[str, list[float]] = {k: [] for k in timers}
+    for _ in range(rounds):
+        for k, timer in timers.items():
+            samples[k].append(timer() * 1e3)
+    return {k: summary(v) for k, v in samples.items()}, errors
+
+
+def _vm_run(ex: Any, x: np.ndarray, func: str = "forward") -> tuple[np.ndarray, Callable[[], float]]:
     """One VM for ``ex``: its output on ``x`` (also the warm-up) and a timer giving seconds per
     forward pass, the median of 3 repeats of at least 100 ms each."""
     import tvm
@@ -151,8 +159,9 @@ def _vm_run(ex: Any, x: np.ndarray) -> tuple[np.ndarray, Callable[[], float]]:
     dev = tvm.cpu()
     vm = relax.VirtualMachine(ex, dev)
     arg = tvm.runtime.tensor(x, dev)
-    output = vm["forward"](arg).numpy()
-    evaluator = vm.time_evaluator("forward", dev, number=1, repeat=3, min_repeat_ms=100)
+    output = vm[func](arg)
+    output = (output[0] if not hasattr(output, "numpy") else output).numpy()  # an imported model returns a tuple
+    evaluator = vm.time_evaluator(func, dev, number=1, repeat=3, min_repeat_ms=100)
     return output, lambda: statistics.median(evaluator(arg).results)
 
 

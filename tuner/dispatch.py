@@ -20,13 +20,11 @@ log = logging.getLogger("schedhub.tuner")
 
 
 def warm_start_traces(registry: Registry, identity: Identity, limit: int) -> list[str]:
-    """Traces worth replaying first: this key's records, then the same op's at other shapes."""
+    """Traces worth replaying first: this key's records, then its neighbours' (same structure, nearest first)."""
     if limit <= 0:
         return []
-    traces = [r.trace for r in registry.get(identity.key)] if registry.exists(identity.key) else []
-    others = [s.key for s in registry.summaries(op=identity.op, target=identity.target, limit=4 * limit) if s.key != identity.key]
-    for records in registry.lookup(others).values() if others else ():
-        traces.extend(r.trace for r in records[:1])
+    found, near = registry.lookup_with_candidates([identity], per_key=min(limit, 8))
+    traces = [r.trace for r in found.get(identity.key, [])] + [c.record.trace for c in near.get(identity.key, [])]
     return list(dict.fromkeys(traces))[:limit]
 
 

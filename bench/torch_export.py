@@ -1,0 +1,47 @@
+"""A shipped network's PyTorch twin imported through ``torch.export`` and TVM's PyTorch frontend.
+
+    python -m bench.torch_export NAME WEIGHTS.npz OUT.json [key=value ...]
+
+Runs in a process of its own (the benchmark process never imports PyTorch): builds the twin from
+``bench.torch_models`` with the given weights (by Relax parameter name), exports it with
+``torch.export`` and converts it with ``tvm.relax.frontend.torch.from_exported_program``, weights
+bound as constants, as a user importing a trained model would. Writes the Relax module as TVM's
+JSON (``tvm.ir.save_json``; read it back with ``tvm.ir.load_json`` under the same TVM build).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+
+def main(name: str, weights_path: str, out: str, *options: str) -> None:
+    import torch
+    import tvm
+    from tvm.relax.frontend.torch import from_exported_program
+
+    from .torch_models import build
+
+    shape = {k: int(v) for k, v in (o.split("=", 1) for o in options)}
+    with np.load(weights_path, allow_pickle=False) as data:
+        weights = {k: data[k] for k in data.files}
+    net = build(name, weights, **shape)
+    x = torch.from_numpy(np.zeros(_input_shape(name, shape), "float32"))
+    with torch.no_grad():
+        exported = torch.export.export(net, (x,))
+    mod = from_exported_program(exported, keep_params_as_input=False)
+    Path(out).write_text(tvm.ir.save_json(mod))
+
+
+def _input_shape(name: str, shape: dict[str, int]) -> tuple[int, ...]:
+    if name in ("resnet18", "mobilenetv2"):
+        return (shape["batch"], 3, shape["image"], shape["image"])
+    if name == "bert_layer":
+        return (shape["batch"], shape["seq"], 768)
+    raise ValueError(f"no torch.export input shape for {name!r}")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

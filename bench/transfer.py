@@ -1,0 +1,250 @@
+"""Transfer benchmark: what a compile gets for workloads the registry never tuned.
+
+    python -m bench.transfer [--quick] [--out bench/results/<mode>/transfer.json]
+
+1. The registry is filled by tuning the shipped networks at their bench shapes, batch 1
+   (``schedhub.tuner`` on a local Ray cluster, the mode's budget).
+2. Held-out networks, never tuned: the same networks at other batch sizes, image sizes and sequence
+   lengths, and ResNet-18 imported through ``torch.export`` and TVM's PyTorch frontend (weights
+   bound as constants; exported in a process of its own, ``bench.torch_export``). Each compiles with
+   plain ``tvm.compile`` (TVM's default schedules) and inside ``hooks.use(registry)``, where
+   kernels without a record get a transfer; compile times are medians of 3, interleaved.
+3. Then the held-out kernels are tuned at the same budget (warm-started from the registry, as the
+   worker does) and the network compiles again: every kernel must hit. For a few kernels a cold
+   search (no warm start) at the same budget gives the trials the warm search needed to match it.
+4. Ray stops; default, transferred and tuned forward passes and the PyTorch twin (in its own process)
+   are timed side by side in interleaved rounds, and every output is checked against the default's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from schedhub.registry import LocalRegistry
+from schedhub.tuner import cluster, dispatch, models, tvm_env
+from schedhub.tuner.search import TuneOptions, TuneResult
+from schedhub.tuner.torch_process import TorchProcess
+
+from .models import MODES as MODEL_MODES
+from .models import TORCH_TWINS, time_side_by_side
+from .stats import ratio, summary
+
+REPO = Path(__file__).resolve().parent.parent
+TORCH_EXPORT = "torch.export"  # the frontend of an imported held-out network
+
+MODES: dict[str, dict[str, Any]] = {
+    "quick": {
+        "source": {"resnet18": {"image": 64}, "mobilenetv2": {"image": 64}, "bert_layer": {"seq": 32}, "mlp": {}},
+        "held_out": [
+            ("resnet18", {"batch": 2, "image": 96}, "nn"),
+            ("mobilenetv2", {"batch": 2, "image": 96}, "nn"),
+            ("bert_layer", {"batch": 2, "seq": 64}, "nn"),
+            ("mlp", {"batch": 16}, "nn"),
+            ("resnet18", {"batch": 1, "image": 112}, TORCH_EXPORT),
+        ],
+        "options": MODEL_MODES["quick"]["options"],
+        "cold_kernels": 4,
+        "rounds": 5,
+    },
+    "full": {
+        "source": {"resnet18": {"image": 224}, "mobilenetv2": {"image": 224}, "bert_layer": {"seq": 128}, "mlp": {}},
+        "held_out": [
+            ("resnet18", {"batch": 4, "image": 160}, "nn"),
+            ("mobilenetv2", {"batch": 4, "image": 160}, "nn"),
+            ("bert_layer", {"batch": 4, "seq": 256}, "nn"),
+            ("mlp", {"batch": 64}, "nn"),
+            ("resnet18", {"batch": 1, "image": 224}, TORCH_EXPORT),
+        ],
+        "options": MODEL_MODES["full"]["options"],
+        "cold_kernels": 6,
+        "rounds": 5,
+    },
+}
+
+
+@dataclass
+class HeldOut:
+    name: str
+    shape: dict[str, int]
+    frontend: str
+    mod: Any
+    func: str
+    weights: dict[str, np.ndarray]
+    input_shape: tuple[int, ...]
+    kernels: list[models.Kernel]
+
+    @property
+    def label(self) -> str:
+        dims = " ".join(f"{k}={v}" for k, v in self.shape.items())
+        return f"{self.name} {dims}" + (f" ({self.frontend})" if self.frontend != "nn" else "")
+
+
+def run(mode: str, say: Callable[[str], None] = print) -> dict[str, Any]:
+    import tvm
+
+    config = MODES[mode]
+    options: TuneOptions = config["options"]
+    target = tvm.target.Target(tvm_env.host_target())
+    tvm_env.prepare()
+    cluster.start()
+    out: dict[str, Any] = {"mode": mode, "target": tvm_env.host_target(), "options": asdict(options), "source": config["source"],
+                           "rows": [], "warm_vs_cold": [], "ranking": "nearest structure neighbour first (compiler, then shape distance, then target)"}  # fmt: skip
+    with contextlib.ExitStack() as stack:
+        root = stack.enter_context(tempfile.TemporaryDirectory(prefix="schedhub-bench-transfer-"))
+        registry = stack.enter_context(LocalRegistry(root))
+        started = time.time()
+        for name, shape in config["source"].items():
+            mod, _, _ = models.export(name, batch=1, **shape)
+            _tune(registry, models.kernels(mod, target), options)
+        out["source_keys"] = len(registry.summaries())
+        out["fill_secs"] = time.time() - started
+        say(f"registry filled: {out['source_keys']} keys in {out['fill_secs']:.0f} s")
+
+        compiled = []
+        for name, shape, frontend in config["held_out"]:
+            held = _held_out(name, shape, frontend, target, Path(root))
+            default_ex, transferred_ex, compile_secs, report = _compile_transferred(held, registry, target)
+            say(f"{held.label}: {report.summary()}; compile {compile_secs['default']['median']:.2f} s → {compile_secs['transferred']['median']:.2f} s")
+            compiled.append((held, default_ex, transferred_ex, compile_secs, report))
+
+        tuned: dict[str, TuneResult] = {}
+        for held, *_ in compiled:
+            tuned.update(_tune(registry, held.kernels, options))
+        out["warm_vs_cold"] = _warm_vs_cold(tuned, options, config["cold_kernels"], say)
+        cluster.stop()  # nothing of Ray shares the cores with the timings
+
+        torch_proc = stack.enter_context(TorchProcess(cwd=REPO))
+        for held, default_ex, transferred_ex, compile_secs, report in compiled:
+            from schedhub import hooks
+
+            with hooks.use(registry, target, report_misses=False) as session:
+                tuned_ex = tvm.compile(held.mod, target)
+            if session.report.hits != len(session.report.kernels):
+                raise RuntimeError(f"{held.label}: the tuned compile hit {session.report.hits} of {len(session.report.kernels)} kernels")
+            row = _row(held, default_ex, transferred_ex, tuned_ex, compile_secs, report, config["rounds"], torch_proc)
+            out["rows"].append(row)
+            t = row["timing"]
+            say(f"{held.label}: default {t['default']['median']:.2f} ms, transferred {t['transferred']['median']:.2f} ms, "
+                f"tuned {t['tuned']['median']:.2f} ms, PyTorch {t['pytorch']['median']:.2f} ms")  # fmt: skip
+    return out
+
+
+def _tune(registry: LocalRegistry, kernels: list[models.Kernel], options: TuneOptions) -> dict[str, TuneResult]:
+    done = dispatch.tune_many(registry, [k.identity for k in kernels], options, concurrency=1, pushed_by="bench.transfer")
+    if done.failed:
+        raise RuntimeError(f"tuning failed for {len(done.failed)} kernels: {done.failed}")
+    return {r.identity.key: r for r in done.tuned}
+
+
+def _held_out(name: str, shape: dict[str, int], frontend: str, target: Any, workdir: Path) -> HeldOut:
+    import tvm
+
+    mod, weights, input_shape = models.export_with_weights(name, **shape)
+    func = "forward"
+    if frontend == TORCH_EXPORT:  # the PyTorch twin with the same weights, imported the way a user imports a model
+        np.savez(workdir / "weights.npz", **weights)
+        out = workdir / "exported.json"
+        cmd = [sys.executable, "-m", "bench.torch_export", name, str(workdir / "weights.npz"), str(out), *(f"{k}={v}" for k, v in shape.items())]
+        subprocess.run(cmd, cwd=REPO, check=True, timeout=600)
+        mod, func = tvm.ir.load_json(out.read_text()), "main"
+    return HeldOut(name, shape, frontend, mod, func, weights, input_shape, models.kernels(mod, target))
+
+
+def _compile_transferred(held: HeldOut, registry: LocalRegistry, target: Any, repeats: int = 3) -> tuple[Any, Any, dict[str, Any], Any]:
+    """Plain and hooked compiles, interleaved; the hook's first report (a fresh session each time)."""
+    import tvm
+
+    from schedhub import hooks
+
+    secs: dict[str, list[float]] = {"default": [], "transferred": []}
+    report = None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        default_ex = tvm.compile(held.mod, target)
+        secs["default"].append(time.perf_counter() - start)
+        start = time.perf_counter()
+        with hooks.use(registry, target, report_misses=False) as session:
+            transferred_ex = tvm.compile(held.mod, target)
+        secs["transferred"].append(time.perf_counter() - start)
+        report = report or session.report
+    return default_ex, transferred_ex, {k: summary(v) for k, v in secs.items()}, report
+
+
+def _warm_vs_cold(tuned: dict[str, TuneResult], options: TuneOptions, count: int, say: Callable[[str], None]) -> list[dict[str, Any]]:
+    """For the ``count`` slowest warm-started kernels: a cold search at the same budget, and the trials
+    the warm search needed to reach the cold search's final best (None: it never did)."""
+    picked = sorted((r for r in tuned.values() if r.warm_started), key=lambda r: -r.untuned_secs)[:count]
+    rows = []
+    for warm in picked:
+        ref = cluster.submit("tune", identity=warm.identity.to_dict(), warm_traces=[], options=asdict(replace(options, warm_start=0)), label="cold")
+        cold = TuneResult.from_dict(cluster.result(ref))
+        target_secs = cold.curve[-1][1]
+        reached = next((n for n, best in warm.curve if best <= target_secs), None)
+        rows.append({"op": warm.identity.op, "key": warm.identity.key, "warm_started": warm.warm_started, "trials": options.trials,
+                     "cold_best_us": target_secs * 1e6, "warm_best_us": warm.curve[-1][1] * 1e6, "warm_first_us": warm.curve[0][1] * 1e6,
+                     "warm_trials_to_match_cold": reached})  # fmt: skip
+        say(f"warm vs cold {warm.identity.op}: cold best {target_secs * 1e6:.1f} µs; warm reached it after {reached} of {len(warm.curve)} measured")
+    return rows
+
+
+def _row(held: HeldOut, default_ex: Any, transferred_ex: Any, tuned_ex: Any, compile_secs: dict[str, Any], report: Any, rounds: int,
+         torch_proc: TorchProcess) -> dict[str, Any]:  # fmt: skip
+    x = np.random.default_rng(1).standard_normal(held.input_shape).astype("float32")
+    pytorch = torch_proc.load_network(held.name, held.weights, x, factory=TORCH_TWINS, **held.shape)
+    executables = {"default": default_ex, "transferred": transferred_ex, "tuned": tuned_ex}
+    timing, errors = time_side_by_side(executables, x, rounds, pytorch, torch_proc.time_network, held.func)
+    if max(errors.values()) > 1e-3:
+        raise AssertionError(f"{held.label}: outputs disagree (max error relative to the output's scale: {errors})")
+    added = [t - d for t, d in zip(compile_secs["transferred"]["samples"], compile_secs["default"]["samples"])]
+    return {
+        "network": held.name, "shape": held.shape, "frontend": held.frontend, "label": held.label, "kernels": len(report.kernels),
+        "hits": report.hits, "transfers": report.transfers, "misses": report.misses, "fallbacks": report.fallbacks,
+        "transfer_share": report.transfers / max(1, len(report.kernels)),
+        "relations": _relations(report), "compile_secs": compile_secs, "compile_added_secs": summary(added),
+        "timing": timing, "max_rel_error": errors,
+        "transferred_vs_tuned": ratio(timing["transferred"], timing["tuned"], paired=True),  # latency ratio: ≤ 1.43 is ≥ 70% of tuned speed
+        "default_vs_transferred": ratio(timing["default"], timing["transferred"], paired=True),  # speedup of the transfer over TVM's default
+        "pytorch_vs_transferred": ratio(timing["pytorch"], timing["transferred"], paired=True),
+    }  # fmt: skip
+
+
+def _relations(report: Any) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for k in report.kernels:
+        if k.outcome == "transfer":
+            relation = k.detail.split(":", 1)[0]
+            counts[relation] = counts.get(relation, 0) + 1
+    return counts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small shapes and budgets")
+    parser.add_argument("--out", type=Path, help="where to write the JSON results")
+    args = parser.parse_args()
+    mode = "quick" if args.quick else "full"
+    started = time.time()
+    results = run(mode)
+    results["wall_secs"] = time.time() - started
+    results["medians"] = {r["label"]: {k: statistics.median(v["samples"]) for k, v in r["timing"].items()} for r in results["rows"]}
+    out = args.out or REPO / "bench" / "results" / mode / "transfer.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1, default=str))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
