@@ -15,7 +15,7 @@ from tvm.relax.frontend import nn
 
 from schedhub.hooks import target_text, use
 from schedhub.registry import (
-    SCHEMA_VERSION, Candidate, Identity, InvalidRecord, LocalRegistry, Probe, Record, RegistryClient, ServerThread,
+    SCHEMA_VERSION, Candidate, Identity, InvalidRecord, LocalRegistry, Probe, Record, RegistryClient,
     canonical_target, packb, record_key, structure_key, unpackb,
 )  # fmt: skip
 from schedhub.tuner.models import kernels
