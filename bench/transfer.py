@@ -95,6 +95,8 @@ class HeldOut:
 def run(mode: str, say: Callable[[str], None] = print) -> dict[str, Any]:
     import tvm
 
+    from schedhub import hooks
+
     config = MODES[mode]
     options: TuneOptions = config["options"]
     target = tvm.target.Target(tvm_env.host_target())
@@ -128,8 +130,6 @@ def run(mode: str, say: Callable[[str], None] = print) -> dict[str, Any]:
 
         torch_proc = stack.enter_context(TorchProcess(cwd=REPO))
         for held, default_ex, transferred_ex, compile_secs, report in compiled:
-            from schedhub import hooks
-
             with hooks.use(registry, target, report_misses=False) as session:
                 tuned_ex = tvm.compile(held.mod, target)
             if session.report.hits != len(session.report.kernels):

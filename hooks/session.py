@@ -184,9 +184,7 @@ class HookSession:
             return None
         for record in self.records(identity):
             try:
-                check_trace_size(record.trace, self.limits)
-                tr = tuning_record(record, mod)
-                check_scheduled(scheduled(mod, tr.trace), self.limits)
+                tr = self._replay(record, mod)
             except Exception as exc:  # TVM raises ScheduleError, TVMError, ValueError… on a bad trace
                 self._refuse(record, exc)
                 continue
@@ -199,6 +197,13 @@ class HookSession:
         self._note(identity, FALLBACK if identity.key in self._refused_keys else MISS)
         return None
 
+    def _replay(self, record: Record, mod: tvm.IRModule, args_info: list[Any] | None = None) -> Any:
+        """``record`` as a TuningRecord on ``mod``, checked against the bounds before and after replay; raises if it does not apply."""
+        check_trace_size(record.trace, self.limits)
+        tr = tuning_record(record, mod, args_info)
+        check_scheduled(scheduled(mod, tr.trace), self.limits)
+        return tr
+
     def _transfer(self, identity: Identity, mod: tvm.IRModule) -> Any:
         """The first candidate (nearest first) that replays on ``mod`` within the bounds, or None.
 
@@ -209,9 +214,7 @@ class HookSession:
         for candidate in candidates:
             record = candidate.record
             try:
-                check_trace_size(record.trace, self.limits)
-                tr = tuning_record(record, mod, identity.args_info)
-                check_scheduled(scheduled(mod, tr.trace), self.limits)
+                tr = self._replay(record, mod, identity.args_info)
             except Exception as exc:  # another structure after all, or over the bounds here
                 log.debug("schedhub: candidate %s does not transfer to %s: %s", record.trace_id, identity.op, str(exc)[:200])
                 self._candidates[identity.key].remove(candidate)

@@ -20,8 +20,8 @@ from schedhub.registry import (
 )  # fmt: skip
 from schedhub.tuner.models import kernels
 
-from .conftest import TOKEN
 from .hand_tuner import tune
+from .test_hooks import MLP, mlp_reference, run
 
 TARGET = canonical_target({"kind": "llvm", "mcpu": "znver5", "num-cores": 2, "keys": ["cpu"]})
 OTHER_TARGET = canonical_target({"kind": "llvm", "mcpu": "skylake", "num-cores": 2, "keys": ["cpu"]})
@@ -114,15 +114,6 @@ def test_malformed_probes_are_refused_with_a_clear_error(client: RegistryClient,
 # -- the hook: real TVM builds ----------------------------------------------------------------------
 
 
-class MLP(nn.Module):
-    def __init__(self) -> None:
-        self.l1 = nn.Linear(64, 128)
-        self.l2 = nn.Linear(128, 10)
-
-    def forward(self, x: nn.Tensor) -> nn.Tensor:
-        return self.l2(nn.relu(self.l1(x)))
-
-
 def export(batch: int) -> tvm.IRModule:
     mod, _ = MLP().export_tvm({"forward": {"x": nn.spec.Tensor((batch, 64), "float32")}})
     return mod
@@ -132,12 +123,11 @@ PARAMS = [np.random.default_rng(0).standard_normal(s).astype("float32") * 0.1 fo
 
 
 def forward(ex: relax.VMExecutable, x: np.ndarray) -> np.ndarray:
-    vm = relax.VirtualMachine(ex, tvm.cpu())
-    return vm["forward"](tvm.runtime.tensor(x), *[tvm.runtime.tensor(p) for p in PARAMS]).numpy()
+    return run(ex, x, PARAMS)
 
 
 def reference(x: np.ndarray) -> np.ndarray:
-    return np.maximum(x @ PARAMS[0].T + PARAMS[1], 0) @ PARAMS[2].T + PARAMS[3]
+    return mlp_reference(x, PARAMS)
 
 
 @pytest.fixture(scope="module")
