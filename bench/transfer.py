@@ -117,7 +117,7 @@ def run(mode: str, say: Callable[[str], None] = print) -> dict[str, Any]:
 
         compiled = []
         for name, shape, frontend in config["held_out"]:
-            held = _held_out(name, shape, frontend, target, Path(root))
+            held = _held_out(name, shape, frontend, target, Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="schedhub-export-"))))
             default_ex, transferred_ex, compile_secs, report = _compile_transferred(held, registry, target)
             say(f"{held.label}: {report.summary()}; compile {compile_secs['default']['median']:.2f} s → {compile_secs['transferred']['median']:.2f} s")
             compiled.append((held, default_ex, transferred_ex, compile_secs, report))
