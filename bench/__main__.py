@@ -1,7 +1,7 @@
 """Every schedhub benchmark from one entry point, written up in ``bench/RESULTS.md`` with plots.
 
-    python -m bench all [--quick] [--model-trials N]   # registry, hook, tuner, models; then the report
-    python -m bench models|tuner|hook|registry [--quick]
+    python -m bench all [--quick] [--model-trials N]   # registry, hook, tuner, models, transfer; then the report
+    python -m bench models|tuner|hook|registry|transfer [--quick]
     python -m bench report [--quick]         # rewrite RESULTS.md from the recorded results
 
 Each benchmark runs in its own process (a crash loses only its section; no Ray or TVM state
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from . import report, stats
 
-SECTIONS = ["registry", "hook", "tuner", "models"]
+SECTIONS = ["registry", "hook", "tuner", "models", "transfer"]
 
 
 def run_section(name: str, options: list[str], results: Path) -> dict[str, object]:

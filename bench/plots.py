@@ -16,6 +16,8 @@ def all_plots(data: dict[str, Any], directory: Path) -> dict[str, str]:
         drawn["speedup"] = _save(speedups(data["models"]), directory / "speedup.png")
     if data.get("models") or data.get("tuner"):
         drawn["curves"] = _save(curves(data.get("models"), data.get("tuner")), directory / "curves.png")
+    if data.get("transfer", {}).get("rows"):
+        drawn["transfer"] = _save(transfers(data["transfer"]), directory / "transfer.png")
     return drawn
 
 
@@ -82,3 +84,25 @@ def _curve(ax: Any, curve_ms: list[list[float]], flops: float, label: str, style
     xs = [p[0] for p in curve_ms]
     ys = [flops / (p[1] * 1e-3) / 1e9 for p in curve_ms]
     ax.step(xs, ys, style, where="post", label=label)
+
+
+def transfers(transfer: dict[str, Any]) -> Any:
+    """Per held-out network, log-scale latency of TVM's default schedules, the transferred schedules,
+    the tuned ones and PyTorch (whiskers: per-round min–max)."""
+    import matplotlib.pyplot as plt
+
+    rows = transfer["rows"]
+    configs = (("default", "TVM default"), ("transferred", "schedhub transfer"), ("tuned", "tuned for the shape"), ("pytorch", "PyTorch"))
+    fig, ax = plt.subplots(figsize=(max(6, 1.5 * len(rows)), 3.8))
+    width = 0.2
+    for i, (key, label) in enumerate(configs):
+        values = [r["timing"][key]["median"] for r in rows]
+        noise = [[v - r["timing"][key]["min"] for v, r in zip(values, rows)], [r["timing"][key]["max"] - v for v, r in zip(values, rows)]]
+        bars = ax.bar([x + (i - 1.5) * width for x in range(len(rows))], values, width, yerr=noise, capsize=2, label=label)
+        ax.bar_label(bars, labels=[f"{v:.2g}" for v in values], fontsize=6)
+    ax.set_yscale("log")
+    ax.set_xticks(list(range(len(rows))), [r["label"].replace(" (", "\n(") for r in rows], fontsize=7)
+    ax.set_ylabel("latency (ms)")
+    ax.set_title(f"Held-out networks, never tuned: what a compile gets ({transfer['mode']} run)")
+    ax.legend(fontsize=7)
+    return fig

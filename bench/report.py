@@ -75,6 +75,9 @@ def figures(data: dict[str, Any]) -> Iterator[tuple[str, dict[str, float]]]:
     for row in data.get("models", {}).get("rows", []):
         for config, s in row["timing"].items():
             yield f"models: {row['network']} b{row['batch']} {config} ms", s
+    for row in data.get("transfer", {}).get("rows", []):
+        for config, s in row["timing"].items():
+            yield f"transfer: {row['label']} {config} ms", s
     hook = data.get("hook", {})
     for name in ("plain_tvm_ms", "memory_database_ms", "hook_http_cold_ms", "hook_http_warm_ms", "hook_local_lmdb_ms"):
         if name in hook:
@@ -101,6 +104,9 @@ def comparisons(data: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
         t = row["timing"]
         yield f"models: {row['network']} b{row['batch']} tuned vs PyTorch ×", ratio(t["pytorch"], t["tuned"], paired=True)
         yield f"models: {row['network']} b{row['batch']} tuned vs untuned ×", ratio(t["untuned"], t["tuned"], paired=True)
+    for row in data.get("transfer", {}).get("rows", []):
+        yield f"transfer: {row['label']} transferred / tuned latency", row["transferred_vs_tuned"]
+        yield f"transfer: {row['label']} default / transferred latency", row["default_vs_transferred"]
     hook = data.get("hook", {})
     for name in ("plain_tvm_ms", "hook_http_cold_ms", "hook_http_warm_ms", "hook_local_lmdb_ms"):
         if name in hook:
@@ -133,7 +139,7 @@ def controls(data: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
 
 
 #: Absolute figures whose code is identical in every run, by the configuration that ends their name.
-SAME_CODE_FIGURES = (" untuned ms", " pytorch ms", " numpy ms")
+SAME_CODE_FIGURES = (" untuned ms", " pytorch ms", " numpy ms", " default ms")
 
 
 def agreement(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
@@ -177,6 +183,7 @@ def write(mode: str) -> Path:
     lines += _header(manifest)
     lines += _models(data.get("models"), drawn)
     lines += _tuner(data.get("tuner"))
+    lines += _transfer(data.get("transfer"), drawn)
     lines += _hook(data.get("hook"))
     lines += _registry(data.get("registry"))
     lines += _agreement(load(RESULTS / f"{mode}.prev"), {**data, "manifest": manifest}, mode)
@@ -241,6 +248,42 @@ def _models(d: dict[str, Any] | None, drawn: dict[str, str]) -> list[str]:
               "PyTorch (`F.conv2d` / `torch.matmul`, oneDNN/MKL) run the same kernel shapes with the epilogue, timed here.", ""]  # fmt: skip
     if "curves" in drawn:
         lines += [f"![tuning curves]({drawn['curves']})", ""]
+    return lines
+
+
+def _transfer(d: dict[str, Any] | None, drawn: dict[str, str]) -> list[str]:
+    if not d:
+        return []
+    o = d["options"]
+    source = ", ".join(f"{n} " + (" ".join(f"{k} {v}" for k, v in shape.items()) or "") for n, shape in d["source"].items())
+    fill = f"{d['fill_secs'] / 60:.0f} min" if d.get("fill_secs") else "filled by an earlier run"
+    lines = [f"## Transfer: held-out networks the registry never tuned (`{d.get('command', 'python -m bench.transfer')}`)", "",
+             f"The registry holds {d['source_keys']} records from tuning {source} at batch 1 ({o['trials']} trials per kernel; {fill}). "
+             "Each held-out network compiles plain (TVM's default schedules) and inside `hooks.use(registry)`, where a kernel without "
+             f"a record gets a transfer ({d['ranking']}). Then its kernels are tuned at the same budget, warm-started, and it compiles "
+             f"again with every kernel a hit. Latency: {d['rows'][0]['timing']['default']['n'] if d['rows'] else 0} interleaved rounds, "
+             "PyTorch in its own process on the same input and weights; every output agrees with the default's.", ""]  # fmt: skip
+    rows = []
+    for r in d["rows"]:
+        t = r["timing"]
+        relations = ", ".join(f"{n} {k}" for k, n in sorted(r["relations"].items())) or "–"
+        rows.append([r["label"], f"{r['transfers'] + r['hits']}/{r['kernels']}", relations, fmt(t["default"]), fmt(t["transferred"]), fmt(t["tuned"]),
+                     fmt(t["pytorch"]), times(r["transferred_vs_tuned"]), times(r["default_vs_transferred"]),
+                     f"{r['compile_secs']['default']['median']:.2f} → {r['compile_secs']['transferred']['median']:.2f}",
+                     f"{max(r['max_rel_error'].values()):.1e}"])  # fmt: skip
+    lines += table(["network", "served", "from", "default ms", "transferred ms", "tuned ms", "PyTorch ms", "transferred / tuned", "default / transferred",
+                    "compile s (plain → hooked)", "max error"], rows, "lrlrrrrrrrr")  # fmt: skip
+    lines += ["", "\"served\": kernels that got a transfer (or a hit) of all the network's kernels; \"from\": what the transferred records were "
+              "(`shape`: the same structure at other shapes, `compiler`: another TVM build, `target`: another CPU). Ratios are per round: "
+              "transferred / tuned ≤ 1.43 is ≥ 70% of the tuned speed.", ""]  # fmt: skip
+    if "transfer" in drawn:
+        lines += [f"![transfer]({drawn['transfer']})", ""]
+    if d.get("warm_vs_cold"):
+        lines += ["### Warm-started against cold tuning (same budget, the slowest held-out kernels)", ""]
+        body = [[f"`{w['op']}`", str(w["warm_started"]), f"{w['warm_first_us']:.1f}", f"{w['warm_best_us']:.1f}", f"{w['cold_best_us']:.1f}",
+                 str(w["warm_trials_to_match_cold"]) if w["warm_trials_to_match_cold"] is not None else f"not within {w['trials']}"]
+                for w in d["warm_vs_cold"]]  # fmt: skip
+        lines += table(["kernel", "warm traces", "warm first µs", "warm best µs", "cold best µs", "warm trials to match cold's best"], body) + [""]
     return lines
 
 

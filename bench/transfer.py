@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -92,7 +93,9 @@ class HeldOut:
         return f"{self.name} {dims}" + (f" ({self.frontend})" if self.frontend != "nn" else "")
 
 
-def run(mode: str, say: Callable[[str], None] = print) -> dict[str, Any]:
+def run(mode: str, say: Callable[[str], None] = print, source_store: Path | None = None) -> dict[str, Any]:
+    """The transfer table for ``mode``. ``source_store``: a folder that keeps the filled registry between
+    runs (filled there when empty, copied from there otherwise), so a rerun skips step 1."""
     import tvm
 
     from schedhub import hooks
@@ -105,15 +108,21 @@ def run(mode: str, say: Callable[[str], None] = print) -> dict[str, Any]:
     out: dict[str, Any] = {"mode": mode, "target": tvm_env.host_target(), "options": asdict(options), "source": config["source"],
                            "rows": [], "warm_vs_cold": [], "ranking": "nearest structure neighbour first (compiler, then shape distance, then target)"}  # fmt: skip
     with contextlib.ExitStack() as stack:
-        root = stack.enter_context(tempfile.TemporaryDirectory(prefix="schedhub-bench-transfer-"))
-        registry = stack.enter_context(LocalRegistry(root))
+        root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="schedhub-bench-transfer-"))) / "store"
         started = time.time()
-        for name, shape in config["source"].items():
-            mod, _, _ = models.export(name, batch=1, **shape)
-            _tune(registry, models.kernels(mod, target), options)
+        if source_store is None or not (source_store / "data.mdb").exists():
+            with LocalRegistry(source_store or root) as source:
+                for name, shape in config["source"].items():
+                    mod, _, _ = models.export(name, batch=1, **shape)
+                    _tune(source, models.kernels(mod, target), options)
+            out["fill_secs"] = time.time() - started
+        else:
+            out["fill_secs"] = None  # reused: see the run that filled it
+        if source_store is not None:
+            shutil.copytree(source_store, root)
+        registry = stack.enter_context(LocalRegistry(root))
         out["source_keys"] = len(registry.summaries())
-        out["fill_secs"] = time.time() - started
-        say(f"registry filled: {out['source_keys']} keys in {out['fill_secs']:.0f} s")
+        say(f"registry filled: {out['source_keys']} keys" + (f" in {out['fill_secs']:.0f} s" if out["fill_secs"] else f" (copied from {source_store})"))
 
         compiled = []
         for name, shape, frontend in config["held_out"]:
@@ -234,10 +243,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small shapes and budgets")
     parser.add_argument("--out", type=Path, help="where to write the JSON results")
+    parser.add_argument("--source-store", type=Path, help="keep the filled registry here and reuse it on the next run")
     args = parser.parse_args()
     mode = "quick" if args.quick else "full"
     started = time.time()
-    results = run(mode)
+    results = run(mode, source_store=args.source_store)
     results["wall_secs"] = time.time() - started
     results["medians"] = {r["label"]: {k: statistics.median(v["samples"]) for k, v in r["timing"].items()} for r in results["rows"]}
     out = args.out or REPO / "bench" / "results" / mode / "transfer.json"
