@@ -22,6 +22,7 @@ import tvm
 
 from schedhub.registry import LocalRegistry, Registry, RegistryClient, connect
 
+from .cache import KernelCache, default_dir
 from .database import RegistryDatabase
 from .identity import canonical_workload, compiler_fingerprint, target_text, workload_identity
 from .pipeline import ACTIVE, install, schedhub_pipeline
@@ -50,6 +51,7 @@ def use(
     trust: Trust = "verified",
     limits: ScheduleLimits | None = None,
     transfer: bool = True,
+    cache: str | os.PathLike[str] | bool = True,
 ) -> Iterator[HookSession]:
     """Apply registry schedules to every Relax build in this block (this thread).
 
@@ -58,6 +60,8 @@ def use(
     records are served ("verified", "any", or pusher names besides verified records); ``limits``
     bounds what a record may cost the compile. ``transfer``: on a miss, serve the nearest record
     of the same structure (another shape, compiler build or target) that replays on the kernel.
+    ``cache``: where this machine keeps kernel identities and replayed schedules between compiles
+    (True: ``~/.cache/schedhub/kernels`` or ``$SCHEDHUB_CACHE_DIR``; False: nowhere).
     """
     install()
     if isinstance(registry, HookSession):
@@ -65,7 +69,8 @@ def use(
         reg = session.registry
     else:
         reg, opened = _open(registry, timeout)
-        session = HookSession(reg, report_misses=report_misses, trust=trust, limits=limits, transfer=transfer)
+        kernel_cache = KernelCache(default_dir() if cache is True else (cache or None))
+        session = HookSession(reg, report_misses=report_misses, trust=trust, limits=limits, transfer=transfer, cache=kernel_cache)
     token = ACTIVE.set(session)
     try:
         with contextlib.ExitStack() as stack:
@@ -80,6 +85,6 @@ def use(
 
 
 __all__ = [
-    "use", "schedhub_pipeline", "RegistryDatabase", "HookSession", "CompileReport", "KernelOutcome",
+    "use", "schedhub_pipeline", "KernelCache", "RegistryDatabase", "HookSession", "CompileReport", "KernelOutcome",
     "RegistryFallbackWarning", "ScheduleLimits", "ScheduleTooCostly", "Trust", "workload_identity", "canonical_workload", "target_text", "compiler_fingerprint",
 ]  # fmt: skip

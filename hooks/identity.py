@@ -25,6 +25,8 @@ from tvm import tirx
 
 from schedhub.registry import SCHEMA_VERSION, Identity, canonical_target, record_key
 
+from .cache import KernelCache
+
 _SBLOCK = re.compile(r'T\.sblock\("([^"]+)"\)')
 
 
@@ -131,9 +133,9 @@ def _library_digest() -> str:
     return hashlib.sha256("\n".join(sorted(hashes)).encode()).hexdigest()[:16]
 
 
-def op_name(func: tvm.IRModule | tirx.PrimFunc) -> str:
+def op_name(func: tvm.IRModule | tirx.PrimFunc, script: str | None = None) -> str:
     """A readable op name when TVM gave none (e.g. a MetaSchedule database): its block names."""
-    names = [n for n in dict.fromkeys(_SBLOCK.findall(as_module(func).script())) if n != "root"]
+    names = [n for n in dict.fromkeys(_SBLOCK.findall(script or as_module(func).script())) if n != "root"]
     return ("fused_" if len(names) > 1 else "") + "_".join(names) if names else "main"
 
 
@@ -148,12 +150,22 @@ def args_info(func: tvm.IRModule | tirx.PrimFunc) -> list[Any]:
         return [["DYNAMIC", "", []]]
 
 
-def workload_identity(func: tvm.IRModule | tirx.PrimFunc, target: tvm.target.Target | dict[str, Any] | str, op: str | None = None) -> Identity:
-    """The registry identity of one kernel for one target under this compiler."""
-    workload = canonical_workload(func)
+def workload_identity(func: tvm.IRModule | tirx.PrimFunc, target: tvm.target.Target | dict[str, Any] | str, op: str | None = None,
+                      cache: KernelCache | None = None) -> Identity:  # fmt: skip
+    """The registry identity of one kernel for one target under this compiler; ``cache`` keeps the
+    canonical text and ArgInfo of a kernel's exact TVMScript (parameter names included) per machine."""
+    module = as_module(func)
+    script = module.script()
     tgt = target_text(target)
     fingerprint = compiler_fingerprint()
+    entry = cache.get("identity", fingerprint, script) if cache is not None else None
+    if entry is not None and isinstance(entry.get("workload"), str) and isinstance(entry.get("args_info"), list):
+        workload, info = entry["workload"], entry["args_info"]
+    else:
+        workload, info = rename_parameters(script), args_info(module)
+        if cache is not None:
+            cache.put("identity", (fingerprint, script), {"workload": workload, "args_info": info})
     return Identity(
         key=record_key(fingerprint, tgt, workload), schema=SCHEMA_VERSION, fingerprint=fingerprint,
-        target=tgt, workload=workload, op=op or op_name(func), args_info=args_info(func),
+        target=tgt, workload=workload, op=op or op_name(module, script), args_info=info,
     )  # fmt: skip

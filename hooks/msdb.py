@@ -37,6 +37,20 @@ def tuning_record(record: Record, mod: tvm.IRModule | None = None, args_info: li
     return ms.database.TuningRecord.from_json(as_json, workload)
 
 
+def normalize_mod(func: tvm.IRModule | Any) -> tvm.IRModule:
+    """The module MetaSchedule replays traces on (and MetaScheduleApplyDatabase queries with)."""
+    from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
+
+    return _normalize_mod(func)
+
+
+def replayed(mod: tvm.IRModule, trace_text: str) -> tvm.IRModule:
+    """``mod`` with a trace's JSON text applied (postprocessing instructions included): one replay."""
+    sch = tvm.s_tir.Schedule(mod)
+    tvm.s_tir.schedule.Trace.apply_json_to_schedule(json.loads(trace_text), sch)
+    return sch.mod
+
+
 def scheduled(mod: tvm.IRModule, trace: Any) -> tvm.IRModule:
     """``mod`` with ``trace`` applied (postprocessing instructions included)."""
     sch = tvm.s_tir.Schedule(mod)

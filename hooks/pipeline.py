@@ -78,17 +78,47 @@ def gpu_backend(target: tvm.target.Target) -> Any:
     return importlib.import_module(f"tvm.relax.backend.{name}.pipeline")
 
 
+IS_SCHEDULED = "tirx.is_scheduled"  # what MetaScheduleApplyDatabase marks, and DLight skips
+
+
+@tvm.transform.module_pass(opt_level=0, name="SchedhubApplyRecords")
+def apply_records(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+    """MetaScheduleApplyDatabase for the session: the same kernels, attributes and marks, but each
+    trace replayed once (not three times) and, from the per-machine cache, not at all."""
+    session, target = ACTIVE.get(), tvm.target.Target.current(allow_none=True)
+    if session is None or target is None:
+        return mod
+    updates = {}
+    for gv, func in mod.functions_items():
+        if not isinstance(func, tirx.PrimFunc) or (func.attrs is not None and func.attrs.get(IS_SCHEDULED)):
+            continue
+        scheduled = session.scheduled(func, target, gv.name_hint)
+        if scheduled is not None:
+            new, attrs = scheduled["main"], dict(func.attrs or {})
+            for name in [n for n in dict(new.attrs or {}) if n not in attrs]:  # global_symbol "main" of the normalized module
+                new = new.without_attr(name)
+            for name, value in attrs.items():
+                new = new.with_attr(name, value)
+            updates[gv] = new.with_attr(IS_SCHEDULED, True)
+    if not updates:
+        return mod
+    out = mod.clone()
+    for gv, func in updates.items():
+        out.update_func(gv, func)
+    return out
+
+
 def apply_database(mod: tvm.IRModule) -> tvm.IRModule:
-    """Fuse, then (with a database in scope) prefetch every kernel and apply the database's records."""
+    """Fuse, then (with a database in scope) prefetch every kernel and apply the database's records:
+    the session's through :func:`apply_records`, another MetaSchedule database through TVM's pass."""
     mod = fusion_passes()(mod)
     session = ACTIVE.get()
-    if ms.Database.current() is not None:
-        if session is not None:
-            session.begin_compile()
-        mod = prefetch(mod)
+    if session is not None:
+        session.begin_compile()
+        mod = apply_records(prefetch(mod))
+        session.end_compile()
+    elif ms.Database.current() is not None:
         mod = relax.transform.MetaScheduleApplyDatabase()(mod)
-        if session is not None:
-            session.end_compile()
     return mod
 
 

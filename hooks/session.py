@@ -15,6 +15,7 @@ names serves verified records and those names' claims.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import warnings
@@ -24,12 +25,15 @@ from typing import Any, Union
 
 import tvm
 import tvm_ffi
+from tvm import tirx
+from tvm_ffi.serialization import from_json_graph_str, to_json_graph_str
 
 from schedhub.registry import Candidate, Identity, Record, Registry, RegistryError, signature_args_info
 
+from .cache import KernelCache, default_dir
 from .guard import ScheduleLimits, check_scheduled, check_trace_size
 from .identity import as_module, workload_identity
-from .msdb import scheduled, tuning_record
+from .msdb import normalize_mod, replayed, scheduled, tuning_record
 
 Trust = Union[str, Collection[str]]
 
@@ -37,6 +41,10 @@ log = logging.getLogger("schedhub")
 
 HIT, TRANSFER, MISS, FALLBACK, OFFLINE = "hit", "transfer", "miss", "fallback", "offline"
 DEFAULT_CANDIDATES = 4  # neighbours asked for per missed key
+
+
+class ReplayFailed(RuntimeError):
+    """A trace that failed to replay on this kernel before (the per-machine cache remembers)."""
 
 
 class RegistryFallbackWarning(UserWarning):
@@ -97,8 +105,9 @@ def trust_filter(trust: Trust) -> Callable[[Record], bool]:
 
 class HookSession:
     def __init__(self, registry: Registry, *, report_misses: bool = True, trust: Trust = "verified",
-                 limits: ScheduleLimits | None = None, transfer: bool = True) -> None:  # fmt: skip
+                 limits: ScheduleLimits | None = None, transfer: bool = True, cache: KernelCache | None = None) -> None:  # fmt: skip
         self.registry = registry
+        self.cache = cache if cache is not None else KernelCache(default_dir())
         self.report_misses = report_misses
         self.transfer = transfer
         self.trusts = trust_filter(trust)
@@ -131,7 +140,7 @@ class HookSession:
         mod = as_module(func)
         cache_key = (tvm_ffi.structural_hash(mod), str(target))
         if cache_key not in self._identities:
-            self._identities[cache_key] = workload_identity(mod, target, op)
+            self._identities[cache_key] = workload_identity(mod, target, op, self.cache)
         return self._identities[cache_key]
 
     def prefetch(self, identities: list[Identity]) -> None:
@@ -177,21 +186,31 @@ class HookSession:
     # -- the query TVM makes -----------------------------------------------------------------
 
     def best_tuning_record(self, mod: tvm.IRModule, target: tvm.target.Target, op: str | None) -> Any:
-        """The best record that replays on ``mod`` within the bounds, or None (a miss, reported later)."""
-        identity = self.identity(mod, target, op)
+        """The best record that replays on ``mod`` within the bounds as a TuningRecord, or None (a miss, reported later)."""
+        return self._serve(self.identity(mod, target, op), lambda record, args_info: self._replay(record, mod, args_info))
+
+    def scheduled(self, func: tirx.PrimFunc, target: tvm.target.Target, op: str | None) -> tvm.IRModule | None:
+        """What :meth:`best_tuning_record` serves, applied: the kernel in MetaSchedule's normalized
+        module with the trace replayed (from the per-machine cache when it was replayed before), or None."""
+        identity = self.identity(func, target, op)
+        normalized = normalize_mod(func)
+        return self._serve(identity, lambda record, _args_info: self._schedule(record, normalized, identity.key))
+
+    def _serve(self, identity: Identity, apply: Callable[[Record, list[Any] | None], Any]) -> Any:
+        """The first record (best first) that ``apply`` accepts; else the first candidate that does (a transfer); else None."""
         if self.offline and not self._committed.get(identity.key):
             self._note(identity, OFFLINE)
             return None
         for record in self.records(identity):
             try:
-                tr = self._replay(record, mod)
+                out = apply(record, None)
             except Exception as exc:  # TVM raises ScheduleError, TVMError, ValueError… on a bad trace
                 self._refuse(record, exc)
                 continue
             self._note(identity, HIT, record.trace_id)
-            return tr
+            return out
         self._pending_misses[identity.key] = identity  # a transfer too: the exact schedule is still to tune
-        transferred = self._transfer(identity, mod)
+        transferred = self._transfer(identity, apply)
         if transferred is not None:
             return transferred
         self._note(identity, FALLBACK if identity.key in self._refused_keys else MISS)
@@ -204,8 +223,29 @@ class HookSession:
         check_scheduled(scheduled(mod, tr.trace), self.limits)
         return tr
 
-    def _transfer(self, identity: Identity, mod: tvm.IRModule) -> Any:
-        """The first candidate (nearest first) that replays on ``mod`` within the bounds, or None.
+    def _schedule(self, record: Record, normalized: tvm.IRModule, key: str) -> tvm.IRModule:
+        """``normalized`` with ``record``'s trace replayed once and checked against the bounds, or
+        from the cache (keyed by the kernel's key, the trace and the bounds: the same canonical
+        workload up to parameter names); raises if it does not apply, also when it did not before."""
+        parts = (key, record.trace, repr(self.limits))
+        entry = self.cache.get("scheduled", *parts)
+        if entry is not None and isinstance(entry.get("error"), str):
+            raise ReplayFailed(entry["error"])
+        if entry is not None and isinstance(entry.get("module"), str):
+            with contextlib.suppress(Exception):  # unreadable: replay again
+                return from_json_graph_str(entry["module"])  # written by this compiler: no schema upgrade (tvm.ir.load_json's costs a replay)
+        try:
+            check_trace_size(record.trace, self.limits)
+            mod = replayed(normalized, record.trace)
+            check_scheduled(mod, self.limits)
+        except Exception as exc:
+            self.cache.put("scheduled", parts, {"error": f"{exc.__class__.__name__}: {str(exc)[:2000]}"})
+            raise
+        self.cache.put("scheduled", parts, {"module": to_json_graph_str(mod)})
+        return mod
+
+    def _transfer(self, identity: Identity, apply: Callable[[Record, list[Any] | None], Any]) -> Any:
+        """The first candidate (nearest first) that ``apply`` accepts on the kernel, or None.
 
         A candidate that does not apply is dropped for this session without a complaint: it was
         tuned for another kernel, and failing on this one says nothing against it.
@@ -214,14 +254,14 @@ class HookSession:
         for candidate in candidates:
             record = candidate.record
             try:
-                tr = self._replay(record, mod, identity.args_info)
+                out = apply(record, identity.args_info)
             except Exception as exc:  # another structure after all, or over the bounds here
                 log.debug("schedhub: candidate %s does not transfer to %s: %s", record.trace_id, identity.op, str(exc)[:200])
                 self._candidates[identity.key].remove(candidate)
                 continue
             self._candidates[identity.key] = [candidate, *(c for c in self._candidates[identity.key] if c is not candidate)]
             self._note(identity, TRANSFER, f"{candidate.relation}:{record.trace_id}:{record.identity.op}")
-            return tr
+            return out
         return None
 
     def _refuse(self, record: Record, exc: Exception) -> None:

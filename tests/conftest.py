@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +26,19 @@ def make_record(workload: int, secs: float, variant: int = 0, *, op: str | None 
         "args_info": [["TENSOR", "float32", [workload, 64]]], "trace": json.dumps(trace),
         "run_secs": [secs, secs * 1.01], "provenance": provenance or {"host_cpu": "test"},
     })  # fmt: skip
+
+
+@pytest.fixture(autouse=True, scope="session")
+def kernel_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The hook's per-machine kernel cache in a folder of the test run (subprocesses inherit it), never the user's."""
+    path = tmp_path_factory.mktemp("kernel-cache")
+    previous = os.environ.get("SCHEDHUB_CACHE_DIR")
+    os.environ["SCHEDHUB_CACHE_DIR"] = str(path)
+    yield path
+    if previous is None:
+        os.environ.pop("SCHEDHUB_CACHE_DIR", None)
+    else:
+        os.environ["SCHEDHUB_CACHE_DIR"] = previous
 
 
 @pytest.fixture

@@ -1,0 +1,78 @@
+"""A per-machine cache of what the hook derives from kernels and records, so a model compiled again
+skips the work: never a record itself (the registry decides what is served), only
+
+- a kernel's identity (canonical workload text and ArgInfo), keyed by the sha256 of its TVMScript:
+  renaming the parameters costs 10–30 ms a kernel, printing and hashing about 1 ms;
+- a record's trace replayed on a kernel and checked within the bounds, keyed by the kernel's key,
+  the trace id and the bounds, as TVM's JSON of the scheduled kernel: loading it costs a fraction
+  of a replay, and the check is not repeated.
+
+One JSON file per entry under ``~/.cache/schedhub/kernels`` (``SCHEDHUB_CACHE_DIR``), named by the
+sha256 of what it was derived from (the compiler fingerprint included), written atomically; the
+folder is private to its user. An entry that cannot be read or parsed is a miss, never an error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+DEFAULT_DIR = Path.home() / ".cache" / "schedhub" / "kernels"
+CACHE_ENV = "SCHEDHUB_CACHE_DIR"
+MAX_ENTRY_BYTES = 64 << 20  # a scheduled kernel's JSON is KBs to a few MBs: anything bigger is not ours
+
+
+def default_dir() -> Path:
+    return Path(os.environ.get(CACHE_ENV) or DEFAULT_DIR)
+
+
+class KernelCache:
+    """Entries by kind and the strings they were derived from; ``root=None`` keeps nothing."""
+
+    def __init__(self, root: str | os.PathLike[str] | None) -> None:
+        self.root = Path(root) if root is not None else None
+        self.hits = self.misses = 0
+
+    @staticmethod
+    def name(kind: str, *parts: str) -> str:
+        digest = hashlib.sha256(kind.encode())
+        for part in parts:
+            digest.update(b"\0" + part.encode())
+        return f"{kind}-{digest.hexdigest()}"
+
+    def _path(self, kind: str, parts: tuple[str, ...]) -> Path | None:
+        return None if self.root is None else self.root / kind / f"{self.name(kind, *parts)}.json"
+
+    def get(self, kind: str, *parts: str) -> dict[str, Any] | None:
+        path = self._path(kind, parts)
+        try:
+            if path is None or path.stat().st_size > MAX_ENTRY_BYTES:
+                raise FileNotFoundError
+            value = json.loads(path.read_bytes())
+            if not isinstance(value, dict):
+                raise ValueError("not an object")
+        except (OSError, ValueError):
+            self.misses += 1
+            return None
+        self.hits += 1
+        return value
+
+    def put(self, kind: str, parts: tuple[str, ...], value: dict[str, Any]) -> None:
+        """Store an entry; a full or read-only disk only loses the entry."""
+        path = self._path(kind, parts)
+        if path is None:
+            return
+        try:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as f:
+                json.dump(value, f, separators=(",", ":"))
+            os.replace(f.name, path)
+        except OSError:
+            try:
+                os.unlink(f.name)
+            except (OSError, NameError):
+                pass

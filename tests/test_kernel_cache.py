@@ -1,0 +1,78 @@
+"""The hook's apply pass and its per-machine kernel cache: what TVM's MetaScheduleApplyDatabase
+gives, and a second compile that replays nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+from schedhub.hooks import use
+from schedhub.hooks.pipeline import IS_SCHEDULED, apply_records, fusion_passes, prefetch
+from schedhub.registry import LocalRegistry
+from schedhub.tuner.models import kernels
+
+from .hand_tuner import tune
+from .test_transfer import CPU, export, forward, reference
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> LocalRegistry:
+    """Hand-tuned records of every kernel of the MLP at batch 4."""
+    reg = LocalRegistry(tmp_path_factory.mktemp("cached"), sync=False)
+    reg.put_many([tune(k.identity) for k in kernels(export(4), CPU)])
+    return reg
+
+
+def test_the_session_applies_exactly_what_metaschedule_applies(registry: LocalRegistry) -> None:
+    with CPU:
+        fused = fusion_passes()(export(4))
+    with use(registry, CPU, cache=False), CPU:
+        ours = apply_records(prefetch(fused))
+        theirs = relax.transform.MetaScheduleApplyDatabase()(fused)  # TVM's pass, through the session's database
+    prims = {gv.name_hint: f for gv, f in theirs.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
+    assert len(prims) == 4 and all(f.attrs.get(IS_SCHEDULED) for f in prims.values())
+    for name, func in prims.items():
+        tvm.ir.assert_structural_equal(ours[name], func)  # body and attributes
+
+
+def test_a_second_compile_replays_nothing_and_a_damaged_entry_is_replayed(tmp_path: Path, registry: LocalRegistry) -> None:
+    cache = tmp_path / "cache"
+    x = np.random.default_rng(5).standard_normal((4, 64)).astype("float32")
+    with use(registry, CPU, cache=cache) as first:
+        tvm.compile(export(4), CPU)
+    assert first.report.hits == 4 and first.cache.hits == 0
+    assert len(list((cache / "identity").glob("*.json"))) == len(list((cache / "scheduled").glob("*.json"))) == 4
+    with use(registry, CPU, cache=cache) as second:
+        ex = tvm.compile(export(4), CPU)
+    assert second.report.hits == 4 and second.cache.misses == 0 and second.cache.hits == 8  # identities and schedules
+    np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)
+    for i, entry in enumerate(sorted((cache / "scheduled").glob("*.json"))):  # damaged two ways
+        entry.write_text(json.dumps({"module": "{not TVM's json"}) if i % 2 else "{truncated")
+    with use(registry, CPU, cache=cache) as third:
+        ex = tvm.compile(export(4), CPU)
+    assert third.report.hits == 4 and third.report.problems == []  # replayed again: nothing refused
+    np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)
+    with use(registry, CPU, cache=cache) as fourth:
+        tvm.compile(export(4), CPU)
+    assert fourth.cache.misses == 0  # rewritten by the third compile
+
+
+def test_a_trace_that_failed_on_a_kernel_is_remembered_and_still_refused(tmp_path: Path, registry: LocalRegistry) -> None:
+    records = {r.identity.op: r for s in registry.summaries() for r in registry.get(s.key)}
+    transpose = next(r for op, r in records.items() if op.startswith("transpose"))
+    matmul = next(r for op, r in records.items() if "matmul" in op)
+    with LocalRegistry(tmp_path / "store", sync=False) as reg:
+        reg.put(type(matmul).from_obj(matmul.to_dict() | {"trace": transpose.trace}))  # a matmul key with a transpose's trace
+        outcomes = []
+        for _ in range(2):
+            with use(reg, CPU, cache=tmp_path / "cache", transfer=False) as session:
+                tvm.compile(export(4), CPU)
+            outcomes.append({k.op: k.outcome for k in session.report.kernels}[matmul.identity.op])
+        assert outcomes == ["fallback", "fallback"]
+        assert "ReplayFailed" in session.report.problems[0]  # the second time from the cache, without a replay
+        assert [e for e in (tmp_path / "cache" / "scheduled").glob("*.json") if "error" in json.loads(e.read_text())]
