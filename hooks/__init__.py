@@ -52,6 +52,7 @@ def use(
     limits: ScheduleLimits | None = None,
     transfer: bool = True,
     cache: str | os.PathLike[str] | bool = True,
+    measure: float = 0.0,
 ) -> Iterator[HookSession]:
     """Apply registry schedules to every Relax build in this block (this thread).
 
@@ -62,6 +63,8 @@ def use(
     of the same structure (another shape, compiler build or target) that replays on the kernel.
     ``cache``: where this machine keeps kernel identities and replayed schedules between compiles
     (True: ``~/.cache/schedhub/kernels`` or ``$SCHEDHUB_CACHE_DIR``; False: nowhere).
+    ``measure``: seconds per compile (0: none) to build, check and time a missed kernel's transfer
+    candidates on this machine and serve the fastest; results are cached, so each is measured once.
     """
     install()
     if isinstance(registry, HookSession):
@@ -70,7 +73,7 @@ def use(
     else:
         reg, opened = _open(registry, timeout)
         kernel_cache = KernelCache(default_dir() if cache is True else (cache or None))
-        session = HookSession(reg, report_misses=report_misses, trust=trust, limits=limits, transfer=transfer, cache=kernel_cache)
+        session = HookSession(reg, report_misses=report_misses, trust=trust, limits=limits, transfer=transfer, cache=kernel_cache, measure=measure)
     token = ACTIVE.set(session)
     try:
         with contextlib.ExitStack() as stack:

@@ -33,6 +33,7 @@ from schedhub.registry import Candidate, Identity, Record, Registry, RegistryErr
 from .cache import KernelCache, default_dir
 from .guard import ScheduleLimits, check_scheduled, check_trace_size
 from .identity import as_module, workload_identity
+from .measure import TIMING, Budget, KernelBench, Timing, host_cpu, runs_here
 from .msdb import normalize_mod, replayed, scheduled, tuning_record
 
 Trust = Union[str, Collection[str]]
@@ -57,6 +58,7 @@ class KernelOutcome:
     key: str
     outcome: str  # hit | transfer | miss | fallback (a record failed to replay) | offline
     detail: str = ""
+    measured: dict[str, float | None] = field(default_factory=dict)  # transfer candidates timed here: trace id → seconds (None: refused)
 
 
 @dataclass
@@ -105,8 +107,11 @@ def trust_filter(trust: Trust) -> Callable[[Record], bool]:
 
 class HookSession:
     def __init__(self, registry: Registry, *, report_misses: bool = True, trust: Trust = "verified",
-                 limits: ScheduleLimits | None = None, transfer: bool = True, cache: KernelCache | None = None) -> None:  # fmt: skip
+                 limits: ScheduleLimits | None = None, transfer: bool = True, cache: KernelCache | None = None,
+                 measure: float = 0.0) -> None:  # fmt: skip
         self.registry = registry
+        self.measure = measure
+        self._budget = Budget(measure)
         self.cache = cache if cache is not None else KernelCache(default_dir())
         self.report_misses = report_misses
         self.transfer = transfer
@@ -129,6 +134,7 @@ class HookSession:
     def begin_compile(self) -> None:
         if self.report.kernels or self.report.lookups:
             self.reports.append(CompileReport())
+        self._budget = Budget(self.measure)
 
     def end_compile(self) -> None:
         self.flush_misses()
@@ -194,9 +200,10 @@ class HookSession:
         module with the trace replayed (from the per-machine cache when it was replayed before), or None."""
         identity = self.identity(func, target, op)
         normalized = normalize_mod(func)
-        return self._serve(identity, lambda record, _args_info: self._schedule(record, normalized, identity.key))
+        bench = (normalized, target) if self.measure > 0 and runs_here(target) else None
+        return self._serve(identity, lambda record, _args_info: self._schedule(record, normalized, identity.key), bench)
 
-    def _serve(self, identity: Identity, apply: Callable[[Record, list[Any] | None], Any]) -> Any:
+    def _serve(self, identity: Identity, apply: Callable[[Record, list[Any] | None], Any], bench: tuple[tvm.IRModule, Any] | None = None) -> Any:
         """The first record (best first) that ``apply`` accepts; else the first candidate that does (a transfer); else None."""
         if self.offline and not self._committed.get(identity.key):
             self._note(identity, OFFLINE)
@@ -210,7 +217,7 @@ class HookSession:
             self._note(identity, HIT, record.trace_id)
             return out
         self._pending_misses[identity.key] = identity  # a transfer too: the exact schedule is still to tune
-        transferred = self._transfer(identity, apply)
+        transferred = self._transfer(identity, apply, bench)
         if transferred is not None:
             return transferred
         self._note(identity, FALLBACK if identity.key in self._refused_keys else MISS)
@@ -244,25 +251,58 @@ class HookSession:
         self.cache.put("scheduled", parts, {"module": to_json_graph_str(mod)})
         return mod
 
-    def _transfer(self, identity: Identity, apply: Callable[[Record, list[Any] | None], Any]) -> Any:
-        """The first candidate (nearest first) that ``apply`` accepts on the kernel, or None.
+    def _transfer(self, identity: Identity, apply: Callable[[Record, list[Any] | None], Any], bench: tuple[tvm.IRModule, Any] | None = None) -> Any:
+        """A candidate that ``apply`` accepts on the kernel: the nearest, or with ``bench`` (the
+        kernel's default module and target: opt-in measurement) the fastest that agrees with the
+        default schedule's output, while the compile's measurement budget lasts; else None.
 
         A candidate that does not apply is dropped for this session without a complaint: it was
         tuned for another kernel, and failing on this one says nothing against it.
         """
-        candidates = [c for c in self._candidates.get(identity.key, []) if self.trusts(c.record)]
-        for candidate in candidates:
-            record = candidate.record
+        applied: list[tuple[Candidate, Any]] = []
+        for candidate in [c for c in self._candidates.get(identity.key, []) if self.trusts(c.record)]:
             try:
-                out = apply(record, identity.args_info)
+                applied.append((candidate, apply(candidate.record, identity.args_info)))
             except Exception as exc:  # another structure after all, or over the bounds here
-                log.debug("schedhub: candidate %s does not transfer to %s: %s", record.trace_id, identity.op, str(exc)[:200])
+                log.debug("schedhub: candidate %s does not transfer to %s: %s", candidate.record.trace_id, identity.op, str(exc)[:200])
                 self._candidates[identity.key].remove(candidate)
                 continue
-            self._candidates[identity.key] = [candidate, *(c for c in self._candidates[identity.key] if c is not candidate)]
-            self._note(identity, TRANSFER, f"{candidate.relation}:{record.trace_id}:{record.identity.op}")
-            return out
-        return None
+            if bench is None or not self._budget.left():
+                break  # the nearest that applies
+        if not applied:
+            return None
+        measured = self._measure(identity, applied, bench) if bench is not None and len(applied) > 1 else {}
+        served = [(c, out) for c, out in applied if measured.get(c.record.trace_id, 0.0) is not None]  # refused by measurement: never served
+        if measured:
+            served.sort(key=lambda pair: measured.get(pair[0].record.trace_id) or float("inf"))  # fastest measured first
+        if not served:
+            return None
+        candidate, out = served[0]
+        self._candidates[identity.key] = [candidate, *(c for c in self._candidates[identity.key] if c is not candidate)]
+        self._note(identity, TRANSFER, f"{candidate.relation}:{candidate.record.trace_id}:{candidate.record.identity.op}", measured)
+        return out
+
+    def _measure(self, identity: Identity, applied: list[tuple[Candidate, Any]], bench: tuple[tvm.IRModule, Any]) -> dict[str, float | None]:
+        """Seconds per call of each applied candidate on this machine (None: wrong output or failed), from the
+        cache or measured while the budget lasts; candidates left unmeasured are absent."""
+        default, target = bench
+        found: dict[str, float | None] = {}
+        kernel_bench: KernelBench | None = None
+        for candidate, scheduled_mod in applied:
+            parts = (identity.key, candidate.record.trace, host_cpu(), repr(TIMING))
+            timing = Timing.from_dict(self.cache.get("measured", *parts) or {})
+            if timing is None:
+                if not self._budget.left():
+                    continue
+                try:
+                    kernel_bench = kernel_bench or KernelBench(default, identity.args_info, target)
+                except Exception as exc:  # arguments it cannot make, a default that does not build
+                    log.debug("schedhub: cannot measure %s: %s", identity.op, exc)
+                    return {}
+                timing = kernel_bench.time(scheduled_mod)
+                self.cache.put("measured", parts, timing.to_dict())
+            found[candidate.record.trace_id] = timing.secs
+        return found
 
     def _refuse(self, record: Record, exc: Exception) -> None:
         """Stop serving a record here and complain to the registry, which queues its verification."""
@@ -279,8 +319,8 @@ class HookSession:
         except RegistryError as exc2:
             self.report.problems.append(f"could not report {record.trace_id}: {exc2}")
 
-    def _note(self, identity: Identity, outcome: str, detail: str = "") -> None:
-        self.report.kernels.append(KernelOutcome(identity.op, identity.key, outcome, detail))
+    def _note(self, identity: Identity, outcome: str, detail: str = "", measured: dict[str, float | None] | None = None) -> None:
+        self.report.kernels.append(KernelOutcome(identity.op, identity.key, outcome, detail, dict(measured or {})))
 
     def _go_offline(self, exc: Exception) -> None:
         self.offline = True

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import lmdb
@@ -14,13 +15,14 @@ from tvm import relax
 from tvm.relax.frontend import nn
 
 from schedhub.hooks import target_text, use
+from schedhub.hooks.identity import plain_json, workload_module
 from schedhub.registry import (
     SCHEMA_VERSION, Candidate, Identity, InvalidRecord, LocalRegistry, Probe, Record, RegistryClient,
     canonical_target, packb, record_key, structure_key, unpackb,
 )  # fmt: skip
 from schedhub.tuner.models import kernels
 
-from .hand_tuner import tune
+from .hand_tuner import FACTORS, tune
 from .test_hooks import MLP, mlp_reference, run
 
 TARGET = canonical_target({"kind": "llvm", "mcpu": "znver5", "num-cores": 2, "keys": ["cpu"]})
@@ -226,3 +228,33 @@ def test_the_probe_carries_what_the_hook_computed(registry: LocalRegistry) -> No
     probe = Probe.of(ident)
     assert probe.target == target_text(CPU) == ident.target and probe.dims == [a[2] for a in ident.args_info]
     assert Probe.from_obj(probe.to_dict()) == probe
+
+
+def test_measured_transfers_serve_the_fastest_candidate_that_agrees(tmp_path: Path, registry: LocalRegistry) -> None:
+    """Opt-in: every applicable candidate is built, checked against the default schedule and timed here; once a machine."""
+    with LocalRegistry(tmp_path / "store", sync=False) as reg:
+        reg.put_many([r for s in registry.summaries() for r in registry.get(s.key)])
+        ours = {r.identity.op: r.trace for s in registry.summaries() for r in registry.get(s.key)}
+        for k in kernels(export(64), CPU):  # a second neighbour, with another schedule, for every batch-dependent kernel
+            reg.put(next(r for r in (split_record(k.identity, f) for f in FACTORS) if r.trace != ours.get(k.identity.op)))
+        with use(reg, CPU, cache=tmp_path / "cache", measure=60) as session:
+            ex = tvm.compile(export(16), CPU)
+        transfers = [k for k in session.report.kernels if k.outcome == "transfer"]
+        assert len(transfers) == 2 and all(len(k.measured) == 2 and all(k.measured.values()) for k in transfers)
+        for k in transfers:  # the fastest measured is the one served
+            assert k.detail.split(":")[1] == min(k.measured, key=lambda t: k.measured[t])
+        with use(reg, CPU, cache=tmp_path / "cache", measure=60) as again:
+            tvm.compile(export(16), CPU)
+        assert [k.measured for k in again.report.kernels] == [k.measured for k in session.report.kernels]  # from the cache
+        assert again.cache.misses == 0
+    x = np.random.default_rng(6).standard_normal((16, 64)).astype("float32")
+    np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)
+
+
+def split_record(identity: Identity, factor: int) -> Record:
+    """A record whose schedule splits the kernel's first block's innermost loop by ``factor``."""
+    base = workload_module(identity.workload)
+    sch = tvm.s_tir.Schedule(base)
+    block = next(n for n in re.findall(r'T\.sblock\("([^"]+)"\)', base.script()) if n != "root")
+    sch.split(sch.get_loops(sch.get_sblock(block))[-1], factors=[None, factor])
+    return Record(identity, json.dumps(plain_json(sch.trace.as_json()), separators=(",", ":")), [1e-4], {"tuner": "split_record"})
