@@ -92,13 +92,14 @@ def transfers(transfer: dict[str, Any]) -> Any:
     import matplotlib.pyplot as plt
 
     rows = transfer["rows"]
-    configs = (("default", "TVM default"), ("transferred", "schedhub transfer"), ("tuned", "tuned for the shape"), ("pytorch", "PyTorch"))
+    configs = (("default", "TVM default"), ("transferred", "transfer, nearest"), ("measured", "transfer, measured"), ("tuned", "tuned for the shape"),
+               ("pytorch", "PyTorch"))  # fmt: skip
     fig, ax = plt.subplots(figsize=(max(6, 1.5 * len(rows)), 3.8))
-    width = 0.2
+    width = 0.16
     for i, (key, label) in enumerate(configs):
         values = [r["timing"][key]["median"] for r in rows]
         noise = [[v - r["timing"][key]["min"] for v, r in zip(values, rows)], [r["timing"][key]["max"] - v for v, r in zip(values, rows)]]
-        bars = ax.bar([x + (i - 1.5) * width for x in range(len(rows))], values, width, yerr=noise, capsize=2, label=label)
+        bars = ax.bar([x + (i - 2) * width for x in range(len(rows))], values, width, yerr=noise, capsize=2, label=label)
         ax.bar_label(bars, labels=[f"{v:.2g}" for v in values], fontsize=6)
     ax.set_yscale("log")
     ax.set_xticks(list(range(len(rows))), [r["label"].replace(" (", "\n(") for r in rows], fontsize=7)

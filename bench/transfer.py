@@ -8,12 +8,16 @@
    lengths, and ResNet-18 imported through ``torch.export`` and TVM's PyTorch frontend (weights
    bound as constants; exported in a process of its own, ``bench.torch_export``). Each compiles with
    plain ``tvm.compile`` (TVM's default schedules) and inside ``hooks.use(registry)``, where
-   kernels without a record get a transfer; compile times are medians of 3, interleaved.
+   kernels without a record get a transfer, nearest first: with an empty kernel cache, then again
+   with this machine's cache (medians of 3, interleaved); then once with measured transfers
+   (``measure=``: every applicable candidate timed here, the fastest served), which also tells
+   how often nearest-first picked the fastest candidate.
 3. Then the held-out kernels are tuned at the same budget (warm-started from the registry, as the
    worker does) and the network compiles again: every kernel must hit. For a few kernels a cold
    search (no warm start) at the same budget gives the trials the warm search needed to match it.
-4. Ray stops; default, transferred and tuned forward passes and the PyTorch twin (in its own process)
-   are timed side by side in interleaved rounds, and every output is checked against the default's.
+4. Ray stops; default, transferred (nearest first), measured-transfer and tuned forward passes and
+   the PyTorch twin (in its own process) are timed side by side in interleaved rounds, and every
+   output is checked against the default's.
 """
 
 from __future__ import annotations
@@ -59,6 +63,15 @@ MODES: dict[str, dict[str, Any]] = {
         "options": MODEL_MODES["quick"]["options"],
         "cold_kernels": 4,
         "rounds": 5,
+        "measure_secs": 120,
+    },
+    "smoke": {  # a minute or two: checks the benchmark itself (tests/test_bench.py-sized), no figures
+        "source": {"mlp": {}},
+        "held_out": [("mlp", {"batch": 16}, "nn")],
+        "options": MODEL_MODES["quick"]["options"],
+        "cold_kernels": 1,
+        "rounds": 2,
+        "measure_secs": 30,
     },
     "full": {
         "source": {"resnet18": {"image": 224}, "mobilenetv2": {"image": 224}, "bert_layer": {"seq": 128}, "mlp": {}},
@@ -72,6 +85,7 @@ MODES: dict[str, dict[str, Any]] = {
         "options": MODEL_MODES["full"]["options"],
         "cold_kernels": 6,
         "rounds": 5,
+        "measure_secs": 300,
     },
 }
 
@@ -106,7 +120,7 @@ def run(mode: str, say: Callable[[str], None] = print, source_store: Path | None
     tvm_env.prepare()
     cluster.start()
     out: dict[str, Any] = {"mode": mode, "target": tvm_env.host_target(), "options": asdict(options), "source": config["source"],
-                           "rows": [], "warm_vs_cold": [], "ranking": "nearest structure neighbour first (compiler, then shape distance, then target)"}  # fmt: skip
+                           "rows": [], "warm_vs_cold": [], "ranked_by": "nearest structure neighbour first (compiler, then shape distance, then target)"}  # fmt: skip
     with contextlib.ExitStack() as stack:
         root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="schedhub-bench-transfer-"))) / "store"
         started = time.time()
@@ -126,10 +140,13 @@ def run(mode: str, say: Callable[[str], None] = print, source_store: Path | None
 
         compiled = []
         for name, shape, frontend in config["held_out"]:
-            held = _held_out(name, shape, frontend, target, Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="schedhub-export-"))))
-            default_ex, transferred_ex, compile_secs, report = _compile_transferred(held, registry, target)
-            say(f"{held.label}: {report.summary()}; compile {compile_secs['default']['median']:.2f} s → {compile_secs['transferred']['median']:.2f} s")
-            compiled.append((held, default_ex, transferred_ex, compile_secs, report))
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="schedhub-export-")))
+            held = _held_out(name, shape, frontend, target, workdir)
+            executables, compile_secs, reports = _compile_transferred(held, registry, target, workdir, config["measure_secs"])
+            c = {k: v["median"] for k, v in compile_secs.items()}
+            say(f"{held.label}: {reports['transferred'].summary()}; compile {c['default']:.2f} s plain, {c['transferred_cold']:.2f} s hooked "
+                f"(empty kernel cache), {c['transferred']:.2f} s (warm), {c['measured_cold']:.2f} s measuring")  # fmt: skip
+            compiled.append((held, executables, compile_secs, reports))
 
         tuned: dict[str, TuneResult] = {}
         for held, *_ in compiled:
@@ -138,16 +155,16 @@ def run(mode: str, say: Callable[[str], None] = print, source_store: Path | None
         cluster.stop()  # nothing of Ray shares the cores with the timings
 
         torch_proc = stack.enter_context(TorchProcess(cwd=REPO))
-        for held, default_ex, transferred_ex, compile_secs, report in compiled:
-            with hooks.use(registry, target, report_misses=False) as session:
-                tuned_ex = tvm.compile(held.mod, target)
+        for held, executables, compile_secs, reports in compiled:
+            with hooks.use(registry, target, report_misses=False, cache=False) as session:
+                executables["tuned"] = tvm.compile(held.mod, target)
             if session.report.hits != len(session.report.kernels):
                 raise RuntimeError(f"{held.label}: the tuned compile hit {session.report.hits} of {len(session.report.kernels)} kernels")
-            row = _row(held, default_ex, transferred_ex, tuned_ex, compile_secs, report, config["rounds"], torch_proc)
+            row = _row(held, executables, compile_secs, reports, config["rounds"], torch_proc)
             out["rows"].append(row)
             t = row["timing"]
             say(f"{held.label}: default {t['default']['median']:.2f} ms, transferred {t['transferred']['median']:.2f} ms, "
-                f"tuned {t['tuned']['median']:.2f} ms, PyTorch {t['pytorch']['median']:.2f} ms")  # fmt: skip
+                f"measured {t['measured']['median']:.2f} ms, tuned {t['tuned']['median']:.2f} ms, PyTorch {t['pytorch']['median']:.2f} ms")  # fmt: skip
     return out
 
 
@@ -172,24 +189,52 @@ def _held_out(name: str, shape: dict[str, int], frontend: str, target: Any, work
     return HeldOut(name, shape, frontend, mod, func, weights, input_shape, models.kernels(mod, target))
 
 
-def _compile_transferred(held: HeldOut, registry: LocalRegistry, target: Any, repeats: int = 3) -> tuple[Any, Any, dict[str, Any], Any]:
-    """Plain and hooked compiles, interleaved; the hook's first report (a fresh session each time)."""
+def _compile_transferred(held: HeldOut, registry: LocalRegistry, target: Any, workdir: Path, measure_secs: float,
+                         repeats: int = 3) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:  # fmt: skip
+    """Plain and hooked compiles, interleaved; each round's hooked compile first with an empty kernel
+    cache (cold: every identity computed, every trace replayed), then again (warm: this machine's
+    cache). Then one compile with measured transfers (``measure_secs``, an empty cache).
+    Returns the executables, compile seconds and reports by configuration."""
     import tvm
 
     from schedhub import hooks
 
-    secs: dict[str, list[float]] = {"default": [], "transferred": []}
-    report = None
-    for _ in range(repeats):
+    secs: dict[str, list[float]] = {"default": [], "transferred_cold": [], "transferred": []}
+    executables: dict[str, Any] = {}
+    reports: dict[str, Any] = {}
+    for r in range(repeats):
         start = time.perf_counter()
-        default_ex = tvm.compile(held.mod, target)
+        executables["default"] = tvm.compile(held.mod, target)
         secs["default"].append(time.perf_counter() - start)
-        start = time.perf_counter()
-        with hooks.use(registry, target, report_misses=False) as session:
-            transferred_ex = tvm.compile(held.mod, target)
-        secs["transferred"].append(time.perf_counter() - start)
-        report = report or session.report
-    return default_ex, transferred_ex, {k: summary(v) for k, v in secs.items()}, report
+        for config in ("transferred_cold", "transferred"):
+            start = time.perf_counter()
+            with hooks.use(registry, target, report_misses=False, cache=workdir / f"cache-{r}") as session:
+                executables["transferred"] = tvm.compile(held.mod, target)
+            secs[config].append(time.perf_counter() - start)
+            reports.setdefault(config, session.report)
+    start = time.perf_counter()
+    with hooks.use(registry, target, report_misses=False, cache=workdir / "cache-measured", measure=measure_secs) as session:
+        executables["measured"] = tvm.compile(held.mod, target)
+    secs["measured_cold"] = [time.perf_counter() - start]
+    reports["measured"] = session.report
+    return executables, {k: summary(v) for k, v in secs.items()}, reports
+
+
+def _ranking(nearest: Any, measured: Any) -> dict[str, Any]:
+    """How the nearest-first pick compares with the fastest candidate measured here, kernel by kernel
+    (kernels whose candidates were all measured and at least two distinct schedules applied)."""
+    picked = {k.key: k.detail.split(":")[1] for k in nearest.kernels if k.outcome == "transfer"}
+    rows = []
+    for k in measured.kernels:
+        times = {t: s for t, s in k.measured.items() if s is not None}
+        if k.key in picked and picked[k.key] in times and len(times) >= 2:
+            best = min(times.values())
+            rows.append({"op": k.op, "candidates": len(k.measured), "refused": sum(s is None for s in k.measured.values()),
+                         "nearest_us": times[picked[k.key]] * 1e6, "best_us": best * 1e6, "nearest_vs_best": times[picked[k.key]] / best})  # fmt: skip
+    ratios = [r["nearest_vs_best"] for r in rows]
+    return {"kernels": rows, "compared": len(rows), "nearest_is_best": sum(r <= 1.0 for r in ratios),
+            "nearest_vs_best": summary(ratios) if ratios else None,
+            "time_nearest_vs_best": (sum(r["nearest_us"] for r in rows) / sum(r["best_us"] for r in rows)) if rows else None}  # fmt: skip
 
 
 def _warm_vs_cold(tuned: dict[str, TuneResult], options: TuneOptions, count: int, say: Callable[[str], None]) -> list[dict[str, Any]]:
@@ -209,22 +254,25 @@ def _warm_vs_cold(tuned: dict[str, TuneResult], options: TuneOptions, count: int
     return rows
 
 
-def _row(held: HeldOut, default_ex: Any, transferred_ex: Any, tuned_ex: Any, compile_secs: dict[str, Any], report: Any, rounds: int,
+def _row(held: HeldOut, executables: dict[str, Any], compile_secs: dict[str, Any], reports: dict[str, Any], rounds: int,
          torch_proc: TorchProcess) -> dict[str, Any]:  # fmt: skip
     x = np.random.default_rng(1).standard_normal(held.input_shape).astype("float32")
     pytorch = torch_proc.load_network(held.name, held.weights, x, factory=TORCH_TWINS, **held.shape)
-    executables = {"default": default_ex, "transferred": transferred_ex, "tuned": tuned_ex}
-    timing, errors = time_side_by_side(executables, x, rounds, pytorch, torch_proc.time_network, held.func)
+    order = ("default", "transferred", "measured", "tuned")
+    timing, errors = time_side_by_side({k: executables[k] for k in order}, x, rounds, pytorch, torch_proc.time_network, held.func)
     if max(errors.values()) > 1e-3:
         raise AssertionError(f"{held.label}: outputs disagree (max error relative to the output's scale: {errors})")
-    added = [t - d for t, d in zip(compile_secs["transferred"]["samples"], compile_secs["default"]["samples"])]
+    report = reports["transferred"]
+    added = {k: summary([t - d for t, d in zip(compile_secs[k]["samples"], compile_secs["default"]["samples"])]) for k in ("transferred_cold", "transferred")}
     return {
         "network": held.name, "shape": held.shape, "frontend": held.frontend, "label": held.label, "kernels": len(report.kernels),
         "hits": report.hits, "transfers": report.transfers, "misses": report.misses, "fallbacks": report.fallbacks,
         "transfer_share": report.transfers / max(1, len(report.kernels)),
-        "relations": _relations(report), "compile_secs": compile_secs, "compile_added_secs": summary(added),
+        "relations": _relations(report), "compile_secs": compile_secs, "compile_added_secs": added["transferred"],
+        "compile_added_cold_secs": added["transferred_cold"], "ranking": _ranking(report, reports["measured"]),
         "timing": timing, "max_rel_error": errors,
         "transferred_vs_tuned": ratio(timing["transferred"], timing["tuned"], paired=True),  # latency ratio: ≤ 1.43 is ≥ 70% of tuned speed
+        "measured_vs_tuned": ratio(timing["measured"], timing["tuned"], paired=True),
         "default_vs_transferred": ratio(timing["default"], timing["transferred"], paired=True),  # speedup of the transfer over TVM's default
         "pytorch_vs_transferred": ratio(timing["pytorch"], timing["transferred"], paired=True),
     }  # fmt: skip
@@ -242,13 +290,15 @@ def _relations(report: Any) -> dict[str, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small shapes and budgets")
+    parser.add_argument("--smoke", action="store_true", help="one small network: checks the benchmark runs, measures nothing worth recording")
     parser.add_argument("--out", type=Path, help="where to write the JSON results")
     parser.add_argument("--source-store", type=Path, help="keep the filled registry here and reuse it on the next run")
     args = parser.parse_args()
-    mode = "quick" if args.quick else "full"
+    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
     started = time.time()
     results = run(mode, source_store=args.source_store)
     results["wall_secs"] = time.time() - started
+    results["command"] = "python -m bench.transfer" + {"smoke": " --smoke", "quick": " --quick", "full": ""}[mode]
     results["medians"] = {r["label"]: {k: statistics.median(v["samples"]) for k, v in r["timing"].items()} for r in results["rows"]}
     out = args.out or REPO / "bench" / "results" / mode / "transfer.json"
     out.parent.mkdir(parents=True, exist_ok=True)
