@@ -1,4 +1,10 @@
-"""Records ⇄ MetaSchedule: TuningRecords, and JSONDatabase directories for push and pull."""
+"""Records ⇄ MetaSchedule: TuningRecords, and JSONDatabase directories for push and pull.
+
+A JSONDatabase has no room for op names or provenance, so a pull writes them beside it
+(``schedhub_records.jsonl``: workload id, trace id, op, provenance) and a push reads them back: a
+round trip through MetaSchedule keeps both. Lines that do not parse or do not match are ignored;
+what they claim is validated like any record.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +18,7 @@ from typing import Any
 import tvm
 from tvm.s_tir import meta_schedule as ms
 
-from schedhub.registry import Record
+from schedhub.registry import Record, RegistryError
 
 from .identity import plain_json, target_from_text, workload_identity, workload_module
 
@@ -58,17 +64,50 @@ def scheduled(mod: tvm.IRModule, trace: Any) -> tvm.IRModule:
     return sch.mod
 
 
+SIDECAR = "schedhub_records.jsonl"
+MAX_SIDECAR_BYTES = 256 << 20
+
+
 def read_json_database(work_dir: str | os.PathLike[str], provenance: dict[str, Any] | None = None) -> Iterator[Record]:
-    """Records of a MetaSchedule JSONDatabase directory; failed measurements are skipped."""
+    """Records of a MetaSchedule JSONDatabase directory; failed measurements are skipped. Op names
+    and provenance come from the sidecar a pull wrote, where it has the record."""
     directory = Path(work_dir)
     if not (directory / "database_tuning_record.json").is_file():
         raise FileNotFoundError(f"{directory} is not a MetaSchedule JSONDatabase (no database_tuning_record.json)")
     db = ms.database.JSONDatabase(work_dir=str(directory), allow_missing=False)
     prov = {"source": "metaschedule-json", **(provenance or {})}
+    known = _read_sidecar(directory / SIDECAR)
     for tr in db.get_all_tuning_records():
         secs = [float(s) for s in plain_json(tr.run_secs or [])]
         if secs and all(math.isfinite(s) and 0 < s < 1e9 for s in secs):  # 1e10 marks a failed run
-            yield record_from_tuning_record(tr, provenance=prov)
+            record = record_from_tuning_record(tr, provenance=prov)
+            yield _restored(record, known.get((record.identity.workload_id, record.trace_id)))
+
+
+def _read_sidecar(path: Path) -> dict[tuple[str, str], dict[str, Any]]:
+    known: dict[tuple[str, str], dict[str, Any]] = {}
+    if not path.is_file() or path.stat().st_size > MAX_SIDECAR_BYTES:
+        return known
+    with path.open(encoding="utf-8", errors="replace") as f:
+        for line in f:
+            try:
+                entry = json.loads(line)
+                known[(str(entry["workload_id"]), str(entry["trace_id"]))] = {"op": entry["op"], "provenance": entry["provenance"]}
+            except (ValueError, KeyError, TypeError):
+                continue
+    return known
+
+
+def _restored(record: Record, entry: dict[str, Any] | None) -> Record:
+    """``record`` with the op name and provenance a pull wrote for it (kept as read when they do not validate)."""
+    if entry is None:
+        return record
+    obj = record.to_dict()
+    obj["op"], obj["provenance"] = entry["op"], entry["provenance"]
+    try:
+        return Record.from_obj(obj)
+    except RegistryError:  # InvalidRecord, PayloadTooLarge
+        return record
 
 
 def write_json_database(work_dir: str | os.PathLike[str], records: Iterable[Record]) -> int:
@@ -77,9 +116,12 @@ def write_json_database(work_dir: str | os.PathLike[str], records: Iterable[Reco
     directory.mkdir(parents=True, exist_ok=True)
     db = ms.database.JSONDatabase(work_dir=str(directory))
     count = 0
-    for record in records:
-        workload = db.commit_workload(workload_module(record.identity.workload))
-        tr = tuning_record(record, workload.mod)
-        db.commit_tuning_record(ms.database.TuningRecord(tr.trace, workload, tr.run_secs, target_from_text(record.identity.target), tr.args_info))
-        count += 1
+    with (directory / SIDECAR).open("a", encoding="utf-8") as sidecar:
+        for record in records:
+            workload = db.commit_workload(workload_module(record.identity.workload))
+            tr = tuning_record(record, workload.mod)
+            db.commit_tuning_record(ms.database.TuningRecord(tr.trace, workload, tr.run_secs, target_from_text(record.identity.target), tr.args_info))
+            entry = {"workload_id": record.identity.workload_id, "trace_id": record.trace_id, "op": record.identity.op, "provenance": record.provenance}
+            sidecar.write(json.dumps(entry, separators=(",", ":")) + "\n")
+            count += 1
     return count

@@ -18,7 +18,7 @@ from tvm.s_tir import meta_schedule as ms  # noqa: E402
 from schedhub.cli.main import cli  # noqa: E402
 from schedhub.hooks.identity import target_from_text, workload_identity, workload_module  # noqa: E402
 from schedhub.hooks.msdb import record_from_tuning_record, tuning_record  # noqa: E402
-from schedhub.registry import Record, ServerThread  # noqa: E402
+from schedhub.registry import LocalRegistry, Record, ServerThread  # noqa: E402
 
 from .conftest import TOKEN  # noqa: E402
 
@@ -88,6 +88,19 @@ def test_metaschedule_database_push_pull_round_trip(tmp_path: Path) -> None:
         pulled = CliRunner().invoke(cli, ["pull", "-r", srv.url, "-o", str(out), "--format", "metaschedule"], catch_exceptions=False)
         assert "pulled 3 records" in pulled.output
 
+        first = stored(tmp_path / "served")
+    with ServerThread(tmp_path / "again", tokens={TOKEN: "t"}, sync=False) as srv:  # and back: op names and provenance survive
+        CliRunner().invoke(cli, ["push", str(out), "-r", srv.url, "--token", TOKEN], catch_exceptions=False)
+        again = stored(tmp_path / "again")
+    assert again.keys() == first.keys()
+    assert all(again[t].identity.op == first[t].identity.op and again[t].provenance == first[t].provenance for t in first)
+    (out / "schedhub_records.jsonl").write_text('{"workload_id": 1}\nnot json\n' + json.dumps(
+        {"workload_id": next(iter(first.values())).identity.workload_id, "trace_id": next(iter(first)), "op": "x" * 10_000, "provenance": {}}) + "\n")
+    from schedhub.hooks.msdb import read_json_database
+
+    hostile = {r.trace_id: r for r in read_json_database(out)}  # a damaged or hostile sidecar: records as MetaSchedule has them
+    assert hostile.keys() == first.keys() and all(r.identity.op != "x" * 10_000 for r in hostile.values())
+
     loaded = ms.database.JSONDatabase(work_dir=str(out), allow_missing=False)
     assert len(loaded.get_all_tuning_records()) == 3
     # the user's own module (with its own parameter names) finds the best record in the pulled database
@@ -95,6 +108,11 @@ def test_metaschedule_database_push_pull_round_trip(tmp_path: Path) -> None:
     assert best is not None and float(best.run_secs[0]) == pytest.approx(1e-4)
     sch = loaded.query_schedule(mod, CPU, "main")
     assert "T.vectorized" in sch.mod.script()
+
+
+def stored(root: Path) -> dict[str, Record]:
+    with LocalRegistry(root) as reg:
+        return {r.trace_id: r for s in reg.summaries() for r in reg.get(s.key)}
 
 
 def test_a_trace_that_does_not_fit_the_module_fails_loudly() -> None:
