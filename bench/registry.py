@@ -191,6 +191,17 @@ def batch_lookup(url: str, keys: list[str], rounds: int = 200) -> dict[str, Any]
             "sequential_50_gets_ms": summary_ms(seq_t)}  # fmt: skip
 
 
+def page_ms(url: str, rounds: int = 20) -> dict[str, float]:
+    """GET one page ``rounds`` times after a warm-up: ms per request."""
+    httpx.get(url, timeout=60).raise_for_status()
+    samples = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        httpx.get(url, timeout=60).raise_for_status()
+        samples.append((time.perf_counter() - start) * 1e3)
+    return summary(samples)
+
+
 def serve(root: Path, port: int) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-m", "schedhub.cli.main", "serve", "--root", str(root), "--port", str(port), "--read-only"],
                             start_new_session=True, stderr=subprocess.DEVNULL)  # fmt: skip
@@ -249,6 +260,15 @@ def main() -> None:
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait()
+    results["dashboard"] = {}
+    for size in (s for s in store_sizes if s <= 100_000):  # the dashboard reads kept aggregates: its time must not grow with the store
+        proc = serve(args.workdir / f"store-{size}", port)
+        try:
+            results["dashboard"][size] = {"page_ms": page_ms(f"http://127.0.0.1:{port}/"), "stats_ms": page_ms(f"http://127.0.0.1:{port}/v1/stats")}
+            print(f"dashboard {size:>9} records: {results['dashboard'][size]['page_ms']['median']:.1f} ms", flush=True)
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait()
     print(json.dumps({k: results[k] for k in ("http", "http_one_connection", "batch")}, indent=1), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1, default=str))

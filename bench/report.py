@@ -350,6 +350,9 @@ def _registry(d: dict[str, Any] | None) -> list[str]:
     lines += ["", f"HTTP on loopback ({int(h['store_records']):,}-record store): {fmt(h['requests_per_s'])} GET/s with 16 client threads; "
               f"one connection p50 {fmt(one['p50_ms'])} ms; a batch lookup of 50 keys {fmt(d['batch']['lookup_50_ms'])} ms "
               f"against {fmt(d['batch']['sequential_50_gets_ms'])} ms for 50 sequential GETs.", ""]  # fmt: skip
+    if d.get("dashboard"):
+        lines += ["The dashboard (`GET /`) and `GET /v1/stats` by store size (ms per request, one client):", ""]
+        lines += table(["records", "dashboard ms", "stats ms"], [[f"{int(n):,}", fmt(v["page_ms"]), fmt(v["stats_ms"])] for n, v in d["dashboard"].items()]) + [""]
     return lines
 
 

@@ -292,6 +292,22 @@ class MissQueue:
                         break
         return out
 
+    def most_wanted(self, limit: int = 10) -> list[dict[str, Any]]:
+        """Pending jobs in lease order (verifications, then tune jobs by demand, then age): a range scan."""
+        out: list[dict[str, Any]] = []
+        with self.store.read() as t:
+            cursor = t.cursor(db=self._idx)
+            for prefix in (b"V", b"P"):
+                if not cursor.set_range(prefix):
+                    continue
+                for index, _ in cursor:
+                    if not index.startswith(prefix) or len(out) >= limit:
+                        break
+                    job = self._get(t, index[1 + _U32.size + _U64.size :].decode())
+                    if job is not None:
+                        out.append(self._view(job, time.time(), summary=True))
+        return out
+
     def counts(self) -> dict[str, int]:
         counts = dict.fromkeys(STATES, 0)
         now = time.time()

@@ -8,7 +8,6 @@ size-limited; malformed input is a 4xx with a message, never a 500.
 from __future__ import annotations
 
 import asyncio
-import html
 import os
 import re
 import time
@@ -24,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
+from . import _dashboard
 from ._auth import RateLimiter, Principal, as_principals, authenticate
 from ._commit import GroupCommitter
 from ._errors import Forbidden, InvalidRecord, NotFound, PayloadTooLarge, RegistryError, RequestTimeout, TooManyRequests, Unauthorized
@@ -61,6 +61,7 @@ class RegistryApp:
         self.registry: LocalRegistry | None = None
         self.committer: GroupCommitter | None = None
         self.counters: Counter[str] = Counter()
+        self.activity = _dashboard.Activity()
         self.complaints = RateLimiter(complaints_per_minute, 60.0)
         self.started = time.time()
 
@@ -270,8 +271,9 @@ def create_app(
             }  # fmt: skip
 
         result = await run_in_threadpool(answer)
-        state.counters["hits"] += len(result["records"])
-        state.counters["misses"] += len(result["missing"])
+        counts = {"hits": len(result["records"]) + len(result["truncated"]), "misses": len(result["missing"]), "transfers": len(result["candidates"])}
+        state.counters.update(counts)
+        state.activity.add(**counts)
         return reply(request, result)
 
     async def complain(request: Request) -> Response:
@@ -307,6 +309,7 @@ def create_app(
         body = await state.body(request)
         misses = await run_in_threadpool(parse_each, field(body, "misses", list), Identity.from_obj, "misses")
         results = await state.write(lambda txn: state.reg.report_misses(misses, txn=txn))
+        state.counters["reported"] += len(misses)
         return reply(request, {"results": results})
 
     async def lease(request: Request) -> Response:
@@ -388,20 +391,7 @@ def create_app(
 
     async def dashboard(request: Request) -> Response:
         def render() -> str:
-            s = state.reg.stats()
-            recent = state.reg.summaries(since=max(0, s["cursor"] - 50))[::-1]
-            rows = "".join(
-                f"<tr><td><code>{html.escape(r.key[:16])}…</code></td><td>{html.escape(r.op)}</td><td>{html.escape(r.kind)}</td>"
-                f"<td>{r.count}</td><td>{r.verified}</td><td>{r.best_secs * 1e6:.1f}</td></tr>"
-                for r in recent
-            )
-            queue = ", ".join(f"{k}: {v}" for k, v in s["queue"].items())
-            return (
-                f"<!doctype html><title>schedhub</title><h1>schedhub registry</h1>"
-                f"<p>{s['keys']} keys, {s['measurements']} measurements, {s['quarantined']} quarantined; queue {queue}</p>"
-                f"<table border=1 cellpadding=4><tr><th>key</th><th>op</th><th>target</th><th>records</th><th>verified</th><th>best µs</th></tr>{rows}</table>"
-                f"<p>API: <a href='/openapi.json'>/openapi.json</a></p>"
-            )
+            return _dashboard.render(state.reg.stats(), state.reg.dashboard_data(), state.activity.series(), dict(state.counters))
 
         return HTMLResponse(await run_in_threadpool(render))
 

@@ -7,6 +7,7 @@ durable commit; without one it opens and commits its own.
 
 from __future__ import annotations
 
+import math
 import os
 import struct
 import threading
@@ -29,8 +30,13 @@ DEFAULT_TOP_K = 8
 MAX_COMPLAINANTS = 32
 STORE_FORMAT = b"1"
 _SEQ = struct.Struct(">Q")
-_DB_NAMES = ("records", "by_op", "by_struct", "changes", "log", "meta", "quarantine", "queue", "queue_idx")
+_DB_NAMES = ("records", "by_op", "by_struct", "changes", "log", "meta", "quarantine", "queue", "queue_idx", "agg")
 STRUCTURE_INDEX = b"index:by_struct"  # meta flag: every key is in by_struct (stores from before it get it on open)
+AGGREGATES = b"index:agg"  # meta flag: the aggregates cover every key and log entry (stores from before them get them on open)
+_COUNT = struct.Struct(">q")
+#: Aggregate dimensions: keys per op / canonical target / compiler fingerprint, pushes per pusher,
+#: tuned-vs-default speedup per op of verified pushes (``speedup`` rows hold msgpack {n, log2_sum, best}).
+KEY_DIMENSIONS = ("op", "target", "fingerprint")
 MAX_NEIGHBOUR_SCAN = 4096  # index rows read for one probe
 MAX_REQUEST_SCAN = 65536  # index rows read for one neighbours call
 
@@ -151,6 +157,9 @@ class Store:
             if txn.get(STRUCTURE_INDEX, db=self.dbs["meta"]) is None:
                 self._index_structures(txn)
                 txn.put(STRUCTURE_INDEX, b"1", db=self.dbs["meta"])
+            if txn.get(AGGREGATES, db=self.dbs["meta"]) is None:
+                self._aggregate_all(txn)
+                txn.put(AGGREGATES, b"1", db=self.dbs["meta"])
 
     def _index_structures(self, txn: lmdb.Transaction) -> None:
         """Put every key of a store written before the structure index into it (once, on open)."""
@@ -161,6 +170,77 @@ class Store:
                 txn.put(raw_key, packb(value), db=self.dbs["records"])
             if value["entries"]:
                 _put_structure(txn, self.dbs["by_struct"], raw_key.decode(), value)
+
+    def _aggregate_all(self, txn: lmdb.Transaction) -> None:
+        """Build the aggregates from every key and log entry (once, on open, for a store from before them)."""
+        txn.drop(self.dbs["agg"], delete=False)
+        for raw_key, raw in txn.cursor(db=self.dbs["records"]):
+            value = unpackb(raw)
+            if not value["entries"]:
+                continue
+            if "fp" not in value:
+                value["fp"] = Record.from_bytes(value["entries"][0]["rec"]).identity.fingerprint
+                txn.put(raw_key, packb(value), db=self.dbs["records"])
+            self._count_key(txn, value, +1)
+            for entry in value["entries"]:
+                if entry.get("vby"):
+                    self._add_speedup(txn, value["op"], Record.from_bytes(entry["rec"]))
+        for _, raw in txn.cursor(db=self.dbs["log"]):
+            event = unpackb(raw)
+            if "event" not in event:  # a push (verdicts carry an event)
+                self._count(txn, "pusher", event.get("by") or "local", +1)
+
+    def _count(self, txn: lmdb.Transaction, dimension: str, name: str, delta: int) -> None:
+        row = f"{dimension}\0{name}".encode()
+        raw = txn.get(row, db=self.dbs["agg"])
+        count = (_COUNT.unpack(raw)[0] if raw else 0) + delta
+        if count > 0:
+            txn.put(row, _COUNT.pack(count), db=self.dbs["agg"])
+        elif raw is not None:
+            txn.delete(row, db=self.dbs["agg"])
+
+    def _count_key(self, txn: lmdb.Transaction, value: dict[str, Any], delta: int) -> None:
+        for dimension, name in zip(KEY_DIMENSIONS, (value["op"], value["target"], value.get("fp", ""))):
+            self._count(txn, dimension, name, delta)
+
+    def _add_speedup(self, txn: lmdb.Transaction, op: str, record: Record) -> None:
+        """Count a pushed record's speedup over TVM's default schedule (the tuner's side-by-side re-timing)."""
+        untuned = record.provenance.get("untuned_secs")
+        if not isinstance(untuned, (int, float)) or not math.isfinite(untuned) or untuned <= 0:
+            return
+        speedup = untuned / record.mean_secs
+        row = f"speedup\0{op}".encode()
+        raw = txn.get(row, db=self.dbs["agg"])
+        agg = unpackb(raw) if raw else {"n": 0, "log2_sum": 0.0, "best": 0.0}
+        agg.update(n=agg["n"] + 1, log2_sum=agg["log2_sum"] + math.log2(speedup), best=max(agg["best"], speedup))
+        txn.put(row, packb(agg), db=self.dbs["agg"])
+
+    def aggregates(self) -> dict[str, Any]:
+        """Keys per op, target and fingerprint, pushes per pusher, speedups per op (kept on every write)."""
+        out: dict[str, Any] = {d: {} for d in (*KEY_DIMENSIONS, "pusher", "speedup")}
+        if self.dbs.get("agg") is None:  # an old store opened read-only
+            return out
+        with self.read() as txn:
+            for row, raw in txn.cursor(db=self.dbs["agg"]):
+                dimension, _, name = row.decode().partition("\0")
+                if dimension == "speedup":
+                    agg = unpackb(raw)
+                    out["speedup"][name] = {"n": agg["n"], "geomean": 2 ** (agg["log2_sum"] / agg["n"]), "best": agg["best"]}
+                elif dimension in out:
+                    out[dimension][name] = _COUNT.unpack(raw)[0]
+        return out
+
+    def recent_log(self, limit: int = 20) -> list[dict[str, Any]]:
+        """The newest entries of the measurement log, newest first."""
+        out: list[dict[str, Any]] = []
+        with self.read() as txn:
+            cursor = txn.cursor(db=self.dbs["log"])
+            if cursor.last():
+                for _, raw in cursor.iterprev():
+                    out.append(unpackb(raw))
+                    if len(out) >= limit:
+                        break
+        return out
 
     def close(self) -> None:
         if self._shared is not None:
@@ -255,6 +335,8 @@ class Store:
             if mine is None:
                 mine = {"rec": data, "mean": record.mean_secs, "tid": record.trace_id, "at": now, "by": pushed_by, "vby": "", "vmean": 0.0, "complaints": []}
                 entries.append(mine)
+                if verified:  # a claim's speedup is not counted: only what a trusted tuner or worker measured
+                    self._add_speedup(t, value["op"], record)
                 changed, new_claim = True, not verified
                 claims = sorted((e for e in entries if e.get("by") == pushed_by and not e.get("vby")), key=rank)
                 for extra in claims[self.per_pusher :]:  # the pusher's worst claims beyond its share
@@ -278,9 +360,12 @@ class Store:
     def _save(self, txn: lmdb.Transaction, key: str, value: dict[str, Any]) -> None:
         """Write a key's entries (its change-feed position moves to the head), or drop an empty key."""
         if value["entries"]:
+            if not value["seq"]:
+                self._count_key(txn, value, +1)
             self._touch(txn, key, value)
             txn.put(key.encode(), packb(value), db=self.dbs["records"])
         elif value["seq"]:
+            self._count_key(txn, value, -1)
             txn.delete(_SEQ.pack(value["seq"]), db=self.dbs["changes"])
             txn.delete(_op_index(value["op"], value["kind"], key), db=self.dbs["by_op"])
             if "st" in value:
@@ -304,6 +389,7 @@ class Store:
             "host_cpu": record.provenance.get("host_cpu", ""),
         }  # fmt: skip
         self.log_event(txn, entry)
+        self._count(txn, "pusher", pushed_by or "local", +1)
 
     def log_event(self, txn: lmdb.Transaction, entry: dict[str, Any]) -> None:
         """Append to the measurement log (pushes, verifications, refusals, complaints)."""
@@ -486,11 +572,17 @@ class Store:
             "keys": counts["records"],
             "measurements": counts["log"],
             "quarantined": counts["quarantine"],
+            "coverage": self._coverage(),
             "cursor": _SEQ.unpack(raw_seq)[0] if raw_seq else 0,
             "map_size": info["map_size"],
             "bytes_used": (info["last_pgno"] + 1) * self.env.stat()["psize"],
             "root": str(self.root),
         }
+
+    def _coverage(self) -> dict[str, int]:
+        """Distinct ops, targets and compiler fingerprints among the keys in service."""
+        counted = self.aggregates()
+        return {"ops": len(counted["op"]), "targets": len(counted["target"]), "fingerprints": len(counted["fingerprint"])}
 
     def records_count(self) -> int:
         """Records (not keys) held: walks every key once."""
@@ -508,7 +600,7 @@ def _structure_index(structure: str, key: str) -> bytes:
 
 def _describe(value: dict[str, Any], identity: Identity) -> None:
     """Keep on a key's value what ranking its neighbours needs: structure, workload id, shapes."""
-    value.update(st=identity.structure, wid=identity.workload_id, dims=dims_of(identity.args_info))
+    value.update(st=identity.structure, wid=identity.workload_id, dims=dims_of(identity.args_info), fp=identity.fingerprint)
 
 
 def _put_structure(txn: lmdb.Transaction, db: Any, key: str, value: dict[str, Any]) -> None:

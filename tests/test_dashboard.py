@@ -1,0 +1,95 @@
+"""The dashboard at ``/`` in a real headless browser (Debian's chromium through selenium): its
+numbers match ``/v1/stats``, its charts are drawn, hostile text stays text, and a screenshot is kept
+in docs/. The browser comes from tests/install-browser.sh (the README's test command runs it)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from selenium import webdriver
+from selenium.webdriver.chrome.options import Options
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+
+from schedhub.registry import LocalRegistry, Principal, Record, RegistryClient, ServerThread, canonical_target
+
+from .conftest import TOKEN, make_record
+
+SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "dashboard.png"
+OTHER_TARGET = canonical_target({"kind": "llvm", "mcpu": "skylake", "num-cores": 2, "keys": ["cpu"]})
+
+
+@pytest.fixture
+def browser() -> Iterator[webdriver.Chrome]:
+    options = Options()
+    options.binary_location = shutil.which("chromium") or "/usr/bin/chromium"
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,2200"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(options=options, service=Service(shutil.which("chromedriver") or "/usr/bin/chromedriver"))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def tuned(workload: int, secs: float, untuned: float, variant: int = 0, **kw) -> Record:  # type: ignore[no-untyped-def]
+    return make_record(workload, secs, variant, provenance={"host_cpu": "test", "untuned_secs": untuned}, **kw)
+
+
+def test_the_dashboard_shows_what_the_stats_say(tmp_path: Path, browser: webdriver.Chrome) -> None:
+    tokens = {TOKEN: "admin-tester", "pusher-token": Principal("mallory <script>", "push")}
+    with ServerThread(tmp_path / "served", tokens=tokens, sync=False) as srv, RegistryClient(srv.url, token=TOKEN) as admin:
+        admin.put_many([tuned(w, 1e-4 * (1 + w % 3), 4e-3, op=f"fused_conv2d_add_relu{w % 4}") for w in range(1, 13)])
+        admin.put_many([tuned(w, 2e-4, 1e-3, target=OTHER_TARGET) for w in range(20, 25)])
+        with RegistryClient(srv.url, token="pusher-token") as pusher:
+            hostile = make_record(30, 1e-6, op="fused_claim", provenance={"untuned_secs": 1e3})
+            pusher.put(hostile)  # a claim: shown, never counted as a speedup
+        admin.quarantine(hostile.key, hostile.trace_id, "the claim was <img src=x onerror=alert(1)> too good")
+        missed = [make_record(w, 1e-3).identity for w in range(40, 46)]
+        admin.report_misses(missed + missed[:2])  # two of them in demand twice
+        admin.lookup([make_record(w, 1e-4).key for w in (1, 2, 3)] + [m.key for m in missed])
+        stats = httpx.get(f"{srv.url}/v1/stats").json()
+
+        browser.get(srv.url + "/")
+        text = {el.get_attribute("id"): el.text for el in browser.find_elements(By.CSS_SELECTOR, "[id]")}
+
+        def number(ident: str) -> int:
+            return int(text[ident].replace(",", ""))
+
+        assert number("keys") == stats["keys"] == 17
+        assert (number("ops"), number("targets"), number("fingerprints")) == (stats["coverage"]["ops"], stats["coverage"]["targets"], 1)
+        assert number("targets") == 2 and number("ops") == 4 + 3  # four conv ops, three fused_op* ops
+        assert number("quarantined") == stats["quarantined"] == 1 and number("measurements") == stats["measurements"]
+        assert all(number(f"queue-{state}") == n for state, n in stats["queue"].items()) and number("queue-pending") == 6 + 1  # six misses, one claim to verify
+        assert number("lookups-hits") == stats["since_start"]["hits"] == 3 and number("lookups-misses") == stats["since_start"]["misses"] == 6
+        assert number("misses-reported") == 8
+        assert len(browser.find_elements(By.CSS_SELECTOR, "#chart-ops rect")) == 7
+        assert len(browser.find_elements(By.CSS_SELECTOR, "#chart-speedups rect")) == 7  # the claim's speedup is not among them
+        assert len(browser.find_elements(By.CSS_SELECTOR, "#chart-lookups rect")) == 3
+        wanted = [[td.text for td in row.find_elements(By.TAG_NAME, "td")] for row in browser.find_elements(By.CSS_SELECTOR, "#wanted tr")[1:]]
+        assert [w[0] for w in wanted] == ["verify"] + ["tune"] * 6 and [w[3] for w in wanted[1:3]] == ["2", "2"]  # lease order: most demand first
+        assert "<img src=x onerror=alert(1)>" in browser.find_element(By.ID, "quarantine").text  # text, not an element
+        assert browser.find_elements(By.CSS_SELECTOR, "img, script") == []
+        assert "mallory <script>" in browser.find_element(By.ID, "recent").text
+        SCREENSHOT.parent.mkdir(exist_ok=True)
+        browser.save_screenshot(str(SCREENSHOT))
+    assert SCREENSHOT.stat().st_size > 10_000
+
+
+def test_a_store_from_before_the_aggregates_gets_them_when_opened(tmp_path: Path) -> None:
+    with LocalRegistry(tmp_path, sync=False) as reg:
+        reg.put_many([tuned(w, 1e-4, 1e-3) for w in range(1, 6)])
+        before = reg.store.aggregates()
+        with reg.store.write() as txn:  # what a store written before the aggregates looks like
+            txn.drop(reg.store.dbs["agg"], delete=False)
+            txn.delete(b"index:agg", db=reg.store.dbs["meta"])
+        assert reg.store.aggregates()["op"] == {}
+    with LocalRegistry(tmp_path, sync=False) as reg:
+        after = reg.store.aggregates()
+    assert after == before and sum(after["op"].values()) == 5 and after["speedup"]
+    assert json.dumps(after)  # plain values
