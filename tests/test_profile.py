@@ -1,0 +1,51 @@
+"""``schedhub profile``: real kernels timed with TVM's default schedule and the registry's, across threads."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import tvm
+from click.testing import CliRunner
+
+from schedhub.cli.main import cli
+from schedhub.registry import LocalRegistry
+from schedhub.tuner import plan
+from schedhub.tuner.models import kernels
+
+from .hand_tuner import tune
+
+MODEL = json.dumps({"name": "mlp", "features": 32, "hidden": 64})
+
+
+def test_profile_writes_a_row_per_kernel_schedule_and_thread_count(tmp_path: Path) -> None:
+    target = tvm.target.Target(plan.resolve_target("host"))
+    mlp = kernels(plan.load(plan.parse_model(MODEL)), target)
+    with LocalRegistry(tmp_path / "store", sync=False) as reg:
+        records = {r.key: r for r in (tune(k.identity) for k in mlp[:2])}  # two kernels tuned, the rest never
+        reg.put_many(list(records.values()))
+    out, plot = tmp_path / "profile.csv", tmp_path / "profile.png"
+    done = CliRunner().invoke(cli, ["profile", "-r", str(tmp_path / "store"), "-m", MODEL, "--threads", "2,1", "-o", str(out), "--plot", str(plot)],
+                              catch_exceptions=False)  # fmt: skip
+    assert done.exit_code == 0, done.output
+    rows = list(csv.DictReader(out.open()))
+    assert list(rows[0]) == ["op", "calls", "shapes", "dtype", "gflop", "schedule", "source", "threads", "latency_us", "gflops"]
+    # at 1 and 2 threads: every kernel's default, the two tuned ones' hits, and the third's transfer from its neighbour
+    assert len(rows) == 2 * (len(mlp) + 3) and [r["schedule"] for r in rows].count("transfer") == 2
+    assert {r["source"] for r in rows if r["schedule"] == "hit"} == {rec.trace_id for rec in records.values()}
+    assert {r["source"] for r in rows if r["schedule"] == "transfer"} <= {rec.trace_id for rec in records.values()}
+    assert {r["threads"] for r in rows} == {"1", "2"} and all(float(r["latency_us"]) > 0 for r in rows)
+    matmul = next(r for r in rows if "matmul" in r["op"])
+    assert float(matmul["gflop"]) > 0 and float(matmul["gflops"]) == pytest.approx(float(matmul["gflop"]) / (float(matmul["latency_us"]) * 1e-6))
+    assert plot.stat().st_size > 5_000 and f"{len(rows)} rows" in done.output
+
+    plain = CliRunner().invoke(cli, ["profile", "--defaults-only", "-m", MODEL, "--threads", "1", "-o", str(out)], catch_exceptions=False)
+    assert plain.exit_code == 0 and {r["schedule"] for r in csv.DictReader(out.open())} == {"default"}
+
+
+def test_profile_refuses_bad_thread_counts() -> None:
+    for bad in ("0", "two", ""):
+        done = CliRunner().invoke(cli, ["profile", "--defaults-only", "-m", "mlp", "--threads", bad])
+        assert done.exit_code == 2 and "--threads" in done.output
