@@ -4,8 +4,9 @@
 
 Runs in a process of its own (the benchmark process never imports PyTorch): builds the twin from
 ``bench.torch_models`` with the given weights (by Relax parameter name), exports it with
-``torch.export`` and converts it with ``tvm.relax.frontend.torch.from_exported_program``, weights
-bound as constants, as a user importing a trained model would. Writes the Relax module as TVM's
+``torch.export`` and converts it as ``schedhub tune`` converts a PyTorch model
+(``schedhub.tuner.plan.from_torch_export``: weights bound as constants, BatchNorm folded into the
+convolutions), as a user importing a trained model for inference would. Writes the Relax module as TVM's
 JSON (``tvm.ir.save_json``; read it back with ``tvm.ir.load_json`` under the same TVM build).
 """
 
@@ -20,7 +21,8 @@ import numpy as np
 def main(name: str, weights_path: str, out: str, *options: str) -> None:
     import torch
     import tvm
-    from tvm.relax.frontend.torch import from_exported_program
+
+    from schedhub.tuner.plan import from_torch_export
 
     from .torch_models import build
 
@@ -31,7 +33,7 @@ def main(name: str, weights_path: str, out: str, *options: str) -> None:
     x = torch.from_numpy(np.zeros(_input_shape(name, shape), "float32"))
     with torch.no_grad():
         exported = torch.export.export(net, (x,))
-    mod = from_exported_program(exported, keep_params_as_input=False)
+    mod = from_torch_export(exported)
     Path(out).write_text(tvm.ir.save_json(mod))
 
 

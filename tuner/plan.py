@@ -154,15 +154,24 @@ def load(ref: ModelRef) -> tvm.IRModule:
             import torch
         except ImportError:
             raise PlanError(f"model {ref.name}: PyTorch models need `pip install torch`") from None
-        from tvm.relax.frontend.torch import from_exported_program
-
         module_name, _, factory = ref.name.partition(":")
         if not factory or not ref.inputs:
             raise PlanError(f"torch model {ref.name!r} needs 'module:factory' and input shapes: write it as a mapping, {TORCH_FORM}")
         module = getattr(importlib.import_module(module_name), factory)().eval()
         args = tuple(torch.randn(*shape) for shape in ref.inputs.values())
-        return from_exported_program(torch.export.export(module, args), keep_params_as_input=False)
+        return from_torch_export(torch.export.export(module, args))
     raise PlanError(f"unknown model source {ref.source!r}")
+
+
+def from_torch_export(exported: Any) -> tvm.IRModule:
+    """A ``torch.export`` program as Relax for inference: weights as constants, and each BatchNorm
+    folded into the convolution before it (``torch.export`` keeps them apart: eleven bare conv2d
+    kernels and separate batch-norm kernels in ResNet-18, where ONNX's importer fuses them)."""
+    from tvm import relax
+    from tvm.relax.frontend.torch import from_exported_program
+
+    mod = from_exported_program(exported, keep_params_as_input=False)
+    return relax.transform.FoldConstant()(relax.transform.FoldBatchnormToConv2D()(mod))
 
 
 def resolve_target(spec: str | dict[str, Any] | None) -> dict[str, Any]:

@@ -1,0 +1,26 @@
+"""A PyTorch model imported through ``torch.export`` for inference: BatchNorm folded into the convolution."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import tvm
+from tvm import relax
+
+from schedhub.tuner import plan
+from schedhub.tuner.models import kernels
+
+from .torch_factories import conv_bn
+
+
+def test_batch_norm_is_folded_into_the_convolution_and_the_output_kept() -> None:
+    ref = plan.parse_model('{"torch": "tests.torch_factories:conv_bn", "inputs": {"x": [1, 3, 16, 16]}}')
+    mod = plan.load(ref)
+    target = tvm.target.Target(plan.resolve_target("host"))
+    assert [k.identity.op for k in kernels(mod, target)] == ["fused_conv2d_add_relu"]  # not conv2d + fused_batch_norm_relu
+    x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype("float32")
+    with torch.no_grad():
+        want = conv_bn().eval()(torch.from_numpy(x)).numpy()
+    got = relax.VirtualMachine(tvm.compile(mod, target), tvm.cpu())["main"](tvm.runtime.tensor(x))
+    got = (got[0] if not hasattr(got, "numpy") else got).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
