@@ -38,8 +38,9 @@ def run_section(name: str, options: list[str], results: Path) -> dict[str, objec
     return {"command": command, "rc": rc, "wall_secs": wall, "probe_ms": probe}
 
 
-def section_options(name: str, quick: bool, model_trials: int | None) -> list[str]:
-    return (["--quick"] if quick else []) + (["--trials", str(model_trials)] if name == "models" and model_trials else [])
+def section_options(name: str, quick: bool, model_trials: int | None, source_store: Path | None = None) -> list[str]:
+    return ((["--quick"] if quick else []) + (["--trials", str(model_trials)] if name == "models" and model_trials else [])
+            + (["--source-store", str(source_store)] if name == "transfer" and source_store else []))  # fmt: skip
 
 
 def main() -> None:
@@ -47,6 +48,7 @@ def main() -> None:
     parser.add_argument("what", choices=["all", "report", *SECTIONS])
     parser.add_argument("--quick", action="store_true", help="small shapes and budgets: about 15 minutes on 2 cores")
     parser.add_argument("--model-trials", type=int, help="tuning trials per kernel in the model table (default: the mode's)")
+    parser.add_argument("--transfer-source-store", type=Path, help="keep the transfer bench's filled registry here and reuse it (skips its tuning)")
     args = parser.parse_args()
     mode = "quick" if args.quick else "full"
     results = report.RESULTS / mode
@@ -56,16 +58,17 @@ def main() -> None:
             results.rename(report.RESULTS / f"{mode}.prev")
         results.mkdir(parents=True)
         started = time.time()
-        command = "python -m bench all" + (" --quick" if args.quick else "") + (f" --model-trials {args.model_trials}" if args.model_trials else "")
+        command = ("python -m bench all" + (" --quick" if args.quick else "") + (f" --model-trials {args.model_trials}" if args.model_trials else "")
+                   + (f" --transfer-source-store {args.transfer_source_store}" if args.transfer_source_store else ""))  # fmt: skip
         manifest = {"mode": mode, "command": command,
                     "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)), **report.environment(), "sections": {}}  # fmt: skip
         for name in SECTIONS:
-            manifest["sections"][name] = run_section(name, section_options(name, args.quick, args.model_trials), results)
+            manifest["sections"][name] = run_section(name, section_options(name, args.quick, args.model_trials, args.transfer_source_store), results)
             manifest["wall_secs"] = time.time() - started
             (results / "manifest.json").write_text(json.dumps(manifest, indent=1))
     elif args.what != "report":
         results.mkdir(parents=True, exist_ok=True)
-        run_section(args.what, section_options(args.what, args.quick, args.model_trials), results)
+        run_section(args.what, section_options(args.what, args.quick, args.model_trials, args.transfer_source_store), results)
         return
     path = report.write(mode)
     print(f"wrote {path}")
