@@ -48,6 +48,7 @@ def main() -> None:
     parser.add_argument("what", choices=["all", "report", *SECTIONS])
     parser.add_argument("--quick", action="store_true", help="small shapes and budgets: about 15 minutes on 2 cores")
     parser.add_argument("--model-trials", type=int, help="tuning trials per kernel in the model table (default: the mode's)")
+    parser.add_argument("--without", action="append", default=[], choices=SECTIONS, help="leave a section out of 'all' (repeatable)")
     parser.add_argument("--transfer-source-store", type=Path, help="keep the transfer bench's filled registry here and reuse it (skips its tuning)")
     args = parser.parse_args()
     mode = "quick" if args.quick else "full"
@@ -59,10 +60,11 @@ def main() -> None:
         results.mkdir(parents=True)
         started = time.time()
         command = ("python -m bench all" + (" --quick" if args.quick else "") + (f" --model-trials {args.model_trials}" if args.model_trials else "")
-                   + (f" --transfer-source-store {args.transfer_source_store}" if args.transfer_source_store else ""))  # fmt: skip
+                   + (f" --transfer-source-store {args.transfer_source_store}" if args.transfer_source_store else "")
+                   + "".join(f" --without {n}" for n in args.without))  # fmt: skip
         manifest = {"mode": mode, "command": command,
                     "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)), **report.environment(), "sections": {}}  # fmt: skip
-        for name in SECTIONS:
+        for name in (n for n in SECTIONS if n not in args.without):
             manifest["sections"][name] = run_section(name, section_options(name, args.quick, args.model_trials, args.transfer_source_store), results)
             manifest["wall_secs"] = time.time() - started
             (results / "manifest.json").write_text(json.dumps(manifest, indent=1))
