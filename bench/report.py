@@ -258,7 +258,9 @@ def _transfer(d: dict[str, Any] | None, drawn: dict[str, str]) -> list[str]:
     source = ", ".join(" ".join([n, *(f"{k} {v}" for k, v in shape.items())]) for n, shape in d["source"].items())
     fill = f"{d['fill_secs'] / 60:.0f} min" if d.get("fill_secs") else "filled by an earlier run"
     rounds = d["rows"][0]["timing"]["default"]["n"] if d["rows"] else 0
-    lines = [f"## Transfer: held-out networks the registry never tuned (`{d.get('command', 'python -m bench.transfer')}`)", "",
+    recorded = (f"Recorded {d['started']} at commit `{d['commit']}` on {d['machine']['cpu']}, target `{json.dumps(d['target'])}`. " if "commit" in d
+                else f"Recorded in a run of its own, target `{json.dumps(d['target'])}`. ")  # fmt: skip
+    lines = [f"## Transfer: held-out networks the registry never tuned (`{d.get('command', 'python -m bench.transfer')}`)", "", recorded +
              f"The registry holds {d['source_keys']} records from tuning {source} at batch 1 ({o['trials']} trials per kernel; {fill}). "
              "Each held-out network compiles plain (TVM's default schedules) and inside `hooks.use(registry)`, where a kernel without "
              f"a record gets a transfer ({d.get('ranked_by', d.get('ranking'))}); \"measured\" serves instead the fastest candidate "

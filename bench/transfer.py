@@ -44,6 +44,7 @@ from schedhub.tuner.search import TuneOptions, TuneResult
 from schedhub.tuner.torch_process import TorchProcess
 
 from .models import MODES as MODEL_MODES
+from .report import environment
 from .models import TORCH_TWINS, time_side_by_side
 from .stats import ratio, summary
 
@@ -299,6 +300,8 @@ def main() -> None:
     results = run(mode, source_store=args.source_store)
     results["wall_secs"] = time.time() - started
     results["command"] = "python -m bench.transfer" + {"smoke": " --smoke", "quick": " --quick", "full": ""}[mode]
+    results["started"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started))
+    results.update(environment())
     results["medians"] = {r["label"]: {k: statistics.median(v["samples"]) for k, v in r["timing"].items()} for r in results["rows"]}
     out = args.out or REPO / "bench" / "results" / mode / "transfer.json"
     out.parent.mkdir(parents=True, exist_ok=True)
