@@ -14,6 +14,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from schedhub.tuner.architectures import MOBILENETV2_STAGES
+
 
 class ConvBN(nn.Module):
     def __init__(self, cin: int, cout: int, kernel: int, stride: int = 1, groups: int = 1, relu: bool = True) -> None:
@@ -82,12 +84,10 @@ class InvertedResidual(nn.Module):
 
 class MobileNetV2(nn.Module):
     def __init__(self, classes: int = 1000) -> None:
-        from schedhub.tuner.models import MobileNetV2 as RelaxMobileNetV2
-
         super().__init__()
         self.stem = ConvBN(3, 32, 3, 2)
         blocks, cin = [], 32
-        for expand, cout, repeats, stride in RelaxMobileNetV2.SETTINGS:
+        for expand, cout, repeats, stride in MOBILENETV2_STAGES:
             for i in range(repeats):
                 blocks.append(InvertedResidual(cin, cout, stride if i == 0 else 1, expand))
                 cin = cout

@@ -44,3 +44,14 @@ def test_no_import_cycles_inside_a_package() -> None:
 
         cycles = sorted(m for m in graph if reaches(m, m, {m}))
         assert not cycles, f"{package}: modules on an import cycle: {cycles}"
+
+
+def test_the_pytorch_twins_build_without_tvm() -> None:
+    """PyTorch is timed in a process that must never import TVM (next to TVM it ran 25–35× slower)."""
+    code = (
+        "import sys, bench.torch_models as m\n"
+        "m.ResNet18(), m.MobileNetV2(), m.BertLayer(), m.MLP(64, 64)\n"
+        "sys.exit(1 if 'tvm' in sys.modules else 0)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -19,6 +19,8 @@ from tvm.relax.frontend import nn
 
 from schedhub.registry import Identity
 
+from .architectures import MOBILENETV2_STAGES
+
 
 class ConvBN(nn.Module):
     """Convolution with folded batch norm (a bias), optionally followed by ReLU."""
@@ -95,7 +97,7 @@ class InvertedResidual(nn.Module):
 class MobileNetV2(nn.Module):
     """MobileNet-V2's inverted-residual stack (ReLU in place of ReLU6, BN folded)."""
 
-    SETTINGS = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1)]
+    SETTINGS = MOBILENETV2_STAGES
 
     def __init__(self, classes: int = 1000) -> None:
         self.stem = ConvBN(3, 32, 3, 2)
