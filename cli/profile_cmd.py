@@ -40,6 +40,11 @@ def profile(registry: str, token: str | None, model_spec: str, target: str, thre
     from schedhub.tuner import plan, profile as profiling
 
     counts = _thread_counts(threads)
+    if plot_path is not None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise click.BadParameter("plots need matplotlib: pip install matplotlib", param_hint="--plot") from None
     ref = plan.parse_model(model_spec)
     tgt = tvm.target.Target(plan.resolve_target(target))
     if tgt.kind.name != "llvm":
