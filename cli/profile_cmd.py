@@ -40,6 +40,7 @@ def profile(registry: str, token: str | None, model_spec: str, target: str, thre
     from schedhub.tuner import plan, profile as profiling
 
     counts = _thread_counts(threads)
+    os.environ["TVM_NUM_THREADS"] = str(max(counts))  # before TVM's thread pool starts: it can shrink and regrow, never grow past it
     if plot_path is not None:
         try:
             import matplotlib  # noqa: F401

@@ -37,11 +37,22 @@ class Row:
     gflops: float
 
 
+class ThreadPoolTooSmall(RuntimeError):
+    """TVM's thread pool started with fewer threads than a profile asks for."""
+
+
 def set_threads(count: int) -> None:
-    """Size TVM's CPU thread pool for the kernels this process runs next (affinity mode 'big cores')."""
+    """Size TVM's CPU thread pool for the kernels this process runs next (affinity mode 'big cores').
+
+    The pool can shrink and grow back only up to the size it started with (``TVM_NUM_THREADS``, else
+    TVM's guess of the physical cores), so the count is checked, not assumed.
+    """
     import tvm
 
     tvm.get_global_func("runtime.config_threadpool")(1, count)
+    running = int(tvm.get_global_func("runtime.NumThreads")())
+    if running != count:
+        raise ThreadPoolTooSmall(f"TVM's thread pool runs {running} threads, not {count}: start the process with TVM_NUM_THREADS={count} or more")
 
 
 def kernel_rows(kernel: models.Kernel, target: Any, served: tuple[str, str, Any] | None, threads: Iterable[int]) -> list[Row]:
