@@ -157,11 +157,9 @@ def run(mode: str, say: Callable[[str], None] = print, source_store: Path | None
 
         torch_proc = stack.enter_context(TorchProcess(cwd=REPO))
         for held, executables, compile_secs, reports in compiled:
-            with hooks.use(registry, target, report_misses=False, cache=False) as session:
-                executables["tuned"] = tvm.compile(held.mod, target)
-            if session.report.hits != len(session.report.kernels):
-                raise RuntimeError(f"{held.label}: the tuned compile hit {session.report.hits} of {len(session.report.kernels)} kernels")
-            row = _row(held, executables, compile_secs, reports, config["rounds"], torch_proc)
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="schedhub-hits-")))
+            executables["tuned"], hit_secs = _compile_hits(held, registry, target, workdir)
+            row = _row(held, executables, compile_secs | hit_secs, reports, config["rounds"], torch_proc)
             out["rows"].append(row)
             t = row["timing"]
             say(f"{held.label}: default {t['default']['median']:.2f} ms, transferred {t['transferred']['median']:.2f} ms, "
@@ -204,21 +202,50 @@ def _compile_transferred(held: HeldOut, registry: LocalRegistry, target: Any, wo
     executables: dict[str, Any] = {}
     reports: dict[str, Any] = {}
     for r in range(repeats):
-        start = time.perf_counter()
-        executables["default"] = tvm.compile(held.mod, target)
-        secs["default"].append(time.perf_counter() - start)
+        executables["default"], seconds = compile_and_load(lambda: tvm.compile(held.mod, target))
+        secs["default"].append(seconds)
         for config in ("transferred_cold", "transferred"):
-            start = time.perf_counter()
             with hooks.use(registry, target, report_misses=False, cache=workdir / f"cache-{r}") as session:
-                executables["transferred"] = tvm.compile(held.mod, target)
-            secs[config].append(time.perf_counter() - start)
+                executables["transferred"], seconds = compile_and_load(lambda: tvm.compile(held.mod, target))
+            secs[config].append(seconds)
             reports.setdefault(config, session.report)
-    start = time.perf_counter()
     with hooks.use(registry, target, report_misses=False, cache=workdir / "cache-measured", measure=measure_secs) as session:
-        executables["measured"] = tvm.compile(held.mod, target)
-    secs["measured_cold"] = [time.perf_counter() - start]
+        executables["measured"], seconds = compile_and_load(lambda: tvm.compile(held.mod, target))
+    secs["measured_cold"] = [seconds]
     reports["measured"] = session.report
     return executables, {k: summary(v) for k, v in secs.items()}, reports
+
+
+def compile_and_load(build: Callable[[], Any]) -> tuple[Any, float]:
+    """The executable and the seconds until it can run: the compile and the first load (a VM on it),
+    where TVM's LLVM JIT emits the machine code of a plain build and cached objects are linked."""
+    import tvm
+    from tvm import relax
+
+    start = time.perf_counter()
+    executable = build()
+    relax.VirtualMachine(executable, tvm.cpu())
+    return executable, time.perf_counter() - start
+
+
+def _compile_hits(held: HeldOut, registry: LocalRegistry, target: Any, workdir: Path, repeats: int = 3) -> tuple[Any, dict[str, Any]]:
+    """Once every kernel is tuned: plain against hooked compiles (all hits), interleaved; the hooked
+    one first with an empty kernel cache, then with this machine's (identities, schedules, objects)."""
+    import tvm
+
+    from schedhub import hooks
+
+    secs: dict[str, list[float]] = {"default_beside_hits": [], "hits_cold": [], "hits": []}
+    executable = None
+    for r in range(repeats):
+        secs["default_beside_hits"].append(compile_and_load(lambda: tvm.compile(held.mod, target))[1])
+        for config in ("hits_cold", "hits"):
+            with hooks.use(registry, target, report_misses=False, cache=workdir / f"hits-{r}") as session:
+                executable, seconds = compile_and_load(lambda: tvm.compile(held.mod, target))
+            if session.report.hits != len(session.report.kernels):
+                raise RuntimeError(f"{held.label}: the tuned compile hit {session.report.hits} of {len(session.report.kernels)} kernels")
+            secs[config].append(seconds)
+    return executable, {k: summary(v) for k, v in secs.items()}
 
 
 def _ranking(nearest: Any, measured: Any) -> dict[str, Any]:
@@ -265,12 +292,14 @@ def _row(held: HeldOut, executables: dict[str, Any], compile_secs: dict[str, Any
         raise AssertionError(f"{held.label}: outputs disagree (max error relative to the output's scale: {errors})")
     report = reports["transferred"]
     added = {k: summary([t - d for t, d in zip(compile_secs[k]["samples"], compile_secs["default"]["samples"])]) for k in ("transferred_cold", "transferred")}
+    hits_vs_plain = {k: ratio(compile_secs[k], compile_secs["default_beside_hits"], paired=True) for k in ("hits_cold", "hits")}
     return {
         "network": held.name, "shape": held.shape, "frontend": held.frontend, "label": held.label, "kernels": len(report.kernels),
         "hits": report.hits, "transfers": report.transfers, "misses": report.misses, "fallbacks": report.fallbacks,
         "transfer_share": report.transfers / max(1, len(report.kernels)),
         "relations": _relations(report), "compile_secs": compile_secs, "compile_added_secs": added["transferred"],
-        "compile_added_cold_secs": added["transferred_cold"], "ranking": _ranking(report, reports["measured"]),
+        "compile_added_cold_secs": added["transferred_cold"], "hit_compile_vs_plain": hits_vs_plain["hits"],
+        "hit_compile_cold_vs_plain": hits_vs_plain["hits_cold"], "ranking": _ranking(report, reports["measured"]),
         "timing": timing, "max_rel_error": errors,
         "transferred_vs_tuned": ratio(timing["transferred"], timing["tuned"], paired=True),  # latency ratio: ≤ 1.43 is ≥ 70% of tuned speed
         "measured_vs_tuned": ratio(timing["measured"], timing["tuned"], paired=True),

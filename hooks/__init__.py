@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import tvm
@@ -27,6 +28,7 @@ from .database import RegistryDatabase
 from .identity import canonical_workload, compiler_fingerprint, target_text, workload_identity
 from .pipeline import ACTIVE, install, schedhub_pipeline
 from .guard import ScheduleLimits, ScheduleTooCostly
+from .objects import ObjectCache, c_compiler_available
 from .session import CompileReport, HookSession, KernelOutcome, RegistryFallbackWarning, Trust
 
 DEFAULT_TIMEOUT = 2.0
@@ -53,6 +55,7 @@ def use(
     transfer: bool = True,
     cache: str | os.PathLike[str] | bool = True,
     measure: float = 0.0,
+    link: bool = True,
 ) -> Iterator[HookSession]:
     """Apply registry schedules to every Relax build in this block (this thread).
 
@@ -65,6 +68,8 @@ def use(
     (True: ``~/.cache/schedhub/kernels`` or ``$SCHEDHUB_CACHE_DIR``; False: nowhere).
     ``measure``: seconds per compile (0: none) to build, check and time a missed kernel's transfer
     candidates on this machine and serve the fastest; results are cached, so each is measured once.
+    ``link``: compile each scheduled kernel once per machine and link its object into later builds
+    (kept beside the kernel cache; needs a cache and the C compiler TVM links with, else it is off).
     """
     install()
     if isinstance(registry, HookSession):
@@ -72,8 +77,10 @@ def use(
         reg = session.registry
     else:
         reg, opened = _open(registry, timeout)
-        kernel_cache = KernelCache(default_dir() if cache is True else (cache or None))
-        session = HookSession(reg, report_misses=report_misses, trust=trust, limits=limits, transfer=transfer, cache=kernel_cache, measure=measure)
+        cache_dir = default_dir() if cache is True else (cache or None)
+        objects = ObjectCache(Path(cache_dir) / "objects") if link and cache_dir is not None and c_compiler_available() else None
+        session = HookSession(reg, report_misses=report_misses, trust=trust, limits=limits, transfer=transfer, cache=KernelCache(cache_dir),
+                              measure=measure, objects=objects)  # fmt: skip
     token = ACTIVE.set(session)
     try:
         with contextlib.ExitStack() as stack:

@@ -28,6 +28,7 @@ from tvm import relax, tirx
 from tvm.relax import pipeline as relax_pipeline
 from tvm.s_tir import meta_schedule as ms
 
+from .objects import OBJECT_ID, links_here
 from .session import HookSession
 
 ACTIVE: contextvars.ContextVar[HookSession | None] = contextvars.ContextVar("schedhub_session", default=None)
@@ -95,7 +96,7 @@ def apply_records(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRM
         scheduled = session.scheduled(func, target, gv.name_hint)
         if scheduled is not None:
             new, attrs = scheduled["main"], dict(func.attrs or {})
-            for name in [n for n in dict(new.attrs or {}) if n not in attrs]:  # global_symbol "main" of the normalized module
+            for name in [n for n in dict(new.attrs or {}) if n not in attrs and n != OBJECT_ID]:  # global_symbol "main" of the normalized module
                 new = new.without_attr(name)
             for name, value in attrs.items():
                 new = new.with_attr(name, value)
@@ -108,6 +109,15 @@ def apply_records(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRM
     return out
 
 
+@tvm.transform.module_pass(opt_level=0, name="SchedhubLinkObjects")
+def link_objects(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+    """Scheduled kernels of a build for this machine: their machine code from the session's object cache."""
+    session, target = ACTIVE.get(), tvm.target.Target.current(allow_none=True)
+    if session is None or session.objects is None or target is None or not links_here(target):
+        return mod
+    return session.objects.link(mod, target)
+
+
 def apply_database(mod: tvm.IRModule) -> tvm.IRModule:
     """Fuse, then (with a database in scope) prefetch every kernel and apply the database's records:
     the session's through :func:`apply_records`, another MetaSchedule database through TVM's pass."""
@@ -115,7 +125,7 @@ def apply_database(mod: tvm.IRModule) -> tvm.IRModule:
     session = ACTIVE.get()
     if session is not None:
         session.begin_compile()
-        mod = apply_records(prefetch(mod))
+        mod = link_objects(apply_records(prefetch(mod)))
         session.end_compile()
     elif ms.Database.current() is not None:
         mod = relax.transform.MetaScheduleApplyDatabase()(mod)

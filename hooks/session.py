@@ -35,6 +35,7 @@ from .guard import ScheduleLimits, check_scheduled, check_trace_size
 from .identity import as_module, workload_identity
 from .measure import TIMING, Budget, KernelBench, Timing, host_cpu, runs_here
 from .msdb import normalize_mod, replayed, scheduled, tuning_record
+from .objects import OBJECT_ID, ObjectCache
 
 Trust = Union[str, Collection[str]]
 
@@ -108,8 +109,9 @@ def trust_filter(trust: Trust) -> Callable[[Record], bool]:
 class HookSession:
     def __init__(self, registry: Registry, *, report_misses: bool = True, trust: Trust = "verified",
                  limits: ScheduleLimits | None = None, transfer: bool = True, cache: KernelCache | None = None,
-                 measure: float = 0.0) -> None:  # fmt: skip
+                 measure: float = 0.0, objects: ObjectCache | None = None) -> None:  # fmt: skip
         self.registry = registry
+        self.objects = objects  # where scheduled kernels' machine code is kept and linked from (None: compiled in each build)
         self.measure = measure
         self._budget = Budget(measure)
         self.cache = cache if cache is not None else KernelCache(default_dir())
@@ -238,18 +240,23 @@ class HookSession:
         entry = self.cache.get("scheduled", *parts)
         if entry is not None and isinstance(entry.get("error"), str):
             raise ReplayFailed(entry["error"])
+        mod = None
         if entry is not None and isinstance(entry.get("module"), str):
             with contextlib.suppress(Exception):  # unreadable: replay again
-                return from_json_graph_str(entry["module"])  # written by this compiler: no schema upgrade (tvm.ir.load_json's costs a replay)
-        try:
-            check_trace_size(record.trace, self.limits)
-            mod = replayed(normalized, record.trace)
-            check_scheduled(mod, self.limits)
-        except Exception as exc:
-            self.cache.put("scheduled", parts, {"error": f"{exc.__class__.__name__}: {str(exc)[:2000]}"})
-            raise
-        self.cache.put("scheduled", parts, {"module": to_json_graph_str(mod)})
-        return mod
+                mod = from_json_graph_str(entry["module"])  # written by this compiler: no schema upgrade (tvm.ir.load_json's costs a replay)
+        if mod is None:
+            try:
+                check_trace_size(record.trace, self.limits)
+                mod = replayed(normalized, record.trace)
+                check_scheduled(mod, self.limits)
+            except Exception as exc:
+                self.cache.put("scheduled", parts, {"error": f"{exc.__class__.__name__}: {str(exc)[:2000]}"})
+                raise
+            self.cache.put("scheduled", parts, {"module": to_json_graph_str(mod)})
+        # The same name identifies the kernel's machine code (.objects): one per kernel, trace and bounds.
+        out = mod.clone()
+        out.update_func(out.get_global_var("main"), mod["main"].with_attr(OBJECT_ID, KernelCache.name("object", *parts)))
+        return out
 
     def _transfer(self, identity: Identity, apply: Callable[[Record, list[Any] | None], Any], bench: tuple[tvm.IRModule, Any] | None = None) -> Any:
         """A candidate that ``apply`` accepts on the kernel: the nearest, or with ``bench`` (the

@@ -103,7 +103,12 @@ def test_recompiling_hits_applies_the_schedules_and_stays_correct(registry: tupl
         ex = tvm.compile(tuned["mod"], CPU)  # the user's unchanged call
         lowered = relax.get_pipeline("schedhub")(tuned["mod"])  # the explicit spelling
     assert session.reports[0].hits == 4 and session.reports[0].misses == 0
-    kernels = {gv.name_hint: f for gv, f in lowered.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
+    # each scheduled kernel's machine code comes from this machine's object cache, linked into the build
+    assert not [f for f in lowered.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+    assert [m.kind for m in lowered.attrs["external_mods"]] == ["static_library"] * 4
+    with use(client, CPU, link=False):
+        unlinked = relax.get_pipeline("schedhub")(tuned["mod"])
+    kernels = {gv.name_hint: f for gv, f in unlinked.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
     assert len(kernels) == 4 and all(f.attrs.get("tirx.is_scheduled") for f in kernels.values())
     x = np.random.default_rng(2).standard_normal((4, 64)).astype("float32")
     np.testing.assert_allclose(run(ex, x, tuned["params"]), mlp_reference(x, tuned["params"]), rtol=1e-4, atol=1e-4)

@@ -12,6 +12,7 @@ import tvm
 from tvm import relax
 
 from schedhub.hooks import use
+from schedhub.hooks.objects import OBJECT_ID
 from schedhub.hooks.pipeline import IS_SCHEDULED, apply_records, fusion_passes, prefetch
 from schedhub.registry import LocalRegistry
 from schedhub.tuner.models import kernels
@@ -36,8 +37,9 @@ def test_the_session_applies_exactly_what_metaschedule_applies(registry: LocalRe
         theirs = relax.transform.MetaScheduleApplyDatabase()(fused)  # TVM's pass, through the session's database
     prims = {gv.name_hint: f for gv, f in theirs.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
     assert len(prims) == 4 and all(f.attrs.get(IS_SCHEDULED) for f in prims.values())
-    for name, func in prims.items():
-        tvm.ir.assert_structural_equal(ours[name], func)  # body and attributes
+    for name, func in prims.items():  # body and attributes; ours also names the kernel's machine code
+        assert str(ours[name].attrs[OBJECT_ID]).startswith("object-")
+        tvm.ir.assert_structural_equal(ours[name].without_attr(OBJECT_ID), func)
 
 
 def test_a_second_compile_replays_nothing_and_a_damaged_entry_is_replayed(tmp_path: Path, registry: LocalRegistry) -> None:
@@ -76,3 +78,36 @@ def test_a_trace_that_failed_on_a_kernel_is_remembered_and_still_refused(tmp_pat
         assert outcomes == ["fallback", "fallback"]
         assert "ReplayFailed" in session.report.problems[0]  # the second time from the cache, without a replay
         assert [e for e in (tmp_path / "cache" / "scheduled").glob("*.json") if "error" in json.loads(e.read_text())]
+
+
+def _static_libraries(ex: object) -> list[object]:
+    return [m for m in ex.mod.imports if m.kind == "static_library"]  # type: ignore[attr-defined]
+
+
+def test_scheduled_kernels_are_compiled_once_per_machine_and_linked(tmp_path: Path, registry: LocalRegistry) -> None:
+    cache = tmp_path / "cache"
+    x = np.random.default_rng(6).standard_normal((4, 64)).astype("float32")
+    with use(registry, CPU, cache=cache) as first:
+        ex = tvm.compile(export(4), CPU)
+    assert first.report.hits == 4 and first.objects is not None and first.objects.compiled == first.objects.linked == 4
+    assert len(_static_libraries(ex)) == 4 and len(list((cache / "objects").glob("*.o"))) == 4
+    np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)  # linked when the VM loads it
+
+    with use(registry, CPU, cache=cache) as second:
+        ex = tvm.compile(export(4), CPU)
+    assert second.objects is not None and (second.objects.compiled, second.objects.linked) == (0, 4)
+    np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)
+    ex.export_library(str(tmp_path / "model.so"))  # the objects go into an exported library too
+    np.testing.assert_allclose(forward(tvm.runtime.load_module(str(tmp_path / "model.so")), x), reference(x), rtol=1e-4, atol=1e-4)
+
+    damaged = sorted((cache / "objects").glob("*.o"))[0]
+    damaged.write_bytes(b"not an object")
+    with use(registry, CPU, cache=cache) as third:
+        ex = tvm.compile(export(4), CPU)
+    assert third.objects is not None and (third.objects.compiled, third.objects.linked) == (1, 4)
+    np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)
+
+    with use(registry, CPU, cache=cache, link=False) as unlinked:
+        ex = tvm.compile(export(4), CPU)
+    assert unlinked.objects is None and _static_libraries(ex) == []
+    np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)

@@ -16,6 +16,7 @@ from tvm.relax.frontend import nn
 
 from schedhub.hooks import target_text, use
 from schedhub.hooks.identity import plain_json, workload_module
+from schedhub.hooks.measure import host_cpu
 from schedhub.registry import (
     SCHEMA_VERSION, Candidate, Identity, InvalidRecord, LocalRegistry, Probe, Record, RegistryClient,
     canonical_target, packb, record_key, structure_key, unpackb,
@@ -230,21 +231,22 @@ def test_the_probe_carries_what_the_hook_computed(registry: LocalRegistry) -> No
     assert Probe.from_obj(probe.to_dict()) == probe
 
 
-def test_measured_transfers_serve_the_fastest_candidate_that_agrees(tmp_path: Path, registry: LocalRegistry) -> None:
+def test_measured_transfers_serve_the_fastest_candidate_that_agrees(tmp_path: Path) -> None:
     """Opt-in: every applicable candidate is built, checked against the default schedule and timed here; once a machine."""
+    host = tvm.target.Target({"kind": "llvm", "mcpu": host_cpu(), "num-cores": 2})  # measured only for this machine's CPU
     with LocalRegistry(tmp_path / "store", sync=False) as reg:
-        reg.put_many([r for s in registry.summaries() for r in registry.get(s.key)])
-        ours = {r.identity.op: r.trace for s in registry.summaries() for r in registry.get(s.key)}
-        for k in kernels(export(64), CPU):  # a second neighbour, with another schedule, for every batch-dependent kernel
-            reg.put(next(r for r in (split_record(k.identity, f) for f in FACTORS) if r.trace != ours.get(k.identity.op)))
-        with use(reg, CPU, cache=tmp_path / "cache", measure=60) as session:
-            ex = tvm.compile(export(16), CPU)
+        ours = [tune(k.identity) for k in kernels(export(4), host)]
+        reg.put_many(ours)
+        for k in kernels(export(64), host):  # a second neighbour, with another schedule, for every batch-dependent kernel
+            reg.put(next(r for r in (split_record(k.identity, f) for f in FACTORS) if r.trace not in {o.trace for o in ours}))
+        with use(reg, host, cache=tmp_path / "cache", measure=60) as session:
+            ex = tvm.compile(export(16), host)
         transfers = [k for k in session.report.kernels if k.outcome == "transfer"]
         assert len(transfers) == 2 and all(len(k.measured) == 2 and all(k.measured.values()) for k in transfers)
         for k in transfers:  # the fastest measured is the one served
             assert k.detail.split(":")[1] == min(k.measured, key=lambda t: k.measured[t])
-        with use(reg, CPU, cache=tmp_path / "cache", measure=60) as again:
-            tvm.compile(export(16), CPU)
+        with use(reg, host, cache=tmp_path / "cache", measure=60) as again:
+            tvm.compile(export(16), host)
         assert [k.measured for k in again.report.kernels] == [k.measured for k in session.report.kernels]  # from the cache
         assert again.cache.misses == 0
     x = np.random.default_rng(6).standard_normal((16, 64)).astype("float32")
