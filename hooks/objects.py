@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -51,15 +52,19 @@ def c_compiler_available() -> bool:
 
 
 class ObjectCache:
-    """Object files of scheduled kernels under ``root``; counts what it linked and compiled."""
+    """Object files of scheduled kernels under ``root``; counts what it linked and compiled.
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    Missing objects of one build are compiled in parallel, ``workers`` at a time (default: one per
+    CPU): LLVM runs without Python's GIL, and a plain build's codegen is one thread."""
+
+    def __init__(self, root: str | os.PathLike[str], workers: int | None = None) -> None:
         self.root = Path(root)
+        self.workers = workers or os.cpu_count() or 1
         self.linked = self.compiled = 0
 
     @staticmethod
-    def symbol(object_id: str) -> str:
-        return "schedhub_" + object_id.rsplit("-", 1)[-1][:40]
+    def symbol(file_id: str) -> str:
+        return "schedhub_" + file_id.rsplit("-", 1)[-1][:40]
 
     @staticmethod
     def file_id(object_id: str, target: tvm.target.Target) -> str:
@@ -68,19 +73,57 @@ class ObjectCache:
         config = sorted((str(k), str(v)) for k, v in dict(ctx.config).items())
         return KernelCache.name("object", object_id, str(target.export()), str(ctx.opt_level), repr(config))
 
-    def library(self, file_id: str, func: tirx.PrimFunc, target: tvm.target.Target) -> Any:
-        """The kernel's static library (compiled here first when not cached); None when it cannot be had."""
-        symbol, path = self.symbol(file_id), self.root / f"{file_id}.o"
-        if not _is_object(path):
-            try:
-                self._compile(func, symbol, target, path)
-            except (OSError, tvm.TVMError):
-                return None
-            self.compiled += 1
-        self.linked += 1
-        return tvm.runtime.load_static_library(str(path), [symbol])
+    def link(self, mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
+        """``mod`` with every linkable kernel replaced by a call of its cached object (compiled first when missing)."""
+        plain = _plainly_called(mod)
+        wanted: dict[tvm.ir.GlobalVar, str] = {}
+        funcs: dict[str, tirx.PrimFunc] = {}
+        for gv, func in mod.functions_items():
+            object_id = func.attrs.get(OBJECT_ID) if isinstance(func, tirx.PrimFunc) and func.attrs is not None else None
+            if object_id is None or gv not in plain or has_reshape_pattern(func):
+                continue
+            wanted[gv] = self.file_id(str(object_id), target)
+            funcs.setdefault(wanted[gv], func)
+        missing = [file_id for file_id in funcs if not _is_object(self._path(file_id))]
+        built = self._compile_all({f: funcs[f] for f in missing}, target)
+        libraries = {f: tvm.runtime.load_static_library(str(self._path(f)), [self.symbol(f)]) for f in funcs if f not in missing or f in built}
+        symbols = {gv: self.symbol(f) for gv, f in wanted.items() if f in libraries}
+        if not symbols:
+            return mod
+        self.compiled += len(built)
+        self.linked += len(libraries)
+        out = _CallsToSymbols(symbols, mod).run()
+        still_used = {gv for _, f in out.functions_items() if isinstance(f, relax.Function) for gv in all_global_vars(f)}
+        for gv in symbols:
+            if gv not in still_used:
+                del out[gv]
+        external = list((mod.attrs or {}).get("external_mods", []))
+        return out.with_attr("external_mods", external + list(libraries.values()))
 
-    def _compile(self, func: tirx.PrimFunc, symbol: str, target: tvm.target.Target, path: Path) -> None:
+    def _path(self, file_id: str) -> Path:
+        return self.root / f"{file_id}.o"
+
+    def _compile_all(self, funcs: dict[str, tirx.PrimFunc], target: tvm.target.Target) -> set[str]:
+        """Compile ``funcs`` (by file id) in parallel under the caller's pass configuration; the ids that succeeded."""
+        if not funcs:
+            return set()
+        ctx = tvm.transform.PassContext.current()
+        settings = {"opt_level": ctx.opt_level, "config": dict(ctx.config), "required_pass": list(ctx.required_pass),
+                    "disabled_pass": list(ctx.disabled_pass)}  # fmt: skip
+
+        def compile_one(file_id: str) -> str | None:
+            try:
+                with tvm.transform.PassContext(**settings), target:
+                    self._compile(funcs[file_id], self.symbol(file_id), target, self._path(file_id))
+            except (OSError, tvm.TVMError):
+                return None  # that kernel is built in the model's own module, as without the cache
+            return file_id
+
+        with ThreadPoolExecutor(max_workers=min(self.workers, len(funcs))) as pool:
+            return {f for f in pool.map(compile_one, funcs) if f is not None}
+
+    @staticmethod
+    def _compile(func: tirx.PrimFunc, symbol: str, target: tvm.target.Target, path: Path) -> None:
         func = func.without_attr(OBJECT_ID).with_attr("global_symbol", symbol)
         lib = tvm.tirx.build(tvm.IRModule({symbol: func}), target=target)
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -92,30 +135,6 @@ class ObjectCache:
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
-
-    def link(self, mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
-        """``mod`` with every linkable kernel replaced by a call of its cached object."""
-        symbols: dict[tvm.ir.GlobalVar, str] = {}
-        libraries: dict[str, Any] = {}
-        plain = _plainly_called(mod)
-        for gv, func in mod.functions_items():
-            object_id = func.attrs.get(OBJECT_ID) if isinstance(func, tirx.PrimFunc) and func.attrs is not None else None
-            if object_id is None or gv not in plain or has_reshape_pattern(func):
-                continue
-            file_id = self.file_id(str(object_id), target)
-            symbol = self.symbol(file_id)
-            library = libraries.get(symbol) or self.library(file_id, func, target)
-            if library is not None:
-                symbols[gv], libraries[symbol] = symbol, library
-        if not symbols:
-            return mod
-        out = _CallsToSymbols(symbols, mod).run()
-        still_used = {gv for _, f in out.functions_items() if isinstance(f, relax.Function) for gv in all_global_vars(f)}
-        for gv in symbols:
-            if gv not in still_used:
-                del out[gv]
-        external = list((mod.attrs or {}).get("external_mods", []))
-        return out.with_attr("external_mods", external + list(libraries.values()))
 
 
 def _is_object(path: Path) -> bool:
