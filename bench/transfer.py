@@ -325,12 +325,12 @@ def main() -> None:
     parser.add_argument("--source-store", type=Path, help="keep the filled registry here and reuse it on the next run")
     args = parser.parse_args()
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"
-    started = time.time()
+    started, env = time.time(), environment()  # the commit the run starts on: the code it measures
     results = run(mode, source_store=args.source_store)
     results["wall_secs"] = time.time() - started
     results["command"] = "python -m bench.transfer" + {"smoke": " --smoke", "quick": " --quick", "full": ""}[mode]
     results["started"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started))
-    results.update(environment())
+    results.update(env)
     results["medians"] = {r["label"]: {k: statistics.median(v["samples"]) for k, v in r["timing"].items()} for r in results["rows"]}
     out = args.out or REPO / "bench" / "results" / mode / "transfer.json"
     out.parent.mkdir(parents=True, exist_ok=True)
