@@ -145,6 +145,7 @@ def test_a_held_out_shape_is_served_by_transfer_with_correct_output_and_queued(r
     held_out = kernels(export(16), CPU)
     with use(registry, CPU) as session:
         ex = tvm.compile(export(16), CPU)
+    with use(registry, CPU, link=False):  # the kernels stay in the module (linked, they are objects)
         lowered = relax.get_pipeline("schedhub")(export(16))
     report = session.reports[0]
     transferred = {k.key for k in report.kernels if k.outcome == "transfer"}
@@ -155,10 +156,34 @@ def test_a_held_out_shape_is_served_by_transfer_with_correct_output_and_queued(r
     x = np.random.default_rng(1).standard_normal((16, 64)).astype("float32")
     np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)
     scheduled = [f for _, f in lowered.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
-    assert all(f.attrs.get("tirx.is_scheduled") for f in scheduled)  # the transferred traces were applied
+    assert len(scheduled) == len(held_out) and all(f.attrs.get("tirx.is_scheduled") for f in scheduled)  # the transferred traces were applied
     with use(registry, CPU, transfer=False) as session:
         tvm.compile(export(16), CPU)
     assert session.report.transfers == 0 and session.report.misses == 2
+
+
+def test_a_default_schedule_record_is_never_transferred(tmp_path: Path, registry: LocalRegistry) -> None:
+    """A record with an empty trace says only "nothing beat TVM's default at that shape": transferred, it is the
+    default schedule under another name (seen serving a 52 ms kernel where the next candidate took 13 ms)."""
+    with LocalRegistry(tmp_path, sync=False) as reg:
+        reg.put_many([r for s in registry.summaries() for r in registry.get(s.key)])
+        for k in kernels(export(8), CPU):  # nearer to batch 16 than the batch-4 records
+            if "matmul" in k.identity.op:
+                reg.put(default_schedule_record(k.identity))
+        with use(reg, CPU, link=False) as session:
+            ex = tvm.compile(export(16), CPU)
+        transfers = [k for k in session.report.kernels if k.outcome == "transfer"]
+        batch_4 = {r.trace_id for s in registry.summaries() for r in registry.get(s.key)}
+        assert len(transfers) == 2 and all(k.detail.split(":")[1] in batch_4 for k in transfers)
+    x = np.random.default_rng(7).standard_normal((16, 64)).astype("float32")
+    np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)
+
+
+def default_schedule_record(identity: Identity) -> Record:
+    """What the tuner publishes when no candidate beat TVM's default schedule: an empty trace."""
+    sch = tvm.s_tir.Schedule(workload_module(identity.workload))
+    trace = json.dumps(plain_json(sch.trace.as_json()), separators=(",", ":"))
+    return Record(identity, trace, [1e-4], {"tuner": "test", "default_schedule": True})
 
 
 def test_a_transfer_is_replaced_by_the_exact_record_once_it_exists(tmp_path: Path, registry: LocalRegistry) -> None:
