@@ -69,6 +69,8 @@ class CompileReport:
     lookup_secs: float = 0.0
     misses_reported: int = 0
     problems: list[str] = field(default_factory=list)
+    linked: int = 0  # scheduled kernels whose machine code came from this machine's object cache
+    objects_compiled: int = 0  # of those, compiled in this build (the rest were cached)
 
     def count(self, outcome: str) -> int:
         return sum(k.outcome == outcome for k in self.kernels)
@@ -90,8 +92,9 @@ class CompileReport:
         return self.count(FALLBACK)
 
     def summary(self) -> str:
+        linked = f"; {self.linked} kernel objects linked ({self.objects_compiled} compiled now)" if self.linked else ""
         return (f"schedhub: {len(self.kernels)} kernels: {self.hits} hits, {self.transfers} transfers, {self.misses} misses, {self.fallbacks} fallbacks "
-                f"({self.lookups} lookups in {self.lookup_secs * 1e3:.1f} ms, {self.misses_reported} misses reported)")  # fmt: skip
+                f"({self.lookups} lookups in {self.lookup_secs * 1e3:.1f} ms, {self.misses_reported} misses reported){linked}")  # fmt: skip
 
 
 def trust_filter(trust: Trust) -> Callable[[Record], bool]:

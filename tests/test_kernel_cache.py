@@ -96,6 +96,7 @@ def test_scheduled_kernels_are_compiled_once_per_machine_and_linked(tmp_path: Pa
     with use(registry, CPU, cache=cache) as second:
         ex = tvm.compile(export(4), CPU)
     assert second.objects is not None and (second.objects.compiled, second.objects.linked) == (0, 4)
+    assert (second.report.linked, second.report.objects_compiled) == (4, 0) and "4 kernel objects linked (0 compiled now)" in second.report.summary()
     np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)
     ex.export_library(str(tmp_path / "model.so"))  # the objects go into an exported library too
     np.testing.assert_allclose(forward(tvm.runtime.load_module(str(tmp_path / "model.so")), x), reference(x), rtol=1e-4, atol=1e-4)
