@@ -34,15 +34,10 @@ class ScheduleLimits:
 _UNROLL_KEYS = ("pragma_auto_unroll_max_step", "meta_schedule.unroll_explicit", "meta_schedule.unroll_implicit")
 
 
-def trace_instructions(trace_text: str) -> int:
-    """How many instructions a trace's JSON holds (0: TVM's default schedule, or not a trace)."""
-    parsed = json.loads(trace_text)
-    return len(parsed[0]) if isinstance(parsed, list) and parsed and isinstance(parsed[0], list) else 0
-
-
 def check_trace_size(trace_text: str, limits: ScheduleLimits) -> None:
     """Refuse a trace with too many instructions before replaying it."""
-    count = trace_instructions(trace_text)
+    parsed = json.loads(trace_text)
+    count = len(parsed[0]) if isinstance(parsed, list) and parsed and isinstance(parsed[0], list) else 0
     if count > limits.max_trace_instructions:
         raise ScheduleTooCostly(f"trace has {count} instructions, over the limit of {limits.max_trace_instructions}")
 

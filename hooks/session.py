@@ -28,10 +28,10 @@ import tvm_ffi
 from tvm import tirx
 from tvm_ffi.serialization import from_json_graph_str, to_json_graph_str
 
-from schedhub.registry import Candidate, Identity, Record, Registry, RegistryError, signature_args_info
+from schedhub.registry import Candidate, Identity, Record, Registry, RegistryError, keeps_default_schedule, signature_args_info
 
 from .cache import KernelCache, default_dir
-from .guard import ScheduleLimits, check_scheduled, check_trace_size, trace_instructions
+from .guard import ScheduleLimits, check_scheduled, check_trace_size
 from .identity import as_module, workload_identity
 from .measure import TIMING, Budget, KernelBench, Timing, host_cpu, runs_here
 from .msdb import normalize_mod, replayed, scheduled, tuning_record
@@ -107,15 +107,6 @@ def trust_filter(trust: Trust) -> Callable[[Record], bool]:
         raise ValueError(f"trust must be 'verified', 'any' or a collection of pusher names, got {trust!r}")
     names = frozenset(trust)
     return lambda r: r.served is None or r.served.verified or r.served.pushed_by in names
-
-
-def _default_schedule(record: Record) -> bool:
-    """A record that keeps TVM's default schedule (what the tuner publishes when nothing beat it): served on an exact
-    hit, so the key is not tuned again, but never as a transfer, where it would be the default under another name."""
-    try:
-        return trace_instructions(record.trace) == 0
-    except ValueError:
-        return False  # not JSON: replaying it fails and refuses it
 
 
 class HookSession:
@@ -279,7 +270,7 @@ class HookSession:
         tuned for another kernel, and failing on this one says nothing against it.
         """
         applied: list[tuple[Candidate, Any]] = []
-        for candidate in [c for c in self._candidates.get(identity.key, []) if self.trusts(c.record) and not _default_schedule(c.record)]:
+        for candidate in [c for c in self._candidates.get(identity.key, []) if self.trusts(c.record) and not keeps_default_schedule(c.record.trace)]:
             try:
                 applied.append((candidate, apply(candidate.record, identity.args_info)))
             except Exception as exc:  # another structure after all, or over the bounds here

@@ -265,6 +265,16 @@ class Record:
         return data
 
 
+def keeps_default_schedule(trace: str) -> bool:
+    """Whether a trace has no instructions: its record keeps TVM's default schedule (what a tuner
+    publishes when nothing beat it). Worth serving on its own key (it is tuned), never as a transfer."""
+    try:
+        parsed = json.loads(trace)
+    except ValueError:
+        return False  # not a trace at all: replaying it fails, and that refuses it
+    return not (isinstance(parsed, list) and parsed and isinstance(parsed[0], list) and parsed[0])
+
+
 _RECORD_FIELDS = {"key", "schema", "fingerprint", "target", "workload", "op", "args_info", "trace", "run_secs", "provenance"}
 
 

@@ -23,7 +23,7 @@ import lmdb
 from ._errors import NotFound, RegistryError
 from ._keys import SCHEMA_VERSION, target_kind
 from ._neighbours import Probe, dims_of
-from ._records import Identity, Record, packb, unpackb
+from ._records import Identity, Record, keeps_default_schedule, packb, unpackb
 
 DEFAULT_MAP_SIZE = int(os.environ.get("SCHEDHUB_MAP_SIZE", 64 << 30))
 DEFAULT_TOP_K = 8
@@ -39,6 +39,7 @@ _COUNT = struct.Struct(">q")
 KEY_DIMENSIONS = ("op", "target", "fingerprint")
 MAX_NEIGHBOUR_SCAN = 4096  # index rows read for one probe
 MAX_REQUEST_SCAN = 65536  # index rows read for one neighbours call
+NEIGHBOUR_LOADS_PER_PICK = 4  # keys loaded per candidate wanted: default-schedule keys are skipped, but not without end
 
 
 class StoreFormatError(RegistryError):
@@ -506,10 +507,10 @@ class Store:
                             ranked.append((probe.rank(meta["t"], meta["w"], meta["d"]), key))
                 ranked.sort(key=lambda item: (item[0][0], item[0][1], item[1]))
                 picked = []
-                for (_, distance, relation), key in ranked:
+                for (_, distance, relation), key in ranked[: per_key * NEIGHBOUR_LOADS_PER_PICK]:
                     value = self._load(txn, key)
-                    if value and value["entries"]:
-                        best = value["entries"][0]
+                    best = next((e for e in (value or {}).get("entries", []) if not keeps_default_schedule(unpackb(e["rec"])["trace"])), None)
+                    if best is not None:  # a key whose records all keep the default schedule has nothing to transfer
                         picked.append((best["rec"], entry_status(best), relation, distance))
                     if len(picked) >= per_key:
                         break

@@ -69,6 +69,16 @@ def test_neighbours_come_nearest_first_and_never_of_another_structure(local: Loc
     assert structure_key(TARGET, stored[-1].identity.workload) != wanted.identity.structure
 
 
+def test_keys_that_keep_the_default_schedule_are_not_offered(local: LocalRegistry, client: RegistryClient) -> None:
+    """Their records are served on their own keys, but as candidates they would take a slot and transfer nothing."""
+    wanted, default, tuned, far = record(32), record(30), record(256), record(512)
+    default = Record.from_obj(default.to_dict() | {"trace": json.dumps([[], []])})  # nothing beat TVM's default at 30 rows
+    for registry in (local, client):
+        registry.put_many([default, tuned, far])
+        assert registry.lookup([default.key])[default.key][0].trace == default.trace
+        assert relations(registry.lookup_with_candidates([wanted.identity], per_key=2)[1], wanted.key) == [("shape", 256), ("shape", 512)]
+
+
 def test_a_key_that_leaves_service_leaves_the_index(local: LocalRegistry) -> None:
     only = record(64)
     local.put(only)
