@@ -1,15 +1,20 @@
 """Model benchmark, after the Ansor artifact's evaluation: network × batch → PyTorch, untuned TVM, schedhub-tuned.
 
-    python -m bench.models [--quick] [--trials N] [--out bench/results/<mode>/models.json]
+    python -m bench.models [--quick] [--trials N] [--networks a,b] [--seed-store DIR] [--out bench/results/<mode>/models.json]
 
-For every shipped network (ResNet-18, MobileNet-V2, a BERT-base layer, an MLP) at batch 1 and a
-larger batch (PyTorch in a process of its own, ``schedhub.tuner.torch_process``: beside TVM it was seen
-25–35× slower):
+Quick mode: every shipped network (ResNet-18, MobileNet-V2, a BERT-base layer, an MLP) at small
+shapes, batch 1 and 4. Full mode: the networks at real sizes, ResNet-18 and MobileNet-V2 at 224
+imported from their PyTorch twins through ``torch.export`` (BatchNorm folded, as a user imports a
+trained model), at a budget of 64 trials per kernel. PyTorch always runs in a process of its own
+(``schedhub.tuner.torch_process``: beside TVM it was seen 25–35× slower).
 
-1. its kernels are tuned with ``schedhub.tuner`` on a local Ray cluster into an embedded LMDB
+1. the kernels are tuned with ``schedhub.tuner`` on a local Ray cluster into an embedded LMDB
    registry (a kernel shared with an earlier network is not tuned twice), budget from the mode;
-   then the Ray cluster stops, so that nothing else runs on the cores while timing;
-2. the Relax model (seeded weights bound) compiles with plain ``tvm.compile`` (TVM's default
+   ``--seed-store`` starts that registry as a copy of another (say the quick run's), so the
+   search is warm-started from its schedules of the same ops at other shapes, and its records of
+   the very same kernels are tuned again at this budget; then the Ray cluster stops, so that
+   nothing else runs on the cores while timing;
+2. the model (seeded weights bound) compiles with plain ``tvm.compile`` (TVM's default
    schedules) and with ``schedhub.hooks.use(registry)``, where every kernel must hit;
 3. the PyTorch twin (``bench.torch_models``, same weights) runs the same input in the PyTorch
    process; the three outputs are checked against each other;
@@ -17,7 +22,8 @@ larger batch (PyTorch in a process of its own, ``schedhub.tuner.torch_process``:
    each sample is a median over repeats after warm-up.
 
 Per kernel, the untuned and tuned times are the tuner's side-by-side re-measurement; numpy and
-PyTorch equivalents (matmul, conv2d) are timed at the kernel's shapes (numpy here, PyTorch in its process).
+PyTorch equivalents (matmul, conv2d) are timed at the kernel's shapes (numpy here, PyTorch in its
+process), and so is a large square sgemm: the machine's practical peak for this run.
 """
 
 from __future__ import annotations
@@ -25,11 +31,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import shutil
 import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,19 +48,39 @@ from schedhub.tuner.search import TuneOptions, TuneResult
 from schedhub.tuner.torch_process import TorchProcess
 
 from .stats import ratio, summary
+from .torch_export import TORCH_EXPORT, import_twin
 from .tuner import flops
 
-#: Networks with their shape options, batch sizes and tuning budgets of the two modes.
+@dataclass(frozen=True)
+class Network:
+    """One row of the table: a shipped network at a batch and shape, built in Relax or imported from its PyTorch twin."""
+
+    name: str
+    batch: int
+    shape: dict[str, int] = field(default_factory=dict)
+    frontend: str = "relax"  # or TORCH_EXPORT
+
+    def label(self) -> str:
+        return " ".join([self.name, f"b{self.batch}", *(f"{k} {v}" for k, v in self.shape.items())]) + (
+            f" ({self.frontend})" if self.frontend != "relax" else "")
+
+
+def _grid(networks: dict[str, dict[str, int]], batches: list[int]) -> list[Network]:
+    return [Network(name, batch, shape) for name, shape in networks.items() for batch in batches]
+
+
+#: The networks and tuning budgets of the two modes.
 MODES: dict[str, dict[str, Any]] = {
     "full": {
-        "networks": {"resnet18": {"image": 224}, "mobilenetv2": {"image": 224}, "bert_layer": {"seq": 128}, "mlp": {}},
-        "batches": [1, 8],
-        "options": TuneOptions(trials=64, trials_per_iter=16),
+        "networks": [Network("resnet18", 1, {"image": 224}, TORCH_EXPORT), Network("mobilenetv2", 1, {"image": 224}, TORCH_EXPORT),
+                     Network("bert_layer", 1, {"seq": 128}), Network("mlp", 1), Network("mlp", 16)],  # fmt: skip
+        # 64 candidates in rounds of 16; a population of 128 × 2 genetic rounds (MetaSchedule's 512 × 4
+        # spends minutes per round searching on 2 cores for little gain at this budget).
+        "options": TuneOptions(trials=64, trials_per_iter=16, population=128, genetic_iters=2),
         "rounds": 5,
     },
     "quick": {
-        "networks": {"resnet18": {"image": 64}, "mobilenetv2": {"image": 64}, "bert_layer": {"seq": 32}, "mlp": {}},
-        "batches": [1, 4],
+        "networks": _grid({"resnet18": {"image": 64}, "mobilenetv2": {"image": 64}, "bert_layer": {"seq": 32}, "mlp": {}}, [1, 4]),
         # One round of 8 candidates from a small population: seconds per kernel instead of minutes.
         # One search thread: the seed then fixes the candidates, so a second run tunes the same ones.
         "options": TuneOptions(trials=8, trials_per_iter=8, population=32, genetic_iters=1, publish=2, search_threads=1,
@@ -62,9 +89,14 @@ MODES: dict[str, dict[str, Any]] = {
     },
 }
 
+#: The practical peak: a square sgemm of this size in numpy (here) and PyTorch (its process).
+PEAK_SGEMM_N = 2048
 
-def run(mode: str, trials: int | None = None, say: Callable[[str], None] = print) -> dict[str, Any]:
-    """The table for ``mode``; ``trials`` overrides the mode's per-kernel budget."""
+
+def run(mode: str, trials: int | None = None, only: list[str] | None = None, seed_store: Path | None = None,
+        say: Callable[[str], None] = print) -> dict[str, Any]:  # fmt: skip
+    """The table for ``mode``; ``trials`` overrides the mode's per-kernel budget, ``only`` keeps the networks of
+    these names, ``seed_store`` is copied in as the starting registry."""
     import tvm
 
     from schedhub import hooks
@@ -73,63 +105,95 @@ def run(mode: str, trials: int | None = None, say: Callable[[str], None] = print
     options: TuneOptions = config["options"]
     if trials:
         options = replace(options, trials=trials, trials_per_iter=min(options.trials_per_iter, trials))
+    networks = [n for n in config["networks"] if not only or n.name in only]
+    if not networks:
+        raise ValueError(f"no {mode} network is named {only}; there are {sorted({n.name for n in config['networks']})}")
     target = tvm.target.Target(tvm_env.host_target())
     tvm_env.prepare()
     cluster.start()
-    out: dict[str, Any] = {"mode": mode, "target": tvm_env.host_target(), "options": asdict(options), "batches": config["batches"],
-                           "networks": config["networks"], "rounds": config["rounds"], "rows": [], "kernels": []}  # fmt: skip
+    out: dict[str, Any] = {"mode": mode, "target": tvm_env.host_target(), "options": asdict(options), "networks": [asdict(n) for n in networks],
+                           "rounds": config["rounds"], "rows": [], "kernels": []}  # fmt: skip
     tuned: dict[str, TuneResult] = {}
     with contextlib.ExitStack() as stack:
-        root = stack.enter_context(tempfile.TemporaryDirectory(prefix="schedhub-bench-models-"))
+        root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="schedhub-bench-models-"))) / "store"
+        if seed_store is not None:
+            shutil.copytree(seed_store, root)
         registry = stack.enter_context(LocalRegistry(root))
+        out["seed_keys"] = len(registry.summaries()) if seed_store is not None else 0
         configs = []
-        for name, shape in config["networks"].items():
-            for batch in config["batches"]:
-                started = time.time()
-                mod, weights, input_shape = models.export_with_weights(name, batch=batch, **shape)
-                kernels = models.kernels(mod, target)
-                # One job at a time: two jobs on 2 cores are no faster here, and one job's search and
-                # verification run on the cores while the other's candidates are timed (Ray gives a
-                # task's CPU back while it waits), which inflated some tuning measurements 3×.
-                done = dispatch.tune_many(registry, [k.identity for k in kernels], options, concurrency=1, pushed_by="bench.models")
-                if done.failed:
-                    raise RuntimeError(f"{name} batch {batch}: tuning failed for {len(done.failed)} kernels: {done.failed}")
-                tuned.update({r.identity.key: r for r in done.tuned})
-                say(f"{name} b{batch}: {len(kernels)} kernels, {len(done.tuned)} tuned now, {time.time() - started:.0f} s")
-                configs.append((name, batch, shape, mod, weights, input_shape, kernels, len(done.tuned), time.time() - started))
+        for network in networks:
+            started = time.time()
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="schedhub-export-")))
+            mod, func, weights, input_shape = _build(network, workdir)
+            kernels = models.kernels(mod, target)
+            todo = list({k.identity.key: k.identity for k in kernels if k.identity.key not in tuned}.values())
+            # One job at a time: two jobs on 2 cores are no faster here, and one job's search and
+            # verification run on the cores while the other's candidates are timed (Ray gives a
+            # task's CPU back while it waits), which inflated some tuning measurements 3×.
+            # retune: a seed store's record of the same kernel is a warm start, not this budget's result.
+            done = dispatch.tune_many(registry, todo, options, concurrency=1, retune=True, pushed_by="bench.models")
+            if done.failed:
+                raise RuntimeError(f"{network.label()}: tuning failed for {len(done.failed)} kernels: {done.failed}")
+            tuned.update({r.identity.key: r for r in done.tuned})
+            say(f"{network.label()}: {len(kernels)} kernels, {len(done.tuned)} tuned now, {time.time() - started:.0f} s")
+            configs.append((network, mod, func, weights, input_shape, kernels, len(done.tuned), time.time() - started))
         # Nothing of Ray may share the 2 cores with the timings: a busy raylet or worker stalls
         # PyTorch's spinning OpenMP barriers by whole scheduler ticks.
         cluster.stop()
         torch_proc = stack.enter_context(TorchProcess(cwd=Path(__file__).resolve().parent.parent))  # PyTorch never shares a process with TVM
-        for name, batch, shape, mod, weights, input_shape, kernels, tuned_now, tune_secs in configs:
+        out["peak_gflops"] = practical_peak(torch_proc)
+        say(f"practical peak (sgemm {PEAK_SGEMM_N}): " + ", ".join(f"{k} {v:.1f} GFLOPS" for k, v in out["peak_gflops"].items()))
+        for network, mod, func, weights, input_shape, kernels, tuned_now, tune_secs in configs:
             untuned_ex = tvm.compile(mod, target)
             with hooks.use(registry, target) as session:
                 tuned_ex = tvm.compile(mod, target)
             report = session.report
             if report.hits != len(kernels) or report.misses:
-                raise RuntimeError(f"{name} batch {batch}: the tuned compile hit {report.hits} of {len(kernels)} kernels")
-            row = _time_network(name, batch, shape, weights, input_shape, untuned_ex, tuned_ex, config["rounds"], torch_proc)
+                raise RuntimeError(f"{network.label()}: the tuned compile hit {report.hits} of {len(kernels)} kernels")
+            row = _time_network(network, func, weights, input_shape, untuned_ex, tuned_ex, config["rounds"], torch_proc)
             row.update({"kernels": len(kernels), "tuned_now": tuned_now, "tune_secs": tune_secs,
                         "trials": sum(tuned[k.identity.key].trials + tuned[k.identity.key].warm_started for k in kernels)})  # fmt: skip
             out["rows"].append(row)
-            out["kernels"] += _kernel_rows(name, batch, kernels, tuned, torch_proc)
+            out["kernels"] += _kernel_rows(network.name, network.batch, kernels, tuned, torch_proc)
             t = row["timing"]
-            say(f"{name} b{batch}: PyTorch {t['pytorch']['median']:.3f} ms, untuned {t['untuned']['median']:.3f} ms, tuned {t['tuned']['median']:.3f} ms")
+            say(f"{network.label()}: PyTorch {t['pytorch']['median']:.3f} ms, untuned {t['untuned']['median']:.3f} ms, tuned {t['tuned']['median']:.3f} ms")
     return out
+
+
+def _build(network: Network, workdir: Path) -> tuple[Any, str, dict[str, np.ndarray], tuple[int, ...]]:
+    """The network's module, entry function, weights and input shape."""
+    mod, weights, input_shape = models.export_with_weights(network.name, batch=network.batch, **network.shape)
+    if network.frontend == TORCH_EXPORT:
+        return import_twin(network.name, weights, {"batch": network.batch, **network.shape}, workdir), "main", weights, input_shape
+    if network.frontend != "relax":
+        raise ValueError(f"unknown frontend {network.frontend!r}")
+    return mod, "forward", weights, input_shape
+
+
+def practical_peak(torch_proc: TorchProcess, n: int = PEAK_SGEMM_N) -> dict[str, float]:
+    """GFLOPS of a square float32 matmul of size ``n`` in numpy (this process) and PyTorch (its process)."""
+    args_info = [["TENSOR", "float32", [n, n]]] * 3
+    work = 2.0 * n**3
+    numpy_fn = baselines.kernel_baseline("fused_matmul", args_info, "numpy")
+    assert numpy_fn is not None
+    numpy_secs = statistics.median(baselines.time_callable(numpy_fn, 5, 0.2))
+    time.sleep(0.5)  # OpenBLAS's spinning threads stop before PyTorch's start
+    torch_secs = torch_proc.time_kernel("fused_matmul", args_info, repeat=5, min_secs=0.2)
+    return {"numpy": work / numpy_secs / 1e9, **({"pytorch": work / torch_secs / 1e9} if torch_secs else {})}
 
 
 TORCH_TWINS = "bench.torch_models:build"  # the PyTorch twins of every shipped network
 
 
-def _time_network(name: str, batch: int, shape: dict[str, int], weights: dict[str, np.ndarray], input_shape: tuple[int, ...],
-                  untuned_ex: Any, tuned_ex: Any, rounds: int, torch_proc: TorchProcess) -> dict[str, Any]:  # fmt: skip
+def _time_network(network: Network, func: str, weights: dict[str, np.ndarray], input_shape: tuple[int, ...], untuned_ex: Any, tuned_ex: Any,
+                  rounds: int, torch_proc: TorchProcess) -> dict[str, Any]:  # fmt: skip
     x = np.random.default_rng(1).standard_normal(input_shape).astype("float32")
-    pytorch = torch_proc.load_network(name, weights, x, factory=TORCH_TWINS, batch=batch, **shape)
-    timing, errors = time_side_by_side({"untuned": untuned_ex, "tuned": tuned_ex}, x, rounds, pytorch, torch_proc.time_network)
+    pytorch = torch_proc.load_network(network.name, weights, x, factory=TORCH_TWINS, batch=network.batch, **network.shape)
+    timing, errors = time_side_by_side({"untuned": untuned_ex, "tuned": tuned_ex}, x, rounds, pytorch, torch_proc.time_network, func)
     if max(errors.values()) > 1e-3:
-        raise AssertionError(f"{name} batch {batch}: outputs disagree (max error relative to the output's scale: {errors})")
-    return {"network": name, "batch": batch, "shape": shape, "input_shape": list(input_shape), "timing": timing, "max_rel_error": errors,
-            "speedup_vs_untuned": ratio(timing["untuned"], timing["tuned"], paired=True),
+        raise AssertionError(f"{network.label()}: outputs disagree (max error relative to the output's scale: {errors})")
+    return {"network": network.name, "batch": network.batch, "shape": network.shape, "frontend": network.frontend, "input_shape": list(input_shape),
+            "timing": timing, "max_rel_error": errors, "speedup_vs_untuned": ratio(timing["untuned"], timing["tuned"], paired=True),
             "speedup_vs_pytorch": ratio(timing["pytorch"], timing["tuned"], paired=True)}  # fmt: skip
 
 
@@ -200,14 +264,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--trials", type=int, help="trials per kernel (default: 8 quick, 64 full)")
+    parser.add_argument("--networks", help="comma-separated names: only these networks of the mode")
+    parser.add_argument("--seed-store", type=Path, help="start the registry as a copy of this LMDB store (warm starts)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     mode = "quick" if args.quick else "full"
     out = args.out or Path(__file__).parent / "results" / mode / "models.json"
     started = time.time()
-    result = run(mode, args.trials)
+    result = run(mode, args.trials, args.networks.split(",") if args.networks else None, args.seed_store)
     result["wall_secs"] = time.time() - started
-    result["command"] = "python -m bench.models" + (" --quick" if args.quick else "") + (f" --trials {args.trials}" if args.trials else "")
+    result["command"] = " ".join(["python -m bench.models", *(["--quick"] if args.quick else []), *([f"--trials {args.trials}"] if args.trials else []),
+                                  *([f"--networks {args.networks}"] if args.networks else []), *(["--seed-store DIR"] if args.seed_store else [])])  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     print(f"wrote {out}")

@@ -12,10 +12,27 @@ JSON (``tvm.ir.save_json``; read it back with ``tvm.ir.load_json`` under the sam
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+TORCH_EXPORT = "torch.export"  # the frontend name of a network imported this way
+
+
+def import_twin(name: str, weights: dict[str, np.ndarray], shape: dict[str, int], workdir: Path) -> Any:
+    """The Relax module (entry ``main``) of ``name``'s PyTorch twin with ``weights``, through ``torch.export``,
+    converted in a child process (this process never imports PyTorch)."""
+    import tvm
+
+    np.savez(workdir / "weights.npz", **weights)
+    out = workdir / "exported.json"
+    cmd = [sys.executable, "-m", "bench.torch_export", name, str(workdir / "weights.npz"), str(out), *(f"{k}={v}" for k, v in shape.items())]
+    subprocess.run(cmd, cwd=REPO, check=True, timeout=600)
+    return tvm.ir.load_json(out.read_text())
 
 
 def main(name: str, weights_path: str, out: str, *options: str) -> None:

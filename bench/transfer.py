@@ -27,8 +27,6 @@ import contextlib
 import json
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -44,12 +42,12 @@ from schedhub.tuner.search import TuneOptions, TuneResult
 from schedhub.tuner.torch_process import TorchProcess
 
 from .models import MODES as MODEL_MODES
-from .report import environment
 from .models import TORCH_TWINS, time_side_by_side
+from .report import environment
 from .stats import ratio, summary
+from .torch_export import TORCH_EXPORT, import_twin
 
 REPO = Path(__file__).resolve().parent.parent
-TORCH_EXPORT = "torch.export"  # the frontend of an imported held-out network
 
 MODES: dict[str, dict[str, Any]] = {
     "quick": {
@@ -175,16 +173,10 @@ def _tune(registry: LocalRegistry, kernels: list[models.Kernel], options: TuneOp
 
 
 def _held_out(name: str, shape: dict[str, int], frontend: str, target: Any, workdir: Path) -> HeldOut:
-    import tvm
-
     mod, weights, input_shape = models.export_with_weights(name, **shape)
     func = "forward"
     if frontend == TORCH_EXPORT:  # the PyTorch twin with the same weights, imported the way a user imports a model
-        np.savez(workdir / "weights.npz", **weights)
-        out = workdir / "exported.json"
-        cmd = [sys.executable, "-m", "bench.torch_export", name, str(workdir / "weights.npz"), str(out), *(f"{k}={v}" for k, v in shape.items())]
-        subprocess.run(cmd, cwd=REPO, check=True, timeout=600)
-        mod, func = tvm.ir.load_json(out.read_text()), "main"
+        mod, func = import_twin(name, weights, shape, workdir), "main"
     return HeldOut(name, shape, frontend, mod, func, weights, input_shape, models.kernels(mod, target))
 
 
