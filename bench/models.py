@@ -47,6 +47,7 @@ from schedhub.tuner import baselines, cluster, dispatch, models, tvm_env
 from schedhub.tuner.search import TuneOptions, TuneResult
 from schedhub.tuner.torch_process import TorchProcess
 
+from .report import environment
 from .stats import ratio, summary
 from .torch_export import TORCH_EXPORT, import_twin
 from .tuner import flops
@@ -111,7 +112,7 @@ def run(mode: str, trials: int | None = None, only: list[str] | None = None, see
     target = tvm.target.Target(tvm_env.host_target())
     tvm_env.prepare()
     cluster.start()
-    out: dict[str, Any] = {"mode": mode, "target": tvm_env.host_target(), "options": asdict(options), "networks": [asdict(n) for n in networks],
+    out: dict[str, Any] = {"recorded": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": environment()["commit"], "mode": mode, "target": tvm_env.host_target(), "options": asdict(options), "networks": [asdict(n) for n in networks],
                            "rounds": config["rounds"], "rows": [], "kernels": []}  # fmt: skip
     tuned: dict[str, TuneResult] = {}
     with contextlib.ExitStack() as stack:
@@ -141,7 +142,7 @@ def run(mode: str, trials: int | None = None, only: list[str] | None = None, see
         # PyTorch's spinning OpenMP barriers by whole scheduler ticks.
         cluster.stop()
         torch_proc = stack.enter_context(TorchProcess(cwd=Path(__file__).resolve().parent.parent))  # PyTorch never shares a process with TVM
-        out["peak_gflops"] = practical_peak(torch_proc)
+        out["peak_gflops"], out["peak_sgemm_n"] = practical_peak(torch_proc), PEAK_SGEMM_N
         say(f"practical peak (sgemm {PEAK_SGEMM_N}): " + ", ".join(f"{k} {v:.1f} GFLOPS" for k, v in out["peak_gflops"].items()))
         for network, mod, func, weights, input_shape, kernels, tuned_now, tune_secs in configs:
             untuned_ex = tvm.compile(mod, target)

@@ -181,7 +181,11 @@ def write(mode: str) -> Path:
     drawn = draw.all_plots(data, plots)
     lines = [f"# schedhub benchmarks ({mode} run)", ""]
     lines += _header(manifest)
-    lines += _models(data.get("models"), drawn)
+    lines += _models(data.get("models"), drawn, "Models: PyTorch vs untuned TVM vs schedhub-tuned")
+    if mode != "full":  # the full mode's model table, recorded on its own (hours on 2 cores), beside the quick run's
+        full = load(RESULTS / "full").get("models")
+        if full:
+            lines += _models(full, draw.all_plots({"models": full}, PLOTS / "full"), "Models at real sizes and budget (full mode)")
     lines += _tuner(data.get("tuner"))
     lines += _transfer(data.get("transfer"), drawn)
     lines += _hook(data.get("hook"))
@@ -209,30 +213,41 @@ def _header(m: dict[str, Any]) -> list[str]:
     ]  # fmt: skip
 
 
-def _models(d: dict[str, Any] | None, drawn: dict[str, str]) -> list[str]:
+def _models(d: dict[str, Any] | None, drawn: dict[str, str], title: str) -> list[str]:
     if not d:
         return []
     o = d["options"]
-    lines = [f"## Models: PyTorch vs untuned TVM vs schedhub-tuned (`{d['command']}`)", "",
-             f"Target `{json.dumps(d['target'])}`. Tuning budget per kernel: {o['trials']} trials in rounds of {o['trials_per_iter']}, "
+    recorded = f"Recorded {d['recorded']} at commit `{d['commit']}` in {d['wall_secs'] / 60:.0f} min. " if d.get("recorded") else ""
+    warm = (f"Warm-started from a copy of another run's registry ({d['seed_keys']} keys: the same ops at other shapes; a kernel it "
+            f"already held is tuned again at this budget), up to {o['warm_start']} traces. ") if d.get("seed_keys") else (
+            f"Kernels of batch b>1 are warm-started from batch 1's schedules (up to {o['warm_start']} traces). ")  # fmt: skip
+    lines = [f"## {title} (`{d['command']}`)", "",
+             f"{recorded}Target `{json.dumps(d['target'])}`. Tuning budget per kernel: {o['trials']} trials in rounds of {o['trials_per_iter']}, "
              f"evolutionary search {_search(o['population'], o['genetic_iters'], o['search_threads'])}, xgboost cost model, seed {o['seed']}, one tuning job at a time; "
-             f"the best {o['publish']} candidates re-timed next to the unscheduled kernel. "
-             f"Kernels of batch b>1 are warm-started from batch 1's schedules (up to {o['warm_start']} traces). "
-             f"End to end: VM `forward` / PyTorch eager `inference_mode` on the same input and weights, "
+             f"the best {o['publish']} candidates re-timed next to the unscheduled kernel. {warm}"
+             f"End to end: VM `forward` / PyTorch eager `inference_mode` (in a process of its own) on the same input and weights, "
              f"{d['rounds']} interleaved rounds, each sample the median of 3 repeats of ≥ 100 ms; outputs agree to 1e-3 of their scale.",
              ""]  # fmt: skip
     rows = []
     for r in d["rows"]:
         t = r["timing"]
         shape = ", ".join(f"{k} {v}" for k, v in r["shape"].items()) or "256→512→512→10"
+        if r.get("frontend", "relax") != "relax":
+            shape += f" ({r['frontend']})"
         rows.append([r["network"], str(r["batch"]), shape, str(r["kernels"]), str(r["trials"]), fmt(t["pytorch"]), fmt(t["untuned"]), fmt(t["tuned"]),
                      times(r["speedup_vs_pytorch"]), times(r["speedup_vs_untuned"])])  # fmt: skip
     lines += table(["network", "batch", "shape", "kernels", "trials", "PyTorch ms", "untuned TVM ms", "schedhub-tuned ms", "tuned vs PyTorch", "tuned vs untuned"],
                    rows, "lrlrrrrrrr")  # fmt: skip
-    lines += ["", "\"trials\": candidates measured for the network's kernels, warm starts included.", ""]
+    at_least = sum(r["speedup_vs_pytorch"]["median"] >= 1 for r in d["rows"])
+    lines += ["", f"\"trials\": candidates measured for the network's kernels, warm starts included. "
+              f"schedhub-tuned is at least as fast as PyTorch on {at_least} of {len(d['rows'])} rows.", ""]  # fmt: skip
     if "speedup" in drawn:
         lines += [f"![speedups]({drawn['speedup']})", ""]
+    peak = max(d.get("peak_gflops", {}).values(), default=None)
     lines += ["### Heaviest kernels: GFLOPS (the three matmul/conv kernels with the most untuned time × calls per network and batch)", ""]
+    if peak:
+        lines += [f"The machine's practical peak, a {d['peak_sgemm_n']}² float32 sgemm timed in the same run: "
+                  + ", ".join(f"{k} {v:.1f}" for k, v in d["peak_gflops"].items()) + " GFLOPS; \"of peak\" is tuned over the better of the two.", ""]  # fmt: skip
     rows = []
     for k in d["kernels"]:
         if k.get("numpy_ms") is None and k.get("torch_ms") is None:
@@ -242,8 +257,11 @@ def _models(d: dict[str, Any] | None, drawn: dict[str, str]) -> list[str]:
         def gf(ms: float | None, g: float = g) -> str:
             return f"{g / (ms * 1e-3):.1f}" if ms else "–"
 
-        rows.append([k["network"], str(k["batch"]), f"`{k['op']}`", str(k["calls"]), f"{g:.3f}", gf(k["untuned_ms"]), gf(k["tuned_ms"]), gf(k["numpy_ms"]), gf(k["torch_ms"])])
-    lines += table(["network", "batch", "kernel", "calls", "GFLOP", "untuned", "tuned", "numpy", "PyTorch"], rows, "lrlrrrrrr")
+        share = [f"{g / (k['tuned_ms'] * 1e-3) / peak:.0%}"] if peak else []
+        rows.append([k["network"], str(k["batch"]), f"`{k['op']}`", str(k["calls"]), f"{g:.3f}", gf(k["untuned_ms"]), gf(k["tuned_ms"]), *share,
+                     gf(k["numpy_ms"]), gf(k["torch_ms"])])  # fmt: skip
+    header = ["network", "batch", "kernel", "calls", "GFLOP", "untuned", "tuned", *(["of peak"] if peak else []), "numpy", "PyTorch"]
+    lines += table(header, rows, "lrlrr" + "r" * (len(header) - 5))
     lines += ["", "Untuned and tuned are the tuner's own side-by-side re-timing; numpy (im2col + GEMM for convolutions) and "
               "PyTorch (`F.conv2d` / `torch.matmul`, oneDNN/MKL) run the same kernel shapes with the epilogue, timed here.", ""]  # fmt: skip
     if "curves" in drawn:
