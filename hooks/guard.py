@@ -9,12 +9,13 @@ bound is refused (and complained about), and the kernel falls back.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 import tvm
 from tvm import s_tir, tirx
+
+from schedhub.registry import trace_instructions
 
 
 class ScheduleTooCostly(ValueError):
@@ -36,8 +37,9 @@ _UNROLL_KEYS = ("pragma_auto_unroll_max_step", "meta_schedule.unroll_explicit", 
 
 def check_trace_size(trace_text: str, limits: ScheduleLimits) -> None:
     """Refuse a trace with too many instructions before replaying it."""
-    parsed = json.loads(trace_text)
-    count = len(parsed[0]) if isinstance(parsed, list) and parsed and isinstance(parsed[0], list) else 0
+    count = trace_instructions(trace_text)
+    if count is None:
+        raise ValueError("the trace is not JSON")
     if count > limits.max_trace_instructions:
         raise ScheduleTooCostly(f"trace has {count} instructions, over the limit of {limits.max_trace_instructions}")
 

@@ -265,14 +265,20 @@ class Record:
         return data
 
 
-def keeps_default_schedule(trace: str) -> bool:
-    """Whether a trace has no instructions: its record keeps TVM's default schedule (what a tuner
-    publishes when nothing beat it). Worth serving on its own key (it is tuned), never as a transfer."""
+def trace_instructions(trace: str) -> int | None:
+    """How many instructions a trace (MetaSchedule's JSON, ``[instructions, decisions]``) holds; None when it is not JSON."""
     try:
         parsed = json.loads(trace)
     except ValueError:
-        return False  # not a trace at all: replaying it fails, and that refuses it
-    return not (isinstance(parsed, list) and parsed and isinstance(parsed[0], list) and parsed[0])
+        return None
+    return len(parsed[0]) if isinstance(parsed, list) and parsed and isinstance(parsed[0], list) else 0
+
+
+def keeps_default_schedule(trace: str) -> bool:
+    """Whether a trace has no instructions: its record keeps TVM's default schedule (what a tuner
+    publishes when nothing beat it). Worth serving on its own key (it is tuned), never as a transfer.
+    (Not JSON at all is not this: replaying it fails, and that refuses it.)"""
+    return trace_instructions(trace) == 0
 
 
 _RECORD_FIELDS = {"key", "schema", "fingerprint", "target", "workload", "op", "args_info", "trace", "run_secs", "provenance"}

@@ -8,7 +8,8 @@ import math
 import pytest
 
 from schedhub.registry import (
-    InvalidRecord, KeyMismatch, PayloadTooLarge, Record, canonical_target, packb, record_key, target_kind, unpackb,
+    InvalidRecord, KeyMismatch, PayloadTooLarge, Record, canonical_target, keeps_default_schedule, packb, record_key, target_kind,
+    trace_instructions, unpackb,
 )  # fmt: skip
 from schedhub.registry._records import MAX_TEXT_CHARS
 
@@ -87,3 +88,13 @@ def test_oversized_fields_and_records_are_refused() -> None:
 def test_malformed_msgpack_is_invalid_record(data: bytes) -> None:
     with pytest.raises(InvalidRecord):
         Record.from_bytes(data)
+
+
+@pytest.mark.parametrize(("trace", "count", "default"), [
+    (json.dumps([[["GetSBlock", [], ["C"], []], ["Split", [], [], []]], []]), 2, False),
+    ("[[], []]", 0, True), ("[]", 0, True), ('{"a": 1}', 0, True),  # nothing to replay: TVM's default schedule
+    ("not json", None, False), ("", None, False),  # not a trace: replaying it fails, and that refuses it
+])  # fmt: skip
+def test_a_trace_counts_its_instructions(trace: str, count: int | None, default: bool) -> None:
+    assert trace_instructions(trace) == count
+    assert keeps_default_schedule(trace) is default
