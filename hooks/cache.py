@@ -14,16 +14,34 @@ folder is private to its user. An entry that cannot be read or parsed is a miss,
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 DEFAULT_DIR = Path.home() / ".cache" / "schedhub" / "kernels"
 CACHE_ENV = "SCHEDHUB_CACHE_DIR"
 MAX_ENTRY_BYTES = 64 << 20  # a scheduled kernel's JSON is KBs to a few MBs: anything bigger is not ours
+
+
+@contextlib.contextmanager
+def atomic_file(path: Path) -> Iterator[str]:
+    """The name of a new file beside ``path`` (same suffix: writers that go by it still work) to write in the
+    block; it replaces ``path`` when the block succeeds and is removed when it fails, so a reader sees the
+    whole file or none. The folder is made private to its user."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
+    os.close(fd)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def default_dir() -> Path:
@@ -67,12 +85,7 @@ class KernelCache:
         if path is None:
             return
         try:
-            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as f:
+            with atomic_file(path) as tmp, open(tmp, "w") as f:
                 json.dump(value, f, separators=(",", ":"))
-            os.replace(f.name, path)
         except OSError:
-            try:
-                os.unlink(f.name)
-            except (OSError, NameError):
-                pass
+            pass

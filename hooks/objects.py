@@ -18,16 +18,15 @@ turns them into views) and so does a kernel called with symbolic shape arguments
 from __future__ import annotations
 
 import os
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import tvm
 from tvm import relax, tirx
 from tvm.relax.analysis import all_global_vars, has_reshape_pattern, post_order_visit
 
-from .cache import KernelCache
+from .cache import KernelCache, atomic_file
 
 OBJECT_ID = "schedhub.object_id"  # PrimFunc attribute: the cache name of a scheduled kernel's machine code
 ELF_MAGIC = b"\x7fELF"
@@ -51,6 +50,13 @@ def c_compiler_available() -> bool:
     return cc.get_cc() is not None
 
 
+class Linked(NamedTuple):
+    """What one build linked: objects, and of those, compiled in this build (the rest were cached)."""
+
+    linked: int
+    compiled: int
+
+
 class ObjectCache:
     """Object files of scheduled kernels under ``root``; counts what it linked and compiled.
 
@@ -67,14 +73,21 @@ class ObjectCache:
         return "schedhub_" + file_id.rsplit("-", 1)[-1][:40]
 
     @staticmethod
-    def file_id(object_id: str, target: tvm.target.Target) -> str:
-        """The object's name: the scheduled kernel, the target as given and the build's pass configuration."""
+    def build_id(target: tvm.target.Target) -> tuple[str, ...]:
+        """What besides the scheduled kernel decides its machine code: the target as given and the build's pass configuration."""
         ctx = tvm.transform.PassContext.current()
         config = sorted((str(k), str(v)) for k, v in dict(ctx.config).items())
-        return KernelCache.name("object", object_id, str(target.export()), str(ctx.opt_level), repr(config))
+        return str(target.export()), str(ctx.opt_level), repr(config)
 
-    def link(self, mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
-        """``mod`` with every linkable kernel replaced by a call of its cached object (compiled first when missing)."""
+    @staticmethod
+    def file_id(object_id: str, build: tuple[str, ...]) -> str:
+        """The object's name: the scheduled kernel (``OBJECT_ID``) under a :meth:`build_id`."""
+        return KernelCache.name("object", object_id, *build)
+
+    def link(self, mod: tvm.IRModule, target: tvm.target.Target) -> tuple[tvm.IRModule, Linked]:
+        """``mod`` with every linkable kernel replaced by a call of its cached object (compiled first when
+        missing), and how many objects it links and how many of those were compiled now."""
+        build = self.build_id(target)
         plain = _plainly_called(mod)
         wanted: dict[tvm.ir.GlobalVar, str] = {}
         funcs: dict[str, tirx.PrimFunc] = {}
@@ -82,23 +95,24 @@ class ObjectCache:
             object_id = func.attrs.get(OBJECT_ID) if isinstance(func, tirx.PrimFunc) and func.attrs is not None else None
             if object_id is None or gv not in plain or has_reshape_pattern(func):
                 continue
-            wanted[gv] = self.file_id(str(object_id), target)
+            wanted[gv] = self.file_id(str(object_id), build)
             funcs.setdefault(wanted[gv], func)
         missing = [file_id for file_id in funcs if not _is_object(self._path(file_id))]
         built = self._compile_all({f: funcs[f] for f in missing}, target)
         libraries = {f: tvm.runtime.load_static_library(str(self._path(f)), [self.symbol(f)]) for f in funcs if f not in missing or f in built}
         symbols = {gv: self.symbol(f) for gv, f in wanted.items() if f in libraries}
         if not symbols:
-            return mod
-        self.compiled += len(built)
-        self.linked += len(libraries)
+            return mod, Linked(0, 0)
+        done = Linked(len(libraries), len(built))
+        self.linked += done.linked
+        self.compiled += done.compiled
         out = _CallsToSymbols(symbols, mod).run()
         still_used = {gv for _, f in out.functions_items() if isinstance(f, relax.Function) for gv in all_global_vars(f)}
         for gv in symbols:
             if gv not in still_used:
                 del out[gv]
         external = list((mod.attrs or {}).get("external_mods", []))
-        return out.with_attr("external_mods", external + list(libraries.values()))
+        return out.with_attr("external_mods", external + list(libraries.values())), done
 
     def _path(self, file_id: str) -> Path:
         return self.root / f"{file_id}.o"
@@ -126,15 +140,8 @@ class ObjectCache:
     def _compile(func: tirx.PrimFunc, symbol: str, target: tvm.target.Target, path: Path) -> None:
         func = func.without_attr(OBJECT_ID).with_attr("global_symbol", symbol)
         lib = tvm.tirx.build(tvm.IRModule({symbol: func}), target=target)
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".o")
-        os.close(fd)
-        try:
+        with atomic_file(path) as tmp:  # TVM writes an object file for the ".o" suffix
             lib.write_to_file(tmp)
-            os.replace(tmp, path)  # atomic: a reader sees the whole object or none
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
 
 
 def _is_object(path: Path) -> bool:

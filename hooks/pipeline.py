@@ -115,11 +115,9 @@ def link_objects(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRMo
     session, target = ACTIVE.get(), tvm.target.Target.current(allow_none=True)
     if session is None or session.objects is None or target is None or not links_here(target):
         return mod
-    objects = session.objects
-    linked, compiled = objects.linked, objects.compiled
-    mod = objects.link(mod, target)
-    session.report.linked += objects.linked - linked
-    session.report.objects_compiled += objects.compiled - compiled
+    mod, done = session.objects.link(mod, target)
+    session.report.linked += done.linked
+    session.report.objects_compiled += done.compiled
     return mod
 
 
