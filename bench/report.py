@@ -323,6 +323,14 @@ def _transfer(d: dict[str, Any] | None, drawn: dict[str, str]) -> list[str]:
         body = [[label, str(k["compared"]), str(k["nearest_is_best"]), fmt(k["nearest_vs_best"]), f"{k['time_nearest_vs_best']:.3f}"] for label, k in ranked]
         lines += table(["network", "kernels compared", "nearest was the fastest", "nearest / fastest, per kernel", "nearest / fastest, summed kernel time"], body)
         lines += [""]
+        names = {"source_gflops": "most GFLOPS on its own workload first", "source_secs": "fastest on its own workload first"}
+        alternatives = sorted({n for _, k in ranked for n in k.get("alternatives", {})})
+        if alternatives:
+            lines += ["Other rankings on the same measurements (picked the fastest / summed kernel time against the fastest; "
+                      "nearest first for comparison):", ""]  # fmt: skip
+            body = [[label, f"{k['nearest_is_best']}/{k['compared']}, {k['time_nearest_vs_best']:.3f}",
+                     *(_pick(k["alternatives"].get(n), n) for n in alternatives)] for label, k in ranked]  # fmt: skip
+            lines += table(["network", "nearest first", *(names.get(n, n) for n in alternatives)], body) + [""]
     if d.get("warm_vs_cold"):
         lines += ["### Warm-started against cold tuning (same budget, the slowest held-out kernels)", ""]
         body = [[f"`{w['op']}`", str(w["warm_started"]), f"{w['warm_first_us']:.1f}", f"{w['warm_best_us']:.1f}", f"{w['cold_best_us']:.1f}",
@@ -330,6 +338,10 @@ def _transfer(d: dict[str, Any] | None, drawn: dict[str, str]) -> list[str]:
                 for w in d["warm_vs_cold"]]  # fmt: skip
         lines += table(["kernel", "warm traces", "warm first µs", "warm best µs", "cold best µs", "warm trials to match cold's best"], body) + [""]
     return lines
+
+
+def _pick(k: dict[str, Any] | None, name: str) -> str:
+    return f"{k[f'{name}_is_best']}/{k['compared']}, {k[f'time_{name}_vs_best']:.3f}" if k and k.get("compared") else "–"
 
 
 def _tuner(d: dict[str, Any] | None) -> list[str]:

@@ -145,7 +145,7 @@ def run(mode: str, say: Callable[[str], None] = print, source_store: Path | None
             c = {k: v["median"] for k, v in compile_secs.items()}
             say(f"{held.label}: {reports['transferred'].summary()}; compile {c['default']:.2f} s plain, {c['transferred_cold']:.2f} s hooked "
                 f"(empty kernel cache), {c['transferred']:.2f} s (warm), {c['measured_cold']:.2f} s measuring")  # fmt: skip
-            compiled.append((held, executables, compile_secs, reports))
+            compiled.append((held, executables, compile_secs, reports, _candidates(registry, held)))  # before the held-out kernels are tuned
 
         tuned: dict[str, TuneResult] = {}
         for held, *_ in compiled:
@@ -154,10 +154,10 @@ def run(mode: str, say: Callable[[str], None] = print, source_store: Path | None
         cluster.stop()  # nothing of Ray shares the cores with the timings
 
         torch_proc = stack.enter_context(TorchProcess(cwd=REPO))
-        for held, executables, compile_secs, reports in compiled:
+        for held, executables, compile_secs, reports, candidates in compiled:
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="schedhub-hits-")))
             executables["tuned"], hit_secs = _compile_hits(held, registry, target, workdir)
-            row = _row(held, executables, compile_secs | hit_secs, reports, config["rounds"], torch_proc)
+            row = _row(held, executables, compile_secs | hit_secs, reports, candidates, config["rounds"], torch_proc)
             out["rows"].append(row)
             t = row["timing"]
             say(f"{held.label}: default {t['default']['median']:.2f} ms, transferred {t['transferred']['median']:.2f} ms, "
@@ -208,6 +208,34 @@ def _compile_transferred(held: HeldOut, registry: LocalRegistry, target: Any, wo
     return executables, {k: summary(v) for k, v in secs.items()}, reports
 
 
+def _candidates(registry: LocalRegistry, held: HeldOut) -> dict[str, dict[str, Any]]:
+    """By kernel key and trace id (``key:tid``): how each candidate the hook is offered for a held-out kernel
+    relates to it, and how fast it ran on its own workload (GFLOPS: TVM's FLOP estimate over its recorded seconds)."""
+    from tvm.s_tir.analysis import estimate_tir_flops
+
+    from schedhub.hooks.identity import workload_module
+    from schedhub.hooks.session import DEFAULT_CANDIDATES
+
+    _, near = registry.lookup_with_candidates([k.identity for k in held.kernels], per_key=DEFAULT_CANDIDATES)
+    flops: dict[str, float] = {}
+    out = {}
+    for key, candidates in near.items():
+        for c in candidates:
+            source = c.record.identity
+            if source.key not in flops:
+                flops[source.key] = float(estimate_tir_flops(workload_module(source.workload)))
+            out[f"{key}:{c.record.trace_id}"] = {"relation": c.relation, "distance": c.distance, "source_op": source.op,
+                                                 "source_us": c.record.mean_secs * 1e6, "source_gflops": flops[source.key] / c.record.mean_secs / 1e9}  # fmt: skip
+    return out
+
+
+#: Rankings compared with the hook's (nearest first) on the same measurements: a sort key over a candidate's attributes.
+ALTERNATIVE_RANKINGS: dict[str, Callable[[dict[str, Any]], float]] = {
+    "source_gflops": lambda c: -c["source_gflops"],  # the fastest schedule on its own workload, for its work
+    "source_secs": lambda c: c["source_us"],  # the fastest on its own workload, whatever its size
+}
+
+
 def compile_and_load(build: Callable[[], Any]) -> tuple[Any, float]:
     """The executable and the seconds until it can run: the compile and the first load (a VM on it),
     where TVM's LLVM JIT emits the machine code of a plain build and cached objects are linked."""
@@ -240,21 +268,38 @@ def _compile_hits(held: HeldOut, registry: LocalRegistry, target: Any, workdir: 
     return executable, {k: summary(v) for k, v in secs.items()}
 
 
-def _ranking(nearest: Any, measured: Any) -> dict[str, Any]:
-    """How the nearest-first pick compares with the fastest candidate measured here, kernel by kernel
-    (kernels whose candidates were all measured and at least two distinct schedules applied)."""
+def _ranking(nearest: Any, measured: Any, candidates: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """How the nearest-first pick, and each of :data:`ALTERNATIVE_RANKINGS`' picks, compare with the fastest
+    candidate measured here, kernel by kernel (kernels whose candidates were all measured and at least two
+    distinct schedules applied)."""
     picked = {k.key: k.detail.split(":")[1] for k in nearest.kernels if k.outcome == "transfer"}
     rows = []
     for k in measured.kernels:
         times = {t: s for t, s in k.measured.items() if s is not None}
         if k.key in picked and picked[k.key] in times and len(times) >= 2:
             best = min(times.values())
-            rows.append({"op": k.op, "candidates": len(k.measured), "refused": sum(s is None for s in k.measured.values()),
-                         "nearest_us": times[picked[k.key]] * 1e6, "best_us": best * 1e6, "nearest_vs_best": times[picked[k.key]] / best})  # fmt: skip
-    ratios = [r["nearest_vs_best"] for r in rows]
-    return {"kernels": rows, "compared": len(rows), "nearest_is_best": sum(r <= 1.0 for r in ratios),
-            "nearest_vs_best": summary(ratios) if ratios else None,
-            "time_nearest_vs_best": (sum(r["nearest_us"] for r in rows) / sum(r["best_us"] for r in rows)) if rows else None}  # fmt: skip
+            row = {"op": k.op, "candidates": len(k.measured), "refused": sum(s is None for s in k.measured.values()),
+                   "nearest_us": times[picked[k.key]] * 1e6, "best_us": best * 1e6, "nearest_vs_best": times[picked[k.key]] / best,
+                   "measured": [{"tid": t, "us": s * 1e6, **candidates.get(f"{k.key}:{t}", {})} for t, s in times.items()]}  # fmt: skip
+            for name, sort_key in ALTERNATIVE_RANKINGS.items():
+                known = [t for t in times if f"{k.key}:{t}" in candidates]
+                if known:
+                    choice = min(known, key=lambda t: sort_key(candidates[f"{k.key}:{t}"]))
+                    row[f"{name}_us"] = times[choice] * 1e6
+            rows.append(row)
+    out = {"kernels": rows, "compared": len(rows), **_picks(rows, "nearest"), "alternatives": {}}
+    for name in ALTERNATIVE_RANKINGS:
+        ranked = [r for r in rows if f"{name}_us" in r]
+        out["alternatives"][name] = _picks([{**r, f"{name}_vs_best": r[f"{name}_us"] / r["best_us"]} for r in ranked], name)
+    return out
+
+
+def _picks(rows: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    """How often ranking ``name`` picked the fastest candidate, and its picks' time against the fastest."""
+    ratios = [r[f"{name}_vs_best"] for r in rows]
+    return {f"{name}_is_best": sum(r <= 1.0 for r in ratios), f"{name}_vs_best": summary(ratios) if ratios else None,
+            f"time_{name}_vs_best": (sum(r[f"{name}_us"] for r in rows) / sum(r["best_us"] for r in rows)) if rows else None,
+            **({"compared": len(rows)} if name != "nearest" else {})}  # fmt: skip
 
 
 def _warm_vs_cold(tuned: dict[str, TuneResult], options: TuneOptions, count: int, say: Callable[[str], None]) -> list[dict[str, Any]]:
@@ -274,7 +319,8 @@ def _warm_vs_cold(tuned: dict[str, TuneResult], options: TuneOptions, count: int
     return rows
 
 
-def _row(held: HeldOut, executables: dict[str, Any], compile_secs: dict[str, Any], reports: dict[str, Any], rounds: int,
+def _row(held: HeldOut, executables: dict[str, Any], compile_secs: dict[str, Any], reports: dict[str, Any],
+         candidates: dict[str, dict[str, Any]], rounds: int,
          torch_proc: TorchProcess) -> dict[str, Any]:  # fmt: skip
     x = np.random.default_rng(1).standard_normal(held.input_shape).astype("float32")
     pytorch = torch_proc.load_network(held.name, held.weights, x, factory=TORCH_TWINS, **held.shape)
@@ -291,7 +337,7 @@ def _row(held: HeldOut, executables: dict[str, Any], compile_secs: dict[str, Any
         "transfer_share": report.transfers / max(1, len(report.kernels)),
         "relations": _relations(report), "compile_secs": compile_secs, "compile_added_secs": added["transferred"],
         "compile_added_cold_secs": added["transferred_cold"], "hit_compile_vs_plain": hits_vs_plain["hits"],
-        "hit_compile_cold_vs_plain": hits_vs_plain["hits_cold"], "ranking": _ranking(report, reports["measured"]),
+        "hit_compile_cold_vs_plain": hits_vs_plain["hits_cold"], "ranking": _ranking(report, reports["measured"], candidates),
         "timing": timing, "max_rel_error": errors,
         "transferred_vs_tuned": ratio(timing["transferred"], timing["tuned"], paired=True),  # latency ratio: ≤ 1.43 is ≥ 70% of tuned speed
         "measured_vs_tuned": ratio(timing["measured"], timing["tuned"], paired=True),
