@@ -23,7 +23,7 @@ import tvm
 
 from schedhub.registry import LocalRegistry, Registry, RegistryClient, connect
 
-from .cache import KernelCache, default_dir
+from .cache import KernelCache, default_dir, max_bytes, prune
 from .database import RegistryDatabase
 from .identity import canonical_workload, compiler_fingerprint, target_text, workload_identity
 from .pipeline import ACTIVE, install, schedhub_pipeline
@@ -72,6 +72,8 @@ def use(
     (kept beside the kernel cache; needs a cache and the C compiler TVM links with, else it is off).
     """
     install()
+    cache_dir: str | os.PathLike[str] | None = None  # this block's own cache, bounded when it ends
+    objects: ObjectCache | None = None
     if isinstance(registry, HookSession):
         session, opened = registry, False
         reg = session.registry
@@ -92,6 +94,8 @@ def use(
         ACTIVE.reset(token)
         if opened:
             reg.close()
+        if cache_dir is not None and (session.cache.writes or (objects is not None and objects.compiled)):
+            prune(Path(cache_dir), max_bytes())  # only a block that wrote can have grown the cache
 
 
 __all__ = [

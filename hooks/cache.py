@@ -10,6 +10,11 @@ skips the work: never a record itself (the registry decides what is served), onl
 One JSON file per entry under ``~/.cache/schedhub/kernels`` (``SCHEDHUB_CACHE_DIR``), named by the
 sha256 of what it was derived from (the compiler fingerprint included), written atomically; the
 folder is private to its user. An entry that cannot be read or parsed is a miss, never an error.
+
+The folder is bounded (``SCHEDHUB_CACHE_MAX_BYTES``, default 2 GiB, kernel objects included): a
+hit marks its file used, and when a session that wrote something ends over the bound, the files
+used longest ago go first, down to 80% of it. A file used in the last ten minutes is never removed
+(another compile may be about to read it).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import hashlib
 import json
 import os
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +32,9 @@ from typing import Any
 DEFAULT_DIR = Path.home() / ".cache" / "schedhub" / "kernels"
 CACHE_ENV = "SCHEDHUB_CACHE_DIR"
 MAX_ENTRY_BYTES = 64 << 20  # a scheduled kernel's JSON is KBs to a few MBs: anything bigger is not ours
+MAX_BYTES_ENV = "SCHEDHUB_CACHE_MAX_BYTES"
+DEFAULT_MAX_BYTES = 2 << 30
+KEEP_RECENT_SECS = 600.0  # never remove a file used this recently
 
 
 @contextlib.contextmanager
@@ -48,12 +57,53 @@ def default_dir() -> Path:
     return Path(os.environ.get(CACHE_ENV) or DEFAULT_DIR)
 
 
+def max_bytes() -> int:
+    """The cache's bound in bytes: ``$SCHEDHUB_CACHE_MAX_BYTES`` when it is a whole number ≥ 0, else 2 GiB."""
+    text = os.environ.get(MAX_BYTES_ENV, "").strip()
+    return int(text) if text.isdigit() else DEFAULT_MAX_BYTES
+
+
+def mark_used(path: Path) -> None:
+    """Note that ``path`` was used now (its mtime), so pruning keeps it longer; a read-only folder is no error."""
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+
+
+def prune(root: Path, limit: int, keep_recent_secs: float = KEEP_RECENT_SECS) -> int:
+    """Remove the files under ``root`` used longest ago while it holds more than ``limit`` bytes, down to 80% of
+    ``limit``; files used within ``keep_recent_secs`` stay. Returns the bytes removed."""
+    files: list[tuple[float, int, Path]] = []
+    for folder, _, names in os.walk(root):
+        for name in names:
+            path = Path(folder) / name
+            try:
+                st = path.lstat()
+            except OSError:
+                continue
+            files.append((st.st_mtime, st.st_size, path))
+    total = sum(size for _, size, _ in files)
+    if total <= limit:
+        return 0
+    removed, newest_allowed = 0, time.time() - keep_recent_secs
+    for mtime, size, path in sorted(files, key=lambda f: f[0]):
+        if total - removed <= limit * 0.8 or mtime > newest_allowed:
+            break
+        try:
+            path.unlink()
+        except OSError:
+            continue
+        removed += size
+    return removed
+
+
 class KernelCache:
     """Entries by kind and the strings they were derived from; ``root=None`` keeps nothing."""
 
     def __init__(self, root: str | os.PathLike[str] | None) -> None:
         self.root = Path(root) if root is not None else None
-        self.hits = self.misses = 0
+        self.hits = self.misses = self.writes = 0
 
     @staticmethod
     def name(kind: str, *parts: str) -> str:
@@ -77,6 +127,7 @@ class KernelCache:
             self.misses += 1
             return None
         self.hits += 1
+        mark_used(path)
         return value
 
     def put(self, kind: str, parts: tuple[str, ...], value: dict[str, Any]) -> None:
@@ -87,5 +138,6 @@ class KernelCache:
         try:
             with atomic_file(path) as tmp, open(tmp, "w") as f:
                 json.dump(value, f, separators=(",", ":"))
+            self.writes += 1
         except OSError:
             pass

@@ -26,7 +26,7 @@ import tvm
 from tvm import relax, tirx
 from tvm.relax.analysis import all_global_vars, has_reshape_pattern, post_order_visit
 
-from .cache import KernelCache, atomic_file
+from .cache import KernelCache, atomic_file, mark_used
 
 OBJECT_ID = "schedhub.object_id"  # PrimFunc attribute: the cache name of a scheduled kernel's machine code
 ELF_MAGIC = b"\x7fELF"
@@ -100,6 +100,8 @@ class ObjectCache:
         missing = [file_id for file_id in funcs if not _is_object(self._path(file_id))]
         built = self._compile_all({f: funcs[f] for f in missing}, target)
         libraries = {f: tvm.runtime.load_static_library(str(self._path(f)), [self.symbol(f)]) for f in funcs if f not in missing or f in built}
+        for f in libraries:
+            mark_used(self._path(f))
         symbols = {gv: self.symbol(f) for gv, f in wanted.items() if f in libraries}
         if not symbols:
             return mod, Linked(0, 0)

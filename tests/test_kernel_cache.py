@@ -4,6 +4,8 @@ gives, and a second compile that replays nothing."""
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +14,7 @@ import tvm
 from tvm import relax
 
 from schedhub.hooks import use
+from schedhub.hooks.cache import MAX_BYTES_ENV, KernelCache, prune
 from schedhub.hooks.objects import OBJECT_ID
 from schedhub.hooks.pipeline import IS_SCHEDULED, apply_records, fusion_passes, prefetch
 from schedhub.registry import LocalRegistry
@@ -112,3 +115,41 @@ def test_scheduled_kernels_are_compiled_once_per_machine_and_linked(tmp_path: Pa
         ex = tvm.compile(export(4), CPU)
     assert unlinked.objects is None and _static_libraries(ex) == []
     np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)
+
+
+def test_the_cache_is_bounded_and_keeps_what_was_used_recently(tmp_path: Path, registry: LocalRegistry, monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = tmp_path / "cache"
+    stale = cache / "scheduled"
+    stale.mkdir(parents=True)
+    day_ago = time.time() - 86400
+    for i in range(8):  # entries of kernels nobody compiled for a day: 8 × 64 KiB
+        path = stale / f"stale-{i}.json"
+        path.write_text(json.dumps({"module": "x" * (64 << 10)}))
+        os.utime(path, (day_ago + i, day_ago + i))
+    monkeypatch.setenv(MAX_BYTES_ENV, str(300 << 10))
+    with use(registry, CPU, cache=cache) as session:
+        ex = tvm.compile(export(4), CPU)
+    assert session.report.hits == 4 and session.objects is not None and session.objects.linked == 4
+    left = sorted(p.name for p in stale.glob("stale-*.json"))
+    assert 0 < len(left) < 8 and left == [f"stale-{i}.json" for i in range(8 - len(left), 8)]  # the oldest went first
+    assert sum(p.stat().st_size for p in cache.rglob("*") if p.is_file()) <= 300 << 10
+    # What this compile wrote or used stays, and the next compile is served from it.
+    assert len(list((cache / "identity").glob("*.json"))) == 4 and len(list((cache / "objects").glob("*.o"))) == 4
+    x = np.random.default_rng(6).standard_normal((4, 64)).astype("float32")
+    np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)
+    with use(registry, CPU, cache=cache) as again:
+        tvm.compile(export(4), CPU)
+    assert again.cache.misses == 0 and again.objects is not None and again.objects.compiled == 0
+
+
+def test_a_hit_marks_an_entry_used_so_pruning_keeps_it(tmp_path: Path) -> None:
+    cache = KernelCache(tmp_path)
+    for i in range(4):
+        cache.put("scheduled", (str(i),), {"module": "x" * 1000})
+    week_ago = time.time() - 7 * 86400
+    for path in (tmp_path / "scheduled").iterdir():
+        os.utime(path, (week_ago, week_ago))
+    assert cache.get("scheduled", "2") is not None  # used now
+    assert prune(tmp_path, 2500) > 0
+    assert [i for i in range(4) if cache.get("scheduled", str(i)) is not None] == [2]
+    assert prune(tmp_path, 10_000) == 0  # under the bound: nothing goes
