@@ -206,7 +206,13 @@ class HookSession:
         identity = self.identity(func, target, op)
         normalized = normalize_mod(func)
         bench = (normalized, target) if self.measure > 0 and runs_here(target) else None
-        return self._serve(identity, lambda record, _args_info: self._schedule(record, normalized, identity.key), bench)
+
+        def apply(record: Record, _args_info: list[Any] | None) -> tvm.IRModule | None:
+            if keeps_default_schedule(record.trace):  # nothing beat the target's default: leave the kernel to it (DLight's on a GPU)
+                return None
+            return self._schedule(record, normalized, identity.key)
+
+        return self._serve(identity, apply, bench)
 
     def _serve(self, identity: Identity, apply: Callable[[Record, list[Any] | None], Any], bench: tuple[tvm.IRModule, Any] | None = None) -> Any:
         """The first record (best first) that ``apply`` accepts; else the first candidate that does (a transfer); else None."""

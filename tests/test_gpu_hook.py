@@ -72,6 +72,18 @@ def test_a_cuda_record_is_applied_and_dlight_schedules_the_rest(tmp_path: Path, 
             assert bounds["fused_matmul_add_relu"] == 128
 
 
+def test_a_record_that_keeps_the_default_schedule_leaves_the_kernel_to_dlight(tmp_path: Path, mlp: dict) -> None:
+    """What a tuner publishes when nothing beat the target's default (an empty trace) is a hit: the kernel is
+    not queued again, and it gets the default, which on a GPU is DLight's (an unscheduled CUDA kernel does not build)."""
+    with LocalRegistry(tmp_path) as reg:
+        reg.put(Record(mlp["kernels"]["transpose"], "[[], []]", [1e-6], {"default_schedule": True}))
+        with use(reg, CUDA) as session:
+            ex = tvm.compile(mlp["mod"], CUDA)
+        assert {k.op: k.outcome for k in session.report.kernels}["transpose"] == "hit"
+        assert mlp["kernels"]["transpose"].key not in {j["key"] for j in reg.jobs()}
+    assert launch_bounds(ex)["transpose"] == 1024  # DLight's
+
+
 def test_a_cuda_record_never_applies_to_a_cpu_build_and_tvm_is_untouched_outside(tmp_path: Path, mlp: dict) -> None:
     cpu = tvm.target.Target({"kind": "llvm", "num-cores": 1})
     with LocalRegistry(tmp_path) as reg:
