@@ -185,6 +185,7 @@ def write(mode: str) -> Path:
     if mode != "full":  # the full mode's model table, recorded on its own (hours on 2 cores), beside the quick run's
         full = load(RESULTS / "full").get("models")
         if full:
+            (PLOTS / "full").mkdir(parents=True, exist_ok=True)
             lines += _models(full, draw.all_plots({"models": full}, PLOTS / "full"), "Models at real sizes and budget (full mode)")
     lines += _tuner(data.get("tuner"))
     lines += _transfer(data.get("transfer"), drawn)
