@@ -42,7 +42,7 @@ def speedups(models: dict[str, Any]) -> Any:
         values = [r[key]["median"] for r in rows]
         noise = [[v - r[key]["min"] for v, r in zip(values, rows)], [r[key]["max"] - v for v, r in zip(values, rows)]]
         bars = ax.bar([x + offset for x in xs], values, width, yerr=noise, capsize=2, label=label)
-        ax.bar_label(bars, labels=[f"{v:.2g}×" for v in values], fontsize=7)
+        ax.bar_label(bars, labels=[f"{v:.2g}×" if v < 100 else f"{v:.0f}×" for v in values], fontsize=7)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_yscale("log")
     ax.set_xticks(list(xs), labels, fontsize=8)
