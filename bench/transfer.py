@@ -287,19 +287,15 @@ def _ranking(nearest: Any, measured: Any, candidates: dict[str, dict[str, Any]])
                     choice = min(known, key=lambda t: sort_key(candidates[f"{k.key}:{t}"]))
                     row[f"{name}_us"] = times[choice] * 1e6
             rows.append(row)
-    out = {"kernels": rows, "compared": len(rows), **_picks(rows, "nearest"), "alternatives": {}}
-    for name in ALTERNATIVE_RANKINGS:
-        ranked = [r for r in rows if f"{name}_us" in r]
-        out["alternatives"][name] = _picks([{**r, f"{name}_vs_best": r[f"{name}_us"] / r["best_us"]} for r in ranked], name)
-    return out
+    alternatives = {name: _picks([r for r in rows if f"{name}_us" in r], name) for name in ALTERNATIVE_RANKINGS}
+    return {"kernels": rows, **_picks(rows, "nearest"), "alternatives": alternatives}
 
 
 def _picks(rows: list[dict[str, Any]], name: str) -> dict[str, Any]:
-    """How often ranking ``name`` picked the fastest candidate, and its picks' time against the fastest."""
-    ratios = [r[f"{name}_vs_best"] for r in rows]
-    return {f"{name}_is_best": sum(r <= 1.0 for r in ratios), f"{name}_vs_best": summary(ratios) if ratios else None,
-            f"time_{name}_vs_best": (sum(r[f"{name}_us"] for r in rows) / sum(r["best_us"] for r in rows)) if rows else None,
-            **({"compared": len(rows)} if name != "nearest" else {})}  # fmt: skip
+    """Over ``rows``: how often ranking ``name`` picked the fastest candidate, and its picks' time against the fastest."""
+    ratios = [r[f"{name}_us"] / r["best_us"] for r in rows]
+    return {"compared": len(rows), f"{name}_is_best": sum(r <= 1.0 for r in ratios), f"{name}_vs_best": summary(ratios) if ratios else None,
+            f"time_{name}_vs_best": (sum(r[f"{name}_us"] for r in rows) / sum(r["best_us"] for r in rows)) if rows else None}  # fmt: skip
 
 
 def _warm_vs_cold(tuned: dict[str, TuneResult], options: TuneOptions, count: int, say: Callable[[str], None]) -> list[dict[str, Any]]:
