@@ -188,7 +188,7 @@ def write(mode: str) -> Path:
             (PLOTS / "full").mkdir(parents=True, exist_ok=True)
             lines += _models(full, draw.all_plots({"models": full}, PLOTS / "full"), "Models at real sizes and budget (full mode)")
     lines += _tuner(data.get("tuner"))
-    lines += _transfer(data.get("transfer"), drawn)
+    lines += _transfer(data.get("transfer"), drawn, data.get("ranking"))
     lines += _hook(data.get("hook"))
     lines += _registry(data.get("registry"))
     lines += _agreement(load(RESULTS / f"{mode}.prev"), {**data, "manifest": manifest}, mode)
@@ -270,7 +270,7 @@ def _models(d: dict[str, Any] | None, drawn: dict[str, str], title: str) -> list
     return lines
 
 
-def _transfer(d: dict[str, Any] | None, drawn: dict[str, str]) -> list[str]:
+def _transfer(d: dict[str, Any] | None, drawn: dict[str, str], judged: dict[str, Any] | None = None) -> list[str]:
     if not d:
         return []
     o = d["options"]
@@ -324,11 +324,15 @@ def _transfer(d: dict[str, Any] | None, drawn: dict[str, str]) -> list[str]:
         body = [[label, str(k["compared"]), str(k["nearest_is_best"]), fmt(k["nearest_vs_best"]), f"{k['time_nearest_vs_best']:.3f}"] for label, k in ranked]
         lines += table(["network", "kernels compared", "nearest was the fastest", "nearest / fastest, per kernel", "nearest / fastest, summed kernel time"], body)
         lines += [""]
-        names = {"source_gflops": "most GFLOPS on its own workload first", "source_secs": "fastest on its own workload first"}
+        names = {"source_gflops": "most GFLOPS on its own workload first", "source_secs": "fastest on its own workload first",
+                 "xgboost": "xgboost cost model"}  # fmt: skip
+        rejudged = _rejudged(ranked, judged, d.get("started"))
         alternatives = sorted({n for _, k in ranked for n in k.get("alternatives", {})})
         if alternatives:
             lines += ["Other rankings on the same measurements (picked the fastest / summed kernel time against the fastest; "
                       "nearest first for comparison):", ""]  # fmt: skip
+            if rejudged:
+                lines += [rejudged, ""]
             body = [[label, f"{k['nearest_is_best']}/{k['compared']}, {k['time_nearest_vs_best']:.3f}",
                      *(_pick(k["alternatives"].get(n), n) for n in alternatives)] for label, k in ranked]  # fmt: skip
             lines += table(["network", "nearest first", *(names.get(n, n) for n in alternatives)], body) + [""]
@@ -339,6 +343,27 @@ def _transfer(d: dict[str, Any] | None, drawn: dict[str, str]) -> list[str]:
                 for w in d["warm_vs_cold"]]  # fmt: skip
         lines += table(["kernel", "warm traces", "warm first µs", "warm best µs", "cold best µs", "warm trials to match cold's best"], body) + [""]
     return lines
+
+
+def _rejudged(ranked: list[tuple[str, dict[str, Any]]], judged: dict[str, Any] | None, started: str | None) -> str:
+    """Merge the rankings ``python -m bench.ranking`` judged later on the same measurements (``ranking.json``
+    of the transfer run that started at ``started``) into ``ranked``; returns a sentence saying so, or ""."""
+    if not judged or started is None or judged.get("started") != started:
+        return ""
+    added: set[str] = set()
+    for label, k in ranked:
+        later = judged.get("rows", {}).get(label, {}).get("alternatives", {})
+        for name, picks in later.items():
+            if name not in k.setdefault("alternatives", {}):
+                k["alternatives"][name] = picks
+                added.add(name)
+    if not added:
+        return ""
+    model = judged.get("cost_model") or {}
+    return (f"Judged later by `python -m bench.ranking --source-store DIR` on this run's measurements: {', '.join(sorted(added))}. "
+            f"The cost model is xgboost over MetaSchedule's per-store features of each candidate replayed on the held-out kernel, "
+            f"trained on the source registry's records ({model.get('samples', '?')} samples: each record on its own workload, "
+            f"each workload unscheduled), predicting GFLOPS.")
 
 
 def _pick(k: dict[str, Any] | None, name: str) -> str:

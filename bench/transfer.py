@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import shutil
 import statistics
 import tempfile
@@ -32,7 +33,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -46,6 +47,9 @@ from .models import TORCH_TWINS, time_side_by_side
 from .report import environment
 from .stats import ratio, summary
 from .torch_export import TORCH_EXPORT, import_twin
+
+if TYPE_CHECKING:
+    from schedhub.tuner.costmodel import CostModel
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -137,6 +141,7 @@ def run(mode: str, say: Callable[[str], None] = print, source_store: Path | None
         out["source_keys"] = len(registry.summaries())
         say(f"registry filled: {out['source_keys']} keys" + (f" in {out['fill_secs']:.0f} s" if out["fill_secs"] else f" (copied from {source_store})"))
 
+        model, out["cost_model"] = cost_model(registry)
         compiled = []
         for name, shape, frontend in config["held_out"]:
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="schedhub-export-")))
@@ -145,7 +150,7 @@ def run(mode: str, say: Callable[[str], None] = print, source_store: Path | None
             c = {k: v["median"] for k, v in compile_secs.items()}
             say(f"{held.label}: {reports['transferred'].summary()}; compile {c['default']:.2f} s plain, {c['transferred_cold']:.2f} s hooked "
                 f"(empty kernel cache), {c['transferred']:.2f} s (warm), {c['measured_cold']:.2f} s measuring")  # fmt: skip
-            compiled.append((held, executables, compile_secs, reports, _candidates(registry, held)))  # before the held-out kernels are tuned
+            compiled.append((held, executables, compile_secs, reports, _candidates(registry, held, model)))  # before the held-out kernels are tuned
 
         tuned: dict[str, TuneResult] = {}
         for held, *_ in compiled:
@@ -208,31 +213,52 @@ def _compile_transferred(held: HeldOut, registry: LocalRegistry, target: Any, wo
     return executables, {k: summary(v) for k, v in secs.items()}, reports
 
 
-def _candidates(registry: LocalRegistry, held: HeldOut) -> dict[str, dict[str, Any]]:
+def _candidates(registry: LocalRegistry, held: HeldOut, model: CostModel | None = None) -> dict[str, dict[str, Any]]:
     """By kernel key and trace id (``key:tid``): how each candidate the hook is offered for a held-out kernel
-    relates to it, and how fast it ran on its own workload (GFLOPS: TVM's FLOP estimate over its recorded seconds)."""
-    from tvm.s_tir.analysis import estimate_tir_flops
-
-    from schedhub.hooks.identity import workload_module
+    relates to it, how fast it ran on its own workload (GFLOPS: TVM's FLOP estimate over its recorded seconds)
+    and, with ``model``, the speed the cost model predicts for it replayed on the held-out kernel."""
+    from schedhub.tuner import costmodel
+    from schedhub.hooks.identity import target_from_text, workload_module
+    from schedhub.hooks.msdb import normalize_mod, replayed
     from schedhub.hooks.session import DEFAULT_CANDIDATES
 
     _, near = registry.lookup_with_candidates([k.identity for k in held.kernels], per_key=DEFAULT_CANDIDATES)
+    by_key = {k.identity.key: k.identity for k in held.kernels}
     flops: dict[str, float] = {}
     out = {}
     for key, candidates in near.items():
+        kernel = normalize_mod(workload_module(by_key[key].workload)["main"])
         for c in candidates:
             source = c.record.identity
             if source.key not in flops:
-                flops[source.key] = float(estimate_tir_flops(workload_module(source.workload)))
-            out[f"{key}:{c.record.trace_id}"] = {"relation": c.relation, "distance": c.distance, "source_op": source.op,
-                                                 "source_us": c.record.mean_secs * 1e6, "source_gflops": flops[source.key] / c.record.mean_secs / 1e9}  # fmt: skip
+                flops[source.key] = costmodel.flops(workload_module(source.workload))
+            row = out[f"{key}:{c.record.trace_id}"] = {"relation": c.relation, "distance": c.distance, "source_op": source.op,
+                                                       "source_us": c.record.mean_secs * 1e6, "source_gflops": flops[source.key] / c.record.mean_secs / 1e9}  # fmt: skip
+            if model is not None:
+                with contextlib.suppress(Exception):  # does not replay here: the hook drops it too
+                    vector = costmodel.features(replayed(kernel, c.record.trace), target_from_text(by_key[key].target), costmodel.flops(kernel))
+                    row["predicted_log2_gflops"] = model.predict([vector])[0]
     return out
 
 
-#: Rankings compared with the hook's (nearest first) on the same measurements: a sort key over a candidate's attributes.
+def cost_model(registry: LocalRegistry) -> tuple[CostModel, dict[str, Any]]:
+    """xgboost over per-store features, trained on every record the registry serves (each on its own
+    workload); and how many samples it took and how long."""
+    from schedhub.tuner import costmodel
+
+    started = time.perf_counter()
+    served = registry.lookup([s.key for s in registry.summaries()])
+    data = list(costmodel.samples(r for records in served.values() for r in records))
+    model = costmodel.CostModel.train(data)
+    return model, {"samples": len(data), "train_secs": time.perf_counter() - started}
+
+
+#: Rankings compared with the hook's (nearest first) on the same measurements: a sort key over a candidate's attributes
+#: (a candidate without the attribute ranks last).
 ALTERNATIVE_RANKINGS: dict[str, Callable[[dict[str, Any]], float]] = {
     "source_gflops": lambda c: -c["source_gflops"],  # the fastest schedule on its own workload, for its work
     "source_secs": lambda c: c["source_us"],  # the fastest on its own workload, whatever its size
+    "xgboost": lambda c: -c.get("predicted_log2_gflops", -math.inf),  # the cost model's fastest, replayed on this kernel
 }
 
 
@@ -278,15 +304,24 @@ def _ranking(nearest: Any, measured: Any, candidates: dict[str, dict[str, Any]])
         times = {t: s for t, s in k.measured.items() if s is not None}
         if k.key in picked and picked[k.key] in times and len(times) >= 2:
             best = min(times.values())
-            row = {"op": k.op, "candidates": len(k.measured), "refused": sum(s is None for s in k.measured.values()),
+            row = {"op": k.op, "key": k.key, "candidates": len(k.measured), "refused": sum(s is None for s in k.measured.values()),
                    "nearest_us": times[picked[k.key]] * 1e6, "best_us": best * 1e6, "nearest_vs_best": times[picked[k.key]] / best,
                    "measured": [{"tid": t, "us": s * 1e6, **candidates.get(f"{k.key}:{t}", {})} for t, s in times.items()]}  # fmt: skip
-            for name, sort_key in ALTERNATIVE_RANKINGS.items():
-                known = [t for t in times if f"{k.key}:{t}" in candidates]
-                if known:
-                    choice = min(known, key=lambda t: sort_key(candidates[f"{k.key}:{t}"]))
-                    row[f"{name}_us"] = times[choice] * 1e6
-            rows.append(row)
+            rows.append(alternative_picks(row, candidates))
+    return ranking_summary(rows)
+
+
+def alternative_picks(row: dict[str, Any], candidates: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """``row`` (one kernel's measured candidates) with what each alternative ranking would have served (``<name>_us``)."""
+    times = {m["tid"]: m["us"] for m in row["measured"]}
+    known = [t for t in times if f"{row['key']}:{t}" in candidates]
+    for name, sort_key in ALTERNATIVE_RANKINGS.items():
+        if known:
+            row[f"{name}_us"] = times[min(known, key=lambda t: sort_key(candidates[f"{row['key']}:{t}"]))]
+    return row
+
+
+def ranking_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     alternatives = {name: _picks([r for r in rows if f"{name}_us" in r], name) for name in ALTERNATIVE_RANKINGS}
     return {"kernels": rows, **_picks(rows, "nearest"), "alternatives": alternatives}
 

@@ -120,3 +120,23 @@ def test_pytorch_runs_in_its_own_process_without_tvm() -> None:
     with TorchProcess(cwd=Path(__file__).resolve().parent.parent) as torch_proc:  # the benchmarks' twins, by factory name
         twin = torch_proc.load_network("mlp", weights, x, factory="bench.torch_models:build", batch=2, features=32, hidden=64)
         np.testing.assert_allclose(twin, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_each_ranking_is_judged_by_the_time_of_its_own_pick_and_later_rankings_merge_into_the_same_run() -> None:
+    from bench import transfer
+
+    def candidate(us: float, distance: float, gflops: float, predicted: float) -> dict:
+        return {"us": us, "distance": distance, "source_gflops": gflops, "source_us": 10.0, "predicted_log2_gflops": predicted}
+
+    measured = {"a": candidate(300.0, 1.0, 10.0, 2.0), "b": candidate(100.0, 2.0, 50.0, 1.0), "c": candidate(200.0, 3.0, 20.0, 5.0)}
+    candidates = {f"k:{t}": {k: v for k, v in c.items() if k != "us"} for t, c in measured.items()}
+    row = {"op": "conv", "key": "k", "nearest_us": 300.0, "best_us": 100.0, "measured": [{"tid": t, "us": c["us"]} for t, c in measured.items()]}
+    summary = transfer.ranking_summary([transfer.alternative_picks(row, candidates)])
+    assert summary["nearest_is_best"] == 0 and summary["time_nearest_vs_best"] == pytest.approx(3.0)
+    assert summary["alternatives"]["source_gflops"]["source_gflops_is_best"] == 1  # b: the most GFLOPS on its own workload
+    assert summary["alternatives"]["xgboost"]["time_xgboost_vs_best"] == pytest.approx(2.0)  # c: the highest prediction
+
+    ranked = [("net", {"alternatives": {"source_gflops": summary["alternatives"]["source_gflops"]}})]
+    later = {"started": "run 1", "cost_model": {"samples": 9}, "rows": {"net": {"alternatives": summary["alternatives"]}}}
+    assert report._rejudged(ranked, later, "run 2") == "" and "xgboost" not in ranked[0][1]["alternatives"]  # another run's judgement
+    assert "xgboost" in report._rejudged(ranked, later, "run 1") and ranked[0][1]["alternatives"]["xgboost"]["compared"] == 1

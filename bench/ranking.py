@@ -1,0 +1,67 @@
+"""Judge transfer rankings again on a recorded transfer run, without running it again.
+
+    python -m bench.ranking --source-store DIR [--results bench/results/quick/transfer.json] [--out FILE]
+
+DIR is the registry the run transferred from (``bench.transfer --source-store DIR``). The cost model
+is trained on it as ``bench.transfer`` trains it; every held-out kernel's candidates are replayed on
+the kernel and ranked by each of ``bench.transfer.ALTERNATIVE_RANKINGS``; each ranking's pick is
+looked up in the candidate timings the run measured. A new ranking is judged on the same
+measurements as the ones before it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from schedhub.registry import LocalRegistry
+from schedhub.tuner import tvm_env
+
+from . import transfer
+
+
+def rejudge(results: dict[str, Any], source_store: Path) -> dict[str, Any]:
+    """Each row's ranking summary (``bench.transfer.ranking_summary``) recomputed over its recorded measurements."""
+    import tvm
+
+    tvm_env.prepare()
+    target = tvm.target.Target(tvm_env.host_target())
+    out: dict[str, Any] = {"source_store": str(source_store), "results": results.get("command"), "started": results.get("started"), "rows": {}}
+    with tempfile.TemporaryDirectory(prefix="schedhub-rank-") as tmp:
+        root = Path(tmp) / "store"
+        shutil.copytree(source_store, root)  # opening a store may back-fill its indexes: never touch the original
+        with LocalRegistry(root) as registry:
+            model, out["cost_model"] = transfer.cost_model(registry)
+            for row in results["rows"]:
+                held = transfer._held_out(row["network"], row["shape"], row["frontend"], target, Path(tmp))
+                candidates = transfer._candidates(registry, held, model)
+                keys = {k.name: k.identity.key for k in held.kernels}
+                kernels = [transfer.alternative_picks({**k, "key": k.get("key") or keys[k["op"]]}, candidates) for k in row["ranking"]["kernels"]]
+                out["rows"][row["label"]] = transfer.ranking_summary(kernels)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--source-store", type=Path, required=True, help="the registry the recorded run transferred from")
+    parser.add_argument("--results", type=Path, default=transfer.REPO / "bench" / "results" / "quick" / "transfer.json")
+    parser.add_argument("--out", type=Path, help="where to write the JSON (default: beside --results, ranking.json)")
+    args = parser.parse_args()
+    judged = rejudge(json.loads(args.results.read_text()), args.source_store)
+    for label, summary in judged["rows"].items():
+        cells = [f"nearest {summary['nearest_is_best']}/{summary['compared']} {summary['time_nearest_vs_best']:.2f}"]
+        for name, alt in summary["alternatives"].items():
+            if alt["compared"]:
+                cells.append(f"{name} {alt[f'{name}_is_best']}/{alt['compared']} {alt[f'time_{name}_vs_best']:.2f}")
+        print(f"{label}: " + ", ".join(cells))
+    out = args.out or args.results.with_name("ranking.json")
+    out.write_text(json.dumps(judged, indent=1, default=str))
+    print(f"wrote {out} (cost model: {judged['cost_model']})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""A learned ranking of schedules: xgboost over MetaSchedule's per-store features.
+
+Trained on the registry's measurements: every served record's trace replayed on its own workload,
+labelled with the speed it was measured at there (log₂ GFLOPS: TVM's FLOP estimate over the record's
+mean seconds), plus each workload's unscheduled kernel at the untuned time the tuner recorded. It
+predicts a scheduled kernel's speed from its features alone, so candidates replayed on a kernel the
+registry never saw can be ranked without running them.
+
+The model is a regression over one vector per kernel (the per-store features summed and maxed over
+its stores, and the workload's log₂ FLOPs). Saved as xgboost's JSON, never pickled.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import tvm
+from tvm.s_tir import meta_schedule as ms
+
+from schedhub.hooks.identity import target_from_text, workload_module
+from schedhub.hooks.msdb import normalize_mod, replayed
+from schedhub.registry import Record
+
+from . import tvm_env
+
+PER_STORE = 164  # MetaSchedule's PerStoreFeature width (extract_workload=False)
+WIDTH = 2 * PER_STORE + 1
+PARAMS = {"max_depth": 6, "eta": 0.1, "subsample": 0.8, "colsample_bytree": 0.5, "min_child_weight": 2, "objective": "reg:squarederror",
+          "nthread": 1, "seed": 0}  # fmt: skip
+ROUNDS = 200
+
+
+def flops(mod: tvm.IRModule) -> float:
+    """TVM's FLOP estimate of a kernel (1 for a kernel without arithmetic, so speeds stay finite)."""
+    from tvm.s_tir.analysis import estimate_tir_flops
+
+    return max(float(estimate_tir_flops(mod)), 1.0)
+
+
+def features(scheduled: tvm.IRModule, target: tvm.target.Target, work: float) -> np.ndarray:
+    """One kernel's vector: its per-store features summed and maxed over stores, then log₂ ``work`` (FLOPs)."""
+    tvm_env.prepare()  # MetaSchedule's TuneContext imports TVM's tensor intrinsics: cheaply, once a process
+    context = ms.TuneContext(mod=scheduled, target=target)
+    candidate = ms.MeasureCandidate(tvm.s_tir.Schedule(scheduled), ms.arg_info.ArgInfo.from_prim_func(scheduled["main"]))
+    per_store = ms.feature_extractor.PerStoreFeature(extract_workload=False).extract_from(context, [candidate])[0].numpy()
+    if per_store.size == 0:
+        per_store = np.zeros((1, PER_STORE), dtype=np.float32)
+    return np.concatenate([per_store.sum(axis=0), per_store.max(axis=0), [math.log2(work)]]).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """A kernel's features and the speed it ran at (log₂ GFLOPS)."""
+
+    features: np.ndarray
+    log2_gflops: float
+
+
+def samples(records: Iterable[Record]) -> Iterator[Sample]:
+    """Training samples from records: each trace on its own workload, and each workload once unscheduled
+    (at the ``untuned_secs`` its tuner recorded, where it did). A trace that does not replay is skipped."""
+    unscheduled_done: set[str] = set()
+    for record in records:
+        if not record.run_secs or not (0 < record.mean_secs < 1e9):
+            continue
+        try:
+            normalized = normalize_mod(workload_module(record.identity.workload)["main"])
+            target = target_from_text(record.identity.target)
+            work = flops(normalized)
+            yield Sample(features(replayed(normalized, record.trace), target, work), _log2_gflops(work, record.mean_secs))
+        except Exception:  # a trace of another compiler that does not replay here, or an odd workload: no sample
+            continue
+        untuned = record.provenance.get("untuned_secs")
+        if record.key not in unscheduled_done and isinstance(untuned, (int, float)) and 0 < untuned < 1e9:
+            unscheduled_done.add(record.key)
+            yield Sample(features(normalized, target, work), _log2_gflops(work, float(untuned)))
+
+
+def _log2_gflops(work: float, secs: float) -> float:
+    return math.log2(work / secs / 1e9)
+
+
+class CostModel:
+    """Predicts log₂ GFLOPS of a scheduled kernel from :func:`features`."""
+
+    def __init__(self, booster: Any) -> None:
+        self.booster = booster
+
+    @classmethod
+    def train(cls, data: list[Sample]) -> CostModel:
+        import xgboost as xgb
+
+        if len(data) < 2:
+            raise ValueError(f"a cost model needs at least 2 samples, got {len(data)}")
+        matrix = xgb.DMatrix(np.stack([s.features for s in data]), label=np.array([s.log2_gflops for s in data], dtype=np.float32))
+        return cls(xgb.train(PARAMS, matrix, num_boost_round=ROUNDS))
+
+    def predict(self, rows: list[np.ndarray]) -> list[float]:
+        import xgboost as xgb
+
+        return [float(p) for p in self.booster.predict(xgb.DMatrix(np.stack(rows)))]
+
+    def to_json(self) -> str:
+        return bytes(self.booster.save_raw(raw_format="json")).decode()
+
+    @classmethod
+    def from_json(cls, text: str) -> CostModel:
+        import xgboost as xgb
+
+        json.loads(text)  # refuse anything that is not JSON before xgboost reads it
+        booster = xgb.Booster()
+        booster.load_model(bytearray(text.encode()))
+        return cls(booster)
