@@ -153,10 +153,12 @@ def job_logs(submission_id: str, address: str, follow: bool) -> None:
 @click.option("--max-jobs", type=int, default=None, help="Stop after this many jobs.")
 @click.option("--until-idle", is_flag=True, help="Stop when the queue has nothing left to lease.")
 @click.option("--name", default=None, help="Worker name in the queue (default host:pid).")
+@click.option("--device", default=None, help="The CPU model (the targets' mcpu) whose jobs this worker takes, besides generic ones "
+              "(default: this machine's; kernels built for another model may not run here, and would be timed on the wrong one).")
 @ray_option
 @reports_errors
 def worker(registry: str, token: str | None, trials: int, trials_per_iter: int, seed: int, concurrency: int, lease_secs: float, poll_secs: float,
-           max_jobs: int | None, until_idle: bool, name: str | None, ray_address: str | None, num_cpus: int | None) -> None:  # fmt: skip
+           max_jobs: int | None, until_idle: bool, name: str | None, device: str | None, ray_address: str | None, num_cpus: int | None) -> None:  # fmt: skip
     """Lease jobs from the registry's queue (verifications of pushed claims first, then misses), run them on Ray, push and ack.
 
     SIGTERM or SIGINT: stop leasing, give held leases back at once, stop Ray."""
@@ -174,8 +176,8 @@ def worker(registry: str, token: str | None, trials: int, trials_per_iter: int, 
         details = " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in data.items())
         out.print(f"{kind} {details}", highlight=False, soft_wrap=True)
 
-    w = Worker(reg, options, name=name, concurrency=concurrency, lease_secs=lease_secs, poll_secs=poll_secs, on_event=event)
-    out.print(f"worker {w.name} on ray {info['address']}; registry {registry}", highlight=False)
+    w = Worker(reg, options, name=name, concurrency=concurrency, lease_secs=lease_secs, poll_secs=poll_secs, on_event=event, device=device)
+    out.print(f"worker {w.name} ({w.device} jobs) on ray {info['address']}; registry {registry}", highlight=False)
     try:
         stats = w.run(max_jobs=max_jobs, until_idle=until_idle, should_stop=lambda: bool(stopping))
     finally:

@@ -210,8 +210,9 @@ class RegistryClient:
         return self._call("POST", "/v1/misses", body, idempotent=False)["results"]
 
     def lease(self, worker: str, max_jobs: int = 1, lease_secs: float = 300.0, *, fingerprint: str | None = None, kind: str | None = None,
-              tasks: tuple[str, ...] = ("tune",)) -> list[Lease]:  # fmt: skip
-        body = {"worker": worker, "max_jobs": max_jobs, "lease_secs": lease_secs, "fingerprint": fingerprint or "", "kind": kind or "", "tasks": list(tasks)}
+              device: str | None = None, tasks: tuple[str, ...] = ("tune",)) -> list[Lease]:  # fmt: skip
+        body = {"worker": worker, "max_jobs": max_jobs, "lease_secs": lease_secs, "fingerprint": fingerprint or "", "kind": kind or "",
+                "device": device or "", "tasks": list(tasks)}  # fmt: skip
         answer = self._call("POST", "/v1/queue/lease", body, idempotent=False)
         return [Lease(**item) for item in answer["leases"]]
 

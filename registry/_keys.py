@@ -53,6 +53,18 @@ def target_kind(target: str) -> str:
     return str(parsed.get("kind", "")) if isinstance(parsed, dict) else ""
 
 
+def target_device(target: str) -> str:
+    """The device model a canonical target's kernels are built for (``mcpu`` of a CPU target, ``arch``
+    of a GPU one); '' for a generic target, whose kernels run on any device of its kind."""
+    try:
+        parsed = json.loads(target)
+    except (ValueError, RecursionError):
+        return ""
+    if not isinstance(parsed, dict):
+        return ""
+    return str(parsed.get("mcpu") or parsed.get("arch") or "")
+
+
 # -- neighbours: what a workload shares with others ----------------------------------------------
 #
 # A trace replays by block and loop names, loop counts and iteration kinds; sizes are re-derived.

@@ -94,7 +94,7 @@ OPENAPI: dict[str, Any] = {
             "Complaint": {"type": "object", "required": ["trace_id"], "properties": {"trace_id": {"type": "string", "pattern": "^[0-9a-f]{16}$"}, "reason": {"type": "string"}}},
             "LeaseRequest": {"type": "object", "required": ["worker"], "properties": {
                 "worker": {"type": "string"}, "max_jobs": {"type": "integer", "minimum": 1, "maximum": 100},
-                "lease_secs": {"type": "number", "exclusiveMinimum": 0, "maximum": 86400}, "fingerprint": {"type": "string"}, "kind": {"type": "string"},
+                "lease_secs": {"type": "number", "exclusiveMinimum": 0, "maximum": 86400}, "fingerprint": {"type": "string"}, "kind": {"type": "string"}, "device": {"type": "string", "maxLength": 64},
                 "tasks": {"type": "array", "items": {"enum": ["tune", "verify"]}, "minItems": 1}}},
             "LeaseAction": {"type": "object", "properties": {
                 "lease_id": {"type": "string"}, "lease_secs": {"type": "number", "exclusiveMinimum": 0, "maximum": 86400}, "error": {"type": "string"},

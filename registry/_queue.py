@@ -29,7 +29,7 @@ from typing import Any
 import lmdb
 
 from ._errors import InvalidRecord, LeaseLost, NotFound
-from ._keys import target_kind
+from ._keys import target_device, target_kind
 from ._records import Identity, Record, packb, unpackb
 from ._store import Store
 
@@ -172,12 +172,16 @@ class MissQueue:
 
     def lease(
         self, worker: str, max_jobs: int = 1, lease_secs: float = 300.0, *, fingerprint: str | None = None,
-        kind: str | None = None, tasks: tuple[str, ...] = (TUNE,), holder: str | None = None, txn: lmdb.Transaction | None = None,
+        kind: str | None = None, device: str | None = None, tasks: tuple[str, ...] = (TUNE,), holder: str | None = None,
+        txn: lmdb.Transaction | None = None,
     ) -> list[Lease]:
         """Hand out up to ``max_jobs`` pending jobs (verifications first, then most demanded), reclaiming expired leases first.
 
-        ``fingerprint`` and ``kind`` restrict the jobs to those a worker can do: its compiler (a
-        schedule found by another compiler lands under a key nobody asks for) and its target kind.
+        ``fingerprint``, ``kind`` and ``device`` restrict the jobs to those a worker can do: its
+        compiler (a schedule found by another compiler lands under a key nobody asks for), its target
+        kind and its device model (:func:`target_device`: a kernel built for another CPU may not run
+        here, and timings taken on another model would be published for this one). A job for a
+        generic target of the kind (no model named) suits every device.
         ``holder`` names the token that takes the lease; only it can renew, ack, fail or release it.
         """
         now = time.time()
@@ -193,7 +197,7 @@ class MissQueue:
                     if not idx_key.startswith(prefix) or len(taken) >= max_jobs:
                         break
                     job = self._get(t, idx_key[13:].decode())
-                    if (fingerprint is None or job["fingerprint"] == fingerprint) and (kind is None or job["kind"] == kind):
+                    if _suits(job, fingerprint, kind, device):
                         taken.append(job)
             leases = []
             for job in taken:
@@ -315,3 +319,9 @@ class MissQueue:
             for _, raw in t.cursor(db=self._jobs):
                 counts[self._view(unpackb(raw), now, summary=True)["state"]] += 1
         return counts
+
+
+def _suits(job: dict[str, Any], fingerprint: str | None, kind: str | None, device: str | None) -> bool:
+    """Whether a worker of this compiler, target kind and device model can do ``job``."""
+    return ((fingerprint is None or job["fingerprint"] == fingerprint) and (kind is None or job["kind"] == kind)
+            and (device is None or target_device(job["target"]) in ("", device)))  # fmt: skip

@@ -320,11 +320,12 @@ def create_app(
         lease_secs = lease_secs_field(body)
         fingerprint = check_text(field(body, "fingerprint", str, "")[:4096], "fingerprint") or None
         kind = check_text(field(body, "kind", str, "")[:64], "kind") or None
+        device = check_text(field(body, "device", str, "")[:64], "device") or None
         tasks = field(body, "tasks", list, [TUNE])
         if not tasks or not all(t in TASKS for t in tasks):
             raise InvalidRecord(f"'tasks' must be a non-empty list of {', '.join(TASKS)}")
         leases = await state.write(lambda txn: state.reg.lease(f"{who.name}/{worker}", max_jobs, lease_secs, fingerprint=fingerprint,
-                                                               kind=kind, tasks=tuple(tasks), holder=who.name, txn=txn))  # fmt: skip
+                                                               kind=kind, device=device, tasks=tuple(tasks), holder=who.name, txn=txn))  # fmt: skip
         return reply(request, {"leases": [{"key": l.key, "lease_id": l.lease_id, "expires": l.expires, "job": l.job} for l in leases]})
 
     async def queue_action(request: Request) -> Response:

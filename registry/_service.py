@@ -144,9 +144,10 @@ class LocalRegistry:
 
     def lease(
         self, worker: str, max_jobs: int = 1, lease_secs: float = 300.0, *, fingerprint: str | None = None,
-        kind: str | None = None, tasks: tuple[str, ...] = (TUNE,), holder: str | None = None, txn: lmdb.Transaction | None = None,
+        kind: str | None = None, device: str | None = None, tasks: tuple[str, ...] = (TUNE,), holder: str | None = None,
+        txn: lmdb.Transaction | None = None,
     ) -> list[Lease]:
-        return self.queue.lease(worker, max_jobs, lease_secs, fingerprint=fingerprint, kind=kind, tasks=tasks, holder=holder, txn=txn)
+        return self.queue.lease(worker, max_jobs, lease_secs, fingerprint=fingerprint, kind=kind, device=device, tasks=tasks, holder=holder, txn=txn)
 
     def renew(self, key: str, lease_id: str, lease_secs: float = 300.0, *, holder: str | None = None, txn: lmdb.Transaction | None = None) -> float:
         return self.queue.renew(key, lease_id, lease_secs, holder=holder, txn=txn)

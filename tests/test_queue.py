@@ -45,6 +45,20 @@ def test_a_worker_leases_only_jobs_for_its_compiler_and_target_kind(local: Local
         assert {l.key for l in reg.lease("anyone", max_jobs=5, lease_secs=60)} == {on_gpu.key, other_compiler.key}
 
 
+def test_a_worker_leases_only_jobs_for_its_device_model_or_a_generic_one(local: LocalRegistry, client) -> None:
+    """A kernel built for another CPU may not run here (AVX-512 on a CPU without it) and would be timed on the wrong model."""
+    targets = {cpu: canonical_target({"kind": "llvm", **({"mcpu": cpu} if cpu else {}), "keys": ["cpu"]}) for cpu in ("znver3", "skylake-avx512", "")}
+    jobs = {cpu: make_record(10 + i, 1e-3, target=t).identity for i, (cpu, t) in enumerate(targets.items())}
+    gpus = {arch: make_record(20 + i, 1e-3, target=canonical_target({"kind": "cuda", "arch": arch})).identity for i, arch in enumerate(("sm_90", "sm_80"))}
+    for reg in (local, client):  # in process and over HTTP
+        reg.report_misses([*jobs.values(), *gpus.values()])
+        assert {l.key for l in reg.lease("zen", max_jobs=9, lease_secs=60, kind="llvm", device="znver3")} == {jobs["znver3"].key, jobs[""].key}
+        assert [l.key for l in reg.lease("h100", max_jobs=9, lease_secs=60, kind="cuda", device="sm_90")] == [gpus["sm_90"].key]
+        assert {l.key for l in reg.lease("anyone", max_jobs=9, lease_secs=60)} == {jobs["skylake-avx512"].key, gpus["sm_80"].key}
+    with pytest.raises(Exception, match="device"):
+        client.lease("zen", device="znver3\x00")  # control characters are refused like any other text field
+
+
 def test_an_unacked_lease_comes_back_after_expiry(local: LocalRegistry) -> None:
     local.report_misses([miss(1)])
     first = local.lease("doomed-worker", lease_secs=0.2)[0]

@@ -126,7 +126,7 @@ def test_a_seed_with_one_search_thread_measures_the_same_candidates_every_time(r
 def start_worker(url: str, ray_address: str | None, *extra: str) -> subprocess.Popen:
     """A ``schedhub worker`` process joining ``ray_address`` (None: its own embedded cluster)."""
     cmd = [sys.executable, "-m", "schedhub.cli.main", "worker", "-r", url, "--token", TOKEN, *(["--ray-address", ray_address] if ray_address else []),
-           "--trials", "8", "--trials-per-iter", "8", "--poll-secs", "0.5", *extra]  # fmt: skip
+           "--trials", "8", "--trials-per-iter", "8", "--poll-secs", "0.5", "--device", TARGET["mcpu"], *extra]  # fmt: skip
     return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
                             env={**os.environ, "COLUMNS": "200"})  # fmt: skip
 

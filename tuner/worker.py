@@ -53,9 +53,10 @@ class Worker:
     def __init__(
         self, registry: Registry, options: TuneOptions, *, name: str | None = None, concurrency: int = 1,
         lease_secs: float = 120.0, poll_secs: float = 2.0, on_event: Callable[[str, dict[str, Any]], None] | None = None,
-        tasks: tuple[str, ...] = (VERIFY, TUNE),
+        tasks: tuple[str, ...] = (VERIFY, TUNE), device: str | None = None,
     ) -> None:  # fmt: skip
         from schedhub.hooks.identity import compiler_fingerprint
+        from schedhub.hooks.measure import host_cpu
 
         self.registry = registry
         self.options = options
@@ -65,6 +66,7 @@ class Worker:
         self.poll_secs = poll_secs
         self.fingerprint = compiler_fingerprint()
         self.tasks = tasks
+        self.device = device or host_cpu()  # jobs for another CPU model are left to a worker on one
         self.on_event = on_event or (lambda kind, info: log.info("%s %s", kind, info))
         self.running: dict[str, _Running] = {}
 
@@ -111,7 +113,7 @@ class Worker:
             room = min(room, allowed)
         if room <= 0:
             return 0
-        leases = self.registry.lease(self.name, room, self.lease_secs, fingerprint=self.fingerprint, kind="llvm", tasks=self.tasks)
+        leases = self.registry.lease(self.name, room, self.lease_secs, fingerprint=self.fingerprint, kind="llvm", device=self.device, tasks=self.tasks)
         for lease in leases:
             if lease.job.get("task") == VERIFY:
                 identity = Identity.from_obj(lease.job["identity"])
