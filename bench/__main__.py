@@ -46,7 +46,7 @@ def section_options(name: str, quick: bool, model_trials: int | None, source_sto
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=["all", "report", *SECTIONS])
-    parser.add_argument("--quick", action="store_true", help="small shapes and budgets: about 15 minutes on 2 cores")
+    parser.add_argument("--quick", action="store_true", help="small shapes and budgets: about 55 minutes on 2 cores, the transfer bench about half of it")
     parser.add_argument("--model-trials", type=int, help="tuning trials per kernel in the model table (default: the mode's)")
     parser.add_argument("--without", action="append", default=[], choices=SECTIONS, help="leave a section out of 'all' (repeatable)")
     parser.add_argument("--transfer-source-store", type=Path, help="keep the transfer bench's filled registry here and reuse it (skips its tuning)")
