@@ -44,25 +44,25 @@ def canonical_target(exported: dict[str, Any]) -> str:
     return json.dumps(cleaned, sort_keys=True, separators=(",", ":"))
 
 
-def target_kind(target: str) -> str:
-    """The kind (``llvm``, ``cuda`` …) of a canonical target text; '' when it is not JSON."""
+def _target_fields(target: str) -> dict[str, Any]:
+    """A canonical target text's fields; empty when it is not a JSON object."""
     try:
         parsed = json.loads(target)
     except (ValueError, RecursionError):
-        return ""
-    return str(parsed.get("kind", "")) if isinstance(parsed, dict) else ""
+        return {}
+    return parsed if isinstance(parsed, dict) else {}
+
+
+def target_kind(target: str) -> str:
+    """The kind (``llvm``, ``cuda`` …) of a canonical target text; '' when it is not JSON."""
+    return str(_target_fields(target).get("kind", ""))
 
 
 def target_device(target: str) -> str:
     """The device model a canonical target's kernels are built for (``mcpu`` of a CPU target, ``arch``
     of a GPU one); '' for a generic target, whose kernels run on any device of its kind."""
-    try:
-        parsed = json.loads(target)
-    except (ValueError, RecursionError):
-        return ""
-    if not isinstance(parsed, dict):
-        return ""
-    return str(parsed.get("mcpu") or parsed.get("arch") or "")
+    fields = _target_fields(target)
+    return str(fields.get("mcpu") or fields.get("arch") or "")
 
 
 # -- neighbours: what a workload shares with others ----------------------------------------------
