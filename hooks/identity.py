@@ -23,7 +23,7 @@ from typing import Any
 import tvm
 from tvm import tirx
 
-from schedhub.registry import SCHEMA_VERSION, Identity, canonical_target, record_key
+from schedhub.registry import SCHEMA_VERSION, Identity, canonical_target, check_workload_source, record_key
 
 from .cache import KernelCache
 
@@ -86,7 +86,11 @@ def rename_parameters(script: str) -> str:
 
 
 def workload_module(text: str) -> tvm.IRModule:
-    """Parse a canonical workload text back into MetaSchedule's workload form (``main``, public)."""
+    """Parse a canonical workload text back into MetaSchedule's workload form (``main``, public).
+
+    TVMScript's parser evaluates Python, so a text that is not plain TVMScript data is refused
+    first (``InvalidRecord``), whoever sent it."""
+    check_workload_source(text)
     parsed = tvm.script.from_source(text)
     func = parsed["main"] if isinstance(parsed, tvm.IRModule) else parsed
     return tvm.IRModule({"main": func.with_attr("global_symbol", "main")})

@@ -7,6 +7,7 @@ broken input never reaches msgpack, LMDB or the event loop as something that rai
 from __future__ import annotations
 
 import ast
+import functools
 import math
 import re
 from typing import Any
@@ -143,3 +144,89 @@ def _dotted(node: ast.expr) -> str:
     if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
         return f"{node.value.id}.{node.attr}"
     return ""
+
+
+# -- workload text: data, never code -----------------------------------------------------------------
+#
+# TVM parses a workload with TVMScript, whose parser evaluates Python expressions: a workload
+# ``T.evaluate(__import__("os").system(...))`` runs that command in every tuner, worker and hook that
+# parses it. So a workload must be what TVM's printer writes: a PrimFunc (or an IRModule of one) built
+# from ``T.*`` calls, ``range``, literals and arithmetic; no dunder names, no other calls, no imports,
+# no rebinding of the parser's globals, and none of TIR's calls out of the kernel (packed functions,
+# extern C symbols, external kernels), which would run whatever they name when the kernel runs.
+
+_WORKLOAD_NODES = (
+    ast.Module, ast.ClassDef, ast.FunctionDef, ast.arguments, ast.arg, ast.keyword, ast.Expr, ast.Assign, ast.AugAssign,
+    ast.AnnAssign, ast.For, ast.While, ast.If, ast.With, ast.withitem, ast.Return, ast.Pass, ast.Assert, ast.Call,
+    ast.Attribute, ast.Name, ast.Constant, ast.Tuple, ast.List, ast.Dict, ast.Subscript, ast.Slice, ast.BinOp, ast.BoolOp,
+    ast.UnaryOp, ast.Compare, ast.IfExp, ast.expr_context, ast.operator, ast.unaryop, ast.boolop, ast.cmpop,
+)  # fmt: skip
+_PARSER_GLOBALS = frozenset({"T", "I", "R", "Tx", "TypeVar", "ir", "relax", "tir", "tirx", "tvm", "Axis", "range"})
+_CALLS_OUT = re.compile(r"call|packed|extern|external|kernel|launch|asm|ptx|print|profile|ffi|env_thread|import|load_module|source")
+_DECORATORS = frozenset({"T.prim_func", "I.ir_module"})
+
+
+def check_workload_source(text: str) -> None:
+    """Refuse a workload text that is not plain TVMScript data (see above): an InvalidRecord saying why."""
+    problem = _workload_problem(text)
+    if problem is not None:
+        raise InvalidRecord(f"field 'workload' is not a plain TVMScript PrimFunc: {problem}")
+
+
+@functools.lru_cache(maxsize=4096)
+def _workload_problem(text: str) -> str | None:
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return "it does not parse as Python"
+    for node in ast.walk(tree):
+        if not isinstance(node, _WORKLOAD_NODES):
+            return f"{type(node).__name__} is not allowed"
+        if isinstance(node, ast.Name) and (node.id.startswith("_") or (node.id in _PARSER_GLOBALS and not isinstance(node.ctx, ast.Load))):
+            return f"name {node.id!r} is not allowed there"
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_"):
+            return f"attribute {node.attr!r} is not allowed"
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            if isinstance(node, ast.ClassDef) and (node.bases or node.keywords):
+                return "a class with bases"
+            for d in node.decorator_list:
+                if _dotted_path(d.func if isinstance(d, ast.Call) else d) not in _DECORATORS:
+                    return "a decorator other than T.prim_func / I.ir_module"
+        if isinstance(node, ast.Call):
+            name = _dotted_path(node.func)
+            parts = name.split(".")
+            allowed = name == "range" or (parts[0] == "T" and (len(parts) == 2 or (len(parts) == 3 and parts[1] == "axis")))
+            if not allowed or _CALLS_OUT.search(name.lower()):
+                return f"a call to {name or 'an expression'} is not allowed"
+    return None
+
+
+def _dotted_path(node: ast.expr) -> str:
+    """``T.axis.spatial`` for a chain of attributes on a name; "" for anything else."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return ".".join([node.id, *reversed(parts)]) if isinstance(node, ast.Name) else ""
+
+
+# -- trace annotations: schedule hints only ------------------------------------------------------------
+#
+# An ``Annotate`` instruction puts a key and a value on a loop or block, and some keys are code: TVM's
+# LLVM backend links the value of ``pragma_import_llvm`` (LLVM IR) or ``pragma_import_c`` (C source)
+# into the kernel. A trace may carry only the hints MetaSchedule's rules and postprocessors write.
+
+_ANNOTATION_PREFIXES = ("meta_schedule.", "software_pipeline_")
+_ANNOTATION_KEYS = frozenset({"pragma_auto_unroll_max_step", "pragma_unroll_explicit", "pragma_loop_partition_hint", "warp_execution"})
+
+
+def check_annotations(trace: list[Any]) -> None:
+    """Refuse a trace (MetaSchedule's JSON, ``[instructions, decisions]``) that annotates anything but a schedule hint."""
+    instructions = trace[0] if trace and isinstance(trace[0], list) else []
+    for inst in instructions:
+        if isinstance(inst, list) and inst and inst[0] == "Annotate":
+            attrs = inst[2] if len(inst) > 2 and isinstance(inst[2], list) else []
+            key = attrs[0] if attrs else None
+            if not (isinstance(key, str) and (key in _ANNOTATION_KEYS or key.startswith(_ANNOTATION_PREFIXES))):
+                raise InvalidRecord(f"field 'trace' annotates {str(key)[:64]!r}: only schedule hints "
+                                    f"({', '.join(_ANNOTATION_PREFIXES)}…, {', '.join(sorted(_ANNOTATION_KEYS))}) are allowed")

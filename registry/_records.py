@@ -22,7 +22,7 @@ import msgpack
 
 from ._errors import InvalidRecord, KeyMismatch, PayloadTooLarge
 from ._keys import SCHEMA_VERSION, is_key, record_key, structure_key, target_kind, workload_key
-from ._limits import MAX_INT, check_kind, check_number, check_op, check_text, signature_args_info
+from ._limits import MAX_INT, check_kind, check_number, check_op, check_annotations, check_text, check_workload_source, signature_args_info
 
 MAX_RECORD_BYTES = 1 << 20  # one encoded record
 MAX_TEXT_CHARS = 512 << 10  # workload text, trace text
@@ -164,6 +164,7 @@ class Identity:
             raise KeyMismatch(
                 f"key {key} does not match its content: schema, fingerprint, target and workload hash to {derived}"
             )
+        check_workload_source(ident.workload)
         if ident.args_info != signature_args_info(ident.workload):
             raise InvalidRecord("field 'args_info' does not match the workload's signature (it is derived from the workload)")
         return ident
@@ -242,6 +243,7 @@ class Record:
             raise InvalidRecord("field 'trace' must be the JSON text of a MetaSchedule trace") from None
         if not isinstance(parsed, list):
             raise InvalidRecord("field 'trace' must be a JSON list (MetaSchedule Trace.as_json())")
+        check_annotations(parsed)
         return cls(identity, trace, run_secs_field(obj.get("run_secs")), _provenance(obj.get("provenance")))
 
     @classmethod

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 
@@ -98,3 +99,44 @@ def test_malformed_msgpack_is_invalid_record(data: bytes) -> None:
 def test_a_trace_counts_its_instructions(trace: str, count: int | None, default: bool) -> None:
     assert trace_instructions(trace) == count
     assert keeps_default_schedule(trace) is default
+
+
+def _with_workload(text: str) -> dict:
+    """A record dict carrying ``text`` as its workload, keyed and typed from it (so only the text can be wrong)."""
+    obj = make_record(1, 1e-3).to_dict()
+    obj.update(workload=text, key=record_key(obj["fingerprint"], obj["target"], text))
+    return obj
+
+
+PLAIN_MAIN = "@T.prim_func\ndef main(arg0: T.Buffer((1, 64), 'float32')):\n    {}\n"
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        ('T.evaluate(__import__("os").system("id"))', "call to an expression"),
+        ('x = ().__class__', "attribute '__class__'"),
+        ('T.evaluate(tvm.runtime.load_module("/tmp/x.so"))', "call to tvm.runtime.load_module"),
+        ('T = tvm\n    T.evaluate(0)', "name 'T' is not allowed there"),
+        ('T.evaluate(T.call_extern("int32", "system", "id"))', "call to T.call_extern"),
+        ('T.evaluate(T.call_packed("runtime.x"))', "call to T.call_packed"),
+        ('import os', "Import is not allowed"),
+        ('T.evaluate([f() for f in ()])', "ListComp is not allowed"),
+        ('T.evaluate(T.utils.deferred(0))', "call to T.utils.deferred"),
+    ],
+)
+def test_a_workload_that_is_code_rather_than_tvmscript_data_is_refused(body: str, reason: str) -> None:
+    """TVMScript's parser evaluates Python: a workload is checked before anything parses it with TVM."""
+    with pytest.raises(InvalidRecord, match=re.escape(reason)):
+        Record.from_obj(_with_workload(PLAIN_MAIN.format(body)))
+    Record.from_obj(_with_workload(PLAIN_MAIN.format("T.evaluate(T.max(T.float32(0.0), T.exp(T.float32(1.0))))")))  # plain data passes
+
+
+@pytest.mark.parametrize("key", ["pragma_import_llvm", "pragma_import_c", "anything_else", 7])
+def test_a_trace_may_annotate_only_schedule_hints(key: object) -> None:
+    """``pragma_import_llvm`` / ``pragma_import_c`` values are LLVM IR / C that TVM links into the kernel."""
+    hint = [["GetSBlock", [], ["root", "main"], ["b0"]], ["Annotate", ["b0", 16], ["meta_schedule.parallel"], []]]
+    Record.from_obj(_with(trace=json.dumps([hint, []])))
+    hostile = [*hint, ["Annotate", ["b0", '"define void @f() { ret void }"'], [key], []]]
+    with pytest.raises(InvalidRecord, match="only schedule hints"):
+        Record.from_obj(_with(trace=json.dumps([hostile, []])))

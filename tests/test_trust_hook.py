@@ -147,3 +147,15 @@ def test_a_dynamic_shape_model_compiles_and_only_its_static_kernels_are_queued(t
             tvm.compile(mod, CPU)  # it raised in ArgInfo before: a hook must never break a compile
         assert session.report.misses == 2 and session.report.misses_reported == 1
         assert [j["op"] for j in reg.jobs()] == ["transpose"]  # the weight's transpose is static; the batched matmul is not
+
+
+def test_a_workload_that_would_run_code_is_refused_before_tvm_parses_it(tmp_path: Path) -> None:
+    """TVMScript's parser evaluates Python: the hook and the tuner parse workloads only through
+    ``workload_module``, which refuses one that is not plain TVMScript data, so nothing runs."""
+    from schedhub.registry import InvalidRecord
+
+    canary = tmp_path / "ran"
+    hostile = f"@T.prim_func\ndef main(arg0: T.Buffer((4,), 'float32')):\n    T.evaluate(__import__('os').system('touch {canary}'))\n"
+    with pytest.raises(InvalidRecord, match="not a plain TVMScript PrimFunc"):
+        workload_module(hostile)
+    assert not canary.exists()
