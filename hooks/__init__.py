@@ -5,8 +5,8 @@
     print(session.report.summary())
 
 Inside ``use`` every fused kernel is looked up (one batch request per compile); a record is
-replayed on the user's own kernel; on a miss, the nearest record of the same structure that
-replays (another shape, compiler build or target) is served as a transfer; misses are reported to the registry's queue in one request; a
+replayed on the user's own kernel; on a miss, a record of the same structure that replays (another
+shape, compiler build or target; ranked by :mod:`.ranking`) is served as a transfer; misses are reported to the registry's queue in one request; a
 registry that is down or slow costs at most ``timeout`` and one warning. Outside it, TVM behaves
 as it always does. ``relax_pipeline="schedhub"`` names the same pipeline explicitly.
 """
@@ -62,8 +62,8 @@ def use(
     ``registry`` is a URL, a store directory, a registry instance, or the session of an earlier
     block, whose read-through cache (and registry) this block then reuses. ``trust`` says which
     records are served ("verified", "any", or pusher names besides verified records); ``limits``
-    bounds what a record may cost the compile. ``transfer``: on a miss, serve the nearest record
-    of the same structure (another shape, compiler build or target) that replays on the kernel.
+    bounds what a record may cost the compile. ``transfer``: on a miss, serve the best-fitting record
+    of the same structure (another shape, compiler build or target) that replays on the kernel (:mod:`.ranking`).
     ``cache``: where this machine keeps kernel identities and replayed schedules between compiles
     (True: ``~/.cache/schedhub/kernels`` or ``$SCHEDHUB_CACHE_DIR``; False: nowhere).
     ``measure``: seconds per compile (0: none) to build, check and time a missed kernel's transfer

@@ -21,6 +21,7 @@ from tvm.s_tir import meta_schedule as ms
 from schedhub.registry import Record, RegistryError
 
 from .identity import plain_json, target_from_text, workload_identity, workload_module
+from .ranking import retiled
 
 
 def record_from_tuning_record(tr: ms.database.TuningRecord, op: str | None = None, provenance: dict[str, Any] | None = None) -> Record:
@@ -50,11 +51,18 @@ def normalize_mod(func: tvm.IRModule | Any) -> tvm.IRModule:
     return _normalize_mod(func)
 
 
+def replay(mod: tvm.IRModule, trace_text: str) -> tuple[tvm.IRModule, int]:
+    """``mod`` with a trace's JSON text applied (postprocessing instructions included), and how many
+    of its tile sizes TVM re-derived to fit ``mod`` (:func:`.ranking.retiled`): one replay."""
+    recorded = json.loads(trace_text)
+    sch = tvm.s_tir.Schedule(mod)
+    tvm.s_tir.schedule.Trace.apply_json_to_schedule(recorded, sch)
+    return sch.mod, retiled(recorded, sch.trace)
+
+
 def replayed(mod: tvm.IRModule, trace_text: str) -> tvm.IRModule:
     """``mod`` with a trace's JSON text applied (postprocessing instructions included): one replay."""
-    sch = tvm.s_tir.Schedule(mod)
-    tvm.s_tir.schedule.Trace.apply_json_to_schedule(json.loads(trace_text), sch)
-    return sch.mod
+    return replay(mod, trace_text)[0]
 
 
 def scheduled(mod: tvm.IRModule, trace: Any) -> tvm.IRModule:

@@ -16,6 +16,7 @@ names serves verified records and those names' claims.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import time
 import warnings
@@ -32,10 +33,11 @@ from schedhub.registry import Candidate, Identity, Record, Registry, RegistryErr
 
 from .cache import KernelCache, default_dir
 from .guard import ScheduleLimits, check_scheduled, check_trace_size
-from .identity import as_module, workload_identity
+from .identity import as_module, workload_identity, workload_module
 from .measure import TIMING, Budget, KernelBench, Timing, host_cpu, runs_here
-from .msdb import normalize_mod, replayed, scheduled, tuning_record
+from .msdb import normalize_mod, replay, scheduled, tuning_record
 from .objects import OBJECT_ID, ObjectCache
+from .ranking import Fit, flops, gflops, rank_key, retiled
 
 Trust = Union[str, Collection[str]]
 
@@ -127,6 +129,8 @@ class HookSession:
         self._identities: dict[tuple[int, str], Identity] = {}
         self._records: dict[str, list[Record]] = {}
         self._candidates: dict[str, list[Candidate]] = {}  # neighbours of missed keys, nearest first
+        self._retiled: dict[tuple[str, str], int] = {}  # (kernel key, trace id): tile sizes re-derived on replay
+        self._flops: dict[str, float] = {}  # workload text: TVM's FLOP estimate
         self._committed: dict[str, list[Record]] = {}  # what this process committed: read back at once
         self._pending_misses: dict[str, Identity] = {}
         self._refused_keys: set[str] = set()
@@ -198,7 +202,8 @@ class HookSession:
 
     def best_tuning_record(self, mod: tvm.IRModule, target: tvm.target.Target, op: str | None) -> Any:
         """The best record that replays on ``mod`` within the bounds as a TuningRecord, or None (a miss, reported later)."""
-        return self._serve(self.identity(mod, target, op), lambda record, args_info: self._replay(record, mod, args_info))
+        identity = self.identity(mod, target, op)
+        return self._serve(identity, lambda record, args_info: self._replay(record, mod, identity.key, args_info))
 
     def scheduled(self, func: tirx.PrimFunc, target: tvm.target.Target, op: str | None) -> tvm.IRModule | None:
         """What :meth:`best_tuning_record` serves, applied: the kernel in MetaSchedule's normalized
@@ -234,11 +239,12 @@ class HookSession:
         self._note(identity, FALLBACK if identity.key in self._refused_keys else MISS)
         return None
 
-    def _replay(self, record: Record, mod: tvm.IRModule, args_info: list[Any] | None = None) -> Any:
+    def _replay(self, record: Record, mod: tvm.IRModule, key: str, args_info: list[Any] | None = None) -> Any:
         """``record`` as a TuningRecord on ``mod``, checked against the bounds before and after replay; raises if it does not apply."""
         check_trace_size(record.trace, self.limits)
         tr = tuning_record(record, mod, args_info)
         check_scheduled(scheduled(mod, tr.trace), self.limits)
+        self._retiled[(key, record.trace_id)] = retiled(json.loads(record.trace), tr.trace)
         return tr
 
     def _schedule(self, record: Record, normalized: tvm.IRModule, key: str) -> tvm.IRModule:
@@ -250,27 +256,30 @@ class HookSession:
         if entry is not None and isinstance(entry.get("error"), str):
             raise ReplayFailed(entry["error"])
         mod = None
-        if entry is not None and isinstance(entry.get("module"), str):
+        if entry is not None and isinstance(entry.get("module"), str) and type(entry.get("retiled")) is int:
             with contextlib.suppress(Exception):  # unreadable: replay again
                 mod = from_json_graph_str(entry["module"])  # written by this compiler: no schema upgrade (tvm.ir.load_json's costs a replay)
+                self._retiled[(key, record.trace_id)] = entry["retiled"]
         if mod is None:
             try:
                 check_trace_size(record.trace, self.limits)
-                mod = replayed(normalized, record.trace)
+                mod, tiles = replay(normalized, record.trace)
                 check_scheduled(mod, self.limits)
             except Exception as exc:
                 self.cache.put("scheduled", parts, {"error": f"{exc.__class__.__name__}: {str(exc)[:2000]}"})
                 raise
-            self.cache.put("scheduled", parts, {"module": to_json_graph_str(mod)})
+            self._retiled[(key, record.trace_id)] = tiles
+            self.cache.put("scheduled", parts, {"module": to_json_graph_str(mod), "retiled": tiles})
         # The same name identifies the kernel's machine code (.objects): one per kernel, trace and bounds.
         out = mod.clone()
         out.update_func(out.get_global_var("main"), mod["main"].with_attr(OBJECT_ID, KernelCache.name("object", *parts)))
         return out
 
     def _transfer(self, identity: Identity, apply: Callable[[Record, list[Any] | None], Any], bench: tuple[tvm.IRModule, Any] | None = None) -> Any:
-        """A candidate that ``apply`` accepts on the kernel: the nearest, or with ``bench`` (the
-        kernel's default module and target: opt-in measurement) the fastest that agrees with the
-        default schedule's output, while the compile's measurement budget lasts; else None.
+        """A candidate that ``apply`` accepts on the kernel: the first by :func:`.ranking.rank_key`
+        (its tiling fits the kernel as tuned, then its speed on its own workload), or with ``bench``
+        (the kernel's default module and target: opt-in measurement) the fastest that agrees with
+        the default schedule's output, while the compile's measurement budget lasts; else None.
 
         A candidate that does not apply is dropped for this session without a complaint: it was
         tuned for another kernel, and failing on this one says nothing against it.
@@ -283,10 +292,12 @@ class HookSession:
                 log.debug("schedhub: candidate %s does not transfer to %s: %s", candidate.record.trace_id, identity.op, str(exc)[:200])
                 self._candidates[identity.key].remove(candidate)
                 continue
-            if bench is None or not self._budget.left():
-                break  # the nearest that applies
+            if bench is not None and not self._budget.left():
+                break  # no time left to measure another
         if not applied:
             return None
+        ranked = {id(c): rank_key(c, self._fit(identity.key, c.record), i) for i, (c, _) in enumerate(applied)}
+        applied.sort(key=lambda pair: ranked[id(pair[0])])
         measured = self._measure(identity, applied, bench) if bench is not None and len(applied) > 1 else {}
         served = [(c, out) for c, out in applied if measured.get(c.record.trace_id, 0.0) is not None]  # refused by measurement: never served
         if measured:
@@ -297,6 +308,21 @@ class HookSession:
         self._candidates[identity.key] = [candidate, *(c for c in self._candidates[identity.key] if c is not candidate)]
         self._note(identity, TRANSFER, f"{candidate.relation}:{candidate.record.trace_id}:{candidate.record.identity.op}", measured)
         return out
+
+    def _fit(self, key: str, record: Record) -> Fit:
+        """What :func:`.ranking.rank_key` needs of ``record`` replayed on kernel ``key`` (replayed already)."""
+        work = self._flops.get(record.identity.workload)
+        if work is None:
+            entry = self.cache.get("flops", record.identity.workload) or {}
+            work = entry["flops"] if type(entry.get("flops")) is float else None
+            if work is None:
+                try:
+                    work = flops(workload_module(record.identity.workload))
+                except Exception:  # a workload this TVM cannot parse: no speed to rank by
+                    work = 0.0
+                self.cache.put("flops", (record.identity.workload,), {"flops": work})
+            self._flops[record.identity.workload] = work
+        return Fit(self._retiled.get((key, record.trace_id), 0), gflops(work, record.mean_secs))
 
     def _measure(self, identity: Identity, applied: list[tuple[Candidate, Any]], bench: tuple[tvm.IRModule, Any]) -> dict[str, float | None]:
         """Seconds per call of each applied candidate on this machine (None: wrong output or failed), from the

@@ -295,3 +295,48 @@ def split_record(identity: Identity, factor: int) -> Record:
     block = next(n for n in re.findall(r'T\.sblock\("([^"]+)"\)', base.script()) if n != "root")
     sch.split(sch.get_loops(sch.get_sblock(block))[-1], factors=[None, factor])
     return Record(identity, json.dumps(plain_json(sch.trace.as_json()), separators=(",", ":")), [1e-4], {"tuner": "split_record"})
+
+
+def tiled_record(identity: Identity, loop: int, decision: list[int]) -> Record:
+    """A record whose schedule tiles loop ``loop`` of the kernel's first block by a sampled ``decision``
+    (a ``SamplePerfectTile``: TVM re-derives it where the loop's extent is no longer its product)."""
+    base = workload_module(identity.workload)
+    sch = tvm.s_tir.Schedule(base)
+    block = next(n for n in re.findall(r'T\.sblock\("([^"]+)"\)', base.script()) if n != "root")
+    loops = sch.get_loops(sch.get_sblock(block))
+    sch.split(loops[loop], factors=sch.sample_perfect_tile(loops[loop], n=2, decision=decision))
+    return Record(identity, json.dumps(plain_json(sch.trace.as_json()), separators=(",", ":")), [1e-4], {"tuner": "tiled_record"})
+
+
+def test_without_measuring_the_candidate_whose_tiles_still_fit_is_served_before_a_nearer_one(tmp_path: Path) -> None:
+    """Batch 8 is nearer to 16 than batch 64, but its record tiles the batch loop (re-derived at 16);
+    the record from batch 64 tiles a loop whose extent does not change, so it replays as tuned."""
+    with LocalRegistry(tmp_path / "store", sync=False) as reg:
+        retiled = {k.name: tiled_record(k.identity, 0, [2, 4]) for k in kernels(export(8), CPU) if "matmul" in k.name}
+        kept = {}
+        for k in kernels(export(64), CPU):
+            if "matmul" in k.name:
+                extent = k.identity.args_info[-1][2][1]  # the output's columns: the same at every batch
+                kept[k.name] = tiled_record(k.identity, 1, [extent // 2, 2])
+        reg.put_many([*retiled.values(), *kept.values()])
+        with use(reg, CPU, cache=tmp_path / "cache") as session:
+            ex = tvm.compile(export(16), CPU)
+        transfers = {k.op: k.detail.split(":")[1] for k in session.report.kernels if k.outcome == "transfer"}
+        assert transfers == {name: r.trace_id for name, r in kept.items()}
+        found = reg.lookup_with_candidates([k.identity for k in kernels(export(16), CPU) if "matmul" in k.name], per_key=4)[1]
+        assert all(cs[0].record.trace_id == retiled[cs[0].record.identity.op].trace_id for cs in found.values())  # nearest first: batch 8
+        with use(reg, CPU, cache=tmp_path / "cache") as again:  # the replays come from this machine's cache: same pick
+            tvm.compile(export(16), CPU)
+        assert {k.op: k.detail.split(":")[1] for k in again.report.kernels if k.outcome == "transfer"} == transfers
+    x = np.random.default_rng(7).standard_normal((16, 64)).astype("float32")
+    np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)
+
+
+def test_the_ranking_puts_the_same_workload_first_then_fitting_tiles_then_speed_then_the_registry_order() -> None:
+    from schedhub.hooks.ranking import Fit, rank_key
+
+    def key(relation: str, retiled: int, gflops: float, order: int) -> tuple:
+        return rank_key(Candidate(record(4), relation, 0.0), Fit(retiled, gflops), order)
+
+    ranked = sorted([key("shape", 0, 5.0, 3), key("shape", 1, 90.0, 0), key("compiler", 2, 1.0, 4), key("shape", 0, 9.0, 2), key("target", 0, 9.0, 1)])
+    assert ranked == [key("compiler", 2, 1.0, 4), key("target", 0, 9.0, 1), key("shape", 0, 9.0, 2), key("shape", 0, 5.0, 3), key("shape", 1, 90.0, 0)]
