@@ -92,7 +92,7 @@ def transfers(transfer: dict[str, Any]) -> Any:
     import matplotlib.pyplot as plt
 
     rows = transfer["rows"]
-    configs = (("default", "TVM default"), ("transferred", "transfer, nearest"), ("measured", "transfer, measured"), ("tuned", "tuned for the shape"),
+    configs = (("default", "TVM default"), ("transferred", "transfer, ranked"), ("measured", "transfer, measured"), ("tuned", "tuned for the shape"),
                ("pytorch", "PyTorch"))  # fmt: skip
     fig, ax = plt.subplots(figsize=(max(6, 1.5 * len(rows)), 3.8))
     width = 0.16

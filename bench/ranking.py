@@ -1,12 +1,19 @@
 """Judge transfer rankings again on a recorded transfer run, without running it again.
 
     python -m bench.ranking --source-store DIR [--results bench/results/quick/transfer.json] [--out FILE]
+    python -m bench.ranking --source-store DIR --held-out resnet18:batch=1,image=128 [--held-out …] [--out FILE]
 
 DIR is the registry the run transferred from (``bench.transfer --source-store DIR``). The cost model
 is trained on it as ``bench.transfer`` trains it; every held-out kernel's candidates are replayed on
 the kernel and ranked by each of ``bench.transfer.ALTERNATIVE_RANKINGS``; each ranking's pick is
 looked up in the candidate timings the run measured. A new ranking is judged on the same
 measurements as the ones before it.
+
+With ``--held-out``, the rankings are judged on shapes no run measured: each network is compiled
+through the hook twice, once as it serves (the hook's pick) and once measuring every applicable
+candidate on this machine (``use(..., measure=)``, checked against the default schedule), and every
+ranking's pick is looked up in those timings (``ranking_held_out.json``). Shapes chosen after a
+ranking was are the fair check of it.
 """
 
 from __future__ import annotations
@@ -45,20 +52,62 @@ def rejudge(results: dict[str, Any], source_store: Path) -> dict[str, Any]:
     return out
 
 
+MEASURE_SECS = 900.0  # enough for every candidate of a ResNet-18 (about 80, ~1 s each)
+
+
+def judge_held_out(source_store: Path, held_out: list[tuple[str, dict[str, int]]]) -> dict[str, Any]:
+    """Each held-out network's ranking summary over candidate timings measured here, now."""
+    import tvm
+
+    from schedhub import hooks
+
+    tvm_env.prepare()
+    target = tvm.target.Target(tvm_env.host_target())
+    out: dict[str, Any] = {"source_store": str(source_store), "target": tvm_env.host_target(), "rows": {}}
+    with tempfile.TemporaryDirectory(prefix="schedhub-rank-") as tmp:
+        root = Path(tmp) / "store"
+        shutil.copytree(source_store, root)
+        with LocalRegistry(root) as registry:
+            model, out["cost_model"] = transfer.cost_model(registry)
+            for i, (name, shape) in enumerate(held_out):
+                held = transfer._held_out(name, shape, "nn", target, Path(tmp))
+                candidates = transfer._candidates(registry, held, model)
+                with hooks.use(registry, target, report_misses=False, cache=Path(tmp) / f"served-{i}") as served:
+                    tvm.compile(held.mod, target)
+                with hooks.use(registry, target, report_misses=False, cache=Path(tmp) / f"measured-{i}", measure=MEASURE_SECS) as measured:
+                    tvm.compile(held.mod, target)
+                out["rows"][held.label] = transfer._ranking(served.report, measured.report, candidates)
+    return out
+
+
+def _network(text: str) -> tuple[str, dict[str, int]]:
+    """``resnet18:batch=1,image=128`` → ("resnet18", {"batch": 1, "image": 128})."""
+    name, _, dims = text.partition(":")
+    try:
+        return name, {k: int(v) for k, v in (d.split("=") for d in dims.split(",") if d)}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NETWORK:dim=N,dim=N") from None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--source-store", type=Path, required=True, help="the registry the recorded run transferred from")
     parser.add_argument("--results", type=Path, default=transfer.REPO / "bench" / "results" / "quick" / "transfer.json")
-    parser.add_argument("--out", type=Path, help="where to write the JSON (default: beside --results, ranking.json)")
+    parser.add_argument("--held-out", type=_network, action="append", default=[], metavar="NETWORK:dim=N,…",
+                        help="judge on this network at these shapes, measuring every candidate here (repeatable)")
+    parser.add_argument("--out", type=Path, help="where to write the JSON (default: beside --results, ranking.json or ranking_held_out.json)")
     args = parser.parse_args()
-    judged = rejudge(json.loads(args.results.read_text()), args.source_store)
+    if args.held_out:
+        judged = judge_held_out(args.source_store, args.held_out)
+    else:
+        judged = rejudge(json.loads(args.results.read_text()), args.source_store)
     for label, summary in judged["rows"].items():
-        cells = [f"nearest {summary['nearest_is_best']}/{summary['compared']} {summary['time_nearest_vs_best']:.2f}"]
+        cells = [f"served {summary['served_is_best']}/{summary['compared']} {summary['time_served_vs_best']:.2f}"]
         for name, alt in summary["alternatives"].items():
             if alt["compared"]:
                 cells.append(f"{name} {alt[f'{name}_is_best']}/{alt['compared']} {alt[f'time_{name}_vs_best']:.2f}")
         print(f"{label}: " + ", ".join(cells))
-    out = args.out or args.results.with_name("ranking.json")
+    out = args.out or args.results.with_name("ranking_held_out.json" if args.held_out else "ranking.json")
     out.write_text(json.dumps(judged, indent=1, default=str))
     print(f"wrote {out} (cost model: {judged['cost_model']})")
 

@@ -319,23 +319,24 @@ def _transfer(d: dict[str, Any] | None, drawn: dict[str, str], judged: dict[str,
               "this machine and is linked (`hooks/objects.py`).", ""]  # fmt: skip
     ranked = [(r["label"], r["ranking"]) for r in d["rows"] if r.get("ranking", {}).get("compared")]
     if ranked:
-        lines += ["### Ranking: nearest-first against the fastest candidate measured here", "",
-                  "Kernels with at least two applicable candidates, every one built, checked and timed on this machine.", ""]  # fmt: skip
-        body = [[label, str(k["compared"]), str(k["nearest_is_best"]), fmt(k["nearest_vs_best"]), f"{k['time_nearest_vs_best']:.3f}"] for label, k in ranked]
-        lines += table(["network", "kernels compared", "nearest was the fastest", "nearest / fastest, per kernel", "nearest / fastest, summed kernel time"], body)
+        lines += ["### Ranking: the hook's pick against the fastest candidate measured here", "",
+                  f"The hook ranked by: {d.get('ranked_by')}. Kernels with at least two applicable candidates, every one built, "
+                  "checked and timed on this machine.", ""]  # fmt: skip
+        body = [[label, str(k["compared"]), str(k["served_is_best"]), fmt(k["served_vs_best"]), f"{k['time_served_vs_best']:.3f}"] for label, k in ranked]
+        lines += table(["network", "kernels compared", "served was the fastest", "served / fastest, per kernel", "served / fastest, summed kernel time"], body)
         lines += [""]
         names = {"source_gflops": "most GFLOPS on its own workload first", "source_secs": "fastest on its own workload first",
-                 "xgboost": "xgboost cost model"}  # fmt: skip
+                 "xgboost": "xgboost cost model", "nearest_first": "nearest first", "fit": "fewest tiles re-derived, then most GFLOPS"}  # fmt: skip
         rejudged = _rejudged(ranked, judged, d.get("started"))
         alternatives = sorted({n for _, k in ranked for n in k.get("alternatives", {})})
         if alternatives:
             lines += ["Other rankings on the same measurements (picked the fastest / summed kernel time against the fastest; "
-                      "nearest first for comparison):", ""]  # fmt: skip
+                      "the hook's pick for comparison):", ""]  # fmt: skip
             if rejudged:
                 lines += [rejudged, ""]
-            body = [[label, f"{k['nearest_is_best']}/{k['compared']}, {k['time_nearest_vs_best']:.3f}",
+            body = [[label, f"{k['served_is_best']}/{k['compared']}, {k['time_served_vs_best']:.3f}",
                      *(_pick(k["alternatives"].get(n), n) for n in alternatives)] for label, k in ranked]  # fmt: skip
-            lines += table(["network", "nearest first", *(names.get(n, n) for n in alternatives)], body) + [""]
+            lines += table(["network", "served", *(names.get(n, n) for n in alternatives)], body) + [""]
     if d.get("warm_vs_cold"):
         lines += ["### Warm-started against cold tuning (same budget, the slowest held-out kernels)", ""]
         body = [[f"`{w['op']}`", str(w["warm_started"]), f"{w['warm_first_us']:.1f}", f"{w['warm_best_us']:.1f}", f"{w['cold_best_us']:.1f}",

@@ -8,14 +8,14 @@
    lengths, and ResNet-18 imported through ``torch.export`` and TVM's PyTorch frontend (weights
    bound as constants; exported in a process of its own, ``bench.torch_export``). Each compiles with
    plain ``tvm.compile`` (TVM's default schedules) and inside ``hooks.use(registry)``, where
-   kernels without a record get a transfer, nearest first: with an empty kernel cache, then again
+   kernels without a record get a transfer, ranked by ``hooks.ranking``: with an empty kernel cache, then again
    with this machine's cache (medians of 3, interleaved); then once with measured transfers
    (``measure=``: every applicable candidate timed here, the fastest served), which also tells
-   how often nearest-first picked the fastest candidate.
+   how often the hook's ranking (and each alternative ranking) picked the fastest candidate.
 3. Then the held-out kernels are tuned at the same budget (warm-started from the registry, as the
    worker does) and the network compiles again: every kernel must hit. For a few kernels a cold
    search (no warm start) at the same budget gives the trials the warm search needed to match it.
-4. Ray stops; default, transferred (nearest first), measured-transfer and tuned forward passes and
+4. Ray stops; default, transferred (the hook's ranking), measured-transfer and tuned forward passes and
    the PyTorch twin (in its own process) are timed side by side in interleaved rounds, and every
    output is checked against the default's.
 """
@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from schedhub.tuner.costmodel import CostModel
 
 REPO = Path(__file__).resolve().parent.parent
+RANKED_BY = "the fewest tile sizes re-derived on the kernel, then the most GFLOPS on its own workload (hooks.ranking)"
 
 MODES: dict[str, dict[str, Any]] = {
     "quick": {
@@ -123,7 +124,7 @@ def run(mode: str, say: Callable[[str], None] = print, source_store: Path | None
     tvm_env.prepare()
     cluster.start()
     out: dict[str, Any] = {"mode": mode, "target": tvm_env.host_target(), "options": asdict(options), "source": config["source"],
-                           "rows": [], "warm_vs_cold": [], "ranked_by": "nearest structure neighbour first (compiler, then shape distance, then target)"}  # fmt: skip
+                           "rows": [], "warm_vs_cold": [], "ranked_by": RANKED_BY}
     with contextlib.ExitStack() as stack:
         root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="schedhub-bench-transfer-"))) / "store"
         started = time.time()
@@ -215,11 +216,12 @@ def _compile_transferred(held: HeldOut, registry: LocalRegistry, target: Any, wo
 
 def _candidates(registry: LocalRegistry, held: HeldOut, model: CostModel | None = None) -> dict[str, dict[str, Any]]:
     """By kernel key and trace id (``key:tid``): how each candidate the hook is offered for a held-out kernel
-    relates to it, how fast it ran on its own workload (GFLOPS: TVM's FLOP estimate over its recorded seconds)
-    and, with ``model``, the speed the cost model predicts for it replayed on the held-out kernel."""
+    relates to it (``order``: its place in the registry's answer, nearest first), how fast it ran on its own
+    workload (GFLOPS: TVM's FLOP estimate over its recorded seconds), how many of its tile sizes TVM re-derived
+    replayed on the held-out kernel (``retiled``) and, with ``model``, the speed the cost model predicts for it there."""
     from schedhub.tuner import costmodel
     from schedhub.hooks.identity import target_from_text, workload_module
-    from schedhub.hooks.msdb import normalize_mod, replayed
+    from schedhub.hooks.msdb import normalize_mod, replay
     from schedhub.hooks.session import DEFAULT_CANDIDATES
 
     _, near = registry.lookup_with_candidates([k.identity for k in held.kernels], per_key=DEFAULT_CANDIDATES)
@@ -228,15 +230,16 @@ def _candidates(registry: LocalRegistry, held: HeldOut, model: CostModel | None 
     out = {}
     for key, candidates in near.items():
         kernel = normalize_mod(workload_module(by_key[key].workload)["main"])
-        for c in candidates:
+        for order, c in enumerate(candidates):
             source = c.record.identity
             if source.key not in flops:
                 flops[source.key] = costmodel.flops(workload_module(source.workload))
-            row = out[f"{key}:{c.record.trace_id}"] = {"relation": c.relation, "distance": c.distance, "source_op": source.op,
+            row = out[f"{key}:{c.record.trace_id}"] = {"relation": c.relation, "distance": c.distance, "order": order, "source_op": source.op,
                                                        "source_us": c.record.mean_secs * 1e6, "source_gflops": flops[source.key] / c.record.mean_secs / 1e9}  # fmt: skip
-            if model is not None:
-                with contextlib.suppress(Exception):  # does not replay here: the hook drops it too
-                    vector = costmodel.features(replayed(kernel, c.record.trace), target_from_text(by_key[key].target), costmodel.flops(kernel))
+            with contextlib.suppress(Exception):  # does not replay here: the hook drops it too
+                scheduled, row["retiled"] = replay(kernel, c.record.trace)
+                if model is not None:
+                    vector = costmodel.features(scheduled, target_from_text(by_key[key].target), costmodel.flops(kernel))
                     row["predicted_log2_gflops"] = model.predict([vector])[0]
     return out
 
@@ -253,9 +256,11 @@ def cost_model(registry: LocalRegistry) -> tuple[CostModel, dict[str, Any]]:
     return model, {"samples": len(data), "train_secs": time.perf_counter() - started}
 
 
-#: Rankings compared with the hook's (nearest first) on the same measurements: a sort key over a candidate's attributes
+#: Rankings compared with the hook's pick on the same measurements: a sort key over a candidate's attributes
 #: (a candidate without the attribute ranks last).
-ALTERNATIVE_RANKINGS: dict[str, Callable[[dict[str, Any]], float]] = {
+ALTERNATIVE_RANKINGS: dict[str, Callable[[dict[str, Any]], Any]] = {
+    "fit": lambda c: (c["relation"] != "compiler", c.get("retiled", math.inf), -c["source_gflops"], c.get("order", math.inf)),  # the hook's (hooks.ranking)
+    "nearest_first": lambda c: c.get("order", math.inf),  # the registry's order: compiler, then shape distance, then target
     "source_gflops": lambda c: -c["source_gflops"],  # the fastest schedule on its own workload, for its work
     "source_secs": lambda c: c["source_us"],  # the fastest on its own workload, whatever its size
     "xgboost": lambda c: -c.get("predicted_log2_gflops", -math.inf),  # the cost model's fastest, replayed on this kernel
@@ -294,18 +299,18 @@ def _compile_hits(held: HeldOut, registry: LocalRegistry, target: Any, workdir: 
     return executable, {k: summary(v) for k, v in secs.items()}
 
 
-def _ranking(nearest: Any, measured: Any, candidates: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """How the nearest-first pick, and each of :data:`ALTERNATIVE_RANKINGS`' picks, compare with the fastest
-    candidate measured here, kernel by kernel (kernels whose candidates were all measured and at least two
-    distinct schedules applied)."""
-    picked = {k.key: k.detail.split(":")[1] for k in nearest.kernels if k.outcome == "transfer"}
+def _ranking(served: Any, measured: Any, candidates: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """How the hook's pick (``served``: the report of a compile without measurement), and each of
+    :data:`ALTERNATIVE_RANKINGS`' picks, compare with the fastest candidate measured here, kernel by kernel
+    (kernels whose candidates were all measured and at least two distinct schedules applied)."""
+    picked = {k.key: k.detail.split(":")[1] for k in served.kernels if k.outcome == "transfer"}
     rows = []
     for k in measured.kernels:
         times = {t: s for t, s in k.measured.items() if s is not None}
         if k.key in picked and picked[k.key] in times and len(times) >= 2:
             best = min(times.values())
             row = {"op": k.op, "key": k.key, "candidates": len(k.measured), "refused": sum(s is None for s in k.measured.values()),
-                   "nearest_us": times[picked[k.key]] * 1e6, "best_us": best * 1e6, "nearest_vs_best": times[picked[k.key]] / best,
+                   "served_us": times[picked[k.key]] * 1e6, "best_us": best * 1e6, "served_vs_best": times[picked[k.key]] / best,
                    "measured": [{"tid": t, "us": s * 1e6, **candidates.get(f"{k.key}:{t}", {})} for t, s in times.items()]}  # fmt: skip
             rows.append(alternative_picks(row, candidates))
     return ranking_summary(rows)
@@ -323,7 +328,7 @@ def alternative_picks(row: dict[str, Any], candidates: dict[str, dict[str, Any]]
 
 def ranking_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     alternatives = {name: _picks([r for r in rows if f"{name}_us" in r], name) for name in ALTERNATIVE_RANKINGS}
-    return {"kernels": rows, **_picks(rows, "nearest"), "alternatives": alternatives}
+    return {"kernels": rows, **_picks(rows, "served"), "alternatives": alternatives}
 
 
 def _picks(rows: list[dict[str, Any]], name: str) -> dict[str, Any]:

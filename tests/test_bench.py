@@ -125,14 +125,17 @@ def test_pytorch_runs_in_its_own_process_without_tvm() -> None:
 def test_each_ranking_is_judged_by_the_time_of_its_own_pick_and_later_rankings_merge_into_the_same_run() -> None:
     from bench import transfer
 
-    def candidate(us: float, distance: float, gflops: float, predicted: float) -> dict:
-        return {"us": us, "distance": distance, "source_gflops": gflops, "source_us": 10.0, "predicted_log2_gflops": predicted}
+    def candidate(us: float, order: int, gflops: float, predicted: float, retiled: int) -> dict:
+        return {"us": us, "relation": "shape", "order": order, "distance": float(order), "source_gflops": gflops, "source_us": 10.0,
+                "predicted_log2_gflops": predicted, "retiled": retiled}
 
-    measured = {"a": candidate(300.0, 1.0, 10.0, 2.0), "b": candidate(100.0, 2.0, 50.0, 1.0), "c": candidate(200.0, 3.0, 20.0, 5.0)}
+    measured = {"a": candidate(300.0, 0, 10.0, 2.0, 2), "b": candidate(100.0, 1, 50.0, 1.0, 1), "c": candidate(200.0, 2, 20.0, 5.0, 1)}
     candidates = {f"k:{t}": {k: v for k, v in c.items() if k != "us"} for t, c in measured.items()}
-    row = {"op": "conv", "key": "k", "nearest_us": 300.0, "best_us": 100.0, "measured": [{"tid": t, "us": c["us"]} for t, c in measured.items()]}
+    row = {"op": "conv", "key": "k", "served_us": 200.0, "best_us": 100.0, "measured": [{"tid": t, "us": c["us"]} for t, c in measured.items()]}
     summary = transfer.ranking_summary([transfer.alternative_picks(row, candidates)])
-    assert summary["nearest_is_best"] == 0 and summary["time_nearest_vs_best"] == pytest.approx(3.0)
+    assert summary["served_is_best"] == 0 and summary["time_served_vs_best"] == pytest.approx(2.0)
+    assert summary["alternatives"]["nearest_first"]["time_nearest_first_vs_best"] == pytest.approx(3.0)  # a: first in the registry's order
+    assert summary["alternatives"]["fit"]["fit_is_best"] == 1  # b: fewest tiles re-derived, then the most GFLOPS
     assert summary["alternatives"]["source_gflops"]["source_gflops_is_best"] == 1  # b: the most GFLOPS on its own workload
     assert summary["alternatives"]["xgboost"]["time_xgboost_vs_best"] == pytest.approx(2.0)  # c: the highest prediction
 
