@@ -7,8 +7,8 @@ at 4×4 pixels ran at 66 GFLOPS; replayed at 6×6, 5). So the hook serves, in or
 
 1. a record of the very workload under another compiler build (relation ``compiler``);
 2. the candidate with the fewest tile sizes re-derived on this kernel;
-3. among those, the fastest for its work on its own workload (GFLOPS: TVM's FLOP estimate over the
-   record's seconds, which a verifier measured for a verified record);
+3. among those, the fastest for its work on its own workload (:func:`work` over the record's
+   seconds, which a verifier measured for a verified record);
 4. then the registry's order (nearest shapes first).
 
 bench/ (``python -m bench.ranking``) judges this against nearest-first and the others on
@@ -17,7 +17,10 @@ measured candidates.
 
 from __future__ import annotations
 
+import ast
+import functools
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +36,83 @@ def flops(mod: tvm.IRModule) -> float:
     return max(float(estimate_tir_flops(mod)), 1.0)
 
 
+@functools.lru_cache(maxsize=1024)
+def work(workload: str) -> float:
+    """A measure of a canonical workload's arithmetic, read from its text without TVM: for every block,
+    the operators in its body times the iterations of the loops around it.
+
+    Parsing TVMScript costs TVM ~180 ms a convolution; this costs ~1 ms. It is not a FLOP count,
+    but two workloads of one structure have the same blocks and operators, so the ratio of their
+    work is the ratio of their iterations: what ranking candidates by speed for their work needs.
+    """
+    try:
+        tree = ast.parse(workload)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return 1.0
+    return max(_work(tree.body, 1.0), 1.0)
+
+
+def _work(body: list[ast.stmt], iterations: float) -> float:
+    total = 0.0
+    for stmt in body:
+        if isinstance(stmt, ast.For):
+            total += _work(stmt.body, iterations * _trip_count(stmt.iter))
+        elif isinstance(stmt, ast.With) and any(_call_name(item.context_expr) == "T.sblock" for item in stmt.items):
+            total += iterations * sum(_operators(s.value) for s in stmt.body if isinstance(s, (ast.Assign, ast.AugAssign)))
+            total += _work(stmt.body, iterations)
+        elif isinstance(stmt, ast.With) and any(_call_name(item.context_expr) == "T.init" for item in stmt.items):
+            continue  # the reduction's initial value: no arithmetic
+        elif isinstance(stmt, (ast.With, ast.ClassDef, ast.FunctionDef, ast.If)):
+            total += _work(stmt.body, iterations)
+    return total
+
+
+def _trip_count(node: ast.expr) -> float:
+    """Iterations of ``range(n)`` / ``range(a, b)`` / ``T.grid(n, m, …)`` (``T.int64(n)`` or literals); 1 when not static."""
+    if not isinstance(node, ast.Call):
+        return 1.0
+    sizes = [_literal(a) for a in node.args]
+    if _call_name(node) == "range" and len(sizes) == 2:
+        return max(sizes[1] - sizes[0], 1.0)
+    return math.prod(sizes) if sizes else 1.0
+
+
+def _literal(node: ast.expr) -> float:
+    if isinstance(node, ast.Call) and node.args:
+        node = node.args[0]  # T.int64(n)
+    value = node.value if isinstance(node, ast.Constant) else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else 1.0
+
+
+_NOT_ARITHMETIC = re.compile(r"T\.(u?int\d+|float\d+|bfloat16|bool|Cast|reinterpret|axis\.\w+)")
+
+
+def _operators(value: ast.expr) -> int:
+    """Arithmetic in a block's store, as TVM's FLOP estimate counts it: binary operators and math calls on
+    values; not index arithmetic (subscripts), conditions (of ``T.if_then_else``), constants or casts."""
+    count, pending = 0, [value]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (ast.Subscript, ast.Compare, ast.BoolOp)):
+            continue
+        name = _call_name(node) if isinstance(node, ast.Call) else ""
+        if name == "T.if_then_else":
+            pending.extend(node.args[1:])
+            continue
+        count += isinstance(node, ast.BinOp) or (isinstance(node, ast.Call) and not _NOT_ARITHMETIC.fullmatch(name))
+        pending.extend(ast.iter_child_nodes(node))
+    return count
+
+
+def _call_name(node: ast.expr) -> str:
+    """``T.axis.remap`` for a call of a dotted name; "" for anything else."""
+    func, parts = (node.func if isinstance(node, ast.Call) else None), []
+    while isinstance(func, ast.Attribute):
+        parts.append(func.attr)
+        func = func.value
+    return ".".join([func.id, *reversed(parts)]) if isinstance(func, ast.Name) else ""
+
+
 def retiled(recorded: list[Any], replayed_trace: Any) -> int:
     """How many ``SamplePerfectTile`` decisions of a trace (its JSON form, ``recorded``) changed when it
     was replayed (``replayed_trace``, the schedule's Trace): tile sizes TVM re-derived for new extents."""
@@ -45,9 +125,9 @@ def retiled(recorded: list[Any], replayed_trace: Any) -> int:
     return changed
 
 
-def gflops(work: float, secs: float) -> float:
-    """Speed of a record on its own workload; 0 for a time that is not a positive finite number."""
-    return work / secs / 1e9 if math.isfinite(secs) and secs > 0 else 0.0
+def speed(amount: float, secs: float) -> float:
+    """Work per second of a record on its own workload; 0 for a time that is not a positive finite number."""
+    return amount / secs if math.isfinite(secs) and secs > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -55,9 +135,9 @@ class Fit:
     """What the ranking knows of one candidate on one kernel."""
 
     retiled: int  # tile sizes re-derived on replay
-    source_gflops: float  # speed on its own workload
+    speed: float  # work per second on its own workload
 
 
 def rank_key(candidate: Candidate, fit: Fit, order: int) -> tuple[int, int, float, int]:
     """Sort key: smaller is served first (see the module's docstring)."""
-    return (0 if candidate.relation == COMPILER else 1, fit.retiled, -fit.source_gflops, order)
+    return (0 if candidate.relation == COMPILER else 1, fit.retiled, -fit.speed, order)

@@ -33,11 +33,11 @@ from schedhub.registry import Candidate, Identity, Record, Registry, RegistryErr
 
 from .cache import KernelCache, default_dir
 from .guard import ScheduleLimits, check_scheduled, check_trace_size
-from .identity import as_module, workload_identity, workload_module
+from .identity import as_module, workload_identity
 from .measure import TIMING, Budget, KernelBench, Timing, host_cpu, runs_here
 from .msdb import normalize_mod, replay, scheduled, tuning_record
 from .objects import OBJECT_ID, ObjectCache
-from .ranking import Fit, flops, gflops, rank_key, retiled
+from .ranking import Fit, rank_key, retiled, speed, work
 
 Trust = Union[str, Collection[str]]
 
@@ -130,7 +130,6 @@ class HookSession:
         self._records: dict[str, list[Record]] = {}
         self._candidates: dict[str, list[Candidate]] = {}  # neighbours of missed keys, nearest first
         self._retiled: dict[tuple[str, str], int] = {}  # (kernel key, trace id): tile sizes re-derived on replay
-        self._flops: dict[str, float] = {}  # workload text: TVM's FLOP estimate
         self._committed: dict[str, list[Record]] = {}  # what this process committed: read back at once
         self._pending_misses: dict[str, Identity] = {}
         self._refused_keys: set[str] = set()
@@ -311,18 +310,7 @@ class HookSession:
 
     def _fit(self, key: str, record: Record) -> Fit:
         """What :func:`.ranking.rank_key` needs of ``record`` replayed on kernel ``key`` (replayed already)."""
-        work = self._flops.get(record.identity.workload)
-        if work is None:
-            entry = self.cache.get("flops", record.identity.workload) or {}
-            work = entry["flops"] if type(entry.get("flops")) is float else None
-            if work is None:
-                try:
-                    work = flops(workload_module(record.identity.workload))
-                except Exception:  # a workload this TVM cannot parse: no speed to rank by
-                    work = 0.0
-                self.cache.put("flops", (record.identity.workload,), {"flops": work})
-            self._flops[record.identity.workload] = work
-        return Fit(self._retiled.get((key, record.trace_id), 0), gflops(work, record.mean_secs))
+        return Fit(self._retiled.get((key, record.trace_id), 0), speed(work(record.identity.workload), record.mean_secs))
 
     def _measure(self, identity: Identity, applied: list[tuple[Candidate, Any]], bench: tuple[tvm.IRModule, Any]) -> dict[str, float | None]:
         """Seconds per call of each applied candidate on this machine (None: wrong output or failed), from the

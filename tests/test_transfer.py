@@ -340,3 +340,16 @@ def test_the_ranking_puts_the_same_workload_first_then_fitting_tiles_then_speed_
 
     ranked = sorted([key("shape", 0, 5.0, 3), key("shape", 1, 90.0, 0), key("compiler", 2, 1.0, 4), key("shape", 0, 9.0, 2), key("target", 0, 9.0, 1)])
     assert ranked == [key("compiler", 2, 1.0, 4), key("target", 0, 9.0, 1), key("shape", 0, 9.0, 2), key("shape", 0, 5.0, 3), key("shape", 1, 90.0, 0)]
+
+
+def test_the_work_the_ranking_reads_from_a_workload_text_is_tvms_flop_estimate() -> None:
+    """The hook ranks candidates by speed for their work without TVM parsing their workloads (~180 ms each)."""
+    from schedhub.hooks.ranking import flops, work
+    from schedhub.tuner import models
+
+    resnet, _, _ = models.export("resnet18", batch=1, image=32)
+    found = [k for k in [*kernels(export(16), CPU), *kernels(resnet, CPU)] if flops(workload_module(k.identity.workload)) > 1]
+    assert len(found) > 10 and any("conv2d" in k.name for k in found)
+    for k in found:
+        assert work(k.identity.workload) == flops(workload_module(k.identity.workload)), k.name
+    assert work("not python") == 1.0
