@@ -334,6 +334,8 @@ def _transfer(d: dict[str, Any] | None, drawn: dict[str, str], judged: dict[str,
                       "the hook's pick for comparison):", ""]  # fmt: skip
             if rejudged:
                 lines += [rejudged, ""]
+            if "xgboost" in alternatives:
+                lines += [_cost_model_sentence(judged if rejudged else d), ""]
             body = [[label, f"{k['served_is_best']}/{k['compared']}, {k['time_served_vs_best']:.3f}",
                      *(_pick(k["alternatives"].get(n), n) for n in alternatives)] for label, k in ranked]  # fmt: skip
             lines += table(["network", "served", *(names.get(n, n) for n in alternatives)], body) + [""]
@@ -360,9 +362,13 @@ def _rejudged(ranked: list[tuple[str, dict[str, Any]]], judged: dict[str, Any] |
                 added.add(name)
     if not added:
         return ""
-    model = judged.get("cost_model") or {}
-    return (f"Judged later by `python -m bench.ranking --source-store DIR` on this run's measurements: {', '.join(sorted(added))}. "
-            f"The cost model is xgboost over MetaSchedule's per-store features of each candidate replayed on the held-out kernel, "
+    return f"Judged later by `python -m bench.ranking --source-store DIR` on this run's measurements: {', '.join(sorted(added))}."
+
+
+def _cost_model_sentence(results: dict[str, Any] | None) -> str:
+    """What the xgboost column ranks by, with the sample count of the results that trained it."""
+    model = (results or {}).get("cost_model") or {}
+    return (f"The xgboost cost model ranks by MetaSchedule's per-store features of each candidate replayed on the held-out kernel, "
             f"trained on the source registry's records ({model.get('samples', '?')} samples: each record on its own workload, "
             f"each workload unscheduled), predicting GFLOPS.")
 
