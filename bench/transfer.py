@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from schedhub.hooks.ranking import rank_key
 from schedhub.registry import LocalRegistry
 from schedhub.tuner import cluster, dispatch, models, tvm_env
 from schedhub.tuner.search import TuneOptions, TuneResult
@@ -217,11 +218,13 @@ def _compile_transferred(held: HeldOut, registry: LocalRegistry, target: Any, wo
 def _candidates(registry: LocalRegistry, held: HeldOut, model: CostModel | None = None) -> dict[str, dict[str, Any]]:
     """By kernel key and trace id (``key:tid``): how each candidate the hook is offered for a held-out kernel
     relates to it (``order``: its place in the registry's answer, nearest first), how fast it ran on its own
-    workload (GFLOPS: TVM's FLOP estimate over its recorded seconds), how many of its tile sizes TVM re-derived
+    workload (GFLOPS: TVM's FLOP estimate over its recorded seconds; ``source_speed``: the hook's measure of the
+    same, ``hooks.ranking.work`` over those seconds), how many of its tile sizes TVM re-derived
     replayed on the held-out kernel (``retiled``) and, with ``model``, the speed the cost model predicts for it there."""
     from schedhub.tuner import costmodel
     from schedhub.hooks.identity import target_from_text, workload_module
     from schedhub.hooks.msdb import normalize_mod, replay
+    from schedhub.hooks.ranking import speed, work
     from schedhub.hooks.session import DEFAULT_CANDIDATES
 
     _, near = registry.lookup_with_candidates([k.identity for k in held.kernels], per_key=DEFAULT_CANDIDATES)
@@ -235,7 +238,8 @@ def _candidates(registry: LocalRegistry, held: HeldOut, model: CostModel | None 
             if source.key not in flops:
                 flops[source.key] = costmodel.flops(workload_module(source.workload))
             row = out[f"{key}:{c.record.trace_id}"] = {"relation": c.relation, "distance": c.distance, "order": order, "source_op": source.op,
-                                                       "source_us": c.record.mean_secs * 1e6, "source_gflops": flops[source.key] / c.record.mean_secs / 1e9}  # fmt: skip
+                                                       "source_us": c.record.mean_secs * 1e6, "source_gflops": flops[source.key] / c.record.mean_secs / 1e9,
+                                                       "source_speed": speed(work(source.workload), c.record.mean_secs)}  # fmt: skip
             with contextlib.suppress(Exception):  # does not replay here: the hook drops it too
                 scheduled, row["retiled"] = replay(kernel, c.record.trace)
                 if model is not None:
@@ -259,7 +263,7 @@ def cost_model(registry: LocalRegistry) -> tuple[CostModel, dict[str, Any]]:
 #: Rankings compared with the hook's pick on the same measurements: a sort key over a candidate's attributes
 #: (a candidate without the attribute ranks last).
 ALTERNATIVE_RANKINGS: dict[str, Callable[[dict[str, Any]], Any]] = {
-    "fit": lambda c: (c["relation"] != "compiler", c.get("retiled", math.inf), -c["source_gflops"], c.get("order", math.inf)),  # the hook's (hooks.ranking)
+    "fit": lambda c: rank_key(c["relation"], c["retiled"], c["source_speed"], c["order"]) if "retiled" in c else (math.inf,),  # the hook's
     "nearest_first": lambda c: c.get("order", math.inf),  # the registry's order: compiler, then shape distance, then target
     "source_gflops": lambda c: -c["source_gflops"],  # the fastest schedule on its own workload, for its work
     "source_secs": lambda c: c["source_us"],  # the fastest on its own workload, whatever its size

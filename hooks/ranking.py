@@ -21,19 +21,9 @@ import ast
 import functools
 import math
 import re
-from dataclasses import dataclass
 from typing import Any
 
-import tvm
-
-from schedhub.registry import COMPILER, Candidate
-
-
-def flops(mod: tvm.IRModule) -> float:
-    """TVM's FLOP estimate of a kernel (1 for a kernel without arithmetic, so speeds stay finite)."""
-    from tvm.s_tir.analysis import estimate_tir_flops
-
-    return max(float(estimate_tir_flops(mod)), 1.0)
+from schedhub.registry import COMPILER, dotted_name
 
 
 @functools.lru_cache(maxsize=1024)
@@ -106,12 +96,7 @@ def _operators(value: ast.expr) -> int:
 
 
 def _call_name(node: ast.expr) -> str:
-    """``T.axis.remap`` for a call of a dotted name; "" for anything else."""
-    func, parts = (node.func if isinstance(node, ast.Call) else None), []
-    while isinstance(func, ast.Attribute):
-        parts.append(func.attr)
-        func = func.value
-    return ".".join([func.id, *reversed(parts)]) if isinstance(func, ast.Name) else ""
+    return dotted_name(node.func) if isinstance(node, ast.Call) else ""
 
 
 def retiled(recorded: list[Any], replayed_trace: Any) -> int:
@@ -131,14 +116,8 @@ def speed(amount: float, secs: float) -> float:
     return amount / secs if math.isfinite(secs) and secs > 0 else 0.0
 
 
-@dataclass(frozen=True)
-class Fit:
-    """What the ranking knows of one candidate on one kernel."""
-
-    retiled: int  # tile sizes re-derived on replay
-    speed: float  # work per second on its own workload
-
-
-def rank_key(candidate: Candidate, fit: Fit, order: int) -> tuple[int, int, float, int]:
-    """Sort key: smaller is served first (see the module's docstring)."""
-    return (0 if candidate.relation == COMPILER else 1, fit.retiled, -fit.speed, order)
+def rank_key(relation: str, retiled: int, speed: float, order: int) -> tuple[int, int, float, int]:
+    """Sort key of a candidate (see the module's docstring): smaller is served first. ``retiled``: its tile
+    sizes re-derived on this kernel; ``speed``: its work per second on its own workload; ``order``: its
+    place in the registry's answer."""
+    return (0 if relation == COMPILER else 1, retiled, -speed, order)

@@ -37,7 +37,7 @@ from .identity import as_module, workload_identity
 from .measure import TIMING, Budget, KernelBench, Timing, host_cpu, runs_here
 from .msdb import normalize_mod, replay, scheduled, tuning_record
 from .objects import OBJECT_ID, ObjectCache
-from .ranking import Fit, rank_key, retiled, speed, work
+from .ranking import rank_key, retiled, speed, work
 
 Trust = Union[str, Collection[str]]
 
@@ -295,7 +295,7 @@ class HookSession:
                 break  # no time left to measure another
         if not applied:
             return None
-        ranked = {id(c): rank_key(c, self._fit(identity.key, c.record), i) for i, (c, _) in enumerate(applied)}
+        ranked = {id(c): self._rank(identity.key, c, i) for i, (c, _) in enumerate(applied)}
         applied.sort(key=lambda pair: ranked[id(pair[0])])
         measured = self._measure(identity, applied, bench) if bench is not None and len(applied) > 1 else {}
         served = [(c, out) for c, out in applied if measured.get(c.record.trace_id, 0.0) is not None]  # refused by measurement: never served
@@ -308,9 +308,10 @@ class HookSession:
         self._note(identity, TRANSFER, f"{candidate.relation}:{candidate.record.trace_id}:{candidate.record.identity.op}", measured)
         return out
 
-    def _fit(self, key: str, record: Record) -> Fit:
-        """What :func:`.ranking.rank_key` needs of ``record`` replayed on kernel ``key`` (replayed already)."""
-        return Fit(self._retiled.get((key, record.trace_id), 0), speed(work(record.identity.workload), record.mean_secs))
+    def _rank(self, key: str, candidate: Candidate, order: int) -> tuple[int, int, float, int]:
+        """:func:`.ranking.rank_key` of a candidate replayed (already) on kernel ``key``."""
+        record = candidate.record
+        return rank_key(candidate.relation, self._retiled.get((key, record.trace_id), 0), speed(work(record.identity.workload), record.mean_secs), order)
 
     def _measure(self, identity: Identity, applied: list[tuple[Candidate, Any]], bench: tuple[tvm.IRModule, Any]) -> dict[str, float | None]:
         """Seconds per call of each applied candidate on this machine (None: wrong output or failed), from the

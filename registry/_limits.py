@@ -119,7 +119,7 @@ def _usual_signature(text: str) -> list[Any] | None:
 
 
 def _buffer_arg(node: ast.expr | None, name: str) -> list[Any]:
-    if not (isinstance(node, ast.Call) and _dotted(node.func) == "T.Buffer" and node.args and not node.keywords):
+    if not (isinstance(node, ast.Call) and dotted_name(node.func) == "T.Buffer" and node.args and not node.keywords):
         raise InvalidRecord(f"workload argument {name!r} is not a static T.Buffer")
     shape_node = node.args[0]
     dims = shape_node.elts if isinstance(shape_node, ast.Tuple) else [shape_node]
@@ -133,17 +133,20 @@ def _buffer_arg(node: ast.expr | None, name: str) -> list[Any]:
 
 
 def _dim(node: ast.expr, name: str) -> int:
-    if isinstance(node, ast.Call) and _dotted(node.func) in ("T.int64", "T.int32") and len(node.args) == 1:
+    if isinstance(node, ast.Call) and dotted_name(node.func) in ("T.int64", "T.int32") and len(node.args) == 1:
         node = node.args[0]
     if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool) and 0 <= node.value <= MAX_DIM:
         return node.value
     raise InvalidRecord(f"workload argument {name!r} has a dimension that is not a static size")
 
 
-def _dotted(node: ast.expr) -> str:
-    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
-        return f"{node.value.id}.{node.attr}"
-    return ""
+def dotted_name(node: ast.expr) -> str:
+    """``T.axis.spatial`` for a chain of attributes on a name (``range`` for a name); "" for anything else."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return ".".join([node.id, *reversed(parts)]) if isinstance(node, ast.Name) else ""
 
 
 # -- workload text: data, never code -----------------------------------------------------------------
@@ -190,24 +193,15 @@ def _workload_problem(text: str) -> str | None:
             if isinstance(node, ast.ClassDef) and (node.bases or node.keywords):
                 return "a class with bases"
             for d in node.decorator_list:
-                if _dotted_path(d.func if isinstance(d, ast.Call) else d) not in _DECORATORS:
+                if dotted_name(d.func if isinstance(d, ast.Call) else d) not in _DECORATORS:
                     return "a decorator other than T.prim_func / I.ir_module"
         if isinstance(node, ast.Call):
-            name = _dotted_path(node.func)
+            name = dotted_name(node.func)
             parts = name.split(".")
             allowed = name == "range" or (parts[0] == "T" and (len(parts) == 2 or (len(parts) == 3 and parts[1] == "axis")))
             if not allowed or _CALLS_OUT.search(name.lower()):
                 return f"a call to {name or 'an expression'} is not allowed"
     return None
-
-
-def _dotted_path(node: ast.expr) -> str:
-    """``T.axis.spatial`` for a chain of attributes on a name; "" for anything else."""
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    return ".".join([node.id, *reversed(parts)]) if isinstance(node, ast.Name) else ""
 
 
 # -- trace annotations: schedule hints only ------------------------------------------------------------

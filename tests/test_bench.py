@@ -126,8 +126,8 @@ def test_each_ranking_is_judged_by_the_time_of_its_own_pick_and_later_rankings_m
     from bench import transfer
 
     def candidate(us: float, order: int, gflops: float, predicted: float, retiled: int) -> dict:
-        return {"us": us, "relation": "shape", "order": order, "distance": float(order), "source_gflops": gflops, "source_us": 10.0,
-                "predicted_log2_gflops": predicted, "retiled": retiled}
+        return {"us": us, "relation": "shape", "order": order, "distance": float(order), "source_gflops": gflops, "source_speed": gflops * 1e9,
+                "source_us": 10.0, "predicted_log2_gflops": predicted, "retiled": retiled}
 
     measured = {"a": candidate(300.0, 0, 10.0, 2.0, 2), "b": candidate(100.0, 1, 50.0, 1.0, 1), "c": candidate(200.0, 2, 20.0, 5.0, 1)}
     candidates = {f"k:{t}": {k: v for k, v in c.items() if k != "us"} for t, c in measured.items()}

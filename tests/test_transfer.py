@@ -333,19 +333,17 @@ def test_without_measuring_the_candidate_whose_tiles_still_fit_is_served_before_
 
 
 def test_the_ranking_puts_the_same_workload_first_then_fitting_tiles_then_speed_then_the_registry_order() -> None:
-    from schedhub.hooks.ranking import Fit, rank_key
+    from schedhub.hooks.ranking import rank_key
 
-    def key(relation: str, retiled: int, gflops: float, order: int) -> tuple:
-        return rank_key(Candidate(record(4), relation, 0.0), Fit(retiled, gflops), order)
-
-    ranked = sorted([key("shape", 0, 5.0, 3), key("shape", 1, 90.0, 0), key("compiler", 2, 1.0, 4), key("shape", 0, 9.0, 2), key("target", 0, 9.0, 1)])
-    assert ranked == [key("compiler", 2, 1.0, 4), key("target", 0, 9.0, 1), key("shape", 0, 9.0, 2), key("shape", 0, 5.0, 3), key("shape", 1, 90.0, 0)]
+    ranked = sorted([rank_key("shape", 0, 5.0, 3), rank_key("shape", 1, 90.0, 0), rank_key("compiler", 2, 1.0, 4), rank_key("shape", 0, 9.0, 2), rank_key("target", 0, 9.0, 1)])
+    assert ranked == [rank_key("compiler", 2, 1.0, 4), rank_key("target", 0, 9.0, 1), rank_key("shape", 0, 9.0, 2), rank_key("shape", 0, 5.0, 3), rank_key("shape", 1, 90.0, 0)]
 
 
 def test_the_work_the_ranking_reads_from_a_workload_text_is_tvms_flop_estimate() -> None:
     """The hook ranks candidates by speed for their work without TVM parsing their workloads (~180 ms each)."""
-    from schedhub.hooks.ranking import flops, work
+    from schedhub.hooks.ranking import work
     from schedhub.tuner import models
+    from schedhub.tuner.costmodel import flops
 
     resnet, _, _ = models.export("resnet18", batch=1, image=32)
     found = [k for k in [*kernels(export(16), CPU), *kernels(resnet, CPU)] if flops(workload_module(k.identity.workload)) > 1]
