@@ -13,6 +13,7 @@ from .common import console, open_registry, out, progress, registry_option, repo
 
 
 def ray_option(f: Any) -> Any:
+    f = click.option("--num-gpus", type=int, default=None, help="GPUs of the embedded local Ray cluster (default: those Ray detects).")(f)
     f = click.option("--num-cpus", type=int, default=None, help="CPUs of the embedded local Ray cluster (default: all).")(f)
     return click.option(
         "--ray-address", default=None, metavar="ADDR",
@@ -55,7 +56,7 @@ def work_options(f: Any) -> Any:
 @ray_option
 @reports_errors
 def tune(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: tuple[str, ...], target: str, trials: int, trials_per_iter: int,
-         seed: int, concurrency: int, retune: bool, dry_run: bool, ray_address: str | None, num_cpus: int | None) -> None:  # fmt: skip
+         seed: int, concurrency: int, retune: bool, dry_run: bool, ray_address: str | None, num_cpus: int | None, num_gpus: int | None) -> None:  # fmt: skip
     """Tune every kernel of the given models and push the results (resumable: tuned keys are skipped)."""
     from schedhub.tuner import cluster, plan
     from schedhub.tuner.dispatch import tune_many
@@ -70,7 +71,7 @@ def tune(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: 
         return
     options = _options(trials, trials_per_iter, seed)
     reg = open_registry(registry, token)
-    cluster.start(ray_address, num_cpus)
+    cluster.start(ray_address, num_cpus, num_gpus)
     with progress("tuning", total=len(planned)) as bar:
         task = bar.add_task("tuning", total=len(planned))
         summary = tune_many(reg, [p.kernel.identity for p in planned], options, concurrency=concurrency, retune=retune,
@@ -158,7 +159,7 @@ def job_logs(submission_id: str, address: str, follow: bool) -> None:
 @ray_option
 @reports_errors
 def worker(registry: str, token: str | None, trials: int, trials_per_iter: int, seed: int, concurrency: int, lease_secs: float, poll_secs: float,
-           max_jobs: int | None, until_idle: bool, name: str | None, device: str | None, ray_address: str | None, num_cpus: int | None) -> None:  # fmt: skip
+           max_jobs: int | None, until_idle: bool, name: str | None, device: str | None, ray_address: str | None, num_cpus: int | None, num_gpus: int | None) -> None:  # fmt: skip
     """Lease jobs from the registry's queue (verifications of pushed claims first, then misses), run them on Ray, push and ack.
 
     SIGTERM or SIGINT: stop leasing, give held leases back at once, stop Ray."""
@@ -167,7 +168,7 @@ def worker(registry: str, token: str | None, trials: int, trials_per_iter: int, 
 
     options = _options(trials, trials_per_iter, seed)
     reg = open_registry(registry, token)
-    info = cluster.start(ray_address, num_cpus)
+    info = cluster.start(ray_address, num_cpus, num_gpus)
     stopping: list[int] = []
     for signum in (signal.SIGTERM, signal.SIGINT):  # stop leasing, give held leases back, stop Ray
         signal.signal(signum, lambda sig, _frame: stopping.append(sig))
@@ -177,7 +178,8 @@ def worker(registry: str, token: str | None, trials: int, trials_per_iter: int, 
         out.print(f"{kind} {details}", highlight=False, soft_wrap=True)
 
     w = Worker(reg, options, name=name, concurrency=concurrency, lease_secs=lease_secs, poll_secs=poll_secs, on_event=event, device=device)
-    out.print(f"worker {w.name} ({w.device} jobs) on ray {info['address']}; registry {registry}", highlight=False)
+    kinds = ", ".join(f"{kind} {device}" for kind, device in w.devices) or "no device it can time"
+    out.print(f"worker {w.name} ({kinds} jobs) on ray {info['address']}; registry {registry}", highlight=False)
     try:
         stats = w.run(max_jobs=max_jobs, until_idle=until_idle, should_stop=lambda: bool(stopping))
     finally:
@@ -192,12 +194,12 @@ def worker(registry: str, token: str | None, trials: int, trials_per_iter: int, 
 @click.option("--registry-dir", default=None, help="LMDB directory for the demo registry (default: a fresh temporary one).")
 @ray_option
 @reports_errors
-def demo(trials: int, registry_dir: str | None, ray_address: str | None, num_cpus: int | None) -> None:
+def demo(trials: int, registry_dir: str | None, ray_address: str | None, num_cpus: int | None, num_gpus: int | None) -> None:
     """Compile a shipped model through the hook, tune its misses on Ray, recompile, compare."""
     from schedhub.tuner import cluster, demo as demo_run
 
     logging.getLogger("schedhub").setLevel(logging.WARNING)
-    cluster.start(ray_address, num_cpus)
+    cluster.start(ray_address, num_cpus, num_gpus)
     with progress("tuning the misses in the background", total=None) as bar:
         task = bar.add_task("tune", total=None)
         report = demo_run.run(trials=trials, registry_dir=registry_dir, ray_address=ray_address, say=lambda s: out.print(s, highlight=False),

@@ -48,7 +48,10 @@ class RayBuilder(ms.builder.PyBuilder):
     def build(self, build_inputs: list[ms.builder.BuilderInput]) -> list[ms.builder.BuilderResult]:
         import ray
 
-        refs = [cluster.submit("build", mod_json=tvm.ir.save_json(bi.mod), target_text=target_text(bi.target)) for bi in build_inputs]
+        refs = []
+        for bi in build_inputs:
+            text = target_text(bi.target)
+            refs.append(cluster.submit("build", placed=cluster.placement("build", text), mod_json=tvm.ir.save_json(bi.mod), target_text=text))
         results = []
         for ref in refs:
             try:
@@ -100,12 +103,15 @@ class _Chunk:
 
 @derived_object
 class RayRunner(ms.runner.PyRunner):
-    """Times candidates in measurement tasks that hold the device resource, a chunk at a time."""
+    """Times candidates in measurement tasks that hold the device resource, a chunk at a time.
 
-    def __init__(self, timeline: Timeline, cpus: int, timing: dict[str, Any] | None = None) -> None:
+    ``target``: the canonical target text of the kernels (it decides the device and what the task holds)."""
+
+    def __init__(self, timeline: Timeline, target: str, timing: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.timeline = timeline
-        self.cpus = cpus
+        self.target = target
+        self.placed = cluster.placement("measure", target)
         self.timing = dict(timing or TUNING_TIMING)
 
     def run(self, runner_inputs: list[ms.runner.RunnerInput]) -> list[ms.runner.RunnerFuture]:
@@ -114,7 +120,8 @@ class RayRunner(ms.runner.PyRunner):
             batch = runner_inputs[lo : lo + MEASURE_CHUNK]
             artifacts = [_read(ri.artifact_path) for ri in batch]
             args_info = [plain_json(a.as_json()) for a in batch[0].args_info]
-            chunk = _Chunk(cluster.submit("measure", cpus=self.cpus, artifacts=artifacts, args_info=args_info, timing=self.timing), len(batch), self.timeline)
+            ref = cluster.submit("measure", placed=self.placed, artifacts=artifacts, args_info=args_info, timing=self.timing, target_text=self.target)
+            chunk = _Chunk(ref, len(batch), self.timeline)
             for i in range(len(batch)):
                 futures.append(ms.runner.RunnerFuture(f_done=chunk.done, f_result=lambda i=i, chunk=chunk: chunk.result(i)))
         return futures

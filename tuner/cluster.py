@@ -1,11 +1,16 @@
 """Ray: joining or starting a cluster, and the three kinds of task the tuner runs on it.
 
 - build tasks take one CPU each and run in parallel;
-- measurement tasks take one unit of :data:`MEASURE_RESOURCE`, which each node offers once, so
-  two kernels are never timed at once on one device, *and* as many CPUs as the kernel runs
-  threads (the target's ``num-cores``, at most a node's CPUs): builds only use the cores the
-  measurement leaves free, so they cannot disturb its timings (on a 2-core node timing a
-  2-thread kernel, nothing else runs beside it);
+- measurement tasks of CPU kernels take one unit of :data:`MEASURE_RESOURCE`, which each node
+  offers once, so two kernels are never timed at once on one device, *and* as many CPUs as the
+  kernel runs threads (the target's ``num-cores``, at most a node's CPUs): builds only use the
+  cores the measurement leaves free, so they cannot disturb its timings (on a 2-core node timing
+  a 2-thread kernel, nothing else runs beside it);
+- measurement tasks of CUDA kernels take one of Ray's ``GPU`` units: a node offers one per GPU,
+  and Ray pins the task to its GPU (``CUDA_VISIBLE_DEVICES``), so a node with several GPUs times
+  several kernels at once, each alone on its device. Builds of CUDA kernels run on nodes that
+  offer :data:`CUDA_BUILD_RESOURCE`: TVM without the CUDA runtime keeps CUDA C source that no GPU
+  can load (see :func:`placement`);
 - tuning-job tasks run one search each (several jobs share the cluster and its devices).
 
 Every task takes and returns canonical msgpack bytes (``registry.packb``): Ray moves only bytes
@@ -25,6 +30,9 @@ from schedhub.registry import packb, unpackb
 
 #: One unit per node: the right to time kernels on its CPU.
 MEASURE_RESOURCE = "schedhub_measure_cpu"
+#: Offered by nodes whose TVM compiles CUDA to machine code (it has the CUDA runtime); a CUDA build takes a sliver.
+CUDA_BUILD_RESOURCE = "schedhub_build_cuda"
+_CUDA_BUILD_SHARE = 0.001
 _TEMP_ROOT = "/tmp/schedhub-ray"  # short: Ray's socket paths must stay under 107 bytes
 _LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
@@ -46,11 +54,13 @@ def configure_environment() -> None:
     os.environ.setdefault("RAY_num_workers_soft_limit", str(2 * (os.cpu_count() or 1) + 4))
 
 
-def start(address: str | None = None, num_cpus: int | None = None) -> dict[str, Any]:
+def start(address: str | None = None, num_cpus: int | None = None, num_gpus: int | None = None, resources: dict[str, float] | None = None) -> dict[str, Any]:
     """Join the cluster at ``address`` (``"auto"``, ``ray://…``, ``host:port``) or start a local one.
 
-    A local cluster offers this machine's CPUs and one :data:`MEASURE_RESOURCE`. Returns Ray's
-    context information; a second call in one process returns the running connection's.
+    A local cluster offers this machine's CPUs, one :data:`MEASURE_RESOURCE`, its GPUs (``num_gpus``;
+    by default the ones Ray detects) and, when this machine's TVM compiles CUDA,
+    :data:`CUDA_BUILD_RESOURCE`, and ``resources`` besides (as ``ray start --resources`` does).
+    Returns Ray's context information; a second call in one process returns the running connection's.
     """
     configure_environment()
     if address is None:  # inside a Ray Job (or a shell that chose a cluster): join that cluster
@@ -61,8 +71,10 @@ def start(address: str | None = None, num_cpus: int | None = None) -> dict[str, 
         if address in (None, "", "local"):
             _loopback_only()
             os.makedirs(_TEMP_ROOT, exist_ok=True)
+            cpus = num_cpus or os.cpu_count() or 1
+            offered = {MEASURE_RESOURCE: 1, **({CUDA_BUILD_RESOURCE: cpus} if compiles_cuda() else {}), **(resources or {})}
             ray.init(
-                address="local", num_cpus=num_cpus or os.cpu_count() or 1, resources={MEASURE_RESOURCE: 1},
+                address="local", num_cpus=cpus, num_gpus=num_gpus, resources=offered,
                 include_dashboard=False, _temp_dir=tempfile.mkdtemp(dir=_TEMP_ROOT), log_to_driver=False,
                 _node_ip_address="127.0.0.1",  # embedded: loopback only (other local drivers may join)
                 configure_logging=False,
@@ -75,6 +87,13 @@ def start(address: str | None = None, num_cpus: int | None = None) -> dict[str, 
             f"ray start ... --resources '{{\"{MEASURE_RESOURCE}\": 1}}'"
         )
     return {"address": ray.get_runtime_context().gcs_address, "resources": ray.cluster_resources()}
+
+
+def compiles_cuda() -> bool:
+    """Whether this process's TVM builds CUDA kernels to code a GPU loads (it has the CUDA runtime)."""
+    import tvm
+
+    return bool(tvm.runtime.enabled("cuda"))
 
 
 def _loopback_only() -> None:
@@ -105,7 +124,8 @@ def stop() -> None:
 #: A killed Ray worker re-runs a build or measurement; a candidate that fails to build is a result, not an error.
 TASKS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "build": ("schedhub.tuner.kernels", "build", {"num_cpus": 1, "max_retries": 2}),
-    "measure": ("schedhub.tuner.kernels", "measure", {"num_cpus": 1, "resources": {MEASURE_RESOURCE: 1}, "max_retries": 2}),
+    "measure": ("schedhub.tuner.kernels", "measure", {"num_cpus": 1, "max_retries": 2}),  # placed by placement()
+    "probe": ("schedhub.tuner.kernels", "probe_gpu", {"num_cpus": 0, "num_gpus": 1, "max_retries": 0}),
     "tune": ("schedhub.tuner.search", "tune_job", {"num_cpus": 1, "max_retries": 0}),
     "verify": ("schedhub.tuner.verify", "verify_job", {"num_cpus": 1, "max_retries": 1}),
 }
@@ -127,15 +147,75 @@ def tasks() -> dict[str, Any]:
     return {kind: ray.remote(**options)(run_task) for kind, (_, _, options) in TASKS.items()}
 
 
-def submit(kind: str, *, cpus: int | None = None, **kwargs: Any) -> Any:
+def submit(kind: str, *, placed: dict[str, Any] | None = None, **kwargs: Any) -> Any:
     """Start a task of ``kind`` with keyword arguments (plain values); returns its ObjectRef.
 
-    ``cpus`` overrides the CPUs the task holds (measurement: the kernel's threads).
+    ``placed``: Ray options that override the kind's (:func:`placement` of a build or measurement).
     """
     fn = tasks()[kind]
-    if cpus is not None:
-        fn = fn.options(num_cpus=cpus)
+    if placed:
+        fn = fn.options(**placed)
     return fn.remote(kind, packb(kwargs))
+
+
+class UnsupportedKind(ClusterError):
+    """A target kind the tuner cannot build and time kernels for."""
+
+
+def placement(task: str, target_text: str) -> dict[str, Any]:
+    """Ray options of a ``"build"`` or ``"measure"`` task for kernels of a canonical target."""
+    from schedhub.registry import target_kind
+
+    kind = target_kind(target_text)
+    if kind == "llvm":
+        if task == "build":
+            return {"num_cpus": 1}
+        return {"num_cpus": measure_cpus(target_text), "resources": {MEASURE_RESOURCE: 1}}
+    if kind == "cuda":
+        if task == "build":
+            return {"num_cpus": 1, "resources": {CUDA_BUILD_RESOURCE: _CUDA_BUILD_SHARE}}
+        return {"num_cpus": 1, "num_gpus": 1}
+    raise UnsupportedKind(f"the tuner builds and times llvm and cuda kernels, not {kind or 'unknown'!r} ones")
+
+
+def check_feasible(target_text: str) -> None:
+    """Raise :class:`ClusterError` unless the cluster offers what building and timing kernels of the
+    target take (Ray would otherwise wait forever for a node that does not exist)."""
+    import ray
+
+    offered = ray.cluster_resources()
+    for task in ("build", "measure"):
+        placed = placement(task, target_text)
+        wanted = {**placed.get("resources", {}), **({"GPU": placed["num_gpus"]} if placed.get("num_gpus") else {})}
+        lacking = sorted(name for name in wanted if not offered.get(name))
+        if lacking:
+            raise ClusterError(
+                f"no node of this Ray cluster can {task} kernels for {target_text}: none offers {', '.join(lacking)}"
+                + (f" (a GPU node whose TVM has the CUDA runtime offers {CUDA_BUILD_RESOURCE} when started by schedhub, or with "
+                   f"ray start --resources '{{\"{CUDA_BUILD_RESOURCE}\": <CPUs>}}')" if CUDA_BUILD_RESOURCE in lacking else "")
+            )  # fmt: skip
+
+
+def measurable(host_cpu: str, probe_secs: float = 180.0) -> list[tuple[str, str]]:
+    """The (target kind, device model) pairs this cluster can time kernels for, as the queue names them.
+
+    CPU: ``host_cpu`` when some node offers :data:`MEASURE_RESOURCE`. CUDA: the architectures of
+    a GPU (``sm_90``, and ``sm_90a`` for the same device), asked of the GPU itself by a task that
+    holds one, when the cluster offers GPUs and a node that compiles CUDA; a GPU that is declared
+    but cannot be used (no driver, no runtime) or no answer within ``probe_secs`` gives none.
+    """
+    import ray
+
+    offered = ray.cluster_resources()
+    out = [("llvm", host_cpu)] if offered.get(MEASURE_RESOURCE) else []
+    if offered.get("GPU") and offered.get(CUDA_BUILD_RESOURCE):
+        try:
+            answer = result(submit("probe"), timeout=probe_secs)
+        except Exception:  # all GPUs busy for minutes, or the task died: no CUDA work this time
+            answer = {"arch": None}
+        if answer.get("arch"):
+            out += [("cuda", answer["arch"]), ("cuda", answer["arch"] + "a")]
+    return out
 
 
 def measure_cpus(target_text: str) -> int:

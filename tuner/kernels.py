@@ -42,8 +42,11 @@ def build(mod_json: str, target_text: str) -> dict[str, Any]:
 
     start = time.time()
     tvm_env.prepare()
+    target = target_from_text(target_text)
+    if target.kind.name == "cuda" and not tvm.runtime.enabled("cuda"):  # it would keep source no GPU loads
+        return {"artifact": None, "error": f"this node ({socket.gethostname()}) cannot compile CUDA: its TVM has no CUDA runtime", **_interval(start)}
     try:
-        rt_mod = tvm_env.build_kernel(tvm.ir.load_json(mod_json), target_from_text(target_text))
+        rt_mod = tvm_env.build_kernel(tvm.ir.load_json(mod_json), target)
         out: dict[str, Any] = {"artifact": tvm_env.library_bytes(rt_mod), "error": None}
     except Exception as exc:  # a candidate that does not build is a result, not a crash
         out = {"artifact": None, "error": f"build failed: {_short_error(exc)}"}
@@ -85,8 +88,48 @@ def _mismatch(expected: list[np.ndarray], actual: list[np.ndarray], rtol: float)
     return None
 
 
-def measure(artifacts: list[bytes | None], args_info: list[Any], timing: dict[str, Any], reference: bytes | None = None, rtol: float = 1e-3) -> dict[str, Any]:
-    """Time each built kernel; with ``reference`` (the unscheduled build) check outputs first.
+def probe_gpu() -> dict[str, Any]:
+    """The architecture of the GPU this task holds (``{"arch": "sm_90"}``), or ``{"arch": None, "error": …}``."""
+    import tvm
+
+    dev = tvm.cuda(0)
+    try:
+        if tvm.runtime.enabled("cuda") and dev.exist:
+            return {"arch": "sm_" + str(dev.compute_version).replace(".", ""), "name": str(dev.device_name), "error": None}
+    except Exception as exc:  # a driver that fails to answer
+        return {"arch": None, "error": _short_error(exc)}
+    return {"arch": None, "error": "no usable CUDA device in this task (no driver, or TVM without the CUDA runtime)"}
+
+
+def device_for(target_text: str) -> Any:
+    """The device kernels of a canonical target run on in this task: the CPU, or the GPU Ray pinned it to.
+
+    Raises when that GPU cannot run code built for the target's architecture.
+    """
+    import tvm
+
+    from schedhub.registry import target_device, target_kind
+
+    kind = target_kind(target_text)
+    if kind == "llvm":
+        return tvm.cpu(0)
+    if kind != "cuda":
+        raise ValueError(f"kernels of {kind or 'unknown'!r} targets cannot be timed here")
+    found = probe_gpu()
+    wanted = target_device(target_text)
+    if found["arch"] is None:
+        raise RuntimeError(found["error"])
+    if wanted and wanted.rstrip("a") != found["arch"]:
+        raise RuntimeError(f"this task's GPU ({found['name']}) is {found['arch']}; the kernels are built for {wanted}")
+    return tvm.cuda(0)
+
+
+def measure(
+    artifacts: list[bytes | None], args_info: list[Any], timing: dict[str, Any], reference: bytes | None = None, rtol: float = 1e-3,
+    target_text: str = '{"kind":"llvm"}',
+) -> dict[str, Any]:  # fmt: skip
+    """Time each built kernel on the device of ``target_text``; with ``reference`` (the unscheduled
+    kernel built for this CPU) check every output against the reference's on the same inputs first.
 
     Returns ``{"results": [{"run_secs": [...] | None, "error": str | None}], ...interval}``. The
     caller holds the device's measurement resource for the whole call.
@@ -95,12 +138,12 @@ def measure(artifacts: list[bytes | None], args_info: list[Any], timing: dict[st
 
     start = time.time()
     tvm_env.prepare()
-    dev = tvm.cpu(0)
+    dev = device_for(target_text)
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="schedhub-measure-") as tmp:
         arrays = random_arguments(args_info)
         tensors = [tvm.runtime.tensor(a, dev) for a in arrays]  # timing only: shared by every candidate
-        expected = _run(tvm_env.load_library(reference, tmp), arrays, dev) if reference is not None else None
+        expected = _run(tvm_env.load_library(reference, tmp), arrays, tvm.cpu(0)) if reference is not None else None
         for artifact in artifacts:
             if artifact is None:
                 results.append({"run_secs": None, "error": "not built"})
@@ -112,7 +155,7 @@ def measure(artifacts: list[bytes | None], args_info: list[Any], timing: dict[st
                     continue
                 evaluator = rt_mod.time_evaluator(
                     "main", dev, number=timing["number"], repeat=timing["repeat"], min_repeat_ms=timing["min_repeat_ms"],
-                    f_preproc="cache_flush_cpu_non_first_arg" if timing.get("flush_cache") else "",
+                    f_preproc="cache_flush_cpu_non_first_arg" if timing.get("flush_cache") and dev.device_type == tvm.cpu(0).device_type else "",
                 )  # fmt: skip
                 results.append({"run_secs": [float(s) for s in evaluator(*tensors).results], "error": None})
             except Exception as exc:  # a kernel that fails to load or run is a result

@@ -6,8 +6,11 @@
 2. Search: ``ms.tune_tir`` with the xgboost cost model; builds and measurements are Ray tasks
    (:mod:`.backends`).
 3. Publish: the best distinct schedules are rebuilt, their outputs checked against the
-   unscheduled build on the same random inputs, and timed again with longer repeated timing; the
-   re-measured figures are what the records carry.
+   unscheduled kernel built for this CPU on the same random inputs, and timed again with longer
+   repeated timing side by side with the target's default schedule (the unscheduled kernel on a
+   CPU, DLight's on a GPU); the re-measured figures are what the records carry. Only schedules
+   faster than the default are published; when none is, the default itself is (an empty trace),
+   so the kernel is not queued again.
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ class TuneResult:
 
     identity: Identity
     records: list[Record]
-    untuned_secs: float
+    untuned_secs: float  # the target's default schedule, timed beside the records
     trials: int
     warm_started: int
     search_secs: float
@@ -107,11 +110,12 @@ def tune_workload(identity: Identity, warm_traces: list[str], options: TuneOptio
     tvm_env.prepare()
     if identity.fingerprint != compiler_fingerprint():
         raise ToolchainMismatch(f"workload {identity.key[:12]} was keyed under {identity.fingerprint!r}; this tuner runs {compiler_fingerprint()!r}")
+    cluster.check_feasible(identity.target)
     mod = workload_module(identity.workload)
-    target = target_from_text(identity.target)
+    target = tuning_target(target_from_text(identity.target))
     timeline = Timeline(label or identity.key[:12])
     with tempfile.TemporaryDirectory(prefix="schedhub-tune-") as work_dir:
-        builder, runner = RayBuilder(work_dir, timeline), RayRunner(timeline, cluster.measure_cpus(identity.target), options.timing)
+        builder, runner = RayBuilder(work_dir, timeline), RayRunner(timeline, identity.target, options.timing)
         database = ms.database.MemoryDatabase()
         warm = _seed_database(database, mod, target, warm_traces[: options.warm_start], builder, runner)
         started = time.time()
@@ -126,6 +130,36 @@ def tune_workload(identity: Identity, warm_traces: list[str], options: TuneOptio
             "tuned_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "curve": json.dumps(_thin(curve, 64))}  # fmt: skip
     records = [Record(r.identity, r.trace, r.run_secs, {**prov, **r.provenance, "rank": i}) for i, r in enumerate(records)]
     return TuneResult(identity, records, untuned, options.trials, warm, search_secs, curve, timeline.events, rejected)
+
+
+def tuning_target(target: Any) -> Any:
+    """The target MetaSchedule searches under. A CUDA target as users write it (``{"kind": "cuda",
+    "arch": "sm_90"}``) lacks the per-block limits MetaSchedule's GPU rules read: it gets CUDA's
+    (``max_threads_per_block`` = ``max_num_threads``; 48 KiB of static shared memory, what every
+    architecture gives a block). Records are still keyed by the target as given."""
+    import tvm
+
+    if target.kind.name != "cuda":
+        return target
+    attrs = dict(target.export())
+    attrs.setdefault("max_threads_per_block", attrs.get("max_num_threads", 1024))
+    attrs.setdefault("max_shared_memory_per_block", 48 * 1024)
+    return tvm.target.Target(attrs)
+
+
+def default_schedule(mod: Any, target: Any) -> Any:
+    """What a kernel of ``target`` gets without a record, the schedule every record must beat: on a CPU
+    the unscheduled kernel (``mod`` itself), on a GPU DLight's schedule (an unscheduled GPU kernel does not build)."""
+    from schedhub.hooks.pipeline import dlight_schedule, is_gpu
+
+    return dlight_schedule(mod, tuning_target(target)) if is_gpu(target) else mod
+
+
+def default_name(target_text: str) -> str:
+    """:func:`default_schedule` in words, for verdicts and rejections."""
+    from schedhub.registry import target_kind
+
+    return "the unscheduled kernel" if target_kind(target_text) == "llvm" else "DLight's schedule"
 
 
 def search_settings(options: TuneOptions) -> dict[str, Any]:
@@ -204,7 +238,8 @@ def _seed_database(database: Any, mod: Any, target: Any, traces: list[str], buil
         return 0
     args_info = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
     built = builder.build([ms.builder.BuilderInput(m, target) for _, m in replayed])
-    inputs = [ms.runner.RunnerInput(b.artifact_path, "cpu", args_info) for b in built if b.artifact_path]
+    device = "cpu" if target.kind.name == "llvm" else target.kind.name
+    inputs = [ms.runner.RunnerInput(b.artifact_path, device, args_info) for b in built if b.artifact_path]
     futures = iter(runner.run(inputs))
     seeded = 0
     for (trace, _), b in zip(replayed, built):
@@ -217,28 +252,43 @@ def _seed_database(database: Any, mod: Any, target: Any, traces: list[str], buil
     return seeded
 
 
-def side_by_side(identity: Identity, mod: Any, candidates: list[Any], timing: dict[str, Any], timeline: Timeline) -> list[dict[str, Any]]:
-    """Build the unscheduled ``mod`` and each scheduled candidate (CPU tasks), then time them in one
-    measurement task that holds the device, checking every output against the unscheduled build.
+#: Where the reference output is computed for kernels of other devices: this CPU, unscheduled.
+HOST_REFERENCE = '{"kind":"llvm"}'
 
-    Returns one ``{"run_secs", "error"}`` per module, the unscheduled one first (it must run).
+
+def side_by_side(identity: Identity, mod: Any, candidates: list[Any], timing: dict[str, Any], timeline: Timeline) -> list[dict[str, Any]]:
+    """Build the target's :func:`default_schedule` of ``mod`` and each scheduled candidate (CPU tasks),
+    then time them in one measurement task that holds the device, checking every output against the
+    unscheduled kernel's on a CPU (on a CPU target, the default's own build).
+
+    Returns one ``{"run_secs", "error"}`` per module, the default first (it must run).
     """
     import tvm
 
-    refs = [cluster.submit("build", mod_json=tvm.ir.save_json(m), target_text=identity.target) for m in [mod, *candidates]]
+    from schedhub.hooks.identity import target_from_text
+
+    cluster.check_feasible(identity.target)
+    on_cpu = target_from_text(identity.target).kind.name == "llvm"
+    builds = [(default_schedule(mod, target_from_text(identity.target)), identity.target), *((c, identity.target) for c in candidates)]
+    if not on_cpu:
+        builds.append((mod, HOST_REFERENCE))
+    refs = [cluster.submit("build", placed=cluster.placement("build", t), mod_json=tvm.ir.save_json(m), target_text=t) for m, t in builds]
     built = [cluster.result(r) for r in refs]
     for b in built:
         timeline.add("build", b)
+    reference = built[0] if on_cpu else built.pop()
+    if reference["artifact"] is None:
+        raise RuntimeError(f"the unscheduled workload does not build: {reference['error']}")
     if built[0]["artifact"] is None:
-        raise RuntimeError(f"the unscheduled workload does not build: {built[0]['error']}")
+        raise RuntimeError(f"{default_name(identity.target)} does not build: {built[0]['error']}")
     answer = cluster.result(cluster.submit(
-        "measure", cpus=cluster.measure_cpus(identity.target), artifacts=[b["artifact"] for b in built], args_info=identity.args_info,
-        timing=timing, reference=built[0]["artifact"],
+        "measure", placed=cluster.placement("measure", identity.target), artifacts=[b["artifact"] for b in built], args_info=identity.args_info,
+        timing=timing, reference=reference["artifact"], target_text=identity.target,
     ))  # fmt: skip
     timeline.add("measure", answer, len(built))
     results = [r if b["artifact"] is not None else {**r, "error": b["error"]} for r, b in zip(answer["results"], built)]
     if not results[0]["run_secs"]:
-        raise RuntimeError(f"the unscheduled workload does not run: {results[0]['error']}")
+        raise RuntimeError(f"{default_name(identity.target)} does not run: {results[0]['error']}")
     return results
 
 
@@ -256,7 +306,7 @@ def _publish(identity: Identity, mod: Any, measured: list[Any], options: TuneOpt
             break
     results = side_by_side(identity, mod, [scheduled(mod, tr.trace) for tr in best.values()], options.final_timing, timeline)
     untuned = results[0]
-    default = Record(identity, trace_text(tvm.s_tir.Schedule(mod).trace), untuned["run_secs"], {"default_schedule": True})
+    default = Record(identity, trace_text(tvm.s_tir.Schedule(mod).trace), untuned["run_secs"], {"default_schedule": True, "default": default_name(identity.target)})
     records, rejected = [], []
     for text, result in zip(best, results[1:]):
         if not result["run_secs"]:
@@ -264,8 +314,9 @@ def _publish(identity: Identity, mod: Any, measured: list[Any], options: TuneOpt
         elif (record := Record(identity, text, result["run_secs"])).mean_secs < default.mean_secs:
             records.append(record)
         else:
-            rejected.append("slower than the unscheduled kernel when timed side by side")
-    # When nothing beat TVM's default, that *is* the best known schedule: publish it (an empty
-    # trace) so the hook stops reporting the kernel as a miss and nobody tunes it again blindly.
+            rejected.append(f"slower than {default_name(identity.target)} when timed side by side")
+    # When nothing beat the target's default, that *is* the best known schedule: publish it (an
+    # empty trace: the hook leaves the kernel to the default) so the hook stops reporting the
+    # kernel as a miss and nobody tunes it again blindly.
     records = sorted(records, key=lambda r: r.mean_secs) or [default]
     return records, default.mean_secs, rejected

@@ -1,9 +1,9 @@
 """Verifying a pushed claim: replay the record's trace, check its output, time it side by side.
 
 A record pushed by a ``push`` token is a claim. A worker leases its verification job, replays
-the trace on the workload (refusing one past the hook's cost bounds), builds it and the
-unscheduled kernel as CPU tasks, and times both in one measurement task that holds the device,
-checking the output against the unscheduled build on the same random inputs. The verdict goes
+the trace on the workload (refusing one past the hook's cost bounds), builds it and the target's
+default schedule as CPU tasks, and times both in one measurement task that holds the device,
+checking the output against the unscheduled kernel's on the same random inputs. The verdict goes
 back with the ack; the registry marks the record verified, or refuses it (far slower than
 claimed) or quarantines it (does not replay, build, run or match) and names its pusher.
 """
@@ -28,7 +28,7 @@ def verify_job(job: dict[str, Any], timing: dict[str, Any] | None = None) -> dic
 
     from schedhub.hooks.msdb import scheduled
 
-    from .search import ToolchainMismatch, replay, side_by_side
+    from .search import ToolchainMismatch, default_name, replay, side_by_side
 
     tvm_env.prepare()
     identity = Identity.from_obj(job["identity"])
@@ -46,5 +46,5 @@ def verify_job(job: dict[str, Any], timing: dict[str, Any] | None = None) -> dic
     if not result["run_secs"]:
         return {"run_secs": None, "reason": result["error"] or "did not run"}
     untuned_secs = sum(untuned["run_secs"]) / len(untuned["run_secs"])
-    return {"run_secs": result["run_secs"], "reason": f"output matches the unscheduled kernel ({untuned_secs * 1e6:.3g} µs side by side)"}
+    return {"run_secs": result["run_secs"], "reason": f"output matches the unscheduled kernel's; {default_name(identity.target)}: {untuned_secs * 1e6:.3g} µs side by side"}
 

@@ -8,6 +8,10 @@ comes after the push, so a job is done exactly when its records are stored.
 
 Two tasks: ``tune`` (search a missed workload, push the results) and ``verify`` (replay, check and
 re-measure someone's pushed claim; the verdict travels with the ack). Verifications come first.
+
+A worker leases only jobs its cluster can time (:func:`cluster.measurable`): CPU jobs for the CPU
+model it runs on, CUDA jobs for the architecture of the cluster's GPUs; the rest stay queued for
+a worker that can.
 """
 
 from __future__ import annotations
@@ -53,8 +57,10 @@ class Worker:
     def __init__(
         self, registry: Registry, options: TuneOptions, *, name: str | None = None, concurrency: int = 1,
         lease_secs: float = 120.0, poll_secs: float = 2.0, on_event: Callable[[str, dict[str, Any]], None] | None = None,
-        tasks: tuple[str, ...] = (VERIFY, TUNE), device: str | None = None,
+        tasks: tuple[str, ...] = (VERIFY, TUNE), device: str | None = None, devices: list[tuple[str, str]] | None = None,
     ) -> None:  # fmt: skip
+        """``device``: the CPU model CPU jobs must be for (default: this machine's). ``devices``: every
+        (target kind, device model) to lease for (default: what the cluster can time, asked of it)."""
         from schedhub.hooks.identity import compiler_fingerprint
         from schedhub.hooks.measure import host_cpu
 
@@ -67,6 +73,7 @@ class Worker:
         self.fingerprint = compiler_fingerprint()
         self.tasks = tasks
         self.device = device or host_cpu()  # jobs for another CPU model are left to a worker on one
+        self.devices = devices if devices is not None else cluster.measurable(self.device)
         self.on_event = on_event or (lambda kind, info: log.info("%s %s", kind, info))
         self.running: dict[str, _Running] = {}
 
@@ -113,7 +120,10 @@ class Worker:
             room = min(room, allowed)
         if room <= 0:
             return 0
-        leases = self.registry.lease(self.name, room, self.lease_secs, fingerprint=self.fingerprint, kind="llvm", device=self.device, tasks=self.tasks)
+        leases: list[Lease] = []
+        for kind, device in self.devices:
+            if len(leases) < room:
+                leases += self.registry.lease(self.name, room - len(leases), self.lease_secs, fingerprint=self.fingerprint, kind=kind, device=device, tasks=self.tasks)
         for lease in leases:
             if lease.job.get("task") == VERIFY:
                 identity = Identity.from_obj(lease.job["identity"])
