@@ -3,6 +3,7 @@
     python -m bench all [--quick] [--model-trials N]   # registry, hook, tuner, models, transfer; then the report
     python -m bench models|tuner|hook|registry|transfer [--quick]
     python -m bench report [--quick]         # rewrite RESULTS.md from the recorded results
+    python -m bench gpu [--model-trials N]   # on a machine with an NVIDIA GPU: models and tuner on CUDA → results/gpu/
 
 Each benchmark runs in its own process (a crash loses only its section; no Ray or TVM state
 leaks between timings) and writes ``bench/results/<mode>/<name>.json``. Before ``all`` starts,
@@ -45,7 +46,7 @@ def section_options(name: str, quick: bool, model_trials: int | None, source_sto
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["all", "report", *SECTIONS])
+    parser.add_argument("what", choices=["all", "report", "gpu", *SECTIONS])
     parser.add_argument("--quick", action="store_true", help="small shapes and budgets: about 55 minutes on 2 cores, the transfer bench about half of it")
     parser.add_argument("--model-trials", type=int, help="tuning trials per kernel in the model table (default: the mode's)")
     parser.add_argument("--without", action="append", default=[], choices=SECTIONS, help="leave a section out of 'all' (repeatable)")
@@ -53,6 +54,12 @@ def main() -> None:
     args = parser.parse_args()
     mode = "quick" if args.quick else "full"
     results = report.RESULTS / mode
+    if args.what == "gpu":  # the GPU table (DLight vs schedhub-tuned vs PyTorch) and the tuner's throughput on the GPU
+        results = report.RESULTS / "gpu"
+        results.mkdir(parents=True, exist_ok=True)
+        trials = ["--trials", str(args.model_trials)] if args.model_trials else []
+        codes = [run_section(name, ["--device", "cuda", *(trials if name == "models" else [])], results)["rc"] for name in ("models", "tuner")]
+        sys.exit(1 if any(codes) else 0)
     if args.what == "all":
         if results.exists():
             shutil.rmtree(report.RESULTS / f"{mode}.prev", ignore_errors=True)

@@ -1,6 +1,11 @@
 """Model benchmark, after the Ansor artifact's evaluation: network × batch → PyTorch, untuned TVM, schedhub-tuned.
 
     python -m bench.models [--quick] [--trials N] [--networks a,b] [--seed-store DIR] [--out bench/results/<mode>/models.json]
+    python -m bench.models --device cuda [--trials N] [--networks a,b] [--seed-store DIR]   # on a GPU: bench/results/gpu/
+
+On a GPU (``--device cuda``, the "gpu" mode) the target is the device's own (``Target.from_device``),
+the default every record must beat is DLight's schedule (TVM's GPU default), PyTorch runs on
+the GPU with TF32 off, and timings end when the GPU is done; the per-kernel numpy rows are left out.
 
 Quick mode: every shipped network (ResNet-18, MobileNet-V2, a BERT-base layer, an MLP) at small
 shapes, batch 1 and 4. Full mode: the networks at real sizes, ResNet-18 and MobileNet-V2 at 224
@@ -88,6 +93,12 @@ MODES: dict[str, dict[str, Any]] = {
                                final_timing={"number": 3, "repeat": 3, "min_repeat_ms": 20}),  # fmt: skip
         "rounds": 5,
     },
+    "gpu": {
+        "networks": [Network("mlp", 64, {"features": 1024, "hidden": 4096}), Network("bert_layer", 1, {"seq": 128}), Network("resnet18", 1, {"image": 224})],
+        # What a lent GPU machine (16 cores, 10-minute commands) tunes in minutes per network; 64 trials beat DLight where 32 did not (MLP).
+        "options": TuneOptions(trials=64, trials_per_iter=32, population=256, genetic_iters=2),
+        "rounds": 7,
+    },
 }
 
 #: The practical peak: a square sgemm of this size in numpy (here) and PyTorch (its process).
@@ -95,12 +106,13 @@ PEAK_SGEMM_N = 2048
 
 
 def run(mode: str, trials: int | None = None, only: list[str] | None = None, seed_store: Path | None = None,
-        say: Callable[[str], None] = print) -> dict[str, Any]:  # fmt: skip
+        say: Callable[[str], None] = print, device: str = "cpu") -> dict[str, Any]:  # fmt: skip
     """The table for ``mode``; ``trials`` overrides the mode's per-kernel budget, ``only`` keeps the networks of
-    these names, ``seed_store`` is copied in as the starting registry."""
+    these names, ``seed_store`` is copied in as the starting registry; ``device``: ``"cpu"`` or ``"cuda"``."""
     import tvm
 
     from schedhub import hooks
+    from schedhub.hooks.identity import target_text
 
     config = MODES[mode]
     options: TuneOptions = config["options"]
@@ -109,11 +121,14 @@ def run(mode: str, trials: int | None = None, only: list[str] | None = None, see
     networks = [n for n in config["networks"] if not only or n.name in only]
     if not networks:
         raise ValueError(f"no {mode} network is named {only}; there are {sorted({n.name for n in config['networks']})}")
-    target = tvm.target.Target(tvm_env.host_target())
+    on_gpu = device != "cpu"
+    target = tvm_env.device_target(device)
     tvm_env.prepare()
     cluster.start()
-    out: dict[str, Any] = {"recorded": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": environment()["commit"], "mode": mode, "target": tvm_env.host_target(), "options": asdict(options), "networks": [asdict(n) for n in networks],
-                           "rounds": config["rounds"], "rows": [], "kernels": []}  # fmt: skip
+    out: dict[str, Any] = {"recorded": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": environment()["commit"], "mode": mode,
+                           "device": device, "device_name": str(tvm.cuda(0).device_name) if on_gpu else tvm_env.host_target()["mcpu"],
+                           "default": "DLight" if on_gpu else "unscheduled", "target": json.loads(target_text(target)), "options": asdict(options),
+                           "networks": [asdict(n) for n in networks], "rounds": config["rounds"], "rows": [], "kernels": []}  # fmt: skip
     tuned: dict[str, TuneResult] = {}
     with contextlib.ExitStack() as stack:
         root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="schedhub-bench-models-"))) / "store"
@@ -141,9 +156,10 @@ def run(mode: str, trials: int | None = None, only: list[str] | None = None, see
         # Nothing of Ray may share the 2 cores with the timings: a busy raylet or worker stalls
         # PyTorch's spinning OpenMP barriers by whole scheduler ticks.
         cluster.stop()
-        torch_proc = stack.enter_context(TorchProcess(cwd=Path(__file__).resolve().parent.parent))  # PyTorch never shares a process with TVM
-        out["peak_gflops"], out["peak_sgemm_n"] = practical_peak(torch_proc), PEAK_SGEMM_N
-        say(f"practical peak (sgemm {PEAK_SGEMM_N}): " + ", ".join(f"{k} {v:.1f} GFLOPS" for k, v in out["peak_gflops"].items()))
+        torch_proc = stack.enter_context(TorchProcess(cwd=Path(__file__).resolve().parent.parent, device=device))  # PyTorch never shares a process with TVM
+        if not on_gpu:
+            out["peak_gflops"], out["peak_sgemm_n"] = practical_peak(torch_proc), PEAK_SGEMM_N
+            say(f"practical peak (sgemm {PEAK_SGEMM_N}): " + ", ".join(f"{k} {v:.1f} GFLOPS" for k, v in out["peak_gflops"].items()))
         for network, mod, func, weights, input_shape, kernels, tuned_now, tune_secs in configs:
             untuned_ex = tvm.compile(mod, target)
             with hooks.use(registry, target) as session:
@@ -151,11 +167,13 @@ def run(mode: str, trials: int | None = None, only: list[str] | None = None, see
             report = session.report
             if report.hits != len(kernels) or report.misses:
                 raise RuntimeError(f"{network.label()}: the tuned compile hit {report.hits} of {len(kernels)} kernels")
-            row = _time_network(network, func, weights, input_shape, untuned_ex, tuned_ex, config["rounds"], torch_proc)
+            row = _time_network(network, func, weights, input_shape, untuned_ex, tuned_ex, config["rounds"], torch_proc, device)
             row.update({"kernels": len(kernels), "tuned_now": tuned_now, "tune_secs": tune_secs,
                         "trials": sum(tuned[k.identity.key].trials + tuned[k.identity.key].warm_started for k in kernels)})  # fmt: skip
             out["rows"].append(row)
-            out["kernels"] += _kernel_rows(network.name, network.batch, kernels, tuned, torch_proc)
+            row["default_records"] = sum(bool(tuned[k.identity.key].records[0].provenance.get("default_schedule")) for k in kernels)
+            if not on_gpu:
+                out["kernels"] += _kernel_rows(network.name, network.batch, kernels, tuned, torch_proc)
             t = row["timing"]
             say(f"{network.label()}: PyTorch {t['pytorch']['median']:.3f} ms, untuned {t['untuned']['median']:.3f} ms, tuned {t['tuned']['median']:.3f} ms")
     return out
@@ -187,10 +205,10 @@ TORCH_TWINS = "bench.torch_models:build"  # the PyTorch twins of every shipped n
 
 
 def _time_network(network: Network, func: str, weights: dict[str, np.ndarray], input_shape: tuple[int, ...], untuned_ex: Any, tuned_ex: Any,
-                  rounds: int, torch_proc: TorchProcess) -> dict[str, Any]:  # fmt: skip
+                  rounds: int, torch_proc: TorchProcess, device: str = "cpu") -> dict[str, Any]:  # fmt: skip
     x = np.random.default_rng(1).standard_normal(input_shape).astype("float32")
     pytorch = torch_proc.load_network(network.name, weights, x, factory=TORCH_TWINS, batch=network.batch, **network.shape)
-    timing, errors = time_side_by_side({"untuned": untuned_ex, "tuned": tuned_ex}, x, rounds, pytorch, torch_proc.time_network, func)
+    timing, errors = time_side_by_side({"untuned": untuned_ex, "tuned": tuned_ex}, x, rounds, pytorch, torch_proc.time_network, func, device)
     if max(errors.values()) > 1e-3:
         raise AssertionError(f"{network.label()}: outputs disagree (max error relative to the output's scale: {errors})")
     return {"network": network.name, "batch": network.batch, "shape": network.shape, "frontend": network.frontend, "input_shape": list(input_shape),
@@ -199,10 +217,10 @@ def _time_network(network: Network, func: str, weights: dict[str, np.ndarray], i
 
 
 def time_side_by_side(executables: dict[str, Any], x: np.ndarray, rounds: int, pytorch_out: np.ndarray, pytorch_timer: Callable[[], float],
-                      func: str = "forward") -> tuple[dict[str, Any], dict[str, float]]:  # fmt: skip
-    """Time the executables and PyTorch (in its process) in interleaved rounds, in ms; and the max error of
-    each output relative to the first executable's output scale."""
-    runs = {k: _vm_run(ex, x, func) for k, ex in executables.items()}
+                      func: str = "forward", device: str = "cpu") -> tuple[dict[str, Any], dict[str, float]]:  # fmt: skip
+    """Time the executables (on ``device``) and PyTorch (in its process) in interleaved rounds, in ms; and the
+    max error of each output relative to the first executable's output scale."""
+    runs = {k: _vm_run(ex, x, func, device) for k, ex in executables.items()}
     outputs = {**{k: out for k, (out, _) in runs.items()}, "pytorch": pytorch_out}
     first = outputs[next(iter(executables))]
     scale = float(np.abs(first).max()) or 1.0
@@ -215,13 +233,13 @@ def time_side_by_side(executables: dict[str, Any], x: np.ndarray, rounds: int, p
     return {k: summary(v) for k, v in samples.items()}, errors
 
 
-def _vm_run(ex: Any, x: np.ndarray, func: str = "forward") -> tuple[np.ndarray, Callable[[], float]]:
-    """One VM for ``ex``: its output on ``x`` (also the warm-up) and a timer giving seconds per
-    forward pass, the median of 3 repeats of at least 100 ms each."""
+def _vm_run(ex: Any, x: np.ndarray, func: str = "forward", device: str = "cpu") -> tuple[np.ndarray, Callable[[], float]]:
+    """One VM for ``ex`` on ``device``: its output on ``x`` (also the warm-up) and a timer giving seconds
+    per forward pass (input already on the device), the median of 3 repeats of at least 100 ms each."""
     import tvm
     from tvm import relax
 
-    dev = tvm.cpu()
+    dev = tvm.device(device)
     vm = relax.VirtualMachine(ex, dev)
     arg = tvm.runtime.tensor(x, dev)
     output = vm[func](arg)
@@ -267,14 +285,21 @@ def main() -> None:
     parser.add_argument("--trials", type=int, help="trials per kernel (default: 8 quick, 64 full)")
     parser.add_argument("--networks", help="comma-separated names: only these networks of the mode")
     parser.add_argument("--seed-store", type=Path, help="start the registry as a copy of this LMDB store (warm starts)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: the gpu mode's networks on this machine's GPU")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    mode = "quick" if args.quick else "full"
+    if args.device == "cuda":
+        try:
+            tvm_env.device_target("cuda")
+        except tvm_env.NoDevice as exc:
+            raise SystemExit(f"{parser.prog} --device cuda: {exc}") from None
+    mode = "gpu" if args.device == "cuda" else "quick" if args.quick else "full"
     out = args.out or Path(__file__).parent / "results" / mode / "models.json"
     started = time.time()
-    result = run(mode, args.trials, args.networks.split(",") if args.networks else None, args.seed_store)
+    result = run(mode, args.trials, args.networks.split(",") if args.networks else None, args.seed_store, device=args.device)
     result["wall_secs"] = time.time() - started
-    result["command"] = " ".join(["python -m bench.models", *(["--quick"] if args.quick else []), *([f"--trials {args.trials}"] if args.trials else []),
+    result["command"] = " ".join(["python -m bench.models", *(["--quick"] if args.quick else []), *([f"--device {args.device}"] if args.device != "cpu" else []),
+                                  *([f"--trials {args.trials}"] if args.trials else []),
                                   *([f"--networks {args.networks}"] if args.networks else []), *(["--seed-store DIR"] if args.seed_store else [])])  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))

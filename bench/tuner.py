@@ -1,6 +1,7 @@
 """Tuner benchmark: schedhub's Ray tuner vs plain ``ms.tune_tir``, and what tuning buys.
 
     python -m bench.tuner [--quick] [--trials 64] [--runs 1] [--out bench/results/full/tuner.json]
+    python -m bench.tuner --device cuda [--trials 64]      # on a GPU: bench/results/gpu/tuner.json
 
 Workloads are kernels of the shipped models, at their real shapes: ResNet-18's 3×3 convolution on
 56×56×64 (``fused_conv2d2_add1_relu1``) and BERT-base's attention output projection, 128×768×768
@@ -15,14 +16,19 @@ one search thread (so both search the same first-round candidates):
   schedhub's build function: the stock one times out on every candidate here) and the same timing.
 
 Search throughput is trials / wall seconds of the search. Then the best schedule of each, the
-unscheduled kernel and numpy (``numpy.matmul`` / im2col + GEMM) are timed side by side in one
-process with longer repeated timing, outputs checked against the unscheduled build.
+target's default (the unscheduled kernel on a CPU, DLight's schedule on a GPU) and, on a CPU,
+numpy (``numpy.matmul`` / im2col + GEMM) are timed side by side in one process with longer
+repeated timing, outputs checked against the unscheduled kernel built for the CPU.
+
+On a GPU (``--device cuda``) the target is the GPU's own and the Ray cluster has all the
+machine's CPUs for parallel builds (the point of Ray there: keep the GPU busy).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -32,7 +38,7 @@ from typing import Any
 
 from schedhub.hooks.msdb import scheduled
 from schedhub.tuner import baselines, cluster, kernels, models, tvm_env
-from schedhub.tuner.search import TuneOptions, TuneResult, best_so_far, mean_secs, replay, search_settings, trace_text
+from schedhub.tuner.search import HOST_REFERENCE, TuneOptions, TuneResult, best_so_far, default_schedule, mean_secs, replay, search_settings, trace_text, tuning_target
 
 from .stats import summary
 
@@ -56,9 +62,9 @@ def flops(args_info: list[Any], op: str) -> float:
     return 2.0 * size * k
 
 
-def find_kernel(model: str, shape: dict[str, int], name: str) -> Any:
+def find_kernel(model: str, shape: dict[str, int], name: str, target: Any = TARGET) -> Any:
     mod = models.export_with_weights(model, **shape)[0]
-    for k in models.kernels(mod, TARGET):
+    for k in models.kernels(mod, target):
         if k.name == name:
             return k.identity
     raise LookupError(f"{model} has no kernel {name}")
@@ -70,17 +76,17 @@ def tune_ray(identity: Any, options: TuneOptions) -> tuple[float, str, list]:
 
 
 def tune_plain(identity: Any, options: TuneOptions) -> tuple[float, str, list]:
-    import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    from schedhub.hooks.identity import workload_module
+    from schedhub.hooks.identity import target_from_text, workload_module
 
     mod = workload_module(identity.workload)
+    target = tuning_target(target_from_text(identity.target))
     timing = options.timing
     runner = ms.runner.LocalRunner(evaluator_config=ms.runner.EvaluatorConfig(number=timing["number"], repeat=timing["repeat"], min_repeat_ms=timing["min_repeat_ms"]))
     with tempfile.TemporaryDirectory() as work_dir:
         t0 = time.time()
-        db = ms.tune_tir(mod, tvm.target.Target(TARGET), work_dir, builder=ms.builder.LocalBuilder(f_build=tvm_env.build_kernel), runner=runner,
+        db = ms.tune_tir(mod, target, work_dir, builder=ms.builder.LocalBuilder(f_build=tvm_env.build_kernel), runner=runner,
                          database="memory", **search_settings(options))  # fmt: skip
         secs = time.time() - t0
         records = [r for r in db.get_all_tuning_records() if mean_secs(r) < 1e9]  # 1e10 marks a failed run
@@ -88,22 +94,22 @@ def tune_plain(identity: Any, options: TuneOptions) -> tuple[float, str, list]:
 
 
 def side_by_side(identity: Any, traces: dict[str, str], rounds: int) -> dict[str, dict[str, float]]:
-    """Untuned, each tuned schedule and numpy, timed in this process; medians over ``rounds``."""
-    from tvm.s_tir import meta_schedule as ms
-
+    """The target's default ("untuned": unscheduled on a CPU, DLight's on a GPU), each tuned schedule and
+    (on a CPU) numpy, timed in this process; medians over ``rounds``."""
     from schedhub.hooks.identity import target_from_text, workload_module
 
     mod = workload_module(identity.workload)
     target = target_from_text(identity.target)
-    workload = ms.database.Workload(mod)
-    modules = {"untuned": mod, **{name: scheduled(mod, replay(workload, text, target)) for name, text in traces.items()}}
+    on_cpu = target.kind.name == "llvm"
+    modules = {"untuned": default_schedule(mod, target), **{name: scheduled(mod, replay(mod, text)) for name, text in traces.items()}}
     built = {n: tvm_env.library_bytes(tvm_env.build_kernel(m, target)) for n, m in modules.items()}
+    reference = built["untuned"] if on_cpu else tvm_env.library_bytes(tvm_env.build_kernel(mod, target_from_text(HOST_REFERENCE)))
     names = list(built)
     samples: dict[str, list[float]] = {n: [] for n in names}
     samples["numpy"] = []
-    fn = baselines.numpy_kernel(identity.op, identity.args_info)
+    fn = baselines.numpy_kernel(identity.op, identity.args_info) if on_cpu else None
     for _ in range(rounds):
-        answer = kernels.measure([built[n] for n in names], identity.args_info, kernels.FINAL_TIMING, reference=built["untuned"])
+        answer = kernels.measure([built[n] for n in names], identity.args_info, kernels.FINAL_TIMING, reference=reference, target_text=identity.target)
         for n, res in zip(names, answer["results"]):
             if not res["run_secs"]:
                 raise RuntimeError(f"{n}: {res['error']}")
@@ -119,19 +125,27 @@ def side_by_side(identity: Any, traces: dict[str, str], rounds: int) -> dict[str
     return out
 
 
-def run(trials: int, runs: int, rounds: int, trials_per_iter: int = 16, search: dict[str, int] | None = None) -> dict[str, Any]:
-    """``search``: evolutionary search settings for both tuners (population, genetic_iters); MetaSchedule's defaults if None."""
+def run(trials: int, runs: int, rounds: int, trials_per_iter: int = 16, search: dict[str, int] | None = None, device: str = "cpu") -> dict[str, Any]:
+    """``search``: evolutionary search settings for both tuners (population, genetic_iters); MetaSchedule's defaults if None.
+    ``device``: ``"cpu"`` (a fixed 2-core CPU target) or ``"cuda"`` (this machine's GPU)."""
+    import tvm
+
+    from schedhub.hooks.identity import target_text
+
     search = search or {}
     tvm_env.prepare()
-    cluster.start(num_cpus=2)
+    target = json.loads(target_text(TARGET if device == "cpu" else tvm_env.device_target(device)))
+    cluster.start(num_cpus=2 if device == "cpu" else None)
     # Start Ray's workers (TVM import, intrinsics) before any clock runs.
-    cluster.result(cluster.submit("build", mod_json=_tiny_mod_json(), target_text=json.dumps(TARGET, sort_keys=True)))
+    text = target_text(target)
+    cluster.result(cluster.submit("build", placed=cluster.placement("build", text), mod_json=_tiny_mod_json(), target_text=text))
     # One search thread: the seed fixes the first round's candidates, the same for both tuners.
     base = TuneOptions(trials=trials, trials_per_iter=trials_per_iter, publish=1, search_threads=1, **search)
-    out: dict[str, Any] = {"target": TARGET, "trials": trials, "trials_per_iter": trials_per_iter, "runs": runs, "workloads": {},
+    out: dict[str, Any] = {"target": target, "device": device, "device_name": str(tvm.cuda(0).device_name) if device == "cuda" else target.get("mcpu"),
+                           "cpus": os.cpu_count() or 1, "trials": trials, "trials_per_iter": trials_per_iter, "runs": runs, "workloads": {},
                            "search": {"population": base.population, "genetic_iters": base.genetic_iters, "threads": base.search_threads}}  # fmt: skip
     for model, shape, name in WORKLOADS:
-        ident = find_kernel(model, shape, name)
+        ident = find_kernel(model, shape, name, target)
         entry: dict[str, Any] = {"op": ident.op, "args_info": ident.args_info, "model": model, "flops": flops(ident.args_info, ident.op), "runs": []}
         for run_i in range(runs):
             options = replace(base, seed=run_i)
@@ -163,12 +177,20 @@ def main() -> None:
     parser.add_argument("--trials", type=int)
     parser.add_argument("--runs", type=int, default=1, help="tuning runs per workload and tuner (seeds 0..runs-1)")
     parser.add_argument("--rounds", type=int, help="side-by-side timing rounds (default 5)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: this machine's GPU (results under gpu/)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    if args.device == "cuda":
+        try:
+            tvm_env.device_target("cuda")
+        except tvm_env.NoDevice as exc:
+            raise SystemExit(f"{parser.prog} --device cuda: {exc}") from None
     trials, rounds = args.trials or (16 if args.quick else 64), args.rounds or (3 if args.quick else 5)
-    out = args.out or Path(__file__).parent / "results" / ("quick" if args.quick else "full") / "tuner.json"
-    result = run(trials, args.runs, rounds, search=QUICK_SEARCH if args.quick else None)
-    result["command"] = f"python -m bench.tuner{' --quick' if args.quick else ''} --trials {trials} --runs {args.runs} --rounds {rounds}"
+    mode = "gpu" if args.device == "cuda" else "quick" if args.quick else "full"
+    out = args.out or Path(__file__).parent / "results" / mode / "tuner.json"
+    result = run(trials, args.runs, rounds, search=QUICK_SEARCH if args.quick else None, device=args.device)
+    result["command"] = (f"python -m bench.tuner{' --quick' if args.quick else ''}{' --device cuda' if args.device == 'cuda' else ''} "
+                         f"--trials {trials} --runs {args.runs} --rounds {rounds}")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     print(f"wrote {out}")

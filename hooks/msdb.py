@@ -51,12 +51,19 @@ def normalize_mod(func: tvm.IRModule | Any) -> tvm.IRModule:
     return _normalize_mod(func)
 
 
-def replay(mod: tvm.IRModule, trace_text: str) -> tuple[tvm.IRModule, int]:
-    """``mod`` with a trace's JSON text applied (postprocessing instructions included), and how many
-    of its tile sizes TVM re-derived to fit ``mod`` (:func:`.ranking.retiled`): one replay."""
-    recorded = json.loads(trace_text)
+def replay_schedule(mod: tvm.IRModule, recorded: Any) -> tvm.s_tir.Schedule:
+    """A Schedule of ``mod`` with a trace's JSON applied (postprocessing instructions included): the one
+    replay route of the hook and the tuner. Raises TVM's error when the trace does not fit ``mod``."""
     sch = tvm.s_tir.Schedule(mod)
     tvm.s_tir.schedule.Trace.apply_json_to_schedule(recorded, sch)
+    return sch
+
+
+def replay(mod: tvm.IRModule, trace_text: str) -> tuple[tvm.IRModule, int]:
+    """``mod`` with a trace's JSON text applied, and how many of its tile sizes TVM re-derived to fit
+    ``mod`` (:func:`.ranking.retiled`): one replay."""
+    recorded = json.loads(trace_text)
+    sch = replay_schedule(mod, recorded)
     return sch.mod, retiled(recorded, sch.trace)
 
 

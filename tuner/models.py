@@ -203,10 +203,12 @@ def kernels(mod: tvm.IRModule, target: Any) -> list[Kernel]:
     from tvm import tirx
 
     from schedhub.hooks.identity import workload_identity
-    from schedhub.hooks.pipeline import fusion_passes
+    from schedhub.hooks.pipeline import fusion_passes, gpu_backend, is_gpu
 
     tgt = tvm.target.Target(target) if not isinstance(target, tvm.target.Target) else target
     with tgt:
+        if is_gpu(tgt):  # the GPU route dispatches to libraries first
+            mod = tvm.transform.Sequential(gpu_backend(tgt).library_dispatch_passes(tgt))(mod)
         fused = fusion_passes()(mod)
     calls: dict[str, int] = {}
     for _, func in fused.functions_items():

@@ -210,14 +210,14 @@ def trace_text(trace: Any) -> str:
     return json.dumps(plain_json(trace.as_json()), separators=(",", ":"))
 
 
-def replay(workload: Any, text: str, target: Any) -> Any:
-    """A record's trace text replayed on a MetaSchedule Workload: the re-derived Trace.
+def replay(mod: Any, text: str) -> Any:
+    """A record's trace text replayed on ``mod`` as the hook replays it: the re-derived Trace.
 
     Raises TVM's error when the trace does not fit the workload's structure.
     """
-    from tvm.s_tir import meta_schedule as ms
+    from schedhub.hooks.msdb import replay_schedule
 
-    return ms.database.TuningRecord.from_json([json.loads(text), [1.0], target.export(), None], workload).trace
+    return replay_schedule(mod, json.loads(text)).trace
 
 
 def _seed_database(database: Any, mod: Any, target: Any, traces: list[str], builder: RayBuilder, runner: RayRunner) -> int:
@@ -230,7 +230,7 @@ def _seed_database(database: Any, mod: Any, target: Any, traces: list[str], buil
     replayed = []
     for text in traces:
         try:
-            trace = replay(workload, text, target)
+            trace = replay(mod, text)
             replayed.append((trace, scheduled(mod, trace)))
         except Exception as exc:  # a trace of another structure: skip it, say so
             log.info("warm start: a registry trace does not apply (%s)", str(exc).splitlines()[0][:200])

@@ -33,11 +33,17 @@ class TorchProcessError(RuntimeError):
 
 
 class TorchProcess:
-    """The PyTorch child; ``cwd`` where its factory modules import from (``bench`` needs the repository root)."""
+    """The PyTorch child; ``cwd`` where its factory modules import from (``bench`` needs the repository root).
 
-    def __init__(self, cwd: str | Path | None = None) -> None:
+    ``device``: ``"cpu"`` or ``"cuda"``. On CUDA, TF32 is off (fp32 matmuls and convolutions, as TVM
+    computes them) and a timed forward pass ends when the GPU has finished it (synchronized), the
+    input already on the device, as TVM's timings are taken."""
+
+    def __init__(self, cwd: str | Path | None = None, device: str = "cpu") -> None:
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"PyTorch baselines run on 'cpu' or 'cuda', not {device!r}")
         self._dir = tempfile.TemporaryDirectory(prefix="schedhub-torch-")
-        self._proc = subprocess.Popen([sys.executable, "-u", "-m", "schedhub.tuner.torch_process"], cwd=cwd, stdin=subprocess.PIPE,
+        self._proc = subprocess.Popen([sys.executable, "-u", "-m", "schedhub.tuner.torch_process", device], cwd=cwd, stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, text=True)  # fmt: skip
 
     def __enter__(self) -> TorchProcess:
@@ -102,22 +108,50 @@ def mlp_twin(name: str, weights: dict[str, np.ndarray], features: int, hidden: i
     return net.eval()
 
 
-def _forward(net: Any, x: np.ndarray) -> np.ndarray:
+def _forward(net: Any, x: Any) -> np.ndarray:
+    """``net`` on ``x`` (numpy, or a tensor on the net's device): the output in host memory."""
     import torch
 
     with torch.inference_mode():
-        return net(torch.from_numpy(x)).numpy()
+        out = net(torch.from_numpy(x) if isinstance(x, np.ndarray) else x)
+        return (out[0] if isinstance(out, (tuple, list)) else out).cpu().numpy()
 
 
-def _serve() -> None:
+def _timed_forward(net: Any, x: Any, device: str) -> Any:
+    """One forward pass that returns when the device is done with it (the output stays there)."""
+    import torch
+
+    def run() -> None:
+        with torch.inference_mode():
+            net(x)
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    return run
+
+
+def _prepare_device(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("PyTorch sees no CUDA device")
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+
+
+def _serve(device: str = "cpu") -> None:
     """The child: answers one JSON request per line until stdin closes."""
     import importlib
     import statistics
 
+    import torch
+
     from . import baselines
 
+    _prepare_device(device)
     net: Any = None
-    x: np.ndarray | None = None
+    x: Any = None
     for line in sys.stdin:
         request = json.loads(line)
         try:
@@ -125,13 +159,13 @@ def _serve() -> None:
                 folder = Path(request["dir"])
                 with np.load(folder / "weights.npz", allow_pickle=False) as loaded:
                     weights = {k: loaded[k] for k in loaded.files}
-                x = np.load(folder / "x.npy", allow_pickle=False)
                 module, _, function = request["factory"].partition(":")
-                net = getattr(importlib.import_module(module), function)(request["name"], weights, **request["shape"])
+                loaded_net = getattr(importlib.import_module(module), function)(request["name"], weights, **request["shape"]).to(device)
+                net, x = loaded_net, torch.from_numpy(np.load(folder / "x.npy", allow_pickle=False)).to(device)
                 np.save(folder / "out.npy", _forward(net, x))
                 answer: dict[str, Any] = {"ok": True}
             elif request["cmd"] == "time":
-                samples = baselines.time_callable(lambda: _forward(net, x), request["repeat"], request["min_secs"])
+                samples = baselines.time_callable(_timed_forward(net, x, device), request["repeat"], request["min_secs"])
                 answer = {"secs": statistics.median(samples)}
             elif request["cmd"] == "kernel":
                 fn = baselines.kernel_baseline(request["op"], request["args_info"], "torch")
@@ -146,4 +180,4 @@ def _serve() -> None:
 
 
 if __name__ == "__main__":
-    _serve()
+    _serve(sys.argv[1] if len(sys.argv) > 1 else "cpu")

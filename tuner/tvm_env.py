@@ -89,3 +89,21 @@ def host_target(cores: int | None = None) -> dict[str, Any]:
     import tvm
 
     return {"kind": "llvm", "mcpu": str(tvm.target.codegen.llvm_get_system_cpu()), "num-cores": int(cores or os.cpu_count() or 1)}
+
+
+class NoDevice(RuntimeError):
+    """The machine has no device of the kind asked for."""
+
+
+def device_target(device: str) -> Any:
+    """The target of this machine's ``"cpu"`` (:func:`host_target`) or first ``"cuda"`` GPU (its own
+    description: arch and limits, ``Target.from_device``)."""
+    import tvm
+
+    if device == "cpu":
+        return tvm.target.Target(host_target())
+    if device != "cuda":
+        raise ValueError(f"devices are 'cpu' and 'cuda', not {device!r}")
+    if not (tvm.runtime.enabled("cuda") and tvm.cuda(0).exist):
+        raise NoDevice("no CUDA device here (this TVM sees none): run this on a machine with an NVIDIA GPU")
+    return tvm.target.Target.from_device(tvm.cuda(0))

@@ -21,10 +21,8 @@ from .kernels import FINAL_TIMING
 
 def verify_job(job: dict[str, Any], timing: dict[str, Any] | None = None) -> dict[str, Any]:
     """The verdict on one verification job: ``{"run_secs": [...] | None, "reason": str}``."""
-    from tvm.s_tir import meta_schedule as ms
-
     from schedhub.hooks.guard import ScheduleLimits, check_scheduled, check_trace_size
-    from schedhub.hooks.identity import compiler_fingerprint, target_from_text, workload_module
+    from schedhub.hooks.identity import compiler_fingerprint, workload_module
 
     from schedhub.hooks.msdb import scheduled
 
@@ -38,7 +36,7 @@ def verify_job(job: dict[str, Any], timing: dict[str, Any] | None = None) -> dic
     limits = ScheduleLimits()
     try:
         check_trace_size(job["trace"], limits)
-        candidate = scheduled(mod, replay(ms.database.Workload(mod), job["trace"], target_from_text(identity.target)))
+        candidate = scheduled(mod, replay(mod, job["trace"]))
         check_scheduled(candidate, limits)
     except Exception as exc:  # ScheduleError, TVMError, ScheduleTooCostly…: the verdict, not a crash
         return {"run_secs": None, "reason": f"does not replay within bounds: {exc.__class__.__name__}: {str(exc).strip()[:500]}"}
