@@ -192,19 +192,25 @@ def worker(registry: str, token: str | None, trials: int, trials_per_iter: int, 
 @click.command()
 @click.option("--trials", type=int, default=32, show_default=True, help="Measured candidates per kernel.")
 @click.option("--registry-dir", default=None, help="LMDB directory for the demo registry (default: a fresh temporary one).")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True, help="cuda: tune and run on this machine's GPU (DLight is the default there).")
 @ray_option
 @reports_errors
-def demo(trials: int, registry_dir: str | None, ray_address: str | None, num_cpus: int | None, num_gpus: int | None) -> None:
+def demo(trials: int, registry_dir: str | None, device: str, ray_address: str | None, num_cpus: int | None, num_gpus: int | None) -> None:
     """Compile a shipped model through the hook, tune its misses on Ray, recompile, compare."""
-    from schedhub.tuner import cluster, demo as demo_run
+    from schedhub.tuner import cluster, demo as demo_run, tvm_env
 
     logging.getLogger("schedhub").setLevel(logging.WARNING)
+    try:
+        tvm_env.device_target(device)
+    except tvm_env.NoDevice as exc:
+        raise click.UsageError(f"--device {device}: {exc}") from None
     cluster.start(ray_address, num_cpus, num_gpus)
     with progress("tuning the misses in the background", total=None) as bar:
         task = bar.add_task("tune", total=None)
         report = demo_run.run(trials=trials, registry_dir=registry_dir, ray_address=ray_address, say=lambda s: out.print(s, highlight=False),
-                              on_queue=lambda done, total: bar.update(task, completed=done, total=total))  # fmt: skip
-    table = Table("kernel", "untuned ms", "schedhub-tuned ms", "numpy ms", "speedup", title=f"{demo_run.DEMO_MODEL} {demo_run.DEMO_SHAPE}, {trials} trials per kernel")
+                              on_queue=lambda done, total: bar.update(task, completed=done, total=total), device=device)  # fmt: skip
+    table = Table("kernel", f"{report.default} ms", "schedhub-tuned ms", "numpy ms (CPU)" if device != "cpu" else "numpy ms", "speedup",
+                  title=f"{demo_run.DEMO_MODEL} {demo_run.DEMO_SHAPE} on {device}, {trials} trials per kernel")  # fmt: skip
     for row in demo_run.render(report):
         table.add_row(*row)
     out.print(table)

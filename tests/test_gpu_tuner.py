@@ -109,3 +109,13 @@ def test_tuning_a_cuda_kernel_where_no_gpu_can_time_it_fails_at_once(cpu_cluster
     ref = cluster.submit("tune", identity=identity.to_dict(), warm_traces=[], options=TuneOptions(trials=4).__dict__, label="")
     with pytest.raises(Exception, match="none offers"):
         cluster.result(ref, timeout=120)
+
+
+@pytest.mark.skipif(tvm.cuda(0).exist, reason="this machine has a GPU")
+def test_the_demo_on_cuda_without_a_gpu_stops_at_once_and_says_why() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "schedhub.cli.main", "demo", "--device", "cuda"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "no CUDA device here" in done.stderr
+    assert "ray" not in done.stdout.lower()  # before any cluster started

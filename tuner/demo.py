@@ -6,6 +6,9 @@
 4. the model compiles again: every kernel hits;
 5. a table compares, per kernel and end to end, the untuned and registry-tuned latency with numpy
    (and PyTorch when installed, in a process of its own), all measured in this run.
+
+``device="cuda"`` runs it on this machine's GPU: the default is DLight's schedule there (what
+"untuned" means on a GPU), and PyTorch runs on the GPU with TF32 off.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from schedhub.registry import RegistryClient, ServerThread
 from . import baselines, cluster, models
 from .search import TuneOptions, TuneResult
 from .torch_process import TorchProcess
-from .tvm_env import host_target
+from .tvm_env import device_target
 from .worker import Worker
 
 #: The demo model: an MLP at batch 32 (three dense kernels; a few minutes to tune on 2 cores).
@@ -43,13 +46,14 @@ class DemoReport:
     second_compile: dict[str, int] = field(default_factory=dict)
     registry: str = ""
     seconds: float = 0.0
+    default: str = "untuned"  # what TVM runs without a record: "untuned" on a CPU, "DLight" on a GPU
 
 
-def _vm_ms(ex: Any, x: np.ndarray, repeat: int = 7) -> float:
+def _vm_ms(ex: Any, x: np.ndarray, repeat: int = 7, device: str = "cpu") -> float:
     import tvm
     from tvm import relax
 
-    dev = tvm.cpu()
+    dev = tvm.device(device)
     vm = relax.VirtualMachine(ex, dev)
     arg = tvm.runtime.tensor(x, dev)
     timer = vm.time_evaluator("forward", dev, number=20, repeat=repeat, min_repeat_ms=50)
@@ -66,15 +70,15 @@ def _numpy_mlp(weights: dict[str, np.ndarray]) -> Callable[[np.ndarray], np.ndar
 
 
 def run(trials: int = 32, registry_dir: str | None = None, ray_address: str | None = None, say: Callable[[str], None] = print,
-        on_queue: Callable[[int, int], None] | None = None) -> DemoReport:  # fmt: skip
-    """Run the demo; ``on_queue(done, total)`` follows the background tuning."""
+        on_queue: Callable[[int, int], None] | None = None, device: str = "cpu") -> DemoReport:  # fmt: skip
+    """Run the demo on ``device`` (``"cpu"`` or ``"cuda"``); ``on_queue(done, total)`` follows the background tuning."""
     import tvm
 
     from schedhub import hooks
 
     started = time.time()
-    report = DemoReport(registry=registry_dir or tempfile.mkdtemp(prefix="schedhub-demo-"))
-    target = tvm.target.Target(host_target())
+    target = device_target(device)
+    report = DemoReport(registry=registry_dir or tempfile.mkdtemp(prefix="schedhub-demo-"), default="untuned" if device == "cpu" else "DLight")
     mod, weights, input_shape = models.export_with_weights(DEMO_MODEL, **DEMO_SHAPE)
     x = np.random.default_rng(1).standard_normal(input_shape).astype("float32")
     token = secrets.token_hex(16)
@@ -92,18 +96,19 @@ def run(trials: int = 32, registry_dir: str | None = None, ray_address: str | No
         second = session.report
         report.second_compile = {"kernels": len(second.kernels), "hits": second.hits, "misses": second.misses}
         say(f"compile 2: {second.summary()}")
-    np.testing.assert_allclose(_run(tuned_ex, x), _numpy_mlp(weights)(x), rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(_run(tuned_ex, x, device), _numpy_mlp(weights)(x), rtol=1e-3, atol=1e-3)
     report.kernels = [_kernel_row(r) for r in results]
-    report.end_to_end = _end_to_end(untuned_ex, tuned_ex, weights, x)
+    report.end_to_end = _end_to_end(untuned_ex, tuned_ex, weights, x, device, report.default)
     report.seconds = time.time() - started
     return report
 
 
-def _run(ex: Any, x: np.ndarray) -> np.ndarray:
+def _run(ex: Any, x: np.ndarray, device: str = "cpu") -> np.ndarray:
     import tvm
     from tvm import relax
 
-    return relax.VirtualMachine(ex, tvm.cpu())["forward"](tvm.runtime.tensor(x)).numpy()
+    dev = tvm.device(device)
+    return relax.VirtualMachine(ex, dev)["forward"](tvm.runtime.tensor(x, dev)).numpy()
 
 
 def _tune_queue(client: RegistryClient, options: TuneOptions, on_queue: Callable[[int, int], None] | None) -> list[TuneResult]:
@@ -129,21 +134,22 @@ def _kernel_row(result: TuneResult) -> dict[str, Any]:
             "numpy_ms": numpy_ms, "speedup": result.untuned_secs * 1e3 / tuned_ms if tuned_ms else None, "trials": result.trials}  # fmt: skip
 
 
-def _end_to_end(untuned_ex: Any, tuned_ex: Any, weights: dict[str, np.ndarray], x: np.ndarray) -> dict[str, float]:
+def _end_to_end(untuned_ex: Any, tuned_ex: Any, weights: dict[str, np.ndarray], x: np.ndarray, device: str = "cpu",
+                default: str = "untuned") -> dict[str, float]:  # fmt: skip
     """Median ms per forward pass, the configurations interleaved round by round (PyTorch, when
     installed, in a process of its own: beside TVM it was seen 25–35× slower)."""
     numpy_fn = _numpy_mlp(weights)
-    samples: dict[str, list[float]] = {"untuned TVM": [], "schedhub-tuned TVM": [], "numpy": []}
+    samples: dict[str, list[float]] = {f"{default} TVM": [], "schedhub-tuned TVM": [], "numpy": []}
     with contextlib.ExitStack() as stack:
-        torch_proc = stack.enter_context(TorchProcess()) if importlib.util.find_spec("torch") else None
+        torch_proc = stack.enter_context(TorchProcess(device=device)) if importlib.util.find_spec("torch") else None
         if torch_proc is not None:
             torch_out = torch_proc.load_network(DEMO_MODEL, weights, x, **DEMO_SHAPE)
             if not np.allclose(torch_out, numpy_fn(x), rtol=1e-3, atol=1e-3):
                 raise RuntimeError("the PyTorch twin's output differs from numpy's: the baseline would time another model")
             samples["PyTorch"] = []
         for _ in range(3):
-            samples["untuned TVM"].append(_vm_ms(untuned_ex, x, 3))
-            samples["schedhub-tuned TVM"].append(_vm_ms(tuned_ex, x, 3))
+            samples[f"{default} TVM"].append(_vm_ms(untuned_ex, x, 3, device))
+            samples["schedhub-tuned TVM"].append(_vm_ms(tuned_ex, x, 3, device))
             samples["numpy"].append(statistics.median(baselines.time_callable(lambda: numpy_fn(x), 3, 0.05)) * 1e3)
             if torch_proc is not None:
                 samples["PyTorch"].append(torch_proc.time_network(3, 0.05) * 1e3)
@@ -159,6 +165,7 @@ def render(report: DemoReport) -> list[list[str]]:
     e = report.end_to_end
     if e:
         torch = f", PyTorch {e['PyTorch']:.3f}" if "PyTorch" in e else ""
-        rows.append(["end to end (VM forward)", f"{e['untuned TVM']:.3f}", f"{e['schedhub-tuned TVM']:.3f}", f"{e['numpy']:.3f}{torch}",
-                     f"{e['untuned TVM'] / e['schedhub-tuned TVM']:.1f}×"])  # fmt: skip
+        default = e[f"{report.default} TVM"]
+        rows.append(["end to end (VM forward)", f"{default:.3f}", f"{e['schedhub-tuned TVM']:.3f}", f"{e['numpy']:.3f}{torch}",
+                     f"{default / e['schedhub-tuned TVM']:.1f}×"])  # fmt: skip
     return rows
