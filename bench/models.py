@@ -54,7 +54,7 @@ from schedhub.tuner.torch_process import TorchProcess
 
 from .report import environment
 from .stats import ratio, summary
-from .torch_export import TORCH_EXPORT, import_twin
+from .torch_export import RELAX, TORCH_EXPORT, import_twin
 from .tuner import flops
 
 @dataclass(frozen=True)
@@ -64,11 +64,11 @@ class Network:
     name: str
     batch: int
     shape: dict[str, int] = field(default_factory=dict)
-    frontend: str = "relax"  # or TORCH_EXPORT
+    frontend: str = RELAX  # or TORCH_EXPORT
 
     def label(self) -> str:
         return " ".join([self.name, f"b{self.batch}", *(f"{k} {v}" for k, v in self.shape.items())]) + (
-            f" ({self.frontend})" if self.frontend != "relax" else "")
+            f" ({self.frontend})" if self.frontend != RELAX else "")
 
 
 def _grid(networks: dict[str, dict[str, int]], batches: list[int]) -> list[Network]:
@@ -184,7 +184,7 @@ def _build(network: Network, workdir: Path) -> tuple[Any, str, dict[str, np.ndar
     mod, weights, input_shape = models.export_with_weights(network.name, batch=network.batch, **network.shape)
     if network.frontend == TORCH_EXPORT:
         return import_twin(network.name, weights, {"batch": network.batch, **network.shape}, workdir), "main", weights, input_shape
-    if network.frontend != "relax":
+    if network.frontend != RELAX:
         raise ValueError(f"unknown frontend {network.frontend!r}")
     return mod, "forward", weights, input_shape
 

@@ -29,6 +29,7 @@ from schedhub.registry import LocalRegistry
 from schedhub.tuner import tvm_env
 
 from . import transfer
+from .torch_export import RELAX
 
 
 def rejudge(results: dict[str, Any], source_store: Path) -> dict[str, Any]:
@@ -70,7 +71,7 @@ def judge_held_out(source_store: Path, held_out: list[tuple[str, dict[str, int]]
         with LocalRegistry(root) as registry:
             model, out["cost_model"] = transfer.cost_model(registry)
             for i, (name, shape) in enumerate(held_out):
-                held = transfer._held_out(name, shape, "nn", target, Path(tmp))
+                held = transfer._held_out(name, shape, RELAX, target, Path(tmp))
                 candidates = transfer._candidates(registry, held, model)
                 with hooks.use(registry, target, report_misses=False, cache=Path(tmp) / f"served-{i}") as served:
                     tvm.compile(held.mod, target)

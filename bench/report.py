@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .stats import overlap, percentile, ratio
+from .torch_export import RELAX
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
@@ -233,7 +234,7 @@ def _models(d: dict[str, Any] | None, drawn: dict[str, str], title: str) -> list
     for r in d["rows"]:
         t = r["timing"]
         shape = ", ".join(f"{k} {v}" for k, v in r["shape"].items()) or "256→512→512→10"
-        if r.get("frontend", "relax") != "relax":
+        if r.get("frontend", RELAX) != RELAX:
             shape += f" ({r['frontend']})"
         rows.append([r["network"], str(r["batch"]), shape, str(r["kernels"]), str(r["trials"]), fmt(t["pytorch"]), fmt(t["untuned"]), fmt(t["tuned"]),
                      times(r["speedup_vs_pytorch"]), times(r["speedup_vs_untuned"])])  # fmt: skip

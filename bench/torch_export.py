@@ -21,6 +21,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 TORCH_EXPORT = "torch.export"  # the frontend name of a network imported this way
+RELAX = "relax"  # the frontend name of a network built with Relax's nn modules (the shipped models)
 
 
 def import_twin(name: str, weights: dict[str, np.ndarray], shape: dict[str, int], workdir: Path) -> Any:

@@ -47,7 +47,7 @@ from .models import MODES as MODEL_MODES
 from .models import TORCH_TWINS, time_side_by_side
 from .report import environment
 from .stats import ratio, summary
-from .torch_export import TORCH_EXPORT, import_twin
+from .torch_export import RELAX, TORCH_EXPORT, import_twin
 
 if TYPE_CHECKING:
     from schedhub.tuner.costmodel import CostModel
@@ -59,10 +59,10 @@ MODES: dict[str, dict[str, Any]] = {
     "quick": {
         "source": {"resnet18": {"image": 64}, "mobilenetv2": {"image": 64}, "bert_layer": {"seq": 32}, "mlp": {}},
         "held_out": [
-            ("resnet18", {"batch": 2, "image": 96}, "nn"),
-            ("mobilenetv2", {"batch": 2, "image": 96}, "nn"),
-            ("bert_layer", {"batch": 2, "seq": 64}, "nn"),
-            ("mlp", {"batch": 16}, "nn"),
+            ("resnet18", {"batch": 2, "image": 96}, RELAX),
+            ("mobilenetv2", {"batch": 2, "image": 96}, RELAX),
+            ("bert_layer", {"batch": 2, "seq": 64}, RELAX),
+            ("mlp", {"batch": 16}, RELAX),
             ("resnet18", {"batch": 1, "image": 112}, TORCH_EXPORT),
         ],
         "options": MODEL_MODES["quick"]["options"],
@@ -72,7 +72,7 @@ MODES: dict[str, dict[str, Any]] = {
     },
     "smoke": {  # a minute or two: checks the benchmark itself (tests/test_bench.py-sized), no figures
         "source": {"mlp": {}},
-        "held_out": [("mlp", {"batch": 16}, "nn")],
+        "held_out": [("mlp", {"batch": 16}, RELAX)],
         "options": MODEL_MODES["quick"]["options"],
         "cold_kernels": 1,
         "rounds": 2,
@@ -81,10 +81,10 @@ MODES: dict[str, dict[str, Any]] = {
     "full": {
         "source": {"resnet18": {"image": 224}, "mobilenetv2": {"image": 224}, "bert_layer": {"seq": 128}, "mlp": {}},
         "held_out": [
-            ("resnet18", {"batch": 4, "image": 160}, "nn"),
-            ("mobilenetv2", {"batch": 4, "image": 160}, "nn"),
-            ("bert_layer", {"batch": 4, "seq": 256}, "nn"),
-            ("mlp", {"batch": 64}, "nn"),
+            ("resnet18", {"batch": 4, "image": 160}, RELAX),
+            ("mobilenetv2", {"batch": 4, "image": 160}, RELAX),
+            ("bert_layer", {"batch": 4, "seq": 256}, RELAX),
+            ("mlp", {"batch": 64}, RELAX),
             ("resnet18", {"batch": 1, "image": 224}, TORCH_EXPORT),
         ],
         "options": MODEL_MODES["full"]["options"],
@@ -109,7 +109,7 @@ class HeldOut:
     @property
     def label(self) -> str:
         dims = " ".join(f"{k}={v}" for k, v in self.shape.items())
-        return f"{self.name} {dims}" + (f" ({self.frontend})" if self.frontend != "nn" else "")
+        return f"{self.name} {dims}" + (f" ({self.frontend})" if self.frontend != RELAX else "")
 
 
 def run(mode: str, say: Callable[[str], None] = print, source_store: Path | None = None) -> dict[str, Any]:
