@@ -189,6 +189,10 @@ def write(mode: str) -> Path:
             (PLOTS / "full").mkdir(parents=True, exist_ok=True)
             lines += _models(full, draw.all_plots({"models": full}, PLOTS / "full"), "Models at real sizes and budget (full mode)")
     lines += _tuner(data.get("tuner"))
+    gpu = load(RESULTS / "gpu")  # python -m bench gpu, recorded on a machine with an NVIDIA GPU
+    if gpu.get("models"):
+        lines += _models(gpu["models"], {}, f"GPU ({gpu['models'].get('device_name', 'cuda')}): PyTorch vs DLight vs schedhub-tuned")
+    lines += _tuner(gpu.get("tuner"))
     lines += _transfer(data.get("transfer"), drawn, data.get("ranking"))
     lines += _hook(data.get("hook"))
     lines += _registry(data.get("registry"))
@@ -215,10 +219,16 @@ def _header(m: dict[str, Any]) -> list[str]:
     ]  # fmt: skip
 
 
+def _default_label(d: dict[str, Any]) -> str:
+    """What a run's default schedule is called: TVM's unscheduled kernels on a CPU, DLight's on a GPU."""
+    return "DLight" if d.get("default") == "DLight" else "untuned TVM"
+
+
 def _models(d: dict[str, Any] | None, drawn: dict[str, str], title: str) -> list[str]:
     if not d:
         return []
     o = d["options"]
+    default = _default_label(d)
     recorded = f"Recorded {d['recorded']} at commit `{d['commit']}` in {d['wall_secs'] / 60:.0f} min. " if d.get("recorded") else ""
     warm = (f"Warm-started from a copy of another run's registry ({d['seed_keys']} keys: the same ops at other shapes; a kernel it "
             f"already held is tuned again at this budget), up to {o['warm_start']} traces. ") if d.get("seed_keys") else (
@@ -226,7 +236,7 @@ def _models(d: dict[str, Any] | None, drawn: dict[str, str], title: str) -> list
     lines = [f"## {title} (`{d['command']}`)", "",
              f"{recorded}Target `{json.dumps(d['target'])}`. Tuning budget per kernel: {o['trials']} trials in rounds of {o['trials_per_iter']}, "
              f"evolutionary search {_search(o['population'], o['genetic_iters'], o['search_threads'])}, xgboost cost model, seed {o['seed']}, one tuning job at a time; "
-             f"the best {o['publish']} candidates re-timed next to the unscheduled kernel. {warm}"
+             f"the best {o['publish']} candidates re-timed next to {'DLight' + chr(39) + 's schedule' if default == 'DLight' else 'the unscheduled kernel'}. {warm}"
              f"End to end: VM `forward` / PyTorch eager `inference_mode` (in a process of its own) on the same input and weights, "
              f"{d['rounds']} interleaved rounds, each sample the median of 3 repeats of ≥ 100 ms; outputs agree to 1e-3 of their scale.",
              ""]  # fmt: skip
@@ -238,13 +248,15 @@ def _models(d: dict[str, Any] | None, drawn: dict[str, str], title: str) -> list
             shape += f" ({r['frontend']})"
         rows.append([r["network"], str(r["batch"]), shape, str(r["kernels"]), str(r["trials"]), fmt(t["pytorch"]), fmt(t["untuned"]), fmt(t["tuned"]),
                      times(r["speedup_vs_pytorch"]), times(r["speedup_vs_untuned"])])  # fmt: skip
-    lines += table(["network", "batch", "shape", "kernels", "trials", "PyTorch ms", "untuned TVM ms", "schedhub-tuned ms", "tuned vs PyTorch", "tuned vs untuned"],
+    lines += table(["network", "batch", "shape", "kernels", "trials", "PyTorch ms", f"{default} ms", "schedhub-tuned ms", "tuned vs PyTorch", f"tuned vs {default.split()[0]}"],
                    rows, "lrlrrrrrrr")  # fmt: skip
     at_least = sum(r["speedup_vs_pytorch"]["median"] >= 1 for r in d["rows"])
     lines += ["", f"\"trials\": candidates measured for the network's kernels, warm starts included. "
               f"schedhub-tuned is at least as fast as PyTorch on {at_least} of {len(d['rows'])} rows.", ""]  # fmt: skip
     if "speedup" in drawn:
         lines += [f"![speedups]({drawn['speedup']})", ""]
+    if not d.get("kernels"):  # the GPU run has no per-kernel CPU baselines
+        return lines
     peak = max(d.get("peak_gflops", {}).values(), default=None)
     lines += ["### Heaviest kernels: GFLOPS (the three matmul/conv kernels with the most untuned time × calls per network and batch)", ""]
     if peak:
@@ -382,16 +394,19 @@ def _tuner(d: dict[str, Any] | None) -> list[str]:
     if not d:
         return []
     search = _search(**d["search"]) if "search" in d else "MetaSchedule's defaults"
-    lines = [f"## Tuner: Ray tuner vs plain MetaSchedule (`{d.get('command', 'python -m bench.tuner')}`)", "",
-             f"Same budget ({d['trials']} trials, rounds of {d['trials_per_iter']}), seed and search ({search}) on one 2-CPU node; then the best schedule of each, "
-             "the unscheduled kernel and numpy timed side by side.", ""]  # fmt: skip
+    on_gpu = d.get("device") == "cuda"
+    default = "DLight" if on_gpu else "untuned"
+    where = f"one {d.get('cpus', '?')}-CPU node with {d.get('device_name', 'a GPU')}" if on_gpu else "one 2-CPU node"
+    lines = [f"## Tuner{' on the GPU' if on_gpu else ''}: Ray tuner vs plain MetaSchedule (`{d.get('command', 'python -m bench.tuner')}`)", "",
+             f"Same budget ({d['trials']} trials, rounds of {d['trials_per_iter']}), seed and search ({search}) on {where}; then the best schedule of each, "
+             f"{'DLight' + chr(39) + 's schedule' if on_gpu else 'the unscheduled kernel and numpy'} timed side by side.", ""]  # fmt: skip
     rows = []
     for name, e in d["workloads"].items():
         for r in e["runs"]:
             t = r["timed"]
             rows.append([f"`{name}`", str(r["seed"]), f"{r['ray']['trials_per_sec']:.2f}", f"{r['plain']['trials_per_sec']:.2f}",
                          f"{r['ray']['trials_per_sec'] / r['plain']['trials_per_sec']:.2f}", fmt(t["untuned"]), fmt(t["ray"]), fmt(t["plain"]), fmt(t.get("numpy"))])  # fmt: skip
-    lines += table(["kernel", "seed", "ray trials/s", "plain trials/s", "ratio", "untuned ms", "ray best ms", "plain best ms", "numpy ms"], rows)
+    lines += table(["kernel", "seed", "ray trials/s", "plain trials/s", "ratio", f"{default} ms", "ray best ms", "plain best ms", "numpy ms"], rows)
     return lines + [""]
 
 

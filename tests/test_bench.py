@@ -143,3 +143,24 @@ def test_each_ranking_is_judged_by_the_time_of_its_own_pick_and_later_rankings_m
     later = {"started": "run 1", "cost_model": {"samples": 9}, "rows": {"net": {"alternatives": summary["alternatives"]}}}
     assert report._rejudged(ranked, later, "run 2") == "" and "xgboost" not in ranked[0][1]["alternatives"]  # another run's judgement
     assert "xgboost" in report._rejudged(ranked, later, "run 1") and ranked[0][1]["alternatives"]["xgboost"]["compared"] == 1
+
+
+def test_a_gpu_run_is_reported_against_dlight_not_as_untuned() -> None:
+    """``python -m bench gpu`` records the same shapes as the CPU run, with DLight as the default: the report says so."""
+    import copy
+    import json
+    from pathlib import Path
+
+    from bench import report
+
+    recorded = Path(report.RESULTS) / "quick"
+    models = json.loads((recorded / "models.json").read_text())
+    tuner = json.loads((recorded / "tuner.json").read_text())
+    gpu_models = {**copy.deepcopy(models), "default": "DLight", "device": "cuda", "device_name": "NVIDIA H100", "kernels": []}
+    gpu_tuner = {**copy.deepcopy(tuner), "device": "cuda", "device_name": "NVIDIA H100", "cpus": 16}
+    cpu_text = "\n".join(report._models(models, {}, "CPU") + report._tuner(tuner))
+    gpu_text = "\n".join(report._models(gpu_models, {}, "GPU") + report._tuner(gpu_tuner))
+    assert "untuned TVM ms" in cpu_text and "2-CPU node" in cpu_text
+    assert "| DLight ms |" in gpu_text and "tuned vs DLight" in gpu_text and "DLight's schedule" in gpu_text
+    assert "untuned" not in gpu_text and "16-CPU node with NVIDIA H100" in gpu_text
+    assert "Heaviest kernels" not in gpu_text  # no per-kernel CPU baselines on a GPU run
