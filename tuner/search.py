@@ -149,7 +149,8 @@ def tuning_target(target: Any) -> Any:
 
 def default_schedule(mod: Any, target: Any) -> Any:
     """What a kernel of ``target`` gets without a record, the schedule every record must beat: on a CPU
-    the unscheduled kernel (``mod`` itself), on a GPU DLight's schedule (an unscheduled GPU kernel does not build)."""
+    the unscheduled kernel (``mod`` itself), on a GPU DLight's schedule (an unscheduled GPU kernel builds to host
+    loops with no device code)."""
     from schedhub.hooks.pipeline import dlight_schedule, is_gpu
 
     return dlight_schedule(mod, tuning_target(target)) if is_gpu(target) else mod
