@@ -18,7 +18,7 @@ import tvm
 from schedhub.hooks.identity import target_text, workload_module
 from schedhub.hooks.measure import host_cpu
 from schedhub.registry import LocalRegistry
-from schedhub.tuner import cluster, kernels, models
+from schedhub.tuner import cluster, kernels, models, tvm_env
 from schedhub.tuner.search import TuneOptions, default_schedule, tuning_target
 from schedhub.tuner.worker import Worker
 
@@ -41,7 +41,7 @@ def test_cuda_builds_go_to_cuda_compilers_and_measurements_hold_one_gpu() -> Non
         cluster.placement("measure", target_text({"kind": "rocm"}))
 
 
-@pytest.mark.skipif(tvm.runtime.enabled("cuda"), reason="this machine's TVM compiles CUDA")
+@pytest.mark.skipif(tvm_env.compiles_cuda(), reason="this machine's TVM compiles CUDA")
 def test_a_cuda_build_on_a_node_without_the_cuda_runtime_fails_clearly(matmul: tvm.IRModule) -> None:
     """TVM without the CUDA runtime 'builds' a CUDA kernel to source no GPU loads: not an artifact."""
     built = kernels.build(tvm.ir.save_json(default_schedule(matmul, CUDA)), CUDA_TEXT)

@@ -28,6 +28,8 @@ from typing import Any
 
 from schedhub.registry import packb, unpackb
 
+from .tvm_env import compiles_cuda
+
 #: One unit per node: the right to time kernels on its CPU.
 MEASURE_RESOURCE = "schedhub_measure_cpu"
 #: Offered by nodes whose TVM compiles CUDA to machine code (it has the CUDA runtime); a CUDA build takes a sliver.
@@ -87,13 +89,6 @@ def start(address: str | None = None, num_cpus: int | None = None, num_gpus: int
             f"ray start ... --resources '{{\"{MEASURE_RESOURCE}\": 1}}'"
         )
     return {"address": ray.get_runtime_context().gcs_address, "resources": ray.cluster_resources()}
-
-
-def compiles_cuda() -> bool:
-    """Whether this process's TVM builds CUDA kernels to code a GPU loads (it has the CUDA runtime)."""
-    import tvm
-
-    return bool(tvm.runtime.enabled("cuda"))
 
 
 def _loopback_only() -> None:
@@ -185,9 +180,7 @@ def check_feasible(target_text: str) -> None:
 
     offered = ray.cluster_resources()
     for task in ("build", "measure"):
-        placed = placement(task, target_text)
-        wanted = {**placed.get("resources", {}), **({"GPU": placed["num_gpus"]} if placed.get("num_gpus") else {})}
-        lacking = sorted(name for name in wanted if not offered.get(name))
+        lacking = _lacking(task, target_text, offered)
         if lacking:
             raise ClusterError(
                 f"no node of this Ray cluster can {task} kernels for {target_text}: none offers {', '.join(lacking)}"
@@ -196,25 +189,35 @@ def check_feasible(target_text: str) -> None:
             )  # fmt: skip
 
 
+def _lacking(task: str, target_text: str, offered: dict[str, float]) -> list[str]:
+    """The resources a :func:`placement` of ``task`` needs that no node of the cluster (``offered``) has."""
+    placed = placement(task, target_text)
+    wanted = {**placed.get("resources", {}), **({"GPU": placed["num_gpus"]} if placed.get("num_gpus") else {})}
+    return sorted(name for name in wanted if not offered.get(name))
+
+
 def measurable(host_cpu: str, probe_secs: float = 180.0) -> list[tuple[str, str]]:
     """The (target kind, device model) pairs this cluster can time kernels for, as the queue names them.
 
-    CPU: ``host_cpu`` when some node offers :data:`MEASURE_RESOURCE`. CUDA: the architectures of
-    a GPU (``sm_90``, and ``sm_90a`` for the same device), asked of the GPU itself by a task that
-    holds one, when the cluster offers GPUs and a node that compiles CUDA; a GPU that is declared
+    CPU: ``host_cpu`` when some node offers :data:`MEASURE_RESOURCE`. CUDA: the architectures a
+    GPU runs code for (``kernels.probe_gpu``), asked of the GPU itself by a task that holds one,
+    when the cluster offers GPUs and a node that compiles CUDA; a GPU that is declared
     but cannot be used (no driver, no runtime) or no answer within ``probe_secs`` gives none.
     """
     import ray
 
     offered = ray.cluster_resources()
-    out = [("llvm", host_cpu)] if offered.get(MEASURE_RESOURCE) else []
-    if offered.get("GPU") and offered.get(CUDA_BUILD_RESOURCE):
+
+    def feasible(kind: str) -> bool:
+        return not any(_lacking(task, f'{{"kind":"{kind}"}}', offered) for task in ("build", "measure"))
+
+    out = [("llvm", host_cpu)] if feasible("llvm") else []
+    if feasible("cuda"):
         try:
             answer = result(submit("probe"), timeout=probe_secs)
         except Exception:  # all GPUs busy for minutes, or the task died: no CUDA work this time
-            answer = {"arch": None}
-        if answer.get("arch"):
-            out += [("cuda", answer["arch"]), ("cuda", answer["arch"] + "a")]
+            answer = {"archs": []}
+        out += [("cuda", arch) for arch in answer["archs"]]
     return out
 
 

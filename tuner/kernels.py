@@ -43,7 +43,7 @@ def build(mod_json: str, target_text: str) -> dict[str, Any]:
     start = time.time()
     tvm_env.prepare()
     target = target_from_text(target_text)
-    if target.kind.name == "cuda" and not tvm.runtime.enabled("cuda"):  # it would keep source no GPU loads
+    if target.kind.name == "cuda" and not tvm_env.compiles_cuda():  # it would keep source no GPU loads
         return {"artifact": None, "error": f"this node ({socket.gethostname()}) cannot compile CUDA: its TVM has no CUDA runtime", **_interval(start)}
     try:
         rt_mod = tvm_env.build_kernel(tvm.ir.load_json(mod_json), target)
@@ -89,16 +89,18 @@ def _mismatch(expected: list[np.ndarray], actual: list[np.ndarray], rtol: float)
 
 
 def probe_gpu() -> dict[str, Any]:
-    """The architecture of the GPU this task holds (``{"arch": "sm_90"}``), or ``{"arch": None, "error": …}``."""
+    """The GPU this task holds: ``{"archs": [...], "name": ..., "error": None}``, the architectures it runs
+    code built for (compute 9.0: ``sm_90`` and its arch-specific ``sm_90a``), or ``{"archs": [], "error": …}``."""
     import tvm
 
     dev = tvm.cuda(0)
     try:
-        if tvm.runtime.enabled("cuda") and dev.exist:
-            return {"arch": "sm_" + str(dev.compute_version).replace(".", ""), "name": str(dev.device_name), "error": None}
+        if tvm_env.compiles_cuda() and dev.exist:
+            arch = "sm_" + str(dev.compute_version).replace(".", "")
+            return {"archs": [arch, arch + "a"], "name": str(dev.device_name), "error": None}
     except Exception as exc:  # a driver that fails to answer
-        return {"arch": None, "error": _short_error(exc)}
-    return {"arch": None, "error": "no usable CUDA device in this task (no driver, or TVM without the CUDA runtime)"}
+        return {"archs": [], "error": _short_error(exc)}
+    return {"archs": [], "error": "no usable CUDA device in this task (no driver, or TVM without the CUDA runtime)"}
 
 
 def device_for(target_text: str) -> Any:
@@ -117,10 +119,10 @@ def device_for(target_text: str) -> Any:
         raise ValueError(f"kernels of {kind or 'unknown'!r} targets cannot be timed here")
     found = probe_gpu()
     wanted = target_device(target_text)
-    if found["arch"] is None:
+    if not found["archs"]:
         raise RuntimeError(found["error"])
-    if wanted and wanted.rstrip("a") != found["arch"]:
-        raise RuntimeError(f"this task's GPU ({found['name']}) is {found['arch']}; the kernels are built for {wanted}")
+    if wanted and wanted not in found["archs"]:
+        raise RuntimeError(f"this task's GPU ({found['name']}) runs {' and '.join(found['archs'])} code; the kernels are built for {wanted}")
     return tvm.cuda(0)
 
 

@@ -156,11 +156,16 @@ def default_schedule(mod: Any, target: Any) -> Any:
     return dlight_schedule(mod, tuning_target(target)) if is_gpu(target) else mod
 
 
-def default_name(target_text: str) -> str:
-    """:func:`default_schedule` in words, for verdicts and rejections."""
+def default_label(target_text: str) -> str:
+    """:func:`default_schedule` as a column label: ``"untuned"`` on a CPU, ``"DLight"`` on a GPU."""
     from schedhub.registry import target_kind
 
-    return "the unscheduled kernel" if target_kind(target_text) == "llvm" else "DLight's schedule"
+    return "untuned" if target_kind(target_text) == "llvm" else "DLight"
+
+
+def default_name(target_text: str) -> str:
+    """:func:`default_schedule` in words, for verdicts and rejections."""
+    return "the unscheduled kernel" if default_label(target_text) == "untuned" else "DLight's schedule"
 
 
 def search_settings(options: TuneOptions) -> dict[str, Any]:
@@ -260,7 +265,8 @@ HOST_REFERENCE = '{"kind":"llvm"}'
 def side_by_side(identity: Identity, mod: Any, candidates: list[Any], timing: dict[str, Any], timeline: Timeline) -> list[dict[str, Any]]:
     """Build the target's :func:`default_schedule` of ``mod`` and each scheduled candidate (CPU tasks),
     then time them in one measurement task that holds the device, checking every output against the
-    unscheduled kernel's on a CPU (on a CPU target, the default's own build).
+    unscheduled kernel's on a CPU (on a CPU target, the default's own build). The caller has checked
+    that the cluster can build and time them (:func:`cluster.check_feasible`).
 
     Returns one ``{"run_secs", "error"}`` per module, the default first (it must run).
     """
@@ -268,7 +274,6 @@ def side_by_side(identity: Identity, mod: Any, candidates: list[Any], timing: di
 
     from schedhub.hooks.identity import target_from_text
 
-    cluster.check_feasible(identity.target)
     on_cpu = target_from_text(identity.target).kind.name == "llvm"
     builds = [(default_schedule(mod, target_from_text(identity.target)), identity.target), *((c, identity.target) for c in candidates)]
     if not on_cpu:

@@ -91,6 +91,14 @@ def host_target(cores: int | None = None) -> dict[str, Any]:
     return {"kind": "llvm", "mcpu": str(tvm.target.codegen.llvm_get_system_cpu()), "num-cores": int(cores or os.cpu_count() or 1)}
 
 
+def compiles_cuda() -> bool:
+    """Whether this process's TVM builds CUDA kernels to code a GPU loads (it has the CUDA runtime;
+    without it a CUDA build keeps CUDA C source only)."""
+    import tvm
+
+    return bool(tvm.runtime.enabled("cuda"))
+
+
 class NoDevice(RuntimeError):
     """The machine has no device of the kind asked for."""
 
@@ -104,6 +112,6 @@ def device_target(device: str) -> Any:
         return tvm.target.Target(host_target())
     if device != "cuda":
         raise ValueError(f"devices are 'cpu' and 'cuda', not {device!r}")
-    if not (tvm.runtime.enabled("cuda") and tvm.cuda(0).exist):
+    if not (compiles_cuda() and tvm.cuda(0).exist):
         raise NoDevice("no CUDA device here (this TVM sees none): run this on a machine with an NVIDIA GPU")
     return tvm.target.Target.from_device(tvm.cuda(0))

@@ -14,7 +14,7 @@ from typing import Any
 
 from schedhub.registry import Identity
 
-from . import tvm_env
+from . import cluster, tvm_env
 from .backends import Timeline
 from .kernels import FINAL_TIMING
 
@@ -32,6 +32,7 @@ def verify_job(job: dict[str, Any], timing: dict[str, Any] | None = None) -> dic
     identity = Identity.from_obj(job["identity"])
     if identity.fingerprint != compiler_fingerprint():
         raise ToolchainMismatch(f"record {identity.key[:12]} was keyed under {identity.fingerprint!r}; this worker runs {compiler_fingerprint()!r}")
+    cluster.check_feasible(identity.target)
     mod = workload_module(identity.workload)
     limits = ScheduleLimits()
     try:
