@@ -62,6 +62,14 @@ def flops(args_info: list[Any], op: str) -> float:
     return 2.0 * size * k
 
 
+def require_device(prog: str, device: str) -> None:
+    """Stop a benchmark at once, saying why, when this machine has no ``device``."""
+    try:
+        tvm_env.device_target(device)
+    except tvm_env.NoDevice as exc:
+        raise SystemExit(f"{prog} --device {device}: {exc}") from None
+
+
 def find_kernel(model: str, shape: dict[str, int], name: str, target: Any = TARGET) -> Any:
     mod = models.export_with_weights(model, **shape)[0]
     for k in models.kernels(mod, target):
@@ -180,11 +188,7 @@ def main() -> None:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: this machine's GPU (results under gpu/)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    if args.device == "cuda":
-        try:
-            tvm_env.device_target("cuda")
-        except tvm_env.NoDevice as exc:
-            raise SystemExit(f"{parser.prog} --device cuda: {exc}") from None
+    require_device(parser.prog, args.device)
     trials, rounds = args.trials or (16 if args.quick else 64), args.rounds or (3 if args.quick else 5)
     mode = "gpu" if args.device == "cuda" else "quick" if args.quick else "full"
     out = args.out or Path(__file__).parent / "results" / mode / "tuner.json"

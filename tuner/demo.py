@@ -29,7 +29,7 @@ import numpy as np
 from schedhub.registry import RegistryClient, ServerThread
 
 from . import baselines, cluster, models
-from .search import TuneOptions, TuneResult
+from .search import TuneOptions, TuneResult, default_label
 from .torch_process import TorchProcess
 from .tvm_env import device_target
 from .worker import Worker
@@ -75,10 +75,11 @@ def run(trials: int = 32, registry_dir: str | None = None, ray_address: str | No
     import tvm
 
     from schedhub import hooks
+    from schedhub.hooks.identity import target_text
 
     started = time.time()
     target = device_target(device)
-    report = DemoReport(registry=registry_dir or tempfile.mkdtemp(prefix="schedhub-demo-"), default="untuned" if device == "cpu" else "DLight")
+    report = DemoReport(registry=registry_dir or tempfile.mkdtemp(prefix="schedhub-demo-"), default=default_label(target_text(target)))
     mod, weights, input_shape = models.export_with_weights(DEMO_MODEL, **DEMO_SHAPE)
     x = np.random.default_rng(1).standard_normal(input_shape).astype("float32")
     token = secrets.token_hex(16)

@@ -109,12 +109,11 @@ def mlp_twin(name: str, weights: dict[str, np.ndarray], features: int, hidden: i
 
 
 def _forward(net: Any, x: Any) -> np.ndarray:
-    """``net`` on ``x`` (numpy, or a tensor on the net's device): the output in host memory."""
+    """``net`` on ``x`` (a tensor on the net's device): the output in host memory."""
     import torch
 
     with torch.inference_mode():
-        out = net(torch.from_numpy(x) if isinstance(x, np.ndarray) else x)
-        return (out[0] if isinstance(out, (tuple, list)) else out).cpu().numpy()
+        return net(x).cpu().numpy()
 
 
 def _timed_forward(net: Any, x: Any, device: str) -> Any:
