@@ -32,7 +32,6 @@ def verify_job(job: dict[str, Any], timing: dict[str, Any] | None = None) -> dic
     identity = Identity.from_obj(job["identity"])
     if identity.fingerprint != compiler_fingerprint():
         raise ToolchainMismatch(f"record {identity.key[:12]} was keyed under {identity.fingerprint!r}; this worker runs {compiler_fingerprint()!r}")
-    cluster.check_feasible(identity.target)
     mod = workload_module(identity.workload)
     limits = ScheduleLimits()
     try:
@@ -41,6 +40,7 @@ def verify_job(job: dict[str, Any], timing: dict[str, Any] | None = None) -> dic
         check_scheduled(candidate, limits)
     except Exception as exc:  # ScheduleError, TVMError, ScheduleTooCostly…: the verdict, not a crash
         return {"run_secs": None, "reason": f"does not replay within bounds: {exc.__class__.__name__}: {str(exc).strip()[:500]}"}
+    cluster.check_feasible(identity.target)  # after the replay: a record that does not replay needs no cluster
     untuned, result = side_by_side(identity, mod, [candidate], timing or dict(FINAL_TIMING), Timeline(f"verify:{identity.key[:8]}"))
     if not result["run_secs"]:
         return {"run_secs": None, "reason": result["error"] or "did not run"}
