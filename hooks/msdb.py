@@ -22,7 +22,6 @@ from schedhub.registry import Record, RegistryError
 
 from .identity import plain_json, target_from_text, workload_identity, workload_module
 from .ranking import retiled
-from .tiles import MAX_PASSES, fitted
 
 
 def record_from_tuning_record(tr: ms.database.TuningRecord, op: str | None = None, provenance: dict[str, Any] | None = None) -> Record:
@@ -34,17 +33,15 @@ def record_from_tuning_record(tr: ms.database.TuningRecord, op: str | None = Non
 
 
 def tuning_record(record: Record, mod: tvm.IRModule | None = None, args_info: list[Any] | None = None) -> ms.database.TuningRecord:
-    """The record as a TuningRecord on ``mod`` (default: its own workload), replaying the trace by
-    :func:`replay_schedule` (tile sizes refitted on a kernel of other extents).
+    """The record as a TuningRecord on ``mod`` (default: its own workload), replaying the trace.
 
     ``args_info``: the module's own, when the record was tuned for another shape (a transfer).
     Raises TVM's error when the trace does not apply to the module.
     """
     workload = ms.database.Workload(mod if mod is not None else workload_module(record.identity.workload))
     info = args_info if args_info is not None else record.identity.args_info
-    trace = replay_schedule(workload.mod, json.loads(record.trace)).trace
-    return ms.database.TuningRecord(trace, workload, list(record.run_secs), target_from_text(record.identity.target),
-                                    [ms.arg_info.ArgInfo.from_json(a) for a in info])
+    as_json = [json.loads(record.trace), record.run_secs, json.loads(record.identity.target), info]
+    return ms.database.TuningRecord.from_json(as_json, workload)
 
 
 def normalize_mod(func: tvm.IRModule | Any) -> tvm.IRModule:
@@ -56,22 +53,7 @@ def normalize_mod(func: tvm.IRModule | Any) -> tvm.IRModule:
 
 def replay_schedule(mod: tvm.IRModule, recorded: Any) -> tvm.s_tir.Schedule:
     """A Schedule of ``mod`` with a trace's JSON applied (postprocessing instructions included): the one
-    replay route of the hook and the tuner. Tile sizes that do not fit ``mod``'s extents (a trace tuned
-    for another shape) are refitted to the nearest tiling (:func:`.tiles.fitted`); if a refit does not
-    apply, TVM's own re-derivation stands. Raises TVM's error when the trace does not fit ``mod``."""
-    sch = _applied(mod, recorded)
-    for _ in range(MAX_PASSES):
-        refit = fitted(recorded, plain_json(sch.trace.as_json()))
-        if refit is None:
-            break
-        try:
-            sch, recorded = _applied(mod, refit), refit
-        except Exception:  # TVM raises TVMError, ScheduleError…: the refit broke a constraint the trace relies on
-            break
-    return sch
-
-
-def _applied(mod: tvm.IRModule, recorded: Any) -> tvm.s_tir.Schedule:
+    replay route of the hook and the tuner. Raises TVM's error when the trace does not fit ``mod``."""
     sch = tvm.s_tir.Schedule(mod)
     tvm.s_tir.schedule.Trace.apply_json_to_schedule(recorded, sch)
     return sch
