@@ -38,7 +38,9 @@ from typing import Any
 
 from schedhub.hooks.msdb import scheduled
 from schedhub.tuner import baselines, cluster, kernels, models, tvm_env
-from schedhub.tuner.search import HOST_REFERENCE, TuneOptions, TuneResult, best_so_far, default_schedule, mean_secs, replay, search_settings, trace_text, tuning_target
+from schedhub.tuner.search import (
+    TuneOptions, TuneResult, best_so_far, default_schedule, mean_secs, reference_build, replay, search_settings, trace_text, tuning_target,
+)  # fmt: skip
 
 from .stats import summary
 
@@ -111,7 +113,8 @@ def side_by_side(identity: Any, traces: dict[str, str], rounds: int) -> dict[str
     on_cpu = target.kind.name == "llvm"
     modules = {"untuned": default_schedule(mod, target), **{name: scheduled(mod, replay(mod, text)) for name, text in traces.items()}}
     built = {n: tvm_env.library_bytes(tvm_env.build_kernel(m, target)) for n, m in modules.items()}
-    reference = built["untuned"] if on_cpu else tvm_env.library_bytes(tvm_env.build_kernel(mod, target_from_text(HOST_REFERENCE)))
+    host = reference_build(mod, identity.target)
+    reference = tvm_env.library_bytes(tvm_env.build_kernel(host[0], target_from_text(host[1]))) if host else built["untuned"]
     names = list(built)
     samples: dict[str, list[float]] = {n: [] for n in names}
     samples["numpy"] = []

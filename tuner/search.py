@@ -262,6 +262,15 @@ def _seed_database(database: Any, mod: Any, target: Any, traces: list[str], buil
 HOST_REFERENCE = '{"kind":"llvm"}'
 
 
+def reference_build(mod: Any, target_text: str) -> tuple[Any, str] | None:
+    """What the outputs of ``mod``'s schedules for ``target_text`` are checked against, as (module, target)
+    to build: the unscheduled kernel on this CPU (:data:`HOST_REFERENCE`) for another device; None on a
+    CPU target, where the default schedule's own build is the reference."""
+    from schedhub.hooks.identity import target_from_text
+
+    return None if target_from_text(target_text).kind.name == "llvm" else (mod, HOST_REFERENCE)
+
+
 def side_by_side(identity: Identity, mod: Any, candidates: list[Any], timing: dict[str, Any], timeline: Timeline) -> list[dict[str, Any]]:
     """Build the target's :func:`default_schedule` of ``mod`` and each scheduled candidate (CPU tasks),
     then time them in one measurement task that holds the device, checking every output against the
@@ -274,15 +283,13 @@ def side_by_side(identity: Identity, mod: Any, candidates: list[Any], timing: di
 
     from schedhub.hooks.identity import target_from_text
 
-    on_cpu = target_from_text(identity.target).kind.name == "llvm"
+    host = reference_build(mod, identity.target)
     builds = [(default_schedule(mod, target_from_text(identity.target)), identity.target), *((c, identity.target) for c in candidates)]
-    if not on_cpu:
-        builds.append((mod, HOST_REFERENCE))
-    refs = [cluster.submit("build", placed=cluster.placement("build", t), mod_json=tvm.ir.save_json(m), target_text=t) for m, t in builds]
+    refs = [cluster.submit("build", placed=cluster.placement("build", t), mod_json=tvm.ir.save_json(m), target_text=t) for m, t in [*builds, *([host] if host else [])]]
     built = [cluster.result(r) for r in refs]
     for b in built:
         timeline.add("build", b)
-    reference = built[0] if on_cpu else built.pop()
+    reference = built.pop() if host else built[0]
     if reference["artifact"] is None:
         raise RuntimeError(f"the unscheduled workload does not build: {reference['error']}")
     if built[0]["artifact"] is None:
