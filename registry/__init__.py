@@ -36,7 +36,7 @@ from ._keys import SCHEMA_VERSION, canonical_target, is_key, record_key, skeleto
 from ._limits import check_annotations, check_workload_source, dotted_name, signature_args_info
 from ._neighbours import COMPILER, SHAPE, TARGET, Candidate, Probe, shape_distance
 from ._queue import DEAD, DONE, LEASED, PENDING, TUNE, VERIFY, Lease, MissQueue, verify_job_id
-from ._records import Identity, Record, Served, keeps_default_schedule, packb, trace_instructions, unpackb
+from ._records import Identity, Record, Served, keeps_default_schedule, packb, trace_id, trace_instructions, unpackb
 from ._serve import InsecureServerError, ServerThread, serve
 from ._server import create_app
 from ._service import LocalRegistry
@@ -63,7 +63,7 @@ def connect(spec: Registry | str | os.PathLike[str], **options: object) -> Regis
 __all__ = [
     "SCHEMA_VERSION", "record_key", "canonical_target", "is_key", "target_kind", "target_device",
     "skeleton", "structure_key", "workload_key", "Probe", "Candidate", "shape_distance", "COMPILER", "SHAPE", "TARGET",
-    "Record", "Identity", "Served", "keeps_default_schedule", "trace_instructions", "packb", "unpackb", "signature_args_info", "check_workload_source", "check_annotations", "dotted_name",
+    "Record", "Identity", "Served", "keeps_default_schedule", "trace_id", "trace_instructions", "packb", "unpackb", "signature_args_info", "check_workload_source", "check_annotations", "dotted_name",
     "Principal", "ROLES", "TUNE", "VERIFY", "verify_job_id",
     "Store", "StoreFormatError", "MissQueue", "Lease", "KeySummary", "PutResult",
     "PENDING", "LEASED", "DONE", "DEAD",

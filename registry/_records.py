@@ -127,6 +127,11 @@ def _provenance(value: Any) -> dict[str, Any]:
     return dict(prov)
 
 
+def trace_id(trace: str) -> str:
+    """Short content id of a trace's text (a record's ``trace_id``)."""
+    return hashlib.sha256(trace.encode()).hexdigest()[:16]
+
+
 @dataclass(frozen=True)
 class Identity:
     """The hashed fields of a workload and what is kept beside them for search."""
@@ -227,7 +232,7 @@ class Record:
     @functools.cached_property
     def trace_id(self) -> str:
         """Short content id of the schedule: two pushes of one trace are one entry."""
-        return hashlib.sha256(self.trace.encode()).hexdigest()[:16]
+        return trace_id(self.trace)
 
     @classmethod
     def from_obj(cls, obj: Any, expected_key: str | None = None) -> Record:

@@ -116,11 +116,17 @@ def test_a_seed_with_one_search_thread_measures_the_same_candidates_every_time(r
     options = TuneOptions(trials=8, trials_per_iter=8, publish=8, search_threads=1, population=32, genetic_iters=1, seed=3)
     ident = matmul(48, 96, 64)
     first, second = (TuneResult.from_dict(cluster.result(ref)) for ref in [tune(ident, options), tune(ident, options)])
-    candidates = {r.trace for r in first.records}
+    candidates = measured(first)
     assert len(candidates) >= 4
-    assert {r.trace for r in second.records} == candidates
+    assert measured(second) == candidates
     other_seed = TuneResult.from_dict(cluster.result(tune(ident, TuneOptions(**{**options.__dict__, "seed": 4}))))
-    assert {r.trace for r in other_seed.records} != candidates
+    assert measured(other_seed) != candidates
+
+
+def measured(result: TuneResult) -> set[str]:
+    """The schedules a search measured, by trace id: published, or rejected (``"<trace id>: <why>"``). Which of
+    them beat the default timed side by side depends on the machine's load; which were measured does not."""
+    return {r.trace_id for r in result.records} | {why.split(":", 1)[0] for why in result.rejected}
 
 
 def start_worker(url: str, ray_address: str | None, *extra: str) -> subprocess.Popen:

@@ -23,7 +23,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from schedhub.registry import Identity, Record
+from schedhub.registry import Identity, Record, trace_id
 
 from . import cluster, tvm_env
 from .backends import RayBuilder, RayRunner, Timeline
@@ -306,7 +306,8 @@ def side_by_side(identity: Identity, mod: Any, candidates: list[Any], timing: di
 
 
 def _publish(identity: Identity, mod: Any, measured: list[Any], options: TuneOptions, timeline: Timeline) -> tuple[list[Record], float, list[str]]:
-    """Verify and re-measure the best distinct schedules; returns (records best first, untuned secs, rejections)."""
+    """Verify and re-measure the best distinct schedules; returns (records best first, untuned secs, rejections:
+    ``"<trace id>: <why>"`` for each schedule the search measured that is not published)."""
     import tvm
 
     from schedhub.hooks.msdb import scheduled
@@ -323,11 +324,11 @@ def _publish(identity: Identity, mod: Any, measured: list[Any], options: TuneOpt
     records, rejected = [], []
     for text, result in zip(best, results[1:]):
         if not result["run_secs"]:
-            rejected.append(result["error"])
+            rejected.append(f"{trace_id(text)}: {result['error']}")
         elif (record := Record(identity, text, result["run_secs"])).mean_secs < default.mean_secs:
             records.append(record)
         else:
-            rejected.append(f"slower than {default_name(identity.target)} when timed side by side")
+            rejected.append(f"{trace_id(text)}: slower than {default_name(identity.target)} when timed side by side")
     # When nothing beat the target's default, that *is* the best known schedule: publish it (an
     # empty trace: the hook leaves the kernel to the default) so the hook stops reporting the
     # kernel as a miss and nobody tunes it again blindly.
