@@ -8,7 +8,6 @@ what they claim is validated like any record.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -23,7 +22,6 @@ from schedhub.registry import Record, RegistryError
 
 from .identity import plain_json, target_from_text, workload_identity, workload_module
 from .ranking import retiled
-from .tiles import has_untuned_loops, untuned_loops
 
 
 def record_from_tuning_record(tr: ms.database.TuningRecord, op: str | None = None, provenance: dict[str, Any] | None = None) -> Record:
@@ -35,17 +33,15 @@ def record_from_tuning_record(tr: ms.database.TuningRecord, op: str | None = Non
 
 
 def tuning_record(record: Record, mod: tvm.IRModule | None = None, args_info: list[Any] | None = None) -> ms.database.TuningRecord:
-    """The record as a TuningRecord on ``mod`` (default: its own workload), replaying the trace by
-    :func:`replay_schedule`.
+    """The record as a TuningRecord on ``mod`` (default: its own workload), replaying the trace.
 
     ``args_info``: the module's own, when the record was tuned for another shape (a transfer).
     Raises TVM's error when the trace does not apply to the module.
     """
     workload = ms.database.Workload(mod if mod is not None else workload_module(record.identity.workload))
     info = args_info if args_info is not None else record.identity.args_info
-    trace = replay_schedule(workload.mod, json.loads(record.trace)).trace
-    return ms.database.TuningRecord(trace, workload, list(record.run_secs), target_from_text(record.identity.target),
-                                    [ms.arg_info.ArgInfo.from_json(a) for a in info])
+    as_json = [json.loads(record.trace), record.run_secs, json.loads(record.identity.target), info]
+    return ms.database.TuningRecord.from_json(as_json, workload)
 
 
 def normalize_mod(func: tvm.IRModule | Any) -> tvm.IRModule:
@@ -57,17 +53,7 @@ def normalize_mod(func: tvm.IRModule | Any) -> tvm.IRModule:
 
 def replay_schedule(mod: tvm.IRModule, recorded: Any) -> tvm.s_tir.Schedule:
     """A Schedule of ``mod`` with a trace's JSON applied (postprocessing instructions included): the one
-    replay route of the hook and the tuner. Tile sizes that no longer fit are re-derived by TVM, except
-    for loops the trace was tuned at extent 1, which get the cache tile (:func:`.tiles.untuned_loops`;
-    TVM's re-derivation stands if that does not apply). Raises TVM's error when the trace does not fit ``mod``."""
-    sch = _applied(mod, recorded)
-    if has_untuned_loops(recorded) and (moved := untuned_loops(recorded, plain_json(sch.trace.as_json()))) is not None:
-        with contextlib.suppress(Exception):  # TVM raises TVMError, ScheduleError…: keep its own re-derivation
-            sch = _applied(mod, moved)
-    return sch
-
-
-def _applied(mod: tvm.IRModule, recorded: Any) -> tvm.s_tir.Schedule:
+    replay route of the hook and the tuner. Raises TVM's error when the trace does not fit ``mod``."""
     sch = tvm.s_tir.Schedule(mod)
     tvm.s_tir.schedule.Trace.apply_json_to_schedule(recorded, sch)
     return sch
