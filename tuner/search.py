@@ -266,9 +266,9 @@ def reference_build(mod: Any, target_text: str) -> tuple[Any, str] | None:
     """What the outputs of ``mod``'s schedules for ``target_text`` are checked against, as (module, target)
     to build: the unscheduled kernel on this CPU (:data:`HOST_REFERENCE`) for another device; None on a
     CPU target, where the default schedule's own build is the reference."""
-    from schedhub.hooks.identity import target_from_text
+    from schedhub.registry import target_kind
 
-    return None if target_from_text(target_text).kind.name == "llvm" else (mod, HOST_REFERENCE)
+    return None if target_kind(target_text) == "llvm" else (mod, HOST_REFERENCE)
 
 
 def side_by_side(identity: Identity, mod: Any, candidates: list[Any], timing: dict[str, Any], timeline: Timeline) -> list[dict[str, Any]]:
@@ -285,7 +285,9 @@ def side_by_side(identity: Identity, mod: Any, candidates: list[Any], timing: di
 
     host = reference_build(mod, identity.target)
     builds = [(default_schedule(mod, target_from_text(identity.target)), identity.target), *((c, identity.target) for c in candidates)]
-    refs = [cluster.submit("build", placed=cluster.placement("build", t), mod_json=tvm.ir.save_json(m), target_text=t) for m, t in [*builds, *([host] if host else [])]]
+    if host:
+        builds.append(host)
+    refs = [cluster.submit("build", placed=cluster.placement("build", t), mod_json=tvm.ir.save_json(m), target_text=t) for m, t in builds]
     built = [cluster.result(r) for r in refs]
     for b in built:
         timeline.add("build", b)
