@@ -20,6 +20,7 @@ from ._neighbours import RELATIONS, Candidate, Probe
 from ._queue import Lease
 from ._records import Identity, Record, packb, served_record, unpackb
 from ._store import KeySummary, PutResult
+from ._trials import MAX_CURSOR_CHARS, TrialLog, iter_pages
 from ._wire import ERROR_HEADER, MSGPACK
 
 LOOKUP_CHUNK = 4096
@@ -202,6 +203,23 @@ class RegistryClient:
             if not answer["more"]:
                 return
             since = answer["next"]
+
+    # -- measurement log -------------------------------------------------------------------
+
+    def push_trials(self, log: TrialLog, pushed_by: str = "") -> dict[str, Any]:
+        """Merge a tuning run's trials into your entry of the log (the server names you by your token)."""
+        body = {"identity": log.identity.to_dict(), "trials": [t.to_dict() for t in log.trials]}
+        return self._call("POST", "/v1/trials", body)  # a merge by trace: sending it twice is the same
+
+    def trial_logs(self, after: str = "", limit: int = 100, *, verified_only: bool = False) -> tuple[list[TrialLog], str, bool]:
+        answer = self._call("GET", "/v1/trials", params=_params(cursor=after, limit=limit, verified="1" if verified_only else None))
+        items, cursor, more = (answer.get(k) for k in ("items", "next", "more")) if isinstance(answer, dict) else (None, None, None)
+        if not isinstance(items, list) or not isinstance(cursor, str) or len(cursor) > MAX_CURSOR_CHARS or not isinstance(more, bool):
+            raise RegistryError("the registry's trial page is malformed")
+        return [TrialLog.from_stored(item) for item in items], cursor, more
+
+    def iter_trial_logs(self, *, verified_only: bool = False, page: int = 100) -> Iterator[TrialLog]:
+        yield from iter_pages(self.trial_logs, verified_only=verified_only, page=page)
 
     # -- queue -----------------------------------------------------------------------------
 

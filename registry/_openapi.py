@@ -13,6 +13,8 @@ _QUERY = {
     "include": {"enum": ["records"]},
     "state": {"enum": ["pending", "leased", "done", "dead"]},
     "after": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+    "cursor": {"type": "string", "pattern": "^([0-9a-f]{2}){0,512}$", "description": "'next' of the previous page"},
+    "verified": {"enum": ["0", "1"], "description": "1: only logs pushed by workers"},
 }
 
 
@@ -61,6 +63,10 @@ OPENAPI: dict[str, Any] = {
         "/v1/quarantine": {"get": _op("records out of service, with why and whose", params=["limit"])},
         "/v1/lookup": {"post": _op("records of many keys in one round trip; with probes, candidates of the same structure for keys that have none", "Lookup")},
         "/v1/misses": {"post": _op("report workloads without records (read role; queued for tuning)", "MissBatch", auth=True)},
+        "/v1/trials": {
+            "get": _op("page through the measurement log: every trial tuners measured, per key and pusher (at most 200 a page)", params=["cursor", "limit", "verified"]),
+            "post": _op("push a tuning run's measured trials for one workload (push role; merged into your entry, newest 64 kept)", "TrialLog", auth=True),
+        },
         "/v1/queue": {"get": _op("queue job summaries, one page (no lease ids)", params=["state", "limit", "after"])},
         "/v1/queue/lease": {"post": _op("lease pending jobs (worker role)", "LeaseRequest", auth=True)},
         "/v1/queue/{key}": {"parameters": [_KEY], "get": _op("one queue job, whole")},
@@ -82,6 +88,10 @@ OPENAPI: dict[str, Any] = {
                                "provenance": {"type": "object"}},  # fmt: skip
             },
             "RecordBatch": {"type": "object", "required": ["records"], "properties": {"records": {"type": "array", "items": {"$ref": "#/components/schemas/Record"}}}},
+            "TrialLog": {"type": "object", "required": ["identity", "trials"], "properties": {
+                "identity": {"$ref": "#/components/schemas/Identity"},
+                "trials": {"type": "array", "minItems": 1, "maxItems": 512, "items": {"type": "object", "required": ["trace", "secs"], "properties": {
+                    "trace": {"type": "string"}, "secs": {"type": "number", "exclusiveMinimum": 0, "maximum": 1e6}}}}}},
             "MissBatch": {"type": "object", "required": ["misses"], "properties": {"misses": {"type": "array", "items": {"$ref": "#/components/schemas/Identity"}}}},
             "Lookup": {"type": "object", "required": ["keys"], "properties": {
                 "keys": {"type": "array", "items": {"type": "string", "pattern": "^[0-9a-f]{64}$"}, "maxItems": 4096},

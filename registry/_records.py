@@ -110,6 +110,19 @@ def run_secs_field(value: Any) -> list[float]:
     return out
 
 
+def trace_field(obj: dict[str, Any]) -> str:
+    """``obj["trace"]``: the JSON text of a MetaSchedule trace (``Trace.as_json()``), bounded, annotating only schedule hints."""
+    trace = _text(obj, "trace", MAX_TEXT_CHARS)
+    try:
+        parsed = json.loads(trace)
+    except (ValueError, RecursionError):
+        raise InvalidRecord("field 'trace' must be the JSON text of a MetaSchedule trace") from None
+    if not isinstance(parsed, list):
+        raise InvalidRecord("field 'trace' must be a JSON list (MetaSchedule Trace.as_json())")
+    check_annotations(parsed)
+    return trace
+
+
 def _provenance(value: Any) -> dict[str, Any]:
     prov = _require_map(value if value is not None else {}, "provenance")
     if len(prov) > MAX_PROVENANCE_FIELDS:
@@ -241,15 +254,7 @@ class Record:
         if unknown:
             raise InvalidRecord(f"unknown record fields: {sorted(unknown)}")
         identity = Identity.from_obj(obj, expected_key)
-        trace = _text(obj, "trace", MAX_TEXT_CHARS)
-        try:
-            parsed = json.loads(trace)
-        except ValueError:
-            raise InvalidRecord("field 'trace' must be the JSON text of a MetaSchedule trace") from None
-        if not isinstance(parsed, list):
-            raise InvalidRecord("field 'trace' must be a JSON list (MetaSchedule Trace.as_json())")
-        check_annotations(parsed)
-        return cls(identity, trace, run_secs_field(obj.get("run_secs")), _provenance(obj.get("provenance")))
+        return cls(identity, trace_field(obj), run_secs_field(obj.get("run_secs")), _provenance(obj.get("provenance")))
 
     @classmethod
     def from_bytes(cls, data: bytes, expected_key: str | None = None) -> Record:

@@ -34,6 +34,7 @@ from ._openapi import OPENAPI
 from ._queue import STATES, TASKS, TUNE
 from ._records import Identity, Record, run_secs_field
 from ._service import LocalRegistry
+from ._trials import TrialLog
 from ._wire import ERROR_HEADER, RawRecord, check_length, decode_body, encode_body, field, wants_msgpack
 
 DEFAULT_MAX_BODY = 16 << 20
@@ -43,6 +44,7 @@ MAX_CANDIDATES = 8  # neighbours offered per missed key
 MAX_ANSWER_BYTES = 32 << 20  # a lookup answer past this lists the rest under 'truncated'
 MAX_PAGE = 1000
 MAX_QUEUE_PAGE = 500
+MAX_TRIAL_PAGE = 200  # trial logs per page (each up to 64 traces)
 _OFF_LOOP_BYTES = 64 << 10  # bodies larger than this are decoded in a worker thread
 _TRACE_ID = re.compile(r"[0-9a-f]{16}")
 
@@ -312,6 +314,22 @@ def create_app(
         state.counters["reported"] += len(misses)
         return reply(request, {"results": results})
 
+    async def push_trials(request: Request) -> Response:
+        who = state.require(request, "push")
+        log = await run_in_threadpool(TrialLog.from_obj, await state.body(request))
+        result = await state.write(lambda txn: state.reg.push_trials(log, who.name, verified=who.trusted, txn=txn))
+        state.counters["trials"] += len(log.trials)
+        return reply(request, result)
+
+    async def list_trials(request: Request) -> Response:
+        q = request.query_params
+        limit = query_int(q.get("limit"), "limit", MAX_TRIAL_PAGE, 1, MAX_TRIAL_PAGE)
+        verified = q.get("verified", "0")
+        if verified not in ("0", "1"):
+            raise InvalidRecord("query parameter 'verified' must be 0 or 1")
+        logs, cursor, more = await run_in_threadpool(state.reg.trial_logs, q.get("cursor", ""), limit, verified_only=verified == "1")
+        return reply(request, {"items": [log.to_dict() for log in logs], "next": cursor, "more": more})
+
     async def lease(request: Request) -> Response:
         who = state.require(request, "worker")
         body = await state.body(request)
@@ -415,6 +433,8 @@ def create_app(
         Route("/v1/quarantine", list_quarantine, methods=["GET"]),
         Route("/v1/lookup", lookup, methods=["POST"]),
         Route("/v1/misses", report_misses, methods=["POST"]),
+        Route("/v1/trials", list_trials, methods=["GET"]),
+        Route("/v1/trials", push_trials, methods=["POST"]),
         Route("/v1/queue", list_queue, methods=["GET"]),
         Route("/v1/queue/lease", lease, methods=["POST"]),
         Route("/v1/queue/{key}", get_job, methods=["GET"]),

@@ -17,6 +17,7 @@ from ._queue import DEFAULT_MAX_ATTEMPTS, DEFAULT_TOLERANCE, TUNE, Lease, MissQu
 from ._neighbours import Candidate, Probe
 from ._records import Identity, Record, served_record
 from ._store import KeySummary, PutResult, Store
+from ._trials import TrialLog, TrialStore, iter_pages
 
 
 class LocalRegistry:
@@ -29,6 +30,7 @@ class LocalRegistry:
             kwargs["top_k"] = top_k
         self.store = Store(root, **kwargs)
         self.queue = MissQueue(self.store, max_attempts, tolerance)
+        self.trial_store = TrialStore(self.store)
 
     @property
     def location(self) -> str:
@@ -135,6 +137,20 @@ class LocalRegistry:
             since = batch[-1].seq
             if op:  # the op index is read whole in one call
                 return
+
+    # -- measurement log -------------------------------------------------------------------
+
+    def push_trials(self, log: TrialLog, pushed_by: str = "", *, verified: bool = True, txn: lmdb.Transaction | None = None) -> dict[str, Any]:
+        """Merge a tuner's measured trials into the log (``verified`` as for :meth:`put_many`)."""
+        return self.trial_store.put(log, pushed_by, verified=verified, txn=txn)
+
+    def trial_logs(self, after: str = "", limit: int = 100, *, verified_only: bool = False) -> tuple[list[TrialLog], str, bool]:
+        """One page of the log: (entries, cursor of the next page, whether there is more)."""
+        return self.trial_store.page(after, limit, verified_only=verified_only)
+
+    def iter_trial_logs(self, *, verified_only: bool = False, page: int = 100) -> Iterator[TrialLog]:
+        """Every entry of the log, page by page."""
+        yield from iter_pages(self.trial_logs, verified_only=verified_only, page=page)
 
     # -- queue -----------------------------------------------------------------------------
 

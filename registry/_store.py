@@ -30,7 +30,7 @@ DEFAULT_TOP_K = 8
 MAX_COMPLAINANTS = 32
 STORE_FORMAT = b"1"
 _SEQ = struct.Struct(">Q")
-_DB_NAMES = ("records", "by_op", "by_struct", "changes", "log", "meta", "quarantine", "queue", "queue_idx", "agg")
+_DB_NAMES = ("records", "by_op", "by_struct", "changes", "log", "meta", "quarantine", "queue", "queue_idx", "agg", "trials")
 STRUCTURE_INDEX = b"index:by_struct"  # meta flag: every key is in by_struct (stores from before it get it on open)
 AGGREGATES = b"index:agg"  # meta flag: the aggregates cover every key and log entry (stores from before them get them on open)
 _COUNT = struct.Struct(">q")
@@ -567,12 +567,14 @@ class Store:
     def stats(self) -> dict[str, Any]:
         with self.read() as txn:
             counts = {name: txn.stat(self.dbs[name])["entries"] for name in ("records", "log", "quarantine")}
+            counts["trials"] = txn.stat(self.dbs["trials"])["entries"] if self.dbs["trials"] is not None else 0
             raw_seq = txn.get(b"seq", db=self.dbs["meta"])
         info = self.env.info()
         return {
             "keys": counts["records"],
             "measurements": counts["log"],
             "quarantined": counts["quarantine"],
+            "trial_logs": counts["trials"],
             "coverage": self._coverage(),
             "cursor": _SEQ.unpack(raw_seq)[0] if raw_seq else 0,
             "map_size": info["map_size"],

@@ -190,7 +190,7 @@ def _hostile_requests() -> list[tuple[str, str, bytes, str]]:
     deep_msgpack = b"\x91" * 100_000 + b"\x00"
     cases = []
     for method, path in (("PUT", f"/v1/records/{rec['key']}"), ("POST", "/v1/records"), ("POST", "/v1/lookup"), ("POST", "/v1/misses"),
-                         ("POST", "/v1/queue/lease"), ("POST", f"/v1/queue/{rec['key']}/renew"), ("POST", f"/v1/records/{rec['key']}/complaints")):  # fmt: skip
+                         ("POST", "/v1/queue/lease"), ("POST", f"/v1/queue/{rec['key']}/renew"), ("POST", f"/v1/records/{rec['key']}/complaints"), ("POST", "/v1/trials")):  # fmt: skip
         cases += [(method, path, deep_json, "application/json"), (method, path, deep_msgpack, "application/msgpack")]
     huge = 2**64
     for body in (
@@ -203,12 +203,17 @@ def _hostile_requests() -> list[tuple[str, str, bytes, str]]:
         {"misses": [_identity_body() | {"key": _identity_body()["key"] + "\n"}]},
         {"records": [rec | {"run_secs": [1e308, 1e308]}]},
         {"keys": [rec["key"]], "top": huge},
+        {"identity": _identity_body(), "trials": [{"trace": rec["trace"], "secs": huge}]},
+        {"identity": _identity_body(), "trials": [{"trace": rec["trace"], "secs": 1e-3}] * 10_000},
+        {"identity": _identity_body() | {"key": "0" * 64}, "trials": [{"trace": rec["trace"], "secs": 1e-3}]},
+        {"identity": _identity_body(), "trials": {"trace": rec["trace"]}},
     ):
-        path = "/v1/lookup" if "keys" in body else "/v1/records" if "records" in body else "/v1/misses"
+        path = "/v1/lookup" if "keys" in body else "/v1/records" if "records" in body else "/v1/trials" if "trials" in body else "/v1/misses"
         cases.append(("POST", path, json.dumps(body).encode(), "application/json"))
     for query in ("since=-2", f"since={huge}", "limit=0", "limit=abc", f"limit={huge}", "op=" + "é" * 600, "op=a%00b", "target=" + "x" * 9000):
         cases.append(("GET", f"/v1/records?{query}", b"", ""))
     cases += [("GET", f"/v1/records/{rec['key']}%0A", b"", ""), ("GET", "/v1/queue?state=bogus", b"", ""), ("GET", "/v1/queue?after=zz", b"", "")]
+    cases += [("GET", f"/v1/trials?{q}", b"", "") for q in ("cursor=zz", "cursor=" + "ab" * 600, "limit=0", f"limit={huge}", "verified=yes")]
     return cases
 
 
@@ -220,7 +225,8 @@ def test_hostile_inputs_answer_4xx_never_5xx(srv: ServerThread, as_: dict[str, R
             statuses.append((r.status_code, method, path[:40]))
             assert 400 <= r.status_code < 500, (r.status_code, method, path[:60], r.text[:200])
         assert http.get("/healthz").json()["ok"]
-    assert as_["reader"].stats()["keys"] == 0  # none of it was stored
+    stats = as_["reader"].stats()
+    assert stats["keys"] == 0 and stats["trial_logs"] == 0  # none of it was stored
 
 
 # -- 3. one request cannot stall the others -------------------------------------------------------

@@ -1,0 +1,196 @@
+"""The measurement log: every schedule a tuner measured for a key, not only the few it published.
+
+A cost model that must tell a fast schedule from a slow one learns from both; the records are
+only the winners. A tuner pushes its search's measured trials (trace and mean seconds) beside its
+records; whoever trains a model reads them back page by page.
+
+Bounded on every axis: per key, one entry per pusher (at most :data:`MAX_PUSHERS_PER_KEY`; a
+trusted worker's push evicts the oldest claim when the key is full, a claim is refused), and an
+entry keeps the newest :data:`MAX_TRIALS_PER_ENTRY` distinct traces within
+:data:`MAX_ENTRY_BYTES`. Like records, a log pushed by a worker is *verified* (its pusher measured
+side by side); anyone else's is a claim, and readers choose which they train on.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import lmdb
+
+from ._errors import Forbidden, InvalidRecord, PayloadTooLarge
+from ._records import Identity, packb, trace_field, unpackb
+
+MAX_TRIALS_PER_PUSH = 512
+MAX_TRIALS_PER_ENTRY = 64
+MAX_ENTRY_BYTES = 2 << 20
+MAX_PUSHERS_PER_KEY = 8
+MAX_TRIAL_SECS = 1e6
+MAX_CURSOR_CHARS = 1024  # hex of a log's database key (key, NUL, pusher name)
+MAX_PAGE_BYTES = 8 << 20  # a page stops early past this many bytes of entries
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One measured schedule: MetaSchedule's trace JSON and its mean seconds per run."""
+
+    trace: str
+    secs: float
+
+    @classmethod
+    def from_obj(cls, obj: Any) -> Trial:
+        if not isinstance(obj, dict) or set(obj) != {"trace", "secs"}:
+            raise InvalidRecord("a trial must be a map with exactly 'trace' and 'secs'")
+        secs = obj["secs"]
+        if isinstance(secs, bool) or not isinstance(secs, (int, float)) or not math.isfinite(secs) or not 0 < secs <= MAX_TRIAL_SECS:
+            raise InvalidRecord(f"a trial's 'secs' must be a finite positive number up to {MAX_TRIAL_SECS:g}, got {secs!r:.40}")
+        return cls(trace_field(obj), float(secs))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"trace": self.trace, "secs": self.secs}
+
+
+@dataclass(frozen=True)
+class TrialLog:
+    """One pusher's measured trials of one workload (``pushed_by``/``verified``/``at``: as stored)."""
+
+    identity: Identity
+    trials: list[Trial]
+    pushed_by: str = ""
+    verified: bool = False
+    at: float = 0.0
+
+    @property
+    def key(self) -> str:
+        return self.identity.key
+
+    @classmethod
+    def from_obj(cls, obj: Any) -> TrialLog:
+        """A push as it comes over the wire: ``{"identity": {…}, "trials": [{"trace", "secs"}, …]}``."""
+        if not isinstance(obj, dict) or set(obj) - {"identity", "trials"}:
+            raise InvalidRecord("a trial log must be a map of 'identity' and 'trials'")
+        items = obj.get("trials")
+        if not isinstance(items, list) or not items:
+            raise InvalidRecord("field 'trials' must be a non-empty list")
+        if len(items) > MAX_TRIALS_PER_PUSH:
+            raise PayloadTooLarge(f"{len(items)} trials in one push; the limit is {MAX_TRIALS_PER_PUSH}")
+        trials = []
+        for i, item in enumerate(items):
+            try:
+                trials.append(Trial.from_obj(item))
+            except (InvalidRecord, PayloadTooLarge) as exc:
+                raise type(exc)(f"trials[{i}]: {exc}") from None
+        return cls(Identity.from_obj(obj.get("identity")), trials)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"identity": self.identity.to_dict(), "trials": [t.to_dict() for t in self.trials],
+                "by": self.pushed_by, "verified": self.verified, "at": self.at}  # fmt: skip
+
+    @classmethod
+    def from_stored(cls, obj: Any) -> TrialLog:
+        """A stored or served entry (the form :meth:`to_dict` writes), validated again: readers trust no record."""
+        if not isinstance(obj, dict):
+            raise InvalidRecord("a stored trial log must be a map")
+        log = cls.from_obj({"identity": obj.get("identity"), "trials": obj.get("trials")})
+        by, verified, at = obj.get("by", ""), obj.get("verified", False), obj.get("at", 0.0)
+        if not isinstance(by, str) or not isinstance(verified, bool) or isinstance(at, bool) or not isinstance(at, (int, float)):
+            raise InvalidRecord("a stored trial log's 'by', 'verified' and 'at' must be a string, a boolean and a number")
+        return cls(log.identity, log.trials, by[:256], verified, float(at))
+
+
+def merged(old: list[Trial], new: list[Trial]) -> list[Trial]:
+    """``old`` then ``new`` (a trace pushed again takes its newer time and place), the newest
+    :data:`MAX_TRIALS_PER_ENTRY` kept, then the oldest dropped until the entry fits :data:`MAX_ENTRY_BYTES`."""
+    by_trace = {t.trace: t for t in old}
+    for t in new:
+        by_trace.pop(t.trace, None)
+        by_trace[t.trace] = t
+    kept = list(by_trace.values())[-MAX_TRIALS_PER_ENTRY:]
+    size = sum(len(t.trace) + 16 for t in kept)
+    while kept and size > MAX_ENTRY_BYTES:
+        size -= len(kept.pop(0).trace) + 16
+    return kept
+
+
+class TrialStore:
+    """The ``trials`` database of a :class:`~schedhub.registry.Store`: db key = record key, NUL, pusher name."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    @property
+    def _db(self) -> Any:
+        return self.store.dbs["trials"]
+
+    def put(self, log: TrialLog, pushed_by: str, *, verified: bool, txn: lmdb.Transaction | None = None) -> dict[str, Any]:
+        """Merge ``log`` into the pusher's entry for its key; returns ``{"key", "trials"}`` (the entry's count now)."""
+        name = pushed_by or "local"
+        prefix = log.key.encode() + b"\0"
+        with self.store.write(txn) as t:
+            entries = dict(_prefixed(t, self._db, prefix))
+            mine = prefix + name.encode()
+            old = TrialLog.from_stored(unpackb(entries[mine])) if mine in entries else None
+            if old is None and len(entries) >= MAX_PUSHERS_PER_KEY:
+                claims = sorted((unpackb(v).get("at", 0.0), k) for k, v in entries.items() if not unpackb(v).get("verified"))
+                if not verified or not claims:
+                    raise Forbidden(f"key {log.key} already holds the trial logs of {MAX_PUSHERS_PER_KEY} pushers")
+                t.delete(claims[0][1], db=self._db)
+            keep_old = old is not None and old.verified == verified  # a change of trust starts the entry again
+            trials = merged(old.trials if keep_old and old else [], log.trials)
+            stored = TrialLog(log.identity, trials, name, verified, time.time())
+            t.put(mine, packb(stored.to_dict()), db=self._db)
+        return {"key": log.key, "trials": len(trials)}
+
+    def page(self, after: str = "", limit: int = 100, *, verified_only: bool = False) -> tuple[list[TrialLog], str, bool]:
+        """Entries after the cursor ``after`` (hex, '' for the start): (logs, next cursor, more)."""
+        if len(after) > MAX_CURSOR_CHARS:
+            raise InvalidRecord(f"cursor 'after' is over {MAX_CURSOR_CHARS} characters")
+        try:
+            start = bytes.fromhex(after)
+        except ValueError:
+            raise InvalidRecord("cursor 'after' must be the hex 'next' of a previous page") from None
+        if self._db is None:  # a read-only store from before the log
+            return [], after, False
+        logs: list[TrialLog] = []
+        cursor_at, size, more = after, 0, False
+        with self.store.read() as txn:
+            cursor = txn.cursor(db=self._db)
+            found = cursor.set_range(start)
+            if found and start and cursor.key() == start:
+                found = cursor.next()
+            while found:
+                db_key, raw = cursor.item()
+                if len(logs) >= limit or size > MAX_PAGE_BYTES:
+                    more = True
+                    break
+                cursor_at, size = db_key.hex(), size + len(raw)
+                entry = unpackb(raw)
+                if not verified_only or entry.get("verified") is True:
+                    logs.append(TrialLog.from_stored(entry))
+                found = cursor.next()
+        return logs, cursor_at, more
+
+
+def iter_pages(fetch: Callable[..., tuple[list[TrialLog], str, bool]], *, verified_only: bool, page: int) -> Iterator[TrialLog]:
+    """Every entry, following ``fetch(after, limit, verified_only=…)``'s cursors (a local store's or a client's)."""
+    after = ""
+    while True:
+        logs, cursor, more = fetch(after, page, verified_only=verified_only)
+        yield from logs
+        if not more or cursor <= after:  # a cursor that does not advance would page forever
+            return
+        after = cursor
+
+
+def _prefixed(txn: lmdb.Transaction, db: Any, prefix: bytes) -> list[tuple[bytes, bytes]]:
+    cursor = txn.cursor(db=db)
+    out = []
+    if cursor.set_range(prefix):
+        for k, v in cursor:
+            if not k.startswith(prefix):
+                break
+            out.append((bytes(k), bytes(v)))
+    return out

@@ -1,0 +1,111 @@
+"""The measurement log: every trial a tuner measured, bounded per key and pusher, paged, trust-marked.
+
+Real LMDB stores and a real server with tokens of each role; the hostile bodies are in test_trust.py.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from schedhub.registry import Forbidden, InvalidRecord, LocalRegistry, PayloadTooLarge, Principal, RegistryClient, ServerThread, Trial, TrialLog
+from schedhub.registry._trials import MAX_PUSHERS_PER_KEY, MAX_TRIALS_PER_ENTRY, MAX_TRIALS_PER_PUSH, iter_pages
+
+from .conftest import make_record
+
+TOKENS = {"alice-tok": Principal("alice"), "w1-tok": Principal("w1", "worker"), "reader-tok": Principal("reader", "read")}
+
+
+def trace(variant: int) -> str:
+    return json.dumps([[["GetSBlock", [], ["matmul", "main"], ["b0"]], ["Split", ["l1", "None", variant], [], ["l2", "l3"]]], []])
+
+
+def log_of(workload: int, variants: range, secs: float = 1e-3) -> TrialLog:
+    return TrialLog(make_record(workload, secs).identity, [Trial(trace(v), secs * (1 + v / 10)) for v in variants])
+
+
+@pytest.fixture
+def srv(tmp_path: Path) -> Iterator[ServerThread]:
+    with ServerThread(tmp_path / "trials", tokens=TOKENS, sync=False) as s:
+        yield s
+
+
+@pytest.fixture
+def as_(srv: ServerThread) -> Iterator[dict[str, RegistryClient]]:
+    clients = {p.name: RegistryClient(srv.url, token=tok, timeout=10) for tok, p in TOKENS.items()}
+    yield clients
+    for c in clients.values():
+        c.close()
+
+
+def test_a_push_reads_back_merged_by_trace_and_bounded_to_the_newest(local: LocalRegistry) -> None:
+    assert local.push_trials(log_of(1, range(0, 40)), "w")["trials"] == 40
+    again = TrialLog(log_of(1, range(0)).identity, [Trial(trace(5), 9.0), *log_of(1, range(40, 70)).trials])
+    assert local.push_trials(again, "w")["trials"] == MAX_TRIALS_PER_ENTRY  # 40 + 31 new distinct, the oldest dropped
+    (entry,) = local.iter_trial_logs()
+    assert entry.identity == log_of(1, range(0)).identity and entry.pushed_by == "w" and entry.verified
+    secs = {t.trace: t.secs for t in entry.trials}
+    assert len(secs) == MAX_TRIALS_PER_ENTRY and secs[trace(5)] == 9.0  # pushed again: its newer time, kept as newest
+    assert trace(69) in secs and trace(0) not in secs and trace(6) not in secs  # 0..6 were the oldest
+    assert local.stats()["trial_logs"] == 1
+
+
+def test_roles_and_trust_over_http(as_: dict[str, RegistryClient]) -> None:
+    with pytest.raises(Forbidden):
+        as_["reader"].push_trials(log_of(2, range(3)))
+    as_["alice"].push_trials(log_of(2, range(3)))
+    as_["w1"].push_trials(log_of(2, range(3, 8)))
+    logs = {log.pushed_by: log for log in as_["reader"].iter_trial_logs()}  # reads are open to any token
+    assert set(logs) == {"alice", "w1"} and not logs["alice"].verified and logs["w1"].verified
+    assert [t.trace for t in logs["w1"].trials] == [trace(v) for v in range(3, 8)]
+    assert [log.pushed_by for log in as_["reader"].iter_trial_logs(verified_only=True)] == ["w1"]
+
+
+def test_paging_visits_every_entry_once(as_: dict[str, RegistryClient]) -> None:
+    for w in range(7):
+        as_["w1"].push_trials(log_of(100 + w, range(2)))
+    first, cursor, more = as_["reader"].trial_logs(limit=3)
+    assert len(first) == 3 and more and cursor
+    keys = [log.key for log in as_["reader"].iter_trial_logs(page=2)]
+    assert len(keys) == 7 and len(set(keys)) == 7 and keys[:3] == [log.key for log in first]
+    with pytest.raises(InvalidRecord):
+        as_["reader"].trial_logs(after="not hex")
+
+
+def test_a_key_holds_a_bounded_number_of_pushers_and_a_worker_evicts_the_oldest_claim(local: LocalRegistry) -> None:
+    for i in range(MAX_PUSHERS_PER_KEY):
+        local.push_trials(log_of(3, range(2)), f"p{i}", verified=False)
+    with pytest.raises(Forbidden, match="trial logs of"):
+        local.push_trials(log_of(3, range(2)), "latecomer", verified=False)
+    local.push_trials(log_of(3, range(2)), "worker", verified=True)
+    names = [log.pushed_by for log in local.iter_trial_logs()]
+    assert "p0" not in names and "worker" in names and len(names) == MAX_PUSHERS_PER_KEY
+
+
+@pytest.mark.parametrize("bad, error", [
+    ({"trace": "not json", "secs": 1e-3}, InvalidRecord),
+    ({"trace": trace(1), "secs": float("nan")}, InvalidRecord),
+    ({"trace": trace(1), "secs": 0}, InvalidRecord),
+    ({"trace": trace(1), "secs": 1e-3, "extra": 1}, InvalidRecord),
+    ({"trace": json.dumps([[["Annotate", ["b0"], ["pragma_import_c", "x"], []]], []]), "secs": 1e-3}, InvalidRecord),
+    ({"trace": "[" + " " * (600 << 10) + "]", "secs": 1e-3}, PayloadTooLarge),
+])  # fmt: skip
+def test_a_bad_trial_is_refused_with_its_index_and_nothing_is_stored(as_: dict[str, RegistryClient], bad: dict, error: type) -> None:
+    body = log_of(4, range(2))
+    with pytest.raises(error, match=r"trials\[2\]"):
+        as_["w1"]._call("POST", "/v1/trials", {"identity": body.identity.to_dict(), "trials": [t.to_dict() for t in body.trials] + [bad]})
+    assert as_["reader"].stats()["trial_logs"] == 0
+
+
+def test_a_push_over_its_trial_limit_is_refused(as_: dict[str, RegistryClient]) -> None:
+    with pytest.raises(PayloadTooLarge, match="trials in one push"):
+        as_["w1"].push_trials(log_of(5, range(MAX_TRIALS_PER_PUSH + 1)))
+
+
+def test_paging_stops_on_a_cursor_that_does_not_advance() -> None:
+    pages = {"": ([log_of(6, range(1))], "aa", True), "aa": ([log_of(7, range(1))], "aa", True)}  # a hostile server's loop
+    logs = list(iter_pages(lambda after, limit, verified_only: pages[after], verified_only=False, page=10))
+    assert len(logs) == 2
