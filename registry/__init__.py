@@ -42,7 +42,7 @@ from ._serve import InsecureServerError, ServerThread, serve
 from ._server import create_app
 from ._service import LocalRegistry
 from ._store import KeySummary, PutResult, Store, StoreFormatError
-from ._trials import Trial, TrialLog
+from ._trials import MAX_TRIALS_PER_ENTRY, Trial, TrialLog
 
 Registry = Union[LocalRegistry, RegistryClient]
 _ADDRESS = re.compile(r"[A-Za-z0-9.\-]+:[0-9]{1,5}(/.*)?")
@@ -65,7 +65,7 @@ def connect(spec: Registry | str | os.PathLike[str], **options: object) -> Regis
 __all__ = [
     "SCHEMA_VERSION", "record_key", "canonical_target", "is_key", "target_kind", "target_device",
     "skeleton", "structure_key", "workload_key", "Probe", "Candidate", "shape_distance", "COMPILER", "SHAPE", "TARGET",
-    "Record", "Identity", "Served", "Trial", "TrialLog", "keeps_default_schedule", "trace_id", "trace_instructions", "packb", "unpackb", "signature_args_info", "check_workload_source", "check_annotations", "dotted_name",
+    "Record", "Identity", "Served", "Trial", "TrialLog", "MAX_TRIALS_PER_ENTRY", "keeps_default_schedule", "trace_id", "trace_instructions", "packb", "unpackb", "signature_args_info", "check_workload_source", "check_annotations", "dotted_name",
     "Principal", "ROLES", "TUNE", "VERIFY", "verify_job_id",
     "Store", "StoreFormatError", "MissQueue", "Lease", "KeySummary", "PutResult",
     "PENDING", "LEASED", "DONE", "DEAD",

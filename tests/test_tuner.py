@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -23,8 +24,8 @@ from tvm import relax, te
 
 from schedhub.hooks import use
 from schedhub.hooks.identity import workload_identity
-from schedhub.registry import Identity, LocalRegistry, RegistryClient, ServerThread
-from schedhub.tuner import cluster, models, plan
+from schedhub.registry import Identity, LocalRegistry, RegistryClient, ServerThread, keeps_default_schedule
+from schedhub.tuner import cluster, models, plan, search
 from schedhub.tuner.dispatch import warm_start_traces
 from schedhub.tuner.search import TuneOptions, TuneResult
 
@@ -198,6 +199,11 @@ def test_a_miss_from_the_hook_is_tuned_by_a_running_worker_and_then_hits(ray_add
             with use(client, TARGET) as session:
                 ex = tvm.compile(mod, tvm.target.Target(TARGET))
             assert session.report.hits == len(planned) and session.report.misses == 0
+            logs = {log.key: log for log in client.iter_trial_logs(verified_only=True)}  # the worker logged every trial it measured
+            assert set(logs) == planned
+            for key, log in logs.items():
+                best = client.get(key)[0].trace
+                assert 1 <= len(log.trials) <= 64 and (keeps_default_schedule(best) or best in {t.trace for t in log.trials})
         finally:
             worker.send_signal(signal.SIGTERM)
             worker.wait(30)
@@ -218,8 +224,19 @@ def test_tune_cli_pushes_every_kernel_and_resumes(ray_address: str, tmp_path: Pa
     assert "2 model shape(s), 4 distinct kernels" in first.stderr
     with LocalRegistry(store, readonly=True) as reg:
         assert len(reg.summaries()) == 4
+        assert {log.key for log in reg.iter_trial_logs()} == {s.key for s in reg.summaries()}
     again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=200, env={**os.environ, "COLUMNS": "200"})
     assert again.returncode == 0 and "tuned 0, skipped 4" in again.stdout, again.stdout + again.stderr
+
+
+def test_the_logged_sample_keeps_the_fastest_and_a_spread_of_the_rest_slowest_first() -> None:
+    trials = [SimpleNamespace(run_secs=[float((i * 37) % 101 + 1)]) for i in range(101)]  # 1..101 s in a scrambled order
+    logged = search.log_sample(trials)
+    secs = [search.mean_secs(t) for t in logged]
+    assert len(logged) == 64 and len({id(t) for t in logged}) == 64
+    assert secs == sorted(secs, reverse=True) and set(range(1, 17)) <= set(secs)  # the 16 fastest, logged last
+    assert max(secs) >= 95  # and slow ones from across the run
+    assert search.log_sample(trials[:10]) == sorted(trials[:10], key=search.mean_secs, reverse=True)
 
 
 def test_plan_parses_models_and_sweeps_without_eval() -> None:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from schedhub.registry import Identity, Registry
+from schedhub.registry import Identity, Registry, RegistryError
 
 from . import cluster
 from .search import TuneOptions, TuneResult
@@ -32,6 +32,18 @@ def start_tuning(registry: Registry, identity: Identity, options: TuneOptions, l
     """Submit one tuning job as a Ray task (warm-started from the registry); returns its ObjectRef."""
     warm = warm_start_traces(registry, identity, options.warm_start)
     return cluster.submit("tune", identity=identity.to_dict(), warm_traces=warm, options=asdict(options), label=label)
+
+
+def push_result(registry: Registry, result: TuneResult, pushed_by: str = "") -> None:
+    """A tuning job's records, then its measured trials into the measurement log (what a cost model learns from)."""
+    registry.put_many(result.records, pushed_by)  # never empty: at worst TVM's default schedule
+    log_entry = result.trial_log()
+    if log_entry is None:
+        return
+    try:
+        registry.push_trials(log_entry, pushed_by)
+    except RegistryError as exc:  # the log only teaches cost models: the records are what the job owed
+        log.warning("schedhub: %d trials of %s not logged: %s", len(log_entry.trials), result.identity.op, exc)
 
 
 @dataclass
@@ -66,7 +78,7 @@ def tune_many(
             summary.failed[ident.key] = str(exc).strip()[-2000:]
             _notify(on_done, ident, None, summary.failed[ident.key])
             continue
-        registry.put_many(result.records, pushed_by)  # never empty: at worst TVM's default schedule
+        push_result(registry, result, pushed_by)
         summary.tuned.append(result)
         _notify(on_done, ident, result, None)
     return summary

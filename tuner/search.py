@@ -23,7 +23,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from schedhub.registry import Identity, Record, trace_id
+from schedhub.registry import MAX_TRIALS_PER_ENTRY, Identity, Record, Trial, TrialLog, trace_id
 
 from . import cluster, tvm_env
 from .backends import RayBuilder, RayRunner, Timeline
@@ -74,6 +74,7 @@ class TuneResult:
     curve: list[tuple[int, float]]  # (measured candidates so far, best mean seconds so far)
     events: list[dict[str, Any]]
     rejected: list[str]
+    measured: list[tuple[str, float]] = field(default_factory=list)  # the search's trials for the measurement log: (trace text, mean secs)
 
     @property
     def best_secs(self) -> float | None:
@@ -84,7 +85,12 @@ class TuneResult:
         out["identity"] = self.identity.to_dict()
         out["records"] = [r.to_dict() for r in self.records]
         out["curve"] = [list(p) for p in self.curve]
+        out["measured"] = [list(m) for m in self.measured]
         return out
+
+    def trial_log(self) -> TrialLog | None:
+        """What the search measured, as the registry's measurement log takes it (None when nothing was)."""
+        return TrialLog(self.identity, [Trial(t, secs) for t, secs in self.measured]) if self.measured else None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TuneResult:
@@ -92,7 +98,7 @@ class TuneResult:
             identity=Identity(**d["identity"]), records=[Record.from_obj(r) for r in d["records"]],
             untuned_secs=d["untuned_secs"], trials=d["trials"], warm_started=d["warm_started"],
             search_secs=d["search_secs"], curve=[(int(a), float(b)) for a, b in d["curve"]],
-            events=d["events"], rejected=d["rejected"],
+            events=d["events"], rejected=d["rejected"], measured=[(str(t), float(secs)) for t, secs in d.get("measured", [])],
         )  # fmt: skip
 
 
@@ -124,12 +130,13 @@ def tune_workload(identity: Identity, warm_traces: list[str], options: TuneOptio
         measured = [tr for tr in database.get_all_tuning_records() if mean_secs(tr) < _FAILED_SECS]
         curve = best_so_far([mean_secs(tr) for tr in measured])
         records, untuned, rejected = _publish(identity, mod, measured, options, timeline)
+        logged = [(trace_text(tr.trace), mean_secs(tr)) for tr in log_sample(measured)]
     prov = {"tuner": TUNER_NAME, "strategy": "evolutionary+xgb", "trials": options.trials, "seed": options.seed, "warm_started": warm,
             "search_secs": round(search_secs, 3), "untuned_secs": untuned, "host": socket.gethostname(), "job": timeline.job,
             "host_cpu": tvm_env.host_target()["mcpu"],
             "tuned_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "curve": json.dumps(_thin(curve, 64))}  # fmt: skip
     records = [Record(r.identity, r.trace, r.run_secs, {**prov, **r.provenance, "rank": i}) for i, r in enumerate(records)]
-    return TuneResult(identity, records, untuned, options.trials, warm, search_secs, curve, timeline.events, rejected)
+    return TuneResult(identity, records, untuned, options.trials, warm, search_secs, curve, timeline.events, rejected, logged)
 
 
 def tuning_target(target: Any) -> Any:
@@ -191,6 +198,18 @@ def mean_secs(tr: Any) -> float:
     """A TuningRecord's mean run time (inf when it was never measured)."""
     secs = [float(s) for s in (tr.run_secs or [])]
     return sum(secs) / len(secs) if secs else float("inf")
+
+
+def log_sample(measured: list[Any], size: int = MAX_TRIALS_PER_ENTRY, fastest: int = 16) -> list[Any]:
+    """The trials worth logging when there are more than ``size``: the ``fastest`` few and an even spread of the
+    rest in measurement order (a cost model learns as much from the slow schedules as from the fast), slowest first
+    so the registry, which keeps an entry's newest, drops the fast ones last."""
+    if len(measured) > size:
+        ranked = sorted(range(len(measured)), key=lambda i: mean_secs(measured[i]))
+        top, rest = ranked[:fastest], sorted(ranked[fastest:])
+        step = len(rest) / (size - fastest)
+        measured = [measured[rest[int(j * step)]] for j in range(size - fastest)] + [measured[i] for i in top]
+    return sorted(measured, key=mean_secs, reverse=True)
 
 
 def best_so_far(means: list[float]) -> list[tuple[int, float]]:

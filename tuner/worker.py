@@ -27,7 +27,7 @@ from typing import Any
 from schedhub.registry import TUNE, VERIFY, Identity, Lease, LeaseLost, Registry, RegistryError
 
 from . import cluster
-from .dispatch import start_tuning
+from .dispatch import push_result, start_tuning
 from .search import TuneOptions, TuneResult
 
 log = logging.getLogger("schedhub.tuner.worker")
@@ -167,7 +167,7 @@ class Worker:
                 stats.verified += 1
                 self.on_event("verified", {"key": run.identity.key, "trace_id": run.lease.job["trace_id"], "outcome": outcome, "reason": answer["reason"]})
                 return
-            self.registry.put_many(result.records, self.name)
+            push_result(self.registry, result, self.name)
             self.registry.ack(key, lease_id)
         except LeaseLost:  # expired while we pushed: the records are stored, the next holder will find them
             stats.lost += 1
