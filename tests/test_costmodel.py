@@ -11,7 +11,7 @@ from tvm import te
 from schedhub.tuner import costmodel
 from schedhub.hooks.identity import plain_json, workload_identity, workload_module
 from schedhub.hooks.msdb import normalize_mod, replayed
-from schedhub.registry import Record
+from schedhub.registry import Record, Trial, TrialLog
 
 TARGET = {"kind": "llvm", "mcpu": "znver1", "num-cores": 2}
 
@@ -63,3 +63,17 @@ def test_a_model_is_read_only_from_json_and_needs_samples() -> None:
         costmodel.CostModel.from_json("\x80\x04 not json")  # a pickle's first bytes, for one
     with pytest.raises(ValueError):
         costmodel.CostModel.train([])
+
+
+def test_a_model_trained_on_the_measurement_log_learns_from_slow_trials_too() -> None:
+    unscheduled = json.dumps(plain_json(tvm.s_tir.Schedule(matmul(8)).trace.as_json()))  # no instructions: the kernel as it is
+    foreign = json.dumps([[["GetSBlock", [], ["conv", "main"], ["b0"]]], []])  # another structure's trace: does not replay
+    logs = [TrialLog(workload_identity(matmul(n), TARGET, "matmul"),
+                     [Trial(vectorized(matmul(n)), 1e-6 * n), Trial(unscheduled, 20e-6 * n), Trial(foreign, 1e-6)]) for n in (16, 32, 64, 128, 256)]  # fmt: skip
+    data = list(costmodel.log_samples(logs))
+    assert len(data) == 2 * len(logs)  # each replayable trial once; the foreign trace gives none
+    model = costmodel.CostModel.train(data)
+    unseen = normalize_mod(workload_module(workload_identity(matmul(96), TARGET, "matmul").workload)["main"])
+    target, work = tvm.target.Target(TARGET), costmodel.flops(unseen)
+    fast, slow = model.predict([costmodel.features(replayed(unseen, vectorized(matmul(96))), target, work), costmodel.features(unseen, target, work)])
+    assert fast > slow + 2

@@ -1,8 +1,9 @@
 """A learned ranking of schedules: xgboost over MetaSchedule's per-store features.
 
-Trained on the registry's measurements: every served record's trace replayed on its own workload,
-labelled with the speed it was measured at there (log₂ GFLOPS: TVM's FLOP estimate over the record's
-mean seconds), plus each workload's unscheduled kernel at the untuned time the tuner recorded. It
+Trained on the registry's measurements: its measurement log (:func:`log_samples`: every trial a tuner
+measured, slow ones included) or its served records (:func:`samples`: the winners, plus each workload's
+unscheduled kernel at the untuned time the tuner recorded), each trace replayed on its own workload and
+labelled with the speed it was measured at there (log₂ GFLOPS: TVM's FLOP estimate over its seconds). It
 predicts a scheduled kernel's speed from its features alone, so candidates replayed on a kernel the
 registry never saw can be ranked without running them.
 
@@ -24,7 +25,7 @@ from tvm.s_tir import meta_schedule as ms
 
 from schedhub.hooks.identity import target_from_text, workload_module
 from schedhub.hooks.msdb import normalize_mod, replayed
-from schedhub.registry import Record
+from schedhub.registry import Identity, Record, TrialLog
 
 from . import tvm_env
 
@@ -64,21 +65,56 @@ class Sample:
 def samples(records: Iterable[Record]) -> Iterator[Sample]:
     """Training samples from records: each trace on its own workload, and each workload once unscheduled
     (at the ``untuned_secs`` its tuner recorded, where it did). A trace that does not replay is skipped."""
+    kernels = _Kernels()
     unscheduled_done: set[str] = set()
     for record in records:
-        if not record.run_secs or not (0 < record.mean_secs < 1e9):
+        if not record.run_secs:
             continue
-        try:
-            normalized = normalize_mod(workload_module(record.identity.workload)["main"])
-            target = target_from_text(record.identity.target)
-            work = flops(normalized)
-            yield Sample(features(replayed(normalized, record.trace), target, work), _log2_gflops(work, record.mean_secs))
-        except Exception:  # a trace of another compiler that does not replay here, or an odd workload: no sample
+        sample = kernels.sample(record.identity, record.trace, record.mean_secs)
+        if sample is None:
             continue
+        yield sample
         untuned = record.provenance.get("untuned_secs")
         if record.key not in unscheduled_done and isinstance(untuned, (int, float)) and 0 < untuned < 1e9:
             unscheduled_done.add(record.key)
-            yield Sample(features(normalized, target, work), _log2_gflops(work, float(untuned)))
+            yield kernels.sample(record.identity, None, float(untuned)) or sample
+
+
+def log_samples(logs: Iterable[TrialLog]) -> Iterator[Sample]:
+    """Training samples from the registry's measurement log: every logged trial on its own workload."""
+    kernels = _Kernels()
+    for log in logs:
+        for trial in log.trials:
+            sample = kernels.sample(log.identity, trial.trace, trial.secs)
+            if sample is not None:
+                yield sample
+
+
+class _Kernels:
+    """Each workload parsed and normalized once while samples are made from its traces."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[str, tuple[tvm.IRModule, tvm.target.Target, float] | None] = {}
+
+    def sample(self, identity: Identity, trace: str | None, secs: float) -> Sample | None:
+        """``trace`` (None: the unscheduled kernel) on ``identity``'s workload, labelled with ``secs``; None when it does not replay."""
+        if not 0 < secs < 1e9:
+            return None
+        if identity.key not in self._by_key:
+            try:
+                normalized = normalize_mod(workload_module(identity.workload)["main"])
+                self._by_key[identity.key] = (normalized, target_from_text(identity.target), flops(normalized))
+            except Exception:  # an odd workload: no samples
+                self._by_key[identity.key] = None
+        found = self._by_key[identity.key]
+        if found is None:
+            return None
+        normalized, target, work = found
+        try:
+            scheduled = normalized if trace is None else replayed(normalized, trace)
+            return Sample(features(scheduled, target, work), _log2_gflops(work, secs))
+        except Exception:  # a trace of another compiler that does not replay here: no sample
+            return None
 
 
 def _log2_gflops(work: float, secs: float) -> float:
