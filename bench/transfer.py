@@ -249,15 +249,18 @@ def _candidates(registry: LocalRegistry, held: HeldOut, model: CostModel | None 
 
 
 def cost_model(registry: LocalRegistry) -> tuple[CostModel, dict[str, Any]]:
-    """xgboost over per-store features, trained on every record the registry serves (each on its own
-    workload); and how many samples it took and how long."""
+    """xgboost over per-store features, trained on the registry's measurement log (every trial its tuners
+    measured, verified pushers only) or, for a registry without one, on every record it serves; and which,
+    how many samples it took and how long."""
     from schedhub.tuner import costmodel
 
     started = time.perf_counter()
-    served = registry.lookup([s.key for s in registry.summaries()])
-    data = list(costmodel.samples(r for records in served.values() for r in records))
+    data, source = list(costmodel.log_samples(registry.iter_trial_logs(verified_only=True))), "measurement log"
+    if len(data) < 2:
+        served = registry.lookup([s.key for s in registry.summaries()])
+        data, source = list(costmodel.samples(r for records in served.values() for r in records)), "records"
     model = costmodel.CostModel.train(data)
-    return model, {"samples": len(data), "train_secs": time.perf_counter() - started}
+    return model, {"samples": len(data), "source": source, "train_secs": time.perf_counter() - started}
 
 
 #: Rankings compared with the hook's pick on the same measurements: a sort key over a candidate's attributes
