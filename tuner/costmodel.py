@@ -77,7 +77,9 @@ def samples(records: Iterable[Record]) -> Iterator[Sample]:
         untuned = record.provenance.get("untuned_secs")
         if record.key not in unscheduled_done and isinstance(untuned, (int, float)) and 0 < untuned < 1e9:
             unscheduled_done.add(record.key)
-            yield kernels.sample(record.identity, None, float(untuned)) or sample
+            unscheduled = kernels.sample(record.identity, None, float(untuned))
+            if unscheduled is not None:
+                yield unscheduled
 
 
 def log_samples(logs: Iterable[TrialLog]) -> Iterator[Sample]:
