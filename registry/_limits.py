@@ -10,9 +10,10 @@ import ast
 import functools
 import math
 import re
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
-from ._errors import InvalidRecord
+from ._errors import InvalidRecord, RegistryError
 
 MAX_DEPTH = 32  # nesting of any request body (a record needs 4)
 MAX_INT = 2**53  # integers exact in a double: what JSON clients can round-trip
@@ -49,6 +50,20 @@ def check_number(value: Any, name: str, *, low: float, high: float, integer: boo
     if not low <= value <= high:
         raise InvalidRecord(f"{name} must be within {low:g}..{high:g}, got {value!r:.40}")
     return value
+
+
+T = TypeVar("T")
+
+
+def parse_each(items: list[Any], parse: Callable[[Any], T], name: str) -> list[T]:
+    """Validate every item of a batch; the first bad one fails the batch, named by its index."""
+    parsed = []
+    for i, item in enumerate(items):
+        try:
+            parsed.append(parse(item))
+        except RegistryError as exc:
+            raise type(exc)(f"{name}[{i}]: {exc}") from None
+    return parsed
 
 
 def check_text(value: str, name: str) -> str:

@@ -28,6 +28,7 @@ MAX_RECORD_BYTES = 1 << 20  # one encoded record
 MAX_TEXT_CHARS = 512 << 10  # workload text, trace text
 MAX_SHORT_CHARS = 4096  # op, target, fingerprint, provenance values
 MAX_RUN_SECS = 1000
+MAX_MEASURED_SECS = 1e6  # one measured time
 MAX_ARGS = 256
 MAX_PROVENANCE_FIELDS = 64
 
@@ -102,12 +103,14 @@ def _args_info(value: Any) -> list[Any]:
 def run_secs_field(value: Any) -> list[float]:
     if not isinstance(value, list) or not value or len(value) > MAX_RUN_SECS:
         raise InvalidRecord(f"field 'run_secs' must be a list of 1..{MAX_RUN_SECS} seconds")
-    out = []
-    for v in value:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 < v <= 1e6:
-            raise InvalidRecord(f"run_secs must be finite positive numbers of seconds up to 1e6, got {v!r:.40}")
-        out.append(float(v))
-    return out
+    return [measured_secs(v, "run_secs") for v in value]
+
+
+def measured_secs(value: Any, name: str) -> float:
+    """One measured time: a finite positive number of seconds up to :data:`MAX_MEASURED_SECS`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not 0 < value <= MAX_MEASURED_SECS:
+        raise InvalidRecord(f"{name} must be finite positive numbers of seconds up to {MAX_MEASURED_SECS:g}, got {value!r:.40}")
+    return float(value)
 
 
 def trace_field(obj: dict[str, Any]) -> str:

@@ -14,7 +14,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -29,7 +29,7 @@ from ._commit import GroupCommitter
 from ._errors import Forbidden, InvalidRecord, NotFound, PayloadTooLarge, RegistryError, RequestTimeout, TooManyRequests, Unauthorized
 from ._keys import is_key
 from ._neighbours import Probe
-from ._limits import MAX_CURSOR, MAX_SECS, check_number, check_op, check_text, query_int
+from ._limits import MAX_CURSOR, MAX_SECS, check_number, check_op, check_text, parse_each, query_int
 from ._openapi import OPENAPI
 from ._queue import STATES, TASKS, TUNE
 from ._records import Identity, Record, run_secs_field
@@ -132,20 +132,6 @@ def path_key(request: Request) -> str:
     if not is_key(key):
         raise InvalidRecord(f"{key!r:.80} is not a key: expected 64 lowercase hex characters (sha256)")
     return key
-
-
-T = TypeVar("T")
-
-
-def parse_each(items: list[Any], parse: Callable[[Any], T], name: str) -> list[T]:
-    """Validate every item of a batch; the first bad one fails the batch, named by its index."""
-    parsed = []
-    for i, item in enumerate(items):
-        try:
-            parsed.append(parse(item))
-        except RegistryError as exc:
-            raise type(exc)(f"{name}[{i}]: {exc}") from None
-    return parsed
 
 
 def _records_body(raws: list[bytes]) -> list[RawRecord]:

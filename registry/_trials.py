@@ -13,7 +13,6 @@ side by side); anyone else's is a claim, and readers choose which they train on.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -22,13 +21,13 @@ from typing import Any
 import lmdb
 
 from ._errors import Forbidden, InvalidRecord, PayloadTooLarge
-from ._records import Identity, packb, trace_field, unpackb
+from ._limits import parse_each
+from ._records import Identity, measured_secs, packb, trace_field, unpackb
 
 MAX_TRIALS_PER_PUSH = 512
 MAX_TRIALS_PER_ENTRY = 64
 MAX_ENTRY_BYTES = 2 << 20
 MAX_PUSHERS_PER_KEY = 8
-MAX_TRIAL_SECS = 1e6
 MAX_CURSOR_CHARS = 1024  # hex of a log's database key (key, NUL, pusher name)
 MAX_PAGE_BYTES = 8 << 20  # a page stops early past this many bytes of entries
 
@@ -44,10 +43,7 @@ class Trial:
     def from_obj(cls, obj: Any) -> Trial:
         if not isinstance(obj, dict) or set(obj) != {"trace", "secs"}:
             raise InvalidRecord("a trial must be a map with exactly 'trace' and 'secs'")
-        secs = obj["secs"]
-        if isinstance(secs, bool) or not isinstance(secs, (int, float)) or not math.isfinite(secs) or not 0 < secs <= MAX_TRIAL_SECS:
-            raise InvalidRecord(f"a trial's 'secs' must be a finite positive number up to {MAX_TRIAL_SECS:g}, got {secs!r:.40}")
-        return cls(trace_field(obj), float(secs))
+        return cls(trace_field(obj), measured_secs(obj["secs"], "secs"))
 
     def to_dict(self) -> dict[str, Any]:
         return {"trace": self.trace, "secs": self.secs}
@@ -77,13 +73,7 @@ class TrialLog:
             raise InvalidRecord("field 'trials' must be a non-empty list")
         if len(items) > MAX_TRIALS_PER_PUSH:
             raise PayloadTooLarge(f"{len(items)} trials in one push; the limit is {MAX_TRIALS_PER_PUSH}")
-        trials = []
-        for i, item in enumerate(items):
-            try:
-                trials.append(Trial.from_obj(item))
-            except (InvalidRecord, PayloadTooLarge) as exc:
-                raise type(exc)(f"trials[{i}]: {exc}") from None
-        return cls(Identity.from_obj(obj.get("identity")), trials)
+        return cls(Identity.from_obj(obj.get("identity")), parse_each(items, Trial.from_obj, "trials"))
 
     def to_dict(self) -> dict[str, Any]:
         return {"identity": self.identity.to_dict(), "trials": [t.to_dict() for t in self.trials],
@@ -130,16 +120,16 @@ class TrialStore:
         name = pushed_by or "local"
         prefix = log.key.encode() + b"\0"
         with self.store.write(txn) as t:
-            entries = dict(_prefixed(t, self._db, prefix))
+            entries = {k: unpackb(v) for k, v in _prefixed(t, self._db, prefix)}
             mine = prefix + name.encode()
-            old = TrialLog.from_stored(unpackb(entries[mine])) if mine in entries else None
+            old = TrialLog.from_stored(entries[mine]) if mine in entries else None
             if old is None and len(entries) >= MAX_PUSHERS_PER_KEY:
-                claims = sorted((unpackb(v).get("at", 0.0), k) for k, v in entries.items() if not unpackb(v).get("verified"))
+                claims = sorted((v.get("at", 0.0), k) for k, v in entries.items() if not v.get("verified"))
                 if not verified or not claims:
                     raise Forbidden(f"key {log.key} already holds the trial logs of {MAX_PUSHERS_PER_KEY} pushers")
                 t.delete(claims[0][1], db=self._db)
-            keep_old = old is not None and old.verified == verified  # a change of trust starts the entry again
-            trials = merged(old.trials if keep_old and old else [], log.trials)
+            kept = old.trials if old is not None and old.verified == verified else []  # a change of trust starts the entry again
+            trials = merged(kept, log.trials)
             stored = TrialLog(log.identity, trials, name, verified, time.time())
             t.put(mine, packb(stored.to_dict()), db=self._db)
         return {"key": log.key, "trials": len(trials)}
