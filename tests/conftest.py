@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Iterator
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from schedhub.registry import SCHEMA_VERSION, LocalRegistry, Record, RegistryClient, ServerThread, canonical_target, record_key
+from schedhub.registry import SCHEMA_VERSION, LocalRegistry, Principal, Record, RegistryClient, ServerThread, canonical_target, record_key
 
 TOKEN = "s3cret-token"
 TARGET = canonical_target({"kind": "llvm", "mcpu": "znver5", "num-cores": 2, "keys": ["cpu"]})
@@ -52,6 +53,17 @@ def server(tmp_path: Path) -> Iterator[ServerThread]:
     """A real uvicorn server on 127.0.0.1 with one write token."""
     with ServerThread(tmp_path / "served", tokens={TOKEN: "tester"}, sync=False) as srv:
         yield srv
+
+
+@contextlib.contextmanager
+def clients_by_name(url: str, tokens: dict[str, Principal]) -> Iterator[dict[str, RegistryClient]]:
+    """One client per principal of ``tokens`` (token → Principal), by the principal's name."""
+    clients = {p.name: RegistryClient(url, token=tok, timeout=10) for tok, p in tokens.items()}
+    try:
+        yield clients
+    finally:
+        for c in clients.values():
+            c.close()
 
 
 @pytest.fixture

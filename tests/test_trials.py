@@ -14,7 +14,7 @@ import pytest
 from schedhub.registry import Forbidden, InvalidRecord, LocalRegistry, PayloadTooLarge, Principal, RegistryClient, ServerThread, Trial, TrialLog
 from schedhub.registry._trials import MAX_PUSHERS_PER_KEY, MAX_TRIALS_PER_ENTRY, MAX_TRIALS_PER_PUSH, iter_pages
 
-from .conftest import make_record
+from .conftest import clients_by_name, make_record
 
 TOKENS = {"alice-tok": Principal("alice"), "w1-tok": Principal("w1", "worker"), "reader-tok": Principal("reader", "read")}
 
@@ -35,10 +35,8 @@ def srv(tmp_path: Path) -> Iterator[ServerThread]:
 
 @pytest.fixture
 def as_(srv: ServerThread) -> Iterator[dict[str, RegistryClient]]:
-    clients = {p.name: RegistryClient(srv.url, token=tok, timeout=10) for tok, p in TOKENS.items()}
-    yield clients
-    for c in clients.values():
-        c.close()
+    with clients_by_name(srv.url, TOKENS) as clients:
+        yield clients
 
 
 def test_a_push_reads_back_merged_by_trace_and_bounded_to_the_newest(local: LocalRegistry) -> None:

@@ -20,7 +20,7 @@ from schedhub.registry import (
     canonical_target, record_key,
 )  # fmt: skip
 
-from .conftest import FINGERPRINT, make_record
+from .conftest import clients_by_name, FINGERPRINT, make_record
 
 ROLES = {"admin-tok": Principal("root", "admin"), "alice-tok": Principal("alice"), "bob-tok": Principal("bob"),
          "w1-tok": Principal("w1", "worker"), "w2-tok": Principal("w2", "worker"), "reader-tok": Principal("reader", "read")}  # fmt: skip
@@ -34,10 +34,8 @@ def srv(tmp_path: Path) -> Iterator[ServerThread]:
 
 @pytest.fixture
 def as_(srv: ServerThread) -> Iterator[dict[str, RegistryClient]]:
-    clients = {p.name: RegistryClient(srv.url, token=tok, timeout=10) for tok, p in ROLES.items()}
-    yield clients
-    for c in clients.values():
-        c.close()
+    with clients_by_name(srv.url, ROLES) as clients:
+        yield clients
 
 
 # -- 1. poisoning, overwriting, evicting, quarantining ------------------------------------------
