@@ -50,7 +50,7 @@ from .stats import ratio, summary
 from .torch_export import RELAX, TORCH_EXPORT, import_twin
 
 if TYPE_CHECKING:
-    from schedhub.tuner.costmodel import CostModel
+    from schedhub.hooks.costmodel import CostModel
 
 REPO = Path(__file__).resolve().parent.parent
 RANKED_BY = "the fewest tile sizes re-derived on the kernel, then the most GFLOPS on its own workload (hooks.ranking)"
@@ -221,7 +221,7 @@ def _candidates(registry: LocalRegistry, held: HeldOut, model: CostModel | None 
     workload (GFLOPS: TVM's FLOP estimate over its recorded seconds; ``source_speed``: the hook's measure of the
     same, ``hooks.ranking.work`` over those seconds), how many of its tile sizes TVM re-derived
     replayed on the held-out kernel (``retiled``) and, with ``model``, the speed the cost model predicts for it there."""
-    from schedhub.tuner import costmodel
+    from schedhub.hooks import costmodel
     from schedhub.hooks.identity import target_from_text, workload_module
     from schedhub.hooks.msdb import normalize_mod, replay
     from schedhub.hooks.ranking import speed, work
@@ -252,7 +252,7 @@ def cost_model(registry: LocalRegistry) -> tuple[CostModel, dict[str, Any]]:
     """xgboost over per-store features, trained on the registry's measurement log (every trial its tuners
     measured, verified pushers only) or, for a registry without one, on every record it serves; and which,
     how many samples it took and how long."""
-    from schedhub.tuner import costmodel
+    from schedhub.hooks import costmodel
 
     started = time.perf_counter()
     data, source = list(costmodel.log_samples(registry.iter_trial_logs(verified_only=True))), "measurement log"

@@ -8,7 +8,7 @@ import pytest
 import tvm
 from tvm import te
 
-from schedhub.tuner import costmodel
+from schedhub.hooks import costmodel
 from schedhub.hooks.identity import plain_json, workload_identity, workload_module
 from schedhub.hooks.msdb import normalize_mod, replayed
 from schedhub.registry import Record, Trial, TrialLog

@@ -343,7 +343,7 @@ def test_the_work_the_ranking_reads_from_a_workload_text_is_tvms_flop_estimate()
     """The hook ranks candidates by speed for their work without TVM parsing their workloads (~180 ms each)."""
     from schedhub.hooks.ranking import work
     from schedhub.tuner import models
-    from schedhub.tuner.costmodel import flops
+    from schedhub.hooks.costmodel import flops
 
     resnet, _, _ = models.export("resnet18", batch=1, image=32)
     found = [k for k in [*kernels(export(16), CPU), *kernels(resnet, CPU)] if flops(workload_module(k.identity.workload)) > 1]

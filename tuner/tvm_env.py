@@ -2,55 +2,28 @@
 
 Two facts shape this module:
 
-- Importing ``tvm.s_tir.tensor_intrin`` parses ~250 TVMScript functions, each calling
-  ``inspect.stack()``, which on CPython 3.11 resolves a module per frame: 35–120 s. MetaSchedule's
-  ``TuneContext`` and its stock build function import it. :func:`prepare` imports it once with a
-  frame walk that skips that lookup (about 2 s), so later imports are free.
+- MetaSchedule's ``TuneContext`` and its stock build function import TVM's tensor intrinsics, which
+  takes 35–120 s done the ordinary way: :func:`prepare` imports them once the cheap way
+  (:mod:`schedhub.hooks.intrinsics`), so later imports are free.
 - Built kernels cross process (and node) boundaries as the bytes of a shared library; modules go
   as TVM's JSON serialisation. Nothing is pickled.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import inspect
-import linecache
 import os
-import sys
 import tempfile
-from collections.abc import Iterator
 from typing import Any
-
-
-def _frames_without_module_lookup(context: int = 1) -> list[inspect.FrameInfo]:
-    """``inspect.stack()`` with the current line as context but no per-frame module search."""
-    out = []
-    frame = sys._getframe(1)
-    while frame is not None:
-        code = frame.f_code
-        line = linecache.getline(code.co_filename, frame.f_lineno)
-        out.append(inspect.FrameInfo(frame, code.co_filename, frame.f_lineno, code.co_name, [line] if line else None, 0 if line else None))
-        frame = frame.f_back
-    return out
-
-
-@contextlib.contextmanager
-def _cheap_stack() -> Iterator[None]:
-    original = inspect.stack
-    inspect.stack = _frames_without_module_lookup  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        inspect.stack = original  # type: ignore[assignment]
 
 
 @functools.lru_cache(maxsize=1)
 def prepare() -> None:
     """Make this process ready to tune: load TVM's tensor intrinsics the fast way (once)."""
+    from schedhub.hooks.intrinsics import load_tensor_intrinsics  # imports TVM: not when this module is
+
     os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
-    with _cheap_stack():
-        import tvm.s_tir.tensor_intrin  # noqa: F401  (registers intrinsics; slow without the patch)
+    load_tensor_intrinsics()
 
 
 def build_kernel(mod: Any, target: Any, _params: Any = None) -> Any:

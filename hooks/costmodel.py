@@ -23,11 +23,11 @@ import numpy as np
 import tvm
 from tvm.s_tir import meta_schedule as ms
 
-from schedhub.hooks.identity import target_from_text, workload_module
-from schedhub.hooks.msdb import normalize_mod, replayed
 from schedhub.registry import Identity, Record, TrialLog
 
-from . import tvm_env
+from .identity import target_from_text, workload_module
+from .intrinsics import load_tensor_intrinsics
+from .msdb import normalize_mod, replayed
 
 PER_STORE = 164  # MetaSchedule's PerStoreFeature width (extract_workload=False)
 WIDTH = 2 * PER_STORE + 1
@@ -45,7 +45,7 @@ def flops(mod: tvm.IRModule) -> float:
 
 def features(scheduled: tvm.IRModule, target: tvm.target.Target, work: float) -> np.ndarray:
     """One kernel's vector: its per-store features summed and maxed over stores, then log₂ ``work`` (FLOPs)."""
-    tvm_env.prepare()  # MetaSchedule's TuneContext imports TVM's tensor intrinsics: cheaply, once a process
+    load_tensor_intrinsics()  # MetaSchedule's TuneContext imports them: cheaply, once a process
     context = ms.TuneContext(mod=scheduled, target=target)
     candidate = ms.MeasureCandidate(tvm.s_tir.Schedule(scheduled), ms.arg_info.ArgInfo.from_prim_func(scheduled["main"]))
     per_store = ms.feature_extractor.PerStoreFeature(extract_workload=False).extract_from(context, [candidate])[0].numpy()
@@ -65,7 +65,7 @@ class Sample:
 def samples(records: Iterable[Record]) -> Iterator[Sample]:
     """Training samples from records: each trace on its own workload, and each workload once unscheduled
     (at the ``untuned_secs`` its tuner recorded, where it did). A trace that does not replay is skipped."""
-    kernels = _Kernels()
+    kernels = Kernels()
     unscheduled_done: set[str] = set()
     for record in records:
         if not record.run_secs:
@@ -84,7 +84,7 @@ def samples(records: Iterable[Record]) -> Iterator[Sample]:
 
 def log_samples(logs: Iterable[TrialLog]) -> Iterator[Sample]:
     """Training samples from the registry's measurement log: every logged trial on its own workload."""
-    kernels = _Kernels()
+    kernels = Kernels()
     for log in logs:
         for trial in log.trials:
             sample = kernels.sample(log.identity, trial.trace, trial.secs)
@@ -92,7 +92,7 @@ def log_samples(logs: Iterable[TrialLog]) -> Iterator[Sample]:
                 yield sample
 
 
-class _Kernels:
+class Kernels:
     """Each workload parsed and normalized once while samples are made from its traces."""
 
     def __init__(self) -> None:
@@ -102,6 +102,11 @@ class _Kernels:
         """``trace`` (None: the unscheduled kernel) on ``identity``'s workload, labelled with ``secs``; None when it does not replay."""
         if not 0 < secs < 1e9:
             return None
+        found = self.features(identity, trace)
+        return None if found is None else Sample(found[0], log2_gflops(found[1], secs))
+
+    def features(self, identity: Identity, trace: str | None) -> tuple[np.ndarray, float] | None:
+        """:func:`features` of ``trace`` (None: unscheduled) on ``identity``'s workload, and the workload's FLOPs; None when it does not replay."""
         if identity.key not in self._by_key:
             try:
                 normalized = normalize_mod(workload_module(identity.workload)["main"])
@@ -114,12 +119,13 @@ class _Kernels:
         normalized, target, work = found
         try:
             scheduled = normalized if trace is None else replayed(normalized, trace)
-            return Sample(features(scheduled, target, work), _log2_gflops(work, secs))
+            return features(scheduled, target, work), work
         except Exception:  # a trace of another compiler that does not replay here: no sample
             return None
 
 
-def _log2_gflops(work: float, secs: float) -> float:
+def log2_gflops(work: float, secs: float) -> float:
+    """The label of a kernel of ``work`` FLOPs that ran in ``secs``."""
     return math.log2(work / secs / 1e9)
 
 
@@ -131,11 +137,16 @@ class CostModel:
 
     @classmethod
     def train(cls, data: list[Sample]) -> CostModel:
+        return cls.fit([s.features for s in data], [s.log2_gflops for s in data])
+
+    @classmethod
+    def fit(cls, rows: list[np.ndarray], labels: list[float]) -> CostModel:
+        """A model of ``rows`` (:func:`features`) labelled with their log₂ GFLOPS."""
         import xgboost as xgb
 
-        if len(data) < 2:
-            raise ValueError(f"a cost model needs at least 2 samples, got {len(data)}")
-        matrix = xgb.DMatrix(np.stack([s.features for s in data]), label=np.array([s.log2_gflops for s in data], dtype=np.float32))
+        if len(rows) < 2 or len(rows) != len(labels):
+            raise ValueError(f"a cost model needs at least 2 samples, each labelled; got {len(rows)} rows, {len(labels)} labels")
+        matrix = xgb.DMatrix(np.stack(rows), label=np.array(labels, dtype=np.float32))
         return cls(xgb.train(PARAMS, matrix, num_boost_round=ROUNDS))
 
     def predict(self, rows: list[np.ndarray]) -> list[float]:
