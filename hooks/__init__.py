@@ -6,7 +6,9 @@
 
 Inside ``use`` every fused kernel is looked up (one batch request per compile); a record is
 replayed on the user's own kernel; on a miss, a record of the same structure that replays (another
-shape, compiler build or target; ranked by :mod:`.ranking`) is served as a transfer; misses are reported to the registry's queue in one request; a
+shape, compiler build or target; ranked by :mod:`.ranking`) is served as a transfer, or with
+``measure=``/``synthesize=`` whichever of those and of schedules drawn from the kernel's own design
+space (:mod:`.synthesis`) ran fastest here; misses are reported to the registry's queue in one request; a
 registry that is down or slow costs at most ``timeout`` and one warning. Outside it, TVM behaves
 as it always does. ``relax_pipeline="schedhub"`` names the same pipeline explicitly.
 """
@@ -55,6 +57,7 @@ def use(
     transfer: bool = True,
     cache: str | os.PathLike[str] | bool = True,
     measure: float = 0.0,
+    synthesize: int = 0,
     link: bool = True,
 ) -> Iterator[HookSession]:
     """Apply registry schedules to every Relax build in this block (this thread).
@@ -68,6 +71,10 @@ def use(
     (True: ``~/.cache/schedhub/kernels`` or ``$SCHEDHUB_CACHE_DIR``; False: nowhere).
     ``measure``: seconds per compile (0: none) to build, check and time a missed kernel's transfer
     candidates on this machine and serve the fastest; results are cached, so each is measured once.
+    ``synthesize``: with ``measure``, also draw this many schedules from each missed kernel's own design
+    space, rank them with a cost model trained on the registry's measurement log and time the best
+    few beside the transfer candidates (:mod:`.synthesis`; 64 is a good size; 0: off). What it draws
+    is cached, so a kernel is synthesized once a machine.
     ``link``: compile each scheduled kernel once per machine and link its object into later builds
     (kept beside the kernel cache; needs a cache and the C compiler TVM links with, else it is off).
     """
@@ -82,7 +89,7 @@ def use(
         cache_dir = default_dir() if cache is True else (cache or None)
         objects = ObjectCache(Path(cache_dir) / "objects") if link and cache_dir is not None and c_compiler_available() else None
         session = HookSession(reg, report_misses=report_misses, trust=trust, limits=limits, transfer=transfer, cache=KernelCache(cache_dir),
-                              measure=measure, objects=objects)  # fmt: skip
+                              measure=measure, objects=objects, synthesize=synthesize)  # fmt: skip
     token = ACTIVE.set(session)
     try:
         with contextlib.ExitStack() as stack:

@@ -9,7 +9,9 @@ at 4×4 pixels ran at 66 GFLOPS; replayed at 6×6, 5). So the hook serves, in or
 2. the candidate with the fewest tile sizes re-derived on this kernel;
 3. among those, the fastest for its work on its own workload (:func:`work` over the record's
    seconds, which a verifier measured for a verified record);
-4. then the registry's order (nearest shapes first).
+4. then the registry's order (nearest shapes first);
+5. last, a schedule synthesized here (relation ``synthesized``, :mod:`.synthesis`): it is only
+   ever served once measured, so its place only orders what is measured first.
 
 bench/ (``python -m bench.ranking``) judges this against nearest-first and the others on
 measured candidates.
@@ -24,6 +26,8 @@ import re
 from typing import Any
 
 from schedhub.registry import COMPILER, dotted_name
+
+SYNTHESIZED = "synthesized"  # a candidate drawn from the kernel's own design space, not a neighbour's record
 
 
 @functools.lru_cache(maxsize=1024)
@@ -120,4 +124,4 @@ def rank_key(relation: str, retiled: int, speed: float, order: int) -> tuple[int
     """Sort key of a candidate (see the module's docstring): smaller is served first. ``retiled``: its tile
     sizes re-derived on this kernel; ``speed``: its work per second on its own workload; ``order``: its
     place in the registry's answer."""
-    return (0 if relation == COMPILER else 1, retiled, -speed, order)
+    return ({COMPILER: 0, SYNTHESIZED: 2}.get(relation, 1), retiled, -speed, order)

@@ -5,7 +5,8 @@ with a read-through cache, serves only records its ``trust`` accepts, refuses re
 replay or would cost the compile too much (:mod:`.guard`) and complains about them to the registry,
 serves a *transfer* on a miss (a record of the same structure from another shape, compiler build or
 target that replays on the kernel within the bounds; the miss is still reported, so the exact
-schedule gets tuned), buffers misses for one batched report, and goes offline (one warning) when the registry fails, so
+schedule gets tuned) or, opted in with a measurement budget, a schedule *synthesized* from the
+kernel's own design space (:mod:`.synthesis`) that ran fastest here, buffers misses for one batched report, and goes offline (one warning) when the registry fails, so
 the compile falls back to TVM's default schedules instead of failing.
 
 ``trust``: ``"verified"`` (the default) serves records a trusted worker replayed, checked and
@@ -18,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -37,13 +39,14 @@ from .identity import as_module, workload_identity
 from .measure import TIMING, Budget, KernelBench, Timing, host_cpu, runs_here
 from .msdb import normalize_mod, replay, scheduled, tuning_record
 from .objects import OBJECT_ID, ObjectCache
-from .ranking import rank_key, retiled, speed, work
+from .ranking import SYNTHESIZED, rank_key, retiled, speed, work
+from .synthesis import MAX_SAMPLES, LogModel, synthesize
 
 Trust = Union[str, Collection[str]]
 
 log = logging.getLogger("schedhub")
 
-HIT, TRANSFER, MISS, FALLBACK, OFFLINE = "hit", "transfer", "miss", "fallback", "offline"
+HIT, TRANSFER, MISS, FALLBACK, OFFLINE = "hit", "transfer", "miss", "fallback", "offline"  # and SYNTHESIZED
 DEFAULT_CANDIDATES = 4  # neighbours asked for per missed key
 
 
@@ -59,9 +62,9 @@ class RegistryFallbackWarning(UserWarning):
 class KernelOutcome:
     op: str
     key: str
-    outcome: str  # hit | transfer | miss | fallback (a record failed to replay) | offline
-    detail: str = ""
-    measured: dict[str, float | None] = field(default_factory=dict)  # transfer candidates timed here: trace id → seconds (None: refused)
+    outcome: str  # hit | transfer | synthesized | miss | fallback (a record failed to replay) | offline
+    detail: str = ""  # hit: the trace id; transfer, synthesized: "relation:trace id:source op"
+    measured: dict[str, float | None] = field(default_factory=dict)  # candidates timed here: trace id → seconds (None: refused)
 
 
 @dataclass
@@ -86,6 +89,10 @@ class CompileReport:
         return self.count(TRANSFER)
 
     @property
+    def synthesized(self) -> int:
+        return self.count(SYNTHESIZED)
+
+    @property
     def misses(self) -> int:
         return self.count(MISS) + self.count(OFFLINE)
 
@@ -95,34 +102,46 @@ class CompileReport:
 
     def summary(self) -> str:
         linked = f"; {self.linked} kernel objects linked ({self.objects_compiled} compiled now)" if self.linked else ""
-        return (f"schedhub: {len(self.kernels)} kernels: {self.hits} hits, {self.transfers} transfers, {self.misses} misses, {self.fallbacks} fallbacks "
+        synthesized = f", {self.synthesized} synthesized" if self.synthesized else ""
+        return (f"schedhub: {len(self.kernels)} kernels: {self.hits} hits, {self.transfers} transfers{synthesized}, {self.misses} misses, {self.fallbacks} fallbacks "
                 f"({self.lookups} lookups in {self.lookup_secs * 1e3:.1f} ms, {self.misses_reported} misses reported){linked}")  # fmt: skip
+
+
+def trusted(trust: Trust) -> Callable[[bool, str], bool]:
+    """Whether a session with ``trust`` accepts what a pusher pushed (verified or not, pushed by that name)."""
+    if trust == "any":
+        return lambda verified, pushed_by: True
+    if trust == "verified":
+        return lambda verified, pushed_by: verified
+    if isinstance(trust, str):
+        raise ValueError(f"trust must be 'verified', 'any' or a collection of pusher names, got {trust!r}")
+    names = frozenset(trust)
+    return lambda verified, pushed_by: verified or pushed_by in names
 
 
 def trust_filter(trust: Trust) -> Callable[[Record], bool]:
     """Which served records a session accepts (records without a registry status are its own)."""
-    if trust == "any":
-        return lambda r: True
-    if trust == "verified":
-        return lambda r: r.served is None or r.served.verified
-    if isinstance(trust, str):
-        raise ValueError(f"trust must be 'verified', 'any' or a collection of pusher names, got {trust!r}")
-    names = frozenset(trust)
-    return lambda r: r.served is None or r.served.verified or r.served.pushed_by in names
+    accepts = trusted(trust)
+    return lambda r: r.served is None or accepts(r.served.verified, r.served.pushed_by)
 
 
 class HookSession:
     def __init__(self, registry: Registry, *, report_misses: bool = True, trust: Trust = "verified",
                  limits: ScheduleLimits | None = None, transfer: bool = True, cache: KernelCache | None = None,
-                 measure: float = 0.0, objects: ObjectCache | None = None) -> None:  # fmt: skip
+                 measure: float = 0.0, objects: ObjectCache | None = None, synthesize: int = 0) -> None:  # fmt: skip
+        if type(synthesize) is not int or not 0 <= synthesize <= MAX_SAMPLES:
+            raise ValueError(f"synthesize must be a whole number of samples from 0 to {MAX_SAMPLES}, got {synthesize!r}")
         self.registry = registry
         self.objects = objects  # where scheduled kernels' machine code is kept and linked from (None: compiled in each build)
         self.measure = measure
+        self.synthesize = synthesize  # design-space samples scored per missed kernel (0: none; needs ``measure``)
         self._budget = Budget(measure)
         self.cache = cache if cache is not None else KernelCache(default_dir())
         self.report_misses = report_misses
         self.transfer = transfer
         self.trusts = trust_filter(trust)
+        accepts = trusted(trust)
+        self.log_model = LogModel(registry, self.cache, lambda entry: accepts(entry.verified, entry.pushed_by), verified_only=trust == "verified")
         self.limits = limits or ScheduleLimits()
         self.reports: list[CompileReport] = [CompileReport()]
         self.offline = False
@@ -284,12 +303,16 @@ class HookSession:
         tuned for another kernel, and failing on this one says nothing against it.
         """
         applied: list[tuple[Candidate, Any]] = []
-        for candidate in [c for c in self._candidates.get(identity.key, []) if self.trusts(c.record) and not keeps_default_schedule(c.record.trace)]:
+        offered = [c for c in self._candidates.get(identity.key, []) if self.trusts(c.record) and not keeps_default_schedule(c.record.trace)]
+        if bench is not None and self.synthesize:
+            offered += self._synthesized(identity, bench)
+        for candidate in offered:
             try:
                 applied.append((candidate, apply(candidate.record, identity.args_info)))
             except Exception as exc:  # another structure after all, or over the bounds here
                 log.debug("schedhub: candidate %s does not transfer to %s: %s", candidate.record.trace_id, identity.op, str(exc)[:200])
-                self._candidates[identity.key].remove(candidate)
+                with contextlib.suppress(ValueError):  # a synthesized one is not in the list
+                    self._candidates[identity.key].remove(candidate)
                 continue
             if bench is not None and not self._budget.left():
                 break  # no time left to measure another
@@ -297,16 +320,39 @@ class HookSession:
             return None
         ranked = {id(c): self._rank(identity.key, c, i) for i, (c, _) in enumerate(applied)}
         applied.sort(key=lambda pair: ranked[id(pair[0])])
-        measured = self._measure(identity, applied, bench) if bench is not None and len(applied) > 1 else {}
-        served = [(c, out) for c, out in applied if measured.get(c.record.trace_id, 0.0) is not None]  # refused by measurement: never served
+        synthesized = any(c.relation == SYNTHESIZED for c, _ in applied)
+        measured = self._measure(identity, applied, bench) if bench is not None and (len(applied) > 1 or synthesized) else {}
+        # refused by measurement: never served; synthesized: served only once measured here
+        served = [(c, out) for c, out in applied if measured.get(c.record.trace_id, 0.0 if c.relation != SYNTHESIZED else None) is not None]
         if measured:
             served.sort(key=lambda pair: measured.get(pair[0].record.trace_id) or float("inf"))  # fastest measured first
         if not served:
             return None
         candidate, out = served[0]
-        self._candidates[identity.key] = [candidate, *(c for c in self._candidates[identity.key] if c is not candidate)]
-        self._note(identity, TRANSFER, f"{candidate.relation}:{candidate.record.trace_id}:{candidate.record.identity.op}", measured)
+        self._candidates[identity.key] = [candidate, *(c for c in self._candidates.get(identity.key, []) if c is not candidate)]
+        outcome = SYNTHESIZED if candidate.relation == SYNTHESIZED else TRANSFER
+        self._note(identity, outcome, f"{candidate.relation}:{candidate.record.trace_id}:{candidate.record.identity.op}", measured)
         return out
+
+    def _synthesized(self, identity: Identity, bench: tuple[tvm.IRModule, Any]) -> list[Candidate]:
+        """The cost model's best schedules of the kernel's own design space (:mod:`.synthesis`) as candidates:
+        from this machine's cache, or drawn and scored while the compile's measurement budget lasts."""
+        normalized, target = bench
+        parts = (identity.key, str(self.synthesize))  # the key names the compiler
+        entry = self.cache.get("synthesized", *parts) or {}
+        drawn = entry.get("schedules")
+        if not (isinstance(drawn, list) and all(isinstance(d, list) and len(d) == 2 and isinstance(d[0], str) and isinstance(d[1], (int, float)) for d in drawn)):
+            model = self.log_model.get(identity.target, self._budget) if self._budget.left() else None
+            if model is None:
+                return []
+            try:
+                drawn = [list(d) for d in synthesize(normalized, target, model, self.synthesize)]
+            except Exception as exc:  # a kernel MetaSchedule cannot sample
+                log.debug("schedhub: no schedules synthesized for %s: %s", identity.op, str(exc)[:200])
+                drawn = []
+            self.cache.put("synthesized", parts, {"schedules": drawn})
+        provenance = {"synthesized": f"{self.synthesize} design-space samples ranked by a cost model", "predicted": True}
+        return [Candidate(Record(identity, trace, [float(secs)], provenance), SYNTHESIZED, 0.0) for trace, secs in drawn if math.isfinite(secs) and secs > 0]
 
     def _rank(self, key: str, candidate: Candidate, order: int) -> tuple[int, int, float, int]:
         """:func:`.ranking.rank_key` of a candidate replayed (already) on kernel ``key``."""

@@ -1,0 +1,179 @@
+"""Synthesis: schedules for a missed kernel drawn from its own design space, ranked by a cost model.
+
+A transfer can only be as good as a schedule tuned for another kernel replayed on this one; where the
+shapes differ, its tile sizes are re-derived and much of its speed goes. Synthesis samples the kernel's
+own MetaSchedule design space (the same rules the tuner searches, random decisions, postprocessors
+applied) and scores every sample with an xgboost model trained on the registry's measurement log
+(:mod:`.costmodel`: every trial its tuners measured, slow ones included). The model's best few are
+timed on this machine beside the transfer candidates and served only if one agrees with the default
+schedule's output and is the fastest (:mod:`.measure`); an unmeasured sample is never served.
+
+What it costs, once a machine: the model is trained on the log once per log content (each trial's
+features are cached, so a log that grew costs only its new trials, ~25 ms each), and a kernel's
+sampled schedules are kept in the kernel cache, so a later compile replays them from there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import tvm
+from tvm.s_tir import meta_schedule as ms
+
+from schedhub.registry import Identity, Registry, RegistryError, Trial, TrialLog, trace_id
+
+from .cache import KernelCache
+from .costmodel import WIDTH, CostModel, Kernels, features, flops, log2_gflops
+from .identity import compiler_fingerprint, plain_json
+from .intrinsics import load_tensor_intrinsics
+from .measure import Budget
+
+log = logging.getLogger("schedhub")
+
+TIMED = 3  # the model's best samples timed per kernel
+MAX_SAMPLES = 1024  # design-space samples a kernel may ask for
+MAX_LOG_TRIALS = 4096  # trials of the log a model trains on
+MIN_TRAINING = 32  # fewer usable trials: no model
+
+
+def design_space_samples(normalized: tvm.IRModule, target: tvm.target.Target, count: int) -> list[tvm.s_tir.Schedule]:
+    """Up to ``count`` distinct schedules of ``normalized`` (MetaSchedule's normalized kernel): its design spaces
+    with random decisions (seeded: the same kernel draws the same samples), postprocessors applied."""
+    load_tensor_intrinsics()
+    context = ms.TuneContext(mod=normalized, target=target, space_generator="post-order-apply", search_strategy="evolutionary", num_threads=1)
+    spaces = context.generate_design_space()
+    postprocs = context.space_generator.postprocs
+    found: dict[str, tvm.s_tir.Schedule] = {}
+    for i in range(count if spaces else 0):
+        sch = tvm.s_tir.Schedule(normalized, seed=i + 1)
+        try:
+            spaces[i % len(spaces)].trace.apply_to_schedule(sch, remove_postproc=True, decision_provider=lambda _inst, _inputs, _attrs, _decision: None)
+            sch.enter_postproc()
+            if all(p.apply(sch) for p in postprocs):
+                found.setdefault(trace_text(sch), sch)
+        except tvm.error.TVMError:  # a draw the rules cannot complete: drawn again with the next seed
+            continue
+    return list(found.values())
+
+
+def trace_text(sch: tvm.s_tir.Schedule) -> str:
+    """A schedule's trace as the JSON text records carry (postprocessing instructions included)."""
+    return json.dumps(plain_json(sch.trace.as_json()), separators=(",", ":"))
+
+
+def synthesize(normalized: tvm.IRModule, target: tvm.target.Target, model: CostModel, count: int, keep: int = TIMED) -> list[tuple[str, float]]:
+    """The model's ``keep`` fastest of ``count`` design-space samples of the kernel: (trace JSON text,
+    predicted seconds per call), fastest first."""
+    samples = design_space_samples(normalized, target, count)
+    if not samples:
+        return []
+    work = flops(normalized)
+    predicted = model.predict([features(s.mod, target, work) for s in samples])
+    best = np.argsort(predicted)[::-1][:keep]
+    return [(trace_text(samples[i]), work / (2.0 ** predicted[i]) / 1e9) for i in best]
+
+
+class LogModel:
+    """Cost models trained on the registry's measurement log, one per target, for one session.
+
+    ``accepts`` says which log entries it may learn from (the session's trust; ``verified_only``: it
+    accepts only verified ones, so only those are fetched). A trained model is
+    kept in the kernel cache by the content of the log it learned from and this compiler; each
+    trial's features by its workload, trace and this compiler. Training stops when ``budget`` runs
+    out: a model of what was featurized by then serves this session (and is not kept), the rest is
+    featurized by a later one.
+    """
+
+    def __init__(self, registry: Registry, cache: KernelCache, accepts: Callable[[TrialLog], bool], verified_only: bool) -> None:
+        self.registry = registry
+        self.cache = cache
+        self.accepts = accepts
+        self.verified_only = verified_only
+        self._models: dict[str, CostModel | None] = {}
+        self.trained_on: dict[str, int] = {}  # by target: trials the model learned from
+
+    def get(self, target: str, budget: Budget) -> CostModel | None:
+        """The model for kernels of canonical ``target``, or None (no usable log, or no time left)."""
+        if target not in self._models:
+            self._models[target] = self._model(target, budget)
+        return self._models[target]
+
+    def _model(self, target: str, budget: Budget) -> CostModel | None:
+        try:
+            trials = list(_interleaved(self._entries(target)))
+        except RegistryError as exc:
+            log.warning("schedhub: could not read the registry's measurement log (%s): no schedules synthesized", exc)
+            return None
+        compiler = compiler_fingerprint()
+        content = hashlib.sha256(compiler.encode())
+        for identity, trial in sorted(trials, key=lambda t: (t[0].key, t[1].secs, t[1].trace)):
+            content.update(f"\0{identity.key}\0{trace_id(trial.trace)}\0{trial.secs!r}".encode())
+        digest = content.hexdigest()
+        cached = self.cache.get("costmodel", digest)
+        if cached is not None and isinstance(cached.get("model"), str):
+            try:
+                self.trained_on[target] = int(cached.get("trials", 0))
+                return CostModel.from_json(cached["model"])
+            except Exception:  # unreadable: train again
+                pass
+        rows, labels, complete = [], [], True
+        kernels = Kernels()
+        for identity, trial in trials:
+            if not budget.left():
+                complete = False
+                break
+            found = self._features(kernels, identity, trial.trace, compiler)
+            if found is not None:
+                rows.append(found[0])
+                labels.append(log2_gflops(found[1], trial.secs))
+        if len(rows) < MIN_TRAINING:
+            log.info("schedhub: %d usable trials in the registry's log for %s: no cost model to synthesize schedules with", len(rows), target)
+            return None
+        model = CostModel.fit(rows, labels)
+        self.trained_on[target] = len(rows)
+        if complete:
+            self.cache.put("costmodel", (digest,), {"model": model.to_json(), "trials": len(rows)})
+        return model
+
+    def _entries(self, target: str) -> list[TrialLog]:
+        """The log entries of ``target`` the session accepts, until they hold :data:`MAX_LOG_TRIALS` trials."""
+        entries, held = [], 0
+        for entry in self.registry.iter_trial_logs(verified_only=self.verified_only):
+            if entry.identity.target == target and self.accepts(entry):
+                entries.append(entry)
+                held += len(entry.trials)
+                if held >= MAX_LOG_TRIALS:
+                    break
+        return entries
+
+    def _features(self, kernels: Kernels, identity: Identity, trace: str, compiler: str) -> tuple[np.ndarray, float] | None:
+        """A trial's features and its workload's FLOPs, from the cache or computed (None: it does not replay here)."""
+        parts = (identity.key, trace_id(trace), compiler)
+        entry = self.cache.get("features", *parts)
+        if entry is not None:
+            row, work = entry.get("row"), entry.get("work")
+            if entry.get("error") is True:
+                return None
+            if isinstance(row, list) and len(row) == WIDTH and isinstance(work, (int, float)) and math.isfinite(work) and work > 0:
+                return np.asarray(row, dtype=np.float32), float(work)
+        found = kernels.features(identity, trace)
+        self.cache.put("features", parts, {"error": True} if found is None else {"row": [float(x) for x in found[0]], "work": found[1]})
+        return found
+
+
+def _interleaved(entries: list[TrialLog]) -> Iterator[tuple[Identity, Trial]]:
+    """Every entry's trials, the first of each entry, then the second…: a budget that runs out leaves every
+    workload some trials; at most :data:`MAX_LOG_TRIALS`."""
+    taken = 0
+    for depth in range(max((len(e.trials) for e in entries), default=0)):
+        for entry in entries:
+            if depth < len(entry.trials):
+                if taken >= MAX_LOG_TRIALS:
+                    return
+                taken += 1
+                yield entry.identity, entry.trials[depth]

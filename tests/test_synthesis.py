@@ -1,0 +1,107 @@
+"""Synthesis: a kernel with no record anywhere gets a schedule drawn from its own design space, ranked by
+a cost model trained on the registry's measurement log and timed here (real samples, timings, xgboost)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+
+from schedhub.hooks import use
+from schedhub.hooks.identity import workload_module
+from schedhub.hooks.measure import KernelBench, host_cpu
+from schedhub.hooks.msdb import normalize_mod, replayed
+from schedhub.hooks.synthesis import design_space_samples, trace_text
+from schedhub.registry import LocalRegistry, Trial, TrialLog
+from schedhub.tuner.models import kernels
+
+from .test_transfer import export, forward, reference
+
+HOST = {"kind": "llvm", "mcpu": host_cpu(), "num-cores": 2}  # measured only for this machine's CPU
+DRAWN = 16  # design-space samples timed per kernel of the training log
+
+
+def measured_log(batch: int) -> list[TrialLog]:
+    """The MLP's kernels at ``batch``: design-space samples, each timed here, as the log a tuner pushes."""
+    target = tvm.target.Target(HOST)
+    logs = []
+    for kernel in kernels(export(batch), target):
+        normalized = normalize_mod(workload_module(kernel.identity.workload)["main"])
+        bench = KernelBench(normalized, kernel.identity.args_info, target)
+        timed = [(trace_text(s), bench.time(s.mod).secs) for s in design_space_samples(normalized, target, DRAWN)]
+        logs.append(TrialLog(kernel.identity, [Trial(trace, secs) for trace, secs in timed if secs]))
+    return logs
+
+
+@pytest.fixture(scope="module")
+def training_log() -> list[TrialLog]:
+    return measured_log(4)
+
+
+def registry_with(root: Path, logs: list[TrialLog], pushed_by: str = "worker", verified: bool = True) -> LocalRegistry:
+    """A registry without a single record: only the measurement log."""
+    reg = LocalRegistry(root, sync=False)
+    for entry in logs:
+        reg.push_trials(entry, pushed_by, verified=verified)
+    return reg
+
+
+def test_a_design_space_sample_replays_from_its_trace_text() -> None:
+    kernel = kernels(export(8), tvm.target.Target(HOST))[0]
+    normalized = normalize_mod(workload_module(kernel.identity.workload)["main"])
+    samples = design_space_samples(normalized, tvm.target.Target(HOST), 4)
+    assert len(samples) >= 2 and len({trace_text(s) for s in samples}) == len(samples)
+    assert all(tvm_ffi.structural_equal(replayed(normalized, trace_text(s)), s.mod) for s in samples)
+
+
+def test_kernels_without_any_record_are_served_the_fastest_synthesized_schedule(tmp_path: Path, training_log: list[TrialLog]) -> None:
+    host = tvm.target.Target(HOST)
+    with registry_with(tmp_path / "store", training_log) as reg:
+        with use(reg, host, cache=tmp_path / "plain", measure=120) as plain:
+            tvm.compile(export(16), host)
+        assert plain.report.misses == len(plain.report.kernels) > 0  # nothing to transfer: every kernel misses
+        with use(reg, host, cache=tmp_path / "cache", measure=120, synthesize=16) as session:
+            ex = tvm.compile(export(16), host)
+        report = session.report
+        synthesized = [k for k in report.kernels if k.outcome == "synthesized"]
+        assert len(synthesized) == len(report.kernels) and report.misses == 0, report.summary()
+        assert session.log_model.trained_on[next(iter(session.log_model.trained_on))] == sum(len(e.trials) for e in training_log)
+        for k in synthesized:  # the fastest of the timed samples is served
+            relation, tid, _ = k.detail.split(":")
+            timed = {t: s for t, s in k.measured.items() if s is not None}
+            assert relation == "synthesized" and tid == min(timed, key=timed.__getitem__)
+        assert sum(len(k.measured) >= 2 for k in synthesized) >= 2  # the matmuls had several to choose from (a transpose has one)
+        assert {j["key"] for j in reg.jobs("pending")} == {k.key for k in report.kernels}  # still queued for tuning
+        x = np.random.default_rng(3).standard_normal((16, 64)).astype("float32")
+        np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)
+
+    # Once a machine: another registry without a log serves the same schedules from this machine's cache.
+    with registry_with(tmp_path / "empty", []) as empty, use(empty, host, cache=tmp_path / "cache", measure=120, synthesize=16) as again:
+        tvm.compile(export(16), host)
+    assert [(k.outcome, k.detail) for k in again.report.kernels] == [(k.outcome, k.detail) for k in report.kernels]
+    assert again.log_model.trained_on == {}  # no model was needed
+
+
+def test_only_a_trusted_log_trains_the_model(tmp_path: Path, training_log: list[TrialLog]) -> None:
+    host = tvm.target.Target(HOST)
+    with registry_with(tmp_path / "store", training_log, pushed_by="stranger", verified=False) as reg:
+        with use(reg, host, cache=tmp_path / "verified", measure=60, synthesize=8) as strict:
+            tvm.compile(export(16), host)
+        assert strict.report.synthesized == 0 and strict.log_model.trained_on == {}
+        with use(reg, host, cache=tmp_path / "named", measure=60, synthesize=8, trust={"stranger"}) as named:
+            tvm.compile(export(16), host)
+        assert named.report.synthesized == len(named.report.kernels) > 0
+
+
+def test_synthesis_needs_a_measurement_budget_and_a_sane_sample_count(tmp_path: Path, training_log: list[TrialLog]) -> None:
+    host = tvm.target.Target(HOST)
+    with registry_with(tmp_path / "store", training_log) as reg:
+        with use(reg, host, cache=tmp_path / "cache", synthesize=16) as unmeasured:  # nothing is served unmeasured
+            tvm.compile(export(16), host)
+        assert unmeasured.report.synthesized == 0 and unmeasured.report.misses == len(unmeasured.report.kernels)
+        for bad in (-1, 10**6, 2.5, True):
+            with pytest.raises(ValueError, match="synthesize"), use(reg, host, synthesize=bad):
+                pass
