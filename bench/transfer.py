@@ -11,11 +11,15 @@
    kernels without a record get a transfer, ranked by ``hooks.ranking``: with an empty kernel cache, then again
    with this machine's cache (medians of 3, interleaved); then once with measured transfers
    (``measure=``: every applicable candidate timed here, the fastest served), which also tells
-   how often the hook's ranking (and each alternative ranking) picked the fastest candidate.
+   how often the hook's ranking (and each alternative ranking) picked the fastest candidate; then
+   with synthesis (``synthesize=``: design-space samples of each missed kernel ranked by the cost
+   model trained on the registry's measurement log, the best few timed beside the candidates), once
+   in a cache shared by the held-out networks (the model is trained in the first) and once again
+   with that cache (what a later compile on this machine costs).
 3. Then the held-out kernels are tuned at the same budget (warm-started from the registry, as the
    worker does) and the network compiles again: every kernel must hit. For a few kernels a cold
    search (no warm start) at the same budget gives the trials the warm search needed to match it.
-4. Ray stops; default, transferred (the hook's ranking), measured-transfer and tuned forward passes and
+4. Ray stops; default, transferred (the hook's ranking), measured-transfer, synthesized and tuned forward passes and
    the PyTorch twin (in its own process) are timed side by side in interleaved rounds, and every
    output is checked against the default's.
 """
@@ -69,6 +73,8 @@ MODES: dict[str, dict[str, Any]] = {
         "cold_kernels": 4,
         "rounds": 5,
         "measure_secs": 120,
+        "synthesize": 64,
+        "synthesis_secs": 600,
     },
     "smoke": {  # a minute or two: checks the benchmark itself (tests/test_bench.py-sized), no figures
         "source": {"mlp": {}},
@@ -77,6 +83,8 @@ MODES: dict[str, dict[str, Any]] = {
         "cold_kernels": 1,
         "rounds": 2,
         "measure_secs": 30,
+        "synthesize": 16,
+        "synthesis_secs": 60,
     },
     "full": {
         "source": {"resnet18": {"image": 224}, "mobilenetv2": {"image": 224}, "bert_layer": {"seq": 128}, "mlp": {}},
@@ -91,6 +99,8 @@ MODES: dict[str, dict[str, Any]] = {
         "cold_kernels": 6,
         "rounds": 5,
         "measure_secs": 300,
+        "synthesize": 64,
+        "synthesis_secs": 1200,
     },
 }
 
@@ -117,8 +127,6 @@ def run(mode: str, say: Callable[[str], None] = print, source_store: Path | None
     runs (filled there when empty, copied from there otherwise), so a rerun skips step 1."""
     import tvm
 
-    from schedhub import hooks
-
     config = MODES[mode]
     options: TuneOptions = config["options"]
     target = tvm.target.Target(tvm_env.host_target())
@@ -144,14 +152,18 @@ def run(mode: str, say: Callable[[str], None] = print, source_store: Path | None
         say(f"registry filled: {out['source_keys']} keys" + (f" in {out['fill_secs']:.0f} s" if out["fill_secs"] else f" (copied from {source_store})"))
 
         model, out["cost_model"] = cost_model(registry)
+        synthesis_cache = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="schedhub-synthesis-")))
         compiled = []
         for name, shape, frontend in config["held_out"]:
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="schedhub-export-")))
             held = _held_out(name, shape, frontend, target, workdir)
             executables, compile_secs, reports = _compile_transferred(held, registry, target, workdir, config["measure_secs"])
+            executables["synthesized"], synthesis_secs, reports["synthesized"] = _compile_synthesized(held, registry, target, synthesis_cache, config)
+            compile_secs |= synthesis_secs
             c = {k: v["median"] for k, v in compile_secs.items()}
             say(f"{held.label}: {reports['transferred'].summary()}; compile {c['default']:.2f} s plain, {c['transferred_cold']:.2f} s hooked "
-                f"(empty kernel cache), {c['transferred']:.2f} s (warm), {c['measured_cold']:.2f} s measuring")  # fmt: skip
+                f"(empty kernel cache), {c['transferred']:.2f} s (warm), {c['measured_cold']:.2f} s measuring; "
+                f"{reports['synthesized'].summary()}: {c['synthesized_cold']:.2f} s synthesizing, {c['synthesized']:.2f} s again")  # fmt: skip
             compiled.append((held, executables, compile_secs, reports, _candidates(registry, held, model)))  # before the held-out kernels are tuned
 
         tuned: dict[str, TuneResult] = {}
@@ -168,7 +180,8 @@ def run(mode: str, say: Callable[[str], None] = print, source_store: Path | None
             out["rows"].append(row)
             t = row["timing"]
             say(f"{held.label}: default {t['default']['median']:.2f} ms, transferred {t['transferred']['median']:.2f} ms, "
-                f"measured {t['measured']['median']:.2f} ms, tuned {t['tuned']['median']:.2f} ms, PyTorch {t['pytorch']['median']:.2f} ms")  # fmt: skip
+                f"measured {t['measured']['median']:.2f} ms, synthesized {t['synthesized']['median']:.2f} ms, tuned {t['tuned']['median']:.2f} ms, "
+                f"PyTorch {t['pytorch']['median']:.2f} ms")  # fmt: skip
     return out
 
 
@@ -213,6 +226,23 @@ def _compile_transferred(held: HeldOut, registry: LocalRegistry, target: Any, wo
     secs["measured_cold"] = [seconds]
     reports["measured"] = session.report
     return executables, {k: summary(v) for k, v in secs.items()}, reports
+
+
+def _compile_synthesized(held: HeldOut, registry: LocalRegistry, target: Any, cache: Path, config: dict[str, Any]) -> tuple[Any, dict[str, Any], Any]:
+    """A compile with synthesis (``cache`` shared by the held-out networks, as on one machine), then again with
+    that cache. Returns the executable, both compiles' seconds and the first compile's report."""
+    import tvm
+
+    from schedhub import hooks
+
+    secs: dict[str, list[float]] = {}
+    report = None
+    for name in ("synthesized_cold", "synthesized"):
+        with hooks.use(registry, target, report_misses=False, cache=cache, measure=config["synthesis_secs"], synthesize=config["synthesize"]) as session:
+            executable, seconds = compile_and_load(lambda: tvm.compile(held.mod, target))
+        secs[name] = [seconds]
+        report = report or session.report
+    return executable, {k: summary(v) for k, v in secs.items()}, report
 
 
 def _candidates(registry: LocalRegistry, held: HeldOut, model: CostModel | None = None) -> dict[str, dict[str, Any]]:
@@ -367,7 +397,7 @@ def _row(held: HeldOut, executables: dict[str, Any], compile_secs: dict[str, Any
          torch_proc: TorchProcess) -> dict[str, Any]:  # fmt: skip
     x = np.random.default_rng(1).standard_normal(held.input_shape).astype("float32")
     pytorch = torch_proc.load_network(held.name, held.weights, x, factory=TORCH_TWINS, **held.shape)
-    order = ("default", "transferred", "measured", "tuned")
+    order = ("default", "transferred", "measured", "synthesized", "tuned")
     timing, errors = time_side_by_side({k: executables[k] for k in order}, x, rounds, pytorch, torch_proc.time_network, held.func)
     if max(errors.values()) > 1e-3:
         raise AssertionError(f"{held.label}: outputs disagree (max error relative to the output's scale: {errors})")
@@ -378,12 +408,17 @@ def _row(held: HeldOut, executables: dict[str, Any], compile_secs: dict[str, Any
         "network": held.name, "shape": held.shape, "frontend": held.frontend, "label": held.label, "kernels": len(report.kernels),
         "hits": report.hits, "transfers": report.transfers, "misses": report.misses, "fallbacks": report.fallbacks,
         "transfer_share": report.transfers / max(1, len(report.kernels)),
+        "synthesized_kernels": reports["synthesized"].synthesized, "synthesis_transfers": reports["synthesized"].transfers,
+        "synthesis_misses": reports["synthesized"].misses,
         "relations": _relations(report), "compile_secs": compile_secs, "compile_added_secs": added["transferred"],
         "compile_added_cold_secs": added["transferred_cold"], "hit_compile_vs_plain": hits_vs_plain["hits"],
         "hit_compile_cold_vs_plain": hits_vs_plain["hits_cold"], "ranking": _ranking(report, reports["measured"], candidates),
         "timing": timing, "max_rel_error": errors,
         "transferred_vs_tuned": ratio(timing["transferred"], timing["tuned"], paired=True),  # latency ratio: ≤ 1.43 is ≥ 70% of tuned speed
         "measured_vs_tuned": ratio(timing["measured"], timing["tuned"], paired=True),
+        "synthesized_vs_tuned": ratio(timing["synthesized"], timing["tuned"], paired=True),
+        "default_vs_synthesized": ratio(timing["default"], timing["synthesized"], paired=True),
+        "synthesis_compile_added_secs": {k: compile_secs[k]["median"] - compile_secs["default"]["median"] for k in ("synthesized_cold", "synthesized")},
         "default_vs_transferred": ratio(timing["default"], timing["transferred"], paired=True),  # speedup of the transfer over TVM's default
         "pytorch_vs_transferred": ratio(timing["pytorch"], timing["transferred"], paired=True),
     }  # fmt: skip
