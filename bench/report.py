@@ -283,6 +283,28 @@ def _models(d: dict[str, Any] | None, drawn: dict[str, str], title: str) -> list
     return lines
 
 
+def _synthesized(d: dict[str, Any]) -> list[str]:
+    """The synthesis rows of a transfer run (runs before synthesis have none)."""
+    rows = [r for r in d["rows"] if "synthesized" in r["timing"]]
+    if not rows:
+        return []
+    samples = d.get("synthesize", 64)
+    lines = ["### Synthesized: each missed kernel's own design space, ranked by the cost model, the best timed here", "",
+             f"`use(..., measure=SECONDS, synthesize={samples})`: {samples} design-space samples per missed kernel are scored by the xgboost "
+             "model trained on the registry's measurement log; the best 3 are timed beside the transfer candidates and the fastest that "
+             "agrees with the default schedule is served. The first compile draws, trains and times (the model is trained once, in the "
+             "first network's compile; the cache is shared, as on one machine); \"again\" is the next compile on this machine. "
+             "Timed in the same rounds as the table above.", ""]  # fmt: skip
+    body = []
+    for r in rows:
+        t, c, added = r["timing"], r["compile_secs"], r["synthesis_compile_added_secs"]
+        body.append([r["label"], f"{r['synthesized_kernels']} / {r['synthesis_transfers']} / {r['synthesis_misses']}", fmt(t["synthesized"]), fmt(t["tuned"]),
+                     times(r["synthesized_vs_tuned"]), times(r["default_vs_synthesized"]), fmt(c["synthesized_cold"]), f"{added['synthesized']:+.2f}"])  # fmt: skip
+    lines += table(["network", "synthesized / transfers / misses", "synthesized ms", "tuned ms", "synthesized / tuned", "default / synthesized",
+                    "first compile s", "again: added s"], body, "lrrrrrrr")  # fmt: skip
+    return lines + [""]
+
+
 def _transfer(d: dict[str, Any] | None, drawn: dict[str, str], judged: dict[str, Any] | None = None) -> list[str]:
     if not d:
         return []
@@ -313,6 +335,7 @@ def _transfer(d: dict[str, Any] | None, drawn: dict[str, str], judged: dict[str,
               "(latency over latency): transferred / tuned ≤ 1.43 is ≥ 70% of the tuned speed.", ""]  # fmt: skip
     if "transfer" in drawn:
         lines += [f"![transfer]({drawn['transfer']})", ""]
+    lines += _synthesized(d)
     lines += ["### Compile time (s until the model can run, medians; \"added\" per round against the plain compile)", ""]
     body = []
     for r in d["rows"]:

@@ -132,7 +132,7 @@ def run(mode: str, say: Callable[[str], None] = print, source_store: Path | None
     target = tvm.target.Target(tvm_env.host_target())
     tvm_env.prepare()
     cluster.start()
-    out: dict[str, Any] = {"mode": mode, "target": tvm_env.host_target(), "options": asdict(options), "source": config["source"],
+    out: dict[str, Any] = {"mode": mode, "target": tvm_env.host_target(), "options": asdict(options), "source": config["source"], "synthesize": config["synthesize"],
                            "rows": [], "warm_vs_cold": [], "ranked_by": RANKED_BY}
     with contextlib.ExitStack() as stack:
         root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="schedhub-bench-transfer-"))) / "store"
