@@ -311,7 +311,7 @@ class HookSession:
                 applied.append((candidate, apply(candidate.record, identity.args_info)))
             except Exception as exc:  # another structure after all, or over the bounds here
                 log.debug("schedhub: candidate %s does not transfer to %s: %s", candidate.record.trace_id, identity.op, str(exc)[:200])
-                with contextlib.suppress(ValueError):  # a synthesized one is not in the list
+                if candidate.relation != SYNTHESIZED:  # a synthesized one is not in the list
                     self._candidates[identity.key].remove(candidate)
                 continue
             if bench is not None and not self._budget.left():
