@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from schedhub.registry import LocalRegistry, Record, Registry
+from schedhub.registry import LocalRegistry, Record, Registry, TrialLog
 
 from .common import open_registry, progress, registry_option, reports_errors
 from .recordfiles import is_records_file, read_records, write_records
@@ -56,16 +56,34 @@ def chunks(items: Iterable[T], size: int) -> Iterator[list[T]]:
         yield chunk
 
 
-def push_records(reg: Registry, sources: list[Path], batch: int = 500) -> tuple[int, int]:
-    """Push every source's records in batches; returns (records sent, records kept in a top-k)."""
-    sent = kept = 0
+def push_records(reg: Registry, sources: list[Path], batch: int = 500) -> tuple[int, int, int]:
+    """Push every source's records in batches, then the measurement log of each source that is a store;
+    returns (records sent, records kept in a top-k, log entries sent)."""
+    sent = kept = logged = 0
     with progress("push") as bar:
         task = bar.add_task("push", total=None)
         for chunk in chunks((r for source in sources for r in records_of(source)), batch):
             kept += sum(r.kept for r in reg.put_many(chunk))
             sent += len(chunk)
             bar.update(task, advance=len(chunk))
-    return sent, kept
+        for source in sources:
+            if (source / "data.mdb").is_file():
+                with LocalRegistry(source, readonly=True) as local:
+                    for entry in local.iter_trial_logs():
+                        reg.push_trials(entry)  # the registry names the pusher (a server: by the token) and decides what is verified
+                        logged += 1
+    return sent, kept, logged
+
+
+def copy_log(source: Registry, local: LocalRegistry, keys: set[str] | None) -> int:
+    """Copy ``source``'s measurement log (of ``keys`` only, unless None) into a local store as it was: each
+    entry under its pusher, verified or not. Returns the entries copied."""
+    count = 0
+    for entry in source.iter_trial_logs():
+        if keys is None or entry.identity.key in keys:
+            local.push_trials(TrialLog(entry.identity, entry.trials), entry.pushed_by, verified=entry.verified)
+            count += 1
+    return count
 
 
 @click.command()
@@ -73,16 +91,21 @@ def push_records(reg: Registry, sources: list[Path], batch: int = 500) -> tuple[
 @registry_option
 @reports_errors
 def push(sources: tuple[Path, ...], registry: str, token: str | None) -> None:
-    """Push records to a registry from files (.msgpack/.jsonl), schedhub stores or MetaSchedule JSONDatabase directories."""
-    sent, kept = push_records(open_registry(registry, token), list(sources))
-    click.echo(f"pushed {sent} records to {registry}; {kept} are now among their key's best")
+    """Push records to a registry from files (.msgpack/.jsonl), schedhub stores (their measurement log too) or MetaSchedule JSONDatabase directories."""
+    sent, kept, logged = push_records(open_registry(registry, token), list(sources))
+    log_note = f"; {logged} measurement-log entries" if logged else ""
+    click.echo(f"pushed {sent} records to {registry}; {kept} are now among their key's best{log_note}")
 
 
 def pull_into(reg: Registry, out: Path, fmt: str, op: str | None, target: str | None, since: int) -> int:
+    """Records into ``out`` (a store also gets the measurement log of the keys pulled); returns the records written."""
+    keys: set[str] = set()
+
     def raws() -> Iterator[bytes]:
         with progress("pull") as bar:
             task = bar.add_task("pull", total=None)
-            for _, key_raws in reg.iter_raw(op, target, since):
+            for summary, key_raws in reg.iter_raw(op, target, since):
+                keys.add(summary.key)
                 bar.update(task, advance=len(key_raws))
                 yield from key_raws
 
@@ -94,7 +117,9 @@ def pull_into(reg: Registry, out: Path, fmt: str, op: str | None, target: str | 
 
         return write_json_database(out, (Record.from_bytes(b) for b in raws()))
     with LocalRegistry(out) as local:
-        return sum(len(local.put_many(chunk)) for chunk in chunks((Record.from_bytes(b) for b in raws()), 500))
+        count = sum(len(local.put_many(chunk)) for chunk in chunks((Record.from_bytes(b) for b in raws()), 500))
+        copy_log(reg, local, None if op is None and target is None and since == 0 else keys)
+        return count
 
 
 @click.command()
@@ -107,7 +132,7 @@ def pull_into(reg: Registry, out: Path, fmt: str, op: str | None, target: str | 
 @click.option("--since", default=0, show_default=True, help="Only keys changed after this change-feed cursor.")
 @reports_errors
 def pull(registry: str, token: str | None, out: Path, fmt: str, op: str | None, target: str | None, since: int) -> None:
-    """Pull records from a registry into a local store, a MetaSchedule database or a file."""
+    """Pull records from a registry into a local store (with their measurement log), a MetaSchedule database or a file."""
     if fmt == "records" and not is_records_file(out):
         raise click.BadParameter("a records file ends in .msgpack or .jsonl", param_hint="--out")
     count = pull_into(open_registry(registry, token, readonly=True), out, fmt, op, target, since)

@@ -186,3 +186,30 @@ def test_listings_print_whole_keys_and_short_curves_when_piped(tmp_path: Path) -
     assert "<64 points, best 15.62 µs after 63>" in shown and len(shown.splitlines()) < 20
     listing = run("ls", "-r", str(tmp_path))
     assert "llvm znver5 x2" in listing
+
+
+def test_pull_into_a_store_carries_the_measurement_log_and_push_from_a_store_sends_it(server: ServerThread, tmp_path: Path) -> None:
+    """The log trains the hook's cost model (synthesis): a store pulled for offline use has it, as pushed."""
+    from schedhub.registry import RegistryClient, Trial, TrialLog
+
+    logged = [make_record(w, 1e-5 * (w + 1)) for w in range(3)]
+    with RegistryClient(server.url, token=TOKEN) as client:
+        client.put_many(logged)
+        for r in logged:
+            client.push_trials(TrialLog(r.identity, [Trial(r.trace, r.mean_secs), Trial(make_record(9, 1.0, variant=3).trace, r.mean_secs * 3)]))
+        served = sorted((e.identity.key, [t.to_dict() for t in e.trials], e.pushed_by, e.verified) for e in client.iter_trial_logs())
+    store = tmp_path / "offline"
+    run("pull", "-r", server.url, "-o", str(store))
+    with LocalRegistry(store, readonly=True) as local:
+        assert sorted((e.identity.key, [t.to_dict() for t in e.trials], e.pushed_by, e.verified) for e in local.iter_trial_logs()) == served
+    assert len(served) == 3 and all(pushed_by == "tester" for *_, pushed_by, _ in served)
+    # a filtered pull carries the log of the keys it pulled only
+    op = logged[0].identity.op
+    run("pull", "-r", server.url, "-o", str(tmp_path / "one-op"), "--op", op)
+    with LocalRegistry(tmp_path / "one-op", readonly=True) as local:
+        assert {e.identity.op for e in local.iter_trial_logs()} == {op}
+    # and back up to another registry, where the token's principal is the pusher
+    with ServerThread(tmp_path / "other", tokens={TOKEN: "mirror"}, sync=False) as other:
+        assert "3 measurement-log entries" in run("push", str(store), "-r", other.url, "--token", TOKEN)
+        with RegistryClient(other.url, token=TOKEN) as client:
+            assert sorted((e.identity.key, e.pushed_by) for e in client.iter_trial_logs()) == sorted((key, "mirror") for key, *_ in served)
