@@ -105,3 +105,29 @@ def test_synthesis_needs_a_measurement_budget_and_a_sane_sample_count(tmp_path: 
         for bad in (-1, 10**6, 2.5, True):
             with pytest.raises(ValueError, match="synthesize"), use(reg, host, synthesize=bad):
                 pass
+
+
+def test_the_model_is_trained_once_per_log_content_and_a_grown_log_featurizes_only_its_new_trials(tmp_path: Path, training_log: list[TrialLog]) -> None:
+    from schedhub.hooks.cache import KernelCache
+    from schedhub.hooks.identity import target_text
+    from schedhub.hooks.measure import Budget
+    from schedhub.hooks.synthesis import LogModel
+
+    target = target_text(tvm.target.Target(HOST))
+    first, rest = training_log[:1], training_log[1:]
+    with registry_with(tmp_path / "store", first + rest) as reg:
+        cache = KernelCache(tmp_path / "cache")
+        assert LogModel(reg, cache, lambda e: True, verified_only=True).get(target, Budget(0)) is None  # no time: no model
+        assert LogModel(reg, cache, lambda e: True, verified_only=True).get(target, Budget(120)) is not None
+        trained = cache.writes
+        again = LogModel(reg, cache, lambda e: True, verified_only=True)
+        assert again.get(target, Budget(120)) is not None and cache.writes == trained  # read back, nothing featurized or trained
+        more = measured_log(32)  # the log grows: only the new trials are featurized
+        for entry in more:
+            reg.push_trials(entry, "worker")
+        grown = LogModel(reg, cache, lambda e: True, verified_only=True)
+        assert grown.get(target, Budget(120)) is not None
+        known = {(e.identity.key, t.trace) for e in training_log for t in e.trials}
+        new_trials = {(e.identity.key, t.trace) for e in more for t in e.trials} - known  # the weight transposes do not depend on the batch
+        assert cache.writes - trained == len(new_trials) + 1  # each new trial's features, and the model
+        assert grown.trained_on[target] == len(known) + len(new_trials)
