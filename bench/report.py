@@ -404,9 +404,10 @@ def _rejudged(ranked: list[tuple[str, dict[str, Any]]], judged: dict[str, Any] |
 def _cost_model_sentence(results: dict[str, Any] | None) -> str:
     """What the xgboost column ranks by, with the sample count of the results that trained it."""
     model = (results or {}).get("cost_model") or {}
+    trained_on = ("the source registry's measurement log ({} samples: every logged trial on its own workload)" if model.get("source") == "measurement log"
+                  else "the source registry's records ({} samples: each record on its own workload, each workload unscheduled)")  # fmt: skip
     return (f"The xgboost cost model ranks by MetaSchedule's per-store features of each candidate replayed on the held-out kernel, "
-            f"trained on the source registry's records ({model.get('samples', '?')} samples: each record on its own workload, "
-            f"each workload unscheduled), predicting GFLOPS.")
+            f"trained on {trained_on.format(model.get('samples', '?'))}, predicting GFLOPS.")
 
 
 def _pick(k: dict[str, Any] | None, name: str) -> str:
