@@ -31,7 +31,7 @@ from schedhub.hooks import use
 from schedhub.hooks.identity import workload_module
 from schedhub.registry import Identity, LocalRegistry, Principal, Record, RegistryClient, ServerThread, record_key
 from schedhub.tuner import models
-from schedhub.tuner.search import trace_text
+from schedhub.hooks.msdb import trace_text
 
 from . import fuzz
 from .stats import percentile

@@ -36,10 +36,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from schedhub.hooks.msdb import scheduled
+from schedhub.hooks.msdb import scheduled, trace_text
 from schedhub.tuner import baselines, cluster, kernels, models, tvm_env
 from schedhub.tuner.search import (
-    TuneOptions, TuneResult, best_so_far, default_schedule, mean_secs, reference_build, replay, search_settings, trace_text, tuning_target,
+    TuneOptions, TuneResult, best_so_far, default_schedule, mean_secs, reference_build, replay, search_settings, tuning_target,
 )  # fmt: skip
 
 from .stats import summary

@@ -44,6 +44,11 @@ def tuning_record(record: Record, mod: tvm.IRModule | None = None, args_info: li
     return ms.database.TuningRecord.from_json(as_json, workload)
 
 
+def trace_text(trace: Any) -> str:
+    """A Trace as the JSON text records carry (postprocessing instructions included)."""
+    return json.dumps(plain_json(trace.as_json()), separators=(",", ":"))
+
+
 def normalize_mod(func: tvm.IRModule | Any) -> tvm.IRModule:
     """The module MetaSchedule replays traces on (and MetaScheduleApplyDatabase queries with)."""
     from tvm.s_tir.meta_schedule.tune_context import _normalize_mod

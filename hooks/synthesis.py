@@ -16,7 +16,6 @@ sampled schedules are kept in the kernel cache, so a later compile replays them 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import math
 from collections.abc import Callable, Iterator
@@ -29,9 +28,10 @@ from schedhub.registry import Identity, Registry, RegistryError, Trial, TrialLog
 
 from .cache import KernelCache
 from .costmodel import WIDTH, CostModel, Kernels, features, flops, log2_gflops
-from .identity import compiler_fingerprint, plain_json
+from .identity import compiler_fingerprint
 from .intrinsics import load_tensor_intrinsics
 from .measure import Budget
+from .msdb import trace_text
 
 log = logging.getLogger("schedhub")
 
@@ -55,15 +55,10 @@ def design_space_samples(normalized: tvm.IRModule, target: tvm.target.Target, co
             spaces[i % len(spaces)].trace.apply_to_schedule(sch, remove_postproc=True, decision_provider=lambda _inst, _inputs, _attrs, _decision: None)
             sch.enter_postproc()
             if all(p.apply(sch) for p in postprocs):
-                found.setdefault(trace_text(sch), sch)
+                found.setdefault(trace_text(sch.trace), sch)
         except tvm.error.TVMError:  # a draw the rules cannot complete: drawn again with the next seed
             continue
     return list(found.values())
-
-
-def trace_text(sch: tvm.s_tir.Schedule) -> str:
-    """A schedule's trace as the JSON text records carry (postprocessing instructions included)."""
-    return json.dumps(plain_json(sch.trace.as_json()), separators=(",", ":"))
 
 
 def synthesize(normalized: tvm.IRModule, target: tvm.target.Target, model: CostModel, count: int, keep: int = TIMED) -> list[tuple[str, float]]:
@@ -75,7 +70,7 @@ def synthesize(normalized: tvm.IRModule, target: tvm.target.Target, model: CostM
     work = flops(normalized)
     predicted = model.predict([features(s.mod, target, work) for s in samples])
     best = np.argsort(predicted)[::-1][:keep]
-    return [(trace_text(samples[i]), work / (2.0 ** predicted[i]) / 1e9) for i in best]
+    return [(trace_text(samples[i].trace), work / (2.0 ** predicted[i]) / 1e9) for i in best]
 
 
 class LogModel:

@@ -17,7 +17,7 @@ from schedhub.hooks.identity import workload_module
 from schedhub.hooks.pipeline import UnsupportedTarget
 from schedhub.registry import LocalRegistry, Record
 from schedhub.tuner import models
-from schedhub.tuner.search import trace_text
+from schedhub.hooks.msdb import trace_text
 
 CUDA = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
 

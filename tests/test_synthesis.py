@@ -13,8 +13,8 @@ import tvm_ffi
 from schedhub.hooks import use
 from schedhub.hooks.identity import workload_module
 from schedhub.hooks.measure import KernelBench, host_cpu
-from schedhub.hooks.msdb import normalize_mod, replayed
-from schedhub.hooks.synthesis import design_space_samples, trace_text
+from schedhub.hooks.msdb import normalize_mod, replayed, trace_text
+from schedhub.hooks.synthesis import design_space_samples
 from schedhub.registry import LocalRegistry, Trial, TrialLog
 from schedhub.tuner.models import kernels
 
@@ -31,7 +31,7 @@ def measured_log(batch: int) -> list[TrialLog]:
     for kernel in kernels(export(batch), target):
         normalized = normalize_mod(workload_module(kernel.identity.workload)["main"])
         bench = KernelBench(normalized, kernel.identity.args_info, target)
-        timed = [(trace_text(s), bench.time(s.mod).secs) for s in design_space_samples(normalized, target, DRAWN)]
+        timed = [(trace_text(s.trace), bench.time(s.mod).secs) for s in design_space_samples(normalized, target, DRAWN)]
         logs.append(TrialLog(kernel.identity, [Trial(trace, secs) for trace, secs in timed if secs]))
     return logs
 
@@ -53,8 +53,8 @@ def test_a_design_space_sample_replays_from_its_trace_text() -> None:
     kernel = kernels(export(8), tvm.target.Target(HOST))[0]
     normalized = normalize_mod(workload_module(kernel.identity.workload)["main"])
     samples = design_space_samples(normalized, tvm.target.Target(HOST), 4)
-    assert len(samples) >= 2 and len({trace_text(s) for s in samples}) == len(samples)
-    assert all(tvm_ffi.structural_equal(replayed(normalized, trace_text(s)), s.mod) for s in samples)
+    assert len(samples) >= 2 and len({trace_text(s.trace) for s in samples}) == len(samples)
+    assert all(tvm_ffi.structural_equal(replayed(normalized, trace_text(s.trace)), s.mod) for s in samples)
 
 
 def test_kernels_without_any_record_are_served_the_fastest_synthesized_schedule(tmp_path: Path, training_log: list[TrialLog]) -> None:

@@ -17,7 +17,7 @@ from schedhub.hooks import RegistryDatabase, use, workload_identity
 from schedhub.hooks.identity import workload_module
 from schedhub.hooks.session import HookSession
 from schedhub.registry import LocalRegistry, Principal, Record, RegistryClient, ServerThread
-from schedhub.tuner.search import trace_text
+from schedhub.hooks.msdb import trace_text
 
 CPU = tvm.target.Target({"kind": "llvm", "num-cores": 1})
 

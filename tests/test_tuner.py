@@ -259,7 +259,7 @@ def test_plan_parses_models_and_sweeps_without_eval() -> None:
 def test_a_worker_verifies_claims_and_refuses_a_poisoned_one(ray_address: str, tmp_path: Path) -> None:
     from schedhub.hooks.identity import workload_module
     from schedhub.registry import Principal, Record
-    from schedhub.tuner.search import trace_text
+    from schedhub.hooks.msdb import trace_text
 
     ident = matmul(64, 64, 128)
     unscheduled = trace_text(tvm.s_tir.Schedule(workload_module(ident.workload)).trace)

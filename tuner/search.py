@@ -112,6 +112,7 @@ def tune_workload(identity: Identity, warm_traces: list[str], options: TuneOptio
     from tvm.s_tir import meta_schedule as ms
 
     from schedhub.hooks.identity import compiler_fingerprint, target_from_text, workload_module
+    from schedhub.hooks.msdb import trace_text
 
     tvm_env.prepare()
     if identity.fingerprint != compiler_fingerprint():
@@ -228,13 +229,6 @@ def _thin(curve: list[tuple[int, float]], points: int) -> list[tuple[int, float]
     return [curve[int(i * step)] for i in range(points - 1)] + [curve[-1]]
 
 
-def trace_text(trace: Any) -> str:
-    """A Trace as the JSON text records carry."""
-    from schedhub.hooks.identity import plain_json
-
-    return json.dumps(plain_json(trace.as_json()), separators=(",", ":"))
-
-
 def replay(mod: Any, text: str) -> Any:
     """A record's trace text replayed on ``mod`` as the hook replays it: the re-derived Trace.
 
@@ -331,7 +325,7 @@ def _publish(identity: Identity, mod: Any, measured: list[Any], options: TuneOpt
     ``"<trace id>: <why>"`` for each schedule the search measured that is not published)."""
     import tvm
 
-    from schedhub.hooks.msdb import scheduled
+    from schedhub.hooks.msdb import scheduled, trace_text
 
     best: dict[str, Any] = {}
     for tr in sorted(measured, key=mean_secs):
