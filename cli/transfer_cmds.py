@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from schedhub.registry import LocalRegistry, Record, Registry, TrialLog
+from schedhub.registry import LocalRegistry, Record, Registry
 
 from .common import open_registry, progress, registry_option, reports_errors
 from .recordfiles import is_records_file, read_records, write_records
@@ -81,7 +81,7 @@ def copy_log(source: Registry, local: LocalRegistry, keys: set[str] | None) -> i
     count = 0
     for entry in source.iter_trial_logs():
         if keys is None or entry.identity.key in keys:
-            local.push_trials(TrialLog(entry.identity, entry.trials), entry.pushed_by, verified=entry.verified)
+            local.push_trials(entry, entry.pushed_by, verified=entry.verified)
             count += 1
     return count
 
