@@ -99,6 +99,8 @@ def use(
             yield session
     finally:
         ACTIVE.reset(token)
+        if objects is not None:
+            objects.close()
         if opened:
             reg.close()
         if cache_dir is not None and (session.cache.writes or (objects is not None and objects.compiled)):

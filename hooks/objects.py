@@ -2,8 +2,9 @@
 
 In a compile where every kernel hits, most of the time goes to LLVM generating code for the tuned
 kernels (unrolled, vectorized loops: on ResNet-18 about 3× the plain build's codegen), not to the
-hook. So each kernel the session scheduled is compiled on its own, once, under a symbol of its own,
-and kept as an object file beside the kernel cache (``<cache>/objects/<id>.o``; the id is the
+hook. So each kernel the session scheduled is compiled on its own, once, under a symbol of its own
+(in the background from the moment its schedule is known: on a first compile, codegen runs while
+the hook looks up and replays the kernels after it), and kept as an object file beside the kernel cache (``<cache>/objects/<id>.o``; the id is the
 scheduled-kernel cache name: the kernel's key, the trace and the bounds). In the build the Relax
 call of such a kernel becomes a call of that symbol (``call_dps_packed``), its PrimFunc leaves the
 module, and the object rides in the module's ``external_mods`` as a static library, which TVM links
@@ -18,7 +19,7 @@ turns them into views) and so does a kernel called with symbolic shape arguments
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -60,13 +61,17 @@ class Linked(NamedTuple):
 class ObjectCache:
     """Object files of scheduled kernels under ``root``; counts what it linked and compiled.
 
-    Missing objects of one build are compiled in parallel, ``workers`` at a time (default: one per
-    CPU): LLVM runs without Python's GIL, and a plain build's codegen is one thread."""
+    Missing objects are compiled in the background, ``workers`` at a time (default: one per CPU):
+    LLVM runs without Python's GIL, and a plain build's codegen is one thread. The hook starts each
+    kernel's compile as soon as its schedule is known (:meth:`start`), so codegen overlaps the
+    lookups and replays of the kernels after it; :meth:`link` waits for what it links."""
 
     def __init__(self, root: str | os.PathLike[str], workers: int | None = None) -> None:
         self.root = Path(root)
         self.workers = workers or os.cpu_count() or 1
         self.linked = self.compiled = 0
+        self._pool: ThreadPoolExecutor | None = None
+        self._started: dict[str, Future[bool]] = {}  # file id → compiling (True: the object was written)
 
     @staticmethod
     def symbol(file_id: str) -> str:
@@ -84,6 +89,13 @@ class ObjectCache:
         """The object's name: the scheduled kernel (``OBJECT_ID``) under a :meth:`build_id`."""
         return KernelCache.name("object", object_id, *build)
 
+    def start(self, func: tirx.PrimFunc, target: tvm.target.Target) -> None:
+        """Begin compiling the object of a scheduled kernel (marked with ``OBJECT_ID``, as it will be
+        in the module :meth:`link` gets, under the current pass configuration) unless it is cached."""
+        object_id = _object_id(func)
+        if object_id is not None and not has_reshape_pattern(func):
+            self._compiling(self.file_id(object_id, self.build_id(target)), func, target)
+
     def link(self, mod: tvm.IRModule, target: tvm.target.Target) -> tuple[tvm.IRModule, Linked]:
         """``mod`` with every linkable kernel replaced by a call of its cached object (compiled first when
         missing), and how many objects it links and how many of those were compiled now."""
@@ -92,14 +104,16 @@ class ObjectCache:
         wanted: dict[tvm.ir.GlobalVar, str] = {}
         funcs: dict[str, tirx.PrimFunc] = {}
         for gv, func in mod.functions_items():
-            object_id = func.attrs.get(OBJECT_ID) if isinstance(func, tirx.PrimFunc) and func.attrs is not None else None
+            object_id = _object_id(func)
             if object_id is None or gv not in plain or has_reshape_pattern(func):
                 continue
-            wanted[gv] = self.file_id(str(object_id), build)
+            wanted[gv] = self.file_id(object_id, build)
             funcs.setdefault(wanted[gv], func)
-        missing = [file_id for file_id in funcs if not _is_object(self._path(file_id))]
-        built = self._compile_all({f: funcs[f] for f in missing}, target)
-        libraries = {f: tvm.runtime.load_static_library(str(self._path(f)), [self.symbol(f)]) for f in funcs if f not in missing or f in built}
+        compiling = {f: self._compiling(f, func, target) for f, func in funcs.items()}
+        built = {f for f, future in compiling.items() if future is not None and future.result()}
+        for f in compiling:
+            self._started.pop(f, None)
+        libraries = {f: tvm.runtime.load_static_library(str(self._path(f)), [self.symbol(f)]) for f in funcs if compiling[f] is None or f in built}
         for f in libraries:
             mark_used(self._path(f))
         symbols = {gv: self.symbol(f) for gv, f in wanted.items() if f in libraries}
@@ -116,27 +130,38 @@ class ObjectCache:
         external = list((mod.attrs or {}).get("external_mods", []))
         return out.with_attr("external_mods", external + list(libraries.values())), done
 
+    def close(self) -> None:
+        """Finish the compiles started and not linked (a build that failed after starting them): their objects serve the next build."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        self._started.clear()
+
     def _path(self, file_id: str) -> Path:
         return self.root / f"{file_id}.o"
 
-    def _compile_all(self, funcs: dict[str, tirx.PrimFunc], target: tvm.target.Target) -> set[str]:
-        """Compile ``funcs`` (by file id) in parallel under the caller's pass configuration; the ids that succeeded."""
-        if not funcs:
-            return set()
-        ctx = tvm.transform.PassContext.current()
+    def _compiling(self, file_id: str, func: tirx.PrimFunc, target: tvm.target.Target) -> Future[bool] | None:
+        """The compile of ``file_id``'s object, started now if it is neither cached nor started; None when it is cached."""
+        if file_id in self._started:
+            return self._started[file_id]
+        if _is_object(self._path(file_id)):
+            return None
+        ctx = tvm.transform.PassContext.current()  # thread-local: the compile thread enters the same configuration
         settings = {"opt_level": ctx.opt_level, "config": dict(ctx.config), "required_pass": list(ctx.required_pass),
                     "disabled_pass": list(ctx.disabled_pass)}  # fmt: skip
 
-        def compile_one(file_id: str) -> str | None:
+        def compile_one() -> bool:
             try:
                 with tvm.transform.PassContext(**settings), target:
-                    self._compile(funcs[file_id], self.symbol(file_id), target, self._path(file_id))
+                    self._compile(func, self.symbol(file_id), target, self._path(file_id))
             except (OSError, tvm.TVMError):
-                return None  # that kernel is built in the model's own module, as without the cache
-            return file_id
+                return False  # that kernel is built in the model's own module, as without the cache
+            return True
 
-        with ThreadPoolExecutor(max_workers=min(self.workers, len(funcs))) as pool:
-            return {f for f in pool.map(compile_one, funcs) if f is not None}
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="schedhub-objects")
+        self._started[file_id] = future = self._pool.submit(compile_one)
+        return future
 
     @staticmethod
     def _compile(func: tirx.PrimFunc, symbol: str, target: tvm.target.Target, path: Path) -> None:
@@ -144,6 +169,14 @@ class ObjectCache:
         lib = tvm.tirx.build(tvm.IRModule({symbol: func}), target=target)
         with atomic_file(path) as tmp:  # TVM writes an object file for the ".o" suffix
             lib.write_to_file(tmp)
+
+
+def _object_id(func: Any) -> str | None:
+    """The scheduled-kernel cache name a PrimFunc carries (``OBJECT_ID``), or None."""
+    if not isinstance(func, tirx.PrimFunc) or func.attrs is None:
+        return None
+    object_id = func.attrs.get(OBJECT_ID)
+    return None if object_id is None else str(object_id)
 
 
 def _is_object(path: Path) -> bool:

@@ -89,6 +89,7 @@ def apply_records(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRM
     session, target = ACTIVE.get(), tvm.target.Target.current(allow_none=True)
     if session is None or target is None:
         return mod
+    objects = session.objects if session.objects is not None and links_here(target) else None
     updates = {}
     for gv, func in mod.functions_items():
         if not isinstance(func, tirx.PrimFunc) or (func.attrs is not None and func.attrs.get(IS_SCHEDULED)):
@@ -101,6 +102,8 @@ def apply_records(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRM
             for name, value in attrs.items():
                 new = new.with_attr(name, value)
             updates[gv] = new.with_attr(IS_SCHEDULED, True)
+            if objects is not None:  # its machine code compiles while the next kernels are looked up and replayed
+                objects.start(updates[gv], target)
     if not updates:
         return mod
     out = mod.clone()

@@ -117,6 +117,20 @@ def test_scheduled_kernels_are_compiled_once_per_machine_and_linked(tmp_path: Pa
     np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)
 
 
+def test_each_kernels_object_compiles_from_the_moment_it_is_scheduled(tmp_path: Path, registry: LocalRegistry) -> None:
+    cache = tmp_path / "cache"
+    with CPU:
+        fused = fusion_passes()(export(4))
+    with use(registry, CPU, cache=cache) as session, CPU:
+        scheduled = apply_records(prefetch(fused))  # the apply pass alone, no link yet
+        assert session.objects is not None
+        session.objects.close()  # waits for the compiles the apply pass started
+        assert len(list((cache / "objects").glob("*.o"))) == 4
+        linked, done = session.objects.link(scheduled, CPU)
+    assert (done.linked, done.compiled) == (4, 0)  # nothing left to compile when the build links
+    assert not any(isinstance(f, tvm.tirx.PrimFunc) and f.attrs.get(OBJECT_ID) for _, f in linked.functions_items())
+
+
 def test_the_cache_is_bounded_and_keeps_what_was_used_recently(tmp_path: Path, registry: LocalRegistry, monkeypatch: pytest.MonkeyPatch) -> None:
     cache = tmp_path / "cache"
     stale = cache / "scheduled"
