@@ -97,10 +97,11 @@ def workload_module(text: str) -> tvm.IRModule:
 
 
 def target_text(target: tvm.target.Target | dict[str, Any] | str) -> str:
-    if isinstance(target, str):
+    """The canonical text of a target as TVM completes it (a dict or a string is made a Target first, so
+    ``{"kind": "llvm"}`` and ``Target({"kind": "llvm"})`` name the same target: the keys TVM adds included)."""
+    if not isinstance(target, tvm.target.Target):
         target = tvm.target.Target(target)
-    exported = target.export() if isinstance(target, tvm.target.Target) else target
-    return canonical_target(plain_json(exported))
+    return canonical_target(plain_json(target.export()))
 
 
 def target_from_text(text: str) -> tvm.target.Target:

@@ -20,7 +20,9 @@ import tvm  # the test extra installs it: a missing TVM must fail, not skip  # n
 from tvm import relax  # noqa: E402
 from tvm.relax.frontend import nn  # noqa: E402
 
-from schedhub.hooks import RegistryFallbackWarning, target_text, use  # noqa: E402
+from schedhub.hooks import RegistryFallbackWarning, target_text, use, workload_identity  # noqa: E402
+from schedhub.hooks.identity import workload_module  # noqa: E402
+from schedhub.tuner.models import kernels  # noqa: E402
 from schedhub.registry import Record, RegistryClient, ServerThread, record_key  # noqa: E402
 
 from .conftest import TOKEN  # noqa: E402
@@ -130,6 +132,14 @@ def test_outside_use_tvm_is_untouched(registry: tuple[str, RegistryClient], tune
     before = client.stats()["since_start"].get("hits", 0)
     tvm.compile(tuned["mod"], CPU)
     assert client.stats()["since_start"].get("hits", 0) == before
+
+
+def test_a_target_as_a_dict_or_a_target_object_gets_the_same_keys(tuned: dict) -> None:
+    as_dict = {"kind": "llvm", "mcpu": "znver3", "num-cores": 2}
+    assert target_text(as_dict) == target_text(tvm.target.Target(as_dict)) and '"keys":["cpu"]' in target_text(as_dict)
+    identity = kernels(tuned["mod"], as_dict)[0].identity
+    kernel = workload_module(identity.workload)
+    assert workload_identity(kernel, as_dict).key == workload_identity(kernel, tvm.target.Target(as_dict)).key == identity.key
 
 
 def test_a_record_for_another_target_never_hits_and_serves_only_as_a_transfer(tmp_path: Path, tuned: dict, registry: tuple[str, RegistryClient]) -> None:
