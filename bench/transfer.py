@@ -381,7 +381,7 @@ def _warm_vs_cold(tuned: dict[str, TuneResult], options: TuneOptions, count: int
     picked = sorted((r for r in tuned.values() if r.warm_started), key=lambda r: -r.untuned_secs)[:count]
     rows = []
     for warm in picked:
-        ref = cluster.submit("tune", identity=warm.identity.to_dict(), warm_traces=[], options=asdict(replace(options, warm_start=0)), label="cold")
+        ref = cluster.submit("tune", identity=warm.identity.to_dict(), warm_traces=[], options=asdict(replace(options, warm_start=0, synthesize=0)), label="cold")
         cold = TuneResult.from_dict(cluster.result(ref))
         target_secs = cold.curve[-1][1]
         reached = next((n for n, best in warm.curve if best <= target_secs), None)

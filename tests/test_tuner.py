@@ -26,7 +26,7 @@ from schedhub.hooks import use
 from schedhub.hooks.identity import workload_identity
 from schedhub.registry import Identity, LocalRegistry, RegistryClient, ServerThread, keeps_default_schedule
 from schedhub.tuner import cluster, models, plan, search
-from schedhub.tuner.dispatch import warm_start_traces
+from schedhub.tuner.dispatch import Seeder, start_tuning, warm_start_traces
 from schedhub.tuner.search import TuneOptions, TuneResult
 
 from .conftest import TOKEN
@@ -97,6 +97,28 @@ def test_a_trace_of_another_structure_is_skipped_not_fatal(ray_address: str) -> 
     foreign = '[[["GetSBlock",[],["matmul","main"],["b0"]]],[]]'
     result = TuneResult.from_dict(cluster.result(tune(ident, TuneOptions(trials=4, trials_per_iter=4, publish=1), [foreign])))
     assert result.warm_started == 0 and result.records
+
+
+def test_a_job_is_seeded_with_the_log_models_synthesized_schedules(ray_address: str, tmp_path: Path) -> None:
+    from schedhub.hooks.identity import workload_module
+    from schedhub.hooks.msdb import normalize_mod, replayed
+
+    from .test_synthesis import HOST, measured_log, registry_with
+    from .test_transfer import export
+
+    logs = measured_log(4)  # the only thing the registry holds: no record to warm-start from
+    identity = next(k.identity for k in models.kernels(export(16), tvm.target.Target(HOST)) if "matmul" in k.identity.op)
+    options = TuneOptions(trials=4, trials_per_iter=4, publish=1, synthesize=16)
+    with registry_with(tmp_path / "store", logs) as reg:
+        seeds = Seeder(reg, 16).traces(identity)
+        assert 1 <= len(seeds) <= 3 and Seeder(reg, 0).traces(identity) == []
+        kernel = normalize_mod(workload_module(identity.workload)["main"])
+        assert all(replayed(kernel, trace) is not None for trace in seeds)  # drawn for this kernel: each replays on it
+        assert warm_start_traces(reg, identity, 8) == []
+        result = TuneResult.from_dict(cluster.result(start_tuning(reg, identity, options, "seeded", Seeder(reg, 16))))
+        assert result.warm_started == len(seeds) and result.records[0].provenance["synthesized_seeds"] == len(seeds)
+    with registry_with(tmp_path / "unverified", logs, verified=False) as reg:
+        assert Seeder(reg, 16).traces(identity) == []  # only a verified log teaches the model
 
 
 def test_a_build_that_outlives_its_timeout_is_cancelled_and_reported_failed(ray_address: str, tmp_path: Path) -> None:

@@ -7,6 +7,8 @@ is skipped (unless ``retune``), so a run that was killed and started again does 
 from __future__ import annotations
 
 import logging
+import math
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -28,10 +30,56 @@ def warm_start_traces(registry: Registry, identity: Identity, limit: int) -> lis
     return list(dict.fromkeys(traces))[:limit]
 
 
-def start_tuning(registry: Registry, identity: Identity, options: TuneOptions, label: str) -> Any:
-    """Submit one tuning job as a Ray task (warm-started from the registry); returns its ObjectRef."""
+class Seeder:
+    """Warm-start seeds no one tuned: the best of a workload's own design-space samples (``samples`` drawn) as
+    ranked by a cost model trained on the registry's verified measurement log (:mod:`schedhub.hooks.synthesis`,
+    what a compile with ``synthesize=`` serves once timed). A transfer seed is a schedule tuned for another
+    shape; these are drawn for this one. The model is kept in this machine's kernel cache by the log's
+    content and read again from the log every ``refresh_secs``, so a long-running worker learns from what
+    it pushed. Nothing is seeded without a model (too few logged trials) or for another compiler's workload."""
+
+    def __init__(self, registry: Registry, samples: int, refresh_secs: float = 600.0) -> None:
+        from schedhub.hooks.synthesis import MAX_SAMPLES
+
+        if type(samples) is not int or not 0 <= samples <= MAX_SAMPLES:
+            raise ValueError(f"synthesize must be a whole number of samples from 0 to {MAX_SAMPLES}, got {samples!r}")
+        self.registry = registry
+        self.samples = samples
+        self.refresh_secs = refresh_secs
+        self._model: Any = None
+        self._since = -math.inf
+
+    def traces(self, identity: Identity) -> list[str]:
+        """The model's best few samples of ``identity``'s workload as trace texts, best first ([]: none)."""
+        import tvm
+
+        from schedhub.hooks.cache import KernelCache, default_dir
+        from schedhub.hooks.identity import compiler_fingerprint, target_from_text, workload_module
+        from schedhub.hooks.measure import Budget
+        from schedhub.hooks.msdb import normalize_mod
+        from schedhub.hooks.synthesis import LogModel, synthesize
+
+        if not self.samples or identity.fingerprint != compiler_fingerprint():
+            return []
+        if time.monotonic() - self._since > self.refresh_secs:
+            self._model = LogModel(self.registry, KernelCache(default_dir()), lambda entry: entry.verified, verified_only=True)
+            self._since = time.monotonic()
+        model = self._model.get(identity.target, Budget(math.inf))
+        if model is None:
+            return []
+        try:
+            kernel = normalize_mod(workload_module(identity.workload)["main"])
+            return [trace for trace, _ in synthesize(kernel, target_from_text(identity.target), model, self.samples)]
+        except (tvm.error.TVMError, ValueError) as exc:  # a workload MetaSchedule cannot sample: seeded from the registry only
+            log.info("schedhub: no synthesized seeds for %s: %s", identity.op, str(exc)[:200])
+            return []
+
+
+def start_tuning(registry: Registry, identity: Identity, options: TuneOptions, label: str, seeder: Seeder | None = None) -> Any:
+    """Submit one tuning job as a Ray task, warm-started from the registry's traces and ``seeder``'s; returns its ObjectRef."""
     warm = warm_start_traces(registry, identity, options.warm_start)
-    return cluster.submit("tune", identity=identity.to_dict(), warm_traces=warm, options=asdict(options), label=label)
+    seeds = seeder.traces(identity) if seeder is not None else []
+    return cluster.submit("tune", identity=identity.to_dict(), warm_traces=warm, seeds=seeds, options=asdict(options), label=label)
 
 
 def push_result(registry: Registry, result: TuneResult, pushed_by: str = "") -> None:
@@ -64,12 +112,13 @@ def tune_many(
     have = registry.lookup([i.key for i in identities]) if not retune and identities else {}
     todo = [i for i in identities if not have.get(i.key)]
     summary.skipped = [i.key for i in identities if have.get(i.key)]
+    seeder = Seeder(registry, options.synthesize) if options.synthesize and todo else None
     pending = list(reversed(todo))
     running: dict[Any, Identity] = {}
     while pending or running:
         while pending and len(running) < max(1, concurrency):
             ident = pending.pop()
-            running[start_tuning(registry, ident, options, f"{ident.op}:{ident.key[:8]}")] = ident
+            running[start_tuning(registry, ident, options, f"{ident.op}:{ident.key[:8]}", seeder)] = ident
         ready, _ = ray.wait(list(running), num_returns=1)
         ident = running.pop(ready[0])
         try:

@@ -47,6 +47,7 @@ class TuneOptions:
     seed: int = 0
     publish: int = 3  # best distinct schedules verified, re-measured and pushed
     warm_start: int = 8  # registry traces replayed before the search
+    synthesize: int = 64  # design-space samples ranked by the registry's log model; its best 3 are seeded too (0: none)
     search_threads: int = 0  # MetaSchedule's own threads; 0: physical cores. With 1, a seed gives the same candidates every time
     population: int = 512  # evolutionary search population (MetaSchedule's default); smaller is cheaper per trial
     genetic_iters: int = 4  # evolution rounds per batch of candidates (MetaSchedule's default)
@@ -102,17 +103,19 @@ class TuneResult:
         )  # fmt: skip
 
 
-def tune_job(identity: dict[str, Any], warm_traces: list[str], options: dict[str, Any], label: str) -> dict[str, Any]:
+def tune_job(identity: dict[str, Any], warm_traces: list[str], options: dict[str, Any], label: str, seeds: list[str] | None = None) -> dict[str, Any]:
     """:func:`tune_workload` with plain values in and out: the body of a Ray tuning task."""
-    return tune_workload(Identity(**identity), warm_traces, TuneOptions.from_dict(options), label).to_dict()
+    return tune_workload(Identity(**identity), warm_traces, TuneOptions.from_dict(options), label, seeds or []).to_dict()
 
 
-def tune_workload(identity: Identity, warm_traces: list[str], options: TuneOptions, label: str = "") -> TuneResult:
-    """Search schedules for one workload on the Ray cluster this process is connected to."""
+def tune_workload(identity: Identity, warm_traces: list[str], options: TuneOptions, label: str = "", seeds: list[str] | None = None) -> TuneResult:
+    """Search schedules for one workload on the Ray cluster this process is connected to, measuring first
+    ``warm_traces`` (the registry's, at most ``options.warm_start``) and ``seeds`` (synthesized, at most 3)."""
     from tvm.s_tir import meta_schedule as ms
 
     from schedhub.hooks.identity import compiler_fingerprint, target_from_text, workload_module
     from schedhub.hooks.msdb import trace_text
+    from schedhub.hooks.synthesis import TIMED
 
     tvm_env.prepare()
     if identity.fingerprint != compiler_fingerprint():
@@ -124,7 +127,8 @@ def tune_workload(identity: Identity, warm_traces: list[str], options: TuneOptio
     with tempfile.TemporaryDirectory(prefix="schedhub-tune-") as work_dir:
         builder, runner = RayBuilder(work_dir, timeline), RayRunner(timeline, identity.target, options.timing)
         database = ms.database.MemoryDatabase()
-        warm = _seed_database(database, mod, target, warm_traces[: options.warm_start], builder, runner)
+        synthesized = (seeds or [])[: TIMED if options.synthesize else 0]
+        warm = _seed_database(database, mod, target, list(dict.fromkeys(warm_traces[: options.warm_start] + synthesized)), builder, runner)
         started = time.time()
         ms.tune_tir(mod, target, work_dir=work_dir, builder=builder, runner=runner, database=database, **search_settings(options))
         search_secs = time.time() - started
@@ -132,7 +136,7 @@ def tune_workload(identity: Identity, warm_traces: list[str], options: TuneOptio
         curve = best_so_far([mean_secs(tr) for tr in measured])
         records, untuned, rejected = _publish(identity, mod, measured, options, timeline)
         logged = [(trace_text(tr.trace), mean_secs(tr)) for tr in log_sample(measured)]
-    prov = {"tuner": TUNER_NAME, "strategy": "evolutionary+xgb", "trials": options.trials, "seed": options.seed, "warm_started": warm,
+    prov = {"tuner": TUNER_NAME, "strategy": "evolutionary+xgb", "trials": options.trials, "seed": options.seed, "warm_started": warm, "synthesized_seeds": len(synthesized),
             "search_secs": round(search_secs, 3), "untuned_secs": untuned, "host": socket.gethostname(), "job": timeline.job,
             "host_cpu": tvm_env.host_target()["mcpu"],
             "tuned_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "curve": json.dumps(_thin(curve, 64))}  # fmt: skip

@@ -27,7 +27,7 @@ from typing import Any
 from schedhub.registry import TUNE, VERIFY, Identity, Lease, LeaseLost, Registry, RegistryError
 
 from . import cluster
-from .dispatch import push_result, start_tuning
+from .dispatch import Seeder, push_result, start_tuning
 from .search import TuneOptions, TuneResult
 
 log = logging.getLogger("schedhub.tuner.worker")
@@ -76,6 +76,7 @@ class Worker:
         self.devices = devices if devices is not None else cluster.measurable(self.device)
         self.on_event = on_event or (lambda kind, info: log.info("%s %s", kind, info))
         self.running: dict[str, _Running] = {}
+        self.seeder = Seeder(registry, options.synthesize) if options.synthesize else None
 
     def run(self, *, max_jobs: int | None = None, until_idle: bool = False, should_stop: Callable[[], bool] = lambda: False) -> WorkerStats:
         """Work until ``max_jobs`` jobs ended, the queue is empty (``until_idle``), or ``should_stop()``."""
@@ -130,7 +131,7 @@ class Worker:
                 ref = cluster.submit("verify", job=lease.job, timing=self.options.final_timing)
             else:
                 identity = Identity.from_obj(lease.job)
-                ref = start_tuning(self.registry, identity, self.options, f"{identity.op}:{lease.key[:8]}")
+                ref = start_tuning(self.registry, identity, self.options, f"{identity.op}:{lease.key[:8]}", self.seeder)
             self.running[lease.key] = _Running(lease, identity, ref, time.time())
             self.on_event("leased", {"key": lease.key, "task": lease.job.get("task", TUNE), "op": identity.op, "attempt": lease.job.get("attempts")})
         return len(leases)
