@@ -40,7 +40,7 @@ from .measure import TIMING, Budget, KernelBench, Timing, host_cpu, runs_here
 from .msdb import normalize_mod, replay, scheduled, tuning_record
 from .objects import OBJECT_ID, ObjectCache
 from .ranking import SYNTHESIZED, rank_key, retiled, speed, work
-from .synthesis import MAX_SAMPLES, LogModel, synthesize
+from .synthesis import LogModel, check_sample_count, synthesize
 
 Trust = Union[str, Collection[str]]
 
@@ -129,8 +129,7 @@ class HookSession:
     def __init__(self, registry: Registry, *, report_misses: bool = True, trust: Trust = "verified",
                  limits: ScheduleLimits | None = None, transfer: bool = True, cache: KernelCache | None = None,
                  measure: float = 0.0, objects: ObjectCache | None = None, synthesize: int = 0) -> None:  # fmt: skip
-        if type(synthesize) is not int or not 0 <= synthesize <= MAX_SAMPLES:
-            raise ValueError(f"synthesize must be a whole number of samples from 0 to {MAX_SAMPLES}, got {synthesize!r}")
+        check_sample_count(synthesize)
         self.registry = registry
         self.objects = objects  # where scheduled kernels' machine code is kept and linked from (None: compiled in each build)
         self.measure = measure

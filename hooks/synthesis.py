@@ -41,6 +41,14 @@ MAX_LOG_TRIALS = 4096  # trials of the log a model trains on
 MIN_TRAINING = 32  # fewer usable trials: no model
 
 
+def check_sample_count(samples: object) -> int:
+    """``samples`` if it is a design-space sample count a caller may ask for (a whole number from 0 to
+    :data:`MAX_SAMPLES`); raises ValueError otherwise."""
+    if type(samples) is not int or not 0 <= samples <= MAX_SAMPLES:
+        raise ValueError(f"synthesize must be a whole number of samples from 0 to {MAX_SAMPLES}, got {samples!r}")
+    return samples
+
+
 def design_space_samples(normalized: tvm.IRModule, target: tvm.target.Target, count: int) -> list[tvm.s_tir.Schedule]:
     """Up to ``count`` distinct schedules of ``normalized`` (MetaSchedule's normalized kernel): its design spaces
     with random decisions (seeded: the same kernel draws the same samples), postprocessors applied."""

@@ -112,6 +112,9 @@ def test_a_job_is_seeded_with_the_log_models_synthesized_schedules(ray_address: 
     with registry_with(tmp_path / "store", logs) as reg:
         seeds = Seeder(reg, 16).traces(identity)
         assert 1 <= len(seeds) <= 3 and Seeder(reg, 0).traces(identity) == []
+        for bad in (-1, 10**6, 2.5, True):
+            with pytest.raises(ValueError, match="synthesize"):
+                Seeder(reg, bad)
         kernel = normalize_mod(workload_module(identity.workload)["main"])
         assert all(replayed(kernel, trace) is not None for trace in seeds)  # drawn for this kernel: each replays on it
         assert warm_start_traces(reg, identity, 8) == []

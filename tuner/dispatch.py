@@ -39,12 +39,10 @@ class Seeder:
     it pushed. Nothing is seeded without a model (too few logged trials) or for another compiler's workload."""
 
     def __init__(self, registry: Registry, samples: int, refresh_secs: float = 600.0) -> None:
-        from schedhub.hooks.synthesis import MAX_SAMPLES
+        from schedhub.hooks.synthesis import check_sample_count
 
-        if type(samples) is not int or not 0 <= samples <= MAX_SAMPLES:
-            raise ValueError(f"synthesize must be a whole number of samples from 0 to {MAX_SAMPLES}, got {samples!r}")
         self.registry = registry
-        self.samples = samples
+        self.samples = check_sample_count(samples)
         self.refresh_secs = refresh_secs
         self._model: Any = None
         self._since = -math.inf

@@ -105,7 +105,7 @@ class TuneResult:
 
 def tune_job(identity: dict[str, Any], warm_traces: list[str], options: dict[str, Any], label: str, seeds: list[str] | None = None) -> dict[str, Any]:
     """:func:`tune_workload` with plain values in and out: the body of a Ray tuning task."""
-    return tune_workload(Identity(**identity), warm_traces, TuneOptions.from_dict(options), label, seeds or []).to_dict()
+    return tune_workload(Identity(**identity), warm_traces, TuneOptions.from_dict(options), label, seeds).to_dict()
 
 
 def tune_workload(identity: Identity, warm_traces: list[str], options: TuneOptions, label: str = "", seeds: list[str] | None = None) -> TuneResult:
