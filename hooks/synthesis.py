@@ -99,6 +99,7 @@ class LogModel:
         self.verified_only = verified_only
         self._models: dict[str, CostModel | None] = {}
         self.trained_on: dict[str, int] = {}  # by target: trials the model learned from
+        self.partial: set[str] = set()  # targets whose training the budget cut short (a later LogModel goes on from the cache)
 
     def get(self, target: str, budget: Budget) -> CostModel | None:
         """The model for kernels of canonical ``target``, or None (no usable log, or no time left)."""
@@ -134,6 +135,8 @@ class LogModel:
             if found is not None:
                 rows.append(found[0])
                 labels.append(log2_gflops(found[1], trial.secs))
+        if not complete:
+            self.partial.add(target)
         if len(rows) < MIN_TRAINING:
             log.info("schedhub: %d usable trials in the registry's log for %s: no cost model to synthesize schedules with", len(rows), target)
             return None

@@ -124,6 +124,27 @@ def test_a_job_is_seeded_with_the_log_models_synthesized_schedules(ray_address: 
         assert Seeder(reg, 16).traces(identity) == []  # only a verified log teaches the model
 
 
+def test_a_seeder_trains_at_most_its_bound_per_call_and_goes_on_from_the_cache(tmp_path: Path) -> None:
+    """A worker seeds while it holds leases: one call trains the model for ``train_secs`` at most (here too
+    short for the minimum of trials), and each later call goes on from the features cached until the model
+    has the whole log, the model an unbounded seeder trains."""
+    from schedhub.hooks.cache import KernelCache
+
+    from .test_synthesis import HOST, measured_log, registry_with
+    from .test_transfer import export
+
+    identity = next(k.identity for k in models.kernels(export(16), tvm.target.Target(HOST)) if "matmul" in k.identity.op)
+    with registry_with(tmp_path / "store", measured_log(4)) as reg:
+        cache = KernelCache(tmp_path / "cache")
+        bounded = Seeder(reg, 16, train_secs=0.02, cache=cache)
+        assert bounded.traces(identity) == [] and identity.target in bounded._model.partial
+        for _ in range(500):
+            seeds = bounded.traces(identity)
+            if identity.target not in bounded._model.partial:
+                break
+        assert seeds and seeds == Seeder(reg, 16, cache=cache).traces(identity)
+
+
 def test_a_build_that_outlives_its_timeout_is_cancelled_and_reported_failed(ray_address: str, tmp_path: Path) -> None:
     from tvm.s_tir import meta_schedule as ms
 

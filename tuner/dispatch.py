@@ -34,16 +34,24 @@ class Seeder:
     """Warm-start seeds no one tuned: the best of a workload's own design-space samples (``samples`` drawn) as
     ranked by a cost model trained on the registry's verified measurement log (:mod:`schedhub.hooks.synthesis`,
     what a compile with ``synthesize=`` serves once timed). A transfer seed is a schedule tuned for another
-    shape; these are drawn for this one. The model is kept in this machine's kernel cache by the log's
-    content and read again from the log every ``refresh_secs``, so a long-running worker learns from what
-    it pushed. Nothing is seeded without a model (too few logged trials) or for another compiler's workload."""
+    shape; these are drawn for this one. The model is kept in ``cache`` (this machine's kernel cache) by the
+    log's content and read again from the log every ``refresh_secs``, so a long-running worker learns from what
+    it pushed. Nothing is seeded without a model (too few logged trials) or for another compiler's workload.
 
-    def __init__(self, registry: Registry, samples: int, refresh_secs: float = 600.0) -> None:
+    ``train_secs`` bounds the training one call may do: a worker seeds while it holds leases, and a fresh
+    machine featurizes a large log for minutes. A model trained on part of the log in that time serves (none
+    does below the minimum of trials), what was featurized stays in the cache, and the next call trains
+    again from there, until the model has the whole log.
+    """
+
+    def __init__(self, registry: Registry, samples: int, refresh_secs: float = 600.0, train_secs: float = math.inf, cache: Any = None) -> None:
         from schedhub.hooks.synthesis import check_sample_count
 
         self.registry = registry
         self.samples = check_sample_count(samples)
         self.refresh_secs = refresh_secs
+        self.train_secs = train_secs
+        self.cache = cache  # a KernelCache (None: the machine's default folder, opened on first use)
         self._model: Any = None
         self._since = -math.inf
 
@@ -59,10 +67,11 @@ class Seeder:
 
         if not self.samples or identity.fingerprint != compiler_fingerprint():
             return []
-        if time.monotonic() - self._since > self.refresh_secs:
-            self._model = LogModel(self.registry, KernelCache(default_dir()), lambda entry: entry.verified, verified_only=True)
+        if self._model is None or time.monotonic() - self._since > self.refresh_secs or identity.target in self._model.partial:
+            self.cache = self.cache or KernelCache(default_dir())
+            self._model = LogModel(self.registry, self.cache, lambda entry: entry.verified, verified_only=True)
             self._since = time.monotonic()
-        model = self._model.get(identity.target, Budget(math.inf))
+        model = self._model.get(identity.target, Budget(self.train_secs))
         if model is None:
             return []
         try:

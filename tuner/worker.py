@@ -76,7 +76,8 @@ class Worker:
         self.devices = devices if devices is not None else cluster.measurable(self.device)
         self.on_event = on_event or (lambda kind, info: log.info("%s %s", kind, info))
         self.running: dict[str, _Running] = {}
-        self.seeder = Seeder(registry, options.synthesize) if options.synthesize else None
+        # jobs are seeded one after another between lease renewals: training takes a quarter of a lease at most per batch
+        self.seeder = Seeder(registry, options.synthesize, train_secs=lease_secs / 4 / self.concurrency) if options.synthesize else None
 
     def run(self, *, max_jobs: int | None = None, until_idle: bool = False, should_stop: Callable[[], bool] = lambda: False) -> WorkerStats:
         """Work until ``max_jobs`` jobs ended, the queue is empty (``until_idle``), or ``should_stop()``."""
