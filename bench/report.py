@@ -291,7 +291,7 @@ def _synthesized(d: dict[str, Any]) -> list[str]:
     samples = d.get("synthesize", 64)
     lines = ["### Synthesized: each missed kernel's own design space, ranked by the cost model, the best timed here", "",
              f"`use(..., measure=SECONDS, synthesize={samples})`: {samples} design-space samples per missed kernel are scored by the xgboost "
-             "model trained on the registry's measurement log; the best 3 are timed beside the transfer candidates and the fastest that "
+             f"model trained on the registry's measurement log; the best {d.get('timed', 3)} are timed beside the transfer candidates and the fastest that "
              "agrees with the default schedule is served. The first compile draws, trains and times (the model is trained once, in the "
              "first network's compile; the cache is shared, as on one machine); \"again\" is the next compile on this machine. "
              "Timed in the same rounds as the table above.", ""]  # fmt: skip

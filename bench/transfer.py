@@ -127,12 +127,14 @@ def run(mode: str, say: Callable[[str], None] = print, source_store: Path | None
     runs (filled there when empty, copied from there otherwise), so a rerun skips step 1."""
     import tvm
 
+    from schedhub.hooks.synthesis import TIMED
+
     config = MODES[mode]
     options: TuneOptions = config["options"]
     target = tvm.target.Target(tvm_env.host_target())
     tvm_env.prepare()
     cluster.start()
-    out: dict[str, Any] = {"mode": mode, "target": tvm_env.host_target(), "options": asdict(options), "source": config["source"], "synthesize": config["synthesize"],
+    out: dict[str, Any] = {"mode": mode, "target": tvm_env.host_target(), "options": asdict(options), "source": config["source"], "synthesize": config["synthesize"], "timed": TIMED,
                            "rows": [], "warm_vs_cold": [], "ranked_by": RANKED_BY}
     with contextlib.ExitStack() as stack:
         root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="schedhub-bench-transfer-"))) / "store"

@@ -40,7 +40,7 @@ from .measure import TIMING, Budget, KernelBench, Timing, host_cpu, runs_here
 from .msdb import normalize_mod, replay, scheduled, tuning_record
 from .objects import OBJECT_ID, ObjectCache
 from .ranking import SYNTHESIZED, rank_key, retiled, speed, work
-from .synthesis import LogModel, check_sample_count, synthesize
+from .synthesis import TIMED, LogModel, check_sample_count, synthesize
 
 Trust = Union[str, Collection[str]]
 
@@ -337,7 +337,7 @@ class HookSession:
         """The cost model's best schedules of the kernel's own design space (:mod:`.synthesis`) as candidates:
         from this machine's cache, or drawn and scored while the compile's measurement budget lasts."""
         normalized, target = bench
-        parts = (identity.key, str(self.synthesize))  # the key names the compiler
+        parts = (identity.key, str(self.synthesize), str(TIMED))  # the key names the compiler
         entry = self.cache.get("synthesized", *parts) or {}
         drawn = entry.get("schedules")
         if not (isinstance(drawn, list) and all(isinstance(d, list) and len(d) == 2 and isinstance(d[0], str) and isinstance(d[1], (int, float)) for d in drawn)):

@@ -14,7 +14,7 @@ from schedhub.hooks import use
 from schedhub.hooks.identity import workload_module
 from schedhub.hooks.measure import KernelBench, host_cpu
 from schedhub.hooks.msdb import normalize_mod, replayed, trace_text
-from schedhub.hooks.synthesis import design_space_samples
+from schedhub.hooks.synthesis import TIMED, design_space_samples
 from schedhub.registry import LocalRegistry, Trial, TrialLog
 from schedhub.tuner.models import kernels
 
@@ -74,6 +74,7 @@ def test_kernels_without_any_record_are_served_the_fastest_synthesized_schedule(
             timed = {t: s for t, s in k.measured.items() if s is not None}
             assert relation == "synthesized" and tid == min(timed, key=timed.__getitem__)
         assert sum(len(k.measured) >= 2 for k in synthesized) >= 2  # the matmuls had several to choose from (a transpose has one)
+        assert max(len(k.measured) for k in synthesized) == TIMED  # the model's best TIMED of a matmul's 16 samples, not only its first choice
         assert {j["key"] for j in reg.jobs("pending")} == {k.key for k in report.kernels}  # still queued for tuning
         x = np.random.default_rng(3).standard_normal((16, 64)).astype("float32")
         np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)

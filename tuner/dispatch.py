@@ -16,7 +16,7 @@ from typing import Any
 from schedhub.registry import Identity, Registry, RegistryError
 
 from . import cluster
-from .search import TuneOptions, TuneResult
+from .search import SEEDS, TuneOptions, TuneResult
 
 log = logging.getLogger("schedhub.tuner")
 
@@ -76,7 +76,7 @@ class Seeder:
             return []
         try:
             kernel = normalize_mod(workload_module(identity.workload)["main"])
-            return [trace for trace, _ in synthesize(kernel, target_from_text(identity.target), model, self.samples)]
+            return [trace for trace, _ in synthesize(kernel, target_from_text(identity.target), model, self.samples, keep=SEEDS)]
         except (tvm.error.TVMError, ValueError) as exc:  # a workload MetaSchedule cannot sample: seeded from the registry only
             log.info("schedhub: no synthesized seeds for %s: %s", identity.op, str(exc)[:200])
             return []

@@ -32,6 +32,7 @@ from .kernels import FINAL_TIMING, TUNING_TIMING
 log = logging.getLogger("schedhub.tuner")
 TUNER_NAME = "schedhub.tuner/0.1"
 _FAILED_SECS = 1e9  # MetaSchedule records a failed measurement as 1e10
+SEEDS = 3  # synthesized schedules a job measures before its search (dispatch.Seeder draws them)
 
 
 class ToolchainMismatch(RuntimeError):
@@ -47,7 +48,7 @@ class TuneOptions:
     seed: int = 0
     publish: int = 3  # best distinct schedules verified, re-measured and pushed
     warm_start: int = 8  # registry traces replayed before the search
-    synthesize: int = 64  # design-space samples ranked by the registry's log model; its best 3 are seeded too (0: none)
+    synthesize: int = 64  # design-space samples ranked by the registry's log model; its best SEEDS are seeded too (0: none)
     search_threads: int = 0  # MetaSchedule's own threads; 0: physical cores. With 1, a seed gives the same candidates every time
     population: int = 512  # evolutionary search population (MetaSchedule's default); smaller is cheaper per trial
     genetic_iters: int = 4  # evolution rounds per batch of candidates (MetaSchedule's default)
@@ -110,12 +111,11 @@ def tune_job(identity: dict[str, Any], warm_traces: list[str], options: dict[str
 
 def tune_workload(identity: Identity, warm_traces: list[str], options: TuneOptions, label: str = "", seeds: list[str] | None = None) -> TuneResult:
     """Search schedules for one workload on the Ray cluster this process is connected to, measuring first
-    ``warm_traces`` (the registry's, at most ``options.warm_start``) and ``seeds`` (synthesized, at most 3)."""
+    ``warm_traces`` (the registry's, at most ``options.warm_start``) and ``seeds`` (synthesized, at most :data:`SEEDS`)."""
     from tvm.s_tir import meta_schedule as ms
 
     from schedhub.hooks.identity import compiler_fingerprint, target_from_text, workload_module
     from schedhub.hooks.msdb import trace_text
-    from schedhub.hooks.synthesis import TIMED
 
     tvm_env.prepare()
     if identity.fingerprint != compiler_fingerprint():
@@ -127,7 +127,7 @@ def tune_workload(identity: Identity, warm_traces: list[str], options: TuneOptio
     with tempfile.TemporaryDirectory(prefix="schedhub-tune-") as work_dir:
         builder, runner = RayBuilder(work_dir, timeline), RayRunner(timeline, identity.target, options.timing)
         database = ms.database.MemoryDatabase()
-        synthesized = (seeds or [])[: TIMED if options.synthesize else 0]
+        synthesized = (seeds or [])[: SEEDS if options.synthesize else 0]
         warm = _seed_database(database, mod, target, list(dict.fromkeys(warm_traces[: options.warm_start] + synthesized)), builder, runner)
         started = time.time()
         ms.tune_tir(mod, target, work_dir=work_dir, builder=builder, runner=runner, database=database, **search_settings(options))
