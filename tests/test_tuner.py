@@ -99,15 +99,23 @@ def test_a_trace_of_another_structure_is_skipped_not_fatal(ray_address: str) -> 
     assert result.warm_started == 0 and result.records
 
 
-def test_a_job_is_seeded_with_the_log_models_synthesized_schedules(ray_address: str, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def seeding() -> SimpleNamespace:
+    """A measurement log of the MLP's kernels (timed here, as a tuner pushes it) and the identity of one of its matmuls."""
+    from .test_synthesis import HOST, measured_log
+    from .test_transfer import export
+
+    identity = next(k.identity for k in models.kernels(export(16), tvm.target.Target(HOST)) if "matmul" in k.identity.op)
+    return SimpleNamespace(logs=measured_log(4), identity=identity)
+
+
+def test_a_job_is_seeded_with_the_log_models_synthesized_schedules(ray_address: str, tmp_path: Path, seeding: SimpleNamespace) -> None:
     from schedhub.hooks.identity import workload_module
     from schedhub.hooks.msdb import normalize_mod, replayed
 
-    from .test_synthesis import HOST, measured_log, registry_with
-    from .test_transfer import export
+    from .test_synthesis import registry_with
 
-    logs = measured_log(4)  # the only thing the registry holds: no record to warm-start from
-    identity = next(k.identity for k in models.kernels(export(16), tvm.target.Target(HOST)) if "matmul" in k.identity.op)
+    logs, identity = seeding.logs, seeding.identity  # the log is the only thing the registry holds: no record to warm-start from
     options = TuneOptions(trials=4, trials_per_iter=4, publish=1, synthesize=16)
     with registry_with(tmp_path / "store", logs) as reg:
         seeds = Seeder(reg, 16).traces(identity)
@@ -124,17 +132,16 @@ def test_a_job_is_seeded_with_the_log_models_synthesized_schedules(ray_address: 
         assert Seeder(reg, 16).traces(identity) == []  # only a verified log teaches the model
 
 
-def test_a_seeder_trains_at_most_its_bound_per_call_and_goes_on_from_the_cache(tmp_path: Path) -> None:
+def test_a_seeder_trains_at_most_its_bound_per_call_and_goes_on_from_the_cache(tmp_path: Path, seeding: SimpleNamespace) -> None:
     """A worker seeds while it holds leases: one call trains the model for ``train_secs`` at most (here too
     short for the minimum of trials), and each later call goes on from the features cached until the model
     has the whole log, the model an unbounded seeder trains."""
     from schedhub.hooks.cache import KernelCache
 
-    from .test_synthesis import HOST, measured_log, registry_with
-    from .test_transfer import export
+    from .test_synthesis import registry_with
 
-    identity = next(k.identity for k in models.kernels(export(16), tvm.target.Target(HOST)) if "matmul" in k.identity.op)
-    with registry_with(tmp_path / "store", measured_log(4)) as reg:
+    identity = seeding.identity
+    with registry_with(tmp_path / "store", seeding.logs) as reg:
         cache = KernelCache(tmp_path / "cache")
         bounded = Seeder(reg, 16, train_secs=0.02, cache=cache)
         assert bounded.traces(identity) == [] and identity.target in bounded._model.partial
