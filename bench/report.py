@@ -305,6 +305,26 @@ def _synthesized(d: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
+def _first_pass(d: dict[str, Any]) -> list[str]:
+    """The first-pass rows of a transfer run (runs before the first pass have none)."""
+    rows = [r for r in d["rows"] if "first_pass" in r["timing"]]
+    if not rows:
+        return []
+    lines = ["### The worker's first pass: every miss measured before any is searched", "",
+             "A worker leasing the held-out networks' misses first gives each kernel a first pass (`TuneOptions.first_pass`: the registry's "
+             "transfers and the log model's best synthesized samples built and timed side by side, the best published; no search) and only "
+             "then each kernel's search at the bench budget (warm-started, the first pass's schedule included). \"first pass\" is the "
+             "network compiled after the first passes (every kernel a hit); \"s\" is the tuning time on this machine's Ray cluster. "
+             "Timed in the same rounds as the tables above.", ""]  # fmt: skip
+    body = []
+    for r in rows:
+        t, c = r["timing"], r["compile_secs"]
+        body.append([r["label"], fmt(t["first_pass"]), fmt(c["first_pass_tuning"]), fmt(t["tuned"]), fmt(c["search_tuning"]),
+                     times(r["first_pass_vs_tuned"]), times(r["default_vs_first_pass"])])  # fmt: skip
+    lines += table(["network", "first pass ms", "first pass s", "tuned ms", "searches s", "first pass / tuned", "default / first pass"], body, "lrrrrrr")
+    return lines + [""]
+
+
 def _transfer(d: dict[str, Any] | None, drawn: dict[str, str], judged: dict[str, Any] | None = None) -> list[str]:
     if not d:
         return []
@@ -336,6 +356,7 @@ def _transfer(d: dict[str, Any] | None, drawn: dict[str, str], judged: dict[str,
     if "transfer" in drawn:
         lines += [f"![transfer]({drawn['transfer']})", ""]
     lines += _synthesized(d)
+    lines += _first_pass(d)
     lines += ["### Compile time (s until the model can run, medians; \"added\" per round against the plain compile)", ""]
     body = []
     for r in d["rows"]:

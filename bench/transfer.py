@@ -16,10 +16,14 @@
    model trained on the registry's measurement log, the best few timed beside the candidates), once
    in a cache shared by the held-out networks (the model is trained in the first) and once again
    with that cache (what a later compile on this machine costs).
-3. Then the held-out kernels are tuned at the same budget (warm-started from the registry, as the
-   worker does) and the network compiles again: every kernel must hit. For a few kernels a cold
-   search (no warm start) at the same budget gives the trials the warm search needed to match it.
-4. Ray stops; default, transferred (the hook's ranking), measured-transfer, synthesized and tuned forward passes and
+3. Then the held-out kernels are tuned as a worker tunes a queue of misses: first a *first pass* over
+   every kernel (``TuneOptions.first_pass``: the registry's transfers and the log model's synthesized
+   seeds measured side by side, the best pushed, no search), after which the network compiles with
+   every kernel a hit ("first pass"); then each kernel's search at the same budget (warm-started from
+   the registry, the first pass's schedule included) and the network compiles again: every kernel must
+   hit ("tuned"). For a few kernels a cold search (no warm start) at the same budget gives the trials the
+   warm search needed to match it.
+4. Ray stops; default, transferred (the hook's ranking), measured-transfer, synthesized, first-pass and tuned forward passes and
    the PyTorch twin (in its own process) are timed side by side in interleaved rounds, and every
    output is checked against the default's.
 """
@@ -168,9 +172,18 @@ def run(mode: str, say: Callable[[str], None] = print, source_store: Path | None
                 f"{reports['synthesized'].summary()}: {c['synthesized_cold']:.2f} s synthesizing, {c['synthesized']:.2f} s again")  # fmt: skip
             compiled.append((held, executables, compile_secs, reports, _candidates(registry, held, model)))  # before the held-out kernels are tuned
 
+        # What a worker does with the misses: a first pass over every kernel (measured transfers and synthesized
+        # seeds, the best pushed), the compile that follows (all hits), then each kernel's search.
+        for held, executables, compile_secs, *_ in compiled:
+            started = time.time()
+            _tune(registry, held.kernels, options.first_pass())
+            compile_secs["first_pass_tuning"] = summary([time.time() - started])
+            executables["first_pass"] = _compile_all_hits(held, registry, target, Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="schedhub-first-"))))
         tuned: dict[str, TuneResult] = {}
-        for held, *_ in compiled:
-            tuned.update(_tune(registry, held.kernels, options))
+        for held, executables, compile_secs, *_ in compiled:
+            started = time.time()
+            tuned.update(_tune(registry, [k for k in held.kernels if k.identity.key not in tuned], options, retune=True))
+            compile_secs["search_tuning"] = summary([time.time() - started])
         out["warm_vs_cold"] = _warm_vs_cold(tuned, options, config["cold_kernels"], say)
         cluster.stop()  # nothing of Ray shares the cores with the timings
 
@@ -182,13 +195,13 @@ def run(mode: str, say: Callable[[str], None] = print, source_store: Path | None
             out["rows"].append(row)
             t = row["timing"]
             say(f"{held.label}: default {t['default']['median']:.2f} ms, transferred {t['transferred']['median']:.2f} ms, "
-                f"measured {t['measured']['median']:.2f} ms, synthesized {t['synthesized']['median']:.2f} ms, tuned {t['tuned']['median']:.2f} ms, "
+                f"measured {t['measured']['median']:.2f} ms, synthesized {t['synthesized']['median']:.2f} ms, first pass {t['first_pass']['median']:.2f} ms, tuned {t['tuned']['median']:.2f} ms, "
                 f"PyTorch {t['pytorch']['median']:.2f} ms")  # fmt: skip
     return out
 
 
-def _tune(registry: LocalRegistry, kernels: list[models.Kernel], options: TuneOptions) -> dict[str, TuneResult]:
-    done = dispatch.tune_many(registry, [k.identity for k in kernels], options, concurrency=1, pushed_by="bench.transfer")
+def _tune(registry: LocalRegistry, kernels: list[models.Kernel], options: TuneOptions, retune: bool = False) -> dict[str, TuneResult]:
+    done = dispatch.tune_many(registry, [k.identity for k in kernels], options, concurrency=1, retune=retune, pushed_by="bench.transfer")
     if done.failed:
         raise RuntimeError(f"tuning failed for {len(done.failed)} kernels: {done.failed}")
     return {r.identity.key: r for r in done.tuned}
@@ -318,6 +331,19 @@ def compile_and_load(build: Callable[[], Any]) -> tuple[Any, float]:
     return executable, time.perf_counter() - start
 
 
+def _compile_all_hits(held: HeldOut, registry: LocalRegistry, target: Any, cache: Path) -> Any:
+    """One hooked compile in which every kernel must hit."""
+    import tvm
+
+    from schedhub import hooks
+
+    with hooks.use(registry, target, report_misses=False, cache=cache) as session:
+        executable, _ = compile_and_load(lambda: tvm.compile(held.mod, target))
+    if session.report.hits != len(session.report.kernels):
+        raise RuntimeError(f"{held.label}: {session.report.hits} of {len(session.report.kernels)} kernels hit")
+    return executable
+
+
 def _compile_hits(held: HeldOut, registry: LocalRegistry, target: Any, workdir: Path, repeats: int = 3) -> tuple[Any, dict[str, Any]]:
     """Once every kernel is tuned: plain against hooked compiles (all hits), interleaved; the hooked
     one first with an empty kernel cache, then with this machine's (identities, schedules, objects)."""
@@ -399,7 +425,7 @@ def _row(held: HeldOut, executables: dict[str, Any], compile_secs: dict[str, Any
          torch_proc: TorchProcess) -> dict[str, Any]:  # fmt: skip
     x = np.random.default_rng(1).standard_normal(held.input_shape).astype("float32")
     pytorch = torch_proc.load_network(held.name, held.weights, x, factory=TORCH_TWINS, **held.shape)
-    order = ("default", "transferred", "measured", "synthesized", "tuned")
+    order = ("default", "transferred", "measured", "synthesized", "first_pass", "tuned")
     timing, errors = time_side_by_side({k: executables[k] for k in order}, x, rounds, pytorch, torch_proc.time_network, held.func)
     if max(errors.values()) > 1e-3:
         raise AssertionError(f"{held.label}: outputs disagree (max error relative to the output's scale: {errors})")
@@ -419,6 +445,8 @@ def _row(held: HeldOut, executables: dict[str, Any], compile_secs: dict[str, Any
         "transferred_vs_tuned": ratio(timing["transferred"], timing["tuned"], paired=True),  # latency ratio: ≤ 1.43 is ≥ 70% of tuned speed
         "measured_vs_tuned": ratio(timing["measured"], timing["tuned"], paired=True),
         "synthesized_vs_tuned": ratio(timing["synthesized"], timing["tuned"], paired=True),
+        "first_pass_vs_tuned": ratio(timing["first_pass"], timing["tuned"], paired=True),
+        "default_vs_first_pass": ratio(timing["default"], timing["first_pass"], paired=True),
         "default_vs_synthesized": ratio(timing["default"], timing["synthesized"], paired=True),
         "synthesis_compile_added_secs": {k: compile_secs[k]["median"] - compile_secs["default"]["median"] for k in ("synthesized_cold", "synthesized")},
         "default_vs_transferred": ratio(timing["default"], timing["transferred"], paired=True),  # speedup of the transfer over TVM's default

@@ -154,12 +154,15 @@ def job_logs(submission_id: str, address: str, follow: bool) -> None:
 @click.option("--max-jobs", type=int, default=None, help="Stop after this many jobs.")
 @click.option("--until-idle", is_flag=True, help="Stop when the queue has nothing left to lease.")
 @click.option("--name", default=None, help="Worker name in the queue (default host:pid).")
+@click.option("--first-pass/--no-first-pass", default=True, show_default=True,
+              help="Before a job's search, measure what the registry offers for it (transfers, synthesized schedules) and push the best, "
+                   "so every queued miss gets a measured schedule before any gets a full search.")
 @click.option("--device", default=None, help="The CPU model (the targets' mcpu) whose jobs this worker takes, besides generic ones "
               "(default: this machine's; kernels built for another model may not run here, and would be timed on the wrong one).")
 @ray_option
 @reports_errors
 def worker(registry: str, token: str | None, trials: int, trials_per_iter: int, seed: int, concurrency: int, lease_secs: float, poll_secs: float,
-           max_jobs: int | None, until_idle: bool, name: str | None, device: str | None, ray_address: str | None, num_cpus: int | None, num_gpus: int | None) -> None:  # fmt: skip
+           max_jobs: int | None, until_idle: bool, name: str | None, first_pass: bool, device: str | None, ray_address: str | None, num_cpus: int | None, num_gpus: int | None) -> None:  # fmt: skip
     """Lease jobs from the registry's queue (verifications of pushed claims first, then misses), run them on Ray, push and ack.
 
     SIGTERM or SIGINT: stop leasing, give held leases back at once, stop Ray."""
@@ -177,7 +180,7 @@ def worker(registry: str, token: str | None, trials: int, trials_per_iter: int, 
         details = " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in data.items())
         out.print(f"{kind} {details}", highlight=False, soft_wrap=True)
 
-    w = Worker(reg, options, name=name, concurrency=concurrency, lease_secs=lease_secs, poll_secs=poll_secs, on_event=event, device=device)
+    w = Worker(reg, options, name=name, concurrency=concurrency, lease_secs=lease_secs, poll_secs=poll_secs, on_event=event, device=device, first_pass=first_pass)
     kinds = ", ".join(f"{kind} {device}" for kind, device in w.devices) or "no device it can time"
     out.print(f"worker {w.name} ({kinds} jobs) on ray {info['address']}; registry {registry}", highlight=False)
     try:
@@ -185,7 +188,7 @@ def worker(registry: str, token: str | None, trials: int, trials_per_iter: int, 
     finally:
         w.release_all("worker interrupted")  # leases still held after an error: back to the queue now
         cluster.stop()
-    out.print(f"worker done: {stats.done} tuned, {stats.verified} verified, {stats.failed} failed, {stats.lost} lost, "
+    out.print(f"worker done: {stats.done} tuned, {stats.first_passes} first passes, {stats.verified} verified, {stats.failed} failed, {stats.lost} lost, "
               f"{stats.released} released", highlight=False)  # fmt: skip
 
 

@@ -237,10 +237,12 @@ class RegistryClient:
     def renew(self, key: str, lease_id: str, lease_secs: float = 300.0) -> float:
         return self._call("POST", f"/v1/queue/{key}/renew", {"lease_id": lease_id, "lease_secs": lease_secs})["expires"]
 
-    def ack(self, key: str, lease_id: str, verdict: dict[str, Any] | None = None) -> str:
+    def ack(self, key: str, lease_id: str, verdict: dict[str, Any] | None = None, *, refine: bool = False) -> str:
         body: dict[str, Any] = {"lease_id": lease_id}
         if verdict is not None:
             body["verdict"] = verdict
+        if refine:
+            body["refine"] = True
         return self._call("POST", f"/v1/queue/{key}/ack", body)["outcome"]
 
     def fail(self, key: str, lease_id: str, error: str) -> str:

@@ -72,7 +72,7 @@ OPENAPI: dict[str, Any] = {
         "/v1/queue/{key}": {"parameters": [_KEY], "get": _op("one queue job, whole")},
         "/v1/queue/{key}/{action}": {
             "parameters": [_KEY, {"name": "action", "in": "path", "required": True, "schema": {"enum": ["renew", "ack", "fail", "release", "requeue"]}}],
-            "post": _op("renew, ack (with a verdict for verify jobs), fail or release a lease you hold (worker); requeue a job (admin)", "LeaseAction", auth=True),
+            "post": _op("renew, ack (with a verdict for verify jobs; with refine: true after a tune job's first pass), fail or release a lease you hold (worker); requeue a job (admin)", "LeaseAction", auth=True),
         },
     },
     "components": {
@@ -107,7 +107,7 @@ OPENAPI: dict[str, Any] = {
                 "lease_secs": {"type": "number", "exclusiveMinimum": 0, "maximum": 86400}, "fingerprint": {"type": "string"}, "kind": {"type": "string"}, "device": {"type": "string", "maxLength": 64},
                 "tasks": {"type": "array", "items": {"enum": ["tune", "verify"]}, "minItems": 1}}},
             "LeaseAction": {"type": "object", "properties": {
-                "lease_id": {"type": "string"}, "lease_secs": {"type": "number", "exclusiveMinimum": 0, "maximum": 86400}, "error": {"type": "string"},
+                "lease_id": {"type": "string"}, "lease_secs": {"type": "number", "exclusiveMinimum": 0, "maximum": 86400}, "error": {"type": "string"}, "refine": {"type": "boolean"},
                 "verdict": {"type": "object", "properties": {"run_secs": {"type": ["array", "null"], "items": {"type": "number"}}, "reason": {"type": "string"}}}}},
         },
     },

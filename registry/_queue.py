@@ -9,12 +9,18 @@ Two tasks share the queue: ``tune`` (one job per missed key; its job id is the k
 ``verify`` (one job per pushed claim or complaint: replay, check and re-measure one record; its
 job id is :func:`verify_job_id`). Verification jobs are leased before tuning jobs.
 
+A tune job goes through the queue in up to two stages. A worker's *first pass* measures what is
+cheap to try (the registry's transfers and the cost model's synthesized schedules), pushes the best
+and acks with ``refine``: the job is pending again in the ``refine`` stage, leased only after every
+job still waiting for its first pass, so a model's misses all get a measured schedule before any
+of them gets a full search. Acking a refine job (or any job without ``refine``) closes it.
+
 A lease belongs to the token that took it: renew, ack, fail and release need the lease id *and*
 the same holder, lease ids are never listed, and an expired lease is reported (and treated) as
 given back on every read, not only when the next worker leases.
 
-Index layout (``queue_idx``): ``V|P | inverted demand | seq | id`` for pending verify/tune jobs
-and ``L | lease expiry (ms) | id`` for leased ones, so leasing and reclaiming are range scans.
+Index layout (``queue_idx``): ``V|P|R | inverted demand | seq | id`` for pending verify, tune and
+refine jobs and ``L | lease expiry (ms) | id`` for leased ones, so leasing and reclaiming are range scans.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ PENDING, LEASED, DONE, DEAD = "pending", "leased", "done", "dead"
 STATES = (PENDING, LEASED, DONE, DEAD)
 TUNE, VERIFY = "tune", "verify"
 TASKS = (TUNE, VERIFY)
+REFINE = "refine"  # the stage of a tune job whose first pass is pushed: a full search is left to do
 DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_TOLERANCE = 2.0  # a claim re-measured slower than this many times its claimed time is refused
 MAX_LEASE_SECS = 86400.0
@@ -77,7 +84,7 @@ class MissQueue:
     def _index_key(self, job: dict[str, Any]) -> bytes | None:
         key = job["key"].encode()
         if job["state"] == PENDING:
-            return (b"V" if job.get("task") == VERIFY else b"P") + _U32.pack(0xFFFFFFFF - min(job["demand"], 0xFFFFFFFF)) + _U64.pack(job["seq"]) + key
+            return _pending_prefix(job) + _U32.pack(0xFFFFFFFF - min(job["demand"], 0xFFFFFFFF)) + _U64.pack(job["seq"]) + key
         if job["state"] == LEASED:
             return b"L" + _U64.pack(int(job["lease_expires"] * 1000)) + key
         return None
@@ -133,13 +140,13 @@ class MissQueue:
                     **identity.to_dict(), "task": TUNE, "kind": target_kind(identity.target), "demand": 0,
                     "state": DONE if has_records else PENDING, "attempts": 0, "first_seen": now,
                     "seq": self.store.next_seq(t, b"queue_seq"), "last_error": "",
-                    "lease_id": "", "lease_owner": "", "lease_holder": "", "lease_expires": 0.0,
+                    "lease_id": "", "lease_owner": "", "lease_holder": "", "lease_expires": 0.0, "stage": "",
                 }  # fmt: skip
                 old = None
             else:
                 old = self._index_key(job)
                 if job["state"] == DONE and not has_records:  # its records were quarantined
-                    job.update(state=PENDING, attempts=0)
+                    job.update(state=PENDING, attempts=0, stage="")
             job["demand"] += max(1, count)
             job["last_seen"] = now
             self._save(t, job, old)
@@ -175,7 +182,8 @@ class MissQueue:
         kind: str | None = None, device: str | None = None, tasks: tuple[str, ...] = (TUNE,), holder: str | None = None,
         txn: lmdb.Transaction | None = None,
     ) -> list[Lease]:
-        """Hand out up to ``max_jobs`` pending jobs (verifications first, then most demanded), reclaiming expired leases first.
+        """Hand out up to ``max_jobs`` pending jobs (verifications first, then tune jobs awaiting their first
+        pass, then refine jobs; each most demanded first), reclaiming expired leases first.
 
         ``fingerprint``, ``kind`` and ``device`` restrict the jobs to those a worker can do: its
         compiler (a schedule found by another compiler lands under a key nobody asks for), its target
@@ -190,7 +198,7 @@ class MissQueue:
             self._reclaim_expired(t, now)
             taken: list[dict[str, Any]] = []
             cursor = t.cursor(db=self._idx)
-            for prefix, task in ((b"V", VERIFY), (b"P", TUNE)):
+            for prefix, task in ((b"V", VERIFY), (b"P", TUNE), (b"R", TUNE)):
                 if task not in tasks or not cursor.set_range(prefix):
                     continue
                 for idx_key in cursor.iternext(values=False):
@@ -228,12 +236,19 @@ class MissQueue:
             self._set_state(t, job, LEASED, lease_expires=time.time() + min(lease_secs, MAX_LEASE_SECS))
             return job["lease_expires"]
 
-    def ack(self, key: str, lease_id: str, verdict: dict[str, Any] | None = None, *, holder: str | None = None,
+    def ack(self, key: str, lease_id: str, verdict: dict[str, Any] | None = None, *, refine: bool = False, holder: str | None = None,
             txn: lmdb.Transaction | None = None) -> str:  # fmt: skip
         """Close a held job. A verification job needs its ``verdict`` ({"run_secs": [...] | None,
-        "reason": str}), which is applied to the record; returns the outcome ('done', or the verdict's)."""
+        "reason": str}), which is applied to the record; returns the outcome ('done', or the verdict's).
+        ``refine``: a tune job's first pass is pushed; it goes back to pending as a refine job (outcome
+        'refine'), fresh attempts. A refine job acked with ``refine`` is done: one full search is enough."""
         with self.store.write(txn) as t:
             job = self._leased_job(t, key, lease_id, holder)
+            if refine and job.get("task", TUNE) == VERIFY:
+                raise InvalidRecord("'refine' acks a tune job's first pass; a verification job is acked with its verdict")
+            if refine and job.get("stage") != REFINE:
+                self._set_state(t, job, PENDING, attempts=0, last_error="", stage=REFINE, outcome=REFINE)
+                return REFINE
             outcome = DONE
             if job.get("task") == VERIFY:
                 if not isinstance(verdict, dict):
@@ -263,13 +278,14 @@ class MissQueue:
             job = self._get(t, key)
             if job is None:
                 raise NotFound(f"no queue job for key {key}")
-            self._set_state(t, job, PENDING, attempts=0)
+            self._set_state(t, job, PENDING, attempts=0, stage="")
 
     def satisfy(self, key: str, *, txn: lmdb.Transaction | None = None) -> None:
-        """A record arrived for the key: a pending job for it has nothing left to do."""
+        """A record arrived for the key: a pending job for it has nothing left to do (unless it
+        is a refine job: a first pass pushed records and asked for the search still)."""
         with self.store.write(txn) as t:
             job = self._get(t, key)
-            if job is not None and job["state"] == PENDING:
+            if job is not None and job["state"] == PENDING and job.get("stage") != REFINE:
                 self._set_state(t, job, DONE)
 
     def get(self, key: str) -> dict[str, Any]:
@@ -297,11 +313,11 @@ class MissQueue:
         return out
 
     def most_wanted(self, limit: int = 10) -> list[dict[str, Any]]:
-        """Pending jobs in lease order (verifications, then tune jobs by demand, then age): a range scan."""
+        """Pending jobs in lease order (verifications, first passes, refinements; each by demand, then age): a range scan."""
         out: list[dict[str, Any]] = []
         with self.store.read() as t:
             cursor = t.cursor(db=self._idx)
-            for prefix in (b"V", b"P"):
+            for prefix in (b"V", b"P", b"R"):
                 if not cursor.set_range(prefix):
                     continue
                 for index, _ in cursor:
@@ -319,6 +335,13 @@ class MissQueue:
             for _, raw in t.cursor(db=self._jobs):
                 counts[self._view(unpackb(raw), now, summary=True)["state"]] += 1
         return counts
+
+
+def _pending_prefix(job: dict[str, Any]) -> bytes:
+    """Where a pending job sorts: verifications, then tune jobs awaiting a first pass, then refinements."""
+    if job.get("task") == VERIFY:
+        return b"V"
+    return b"R" if job.get("stage") == REFINE else b"P"
 
 
 def _suits(job: dict[str, Any], fingerprint: str | None, kind: str | None, device: str | None) -> bool:

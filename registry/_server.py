@@ -31,7 +31,7 @@ from ._keys import is_key
 from ._neighbours import Probe
 from ._limits import MAX_CURSOR, MAX_SECS, check_number, check_op, check_text, parse_each, query_int
 from ._openapi import OPENAPI
-from ._queue import STATES, TASKS, TUNE
+from ._queue import DONE, PENDING, REFINE, STATES, TASKS, TUNE
 from ._records import Identity, Record, run_secs_field
 from ._service import LocalRegistry
 from ._trials import TrialLog
@@ -354,8 +354,9 @@ def create_app(
                 if secs is not None:
                     verdict["run_secs"] = run_secs_field(secs)
                 verdict["reason"] = bounded_text(verdict, "reason")
-            outcome = await state.write(lambda txn: state.reg.ack(key, lease_id, verdict, holder=who.name, txn=txn))
-            return reply(request, {"key": key, "state": "done", "outcome": outcome})
+            refine = field(body, "refine", bool, False)
+            outcome = await state.write(lambda txn: state.reg.ack(key, lease_id, verdict, refine=refine, holder=who.name, txn=txn))
+            return reply(request, {"key": key, "state": PENDING if outcome == REFINE else DONE, "outcome": outcome})
         error = bounded_text(body, "error")
         if action == "release":
             await state.write(lambda txn: state.reg.release(key, lease_id, error, holder=who.name, txn=txn))

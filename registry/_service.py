@@ -168,9 +168,9 @@ class LocalRegistry:
     def renew(self, key: str, lease_id: str, lease_secs: float = 300.0, *, holder: str | None = None, txn: lmdb.Transaction | None = None) -> float:
         return self.queue.renew(key, lease_id, lease_secs, holder=holder, txn=txn)
 
-    def ack(self, key: str, lease_id: str, verdict: dict[str, Any] | None = None, *, holder: str | None = None,
+    def ack(self, key: str, lease_id: str, verdict: dict[str, Any] | None = None, *, refine: bool = False, holder: str | None = None,
             txn: lmdb.Transaction | None = None) -> str:  # fmt: skip
-        return self.queue.ack(key, lease_id, verdict, holder=holder, txn=txn)
+        return self.queue.ack(key, lease_id, verdict, refine=refine, holder=holder, txn=txn)
 
     def fail(self, key: str, lease_id: str, error: str, *, holder: str | None = None, txn: lmdb.Transaction | None = None) -> str:
         return self.queue.fail(key, lease_id, error, holder=holder, txn=txn)

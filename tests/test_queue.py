@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from schedhub.registry import DEAD, DONE, LEASED, PENDING, Identity, LeaseLost, LocalRegistry, canonical_target, record_key
+from schedhub.registry import DEAD, DONE, LEASED, PENDING, REFINE, VERIFY, Identity, InvalidRecord, LeaseLost, LocalRegistry, canonical_target, record_key
 
 from .conftest import make_record
 
@@ -115,6 +115,49 @@ def test_a_pushed_record_satisfies_a_pending_miss_and_quarantine_reopens_it(loca
     assert local.jobs(DONE)[0]["key"] == rec.key
     local.quarantine(rec.key, rec.trace_id, "trace failed to apply")
     assert local.report_misses([rec.identity])[0]["state"] == PENDING
+
+
+def test_a_first_pass_ack_requeues_the_job_for_refinement_after_every_first_pass(local: LocalRegistry, client) -> None:
+    """A model's misses all get a measured schedule before any of them gets a full search; the search is not lost."""
+    for n, reg in enumerate((local, client)):  # in process and over HTTP
+        popular, other, late = miss(100 * n + 1), miss(100 * n + 2), miss(100 * n + 3)
+        reg.report_misses([popular, popular, popular, other])
+        first = reg.lease("w", max_jobs=1, lease_secs=60)[0]
+        assert first.key == popular.key and first.job["stage"] == ""
+        reg.put(make_record(100 * n + 1, 1e-3))  # the first pass pushed its best while holding the lease
+        assert reg.ack(first.key, first.lease_id, refine=True) == REFINE
+        reg.report_misses([late])  # a miss that arrives later still gets its first pass before the refinement
+        order = [l.key for l in reg.lease("w", max_jobs=5, lease_secs=60)]
+        assert order == [other.key, late.key, popular.key]
+        refine = {j["key"]: j for j in reg.jobs(LEASED)}[popular.key]
+        assert refine["stage"] == REFINE and refine["attempts"] == 1 and refine["demand"] == 3
+
+
+def test_a_refine_job_survives_a_push_and_closes_with_its_ack(local: LocalRegistry) -> None:
+    rec = make_record(1, 1e-3)
+    local.report_misses([rec.identity])
+    lease = local.lease("w")[0]
+    local.put(rec)
+    local.ack(lease.key, lease.lease_id, refine=True)
+    local.put(make_record(1, 5e-4))  # another push: the search is still owed
+    assert local.jobs(PENDING)[0]["stage"] == REFINE
+    lease = local.lease("w")[0]
+    assert local.ack(lease.key, lease.lease_id, refine=True) == DONE  # one full search is enough
+    assert local.jobs(DONE)[0]["key"] == rec.key and local.lease("w") == []
+
+
+def test_refine_is_refused_on_a_verification_and_when_not_a_boolean(local: LocalRegistry, client) -> None:
+    rec = make_record(1, 1e-3)
+    local.put(rec)
+    local.queue.enqueue_verify(rec, "someone", "a claim")
+    lease = local.lease("w", tasks=(VERIFY,))[0]
+    with pytest.raises(InvalidRecord, match="refine"):
+        local.ack(lease.key, lease.lease_id, refine=True)
+    client.report_misses([miss(2)])
+    lease = client.lease("w")[0]
+    with pytest.raises(InvalidRecord, match="refine"):
+        client._call("POST", f"/v1/queue/{lease.key}/ack", {"lease_id": lease.lease_id, "refine": "yes"})
+    assert client.jobs(LEASED)[0]["key"] == lease.key  # nothing changed
 
 
 def test_the_queue_survives_reopening(tmp_path: Path) -> None:

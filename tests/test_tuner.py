@@ -24,10 +24,11 @@ from tvm import relax, te
 
 from schedhub.hooks import use
 from schedhub.hooks.identity import workload_identity
-from schedhub.registry import Identity, LocalRegistry, RegistryClient, ServerThread, keeps_default_schedule
+from schedhub.registry import DONE, PENDING, REFINE, Identity, LocalRegistry, RegistryClient, ServerThread, keeps_default_schedule
 from schedhub.tuner import cluster, models, plan, search
 from schedhub.tuner.dispatch import Seeder, start_tuning, warm_start_traces
 from schedhub.tuner.search import TuneOptions, TuneResult
+from schedhub.tuner.worker import Worker
 
 from .conftest import TOKEN
 
@@ -231,6 +232,29 @@ def test_worker_killed_mid_tuning_loses_nothing_and_the_job_completes_once(ray_a
         logged = [entry for _, entry in reg.store.measurements() if entry["key"] == ident.key]
     assert len(logged) == len(records)
     assert len({entry["tid"] for entry in logged}) == len(logged)
+
+
+def test_a_worker_gives_a_warm_startable_miss_a_first_pass_then_its_search(ray_address: str, tmp_path: Path) -> None:
+    """The first pass pushes the best measured transfer at once and puts the job back for its search, which comes later."""
+    source = TuneResult.from_dict(cluster.result(tune(matmul(64, 64, 128))))
+    assert not keeps_default_schedule(source.records[0].trace)  # something to transfer
+    missed = matmul(64, 128, 128)
+    with LocalRegistry(tmp_path / "reg", sync=False) as reg:
+        reg.put_many(source.records)
+        reg.report_misses([missed])
+        worker = Worker(reg, TuneOptions(trials=4, trials_per_iter=4, publish=1, synthesize=0), name="w", poll_secs=0.2, device=TARGET["mcpu"])
+        first = worker.run(max_jobs=1)
+        assert first.first_passes == 1 and first.done == 0 and first.results[0].warm_started >= 1
+        job = {j["key"]: j for j in reg.jobs()}[missed.key]
+        assert job["state"] == PENDING and job["stage"] == REFINE
+        served = reg.get(missed.key)  # a compile hits now, on a schedule measured here
+        assert served and all(r.provenance["trials"] == 0 and r.provenance["strategy"].startswith("first pass") for r in served)
+        assert not keeps_default_schedule(served[0].trace) and served[0].mean_secs < first.results[0].untuned_secs
+        then = worker.run(max_jobs=1)
+        result = then.results[0]
+        assert then.done == 1 and then.first_passes == 0 and result.trials == 4 and len(result.curve) >= result.warm_started + 1
+        assert {j["key"]: j for j in reg.jobs()}[missed.key]["state"] == DONE
+        assert served[0].trace in warm_start_traces(reg, missed, 8)  # the search started from the first pass's schedule
 
 
 def test_a_miss_from_the_hook_is_tuned_by_a_running_worker_and_then_hits(ray_address: str, tmp_path: Path) -> None:

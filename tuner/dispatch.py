@@ -55,8 +55,8 @@ class Seeder:
         self._model: Any = None
         self._since = -math.inf
 
-    def traces(self, identity: Identity) -> list[str]:
-        """The model's best few samples of ``identity``'s workload as trace texts, best first ([]: none)."""
+    def traces(self, identity: Identity, keep: int = SEEDS) -> list[str]:
+        """The model's best ``keep`` samples of ``identity``'s workload as trace texts, best first ([]: none)."""
         import tvm
 
         from schedhub.hooks.cache import KernelCache, default_dir
@@ -76,17 +76,26 @@ class Seeder:
             return []
         try:
             kernel = normalize_mod(workload_module(identity.workload)["main"])
-            return [trace for trace, _ in synthesize(kernel, target_from_text(identity.target), model, self.samples, keep=SEEDS)]
+            return [trace for trace, _ in synthesize(kernel, target_from_text(identity.target), model, self.samples, keep=keep)]
         except (tvm.error.TVMError, ValueError) as exc:  # a workload MetaSchedule cannot sample: seeded from the registry only
             log.info("schedhub: no synthesized seeds for %s: %s", identity.op, str(exc)[:200])
             return []
 
 
+def warm_start(registry: Registry, identity: Identity, options: TuneOptions, seeder: Seeder | None = None, seeds: int | None = None) -> tuple[list[str], list[str]]:
+    """What a job measures before its search: the registry's traces and ``seeder``'s best ``seeds`` (default ``options.seeds``)."""
+    warm = warm_start_traces(registry, identity, options.warm_start)
+    return warm, seeder.traces(identity, options.seeds if seeds is None else seeds) if seeder is not None else []
+
+
+def submit_tuning(identity: Identity, options: TuneOptions, warm: list[str], seeds: list[str], label: str) -> Any:
+    """Submit one tuning job as a Ray task; returns its ObjectRef."""
+    return cluster.submit("tune", identity=identity.to_dict(), warm_traces=warm, seeds=seeds, options=asdict(options), label=label)
+
+
 def start_tuning(registry: Registry, identity: Identity, options: TuneOptions, label: str, seeder: Seeder | None = None) -> Any:
     """Submit one tuning job as a Ray task, warm-started from the registry's traces and ``seeder``'s; returns its ObjectRef."""
-    warm = warm_start_traces(registry, identity, options.warm_start)
-    seeds = seeder.traces(identity) if seeder is not None else []
-    return cluster.submit("tune", identity=identity.to_dict(), warm_traces=warm, seeds=seeds, options=asdict(options), label=label)
+    return submit_tuning(identity, options, *warm_start(registry, identity, options, seeder), label)
 
 
 def push_result(registry: Registry, result: TuneResult, pushed_by: str = "") -> None:

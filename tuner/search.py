@@ -4,7 +4,8 @@
    shapes, where replay re-derives tile sizes) are replayed on this workload, measured, and seeded
    into the search's database, so evolutionary search starts from them.
 2. Search: ``ms.tune_tir`` with the xgboost cost model; builds and measurements are Ray tasks
-   (:mod:`.backends`).
+   (:mod:`.backends`). A *first pass* (:meth:`TuneOptions.first_pass`: no trials) skips it and
+   publishes the best of what step 1 measured.
 3. Publish: the best distinct schedules are rebuilt, their outputs checked against the
    unscheduled kernel built for this CPU on the same random inputs, and timed again with longer
    repeated timing side by side with the target's default schedule (the unscheduled kernel on a
@@ -20,7 +21,7 @@ import logging
 import socket
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from schedhub.registry import MAX_TRIALS_PER_ENTRY, Identity, Record, Trial, TrialLog, trace_id
@@ -33,6 +34,7 @@ log = logging.getLogger("schedhub.tuner")
 TUNER_NAME = "schedhub.tuner/0.1"
 _FAILED_SECS = 1e9  # MetaSchedule records a failed measurement as 1e10
 SEEDS = 3  # synthesized schedules a job measures before its search (dispatch.Seeder draws them)
+FIRST_PASS_SEEDS = 8  # …and a first pass, which measures nothing else: as many as a compile times (hooks.synthesis.TIMED)
 
 
 class ToolchainMismatch(RuntimeError):
@@ -43,12 +45,13 @@ class ToolchainMismatch(RuntimeError):
 class TuneOptions:
     """The budget and knobs of one tuning job (all plain values: they travel as msgpack)."""
 
-    trials: int = 64
+    trials: int = 64  # 0: a first pass (the warm start measured and the best published, no search)
     trials_per_iter: int = 16
     seed: int = 0
     publish: int = 3  # best distinct schedules verified, re-measured and pushed
     warm_start: int = 8  # registry traces replayed before the search
-    synthesize: int = 64  # design-space samples ranked by the registry's log model; its best SEEDS are seeded too (0: none)
+    synthesize: int = 64  # design-space samples ranked by the registry's log model; its best ``seeds`` are seeded too (0: none)
+    seeds: int = SEEDS  # synthesized schedules measured before the search
     search_threads: int = 0  # MetaSchedule's own threads; 0: physical cores. With 1, a seed gives the same candidates every time
     population: int = 512  # evolutionary search population (MetaSchedule's default); smaller is cheaper per trial
     genetic_iters: int = 4  # evolution rounds per batch of candidates (MetaSchedule's default)
@@ -61,6 +64,11 @@ class TuneOptions:
         if unknown:
             raise ValueError(f"unknown tuning options: {sorted(unknown)}")
         return cls(**values)
+
+    def first_pass(self) -> TuneOptions:
+        """These options for a first pass: the registry's traces and :data:`FIRST_PASS_SEEDS` synthesized
+        seeds measured, the best published, no search (a worker queues the search after every miss had one)."""
+        return replace(self, trials=0, seeds=max(self.seeds, FIRST_PASS_SEEDS))
 
 
 @dataclass
@@ -111,7 +119,8 @@ def tune_job(identity: dict[str, Any], warm_traces: list[str], options: dict[str
 
 def tune_workload(identity: Identity, warm_traces: list[str], options: TuneOptions, label: str = "", seeds: list[str] | None = None) -> TuneResult:
     """Search schedules for one workload on the Ray cluster this process is connected to, measuring first
-    ``warm_traces`` (the registry's, at most ``options.warm_start``) and ``seeds`` (synthesized, at most :data:`SEEDS`)."""
+    ``warm_traces`` (the registry's, at most ``options.warm_start``) and ``seeds`` (synthesized, at most ``options.seeds``);
+    with no trials, only those (a first pass)."""
     from tvm.s_tir import meta_schedule as ms
 
     from schedhub.hooks.identity import compiler_fingerprint, target_from_text, workload_module
@@ -127,16 +136,18 @@ def tune_workload(identity: Identity, warm_traces: list[str], options: TuneOptio
     with tempfile.TemporaryDirectory(prefix="schedhub-tune-") as work_dir:
         builder, runner = RayBuilder(work_dir, timeline), RayRunner(timeline, identity.target, options.timing)
         database = ms.database.MemoryDatabase()
-        synthesized = (seeds or [])[: SEEDS if options.synthesize else 0]
+        synthesized = (seeds or [])[: options.seeds if options.synthesize else 0]
         warm = _seed_database(database, mod, target, list(dict.fromkeys(warm_traces[: options.warm_start] + synthesized)), builder, runner)
         started = time.time()
-        ms.tune_tir(mod, target, work_dir=work_dir, builder=builder, runner=runner, database=database, **search_settings(options))
+        if options.trials > 0:
+            ms.tune_tir(mod, target, work_dir=work_dir, builder=builder, runner=runner, database=database, **search_settings(options))
         search_secs = time.time() - started
         measured = [tr for tr in database.get_all_tuning_records() if mean_secs(tr) < _FAILED_SECS]
         curve = best_so_far([mean_secs(tr) for tr in measured])
         records, untuned, rejected = _publish(identity, mod, measured, options, timeline)
         logged = [(trace_text(tr.trace), mean_secs(tr)) for tr in log_sample(measured)]
-    prov = {"tuner": TUNER_NAME, "strategy": "evolutionary+xgb", "trials": options.trials, "seed": options.seed, "warm_started": warm, "synthesized_seeds": len(synthesized),
+    strategy = "evolutionary+xgb" if options.trials > 0 else "first pass: warm start measured, no search"
+    prov = {"tuner": TUNER_NAME, "strategy": strategy, "trials": options.trials, "seed": options.seed, "warm_started": warm, "synthesized_seeds": len(synthesized),
             "search_secs": round(search_secs, 3), "untuned_secs": untuned, "host": socket.gethostname(), "job": timeline.job,
             "host_cpu": tvm_env.host_target()["mcpu"],
             "tuned_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "curve": json.dumps(_thin(curve, 64))}  # fmt: skip

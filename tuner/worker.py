@@ -9,6 +9,12 @@ comes after the push, so a job is done exactly when its records are stored.
 Two tasks: ``tune`` (search a missed workload, push the results) and ``verify`` (replay, check and
 re-measure someone's pushed claim; the verdict travels with the ack). Verifications come first.
 
+A tune job the registry can warm-start (transfers from neighbours, or synthesized seeds once the
+measurement log teaches a model) first gets a *first pass*: those candidates measured side by side,
+the best pushed within seconds, the job acked with ``refine`` so the queue hands out every other
+miss's first pass before this one's full search. A compile that missed a whole model so gets
+measured schedules for all its kernels long before the searches end.
+
 A worker leases only jobs its cluster can time (:func:`cluster.measurable`): CPU jobs for the CPU
 model it runs on, CUDA jobs for the architecture of the cluster's GPUs; the rest stay queued for
 a worker that can.
@@ -24,10 +30,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from schedhub.registry import TUNE, VERIFY, Identity, Lease, LeaseLost, Registry, RegistryError
+from schedhub.registry import REFINE, TUNE, VERIFY, Identity, Lease, LeaseLost, Registry, RegistryError
 
 from . import cluster
-from .dispatch import Seeder, push_result, start_tuning
+from .dispatch import Seeder, push_result, submit_tuning, warm_start
 from .search import TuneOptions, TuneResult
 
 log = logging.getLogger("schedhub.tuner.worker")
@@ -36,6 +42,7 @@ log = logging.getLogger("schedhub.tuner.worker")
 @dataclass
 class WorkerStats:
     done: int = 0
+    first_passes: int = 0
     verified: int = 0
     failed: int = 0
     lost: int = 0
@@ -49,6 +56,7 @@ class _Running:
     identity: Identity
     ref: Any
     renewed: float
+    first_pass: bool = False
 
 
 class Worker:
@@ -58,9 +66,11 @@ class Worker:
         self, registry: Registry, options: TuneOptions, *, name: str | None = None, concurrency: int = 1,
         lease_secs: float = 120.0, poll_secs: float = 2.0, on_event: Callable[[str, dict[str, Any]], None] | None = None,
         tasks: tuple[str, ...] = (VERIFY, TUNE), device: str | None = None, devices: list[tuple[str, str]] | None = None,
+        first_pass: bool = True,
     ) -> None:  # fmt: skip
         """``device``: the CPU model CPU jobs must be for (default: this machine's). ``devices``: every
-        (target kind, device model) to lease for (default: what the cluster can time, asked of it)."""
+        (target kind, device model) to lease for (default: what the cluster can time, asked of it).
+        ``first_pass``: give tune jobs with something to warm-start from a first pass before their search."""
         from schedhub.hooks.identity import compiler_fingerprint
         from schedhub.hooks.measure import host_cpu
 
@@ -72,6 +82,7 @@ class Worker:
         self.poll_secs = poll_secs
         self.fingerprint = compiler_fingerprint()
         self.tasks = tasks
+        self.first_pass = first_pass
         self.device = device or host_cpu()  # jobs for another CPU model are left to a worker on one
         self.devices = devices if devices is not None else cluster.measurable(self.device)
         self.on_event = on_event or (lambda kind, info: log.info("%s %s", kind, info))
@@ -127,15 +138,25 @@ class Worker:
             if len(leases) < room:
                 leases += self.registry.lease(self.name, room - len(leases), self.lease_secs, fingerprint=self.fingerprint, kind=kind, device=device, tasks=self.tasks)
         for lease in leases:
+            first = False
             if lease.job.get("task") == VERIFY:
                 identity = Identity.from_obj(lease.job["identity"])
                 ref = cluster.submit("verify", job=lease.job, timing=self.options.final_timing)
             else:
                 identity = Identity.from_obj(lease.job)
-                ref = start_tuning(self.registry, identity, self.options, f"{identity.op}:{lease.key[:8]}", self.seeder)
-            self.running[lease.key] = _Running(lease, identity, ref, time.time())
-            self.on_event("leased", {"key": lease.key, "task": lease.job.get("task", TUNE), "op": identity.op, "attempt": lease.job.get("attempts")})
+                first, ref = self._start_tuning(lease, identity)
+            self.running[lease.key] = _Running(lease, identity, ref, time.time(), first)
+            task = "first-pass" if first else lease.job.get("task", TUNE)
+            self.on_event("leased", {"key": lease.key, "task": task, "op": identity.op, "attempt": lease.job.get("attempts")})
         return len(leases)
+
+    def _start_tuning(self, lease: Lease, identity: Identity) -> tuple[bool, Any]:
+        """Submit a tune job: its first pass when it has not had one and there is something to measure, else its search."""
+        may_first = self.first_pass and lease.job.get("stage", "") != REFINE
+        warm, seeds = warm_start(self.registry, identity, self.options.first_pass() if may_first else self.options, self.seeder)
+        first = may_first and bool(warm or seeds)
+        options = self.options.first_pass() if first else self.options
+        return first, submit_tuning(identity, options, warm, seeds, f"{identity.op}:{lease.key[:8]}")
 
     def _renew_due(self) -> None:
         import ray
@@ -169,15 +190,19 @@ class Worker:
                 stats.verified += 1
                 self.on_event("verified", {"key": run.identity.key, "trace_id": run.lease.job["trace_id"], "outcome": outcome, "reason": answer["reason"]})
                 return
-            push_result(self.registry, result, self.name)
-            self.registry.ack(key, lease_id)
+            if result.warm_started or not run.first_pass:  # a first pass that measured nothing has nothing to say
+                push_result(self.registry, result, self.name)
+            self.registry.ack(key, lease_id, refine=run.first_pass)
         except LeaseLost:  # expired while we pushed: the records are stored, the next holder will find them
             stats.lost += 1
             self.on_event("lost", {"key": key})
             return
-        stats.done += 1
+        if run.first_pass:
+            stats.first_passes += 1
+        else:
+            stats.done += 1
         stats.results.append(result)
-        self.on_event("done", {"key": key, "op": run.identity.op, "untuned_ms": result.untuned_secs * 1e3, "best_ms": (result.best_secs or 0) * 1e3})
+        self.on_event("first-pass" if run.first_pass else "done", {"key": key, "op": run.identity.op, "untuned_ms": result.untuned_secs * 1e3, "best_ms": (result.best_secs or 0) * 1e3})
 
     def _fail(self, key: str, lease_id: str, error: str, stats: WorkerStats) -> None:
         stats.failed += 1
