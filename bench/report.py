@@ -338,8 +338,8 @@ def _transfer(d: dict[str, Any] | None, drawn: dict[str, str], judged: dict[str,
              f"The registry holds {d['source_keys']} records from tuning {source} at batch 1 ({o['trials']} trials per kernel; {fill}). "
              "Each held-out network compiles plain (TVM's default schedules) and inside `hooks.use(registry)`, where a kernel without "
              f"a record gets a transfer ({d.get('ranked_by', d.get('ranking'))}); \"measured\" serves instead the fastest candidate "
-             "timed on this machine (`use(..., measure=SECONDS)`). Then the network's kernels are tuned at the same budget, warm-started, and "
-             f"it compiles again with every kernel a hit (\"tuned\"). Latency: {rounds} interleaved rounds, PyTorch in its own process on "
+             "timed on this machine (`use(..., measure=SECONDS)`). Then the network's kernels are tuned at the same budget, warm-started "
+             f"(after a worker's first pass over all of them, below), and it compiles again with every kernel a hit (\"tuned\"). Latency: {rounds} interleaved rounds, PyTorch in its own process on "
              "the same input and weights; every output agrees with the default's to 1e-3 of its scale.", ""]  # fmt: skip
     rows = []
     for r in d["rows"]:

@@ -8,7 +8,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from schedhub.registry import NotFound, Record, Registry
+from schedhub.registry import NotFound, Record, Registry, task_label
 
 from .common import open_registry, out, registry_option, reports_errors
 
@@ -116,7 +116,7 @@ def queue(registry: str, token: str | None, state: str | None) -> None:
     """Jobs in the miss queue."""
     table = Table("key", "task", "op", "state", "demand", "attempts", "last error")
     for job in open_registry(registry, token, readonly=True).jobs(state):
-        table.add_row(job["key"], job.get("task", "tune"), job["op"], job["state"], str(job["demand"]), str(job["attempts"]), job["last_error"][:60])
+        table.add_row(job["key"], task_label(job), job["op"], job["state"], str(job["demand"]), str(job["attempts"]), job["last_error"][:60])
     out.print(table)
 
 

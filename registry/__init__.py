@@ -36,7 +36,7 @@ from ._errors import (
 from ._keys import SCHEMA_VERSION, canonical_target, is_key, record_key, skeleton, structure_key, target_device, target_kind, workload_key
 from ._limits import check_annotations, check_workload_source, dotted_name, signature_args_info
 from ._neighbours import COMPILER, SHAPE, TARGET, Candidate, Probe, shape_distance
-from ._queue import DEAD, DONE, LEASED, PENDING, REFINE, TUNE, VERIFY, Lease, MissQueue, verify_job_id
+from ._queue import DEAD, DONE, LEASED, PENDING, REFINE, TUNE, VERIFY, Lease, MissQueue, task_label, verify_job_id
 from ._records import Identity, Record, Served, keeps_default_schedule, packb, trace_id, trace_instructions, unpackb
 from ._serve import InsecureServerError, ServerThread, serve
 from ._server import create_app
@@ -66,7 +66,7 @@ __all__ = [
     "SCHEMA_VERSION", "record_key", "canonical_target", "is_key", "target_kind", "target_device",
     "skeleton", "structure_key", "workload_key", "Probe", "Candidate", "shape_distance", "COMPILER", "SHAPE", "TARGET",
     "Record", "Identity", "Served", "Trial", "TrialLog", "MAX_TRIALS_PER_ENTRY", "keeps_default_schedule", "trace_id", "trace_instructions", "packb", "unpackb", "signature_args_info", "check_workload_source", "check_annotations", "dotted_name",
-    "Principal", "ROLES", "TUNE", "VERIFY", "REFINE", "verify_job_id",
+    "Principal", "ROLES", "TUNE", "VERIFY", "REFINE", "task_label", "verify_job_id",
     "Store", "StoreFormatError", "MissQueue", "Lease", "KeySummary", "PutResult",
     "PENDING", "LEASED", "DONE", "DEAD",
     "LocalRegistry", "RegistryClient", "Registry", "connect", "create_app",

@@ -15,6 +15,7 @@ from collections import Counter, deque
 from typing import Any
 
 from ._keys import target_kind
+from ._queue import task_label
 
 BUCKET_SECS = 600  # lookup activity in 10-minute buckets
 BUCKETS = 144  # the last 24 hours
@@ -148,7 +149,7 @@ def render(stats: dict[str, Any], data: dict[str, Any], activity: list[tuple[int
                f"got transfer candidates; <span id=misses-reported>{since_start.get('reported', 0):,}</span> misses reported to the queue.</p>")  # fmt: skip
     out.append(timeline(activity))
     out.append("<h2>Queue</h2><div class=cards>" + "".join(f'<div class=card><b id="queue-{e(s)}">{n:,}</b>{e(s)}</div>' for s, n in queue.items()) + "</div>")
-    wanted = [[e(j.get("task", "tune")), e(j.get("op", "")), e(target_label(j.get("target", ""))), f"{j.get('demand', 0):,}",
+    wanted = [[e(task_label(j)), e(j.get("op", "")), e(target_label(j.get("target", ""))), f"{j.get('demand', 0):,}",
                e(_ago(j.get("first_seen"), now)), f"<code>{e(j['key'])}</code>"] for j in data["wanted"]]  # fmt: skip
     out.append("<h3>Next to be leased</h3>" + table(["task", "op", "target", "demand", "waiting", "key"], wanted, "wanted"))
     recent = []

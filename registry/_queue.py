@@ -337,6 +337,11 @@ class MissQueue:
         return counts
 
 
+def task_label(job: dict[str, Any]) -> str:
+    """A job's task as listings show it: ``tune (refine)`` once its first pass is pushed and its search is left."""
+    return job.get("task", TUNE) + (f" ({REFINE})" if job.get("stage") == REFINE else "")
+
+
 def _pending_prefix(job: dict[str, Any]) -> bytes:
     """Where a pending job sorts: verifications, then tune jobs awaiting a first pass, then refinements."""
     if job.get("task") == VERIFY:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from schedhub.registry import DEAD, DONE, LEASED, PENDING, REFINE, VERIFY, Identity, InvalidRecord, LeaseLost, LocalRegistry, canonical_target, record_key
+from schedhub.registry import DEAD, DONE, LEASED, PENDING, REFINE, VERIFY, Identity, InvalidRecord, LeaseLost, LocalRegistry, canonical_target, record_key, task_label
 
 from .conftest import make_record
 
@@ -131,6 +131,7 @@ def test_a_first_pass_ack_requeues_the_job_for_refinement_after_every_first_pass
         assert order == [other.key, late.key, popular.key]
         refine = {j["key"]: j for j in reg.jobs(LEASED)}[popular.key]
         assert refine["stage"] == REFINE and refine["attempts"] == 1 and refine["demand"] == 3
+        assert task_label(refine) == "tune (refine)" and task_label({**refine, "stage": ""}) == "tune"  # as `schedhub queue` and the dashboard list it
 
 
 def test_a_refine_job_survives_a_push_and_closes_with_its_ack(local: LocalRegistry) -> None:
