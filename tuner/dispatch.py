@@ -82,10 +82,10 @@ class Seeder:
             return []
 
 
-def warm_start(registry: Registry, identity: Identity, options: TuneOptions, seeder: Seeder | None = None, seeds: int | None = None) -> tuple[list[str], list[str]]:
-    """What a job measures before its search: the registry's traces and ``seeder``'s best ``seeds`` (default ``options.seeds``)."""
+def warm_start(registry: Registry, identity: Identity, options: TuneOptions, seeder: Seeder | None = None) -> tuple[list[str], list[str]]:
+    """What a job measures before its search: the registry's traces and ``seeder``'s best ``options.seeds``."""
     warm = warm_start_traces(registry, identity, options.warm_start)
-    return warm, seeder.traces(identity, options.seeds if seeds is None else seeds) if seeder is not None else []
+    return warm, seeder.traces(identity, options.seeds) if seeder is not None else []
 
 
 def submit_tuning(identity: Identity, options: TuneOptions, warm: list[str], seeds: list[str], label: str) -> Any:

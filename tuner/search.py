@@ -34,7 +34,6 @@ log = logging.getLogger("schedhub.tuner")
 TUNER_NAME = "schedhub.tuner/0.1"
 _FAILED_SECS = 1e9  # MetaSchedule records a failed measurement as 1e10
 SEEDS = 3  # synthesized schedules a job measures before its search (dispatch.Seeder draws them)
-FIRST_PASS_SEEDS = 8  # …and a first pass, which measures nothing else: as many as a compile times (hooks.synthesis.TIMED)
 
 
 class ToolchainMismatch(RuntimeError):
@@ -66,9 +65,12 @@ class TuneOptions:
         return cls(**values)
 
     def first_pass(self) -> TuneOptions:
-        """These options for a first pass: the registry's traces and :data:`FIRST_PASS_SEEDS` synthesized
-        seeds measured, the best published, no search (a worker queues the search after every miss had one)."""
-        return replace(self, trials=0, seeds=max(self.seeds, FIRST_PASS_SEEDS))
+        """These options for a first pass: the registry's traces and as many synthesized seeds as a compile
+        times (``hooks.synthesis.TIMED``) measured, the best published, no search (a worker queues the search
+        after every miss had one)."""
+        from schedhub.hooks.synthesis import TIMED
+
+        return replace(self, trials=0, seeds=max(self.seeds, TIMED))
 
 
 @dataclass
