@@ -192,7 +192,10 @@ class Worker:
                 return
             if result.warm_started or not run.first_pass:  # a first pass that measured nothing has nothing to say
                 push_result(self.registry, result, self.name)
-            self.registry.ack(key, lease_id, refine=run.first_pass)
+            outcome = self.registry.ack(key, lease_id, refine=run.first_pass)
+            if run.first_pass and outcome != REFINE:  # a registry older than refine jobs closed it: search at once from now on
+                self.first_pass = False
+                self.on_event("first-pass-off", {"key": key, "reason": "the registry closed a first pass's job instead of requeueing it for its search"})
         except LeaseLost:  # expired while we pushed: the records are stored, the next holder will find them
             stats.lost += 1
             self.on_event("lost", {"key": key})
