@@ -182,7 +182,8 @@ def worker(registry: str, token: str | None, trials: int, trials_per_iter: int, 
 
     w = Worker(reg, options, name=name, concurrency=concurrency, lease_secs=lease_secs, poll_secs=poll_secs, on_event=event, device=device, first_pass=first_pass)
     kinds = ", ".join(f"{kind} {device}" for kind, device in w.devices) or "no device it can time"
-    out.print(f"worker {w.name} ({kinds} jobs) on ray {info['address']}; registry {registry}", highlight=False)
+    passes = "first passes, then searches" if w.first_pass else "searches only"
+    out.print(f"worker {w.name} ({kinds} jobs; {passes}) on ray {info['address']}; registry {registry}", highlight=False)
     try:
         stats = w.run(max_jobs=max_jobs, until_idle=until_idle, should_stop=lambda: bool(stopping))
     finally:

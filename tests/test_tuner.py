@@ -242,7 +242,8 @@ def test_a_worker_gives_a_warm_startable_miss_a_first_pass_then_its_search(ray_a
     with LocalRegistry(tmp_path / "reg", sync=False) as reg:
         reg.put_many(source.records)
         reg.report_misses([missed])
-        worker = Worker(reg, TuneOptions(trials=4, trials_per_iter=4, publish=1, synthesize=0), name="w", poll_secs=0.2, device=TARGET["mcpu"])
+        assert not Worker(reg, TuneOptions(trials=16, synthesize=0), device=TARGET["mcpu"]).first_pass  # a search no longer than a first pass
+        worker = Worker(reg, TuneOptions(trials=24, trials_per_iter=12, publish=1, synthesize=0), name="w", poll_secs=0.2, device=TARGET["mcpu"])
         first = worker.run(max_jobs=1)
         assert first.first_passes == 1 and first.done == 0 and first.results[0].warm_started >= 1
         job = {j["key"]: j for j in reg.jobs()}[missed.key]
@@ -252,7 +253,7 @@ def test_a_worker_gives_a_warm_startable_miss_a_first_pass_then_its_search(ray_a
         assert not keeps_default_schedule(served[0].trace) and served[0].mean_secs < first.results[0].untuned_secs
         then = worker.run(max_jobs=1)
         result = then.results[0]
-        assert then.done == 1 and then.first_passes == 0 and result.trials == 4 and len(result.curve) >= result.warm_started + 1
+        assert then.done == 1 and then.first_passes == 0 and result.trials == 24 and len(result.curve) >= result.warm_started + 1
         assert {j["key"]: j for j in reg.jobs()}[missed.key]["state"] == DONE
         assert served[0].trace in warm_start_traces(reg, missed, 8)  # the search started from the first pass's schedule
 

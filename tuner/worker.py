@@ -70,7 +70,8 @@ class Worker:
     ) -> None:  # fmt: skip
         """``device``: the CPU model CPU jobs must be for (default: this machine's). ``devices``: every
         (target kind, device model) to lease for (default: what the cluster can time, asked of it).
-        ``first_pass``: give tune jobs with something to warm-start from a first pass before their search."""
+        ``first_pass``: give tune jobs with something to warm-start from a first pass before their search, when
+        the search measures more than a first pass would (at 8 trials the two took as long: bench/RESULTS.md)."""
         from schedhub.hooks.identity import compiler_fingerprint
         from schedhub.hooks.measure import host_cpu
 
@@ -82,7 +83,8 @@ class Worker:
         self.poll_secs = poll_secs
         self.fingerprint = compiler_fingerprint()
         self.tasks = tasks
-        self.first_pass = first_pass
+        measured_first = options.first_pass()
+        self.first_pass = first_pass and options.trials > measured_first.warm_start + measured_first.seeds
         self.device = device or host_cpu()  # jobs for another CPU model are left to a worker on one
         self.devices = devices if devices is not None else cluster.measurable(self.device)
         self.on_event = on_event or (lambda kind, info: log.info("%s %s", kind, info))
