@@ -16,7 +16,7 @@ from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 
-from schedhub.registry import LocalRegistry, Principal, Record, RegistryClient, ServerThread, canonical_target
+from schedhub.registry import REFINE, LocalRegistry, Principal, Record, RegistryClient, ServerThread, canonical_target
 
 from .conftest import TOKEN, make_record
 
@@ -52,6 +52,8 @@ def test_the_dashboard_shows_what_the_stats_say(tmp_path: Path, browser: webdriv
         admin.quarantine(hostile.key, hostile.trace_id, "the claim was <img src=x onerror=alert(1)> too good")
         missed = [make_record(w, 1e-3).identity for w in range(40, 46)]
         admin.report_misses(missed + missed[:2])  # two of them in demand twice
+        first = admin.lease("a worker", 1)[0]  # the most demanded: its first pass pushed, its search left for after every other first pass
+        assert first.key == missed[0].key and admin.ack(first.key, first.lease_id, refine=True) == REFINE
         admin.lookup([make_record(w, 1e-4).key for w in (1, 2, 3)] + [m.key for m in missed])
         stats = httpx.get(f"{srv.url}/v1/stats").json()
 
@@ -72,7 +74,8 @@ def test_the_dashboard_shows_what_the_stats_say(tmp_path: Path, browser: webdriv
         assert len(browser.find_elements(By.CSS_SELECTOR, "#chart-speedups rect")) == 7  # the claim's speedup is not among them
         assert len(browser.find_elements(By.CSS_SELECTOR, "#chart-lookups rect")) == 3
         wanted = [[td.text for td in row.find_elements(By.TAG_NAME, "td")] for row in browser.find_elements(By.CSS_SELECTOR, "#wanted tr")[1:]]
-        assert [w[0] for w in wanted] == ["verify"] + ["tune"] * 6 and [w[3] for w in wanted[1:3]] == ["2", "2"]  # lease order: most demand first
+        assert [w[0] for w in wanted] == ["verify"] + ["tune"] * 5 + ["tune (refine)"]  # lease order: first passes before searches,
+        assert [w[3] for w in wanted[1:3]] == ["2", "1"] and wanted[-1][3] == "2"  # then most demand first
         assert "<img src=x onerror=alert(1)>" in browser.find_element(By.ID, "quarantine").text  # text, not an element
         assert browser.find_elements(By.CSS_SELECTOR, "img, script") == []
         assert "mallory <script>" in browser.find_element(By.ID, "recent").text
