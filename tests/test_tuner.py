@@ -246,6 +246,8 @@ def test_a_worker_gives_a_warm_startable_miss_a_first_pass_then_its_search(ray_a
         worker = Worker(reg, TuneOptions(trials=24, trials_per_iter=12, publish=1, synthesize=0), name="w", poll_secs=0.2, device=TARGET["mcpu"])
         first = worker.run(max_jobs=1)
         assert first.first_passes == 1 and first.done == 0 and first.results[0].warm_started >= 1
+        builds = sum(e["count"] for e in first.results[0].events if e["kind"] == "build")
+        assert builds == first.results[0].warm_started + 1  # publishing reuses the warm start's builds: only the default is built again
         job = {j["key"]: j for j in reg.jobs()}[missed.key]
         assert job["state"] == PENDING and job["stage"] == REFINE
         served = reg.get(missed.key)  # a compile hits now, on a schedule measured here

@@ -118,7 +118,7 @@ class RayRunner(ms.runner.PyRunner):
         futures = []
         for lo in range(0, len(runner_inputs), MEASURE_CHUNK):
             batch = runner_inputs[lo : lo + MEASURE_CHUNK]
-            artifacts = [_read(ri.artifact_path) for ri in batch]
+            artifacts = [read_artifact(ri.artifact_path) for ri in batch]
             args_info = [plain_json(a.as_json()) for a in batch[0].args_info]
             ref = cluster.submit("measure", placed=self.placed, artifacts=artifacts, args_info=args_info, timing=self.timing, target_text=self.target)
             chunk = _Chunk(ref, len(batch), self.timeline)
@@ -127,7 +127,8 @@ class RayRunner(ms.runner.PyRunner):
         return futures
 
 
-def _read(path: str) -> bytes | None:
+def read_artifact(path: str) -> bytes | None:
+    """A built kernel's bytes (None when the file is gone: MetaSchedule removes its candidates' builds)."""
     try:
         with open(path, "rb") as f:
             return f.read()

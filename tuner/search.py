@@ -27,7 +27,7 @@ from typing import Any
 from schedhub.registry import MAX_TRIALS_PER_ENTRY, Identity, Record, Trial, TrialLog, trace_id
 
 from . import cluster, tvm_env
-from .backends import RayBuilder, RayRunner, Timeline
+from .backends import RayBuilder, RayRunner, Timeline, read_artifact
 from .kernels import FINAL_TIMING, TUNING_TIMING
 
 log = logging.getLogger("schedhub.tuner")
@@ -139,14 +139,14 @@ def tune_workload(identity: Identity, warm_traces: list[str], options: TuneOptio
         builder, runner = RayBuilder(work_dir, timeline), RayRunner(timeline, identity.target, options.timing)
         database = ms.database.MemoryDatabase()
         synthesized = (seeds or [])[: options.seeds if options.synthesize else 0]
-        warm = _seed_database(database, mod, target, list(dict.fromkeys(warm_traces[: options.warm_start] + synthesized)), builder, runner)
+        warm, artifacts = _seed_database(database, mod, target, list(dict.fromkeys(warm_traces[: options.warm_start] + synthesized)), builder, runner)
         started = time.time()
         if options.trials > 0:
             ms.tune_tir(mod, target, work_dir=work_dir, builder=builder, runner=runner, database=database, **search_settings(options))
         search_secs = time.time() - started
         measured = [tr for tr in database.get_all_tuning_records() if mean_secs(tr) < _FAILED_SECS]
         curve = best_so_far([mean_secs(tr) for tr in measured])
-        records, untuned, rejected = _publish(identity, mod, measured, options, timeline)
+        records, untuned, rejected = _publish(identity, mod, measured, options, timeline, artifacts)
         logged = [(trace_text(tr.trace), mean_secs(tr)) for tr in log_sample(measured)]
     strategy = "evolutionary+xgb" if options.trials > 0 else "first pass: warm start measured, no search"
     prov = {"tuner": TUNER_NAME, "strategy": strategy, "trials": options.trials, "seed": options.seed, "warm_started": warm, "synthesized_seeds": len(synthesized),
@@ -256,11 +256,12 @@ def replay(mod: Any, text: str) -> Any:
     return replay_schedule(mod, json.loads(text)).trace
 
 
-def _seed_database(database: Any, mod: Any, target: Any, traces: list[str], builder: RayBuilder, runner: RayRunner) -> int:
-    """Replay registry traces on ``mod``, measure them and commit them to ``database``."""
+def _seed_database(database: Any, mod: Any, target: Any, traces: list[str], builder: RayBuilder, runner: RayRunner) -> tuple[int, dict[str, str]]:
+    """Replay registry traces on ``mod``, measure them and commit them to ``database``; returns how many were
+    committed and where each one's build is (by the replayed trace's text), so publishing does not build it again."""
     from tvm.s_tir import meta_schedule as ms
 
-    from schedhub.hooks.msdb import scheduled
+    from schedhub.hooks.msdb import scheduled, trace_text
 
     workload = database.commit_workload(mod)
     replayed = []
@@ -271,21 +272,21 @@ def _seed_database(database: Any, mod: Any, target: Any, traces: list[str], buil
         except Exception as exc:  # a trace of another structure: skip it, say so
             log.info("warm start: a registry trace does not apply (%s)", str(exc).splitlines()[0][:200])
     if not replayed:
-        return 0
+        return 0, {}
     args_info = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
     built = builder.build([ms.builder.BuilderInput(m, target) for _, m in replayed])
     device = "cpu" if target.kind.name == "llvm" else target.kind.name
     inputs = [ms.runner.RunnerInput(b.artifact_path, device, args_info) for b in built if b.artifact_path]
     futures = iter(runner.run(inputs))
-    seeded = 0
+    artifacts: dict[str, str] = {}
     for (trace, _), b in zip(replayed, built):
         if b.artifact_path is None:
             continue
         res = next(futures).result()
         if res.run_secs:
             database.commit_tuning_record(ms.database.TuningRecord(trace, workload, res.run_secs, target, args_info))
-            seeded += 1
-    return seeded
+            artifacts[trace_text(trace)] = b.artifact_path
+    return len(artifacts), artifacts
 
 
 #: Where the reference output is computed for kernels of other devices: this CPU, unscheduled.
@@ -301,11 +302,13 @@ def reference_build(mod: Any, target_text: str) -> tuple[Any, str] | None:
     return None if target_kind(target_text) == "llvm" else (mod, HOST_REFERENCE)
 
 
-def side_by_side(identity: Identity, mod: Any, candidates: list[Any], timing: dict[str, Any], timeline: Timeline) -> list[dict[str, Any]]:
-    """Build the target's :func:`default_schedule` of ``mod`` and each scheduled candidate (CPU tasks),
-    then time them in one measurement task that holds the device, checking every output against the
-    unscheduled kernel's on a CPU (on a CPU target, the default's own build). The caller has checked
-    that the cluster can build and time them (:func:`cluster.check_feasible`).
+def side_by_side(identity: Identity, mod: Any, candidates: list[Any], timing: dict[str, Any], timeline: Timeline,
+                 prebuilt: list[bytes | None] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """Build the target's :func:`default_schedule` of ``mod`` and each scheduled candidate (CPU tasks; a
+    candidate whose ``prebuilt`` artifact is given is not built again), then time them in one measurement
+    task that holds the device, checking every output against the unscheduled kernel's on a CPU (on a CPU
+    target, the default's own build). The caller has checked that the cluster can build and time them
+    (:func:`cluster.check_feasible`).
 
     Returns one ``{"run_secs", "error"}`` per module, the default first (it must run).
     """
@@ -314,13 +317,17 @@ def side_by_side(identity: Identity, mod: Any, candidates: list[Any], timing: di
     from schedhub.hooks.identity import target_from_text
 
     host = reference_build(mod, identity.target)
+    given = [None, *(prebuilt or [None] * len(candidates))]
     builds = [(default_schedule(mod, target_from_text(identity.target)), identity.target), *((c, identity.target) for c in candidates)]
     if host:
         builds.append(host)
-    refs = [cluster.submit("build", placed=cluster.placement("build", t), mod_json=tvm.ir.save_json(m), target_text=t) for m, t in builds]
-    built = [cluster.result(r) for r in refs]
-    for b in built:
-        timeline.add("build", b)
+        given.append(None)
+    refs = [None if artifact else cluster.submit("build", placed=cluster.placement("build", t), mod_json=tvm.ir.save_json(m), target_text=t)
+            for (m, t), artifact in zip(builds, given)]  # fmt: skip
+    built = [{"artifact": artifact, "error": None} if ref is None else cluster.result(ref) for ref, artifact in zip(refs, given)]
+    for ref, b in zip(refs, built):
+        if ref is not None:
+            timeline.add("build", b)
     reference = built.pop() if host else built[0]
     if reference["artifact"] is None:
         raise RuntimeError(f"the unscheduled workload does not build: {reference['error']}")
@@ -337,9 +344,11 @@ def side_by_side(identity: Identity, mod: Any, candidates: list[Any], timing: di
     return results
 
 
-def _publish(identity: Identity, mod: Any, measured: list[Any], options: TuneOptions, timeline: Timeline) -> tuple[list[Record], float, list[str]]:
-    """Verify and re-measure the best distinct schedules; returns (records best first, untuned secs, rejections:
-    ``"<trace id>: <why>"`` for each schedule the search measured that is not published)."""
+def _publish(identity: Identity, mod: Any, measured: list[Any], options: TuneOptions, timeline: Timeline,
+             artifacts: dict[str, str] | None = None) -> tuple[list[Record], float, list[str]]:  # fmt: skip
+    """Verify and re-measure the best distinct schedules (``artifacts``: the builds the warm start kept, by trace
+    text); returns (records best first, untuned secs, rejections: ``"<trace id>: <why>"`` for each schedule the
+    search measured that is not published)."""
     import tvm
 
     from schedhub.hooks.msdb import scheduled, trace_text
@@ -350,7 +359,9 @@ def _publish(identity: Identity, mod: Any, measured: list[Any], options: TuneOpt
         best.setdefault(text, tr)
         if len(best) >= options.publish:
             break
-    results = side_by_side(identity, mod, [scheduled(mod, tr.trace) for tr in best.values()], options.final_timing, timeline)
+    kept = artifacts or {}
+    prebuilt = [read_artifact(kept[text]) if text in kept else None for text in best]
+    results = side_by_side(identity, mod, [scheduled(mod, tr.trace) for tr in best.values()], options.final_timing, timeline, prebuilt)
     untuned = results[0]
     default = Record(identity, trace_text(tvm.s_tir.Schedule(mod).trace), untuned["run_secs"], {"default_schedule": True, "default": default_name(identity.target)})
     records, rejected = [], []
