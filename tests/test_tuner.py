@@ -11,10 +11,12 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -131,6 +133,56 @@ def test_a_job_is_seeded_with_the_log_models_synthesized_schedules(ray_address: 
         assert result.warm_started == len(seeds) and result.records[0].provenance["synthesized_seeds"] == len(seeds)
     with registry_with(tmp_path / "unverified", logs, verified=False) as reg:
         assert Seeder(reg, 16).traces(identity) == []  # only a verified log teaches the model
+
+
+def test_seeds_are_never_drawn_while_a_kernel_is_timed_on_the_node(ray_address: str, tmp_path: Path, seeding: SimpleNamespace) -> None:
+    """The driver samples and scores outside Ray, on this node's cores: it holds one of them meanwhile, so a
+    measurement that times a kernel on both CPUs of this node waits for the drawing to end (beside it, a 1.7 ms
+    convolution was timed at 68 ms)."""
+    from .test_synthesis import registry_with
+
+    identity = seeding.identity
+    with registry_with(tmp_path / "store", seeding.logs) as reg:
+        seeder = Seeder(reg, 512)
+        seeder.traces(identity)  # trains the model: what follows only samples and scores
+        placed = {"num_cpus": 2, "resources": {cluster.MEASURE_RESOURCE: 1}}
+
+        def measure() -> dict[str, Any]:
+            return cluster.result(cluster.submit("measure", placed=placed, artifacts=[], args_info=[], timing=dict(TINY.timing), target_text=identity.target))
+
+        measure()  # a worker process with TVM imported: the next measurement starts as soon as it may
+        assert driver_cpu_held(False)  # the training's hold is gone (Ray's view of it lags a little)
+        drawn: dict[str, float] = {}
+
+        def draw() -> None:
+            drawn["start"] = time.time()
+            seeder.traces(identity)
+            drawn["end"] = time.time()
+
+        thread = threading.Thread(target=draw)
+        thread.start()
+        assert driver_cpu_held()  # the drawing holds one of the node's two CPUs
+        held = time.time()
+        timed = measure()
+        thread.join()
+    assert drawn["end"] - held > 1.0  # long enough that a measurement beside it would have started meanwhile
+    assert timed["start"] > drawn["end"] - 0.2  # it waited for the drawing to end
+    with cluster.holding_driver_cpu() as held:
+        assert held and driver_cpu_held()
+    assert driver_cpu_held(False)
+
+
+def driver_cpu_held(wanted: bool = True) -> bool:
+    """Whether a CPU held by :func:`cluster.holding_driver_cpu` (a placement group's bundle) is, or within
+    10 s comes to be, ``wanted``."""
+    import ray
+
+    deadline = time.time() + 10
+    while any(name.startswith("CPU_group_") for name in ray.cluster_resources()) != wanted:
+        if time.time() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 def test_a_seeder_trains_at_most_its_bound_per_call_and_goes_on_from_the_cache(tmp_path: Path, seeding: SimpleNamespace) -> None:

@@ -56,17 +56,24 @@ class Seeder:
         self._since = -math.inf
 
     def traces(self, identity: Identity, keep: int = SEEDS) -> list[str]:
-        """The model's best ``keep`` samples of ``identity``'s workload as trace texts, best first ([]: none)."""
+        """The model's best ``keep`` samples of ``identity``'s workload as trace texts, best first ([]: none).
+        Drawn holding a CPU of this node (:func:`cluster.holding_driver_cpu`), so no kernel is timed meanwhile."""
+        from schedhub.hooks.identity import compiler_fingerprint
+
+        if not self.samples or identity.fingerprint != compiler_fingerprint():
+            return []
+        with cluster.holding_driver_cpu():  # training and sampling run here, in the driver: never beside a measurement
+            return self._draw(identity, keep)
+
+    def _draw(self, identity: Identity, keep: int) -> list[str]:
         import tvm
 
         from schedhub.hooks.cache import KernelCache, default_dir
-        from schedhub.hooks.identity import compiler_fingerprint, target_from_text, workload_module
+        from schedhub.hooks.identity import target_from_text, workload_module
         from schedhub.hooks.measure import Budget
         from schedhub.hooks.msdb import normalize_mod
         from schedhub.hooks.synthesis import LogModel, synthesize
 
-        if not self.samples or identity.fingerprint != compiler_fingerprint():
-            return []
         if self._model is None or time.monotonic() - self._since > self.refresh_secs or identity.target in self._model.partial:
             self.cache = self.cache or KernelCache(default_dir())
             self._model = LogModel(self.registry, self.cache, lambda entry: entry.verified, verified_only=True)
