@@ -130,6 +130,12 @@ class ObjectCache:
         external = list((mod.attrs or {}).get("external_mods", []))
         return out.with_attr("external_mods", external + list(libraries.values())), done
 
+    def settle(self) -> None:
+        """Wait for every compile started so far: a kernel timed here must not share the CPUs with LLVM (the
+        hook starts compiles only between kernels, so none starts while it times one)."""
+        for future in list(self._started.values()):
+            future.exception()  # waits; a compile that failed is reported by link()
+
     def close(self) -> None:
         """Finish the compiles started and not linked (a build that failed after starting them): their objects serve the next build."""
         if self._pool is not None:

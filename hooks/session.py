@@ -375,6 +375,8 @@ class HookSession:
                 except Exception as exc:  # arguments it cannot make, a default that does not build
                     log.debug("schedhub: cannot measure %s: %s", identity.op, exc)
                     return {}
+                if self.objects is not None:
+                    self.objects.settle()  # no kernel object compiling beside the timing
                 timing = kernel_bench.time(scheduled_mod)
                 self.cache.put("measured", parts, timing.to_dict())
             found[candidate.record.trace_id] = timing.secs
