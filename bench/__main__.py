@@ -1,7 +1,7 @@
 """Every schedhub benchmark from one entry point, written up in ``bench/RESULTS.md`` with plots.
 
     python -m bench all [--quick] [--model-trials N]   # registry, hook, tuner, models, transfer; then the report
-    python -m bench models|tuner|hook|registry|transfer [--quick]
+    python -m bench models|tuner|isolation|hook|registry|transfer [--quick]
     python -m bench report [--quick]         # rewrite RESULTS.md from the recorded results
     python -m bench gpu [--model-trials N]   # on a machine with an NVIDIA GPU: models and tuner on CUDA → results/gpu/
 
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from . import report, stats
 
-SECTIONS = ["registry", "hook", "tuner", "models", "transfer"]
+SECTIONS = ["registry", "hook", "tuner", "isolation", "models", "transfer"]
 
 
 def run_section(name: str, options: list[str], results: Path) -> dict[str, object]:

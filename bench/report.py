@@ -189,6 +189,7 @@ def write(mode: str) -> Path:
             (PLOTS / "full").mkdir(parents=True, exist_ok=True)
             lines += _models(full, draw.all_plots({"models": full}, PLOTS / "full"), "Models at real sizes and budget (full mode)")
     lines += _tuner(data.get("tuner"))
+    lines += _isolation(data.get("isolation"))
     gpu = load(RESULTS / "gpu")  # python -m bench gpu, recorded on a machine with an NVIDIA GPU
     if gpu.get("models"):
         lines += _models(gpu["models"], {}, f"GPU ({gpu['models'].get('device_name', 'cuda')}): PyTorch vs DLight vs schedhub-tuned")
@@ -453,6 +454,18 @@ def _tuner(d: dict[str, Any] | None) -> list[str]:
                          f"{r['ray']['trials_per_sec'] / r['plain']['trials_per_sec']:.2f}", fmt(t["untuned"]), fmt(t["ray"]), fmt(t["plain"]), fmt(t.get("numpy"))])  # fmt: skip
     lines += table(["kernel", "seed", "ray trials/s", "plain trials/s", "ratio", f"{default} ms", "ray best ms", "plain best ms", "numpy ms"], rows)
     return lines + [""]
+
+
+def _isolation(d: dict[str, Any] | None) -> list[str]:
+    if not d:
+        return []
+    lines = [f"## Measurement isolation: a kernel timed while the tuner's driver works (`{d.get('command', 'python -m bench.isolation')}`)", "",
+             f"`{d['kernel']}`, tuned at 8 trials, timed by a measurement task (every CPU of a 2-CPU Ray node held) in {d['rounds']} interleaved rounds: "
+             "alone; beside pure-Python work in a driver thread, outside Ray, for the whole measurement (how seeds were drawn before 9b2110c); "
+             f"beside the same work ({d['held_work_secs']:.0f} s) inside `cluster.holding_driver_cpu()` (how seeds are drawn now: the measurement waits for it).", ""]  # fmt: skip
+    names = {"alone": "alone", "beside": "beside driver work, not held", "held": "beside driver work, held"}
+    rows = [[names[c], fmt(d["ms"][c]), fmt(d["over_alone"][c]) + "×" if c in d["over_alone"] else "1"] for c in names]
+    return lines + table(["condition", "ms", "÷ alone (per round)"], rows) + [""]
 
 
 def _search(population: int, genetic_iters: int, threads: int) -> str:
