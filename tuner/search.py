@@ -345,7 +345,7 @@ def side_by_side(identity: Identity, mod: Any, candidates: list[Any], timing: di
 
 
 def _publish(identity: Identity, mod: Any, measured: list[Any], options: TuneOptions, timeline: Timeline,
-             artifacts: dict[str, str] | None = None) -> tuple[list[Record], float, list[str]]:  # fmt: skip
+             artifacts: dict[str, str]) -> tuple[list[Record], float, list[str]]:  # fmt: skip
     """Verify and re-measure the best distinct schedules (``artifacts``: the builds the warm start kept, by trace
     text); returns (records best first, untuned secs, rejections: ``"<trace id>: <why>"`` for each schedule the
     search measured that is not published)."""
@@ -359,8 +359,7 @@ def _publish(identity: Identity, mod: Any, measured: list[Any], options: TuneOpt
         best.setdefault(text, tr)
         if len(best) >= options.publish:
             break
-    kept = artifacts or {}
-    prebuilt = [read_artifact(kept[text]) if text in kept else None for text in best]
+    prebuilt = [read_artifact(artifacts[text]) if text in artifacts else None for text in best]
     results = side_by_side(identity, mod, [scheduled(mod, tr.trace) for tr in best.values()], options.final_timing, timeline, prebuilt)
     untuned = results[0]
     default = Record(identity, trace_text(tvm.s_tir.Schedule(mod).trace), untuned["run_secs"], {"default_schedule": True, "default": default_name(identity.target)})
