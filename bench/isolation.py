@@ -5,7 +5,7 @@
 A measurement task holds every CPU its kernel runs threads on, so Ray starts nothing beside it. Work
 the driver does outside Ray (drawing synthesized seeds: training, sampling, scoring) is not a Ray task;
 since it is done inside ``cluster.holding_driver_cpu()``, it holds a CPU of its node too. One tuned
-kernel (the tuner bench's ResNet-18 3×3 convolution, two threads) is timed by a real measurement task on
+kernel (the tuner bench's ResNet-18 3×3 convolution, two threads, tuned as the model bench's quick mode tunes) is timed by a real measurement task on
 a local 2-CPU Ray cluster, the three conditions interleaved in each round:
 
 - **alone**;
@@ -21,24 +21,24 @@ import json
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from schedhub.tuner import cluster, kernels, tvm_env
-from schedhub.tuner.search import TuneOptions, TuneResult
+from schedhub.tuner.search import TuneResult
 
+from .models import MODES as MODEL_MODES
 from .stats import ratio, summary
 from .tuner import TARGET, WORKLOADS, find_kernel
 
 CONDITIONS = ("alone", "beside", "held")
 HELD_WORK_SECS = 2.0  # the held work's length: the measurement waits for it
-OPTIONS = TuneOptions(trials=8, trials_per_iter=8, population=32, genetic_iters=1, publish=1, search_threads=1, synthesize=0)
 
 
-def _python_work(stop: threading.Event | None, secs: float = HELD_WORK_SECS) -> None:
-    """Pure-Python work on one core, until ``stop`` is set (or for ``secs``)."""
-    end = time.perf_counter() + secs
-    while (not stop.is_set()) if stop is not None else time.perf_counter() < end:
+def _python_work(done: Callable[[], bool]) -> None:
+    """Pure-Python work on one core until ``done()``."""
+    while not done():
         sum(i * i for i in range(1000))
 
 
@@ -59,10 +59,11 @@ def _beside(artifact: bytes, identity: Any, held: bool) -> float:
         if held:
             with cluster.holding_driver_cpu():
                 started.set()
-                _python_work(None)
+                end = time.perf_counter() + HELD_WORK_SECS
+                _python_work(lambda: time.perf_counter() > end)
         else:
             started.set()
-            _python_work(stop)
+            _python_work(stop.is_set)
 
     thread = threading.Thread(target=work)
     thread.start()
@@ -85,7 +86,7 @@ def run(rounds: int) -> dict[str, Any]:
     cluster.start(num_cpus=2)
     model, shape, name = WORKLOADS[0]
     identity = find_kernel(model, shape, name, TARGET)
-    tuned = TuneResult.from_dict(cluster.result(cluster.submit("tune", identity=identity.to_dict(), warm_traces=[], options=OPTIONS.__dict__, label="isolation")))
+    tuned = TuneResult.from_dict(cluster.result(cluster.submit("tune", identity=identity.to_dict(), warm_traces=[], options=MODEL_MODES["quick"]["options"].__dict__, label="isolation")))
     mod = workload_module(identity.workload)
     built = kernels.build(tvm.ir.save_json(scheduled(mod, replay(mod, tuned.records[0].trace))), identity.target)
     if built["artifact"] is None:
