@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from typing import TypeVar
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 from pathlib import Path
 
 import click
 
-from schedhub.registry import LocalRegistry, Record, Registry
+from schedhub.registry import LocalRegistry, Record, Registry, Trust, parse_trust, trust_filter
 
 from .common import open_registry, progress, registry_option, reports_errors
 from .recordfiles import is_records_file, read_records, write_records
 
 FORMATS = ("lmdb", "metaschedule", "records")
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _needs_tvm(what: str) -> None:
@@ -24,14 +26,30 @@ def _needs_tvm(what: str) -> None:
         raise click.ClickException(f"{what} needs TVM: pip install 'schedhub[tvm]'") from None
 
 
-def records_of(source: Path) -> Iterator[Record]:
-    """Records from a records file, a schedhub store directory or a MetaSchedule JSONDatabase."""
+def trust_option(f: F) -> F:
+    """``--trust``: which records go into a copy that carries no status (see :func:`schedhub.registry.parse_trust`)."""
+    return click.option("--trust", "trust", default="verified", show_default=True, callback=_parse_trust,
+                        help="Which records to copy: 'verified' (replayed, checked and measured by a trusted worker or a store's owner), "
+                             "'any' (claims too), or pusher names separated by commas (their claims too).")(f)  # fmt: skip
+
+
+def _parse_trust(_ctx: click.Context, _param: click.Parameter, value: str) -> Trust:
+    try:
+        return parse_trust(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def records_of(source: Path, trust: Trust = "verified") -> Iterator[Record]:
+    """Records from a records file, a schedhub store directory (those of its records ``trust`` accepts) or
+    a MetaSchedule JSONDatabase."""
     if source.is_file() and is_records_file(source):
         yield from read_records(source)
     elif (source / "data.mdb").is_file():
+        accepts = trust_filter(trust)
         with LocalRegistry(source, readonly=True) as local:
-            for _, raws in local.iter_raw():
-                yield from (Record.from_bytes(raw) for raw in raws)
+            for _, records in local.iter_served():
+                yield from filter(accepts, records)
     elif (source / "database_tuning_record.json").is_file():
         _needs_tvm("reading a MetaSchedule database")
         from schedhub.hooks.msdb import read_json_database
@@ -56,13 +74,14 @@ def chunks(items: Iterable[T], size: int) -> Iterator[list[T]]:
         yield chunk
 
 
-def push_records(reg: Registry, sources: list[Path], batch: int = 500) -> tuple[int, int, int]:
-    """Push every source's records in batches, then the measurement log of each source that is a store;
+def push_records(reg: Registry, sources: list[Path], batch: int = 500, trust: Trust = "verified") -> tuple[int, int, int]:
+    """Push every source's records in batches (of a store, those ``trust`` accepts: a claim it holds is
+    not the pusher's to vouch for), then the measurement log of each source that is a store;
     returns (records sent, records kept in a top-k, log entries sent)."""
     sent = kept = logged = 0
     with progress("push") as bar:
         task = bar.add_task("push", total=None)
-        for chunk in chunks((r for source in sources for r in records_of(source)), batch):
+        for chunk in chunks((r for source in sources for r in records_of(source, trust)), batch):
             kept += sum(r.kept for r in reg.put_many(chunk))
             sent += len(chunk)
             bar.update(task, advance=len(chunk))
@@ -89,37 +108,69 @@ def copy_log(source: Registry, local: LocalRegistry, keys: set[str] | None) -> i
 @click.command()
 @click.argument("sources", nargs=-1, required=True, type=click.Path(path_type=Path))
 @registry_option
+@trust_option
 @reports_errors
-def push(sources: tuple[Path, ...], registry: str, token: str | None) -> None:
+def push(sources: tuple[Path, ...], registry: str, token: str | None, trust: Trust) -> None:
     """Push records to a registry from files (.msgpack/.jsonl), schedhub stores (their measurement log too) or MetaSchedule JSONDatabase directories."""
-    sent, kept, logged = push_records(open_registry(registry, token), list(sources))
+    sent, kept, logged = push_records(open_registry(registry, token), list(sources), trust=trust)
     log_note = f"; {logged} measurement-log entries" if logged else ""
     click.echo(f"pushed {sent} records to {registry}; {kept} are now among their key's best{log_note}")
 
 
-def pull_into(reg: Registry, out: Path, fmt: str, op: str | None, target: str | None, since: int) -> int:
-    """Records into ``out`` (a store also gets the measurement log of the keys pulled); returns the records written."""
-    keys: set[str] = set()
+@dataclass
+class Pulled:
+    """What a pull wrote, and what it left out: records the trust did not accept, and records a
+    MetaSchedule database cannot hold (``unusable``: why, by trace id)."""
 
-    def raws() -> Iterator[bytes]:
+    written: int = 0
+    untrusted: int = 0
+    unusable: dict[str, str] = field(default_factory=dict)
+
+    def summary(self, out: Path, fmt: str) -> str:
+        lines = [f"pulled {self.written} records into {out} ({fmt})"]
+        if self.untrusted:
+            lines.append(f"left out {self.untrusted} unverified claims (--trust any, or the pushers' names, takes them)")
+        if self.unusable:
+            lines.append(f"left out {len(self.unusable)} records MetaSchedule could not load:")
+            lines += [f"  {tid}: {why}" for tid, why in list(self.unusable.items())[:10]]
+        return "\n".join(lines)
+
+
+def pull_into(reg: Registry, out: Path, fmt: str, op: str | None, target: str | None, since: int, trust: Trust = "verified") -> Pulled:
+    """Records into ``out``. A store keeps every record as the registry holds it (verified, or its
+    pusher's claim) and gets the measurement log of the keys pulled; a file or a MetaSchedule database
+    carries no status, so it gets the records ``trust`` accepts."""
+    keys: set[str] = set()
+    accepts = trust_filter(trust)
+    pulled = Pulled()
+
+    def served() -> Iterator[Record]:
         with progress("pull") as bar:
             task = bar.add_task("pull", total=None)
-            for summary, key_raws in reg.iter_raw(op, target, since):
+            for summary, records in reg.iter_served(op, target, since):
                 keys.add(summary.key)
-                bar.update(task, advance=len(key_raws))
-                yield from key_raws
+                bar.update(task, advance=len(records))
+                yield from records
+
+    def trusted() -> Iterator[Record]:
+        for record in served():
+            if accepts(record):
+                yield record
+            else:
+                pulled.untrusted += 1
 
     if fmt == "records":
-        return write_records(out, raws())
-    if fmt == "metaschedule":
+        pulled.written = write_records(out, (r.to_bytes() for r in trusted()))
+    elif fmt == "metaschedule":
         _needs_tvm("writing a MetaSchedule database")
         from schedhub.hooks.msdb import write_json_database
 
-        return write_json_database(out, (Record.from_bytes(b) for b in raws()))
-    with LocalRegistry(out) as local:
-        count = sum(len(local.put_many(chunk)) for chunk in chunks((Record.from_bytes(b) for b in raws()), 500))
-        copy_log(reg, local, None if op is None and target is None and since == 0 else keys)
-        return count
+        pulled.written, pulled.unusable = write_json_database(out, trusted())
+    else:
+        with LocalRegistry(out) as local:
+            pulled.written = sum(len(local.mirror(chunk)) for chunk in chunks(served(), 500))
+            copy_log(reg, local, None if op is None and target is None and since == 0 else keys)
+    return pulled
 
 
 @click.command()
@@ -130,13 +181,15 @@ def pull_into(reg: Registry, out: Path, fmt: str, op: str | None, target: str | 
 @click.option("--op", default=None, help="Only this op.")
 @click.option("--target", default=None, help="Only this target kind or canonical target text.")
 @click.option("--since", default=0, show_default=True, help="Only keys changed after this change-feed cursor.")
+@trust_option
 @reports_errors
-def pull(registry: str, token: str | None, out: Path, fmt: str, op: str | None, target: str | None, since: int) -> None:
-    """Pull records from a registry into a local store (with their measurement log), a MetaSchedule database or a file."""
+def pull(registry: str, token: str | None, out: Path, fmt: str, op: str | None, target: str | None, since: int, trust: Trust) -> None:
+    """Pull records from a registry into a local store (every record with who vouched for it, and the
+    measurement log), a MetaSchedule database or a file (those two: the records --trust accepts)."""
     if fmt == "records" and not is_records_file(out):
         raise click.BadParameter("a records file ends in .msgpack or .jsonl", param_hint="--out")
-    count = pull_into(open_registry(registry, token, readonly=True), out, fmt, op, target, since)
-    click.echo(f"pulled {count} records into {out} ({fmt})")
+    pulled = pull_into(open_registry(registry, token, readonly=True), out, fmt, op, target, since, trust)
+    click.echo(pulled.summary(out, fmt))
 
 
 @click.command("export")
@@ -144,10 +197,11 @@ def pull(registry: str, token: str | None, out: Path, fmt: str, op: str | None, 
 @click.option("--out", "-o", "out", required=True, type=click.Path(path_type=Path), help="A .msgpack or .jsonl file.")
 @click.option("--op", default=None)
 @click.option("--target", default=None)
+@trust_option
 @reports_errors
-def export_cmd(registry: str, token: str | None, out: Path, op: str | None, target: str | None) -> None:
-    """Write a registry's records to a file (pull --format records)."""
+def export_cmd(registry: str, token: str | None, out: Path, op: str | None, target: str | None, trust: Trust) -> None:
+    """Write a registry's records to a file (pull --format records): the records --trust accepts."""
     if not is_records_file(out):
         raise click.BadParameter("the file must end in .msgpack or .jsonl", param_hint="--out")
-    count = pull_into(open_registry(registry, token, readonly=True), out, "records", op, target, 0)
-    click.echo(f"exported {count} records to {out}")
+    pulled = pull_into(open_registry(registry, token, readonly=True), out, "records", op, target, 0, trust)
+    click.echo(pulled.summary(out, "records").replace("pulled", "exported", 1))

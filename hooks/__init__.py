@@ -23,7 +23,7 @@ from typing import Any
 
 import tvm
 
-from schedhub.registry import LocalRegistry, Registry, RegistryClient, connect
+from schedhub.registry import LocalRegistry, Registry, RegistryClient, Trust, connect
 
 from .cache import KernelCache, default_dir, max_bytes, prune
 from .database import RegistryDatabase
@@ -31,7 +31,7 @@ from .identity import canonical_workload, compiler_fingerprint, target_text, wor
 from .pipeline import ACTIVE, install, schedhub_pipeline
 from .guard import ScheduleLimits, ScheduleTooCostly
 from .objects import ObjectCache, c_compiler_available
-from .session import CompileReport, HookSession, KernelOutcome, RegistryFallbackWarning, Trust
+from .session import CompileReport, HookSession, KernelOutcome, RegistryFallbackWarning
 
 DEFAULT_TIMEOUT = 2.0
 

@@ -138,6 +138,11 @@ def _library_digest() -> str:
     return hashlib.sha256("\n".join(sorted(hashes)).encode()).hexdigest()[:16]
 
 
+def block_names(mod: tvm.IRModule) -> list[str]:
+    """The names of a module's blocks in the order its TVMScript writes them (traces address blocks by them)."""
+    return _SBLOCK.findall(mod.script())
+
+
 def op_name(func: tvm.IRModule | tirx.PrimFunc, script: str | None = None) -> str:
     """A readable op name when TVM gave none (e.g. a MetaSchedule database): its block names."""
     names = [n for n in dict.fromkeys(_SBLOCK.findall(script or as_module(func).script())) if n != "root"]

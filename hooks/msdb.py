@@ -20,7 +20,8 @@ from tvm.s_tir import meta_schedule as ms
 
 from schedhub.registry import Record, RegistryError
 
-from .identity import plain_json, target_from_text, workload_identity, workload_module
+from .guard import ScheduleLimits, check_scheduled, check_trace_size
+from .identity import block_names, plain_json, target_from_text, workload_identity, workload_module
 from .ranking import retiled
 
 
@@ -36,12 +37,14 @@ def tuning_record(record: Record, mod: tvm.IRModule | None = None, args_info: li
     """The record as a TuningRecord on ``mod`` (default: its own workload), replaying the trace.
 
     ``args_info``: the module's own, when the record was tuned for another shape (a transfer).
-    Raises TVM's error when the trace does not apply to the module.
+    Raises TVM's error when the trace does not apply to the module, with the instruction and block
+    named (``TuningRecord.from_json`` replays with TVM's error rendering off: "(not rendered)").
     """
-    workload = ms.database.Workload(mod if mod is not None else workload_module(record.identity.workload))
+    mod = mod if mod is not None else workload_module(record.identity.workload)
+    sch = replay_schedule(mod, json.loads(record.trace))
     info = args_info if args_info is not None else record.identity.args_info
-    as_json = [json.loads(record.trace), record.run_secs, json.loads(record.identity.target), info]
-    return ms.database.TuningRecord.from_json(as_json, workload)
+    return ms.database.TuningRecord(sch.trace, ms.database.Workload(mod), [float(s) for s in record.run_secs],
+                                    target_from_text(record.identity.target), [ms.arg_info.ArgInfo.from_json(a) for a in info])  # fmt: skip
 
 
 def trace_text(trace: Any) -> str:
@@ -130,18 +133,41 @@ def _restored(record: Record, entry: dict[str, Any] | None) -> Record:
         return record
 
 
-def write_json_database(work_dir: str | os.PathLike[str], records: Iterable[Record]) -> int:
-    """Append records to a MetaSchedule JSONDatabase directory (created if absent)."""
+def write_json_database(work_dir: str | os.PathLike[str], records: Iterable[Record], limits: ScheduleLimits | None = None) -> tuple[int, dict[str, str]]:
+    """Append records to a MetaSchedule JSONDatabase directory (created if absent); returns how many were
+    written and, by trace id, why each other one was left out.
+
+    MetaSchedule loads such a directory whole or not at all, replaying every record on the workload it
+    stored for its structure, and applies what it loads unchecked. So a record is written only when its
+    trace replays on that workload within the hook's bounds. Not the same thing as its own workload:
+    MetaSchedule's workload equality ignores block names, which traces address blocks by, so of two
+    workloads that differ only in block names the second one's records do not replay there.
+    """
+    limits = limits or ScheduleLimits()
     directory = Path(work_dir)
     directory.mkdir(parents=True, exist_ok=True)
     db = ms.database.JSONDatabase(work_dir=str(directory))
-    count = 0
+    count, unusable = 0, {}
     with (directory / SIDECAR).open("a", encoding="utf-8") as sidecar:
         for record in records:
-            workload = db.commit_workload(workload_module(record.identity.workload))
-            tr = tuning_record(record, workload.mod)
+            try:
+                check_trace_size(record.trace, limits)
+                own = workload_module(record.identity.workload)
+                workload = db.commit_workload(own)
+                if block_names(workload.mod) != block_names(own):
+                    raise ValueError("MetaSchedule takes its workload for another one stored here that differs only in block names, which the trace addresses blocks by")
+                tr = tuning_record(record, workload.mod)
+                check_scheduled(scheduled(workload.mod, tr.trace), limits)
+            except Exception as exc:  # TVM raises ScheduleError, TVMError, ValueError… on a trace that does not fit
+                unusable[record.trace_id] = f"{type(exc).__name__}: {first_line(exc)}"
+                continue
             db.commit_tuning_record(ms.database.TuningRecord(tr.trace, workload, tr.run_secs, target_from_text(record.identity.target), tr.args_info))
             entry = {"workload_id": record.identity.workload_id, "trace_id": record.trace_id, "op": record.identity.op, "provenance": record.provenance}
             sidecar.write(json.dumps(entry, separators=(",", ":")) + "\n")
             count += 1
-    return count
+    return count, unusable
+
+
+def first_line(exc: BaseException, limit: int = 300) -> str:
+    """The first non-empty line of an error's message, cut at ``limit`` characters."""
+    return next((line.strip() for line in str(exc).splitlines() if line.strip()), "")[:limit]

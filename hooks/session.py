@@ -23,15 +23,15 @@ import math
 import time
 import warnings
 from dataclasses import dataclass, field
-from collections.abc import Callable, Collection
-from typing import Any, Union
+from collections.abc import Callable
+from typing import Any
 
 import tvm
 import tvm_ffi
 from tvm import tirx
 from tvm_ffi.serialization import from_json_graph_str, to_json_graph_str
 
-from schedhub.registry import Candidate, Identity, Record, Registry, RegistryError, keeps_default_schedule, signature_args_info
+from schedhub.registry import Candidate, Identity, Record, Registry, RegistryError, Trust, keeps_default_schedule, signature_args_info, trust_filter, trusted
 
 from .cache import KernelCache, default_dir
 from .guard import ScheduleLimits, check_scheduled, check_trace_size
@@ -42,7 +42,6 @@ from .objects import OBJECT_ID, ObjectCache
 from .ranking import SYNTHESIZED, rank_key, retiled, speed, work
 from .synthesis import TIMED, LogModel, check_sample_count, synthesize
 
-Trust = Union[str, Collection[str]]
 
 log = logging.getLogger("schedhub")
 
@@ -105,24 +104,6 @@ class CompileReport:
         synthesized = f", {self.synthesized} synthesized" if self.synthesized else ""
         return (f"schedhub: {len(self.kernels)} kernels: {self.hits} hits, {self.transfers} transfers{synthesized}, {self.misses} misses, {self.fallbacks} fallbacks "
                 f"({self.lookups} lookups in {self.lookup_secs * 1e3:.1f} ms, {self.misses_reported} misses reported){linked}")  # fmt: skip
-
-
-def trusted(trust: Trust) -> Callable[[bool, str], bool]:
-    """Whether a session with ``trust`` accepts what a pusher pushed (verified or not, pushed by that name)."""
-    if trust == "any":
-        return lambda verified, pushed_by: True
-    if trust == "verified":
-        return lambda verified, pushed_by: verified
-    if isinstance(trust, str):
-        raise ValueError(f"trust must be 'verified', 'any' or a collection of pusher names, got {trust!r}")
-    names = frozenset(trust)
-    return lambda verified, pushed_by: verified or pushed_by in names
-
-
-def trust_filter(trust: Trust) -> Callable[[Record], bool]:
-    """Which served records a session accepts (records without a registry status are its own)."""
-    accepts = trusted(trust)
-    return lambda r: r.served is None or accepts(r.served.verified, r.served.pushed_by)
 
 
 class HookSession:

@@ -6,6 +6,7 @@ Needs neither TVM nor Ray. Public surface:
 - records: :class:`Record`, :class:`Identity` (canonical msgpack codec with validation)
 - neighbours: :func:`structure_key`, :func:`workload_key`, :class:`Probe`, :class:`Candidate`:
   records of the same structure offered for a missed key (``lookup_with_candidates``)
+- trust: :func:`trust_filter`, :func:`parse_trust`: whose records a reader accepts (verified ones by default)
 - measurement log: :class:`Trial`, :class:`TrialLog`: every schedule a tuner measured (``push_trials``, ``iter_trial_logs``)
 - storage: :class:`LocalRegistry` over an LMDB root (:class:`Store`, :class:`MissQueue` beneath)
 - HTTP: :func:`create_app` (Starlette) and :class:`RegistryClient` (httpx), same method names
@@ -43,6 +44,7 @@ from ._server import create_app
 from ._service import LocalRegistry
 from ._store import KeySummary, PutResult, Store, StoreFormatError
 from ._trials import MAX_TRIALS_PER_ENTRY, Trial, TrialLog
+from ._trust import Trust, parse_trust, trust_filter, trusted
 
 Registry = Union[LocalRegistry, RegistryClient]
 _ADDRESS = re.compile(r"[A-Za-z0-9.\-]+:[0-9]{1,5}(/.*)?")
@@ -65,7 +67,7 @@ def connect(spec: Registry | str | os.PathLike[str], **options: object) -> Regis
 __all__ = [
     "SCHEMA_VERSION", "record_key", "canonical_target", "is_key", "target_kind", "target_device",
     "skeleton", "structure_key", "workload_key", "Probe", "Candidate", "shape_distance", "COMPILER", "SHAPE", "TARGET",
-    "Record", "Identity", "Served", "Trial", "TrialLog", "MAX_TRIALS_PER_ENTRY", "keeps_default_schedule", "trace_id", "trace_instructions", "packb", "unpackb", "signature_args_info", "check_workload_source", "check_annotations", "dotted_name",
+    "Record", "Identity", "Served", "Trust", "trusted", "trust_filter", "parse_trust", "Trial", "TrialLog", "MAX_TRIALS_PER_ENTRY", "keeps_default_schedule", "trace_id", "trace_instructions", "packb", "unpackb", "signature_args_info", "check_workload_source", "check_annotations", "dotted_name",
     "Principal", "ROLES", "TUNE", "VERIFY", "REFINE", "task_label", "verify_job_id",
     "Store", "StoreFormatError", "MissQueue", "Lease", "KeySummary", "PutResult",
     "PENDING", "LEASED", "DONE", "DEAD",

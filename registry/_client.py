@@ -192,14 +192,15 @@ class RegistryClient:
         params = _params(op=op, target=target, since=since, limit=limit)
         return [KeySummary(**item) for item in self._call("GET", "/v1/records", params=params)["items"]]
 
-    def iter_raw(self, op: str | None = None, target: str | None = None, since: int = 0, page: int = 256) -> Iterator[tuple[KeySummary, list[bytes]]]:
-        """Every matching key with its records' bytes, one page per request."""
+    def iter_served(self, op: str | None = None, target: str | None = None, since: int = 0, page: int = 256) -> Iterator[tuple[KeySummary, list[Record]]]:
+        """Every matching key with its records, best first, each with its ``served`` status; one page per request."""
         while True:
             answer = self._call("GET", "/v1/records", params=_params(op=op, target=target, since=since, limit=page, include="records"))
             for item in answer["items"]:
-                raws = list(item.pop("records"))
-                item.pop("entries", None)
-                yield KeySummary(**item), raws
+                raws, statuses = list(item.pop("records")), list(item.pop("entries", None) or [])
+                if len(statuses) != len(raws):
+                    raise RegistryError(f"the registry answered {len(raws)} records of {item.get('key')!r} with {len(statuses)} statuses")
+                yield KeySummary(**item), [served_record(b, s) for b, s in zip(raws, statuses)]
             if not answer["more"]:
                 return
             since = answer["next"]

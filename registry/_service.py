@@ -7,6 +7,7 @@ method names over HTTP, so callers take either.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -86,10 +87,29 @@ class LocalRegistry:
         ``verified``: the pusher vouches for the measurements (a local store's owner, a trusted
         worker). Otherwise each new record is a claim, and its verification is queued.
         """
+        return self._put_each(((r, pushed_by, verified, None) for r in records), txn)
+
+    def mirror(self, records: Iterable[Record], *, txn: lmdb.Transaction | None = None) -> list[PutResult]:
+        """Store records fetched from another registry (with their ``served`` status) as that registry
+        holds them: a verified record stays verified, by its verifier at its verified time; a claim stays
+        its pusher's claim (its verification queued here). A record without a status is a claim."""
+
+        def vouched(record: Record) -> tuple[Record, str, bool, tuple[str, float] | None]:
+            s = record.served
+            if s is None:
+                return record, "", False, None
+            ok = s.verified and math.isfinite(s.verified_secs) and s.verified_secs > 0
+            return record, s.pushed_by, ok, (s.verified_by, s.verified_secs) if ok else None
+
+        return self._put_each(map(vouched, records), txn)
+
+    def _put_each(self, items: Iterable[tuple[Record, str, bool, tuple[str, float] | None]], txn: lmdb.Transaction | None) -> list[PutResult]:
+        """(record, pusher, verified, verifier) into the store in one transaction; claims queue their
+        verification, and a pending miss of a key that got a record is done."""
         with self.store.write(txn) as t:
             results = []
-            for record in records:
-                result = self.store.put(record, pushed_by, verified=verified, txn=t)
+            for record, pushed_by, verified, verifier in items:
+                result = self.store.put(record, pushed_by, verified=verified, verifier=verifier, txn=t)
                 if result.needs_verification:
                     self.queue.enqueue_verify(record, pushed_by, "new claim", txn=t)
                 results.append(result)
@@ -124,13 +144,13 @@ class LocalRegistry:
     def summaries(self, op: str | None = None, target: str | None = None, since: int = 0, limit: int | None = None) -> list[KeySummary]:
         return self.store.summaries(op, target, since, limit)
 
-    def iter_raw(self, op: str | None = None, target: str | None = None, since: int = 0, page: int = 256) -> Iterator[tuple[KeySummary, list[bytes]]]:
-        """Every matching key with its records' bytes, paged through the change feed."""
+    def iter_served(self, op: str | None = None, target: str | None = None, since: int = 0, page: int = 256) -> Iterator[tuple[KeySummary, list[Record]]]:
+        """Every matching key with its records, best first, each with its ``served`` status; paged through the change feed."""
         while True:
             batch = self.summaries(op, target, since, page)
             if not batch:
                 return
-            found = self.store.get_many([s.key for s in batch])
+            found = self.lookup([s.key for s in batch])
             for s in batch:
                 if s.key in found:
                     yield s, found[s.key]

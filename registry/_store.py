@@ -312,11 +312,14 @@ class Store:
         with self.read() as txn:
             return txn.get(key.encode(), db=self.dbs["records"]) is not None
 
-    def put(self, record: Record, pushed_by: str = "", *, verified: bool = False, txn: lmdb.Transaction | None = None) -> PutResult:
+    def put(self, record: Record, pushed_by: str = "", *, verified: bool = False, verifier: tuple[str, float] | None = None,
+            txn: lmdb.Transaction | None = None) -> PutResult:  # fmt: skip
         """Add a record to its key's entries (idempotent: one trace is one entry, owned by its first pusher).
 
         ``verified``: the pusher is trusted to have replayed, checked and measured it (a worker,
         an admin, a local store's owner); otherwise the record is a claim awaiting verification.
+        ``verifier``: who verified it and its measured mean, when that was not the pusher (a record
+        copied from another registry keeps its verification); default the pusher, at the record's time.
         A trace someone else owns is not overwritten: a trusted re-push verifies it, any other
         re-push is only logged.
         """
@@ -346,7 +349,8 @@ class Store:
                 mine.update(rec=data, mean=record.mean_secs, at=now)
                 changed = True
             if verified and not mine.get("vby"):
-                mine.update(vby=pushed_by or "local", vmean=record.mean_secs)
+                name, secs = verifier or (pushed_by or "local", record.mean_secs)
+                mine.update(vby=name, vmean=secs)
                 changed = True
             entries.sort(key=rank)
             del entries[self.top_k :]

@@ -213,3 +213,35 @@ def test_pull_into_a_store_carries_the_measurement_log_and_push_from_a_store_sen
         assert "3 measurement-log entries" in run("push", str(store), "-r", other.url, "--token", TOKEN)
         with RegistryClient(other.url, token=TOKEN) as client:
             assert sorted((e.identity.key, e.pushed_by) for e in client.iter_trial_logs()) == sorted((key, "mirror") for key, *_ in served)
+
+
+def test_a_pulled_copy_keeps_who_vouched_for_each_record(tmp_path: Path) -> None:
+    """A store pulled for offline use must not turn a pusher's claim into a verified record (its hook
+    would serve it first); a copy that carries no status (a file, a MetaSchedule database) takes only
+    what --trust accepts, and a store pushed on sends only what it counts as verified."""
+    from schedhub.registry import Principal, RegistryClient, trust_filter
+
+    roles = {"alice-tok": Principal("alice"), "w1-tok": Principal("w1", "worker")}
+    honest, poison, other = make_record(1, 1e-3), make_record(1, 1e-10, variant=1), make_record(2, 1e-10)
+    with ServerThread(tmp_path / "served", tokens=roles, sync=False) as srv:
+        with RegistryClient(srv.url, token="w1-tok") as w1, RegistryClient(srv.url, token="alice-tok") as alice:
+            w1.put(honest)
+            alice.put_many([poison, other])
+            served = {(r.trace_id, r.served) for k in (honest.key, other.key) for r in w1.get(k)}
+        mirror = tmp_path / "mirror"
+        assert "pulled 3 records" in run("pull", "-r", srv.url, "-o", str(mirror))
+        as_file = tmp_path / "verified.msgpack"
+        out = run("pull", "-r", srv.url, "-o", str(as_file), "--format", "records")
+        assert "pulled 1 records" in out and "left out 2 unverified claims" in out
+        assert [Record.from_bytes(b).trace_id for b in _split(as_file)] == [honest.trace_id]
+        assert "pulled 3 records" in run("pull", "-r", srv.url, "-o", str(tmp_path / "alice.msgpack"), "--format", "records", "--trust", "alice")
+        assert "exported 3 records" in run("export", "-r", srv.url, "-o", str(tmp_path / "all.jsonl"), "--trust", "any")
+        run("pull", "-r", srv.url, "-o", str(tmp_path / "x.msgpack"), "--format", "records", "--trust", " , ", ok=False)
+    with LocalRegistry(mirror) as local:
+        kept = {(r.trace_id, r.served) for k in (honest.key, other.key) for r in local.get(k)}
+        assert kept == served  # the verifier and its time, the claims' owner: as the registry holds them
+        assert [r.trace_id for r in local.get(honest.key) if trust_filter("verified")(r)] == [honest.trace_id]
+        assert local.get(honest.key)[0].trace_id == honest.trace_id  # the claimed 1e-10 s does not outrank it here either
+        assert {j.job["trace_id"] for j in local.lease("w", max_jobs=10, lease_secs=60, tasks=("verify",))} == {poison.trace_id, other.trace_id}
+    assert "pushed 1 records" in run("push", str(mirror), "-r", str(tmp_path / "pushed"))
+    assert "pushed 3 records" in run("push", str(mirror), "-r", str(tmp_path / "pushed-all"), "--trust", "any")

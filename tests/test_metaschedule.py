@@ -126,3 +126,37 @@ def test_a_trace_that_does_not_fit_the_module_fails_loudly() -> None:
     with pytest.raises(tvm.s_tir.schedule.ScheduleError):
         tuning_record(record, kern["transpose"])  # no matmul block there
     assert json.loads(record.trace)[0][0][0] == "GetSBlock"
+
+
+def test_a_pulled_metaschedule_database_loads_whole_and_leaves_out_what_it_cannot_hold(tmp_path: Path) -> None:
+    """MetaSchedule loads a JSONDatabase whole or not at all and replays each record on the workload it
+    stored for the structure, matching workloads with block names ignored (which traces address blocks
+    by: why ``TuningRecord.from_json`` raised ScheduleError in GetSBlock on one CUDA record that replayed
+    on its own workload). A pull writes what loads and says what it left out."""
+    kern = kernels(Small(), "x")
+    mod = kern["fused_matmul_add_relu"]
+    trace, secs = scheduled_record(mod, 1e-4, 8)
+    args = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
+    good = record_from_tuning_record(ms.database.TuningRecord(trace, ms.database.Workload(mod), [secs], CPU, args), "fused_matmul_add_relu")
+    renamed_text = good.identity.workload.replace('T.sblock("matmul")', 'T.sblock("NT_matmul")')
+    renamed = Record(workload_identity(workload_module(renamed_text), CPU, "fused_matmul_add_relu"), good.trace.replace('"matmul"', '"NT_matmul"'), [2e-4], {})
+    misfit = Record(workload_identity(kern["transpose"], CPU, "transpose"), good.trace, [1e-5], {})
+    assert renamed.key != good.key and tuning_record(renamed) is not None  # a record that replays on its own workload
+    memory = ms.database.MemoryDatabase()
+    memory.commit_workload(mod)
+    assert memory.has_workload(workload_module(renamed_text))  # ...which MetaSchedule takes for the first one's
+    with pytest.raises(tvm.s_tir.schedule.ScheduleError, match="NT_matmul"):  # the block named, not "(not rendered)"
+        tuning_record(renamed, mod)
+
+    with LocalRegistry(tmp_path / "store") as reg:
+        for record in (good, renamed, misfit):  # in this order: the change feed pulls the first one first
+            reg.put(record)
+    out = tmp_path / "db"
+    pulled = CliRunner().invoke(cli, ["pull", "-r", str(tmp_path / "store"), "-o", str(out), "--format", "metaschedule"], catch_exceptions=False)
+    assert pulled.exit_code == 0, pulled.output
+    assert "pulled 1 records" in pulled.output and "left out 2 records MetaSchedule could not load" in pulled.output
+    assert f"{renamed.trace_id}: ValueError: MetaSchedule takes its workload for another one" in pulled.output
+    assert f"{misfit.trace_id}: ScheduleError" in pulled.output
+    loaded = ms.database.JSONDatabase(work_dir=str(out), allow_missing=False)  # loads: nothing in it fails to replay
+    assert [float(r.run_secs[0]) for r in loaded.get_all_tuning_records()] == [pytest.approx(1e-4)]
+    assert "T.vectorized" in loaded.query_schedule(workload_module(renamed_text), CPU, "main").mod.script()  # serves the renamed kernel too

@@ -52,7 +52,7 @@ def test_change_feed_pages_and_filters(local: LocalRegistry) -> None:
     assert local.summaries()[-1].key == make_record(0, 1).key
     local.put(make_record(5, 9.0, variant=0))
     assert local.summaries()[-1].key == make_record(0, 1).key
-    assert [s.key for _, raws in local.iter_raw(page=3) for s in [_]] == [s.key for s in local.summaries()]
+    assert [s.key for _, raws in local.iter_served(page=3) for s in [_]] == [s.key for s in local.summaries()]
 
 
 def test_quarantine_takes_one_record_out(local: LocalRegistry) -> None:
