@@ -24,9 +24,11 @@ import pytest
 import tvm
 from tvm import relax, te
 
-from schedhub.hooks import use
-from schedhub.hooks.identity import workload_identity
-from schedhub.registry import DONE, PENDING, REFINE, Identity, LocalRegistry, RegistryClient, ServerThread, keeps_default_schedule
+from schedhub.hooks import ScheduleLimits, ScheduleTooCostly, use
+from schedhub.hooks.guard import check_scheduled
+from schedhub.hooks.identity import workload_identity, workload_module
+from schedhub.hooks.msdb import first_line, trace_text
+from schedhub.registry import DONE, PENDING, REFINE, Identity, LocalRegistry, RegistryClient, ServerThread, keeps_default_schedule, trace_id
 from schedhub.tuner import cluster, models, plan, search
 from schedhub.tuner.dispatch import Seeder, start_tuning, warm_start_traces
 from schedhub.tuner.search import TuneOptions, TuneResult
@@ -100,6 +102,23 @@ def test_a_trace_of_another_structure_is_skipped_not_fatal(ray_address: str) -> 
     foreign = '[[["GetSBlock",[],["matmul","main"],["b0"]]],[]]'
     result = TuneResult.from_dict(cluster.result(tune(ident, TuneOptions(trials=4, trials_per_iter=4, publish=1), [foreign])))
     assert result.warm_started == 0 and result.records
+
+
+def test_a_warm_start_trace_past_the_hooks_bounds_is_skipped_not_built(ray_address: str) -> None:
+    """Warm starts replay any pusher's traces; one that unrolls every loop (262,144 statements) would cost
+    each tuning job of the key a long, memory-hungry build."""
+    a, b = te.placeholder((512, 512), name="A"), te.placeholder((512,), name="b")
+    c = te.compute((512, 512), lambda i, j: a[i, j] + b[j], name="bias_add")
+    ident = workload_identity(te.create_prim_func([a, b, c]), TARGET, "bias_add")
+    sch = tvm.s_tir.Schedule(workload_module(ident.workload))
+    for loop in sch.get_loops(sch.get_sblock("bias_add")):
+        sch.unroll(loop)
+    bomb = trace_text(sch.trace)
+    with pytest.raises(ScheduleTooCostly) as excinfo:
+        check_scheduled(sch.mod, ScheduleLimits())
+    result = TuneResult.from_dict(cluster.result(tune(ident, TuneOptions(trials=4, trials_per_iter=4, publish=1), [bomb])))
+    assert result.warm_started == 0 and result.records and all(r.trace != bomb for r in result.records)
+    assert result.skipped == [f"{trace_id(bomb)}: ScheduleTooCostly: {first_line(excinfo.value)}"]  # never built (the builder's timeout stopped it, 60 s later)
 
 
 @pytest.fixture(scope="module")

@@ -87,6 +87,7 @@ class TuneResult:
     events: list[dict[str, Any]]
     rejected: list[str]
     measured: list[tuple[str, float]] = field(default_factory=list)  # the search's trials for the measurement log: (trace text, mean secs)
+    skipped: list[str] = field(default_factory=list)  # warm-start traces not replayed: "trace id: why"
 
     @property
     def best_secs(self) -> float | None:
@@ -111,6 +112,7 @@ class TuneResult:
             untuned_secs=d["untuned_secs"], trials=d["trials"], warm_started=d["warm_started"],
             search_secs=d["search_secs"], curve=[(int(a), float(b)) for a, b in d["curve"]],
             events=d["events"], rejected=d["rejected"], measured=[(str(t), float(secs)) for t, secs in d.get("measured", [])],
+            skipped=[str(s) for s in d.get("skipped", [])],
         )  # fmt: skip
 
 
@@ -139,7 +141,7 @@ def tune_workload(identity: Identity, warm_traces: list[str], options: TuneOptio
         builder, runner = RayBuilder(work_dir, timeline), RayRunner(timeline, identity.target, options.timing)
         database = ms.database.MemoryDatabase()
         synthesized = (seeds or [])[: options.seeds if options.synthesize else 0]
-        warm, artifacts = _seed_database(database, mod, target, list(dict.fromkeys(warm_traces[: options.warm_start] + synthesized)), builder, runner)
+        warm, artifacts, skipped = _seed_database(database, mod, target, list(dict.fromkeys(warm_traces[: options.warm_start] + synthesized)), builder, runner)
         started = time.time()
         if options.trials > 0:
             ms.tune_tir(mod, target, work_dir=work_dir, builder=builder, runner=runner, database=database, **search_settings(options))
@@ -154,7 +156,7 @@ def tune_workload(identity: Identity, warm_traces: list[str], options: TuneOptio
             "host_cpu": tvm_env.host_target()["mcpu"],
             "tuned_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "curve": json.dumps(_thin(curve, 64))}  # fmt: skip
     records = [Record(r.identity, r.trace, r.run_secs, {**prov, **r.provenance, "rank": i}) for i, r in enumerate(records)]
-    return TuneResult(identity, records, untuned, options.trials, warm, search_secs, curve, timeline.events, rejected, logged)
+    return TuneResult(identity, records, untuned, options.trials, warm, search_secs, curve, timeline.events, rejected, logged, skipped)
 
 
 def tuning_target(target: Any) -> Any:
@@ -256,23 +258,32 @@ def replay(mod: Any, text: str) -> Any:
     return replay_schedule(mod, json.loads(text)).trace
 
 
-def _seed_database(database: Any, mod: Any, target: Any, traces: list[str], builder: RayBuilder, runner: RayRunner) -> tuple[int, dict[str, str]]:
+def _seed_database(database: Any, mod: Any, target: Any, traces: list[str], builder: RayBuilder, runner: RayRunner) -> tuple[int, dict[str, str], list[str]]:
     """Replay registry traces on ``mod``, measure them and commit them to ``database``; returns how many were
-    committed and where each one's build is (by the replayed trace's text), so publishing does not build it again."""
+    committed, where each one's build is (by the replayed trace's text), so publishing does not build it again,
+    and why each skipped trace was skipped. A trace is someone else's data (a claim of any pusher): one past the
+    hook's cost bounds is skipped, not built (it would hold a build slot until the builder's timeout)."""
     from tvm.s_tir import meta_schedule as ms
 
-    from schedhub.hooks.msdb import scheduled, trace_text
+    from schedhub.hooks.guard import ScheduleLimits, check_scheduled, check_trace_size
+    from schedhub.hooks.msdb import first_line, scheduled, trace_text
 
     workload = database.commit_workload(mod)
-    replayed = []
+    limits = ScheduleLimits()
+    replayed, skipped = [], []
     for text in traces:
         try:
+            check_trace_size(text, limits)
             trace = replay(mod, text)
-            replayed.append((trace, scheduled(mod, trace)))
-        except Exception as exc:  # a trace of another structure: skip it, say so
-            log.info("warm start: a registry trace does not apply (%s)", str(exc).splitlines()[0][:200])
+            candidate = scheduled(mod, trace)
+            check_scheduled(candidate, limits)
+            replayed.append((trace, candidate))
+        except Exception as exc:  # a trace of another structure, or one that would cost the build too much: skip it, say so
+            why = f"{type(exc).__name__}: {first_line(exc)}"
+            skipped.append(f"{trace_id(text)}: {why}")
+            log.info("warm start: a registry trace is skipped (%s)", why)
     if not replayed:
-        return 0, {}
+        return 0, {}, skipped
     args_info = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
     built = builder.build([ms.builder.BuilderInput(m, target) for _, m in replayed])
     device = "cpu" if target.kind.name == "llvm" else target.kind.name
@@ -286,7 +297,7 @@ def _seed_database(database: Any, mod: Any, target: Any, traces: list[str], buil
         if res.run_secs:
             database.commit_tuning_record(ms.database.TuningRecord(trace, workload, res.run_secs, target, args_info))
             artifacts[trace_text(trace)] = b.artifact_path
-    return len(artifacts), artifacts
+    return len(artifacts), artifacts, skipped
 
 
 #: Where the reference output is computed for kernels of other devices: this CPU, unscheduled.
