@@ -27,6 +27,7 @@ import tvm
 from tvm import relax
 from tvm.relax.frontend import nn
 
+from schedhub.cli.transfer_cmds import pull_into
 from schedhub.hooks import use
 from schedhub.hooks.identity import workload_module
 from schedhub.registry import Identity, LocalRegistry, Principal, Record, RegistryClient, ServerThread, record_key
@@ -91,11 +92,13 @@ def poisoning(tmp: Path) -> dict[str, Any]:
         alice.put(poison)
         attacked_us, served = forward_us(reader, mod)
         attacked_any_us, served_any = forward_us(reader, mod, trust="any")
+        pull_into(reader, tmp / "poison-mirror", "lmdb", None, None, 0)  # a store pulled for offline use
+        mirror_us, served_mirror = forward_us(tmp / "poison-mirror", mod)
     with LocalRegistry(tmp / "poison-only") as only:
         only.put(poison)
         poisoned_us, _ = forward_us(only, mod)
-    return {"clean_us": clean_us, "attacked_us": attacked_us, "attacked_trust_any_us": attacked_any_us, "poison_served_us": poisoned_us,
-            "served_honest": served == honest.trace_id and served_any == honest.trace_id}  # fmt: skip
+    return {"clean_us": clean_us, "attacked_us": attacked_us, "attacked_trust_any_us": attacked_any_us, "mirror_us": mirror_us, "poison_served_us": poisoned_us,
+            "served_honest": served == honest.trace_id and served_any == honest.trace_id, "mirror_served_honest": served_mirror == honest.trace_id}  # fmt: skip
 
 
 def ownership(tmp: Path) -> dict[str, Any]:
