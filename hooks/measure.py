@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,31 +65,63 @@ def random_inputs(args_info: list[Any], seed: int = 0) -> list[np.ndarray]:
     return arrays
 
 
-class KernelBench:
-    """One kernel's measurement: the default schedule's outputs once, then each candidate in turn."""
+def build(scheduled: tvm.IRModule, target: tvm.target.Target) -> Any:
+    """A kernel compiled for this machine: ``tirx.build`` emits LLVM IR, and the machine code is generated
+    when a function is first looked up (as much time again), so the entry function is looked up here."""
+    lib = tvm.tirx.build(scheduled, target=target)
+    lib["main"]
+    return lib
 
-    def __init__(self, default: tvm.IRModule, args_info: list[Any], target: tvm.target.Target) -> None:
+
+def build_all(mods: list[tvm.IRModule], target: tvm.target.Target, workers: int) -> list[Any]:
+    """:func:`build` of each module on up to ``workers`` threads (LLVM releases the GIL): the compiled
+    module, or the exception its build raised."""
+
+    def built(mod: tvm.IRModule) -> Any:
+        try:
+            return build(mod, target)
+        except Exception as exc:  # a candidate that does not build is a result
+            return exc
+
+    if workers <= 1 or len(mods) <= 1:
+        return [built(m) for m in mods]
+    with ThreadPoolExecutor(max_workers=min(workers, len(mods)), thread_name_prefix="schedhub-measure") as pool:
+        return list(pool.map(built, mods))
+
+
+class KernelBench:
+    """One kernel's measurement: the default schedule's outputs once, then each candidate (compiled by
+    :func:`build_all`, beside the default) checked against them and timed, one at a time."""
+
+    def __init__(self, default: Any, args_info: list[Any], target: tvm.target.Target) -> None:
+        """``default``: the kernel with the target's default schedule as :func:`build_all` gave it (an
+        exception it raised is raised here)."""
+        if isinstance(default, Exception):
+            raise default
         self.target = target
         self.dev = tvm.cpu(0)
         self.inputs = random_inputs(args_info)
-        self.expected = self._run(tvm.tirx.build(default, target=target))
+        self.expected = self._run(default)
 
     def _run(self, lib: Any) -> list[np.ndarray]:
         tensors = [tvm.runtime.tensor(a, self.dev) for a in self.inputs]
         lib["main"](*tensors)
         return [t.numpy() for t in tensors]
 
-    def time(self, scheduled: tvm.IRModule) -> Timing:
+    def time(self, built: Any) -> Timing:
+        """A candidate's outputs checked against the default schedule's, then its time (``built``: what
+        :func:`build_all` gave for it). Run it with nothing else working on the CPU."""
+        if isinstance(built, Exception):
+            return Timing(None, f"{built.__class__.__name__}: {str(built)[:500]}")
         try:
-            lib = tvm.tirx.build(scheduled, target=self.target)
-            for i, (want, got) in enumerate(zip(self.expected, self._run(lib))):
+            for i, (want, got) in enumerate(zip(self.expected, self._run(built))):
                 scale = max(1.0, float(np.abs(want).max(initial=0.0))) if want.dtype.kind == "f" else 0.0
                 if not np.allclose(got, want, rtol=RTOL, atol=RTOL * scale, equal_nan=True):
                     return Timing(None, f"argument {i} differs from TVM's default schedule")
             tensors = [tvm.runtime.tensor(a, self.dev) for a in self.inputs]
-            evaluator = lib.time_evaluator("main", self.dev, **TIMING)
+            evaluator = built.time_evaluator("main", self.dev, **TIMING)
             return Timing(statistics.median(evaluator(*tensors).results))
-        except Exception as exc:  # a candidate that does not build or run is a result
+        except Exception as exc:  # a candidate that does not run is a result
             return Timing(None, f"{exc.__class__.__name__}: {str(exc)[:500]}")
 
 

@@ -20,6 +20,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -36,7 +37,7 @@ from schedhub.registry import Candidate, Identity, Record, Registry, RegistryErr
 from .cache import KernelCache, default_dir
 from .guard import ScheduleLimits, check_scheduled, check_trace_size
 from .identity import as_module, workload_identity
-from .measure import TIMING, Budget, KernelBench, Timing, host_cpu, runs_here
+from .measure import TIMING, Budget, KernelBench, Timing, build_all, host_cpu, runs_here
 from .msdb import normalize_mod, replay, scheduled, tuning_record
 from .objects import OBJECT_ID, ObjectCache
 from .ranking import SYNTHESIZED, rank_key, retiled, speed, work
@@ -116,6 +117,7 @@ class HookSession:
         self.measure = measure
         self.synthesize = synthesize  # design-space samples scored per missed kernel (0: none; needs ``measure``)
         self._budget = Budget(measure)
+        self.build_workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # candidates compiled at once
         self.cache = cache if cache is not None else KernelCache(default_dir())
         self.report_misses = report_misses
         self.transfer = transfer
@@ -341,25 +343,33 @@ class HookSession:
 
     def _measure(self, identity: Identity, applied: list[tuple[Candidate, Any]], bench: tuple[tvm.IRModule, Any]) -> dict[str, float | None]:
         """Seconds per call of each applied candidate on this machine (None: wrong output or failed), from the
-        cache or measured while the budget lasts; candidates left unmeasured are absent."""
+        cache or measured while the budget lasts; candidates left unmeasured are absent. The ones to measure
+        are compiled side by side (with the default schedule), then checked and timed one at a time."""
         default, target = bench
         found: dict[str, float | None] = {}
-        kernel_bench: KernelBench | None = None
+        todo = []
         for candidate, scheduled_mod in applied:
             parts = (identity.key, candidate.record.trace, host_cpu(), repr(TIMING))
             timing = Timing.from_dict(self.cache.get("measured", *parts) or {})
             if timing is None:
-                if not self._budget.left():
-                    continue
-                try:
-                    kernel_bench = kernel_bench or KernelBench(default, identity.args_info, target)
-                except Exception as exc:  # arguments it cannot make, a default that does not build
-                    log.debug("schedhub: cannot measure %s: %s", identity.op, exc)
-                    return {}
-                if self.objects is not None:
-                    self.objects.settle()  # no kernel object compiling beside the timing
-                timing = kernel_bench.time(scheduled_mod)
-                self.cache.put("measured", parts, timing.to_dict())
+                todo.append((candidate, scheduled_mod, parts))
+            else:
+                found[candidate.record.trace_id] = timing.secs
+        if not todo or not self._budget.left():
+            return found
+        built = build_all([default, *(m for _, m, _ in todo)], target, self.build_workers)
+        try:
+            kernel_bench = KernelBench(built[0], identity.args_info, target)
+        except Exception as exc:  # arguments it cannot make, a default that does not build
+            log.debug("schedhub: cannot measure %s: %s", identity.op, exc)
+            return {}
+        if self.objects is not None:
+            self.objects.settle()  # no kernel object compiling beside the timing
+        for (candidate, _, parts), lib in zip(todo, built[1:]):
+            if not self._budget.left():
+                break
+            timing = kernel_bench.time(lib)
+            self.cache.put("measured", parts, timing.to_dict())
             found[candidate.record.trace_id] = timing.secs
         return found
 

@@ -12,7 +12,7 @@ import tvm_ffi
 
 from schedhub.hooks import use
 from schedhub.hooks.identity import workload_module
-from schedhub.hooks.measure import KernelBench, host_cpu
+from schedhub.hooks.measure import KernelBench, build_all, host_cpu
 from schedhub.hooks.msdb import normalize_mod, replayed, trace_text
 from schedhub.hooks.synthesis import TIMED, design_space_samples
 from schedhub.registry import LocalRegistry, Trial, TrialLog
@@ -30,8 +30,10 @@ def measured_log(batch: int) -> list[TrialLog]:
     logs = []
     for kernel in kernels(export(batch), target):
         normalized = normalize_mod(workload_module(kernel.identity.workload)["main"])
-        bench = KernelBench(normalized, kernel.identity.args_info, target)
-        timed = [(trace_text(s.trace), bench.time(s.mod).secs) for s in design_space_samples(normalized, target, DRAWN)]
+        samples = design_space_samples(normalized, target, DRAWN)
+        default, *built = build_all([normalized, *(s.mod for s in samples)], target, workers=2)
+        bench = KernelBench(default, kernel.identity.args_info, target)
+        timed = [(trace_text(s.trace), bench.time(lib).secs) for s, lib in zip(samples, built)]
         logs.append(TrialLog(kernel.identity, [Trial(trace, secs) for trace, secs in timed if secs]))
     return logs
 

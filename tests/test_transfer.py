@@ -5,7 +5,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import lmdb
 import numpy as np
@@ -16,6 +20,7 @@ from tvm.relax.frontend import nn
 
 from schedhub.hooks import target_text, use
 from schedhub.hooks.identity import plain_json, workload_module
+from schedhub.hooks import measure
 from schedhub.hooks.measure import host_cpu
 from schedhub.registry import (
     SCHEMA_VERSION, Candidate, Identity, InvalidRecord, LocalRegistry, Probe, Record, RegistryClient,
@@ -266,9 +271,23 @@ def test_the_probe_carries_what_the_hook_computed(registry: LocalRegistry) -> No
     assert Probe.from_obj(probe.to_dict()) == probe
 
 
-def test_measured_transfers_serve_the_fastest_candidate_that_agrees(tmp_path: Path) -> None:
-    """Opt-in: every applicable candidate is built, checked against the default schedule and timed here; once a machine."""
+def test_measured_transfers_serve_the_fastest_candidate_that_agrees(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Opt-in: every applicable candidate is built (side by side), checked against the default schedule and
+    timed here (alone); once a machine."""
     host = tvm.target.Target({"kind": "llvm", "mcpu": host_cpu(), "num-cores": 2})  # measured only for this machine's CPU
+    builds, timings = [], []
+
+    def recorded(into: list, fn: Callable) -> Callable:
+        def run(*args: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                into.append((start, time.perf_counter(), threading.current_thread().name))
+        return run
+
+    monkeypatch.setattr(measure, "build", recorded(builds, measure.build))
+    monkeypatch.setattr(measure.KernelBench, "time", recorded(timings, measure.KernelBench.time))
     with LocalRegistry(tmp_path / "store", sync=False) as reg:
         ours = [tune(k.identity) for k in kernels(export(4), host)]
         reg.put_many(ours)
@@ -276,6 +295,10 @@ def test_measured_transfers_serve_the_fastest_candidate_that_agrees(tmp_path: Pa
             reg.put(next(r for r in (split_record(k.identity, f) for f in FACTORS) if r.trace not in {o.trace for o in ours}))
         with use(reg, host, cache=tmp_path / "cache", measure=60) as session:
             ex = tvm.compile(export(16), host)
+        assert len(builds) == 6 and len(timings) == 4  # per kernel: the default and two candidates built, the candidates timed
+        assert not any(b0 < t1 and t0 < b1 for t0, t1, _ in timings for b0, b1, _ in builds)  # nothing compiles while a kernel is timed
+        if session.build_workers > 1:
+            assert len({name for *_, name in builds}) > 1 and any(a0 < b1 and b0 < a1 for a0, a1, _ in builds for b0, b1, _ in builds if (a0, a1) != (b0, b1))
         transfers = [k for k in session.report.kernels if k.outcome == "transfer"]
         assert len(transfers) == 2 and all(len(k.measured) == 2 and all(k.measured.values()) for k in transfers)
         for k in transfers:  # the fastest measured is the one served
