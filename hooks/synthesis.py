@@ -21,6 +21,7 @@ import math
 from collections.abc import Callable, Iterator
 
 import numpy as np
+import tvm_ffi
 import tvm
 from tvm.s_tir import meta_schedule as ms
 
@@ -51,20 +52,20 @@ def check_sample_count(samples: object) -> int:
 
 
 def design_space_samples(normalized: tvm.IRModule, target: tvm.target.Target, count: int) -> list[tvm.s_tir.Schedule]:
-    """Up to ``count`` distinct schedules of ``normalized`` (MetaSchedule's normalized kernel): its design spaces
+    """Up to ``count`` distinct schedules (distinct scheduled kernels) of ``normalized`` (MetaSchedule's normalized kernel): its design spaces
     with random decisions (seeded: the same kernel draws the same samples), postprocessors applied."""
     load_tensor_intrinsics()
     context = ms.TuneContext(mod=normalized, target=target, space_generator="post-order-apply", search_strategy="evolutionary", num_threads=1)
     spaces = context.generate_design_space()
     postprocs = context.space_generator.postprocs
-    found: dict[str, tvm.s_tir.Schedule] = {}
+    found: dict[int, tvm.s_tir.Schedule] = {}  # by the scheduled kernel's structural hash (a trace's JSON text costs 3 ms to write)
     for i in range(count if spaces else 0):
         sch = tvm.s_tir.Schedule(normalized, seed=i + 1)
         try:
             spaces[i % len(spaces)].trace.apply_to_schedule(sch, remove_postproc=True, decision_provider=lambda _inst, _inputs, _attrs, _decision: None)
             sch.enter_postproc()
             if all(p.apply(sch) for p in postprocs):
-                found.setdefault(trace_text(sch.trace), sch)
+                found.setdefault(tvm_ffi.structural_hash(sch.mod), sch)
         except tvm.error.TVMError:  # a draw the rules cannot complete: drawn again with the next seed
             continue
     return list(found.values())
