@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from schedhub.registry import LocalRegistry, Record, Registry, Trust, parse_trust, trust_filter
+from schedhub.registry import LocalRegistry, Record, Registry, Trust, parse_trust, trust_filter, trusted
 
 from .common import open_registry, progress, registry_option, reports_errors
 from .recordfiles import is_records_file, read_records, write_records
@@ -40,16 +41,20 @@ def _parse_trust(_ctx: click.Context, _param: click.Parameter, value: str) -> Tr
         raise click.BadParameter(str(exc)) from None
 
 
-def records_of(source: Path, trust: Trust = "verified") -> Iterator[Record]:
-    """Records from a records file, a schedhub store directory (those of its records ``trust`` accepts) or
-    a MetaSchedule JSONDatabase."""
+def records_of(source: Path, trust: Trust = "verified", left_out: Counter[str] | None = None) -> Iterator[Record]:
+    """Records from a records file, a schedhub store directory (those of its records ``trust`` accepts; the
+    others are counted in ``left_out["records"]``) or a MetaSchedule JSONDatabase."""
     if source.is_file() and is_records_file(source):
         yield from read_records(source)
     elif (source / "data.mdb").is_file():
         accepts = trust_filter(trust)
         with LocalRegistry(source, readonly=True) as local:
             for _, records in local.iter_served():
-                yield from filter(accepts, records)
+                for record in records:
+                    if accepts(record):
+                        yield record
+                    elif left_out is not None:
+                        left_out["records"] += 1
     elif (source / "database_tuning_record.json").is_file():
         _needs_tvm("reading a MetaSchedule database")
         from schedhub.hooks.msdb import read_json_database
@@ -74,14 +79,18 @@ def chunks(items: Iterable[T], size: int) -> Iterator[list[T]]:
         yield chunk
 
 
-def push_records(reg: Registry, sources: list[Path], batch: int = 500, trust: Trust = "verified") -> tuple[int, int, int]:
-    """Push every source's records in batches (of a store, those ``trust`` accepts: a claim it holds is
-    not the pusher's to vouch for), then the measurement log of each source that is a store;
-    returns (records sent, records kept in a top-k, log entries sent)."""
+def push_records(reg: Registry, sources: list[Path], batch: int = 500, trust: Trust = "verified",
+                 left_out: Counter[str] | None = None) -> tuple[int, int, int]:  # fmt: skip
+    """Push every source's records in batches, then the measurement log of each source that is a store;
+    of a store, only what ``trust`` accepts (a claim it holds is not the pusher's to vouch for: pushed with
+    a worker's token it would come out verified), the rest counted in ``left_out`` ("records", "log").
+    Returns (records sent, records kept in a top-k, log entries sent)."""
+    left_out = left_out if left_out is not None else Counter()
+    accepts = trusted(trust)
     sent = kept = logged = 0
     with progress("push") as bar:
         task = bar.add_task("push", total=None)
-        for chunk in chunks((r for source in sources for r in records_of(source, trust)), batch):
+        for chunk in chunks((r for source in sources for r in records_of(source, trust, left_out)), batch):
             kept += sum(r.kept for r in reg.put_many(chunk))
             sent += len(chunk)
             bar.update(task, advance=len(chunk))
@@ -89,6 +98,9 @@ def push_records(reg: Registry, sources: list[Path], batch: int = 500, trust: Tr
             if (source / "data.mdb").is_file():
                 with LocalRegistry(source, readonly=True) as local:
                     for entry in local.iter_trial_logs():
+                        if not accepts(entry.verified, entry.pushed_by):
+                            left_out["log"] += 1
+                            continue
                         reg.push_trials(entry)  # the registry names the pusher (a server: by the token) and decides what is verified
                         logged += 1
     return sent, kept, logged
@@ -112,9 +124,13 @@ def copy_log(source: Registry, local: LocalRegistry, keys: set[str] | None) -> i
 @reports_errors
 def push(sources: tuple[Path, ...], registry: str, token: str | None, trust: Trust) -> None:
     """Push records to a registry from files (.msgpack/.jsonl), schedhub stores (their measurement log too) or MetaSchedule JSONDatabase directories."""
-    sent, kept, logged = push_records(open_registry(registry, token), list(sources), trust=trust)
+    left_out: Counter[str] = Counter()
+    sent, kept, logged = push_records(open_registry(registry, token), list(sources), trust=trust, left_out=left_out)
     log_note = f"; {logged} measurement-log entries" if logged else ""
     click.echo(f"pushed {sent} records to {registry}; {kept} are now among their key's best{log_note}")
+    if left_out:
+        click.echo(f"left out {left_out['records']} unverified claims and {left_out['log']} unverified measurement-log entries "
+                   "of the stores (--trust any, or the pushers' names, takes them)")  # fmt: skip
 
 
 @dataclass

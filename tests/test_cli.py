@@ -219,7 +219,7 @@ def test_a_pulled_copy_keeps_who_vouched_for_each_record(tmp_path: Path) -> None
     """A store pulled for offline use must not turn a pusher's claim into a verified record (its hook
     would serve it first); a copy that carries no status (a file, a MetaSchedule database) takes only
     what --trust accepts, and a store pushed on sends only what it counts as verified."""
-    from schedhub.registry import Principal, RegistryClient, trust_filter
+    from schedhub.registry import Principal, RegistryClient, Trial, TrialLog, trust_filter
 
     roles = {"alice-tok": Principal("alice"), "w1-tok": Principal("w1", "worker")}
     honest, poison, other = make_record(1, 1e-3), make_record(1, 1e-10, variant=1), make_record(2, 1e-10)
@@ -227,6 +227,8 @@ def test_a_pulled_copy_keeps_who_vouched_for_each_record(tmp_path: Path) -> None
         with RegistryClient(srv.url, token="w1-tok") as w1, RegistryClient(srv.url, token="alice-tok") as alice:
             w1.put(honest)
             alice.put_many([poison, other])
+            w1.push_trials(TrialLog(honest.identity, [Trial(honest.trace, 1e-3)]))
+            alice.push_trials(TrialLog(other.identity, [Trial(other.trace, 1e-10)]))  # the log trains cost models: a claim there too
             served = {(r.trace_id, r.served) for k in (honest.key, other.key) for r in w1.get(k)}
         mirror = tmp_path / "mirror"
         assert "pulled 3 records" in run("pull", "-r", srv.url, "-o", str(mirror))
@@ -243,5 +245,8 @@ def test_a_pulled_copy_keeps_who_vouched_for_each_record(tmp_path: Path) -> None
         assert [r.trace_id for r in local.get(honest.key) if trust_filter("verified")(r)] == [honest.trace_id]
         assert local.get(honest.key)[0].trace_id == honest.trace_id  # the claimed 1e-10 s does not outrank it here either
         assert {j.job["trace_id"] for j in local.lease("w", max_jobs=10, lease_secs=60, tasks=("verify",))} == {poison.trace_id, other.trace_id}
-    assert "pushed 1 records" in run("push", str(mirror), "-r", str(tmp_path / "pushed"))
+    pushed = run("push", str(mirror), "-r", str(tmp_path / "pushed"))
+    assert "pushed 1 records" in pushed and "1 measurement-log entries" in pushed and "left out 2 unverified claims and 1 unverified" in pushed
     assert "pushed 3 records" in run("push", str(mirror), "-r", str(tmp_path / "pushed-all"), "--trust", "any")
+    with LocalRegistry(tmp_path / "pushed", readonly=True) as pushed_store:
+        assert [e.identity.key for e in pushed_store.iter_trial_logs()] == [honest.key]
