@@ -41,20 +41,25 @@ def _parse_trust(_ctx: click.Context, _param: click.Parameter, value: str) -> Tr
         raise click.BadParameter(str(exc)) from None
 
 
+def accepted(records: Iterable[Record], trust: Trust, left_out: Counter[str]) -> Iterator[Record]:
+    """The records ``trust`` accepts; the others are counted in ``left_out["records"]``."""
+    accepts = trust_filter(trust)
+    for record in records:
+        if accepts(record):
+            yield record
+        else:
+            left_out["records"] += 1
+
+
 def records_of(source: Path, trust: Trust = "verified", left_out: Counter[str] | None = None) -> Iterator[Record]:
-    """Records from a records file, a schedhub store directory (those of its records ``trust`` accepts; the
-    others are counted in ``left_out["records"]``) or a MetaSchedule JSONDatabase."""
+    """Records from a records file, a schedhub store directory (those of its records ``trust`` accepts: see
+    :func:`accepted`) or a MetaSchedule JSONDatabase."""
     if source.is_file() and is_records_file(source):
         yield from read_records(source)
     elif (source / "data.mdb").is_file():
-        accepts = trust_filter(trust)
         with LocalRegistry(source, readonly=True) as local:
             for _, records in local.iter_served():
-                for record in records:
-                    if accepts(record):
-                        yield record
-                    elif left_out is not None:
-                        left_out["records"] += 1
+                yield from accepted(records, trust, left_out if left_out is not None else Counter())
     elif (source / "database_tuning_record.json").is_file():
         _needs_tvm("reading a MetaSchedule database")
         from schedhub.hooks.msdb import read_json_database
@@ -157,7 +162,7 @@ def pull_into(reg: Registry, out: Path, fmt: str, op: str | None, target: str | 
     pusher's claim) and gets the measurement log of the keys pulled; a file or a MetaSchedule database
     carries no status, so it gets the records ``trust`` accepts."""
     keys: set[str] = set()
-    accepts = trust_filter(trust)
+    left_out: Counter[str] = Counter()
     pulled = Pulled()
 
     def served() -> Iterator[Record]:
@@ -168,24 +173,18 @@ def pull_into(reg: Registry, out: Path, fmt: str, op: str | None, target: str | 
                 bar.update(task, advance=len(records))
                 yield from records
 
-    def trusted() -> Iterator[Record]:
-        for record in served():
-            if accepts(record):
-                yield record
-            else:
-                pulled.untrusted += 1
-
     if fmt == "records":
-        pulled.written = write_records(out, (r.to_bytes() for r in trusted()))
+        pulled.written = write_records(out, (r.to_bytes() for r in accepted(served(), trust, left_out)))
     elif fmt == "metaschedule":
         _needs_tvm("writing a MetaSchedule database")
         from schedhub.hooks.msdb import write_json_database
 
-        pulled.written, pulled.unusable = write_json_database(out, trusted())
+        pulled.written, pulled.unusable = write_json_database(out, accepted(served(), trust, left_out))
     else:
         with LocalRegistry(out) as local:
             pulled.written = sum(len(local.mirror(chunk)) for chunk in chunks(served(), 500))
             copy_log(reg, local, None if op is None and target is None and since == 0 else keys)
+    pulled.untrusted = left_out["records"]
     return pulled
 
 

@@ -33,15 +33,17 @@ def record_from_tuning_record(tr: ms.database.TuningRecord, op: str | None = Non
     return Record(identity, json.dumps(trace, separators=(",", ":")), run_secs, dict(provenance or {}))
 
 
-def tuning_record(record: Record, mod: tvm.IRModule | None = None, args_info: list[Any] | None = None) -> ms.database.TuningRecord:
-    """The record as a TuningRecord on ``mod`` (default: its own workload), replaying the trace.
+def tuning_record(record: Record, mod: tvm.IRModule | None = None, args_info: list[Any] | None = None,
+                  limits: ScheduleLimits | None = None) -> ms.database.TuningRecord:  # fmt: skip
+    """The record as a TuningRecord on ``mod`` (default: its own workload), replaying the trace (within
+    ``limits``, when given: :func:`replay_within`).
 
     ``args_info``: the module's own, when the record was tuned for another shape (a transfer).
     Raises TVM's error when the trace does not apply to the module, with the instruction and block
     named (``TuningRecord.from_json`` replays with TVM's error rendering off: "(not rendered)").
     """
     mod = mod if mod is not None else workload_module(record.identity.workload)
-    sch = replay_schedule(mod, json.loads(record.trace))
+    sch = replay_within(mod, record.trace, limits) if limits is not None else replay_schedule(mod, json.loads(record.trace))
     info = args_info if args_info is not None else record.identity.args_info
     return ms.database.TuningRecord(sch.trace, ms.database.Workload(mod), [float(s) for s in record.run_secs],
                                     target_from_text(record.identity.target), [ms.arg_info.ArgInfo.from_json(a) for a in info])  # fmt: skip
@@ -64,6 +66,16 @@ def replay_schedule(mod: tvm.IRModule, recorded: Any) -> tvm.s_tir.Schedule:
     replay route of the hook and the tuner. Raises TVM's error when the trace does not fit ``mod``."""
     sch = tvm.s_tir.Schedule(mod)
     tvm.s_tir.schedule.Trace.apply_json_to_schedule(recorded, sch)
+    return sch
+
+
+def replay_within(mod: tvm.IRModule, trace_text: str, limits: ScheduleLimits) -> tvm.s_tir.Schedule:
+    """:func:`replay_schedule` of a trace that is someone else's data: refused before the replay when it is
+    too long and after it when the scheduled kernel would cost a build more than ``limits`` allow
+    (:class:`.guard.ScheduleTooCostly`); raises TVM's error when it does not fit ``mod``."""
+    check_trace_size(trace_text, limits)
+    sch = replay_schedule(mod, json.loads(trace_text))
+    check_scheduled(sch.mod, limits)
     return sch
 
 
@@ -151,13 +163,11 @@ def write_json_database(work_dir: str | os.PathLike[str], records: Iterable[Reco
     with (directory / SIDECAR).open("a", encoding="utf-8") as sidecar:
         for record in records:
             try:
-                check_trace_size(record.trace, limits)
                 own = workload_module(record.identity.workload)
                 workload = db.commit_workload(own)
-                if block_names(workload.mod) != block_names(own):
+                if not workload.mod.same_as(own) and block_names(workload.mod) != block_names(own):
                     raise ValueError("MetaSchedule takes its workload for another one stored here that differs only in block names, which the trace addresses blocks by")
-                tr = tuning_record(record, workload.mod)
-                check_scheduled(scheduled(workload.mod, tr.trace), limits)
+                tr = tuning_record(record, workload.mod, limits=limits)
             except Exception as exc:  # TVM raises ScheduleError, TVMError, ValueError… on a trace that does not fit
                 unusable[record.trace_id] = f"{type(exc).__name__}: {first_line(exc)}"
                 continue

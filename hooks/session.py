@@ -35,10 +35,10 @@ from tvm_ffi.serialization import from_json_graph_str, to_json_graph_str
 from schedhub.registry import Candidate, Identity, Record, Registry, RegistryError, Trust, keeps_default_schedule, signature_args_info, trust_filter, trusted
 
 from .cache import KernelCache, default_dir
-from .guard import ScheduleLimits, check_scheduled, check_trace_size
+from .guard import ScheduleLimits
 from .identity import as_module, workload_identity
 from .measure import TIMING, Budget, KernelBench, Timing, build_all, host_cpu, runs_here
-from .msdb import normalize_mod, replay, scheduled, tuning_record
+from .msdb import normalize_mod, replay_within, tuning_record
 from .objects import OBJECT_ID, ObjectCache
 from .ranking import SYNTHESIZED, rank_key, retiled, speed, work
 from .synthesis import TIMED, LogModel, check_sample_count, synthesize
@@ -241,9 +241,7 @@ class HookSession:
 
     def _replay(self, record: Record, mod: tvm.IRModule, key: str, args_info: list[Any] | None = None) -> Any:
         """``record`` as a TuningRecord on ``mod``, checked against the bounds before and after replay; raises if it does not apply."""
-        check_trace_size(record.trace, self.limits)
-        tr = tuning_record(record, mod, args_info)
-        check_scheduled(scheduled(mod, tr.trace), self.limits)
+        tr = tuning_record(record, mod, args_info, self.limits)
         self._retiled[(key, record.trace_id)] = retiled(json.loads(record.trace), tr.trace)
         return tr
 
@@ -262,9 +260,8 @@ class HookSession:
                 self._retiled[(key, record.trace_id)] = entry["retiled"]
         if mod is None:
             try:
-                check_trace_size(record.trace, self.limits)
-                mod, tiles = replay(normalized, record.trace)
-                check_scheduled(mod, self.limits)
+                sch = replay_within(normalized, record.trace, self.limits)
+                mod, tiles = sch.mod, retiled(json.loads(record.trace), sch.trace)
             except Exception as exc:
                 self.cache.put("scheduled", parts, {"error": f"{exc.__class__.__name__}: {str(exc)[:2000]}"})
                 raise

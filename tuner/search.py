@@ -265,19 +265,16 @@ def _seed_database(database: Any, mod: Any, target: Any, traces: list[str], buil
     hook's cost bounds is skipped, not built (it would hold a build slot until the builder's timeout)."""
     from tvm.s_tir import meta_schedule as ms
 
-    from schedhub.hooks.guard import ScheduleLimits, check_scheduled, check_trace_size
-    from schedhub.hooks.msdb import first_line, scheduled, trace_text
+    from schedhub.hooks.guard import ScheduleLimits
+    from schedhub.hooks.msdb import first_line, replay_within, trace_text
 
     workload = database.commit_workload(mod)
     limits = ScheduleLimits()
     replayed, skipped = [], []
     for text in traces:
         try:
-            check_trace_size(text, limits)
-            trace = replay(mod, text)
-            candidate = scheduled(mod, trace)
-            check_scheduled(candidate, limits)
-            replayed.append((trace, candidate))
+            sch = replay_within(mod, text, limits)
+            replayed.append((sch.trace, sch.mod))
         except Exception as exc:  # a trace of another structure, or one that would cost the build too much: skip it, say so
             why = f"{type(exc).__name__}: {first_line(exc)}"
             skipped.append(f"{trace_id(text)}: {why}")

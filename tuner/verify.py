@@ -21,23 +21,19 @@ from .kernels import FINAL_TIMING
 
 def verify_job(job: dict[str, Any], timing: dict[str, Any] | None = None) -> dict[str, Any]:
     """The verdict on one verification job: ``{"run_secs": [...] | None, "reason": str}``."""
-    from schedhub.hooks.guard import ScheduleLimits, check_scheduled, check_trace_size
+    from schedhub.hooks.guard import ScheduleLimits
     from schedhub.hooks.identity import compiler_fingerprint, workload_module
+    from schedhub.hooks.msdb import replay_within
 
-    from schedhub.hooks.msdb import scheduled
-
-    from .search import ToolchainMismatch, default_name, replay, side_by_side
+    from .search import ToolchainMismatch, default_name, side_by_side
 
     tvm_env.prepare()
     identity = Identity.from_obj(job["identity"])
     if identity.fingerprint != compiler_fingerprint():
         raise ToolchainMismatch(f"record {identity.key[:12]} was keyed under {identity.fingerprint!r}; this worker runs {compiler_fingerprint()!r}")
     mod = workload_module(identity.workload)
-    limits = ScheduleLimits()
     try:
-        check_trace_size(job["trace"], limits)
-        candidate = scheduled(mod, replay(mod, job["trace"]))
-        check_scheduled(candidate, limits)
+        candidate = replay_within(mod, job["trace"], ScheduleLimits()).mod
     except Exception as exc:  # ScheduleError, TVMError, ScheduleTooCostly…: the verdict, not a crash
         return {"run_secs": None, "reason": f"does not replay within bounds: {exc.__class__.__name__}: {str(exc).strip()[:500]}"}
     cluster.check_feasible(identity.target)  # after the replay: a record that does not replay needs no cluster
