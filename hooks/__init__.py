@@ -9,8 +9,9 @@ replayed on the user's own kernel; on a miss, a record of the same structure tha
 shape, compiler build or target; ranked by :mod:`.ranking`) is served as a transfer, or with
 ``measure=``/``synthesize=`` whichever of those and of schedules drawn from the kernel's own design
 space (:mod:`.synthesis`) ran fastest here; misses are reported to the registry's queue in one request; a
-registry that is down or slow costs at most ``timeout`` and one warning. Outside it, TVM behaves
-as it always does. ``relax_pipeline="schedhub"`` names the same pipeline explicitly.
+registry that is down or stalls costs at most ``timeout``, one that trickles its answer or answers
+something that is not a registry's at most 6 × ``timeout``, and one warning: the compile goes on
+with TVM's default schedules. Outside it, TVM behaves as it always does. ``relax_pipeline="schedhub"`` names the same pipeline explicitly.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from .objects import ObjectCache, c_compiler_available
 from .session import CompileReport, HookSession, KernelOutcome, RegistryFallbackWarning
 
 DEFAULT_TIMEOUT = 2.0
+ANSWER_DEADLINE = 5  # × timeout: the longest a registry may take to send one whole answer
 
 
 def _open(registry: Registry | str | os.PathLike[str], timeout: float) -> tuple[Registry, bool]:
@@ -41,7 +43,7 @@ def _open(registry: Registry | str | os.PathLike[str], timeout: float) -> tuple[
     if isinstance(registry, (LocalRegistry, RegistryClient)):
         return registry, False
     spec = os.fspath(registry)
-    http_options = {"timeout": timeout, "retries": 0} if spec.startswith(("http://", "https://")) else {}
+    http_options = {"timeout": timeout, "deadline": ANSWER_DEADLINE * timeout, "retries": 0} if spec.startswith(("http://", "https://")) else {}
     return connect(spec, **http_options), True
 
 

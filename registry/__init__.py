@@ -26,6 +26,7 @@ from ._errors import (
     InvalidRecord,
     KeyMismatch,
     LeaseLost,
+    MalformedAnswer,
     NotFound,
     PayloadTooLarge,
     RegistryError,
@@ -73,6 +74,6 @@ __all__ = [
     "PENDING", "LEASED", "DONE", "DEAD",
     "LocalRegistry", "RegistryClient", "Registry", "connect", "create_app",
     "serve", "ServerThread", "load_tokens", "InsecureServerError",
-    "RegistryError", "InvalidRecord", "KeyMismatch", "PayloadTooLarge", "NotFound",
+    "RegistryError", "InvalidRecord", "KeyMismatch", "PayloadTooLarge", "NotFound", "MalformedAnswer",
     "Unauthorized", "Forbidden", "TooManyRequests", "RequestTimeout", "LeaseLost", "RegistryUnavailable",
 ]  # fmt: skip

@@ -1,9 +1,12 @@
 """RegistryClient: the registry's operations over HTTP, with the method names of LocalRegistry.
 
-One persistent httpx connection per client, msgpack both ways, timeouts on every call, and
-retries where they are safe: always when the connection could not be made (nothing was sent),
-and on a dropped connection for idempotent calls. ``transport=`` lets tests run the real ASGI
-app in process.
+One persistent httpx connection per client, msgpack both ways, and retries where they are safe:
+always when the connection could not be made (nothing was sent), and on a dropped connection for
+idempotent calls. Every call is bounded: ``timeout`` for any one step (connect, send, a read),
+``deadline`` for the whole answer (a server that trickles it is given up on), ``max_answer_bytes``
+for its size; and every answer is parsed as hostile input (``_answers``): a wrong URL, a proxy's
+page or a broken server raises a RegistryError, never a KeyError. ``transport=`` lets tests run
+the real ASGI app in process.
 """
 
 from __future__ import annotations
@@ -15,15 +18,17 @@ from typing import Any
 
 import httpx
 
-from ._errors import RegistryError, RegistryUnavailable, error_for_status
+from ._answers import decode, listing, mapping, number, reading, text, typed
+from ._errors import MalformedAnswer, RegistryError, RegistryUnavailable, error_for_status
 from ._neighbours import RELATIONS, Candidate, Probe
 from ._queue import Lease
-from ._records import Identity, Record, packb, served_record, unpackb
+from ._records import Identity, Record, packb, served_record
 from ._store import KeySummary, PutResult
 from ._trials import MAX_CURSOR_CHARS, TrialLog, iter_pages
 from ._wire import ERROR_HEADER, MSGPACK
 
 LOOKUP_CHUNK = 4096
+MAX_ANSWER_BYTES = 256 << 20  # the server's largest answer, a 32 MiB lookup page plus its last key, with room
 PUSH_CHUNK_BYTES = 8 << 20
 _SAFE_TO_RESEND = (httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError)
 
@@ -35,15 +40,21 @@ class RegistryClient:
         *,
         token: str | None = None,
         timeout: float = 10.0,
+        deadline: float | None = None,
         retries: int = 3,
         backoff: float = 0.2,
+        max_answer_bytes: int = MAX_ANSWER_BYTES,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
+        """``deadline``: the longest one attempt of a call may take, answer included (default 6 × ``timeout``,
+        at least 60 s); a trickling server is given up on after it plus at most one ``timeout``."""
         self.url = url.rstrip("/")
         self.retries = retries
         self.backoff = backoff
+        self.deadline = deadline if deadline is not None else max(60.0, 6 * timeout)
+        self.max_answer_bytes = max_answer_bytes
         token = token if token is not None else os.environ.get("SCHEDHUB_TOKEN")
-        headers = {"accept": MSGPACK, "user-agent": "schedhub"}
+        headers = {"accept": MSGPACK, "accept-encoding": "identity", "user-agent": "schedhub"}
         if token:
             headers["authorization"] = f"Bearer {token}"
         try:
@@ -75,7 +86,7 @@ class RegistryClient:
         headers = {"content-type": MSGPACK} if content is not None else None
         for attempt in range(self.retries + 1):
             try:
-                response = self._http.request(method, path, content=content, headers=headers, params=params)
+                response, answer = self._exchange(method, path, content, headers, params)
                 break
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 failure: Exception = exc
@@ -94,18 +105,36 @@ class RegistryClient:
         if response.status_code == 404 and allow_404:
             return None
         if response.status_code >= 400:
-            raise error_for_status(response.status_code, _error_message(response))
+            raise error_for_status(response.status_code, _error_message(response, answer))
         if method == "HEAD":
             return True
-        if not response.content:
+        if not answer:
             return None
-        return unpackb(response.content) if response.headers.get("content-type", "").startswith(MSGPACK) else response.json()
+        return decode(answer, response.headers.get("content-type", ""), f"{method} {self.url}{path}")
+
+    def _exchange(self, method: str, path: str, content: bytes | None, headers: dict[str, str] | None,
+                  params: dict[str, Any] | None) -> tuple[httpx.Response, bytes]:  # fmt: skip
+        """One request and its whole answer, within ``deadline`` and ``max_answer_bytes``."""
+        started = time.monotonic()
+        with self._http.stream(method, path, content=content, headers=headers, params=params) as response:
+            declared = response.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > self.max_answer_bytes:
+                raise MalformedAnswer(f"{method} {self.url}{path} answered {declared} bytes, over the client's limit of {self.max_answer_bytes}")
+            answer = bytearray()
+            for chunk in response.iter_bytes():
+                answer += chunk
+                if len(answer) > self.max_answer_bytes:
+                    raise MalformedAnswer(f"{method} {self.url}{path} answered over the client's limit of {self.max_answer_bytes} bytes")
+                if time.monotonic() - started > self.deadline:
+                    raise RegistryUnavailable(f"{method} {self.url}{path} answered too slowly: {len(answer)} bytes in {self.deadline:g} s")
+        return response, bytes(answer)
 
     # -- records ---------------------------------------------------------------------------
 
     def get_raw(self, key: str) -> list[bytes]:
         answer = self._call("GET", f"/v1/records/{key}", allow_404=True)
-        return list(answer["records"]) if answer else []
+        with reading(f"GET /v1/records/{key}"):
+            return [_record_bytes(b) for b in listing(mapping(answer, "answer")["records"], "records")] if answer else []
 
     def get(self, key: str) -> list[Record]:
         return self.lookup([key]).get(key, [])
@@ -122,8 +151,9 @@ class RegistryClient:
         """Records of every key that has some and, for each key that has none, candidates to transfer."""
         probes = {i.key: Probe.of(i) for i in identities}
         found, near = self._lookup(list(probes), top, probes, per_key)
-        records = {k: [served_record(b, s) for b, s in v] for k, v in found.items()}
-        return records, {k: [Candidate(served_record(b, s), rel, d) for b, s, rel, d in v] for k, v in near.items()}
+        with reading("POST /v1/lookup"):
+            records = {k: _records_of(k, v) for k, v in found.items()}
+            return records, {k: [Candidate(served_record(b, s), rel, d) for b, s, rel, d in v] for k, v in near.items()}
 
     def _lookup(self, keys: list[str], top: int | None, probes: dict[str, Probe], per_key: int) -> tuple[
             dict[str, list[tuple[bytes, dict[str, Any]]]], dict[str, list[tuple[bytes, dict[str, Any], str, float]]]]:  # fmt: skip
@@ -136,11 +166,20 @@ class RegistryClient:
             if probes and per_key > 0:
                 body.update(probes=[probes[k].to_dict() for k in chunk], candidates=per_key)
             answer = self._call("POST", "/v1/lookup", body)
-            for key, raws in answer["records"].items():
-                found[key] = list(zip(raws, answer["entries"][key]))
-            for key, items in (answer.get("candidates") or {}).items():
-                near[key] = [_candidate(item) for item in items]
-            pending = list(answer.get("truncated", [])) + pending
+            asked = set(chunk)
+            with reading("POST /v1/lookup"):
+                answer = mapping(answer, "answer")
+                records, entries = mapping(answer["records"], "records"), mapping(answer["entries"], "entries")
+                for key, raws in records.items():
+                    if key in asked:  # a key nobody asked for is not taken from a server
+                        found[key] = _entries(listing(raws, key), listing(entries[key], key))
+                for key, items in mapping(answer.get("candidates") or {}, "candidates").items():
+                    if key in asked and key not in found:
+                        near[key] = [_candidate(item) for item in listing(items, key)]
+                truncated = [k for k in listing(answer.get("truncated", []), "truncated") if text(k, "truncated") in asked and k not in found]
+                if truncated and not any(k in found for k in chunk):
+                    raise ValueError("every key of the request answered as truncated: no progress")  # asked again forever otherwise
+            pending = list(dict.fromkeys(truncated)) + pending
         return found, near
 
     def lookup_raw(self, keys: list[str]) -> dict[str, list[bytes]]:
@@ -148,7 +187,9 @@ class RegistryClient:
 
     def lookup(self, keys: list[str], top: int | None = None) -> dict[str, list[Record]]:
         """Records of many keys, best first, each with its ``served`` status (owner, verifier)."""
-        return {k: [served_record(b, s) for b, s in v] for k, v in self.lookup_entries(keys, top).items()}
+        found = self.lookup_entries(keys, top)
+        with reading("POST /v1/lookup"):
+            return {k: _records_of(k, v) for k, v in found.items()}
 
     def put_many(self, records: Iterable[Record], pushed_by: str = "") -> list[PutResult]:
         """Push records in batches of about PUSH_CHUNK_BYTES; each batch is one transaction.
@@ -171,53 +212,71 @@ class RegistryClient:
 
     def _push(self, batch: list[dict[str, Any]]) -> list[PutResult]:
         answer = self._call("POST", "/v1/records", {"records": batch})
-        return [PutResult(**r) for r in answer["results"]]
+        with reading("POST /v1/records"):
+            results = [typed(PutResult, r) for r in listing(mapping(answer, "answer")["results"], "results")]
+            if [r.key for r in results] != [r["key"] for r in batch]:
+                raise ValueError(f"{len(results)} results that do not match the {len(batch)} records pushed")
+            return results
 
     def put(self, record: Record, pushed_by: str = "") -> PutResult:
         answer = self._call("PUT", f"/v1/records/{record.key}", record.to_dict())
-        return PutResult(**answer)
+        with reading(f"PUT /v1/records/{record.key}"):
+            return typed(PutResult, answer)
 
     def complain(self, key: str, trace_id: str, reason: str) -> dict[str, Any] | None:
         """Report a record that failed here; the registry queues its verification (None: no such record)."""
-        return self._call("POST", f"/v1/records/{key}/complaints", {"trace_id": trace_id, "reason": reason[:4000]}, allow_404=True, idempotent=False)
+        answer = self._call("POST", f"/v1/records/{key}/complaints", {"trace_id": trace_id, "reason": reason[:4000]}, allow_404=True, idempotent=False)
+        with reading(f"POST /v1/records/{key}/complaints"):
+            return None if answer is None else mapping(answer, "answer")
 
     def quarantine(self, key: str, trace_id: str, reason: str) -> bool:
         """Take a record out of service (needs an admin token)."""
         return self._call("POST", f"/v1/records/{key}/quarantine", {"trace_id": trace_id, "reason": reason}, allow_404=True) is not None
 
     def quarantined(self, limit: int = 100) -> list[dict[str, Any]]:
-        return self._call("GET", "/v1/quarantine", params={"limit": limit})["items"]
+        answer = self._call("GET", "/v1/quarantine", params={"limit": limit})
+        with reading("GET /v1/quarantine"):
+            return [mapping(item, "item") for item in listing(mapping(answer, "answer")["items"], "items")]
 
     def summaries(self, op: str | None = None, target: str | None = None, since: int = 0, limit: int | None = None) -> list[KeySummary]:
-        params = _params(op=op, target=target, since=since, limit=limit)
-        return [KeySummary(**item) for item in self._call("GET", "/v1/records", params=params)["items"]]
+        answer = self._call("GET", "/v1/records", params=_params(op=op, target=target, since=since, limit=limit))
+        with reading("GET /v1/records"):
+            return [typed(KeySummary, item) for item in listing(mapping(answer, "answer")["items"], "items")]
 
     def iter_served(self, op: str | None = None, target: str | None = None, since: int = 0, page: int = 256) -> Iterator[tuple[KeySummary, list[Record]]]:
         """Every matching key with its records, best first, each with its ``served`` status; one page per request."""
         while True:
             answer = self._call("GET", "/v1/records", params=_params(op=op, target=target, since=since, limit=page, include="records"))
-            for item in answer["items"]:
-                raws, statuses = list(item.pop("records")), list(item.pop("entries", None) or [])
-                if len(statuses) != len(raws):
-                    raise RegistryError(f"the registry answered {len(raws)} records of {item.get('key')!r} with {len(statuses)} statuses")
-                yield KeySummary(**item), [served_record(b, s) for b, s in zip(raws, statuses)]
-            if not answer["more"]:
+            with reading("GET /v1/records?include=records"):
+                answer = mapping(answer, "answer")
+                items = []
+                for item in listing(answer["items"], "items"):
+                    summary = typed(KeySummary, item)
+                    items.append((summary, _records_of(summary.key, _entries(listing(item["records"], "records"), listing(item.get("entries") or [], "entries")))))
+                more, following = answer["more"], answer["next"]
+                if not isinstance(more, bool) or (more and (not isinstance(following, int) or isinstance(following, bool) or following <= since)):
+                    raise ValueError(f"a page that says more={more!r} and next={following!r:.40} after {since} would page forever")
+            yield from items
+            if not more:
                 return
-            since = answer["next"]
+            since = following
 
     # -- measurement log -------------------------------------------------------------------
 
     def push_trials(self, log: TrialLog, pushed_by: str = "") -> dict[str, Any]:
         """Merge a tuning run's trials into your entry of the log (the server names you by your token)."""
         body = {"identity": log.identity.to_dict(), "trials": [t.to_dict() for t in log.trials]}
-        return self._call("POST", "/v1/trials", body)  # a merge by trace: sending it twice is the same
+        answer = self._call("POST", "/v1/trials", body)  # a merge by trace: sending it twice is the same
+        with reading("POST /v1/trials"):
+            return mapping(answer, "answer")
 
     def trial_logs(self, after: str = "", limit: int = 100, *, verified_only: bool = False) -> tuple[list[TrialLog], str, bool]:
         answer = self._call("GET", "/v1/trials", params=_params(cursor=after, limit=limit, verified="1" if verified_only else None))
-        items, cursor, more = (answer.get(k) for k in ("items", "next", "more")) if isinstance(answer, dict) else (None, None, None)
-        if not isinstance(items, list) or not isinstance(cursor, str) or len(cursor) > MAX_CURSOR_CHARS or not isinstance(more, bool):
-            raise RegistryError("the registry's trial page is malformed")
-        return [TrialLog.from_stored(item) for item in items], cursor, more
+        with reading("GET /v1/trials"):
+            items, cursor, more = (answer.get(k) for k in ("items", "next", "more")) if isinstance(answer, dict) else (None, None, None)
+            if not isinstance(items, list) or not isinstance(cursor, str) or len(cursor) > MAX_CURSOR_CHARS or not isinstance(more, bool):
+                raise ValueError("a trial page needs 'items', 'next' and 'more'")
+            return [TrialLog.from_stored(item) for item in items], cursor, more
 
     def iter_trial_logs(self, *, verified_only: bool = False, page: int = 100) -> Iterator[TrialLog]:
         yield from iter_pages(self.trial_logs, verified_only=verified_only, page=page)
@@ -226,17 +285,22 @@ class RegistryClient:
 
     def report_misses(self, misses: Iterable[Identity]) -> list[dict[str, Any]]:
         body = {"misses": [m.to_dict() for m in misses]}
-        return self._call("POST", "/v1/misses", body, idempotent=False)["results"]
+        answer = self._call("POST", "/v1/misses", body, idempotent=False)
+        with reading("POST /v1/misses"):
+            return [mapping(r, "result") for r in listing(mapping(answer, "answer")["results"], "results")]
 
     def lease(self, worker: str, max_jobs: int = 1, lease_secs: float = 300.0, *, fingerprint: str | None = None, kind: str | None = None,
               device: str | None = None, tasks: tuple[str, ...] = ("tune",)) -> list[Lease]:  # fmt: skip
         body = {"worker": worker, "max_jobs": max_jobs, "lease_secs": lease_secs, "fingerprint": fingerprint or "", "kind": kind or "",
                 "device": device or "", "tasks": list(tasks)}  # fmt: skip
         answer = self._call("POST", "/v1/queue/lease", body, idempotent=False)
-        return [Lease(**item) for item in answer["leases"]]
+        with reading("POST /v1/queue/lease"):
+            return [typed(Lease, item) for item in listing(mapping(answer, "answer")["leases"], "leases")]
 
     def renew(self, key: str, lease_id: str, lease_secs: float = 300.0) -> float:
-        return self._call("POST", f"/v1/queue/{key}/renew", {"lease_id": lease_id, "lease_secs": lease_secs})["expires"]
+        answer = self._call("POST", f"/v1/queue/{key}/renew", {"lease_id": lease_id, "lease_secs": lease_secs})
+        with reading(f"POST /v1/queue/{key}/renew"):
+            return number(mapping(answer, "answer")["expires"], "expires")
 
     def ack(self, key: str, lease_id: str, verdict: dict[str, Any] | None = None, *, refine: bool = False) -> str:
         body: dict[str, Any] = {"lease_id": lease_id}
@@ -244,10 +308,14 @@ class RegistryClient:
             body["verdict"] = verdict
         if refine:
             body["refine"] = True
-        return self._call("POST", f"/v1/queue/{key}/ack", body)["outcome"]
+        answer = self._call("POST", f"/v1/queue/{key}/ack", body)
+        with reading(f"POST /v1/queue/{key}/ack"):
+            return text(mapping(answer, "answer")["outcome"], "outcome")
 
     def fail(self, key: str, lease_id: str, error: str) -> str:
-        return self._call("POST", f"/v1/queue/{key}/fail", {"lease_id": lease_id, "error": error[:4000]}, idempotent=False)["state"]
+        answer = self._call("POST", f"/v1/queue/{key}/fail", {"lease_id": lease_id, "error": error[:4000]}, idempotent=False)
+        with reading(f"POST /v1/queue/{key}/fail"):
+            return text(mapping(answer, "answer")["state"], "state")
 
     def release(self, key: str, lease_id: str, reason: str) -> None:
         self._call("POST", f"/v1/queue/{key}/release", {"lease_id": lease_id, "error": reason[:4000]})
@@ -256,24 +324,36 @@ class RegistryClient:
         self._call("POST", f"/v1/queue/{key}/requeue", {})
 
     def job(self, key: str) -> dict[str, Any]:
-        return self._call("GET", f"/v1/queue/{key}")
+        answer = self._call("GET", f"/v1/queue/{key}")
+        with reading(f"GET /v1/queue/{key}"):
+            return mapping(answer, "answer")
 
     def jobs(self, state: str | None = None, limit: int = 1000, after: str = "") -> list[dict[str, Any]]:
         """Job summaries, paged through the server's 500-a-request limit."""
         out: list[dict[str, Any]] = []
         while len(out) < limit:
             answer = self._call("GET", "/v1/queue", params=_params(state=state, limit=min(500, limit - len(out)), after=after))
-            out += answer["jobs"]
-            if not answer.get("next"):
+            with reading("GET /v1/queue"):
+                answer = mapping(answer, "answer")
+                page = [mapping(job, "job") for job in listing(answer["jobs"], "jobs")]
+                following = answer.get("next")
+                if following is not None and (text(following, "next") <= after or not page):
+                    raise ValueError(f"a page whose 'next' {following!r:.80} does not follow {after!r:.80} would page forever")
+            out += page
+            if not following:
                 break
-            after = answer["next"]
+            after = following
         return out
 
     def stats(self) -> dict[str, Any]:
-        return self._call("GET", "/v1/stats")
+        answer = self._call("GET", "/v1/stats")
+        with reading("GET /v1/stats"):
+            return mapping(answer, "answer")
 
     def health(self) -> bool:
-        return bool(self._call("GET", "/healthz")["ok"])
+        answer = self._call("GET", "/healthz")
+        with reading("GET /healthz"):
+            return mapping(answer, "answer")["ok"] is True
 
 
 def _params(**values: Any) -> dict[str, Any]:
@@ -285,19 +365,39 @@ def _is_registry_answer(response: httpx.Response) -> bool:
     return response.headers.get(ERROR_HEADER) == "NotFound"
 
 
-def _error_message(response: httpx.Response) -> str:
+def _error_message(response: httpx.Response, answer: bytes) -> str:
     try:
-        body = unpackb(response.content) if response.headers.get("content-type", "").startswith(MSGPACK) else response.json()
-        return str(body.get("message", body))
+        body = decode(answer, response.headers.get("content-type", ""), "an error")
+        return str(body.get("message", body))[:2000]
     except Exception:  # an error page that is not ours (a proxy, say): show its start
-        return response.text[:300]
+        return answer[:300].decode("utf-8", "replace")
+
+
+def _record_bytes(value: Any) -> bytes:
+    if not isinstance(value, bytes):
+        raise TypeError(f"a record must travel as msgpack bin, got {type(value).__name__}")
+    return value
+
+
+def _entries(raws: list[Any], statuses: list[Any]) -> list[tuple[bytes, dict[str, Any]]]:
+    """(record bytes, status) pairs of one key's answer: as many statuses as records."""
+    if len(raws) != len(statuses):
+        raise ValueError(f"{len(raws)} records with {len(statuses)} statuses")
+    return [(_record_bytes(b), mapping(s, "status")) for b, s in zip(raws, statuses)]
+
+
+def _records_of(key: str, entries: list[tuple[bytes, dict[str, Any]]]) -> list[Record]:
+    """One key's records, parsed and checked to be that key's: a server answers for the key it was asked."""
+    records = [served_record(b, s) for b, s in entries]
+    if any(r.key != key for r in records):
+        raise ValueError(f"a record of another key answered for {key}")
+    return records
 
 
 def _candidate(item: Any) -> tuple[bytes, dict[str, Any], str, float]:
     """One candidate of a lookup answer, checked: a hostile server gets an error, not a crash."""
-    if not isinstance(item, dict) or not isinstance(item.get("record"), bytes) or not isinstance(item.get("entry"), dict):
-        raise RegistryError("the registry answered a malformed candidate")
+    item = mapping(item, "candidate")
     relation, distance = item.get("relation"), item.get("distance")
-    if relation not in RELATIONS or isinstance(distance, bool) or not isinstance(distance, (int, float)):
-        raise RegistryError("the registry answered a candidate with a malformed relation or distance")
-    return item["record"], item["entry"], relation, float(distance)
+    if relation not in RELATIONS:
+        raise ValueError(f"a candidate's relation must be one of {sorted(RELATIONS)}")
+    return _record_bytes(item.get("record")), mapping(item.get("entry"), "entry"), relation, number(distance, "distance")

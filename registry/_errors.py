@@ -10,7 +10,8 @@
     ├── TooManyRequests        over a rate limit, e.g. complaints (429)
     ├── RequestTimeout         a body that did not arrive in time (408)
     ├── LeaseLost              ack/fail/renew with a lease that expired or was re-leased (409)
-    └── RegistryUnavailable    the registry could not be reached or answered 5xx
+    ├── RegistryUnavailable    the registry could not be reached, answered 5xx, or too slowly
+    └── MalformedAnswer        a client got an answer that is not the registry's (a hostile or wrong server)
 """
 
 from __future__ import annotations
@@ -60,6 +61,10 @@ class LeaseLost(RegistryError):
 
 class RegistryUnavailable(RegistryError):
     status = 503
+
+
+class MalformedAnswer(RegistryError):
+    status = 502
 
 
 BY_STATUS: dict[int, type[RegistryError]] = {

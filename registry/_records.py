@@ -222,9 +222,17 @@ class Served:
 
     @classmethod
     def from_obj(cls, obj: Any) -> Served:
+        """A status as a store keeps it or a server answers it, checked (a hostile server's is refused)."""
         obj = _require_map(obj, "entry status")
-        return cls(str(obj.get("tid", "")), str(obj.get("by", "")), str(obj.get("vby", "")),
-                   float(obj.get("vmean", 0.0)), int(obj.get("complaints", 0)))  # fmt: skip
+        names = [obj.get(k, "") for k in ("tid", "by", "vby")]
+        vmean, complaints = obj.get("vmean", 0.0), obj.get("complaints", 0)
+        if not all(isinstance(n, str) and len(n) <= 256 for n in names):
+            raise InvalidRecord("an entry status's 'tid', 'by' and 'vby' must be strings of at most 256 characters")
+        if isinstance(vmean, bool) or not isinstance(vmean, (int, float)) or not math.isfinite(vmean) or vmean < 0:
+            raise InvalidRecord(f"an entry status's 'vmean' must be a finite number of seconds, got {vmean!r:.40}")
+        if isinstance(complaints, bool) or not isinstance(complaints, int) or complaints < 0:
+            raise InvalidRecord(f"an entry status's 'complaints' must be a count, got {complaints!r:.40}")
+        return cls(names[0], names[1], names[2], float(vmean), complaints)
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import subprocess
@@ -20,12 +21,13 @@ import tvm  # the test extra installs it: a missing TVM must fail, not skip  # n
 from tvm import relax  # noqa: E402
 from tvm.relax.frontend import nn  # noqa: E402
 
-from schedhub.hooks import RegistryFallbackWarning, target_text, use, workload_identity  # noqa: E402
+from schedhub.hooks import ANSWER_DEADLINE, RegistryFallbackWarning, target_text, use, workload_identity  # noqa: E402
 from schedhub.hooks.identity import workload_module  # noqa: E402
 from schedhub.tuner.models import kernels  # noqa: E402
-from schedhub.registry import Record, RegistryClient, ServerThread, record_key  # noqa: E402
+from schedhub.registry import Record, RegistryClient, ServerThread, packb, record_key  # noqa: E402
 
 from .conftest import TOKEN  # noqa: E402
+from .scripted_server import Reply, ScriptedServer  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 CPU = tvm.target.Target({"kind": "llvm", "mcpu": "znver1", "num-cores": 2})
@@ -219,29 +221,47 @@ def _silent_server() -> tuple[socket.socket, threading.Event]:
     return sock, stop
 
 
-@pytest.mark.parametrize("kind", ["down", "hangs"])
-def test_a_dead_or_hanging_registry_never_breaks_the_compile(kind: str, tuned: dict) -> None:
+# What a wrong or sick registry URL answers, and how long the hook may wait for it (× its timeout)
+BROKEN = {
+    "down": 1, "hangs": 1,
+    "trickles": ANSWER_DEADLINE + 1,  # a byte every 0.1 s: a read timeout alone never fires
+    "serves a web page": 1,  # a URL that is not the registry's: JSONDecodeError out of tvm.compile before
+    "answers garbage": 1,
+}  # fmt: skip
+
+
+@contextlib.contextmanager
+def _broken_registry(kind: str) -> Iterator[str]:
     if kind == "down":
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             url = f"http://127.0.0.1:{s.getsockname()[1]}"  # closed again: connection refused
-        stop = None
-    else:
+        yield url
+    elif kind == "hangs":
         sock, stop = _silent_server()
-        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            with use(url, CPU, timeout=0.5) as session:
-                ex = tvm.compile(tuned["mod"], CPU)
-                tvm.compile(tuned["mod"], CPU)  # a second build in the block does not try again
-    finally:
-        if stop is not None:
+        try:
+            yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+        finally:
             stop.set()
             sock.close()
+    else:
+        reply = {"trickles": Reply(200, "application/msgpack", b"\x80" * 1000, byte_every=0.1),
+                 "serves a web page": Reply(200, "text/html", b"<html>It works!</html>"),
+                 "answers garbage": Reply(200, "application/msgpack", packb({"records": [1, 2], "entries": "x"}))}[kind]  # fmt: skip
+        with ScriptedServer(reply) as scripted:
+            yield scripted.url
+
+
+@pytest.mark.parametrize("kind", list(BROKEN))
+def test_a_dead_hanging_or_wrong_registry_never_breaks_the_compile(kind: str, tuned: dict) -> None:
+    with _broken_registry(kind) as url, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with use(url, CPU, timeout=0.5) as session:
+            ex = tvm.compile(tuned["mod"], CPU)
+            tvm.compile(tuned["mod"], CPU)  # a second build in the block does not try again
     assert len([w for w in caught if issubclass(w.category, RegistryFallbackWarning)]) == 1
     assert sum(r.lookups for r in session.reports) == 1
-    assert session.reports[0].lookup_secs < 0.5 + 0.5  # the configured timeout, not more
+    assert session.reports[0].lookup_secs < 0.5 * BROKEN[kind] + 0.5  # what the timeout promises, not more
     assert all(k.outcome == "offline" for r in session.reports for k in r.kernels)
     x = np.random.default_rng(4).standard_normal((4, 64)).astype("float32")
     np.testing.assert_allclose(run(ex, x, tuned["params"]), mlp_reference(x, tuned["params"]), rtol=1e-4, atol=1e-4)
