@@ -5,6 +5,7 @@ Budgets are tiny (8–16 trials) and shapes small; bench/tuner.py runs the real 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -303,6 +304,63 @@ def test_worker_killed_mid_tuning_loses_nothing_and_the_job_completes_once(ray_a
         logged = [entry for _, entry in reg.store.measurements() if entry["key"] == ident.key]
     assert len(logged) == len(records)
     assert len({entry["tid"] for entry in logged}) == len(logged)
+
+
+def test_a_worker_outlives_a_registry_restart_and_delivers_what_it_tuned_meanwhile(ray_address: str, tmp_path: Path) -> None:
+    """The registry goes away while a job runs: the worker keeps tuning (and keeps asking for more work without
+    dying), keeps the result, and pushes and acks it once the registry is back on its address."""
+    root, ident = tmp_path / "reg", matmul(64, 64, 96)
+    events: list[tuple[str, dict]] = []
+    ended: dict[str, Any] = {}
+    first = ServerThread(root, tokens={TOKEN: "tuners"}, sync=False).__enter__()
+    with RegistryClient(first.url, token=TOKEN, timeout=2, retries=0) as client:
+        client.report_misses([ident])
+        worker = Worker(client, TINY, name="w", concurrency=2, lease_secs=30, poll_secs=0.2, device=TARGET["mcpu"],
+                        on_event=lambda kind, info: events.append((kind, info)))  # fmt: skip
+
+        def work() -> None:
+            try:
+                ended["stats"] = worker.run(until_idle=True)
+            except BaseException as exc:  # noqa: BLE001 - the test reports it
+                ended["error"] = exc
+
+        def wait_for(kind: str, secs: float) -> None:
+            deadline = time.time() + secs
+            while not any(k == kind for k, _ in events):
+                assert thread.is_alive() and time.time() < deadline, f"no {kind!r} event; {ended or events}"
+                time.sleep(0.1)
+
+        thread = threading.Thread(target=work, daemon=True)
+        thread.start()
+        wait_for("leased", 60)
+        first.__exit__(None, None, None)  # the registry goes away mid-job
+        wait_for("registry-away", 30)
+        wait_for("result-kept", 240)  # the job ended while it was away
+        with ServerThread(root, port=first.port, tokens={TOKEN: "tuners"}, sync=False):  # back, same store and address
+            thread.join(120)
+            assert not thread.is_alive() and "error" not in ended, ended
+            assert ended["stats"].done == 1 and ended["stats"].failed == 0
+            assert [k for k, _ in events].count("registry-back") == 1
+            job = client.jobs()[0]
+            assert job["state"] == DONE and job["attempts"] == 1, job
+            records = client.get(ident.key)
+            assert records and all(r.provenance["job"].endswith(ident.key[:8]) for r in records)
+
+
+class CorruptJobs(LocalRegistry):
+    """A registry whose queue hands out jobs whose workload no longer parses (a damaged store, a hostile operator)."""
+
+    def lease(self, *args: Any, **kwargs: Any) -> list:
+        return [dataclasses.replace(lease, job={**lease.job, "workload": "def main(:"}) for lease in super().lease(*args, **kwargs)]
+
+
+def test_a_job_that_does_not_parse_is_failed_with_the_reason_and_the_worker_goes_on(ray_address: str, tmp_path: Path) -> None:
+    with CorruptJobs(tmp_path / "reg", sync=False) as reg:
+        reg.report_misses([matmul(32, 32, 32)])
+        stats = Worker(reg, TINY, name="w", poll_secs=0.1, device=TARGET["mcpu"]).run(until_idle=True)
+        job = reg.jobs()[0]
+    assert stats.failed == 1 and stats.done == 0
+    assert job["state"] == PENDING and job["attempts"] == 1 and job["last_error"].startswith("malformed job:"), job
 
 
 def test_a_worker_gives_a_warm_startable_miss_a_first_pass_then_its_search(ray_address: str, tmp_path: Path) -> None:

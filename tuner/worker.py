@@ -15,6 +15,12 @@ the best pushed within seconds, the job acked with ``refine`` so the queue hands
 miss's first pass before this one's full search. A compile that missed a whole model so gets
 measured schedules for all its kernels long before the searches end.
 
+A registry that is away (restarting, redeployed, unreachable) stops nothing: the worker stops
+leasing and says so once, its running tasks go on, and results it could not deliver are kept and
+pushed when the registry answers again (their leases are renewed meanwhile; one that expired is
+pushed all the same, and the next holder finds the records). Only a stop request ends a worker
+that still holds undelivered results.
+
 A worker leases only jobs its cluster can time (:func:`cluster.measurable`): CPU jobs for the CPU
 model it runs on, CUDA jobs for the architecture of the cluster's GPUs; the rest stay queued for
 a worker that can.
@@ -30,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from schedhub.registry import REFINE, TUNE, VERIFY, Identity, Lease, LeaseLost, Registry, RegistryError
+from schedhub.registry import REFINE, TUNE, VERIFY, Identity, InvalidRecord, Lease, LeaseLost, Registry, RegistryError, RegistryUnavailable
 
 from . import cluster
 from .dispatch import Seeder, push_result, submit_tuning, warm_start
@@ -57,6 +63,7 @@ class _Running:
     ref: Any
     renewed: float
     first_pass: bool = False
+    answer: Any = None  # the task's result, once it ended and could not be delivered yet
 
 
 class Worker:
@@ -88,7 +95,8 @@ class Worker:
         self.device = device or host_cpu()  # jobs for another CPU model are left to a worker on one
         self.devices = devices if devices is not None else cluster.measurable(self.device)
         self.on_event = on_event or (lambda kind, info: log.info("%s %s", kind, info))
-        self.running: dict[str, _Running] = {}
+        self.running: dict[str, _Running] = {}  # tasks on Ray, and ended ones whose results wait for the registry (``answer``)
+        self.away_since: float | None = None  # when the registry stopped answering
         # jobs are seeded one after another between lease renewals: training takes a quarter of a lease at most per batch
         self.seeder = Seeder(registry, options.synthesize, train_secs=lease_secs / 4 / self.concurrency) if options.synthesize else None
 
@@ -100,16 +108,21 @@ class Worker:
         started = 0
         while not should_stop():
             if max_jobs is None or started < max_jobs:
-                started += self._lease_more(None if max_jobs is None else max_jobs - started)
+                started += self._lease_more(None if max_jobs is None else max_jobs - started, stats)
+            for held in [r for r in self.running.values() if r.answer is not None]:
+                self._deliver(held, stats)  # results that ended while the registry was away
             if not self.running:
-                if until_idle or (max_jobs is not None and started >= max_jobs):
-                    break
+                if (until_idle and self.away_since is None) or (max_jobs is not None and started >= max_jobs):
+                    break  # idle: the registry answered that nothing is queued
                 time.sleep(self.poll_secs)
                 continue
-            refs = [r.ref for r in self.running.values()]
-            ready, _ = ray.wait(refs, num_returns=1, timeout=min(self.poll_secs, self.lease_secs / 3))
-            for key in [k for k, r in self.running.items() if r.ref in ready]:
-                self._finish(self.running.pop(key), stats)
+            refs = [r.ref for r in self.running.values() if r.answer is None]
+            if refs:
+                ready, _ = ray.wait(refs, num_returns=1, timeout=min(self.poll_secs, self.lease_secs / 3))
+                for held in [r for r in self.running.values() if r.ref in ready]:
+                    self._finish(held, stats)
+            else:
+                time.sleep(self.poll_secs)
             self._renew_due()
         self.release_all("worker stopped", stats)
         return stats
@@ -119,6 +132,10 @@ class Worker:
         import ray
 
         for key, run in list(self.running.items()):
+            if run.answer is not None:  # a result the registry could not take before: one more try, else it is lost
+                self._deliver(run, stats or WorkerStats())
+                if key not in self.running:
+                    continue
             ray.cancel(run.ref, force=True)
             try:
                 self.registry.release(key, run.lease.lease_id, reason)
@@ -129,28 +146,52 @@ class Worker:
                 self.on_event("release-failed", {"key": key, "error": str(exc)})
             del self.running[key]
 
-    def _lease_more(self, allowed: int | None) -> int:
+    def _lease_more(self, allowed: int | None, stats: WorkerStats) -> int:
         room = self.concurrency - len(self.running)
         if allowed is not None:
             room = min(room, allowed)
         if room <= 0:
             return 0
         leases: list[Lease] = []
-        for kind, device in self.devices:
-            if len(leases) < room:
-                leases += self.registry.lease(self.name, room - len(leases), self.lease_secs, fingerprint=self.fingerprint, kind=kind, device=device, tasks=self.tasks)
+        try:
+            for kind, device in self.devices:
+                if len(leases) < room:
+                    leases += self.registry.lease(self.name, room - len(leases), self.lease_secs, fingerprint=self.fingerprint, kind=kind, device=device, tasks=self.tasks)
+        except RegistryUnavailable as exc:
+            self._away(exc)
+        else:
+            self._back()
+        started = 0
         for lease in leases:
-            first = False
-            if lease.job.get("task") == VERIFY:
-                identity = Identity.from_obj(lease.job["identity"])
-                ref = cluster.submit("verify", job=lease.job, timing=self.options.final_timing)
-            else:
-                identity = Identity.from_obj(lease.job)
-                first, ref = self._start_tuning(lease, identity)
+            try:
+                first = False
+                if lease.job.get("task") == VERIFY:
+                    identity = Identity.from_obj(lease.job.get("identity"))
+                    ref = cluster.submit("verify", job=lease.job, timing=self.options.final_timing)
+                else:
+                    identity = Identity.from_obj(lease.job)
+                    first, ref = self._start_tuning(lease, identity)
+            except InvalidRecord as exc:  # a job no worker can run: failed with the reason, not retried forever
+                self._fail(lease.key, lease.lease_id, f"malformed job: {exc}", stats)
+                continue
+            except RegistryUnavailable as exc:  # away between the lease and the warm start: the lease expires, the job comes back
+                self._away(exc)
+                continue
             self.running[lease.key] = _Running(lease, identity, ref, time.time(), first)
+            started += 1
             task = "first-pass" if first else lease.job.get("task", TUNE)
             self.on_event("leased", {"key": lease.key, "task": task, "op": identity.op, "attempt": lease.job.get("attempts")})
-        return len(leases)
+        return started
+
+    def _away(self, exc: RegistryError) -> None:
+        if self.away_since is None:
+            self.away_since = time.time()
+            self.on_event("registry-away", {"error": str(exc)[:300], "running": len(self.running)})
+
+    def _back(self) -> None:
+        if self.away_since is not None:
+            self.on_event("registry-back", {"after_secs": time.time() - self.away_since})
+            self.away_since = None
 
     def _start_tuning(self, lease: Lease, identity: Identity) -> tuple[bool, Any]:
         """Submit a tune job: its first pass when it has not had one and there is something to measure, else its search."""
@@ -171,21 +212,42 @@ class Worker:
                 self.registry.renew(key, run.lease.lease_id, self.lease_secs)
                 run.renewed = now
             except LeaseLost:  # the registry gave the job to someone else: stop spending on it
+                if run.answer is not None:
+                    continue  # ended already: its records are still pushed (the ack will say lost)
                 ray.cancel(run.ref, force=True)
                 del self.running[key]
                 self.on_event("lost", {"key": key})
             except RegistryError as exc:  # the registry is briefly away: keep tuning, retry next round
-                self.on_event("renew-failed", {"key": key, "error": str(exc)})
+                self.on_event("renew-failed", {"key": key, "error": str(exc)[:300]})
 
     def _finish(self, run: _Running, stats: WorkerStats) -> None:
-        key, lease_id = run.lease.key, run.lease.lease_id
+        """A task ended: deliver its result (or its failure)."""
         task = run.lease.job.get("task", TUNE)
         try:
-            answer = cluster.result(run.ref)
-            result = TuneResult.from_dict(answer) if task == TUNE else None
+            run.answer = cluster.result(run.ref)
+            if task == TUNE:
+                TuneResult.from_dict(run.answer)
         except Exception as exc:  # the task raised or died: the job goes back with the error
-            self._fail(key, lease_id, f"{task} failed: {str(exc).strip()[-2000:]}", stats)
+            del self.running[run.lease.key]
+            self._fail(run.lease.key, run.lease.lease_id, f"{task} failed: {str(exc).strip()[-2000:]}", stats)
             return
+        if not self._deliver(run, stats):
+            self.on_event("result-kept", {"key": run.lease.key, "op": run.identity.op, "until": "the registry answers"})
+
+    def _deliver(self, run: _Running, stats: WorkerStats) -> bool:
+        """Push a result and ack its job; a registry that is away keeps it in ``running`` for the next round."""
+        try:
+            self._push_and_ack(run, stats)
+        except RegistryUnavailable as exc:
+            self._away(exc)
+            return False
+        self._back()
+        del self.running[run.lease.key]
+        return True
+
+    def _push_and_ack(self, run: _Running, stats: WorkerStats) -> None:
+        key, lease_id, answer = run.lease.key, run.lease.lease_id, run.answer
+        result = TuneResult.from_dict(answer) if run.lease.job.get("task", TUNE) == TUNE else None
         try:
             if result is None:
                 outcome = self.registry.ack(key, lease_id, answer)
@@ -215,4 +277,6 @@ class Worker:
             state = self.registry.fail(key, lease_id, error)
         except LeaseLost:
             state = "lost"
+        except RegistryUnavailable:  # the lease expires and the job comes back, its attempt counted
+            state = "unreported"
         self.on_event("failed", {"key": key, "state": state, "error": error})
