@@ -33,6 +33,7 @@ from .pipeline import ACTIVE, install, schedhub_pipeline
 from .guard import ScheduleLimits, ScheduleTooCostly
 from .objects import ObjectCache, c_compiler_available
 from .session import CompileReport, HookSession, KernelOutcome, RegistryFallbackWarning
+from .threads import IdleCoresWarning, runtime_threads
 
 DEFAULT_TIMEOUT = 2.0
 ANSWER_DEADLINE = 5  # × timeout: the longest a registry may take to send one whole answer
@@ -111,5 +112,5 @@ def use(
 
 __all__ = [
     "use", "schedhub_pipeline", "KernelCache", "RegistryDatabase", "HookSession", "CompileReport", "KernelOutcome",
-    "RegistryFallbackWarning", "ScheduleLimits", "ScheduleTooCostly", "Trust", "workload_identity", "canonical_workload", "target_text", "compiler_fingerprint",
+    "RegistryFallbackWarning", "IdleCoresWarning", "runtime_threads", "ScheduleLimits", "ScheduleTooCostly", "Trust", "workload_identity", "canonical_workload", "target_text", "compiler_fingerprint",
 ]  # fmt: skip

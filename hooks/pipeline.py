@@ -50,6 +50,7 @@ def prefetch(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule
     """Look every fused kernel up in one batch request (the cache then answers each query)."""
     session, target = ACTIVE.get(), tvm.target.Target.current(allow_none=True)
     if session is not None and target is not None:
+        session.check_threads(target)
         kernels = [(gv.name_hint, f) for gv, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)]
         session.prefetch([session.identity(f, target, name) for name, f in kernels])
     return mod

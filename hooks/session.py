@@ -42,6 +42,7 @@ from .msdb import normalize_mod, replay_within, tuning_record
 from .objects import OBJECT_ID, ObjectCache
 from .ranking import SYNTHESIZED, rank_key, retiled, speed, work
 from .synthesis import TIMED, LogModel, check_sample_count, synthesize
+from .threads import warn_idle_cores
 
 
 log = logging.getLogger("schedhub")
@@ -134,6 +135,7 @@ class HookSession:
         self._committed: dict[str, list[Record]] = {}  # what this process committed: read back at once
         self._pending_misses: dict[str, Identity] = {}
         self._refused_keys: set[str] = set()
+        self._targets_checked: set[str] = set()
 
     @property
     def report(self) -> CompileReport:
@@ -148,6 +150,15 @@ class HookSession:
     def end_compile(self) -> None:
         self.flush_misses()
         log.info(self.report.summary())
+
+    def check_threads(self, target: tvm.target.Target) -> None:
+        """Say once a block per target when TVM will run its kernels here on fewer threads than its num-cores."""
+        if str(target) in self._targets_checked:
+            return
+        self._targets_checked.add(str(target))
+        message = warn_idle_cores(target)
+        if message is not None:
+            self.report.problems.append(message)
 
     # -- identity and lookup -----------------------------------------------------------------
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
 import subprocess
 import sys
 import threading
-import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +21,8 @@ import tvm  # the test extra installs it: a missing TVM must fail, not skip  # n
 from tvm import relax  # noqa: E402
 from tvm.relax.frontend import nn  # noqa: E402
 
-from schedhub.hooks import ANSWER_DEADLINE, RegistryFallbackWarning, target_text, use, workload_identity  # noqa: E402
+from schedhub.hooks import ANSWER_DEADLINE, IdleCoresWarning, RegistryFallbackWarning, target_text, use, workload_identity  # noqa: E402
+from schedhub.hooks.measure import host_cpu  # noqa: E402
 from schedhub.hooks.identity import workload_module  # noqa: E402
 from schedhub.tuner.models import kernels  # noqa: E402
 from schedhub.registry import Record, RegistryClient, ServerThread, packb, record_key  # noqa: E402
@@ -286,3 +287,36 @@ def test_a_local_store_serves_relax_build_and_other_threads_are_untouched(tmp_pa
     assert "SchedhubPipeline" not in str(elsewhere[0]) and "SchedhubPipeline" not in str(after)
     x = np.random.default_rng(5).standard_normal((4, 64)).astype("float32")
     np.testing.assert_allclose(run(ex, x, tuned["params"]), mlp_reference(x, tuned["params"]), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("env", [{}, {"TVM_NUM_THREADS": "1"}, {"TVM_NUM_THREADS": "64"}, {"TVM_NUM_THREADS": "2x"}, {"OMP_NUM_THREADS": "1"},
+                                 {"TVM_NUM_THREADS": "-3", "OMP_NUM_THREADS": "2"}])  # fmt: skip
+def test_the_thread_count_the_hook_reads_is_the_one_tvms_pool_starts_with(env: dict[str, str]) -> None:
+    """Read from the environment as TVM does (starting the pool to ask would fix its size too early): a fresh process each."""
+    clean = {k: v for k, v in os.environ.items() if k not in ("TVM_NUM_THREADS", "OMP_NUM_THREADS")} | env
+    code = ("import tvm\nfrom schedhub.hooks import runtime_threads\npredicted = runtime_threads()\n"
+            "print(predicted, int(tvm.get_global_func('runtime.NumThreads')()))")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], env=clean, capture_output=True, text=True, timeout=120, check=True).stdout.split()
+    assert out[0] == out[1], f"{env}: predicted {out[0]}, TVM's pool runs {out[1]}"
+
+
+def test_a_target_whose_cores_tvm_would_leave_idle_is_warned_about_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cores = min(2, len(os.sched_getaffinity(0)))
+    if cores < 2:
+        pytest.skip("needs a machine with two cores")
+    here = tvm.target.Target({"kind": "llvm", "mcpu": host_cpu(), "num-cores": cores})
+    mod, _ = export(MLP(), "x")
+
+    def warnings_compiling(target: tvm.target.Target, threads: str) -> tuple[list[str], list[str]]:
+        monkeypatch.setenv("TVM_NUM_THREADS", threads)
+        with warnings.catch_warnings(record=True) as caught, use(tmp_path / "store", target, report_misses=False) as session:
+            warnings.simplefilter("always")
+            tvm.compile(mod, target)
+            tvm.compile(mod, target)
+        return [str(w.message) for w in caught if issubclass(w.category, IdleCoresWarning)], [p for r in session.reports for p in r.problems]
+
+    said, problems = warnings_compiling(here, "1")
+    assert len(said) == 1 and f"TVM_NUM_THREADS={cores}" in said[0] and len(problems) == 1 and problems[0] in said[0]
+    assert warnings_compiling(here, str(cores)) == ([], [])
+    elsewhere = tvm.target.Target({"kind": "llvm", "mcpu": "skylake" if host_cpu() != "skylake" else "znver1", "num-cores": 16})
+    assert warnings_compiling(elsewhere, "1") == ([], [])  # built for another machine: this process's threads say nothing
