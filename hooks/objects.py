@@ -28,6 +28,7 @@ from tvm import relax, tirx
 from tvm.relax.analysis import all_global_vars, has_reshape_pattern, post_order_visit
 
 from .cache import KernelCache, atomic_file, mark_used
+from .threads import usable_cpus
 
 OBJECT_ID = "schedhub.object_id"  # PrimFunc attribute: the cache name of a scheduled kernel's machine code
 ELF_MAGIC = b"\x7fELF"
@@ -68,7 +69,7 @@ class ObjectCache:
 
     def __init__(self, root: str | os.PathLike[str], workers: int | None = None) -> None:
         self.root = Path(root)
-        self.workers = workers or os.cpu_count() or 1
+        self.workers = workers or usable_cpus()
         self.linked = self.compiled = 0
         self._pool: ThreadPoolExecutor | None = None
         self._started: dict[str, Future[bool]] = {}  # file id → compiling (True: the object was written)

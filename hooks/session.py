@@ -20,7 +20,6 @@ import contextlib
 import json
 import logging
 import math
-import os
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -42,7 +41,7 @@ from .msdb import normalize_mod, replay_within, tuning_record
 from .objects import OBJECT_ID, ObjectCache
 from .ranking import SYNTHESIZED, rank_key, retiled, speed, work
 from .synthesis import TIMED, LogModel, check_sample_count, synthesize
-from .threads import warn_idle_cores
+from .threads import usable_cpus, warn_idle_cores
 
 
 log = logging.getLogger("schedhub")
@@ -118,7 +117,7 @@ class HookSession:
         self.measure = measure
         self.synthesize = synthesize  # design-space samples scored per missed kernel (0: none; needs ``measure``)
         self._budget = Budget(measure)
-        self.build_workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # candidates compiled at once
+        self.build_workers = usable_cpus()  # candidates compiled at once
         self.cache = cache if cache is not None else KernelCache(default_dir())
         self.report_misses = report_misses
         self.transfer = transfer

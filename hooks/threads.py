@@ -19,6 +19,11 @@ import tvm
 from .measure import runs_here
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity, which a container or ``taskset`` narrows), at least 1."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 class IdleCoresWarning(UserWarning):
     """Kernels compiled for N cores will run on fewer threads in this process."""
 
@@ -47,8 +52,7 @@ def idle_cores(target: tvm.target.Target) -> str | None:
     if not runs_here(target):
         return None
     cores = int(target.attrs.get("num-cores", 0) or 0)
-    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    wanted, threads = min(cores, available), runtime_threads()
+    wanted, threads = min(cores, usable_cpus()), runtime_threads()
     if threads >= wanted:
         return None
     return (f"the target was tuned for num-cores={cores}, but TVM will run its kernels on {threads} thread(s) in this process: "

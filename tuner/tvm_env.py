@@ -21,8 +21,9 @@ from typing import Any
 def prepare() -> None:
     """Make this process ready to tune: load TVM's tensor intrinsics the fast way (once)."""
     from schedhub.hooks.intrinsics import load_tensor_intrinsics  # imports TVM: not when this module is
+    from schedhub.hooks.threads import usable_cpus
 
-    os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
+    os.environ.setdefault("TVM_NUM_THREADS", str(usable_cpus()))
     load_tensor_intrinsics()
 
 
