@@ -153,6 +153,9 @@ def job_logs(submission_id: str, address: str, follow: bool) -> None:
 @click.option("--poll-secs", type=float, default=5.0, show_default=True, help="Wait between polls of an empty queue.")
 @click.option("--max-jobs", type=int, default=None, help="Stop after this many jobs.")
 @click.option("--until-idle", is_flag=True, help="Stop when the queue has nothing left to lease.")
+@click.option("--wait-for-registry", type=float, default=None, help="Seconds to wait for a registry that does not answer while "
+              "this worker holds no work, then exit with an error (default: forever, or 600 with --until-idle). Results of "
+              "jobs that ended while it was away are always kept until it answers.")
 @click.option("--name", default=None, help="Worker name in the queue (default host:pid).")
 @click.option("--first-pass/--no-first-pass", default=True, show_default=True,
               help="Before a job's search, measure what the registry offers for it (transfers, synthesized schedules) and push the best, "
@@ -163,7 +166,8 @@ def job_logs(submission_id: str, address: str, follow: bool) -> None:
 @ray_option
 @reports_errors
 def worker(registry: str, token: str | None, trials: int, trials_per_iter: int, seed: int, concurrency: int, lease_secs: float, poll_secs: float,
-           max_jobs: int | None, until_idle: bool, name: str | None, first_pass: bool, device: str | None, ray_address: str | None, num_cpus: int | None, num_gpus: int | None) -> None:  # fmt: skip
+           max_jobs: int | None, until_idle: bool, wait_for_registry: float | None, name: str | None, first_pass: bool, device: str | None, ray_address: str | None,
+           num_cpus: int | None, num_gpus: int | None) -> None:  # fmt: skip
     """Lease jobs from the registry's queue (verifications of pushed claims first, then misses), run them on Ray, push and ack.
 
     SIGTERM or SIGINT: stop leasing, give held leases back at once, stop Ray."""
@@ -186,7 +190,8 @@ def worker(registry: str, token: str | None, trials: int, trials_per_iter: int, 
     passes = "first passes, then searches" if w.first_pass else "searches only"
     out.print(f"worker {w.name} ({kinds} jobs; {passes}) on ray {info['address']}; registry {registry}", highlight=False)
     try:
-        stats = w.run(max_jobs=max_jobs, until_idle=until_idle, should_stop=lambda: bool(stopping))
+        away_limit = wait_for_registry if wait_for_registry is not None else (600.0 if until_idle else None)
+        stats = w.run(max_jobs=max_jobs, until_idle=until_idle, should_stop=lambda: bool(stopping), away_limit=away_limit)
     finally:
         w.release_all("worker interrupted")  # leases still held after an error: back to the queue now
         cluster.stop()

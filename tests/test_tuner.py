@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -345,6 +346,26 @@ def test_a_worker_outlives_a_registry_restart_and_delivers_what_it_tuned_meanwhi
             assert job["state"] == DONE and job["attempts"] == 1, job
             records = client.get(ident.key)
             assert records and all(r.provenance["job"].endswith(ident.key[:8]) for r in records)
+
+
+def test_a_worker_started_before_its_registry_waits_for_it_and_an_idle_one_gives_up_in_time(ray_address: str, tmp_path: Path) -> None:
+    """Start order does not matter: the worker waits for a registry that is not up yet; one told to stop when the
+    queue is idle gives up on a registry that never answers (--wait-for-registry) with the unavailable exit code."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there yet
+    url = f"http://127.0.0.1:{port}"
+    gives_up = start_worker(url, ray_address, "--until-idle", "--wait-for-registry", "1")
+    output, _ = gives_up.communicate(timeout=120)
+    assert gives_up.returncode == 3 and "registry-away" in output and "has not answered for 1 s" in output, output
+    waits = start_worker(url, ray_address, "--until-idle", "--name", "early")
+    try:
+        wait_for_line(waits, "registry-away", 60)
+        with ServerThread(tmp_path / "reg", port=port, tokens={TOKEN: "t"}, sync=False):
+            output, _ = waits.communicate(timeout=120)
+    finally:
+        waits.kill()
+    assert waits.returncode == 0 and "registry-back" in output and "worker done" in output, output
 
 
 class CorruptJobs(LocalRegistry):

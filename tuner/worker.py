@@ -100,8 +100,12 @@ class Worker:
         # jobs are seeded one after another between lease renewals: training takes a quarter of a lease at most per batch
         self.seeder = Seeder(registry, options.synthesize, train_secs=lease_secs / 4 / self.concurrency) if options.synthesize else None
 
-    def run(self, *, max_jobs: int | None = None, until_idle: bool = False, should_stop: Callable[[], bool] = lambda: False) -> WorkerStats:
-        """Work until ``max_jobs`` jobs ended, the queue is empty (``until_idle``), or ``should_stop()``."""
+    def run(self, *, max_jobs: int | None = None, until_idle: bool = False, should_stop: Callable[[], bool] = lambda: False,
+            away_limit: float | None = None) -> WorkerStats:  # fmt: skip
+        """Work until ``max_jobs`` jobs ended, the queue is empty (``until_idle``), or ``should_stop()``.
+
+        ``away_limit``: seconds the registry may stay away while this worker holds nothing before
+        RegistryUnavailable is raised (None: wait for it forever, as a service should)."""
         import ray
 
         stats = WorkerStats()
@@ -114,6 +118,8 @@ class Worker:
             if not self.running:
                 if (until_idle and self.away_since is None) or (max_jobs is not None and started >= max_jobs):
                     break  # idle: the registry answered that nothing is queued
+                if self.away_since is not None and away_limit is not None and time.time() - self.away_since > away_limit:
+                    raise RegistryUnavailable(f"the registry has not answered for {away_limit:g} s (and this worker holds no work)")
                 time.sleep(self.poll_secs)
                 continue
             refs = [r.ref for r in self.running.values() if r.answer is None]
