@@ -36,13 +36,27 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from schedhub.registry import REFINE, TUNE, VERIFY, Identity, InvalidRecord, Lease, LeaseLost, Registry, RegistryError, RegistryUnavailable
+from schedhub.registry import (
+    REFINE,
+    TUNE,
+    VERIFY,
+    Identity,
+    InvalidRecord,
+    Lease,
+    LeaseLost,
+    MalformedAnswer,
+    PayloadTooLarge,
+    Registry,
+    RegistryError,
+    RegistryUnavailable,
+)
 
 from . import cluster
 from .dispatch import Seeder, push_result, submit_tuning, warm_start
 from .search import TuneOptions, TuneResult
 
 log = logging.getLogger("schedhub.tuner.worker")
+AWAY = (RegistryUnavailable, MalformedAnswer)  # down, restarting, or a proxy's page in its place: try again later
 
 
 @dataclass
@@ -163,7 +177,7 @@ class Worker:
             for kind, device in self.devices:
                 if len(leases) < room:
                     leases += self.registry.lease(self.name, room - len(leases), self.lease_secs, fingerprint=self.fingerprint, kind=kind, device=device, tasks=self.tasks)
-        except RegistryUnavailable as exc:
+        except AWAY as exc:
             self._away(exc)
         else:
             self._back()
@@ -180,7 +194,7 @@ class Worker:
             except InvalidRecord as exc:  # a job no worker can run: failed with the reason, not retried forever
                 self._fail(lease.key, lease.lease_id, f"malformed job: {exc}", stats)
                 continue
-            except RegistryUnavailable as exc:  # away between the lease and the warm start: the lease expires, the job comes back
+            except AWAY as exc:  # away between the lease and the warm start: the lease expires, the job comes back
                 self._away(exc)
                 continue
             self.running[lease.key] = _Running(lease, identity, ref, time.time(), first)
@@ -244,9 +258,13 @@ class Worker:
         """Push a result and ack its job; a registry that is away keeps it in ``running`` for the next round."""
         try:
             self._push_and_ack(run, stats)
-        except RegistryUnavailable as exc:
+        except AWAY as exc:
             self._away(exc)
             return False
+        except (InvalidRecord, PayloadTooLarge) as exc:  # refused, and would be every time: the job goes back with why
+            del self.running[run.lease.key]
+            self._fail(run.lease.key, run.lease.lease_id, f"the registry refused the result: {exc}", stats)
+            return True
         self._back()
         del self.running[run.lease.key]
         return True
@@ -283,6 +301,6 @@ class Worker:
             state = self.registry.fail(key, lease_id, error)
         except LeaseLost:
             state = "lost"
-        except RegistryUnavailable:  # the lease expires and the job comes back, its attempt counted
+        except AWAY:  # the lease expires and the job comes back, its attempt counted
             state = "unreported"
         self.on_event("failed", {"key": key, "state": state, "error": error})
