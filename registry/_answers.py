@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from ._errors import InvalidRecord, MalformedAnswer
 from ._limits import check_depth
 from ._records import unpackb
+from ._wire import is_msgpack
 
 T = TypeVar("T")
 
@@ -39,9 +40,9 @@ def reading(what: str) -> Iterator[None]:
 def decode(body: bytes, content_type: str, what: str) -> Any:
     """The answer's value: msgpack or JSON by its content type, nested at most as deep as a request may be."""
     with reading(what):
-        if content_type.startswith("application/msgpack"):
+        if is_msgpack(content_type):
             value = unpackb(body)
-        elif content_type.startswith("application/json"):
+        elif content_type.split(";")[0].strip().lower() == "application/json":
             try:
                 value = json.loads(body)
             except RecursionError:
