@@ -41,7 +41,7 @@ DEFAULT_MAX_BODY = 16 << 20
 DEFAULT_BODY_TIMEOUT = 30.0  # seconds for a whole request body to arrive
 MAX_LOOKUP_KEYS = 4096
 MAX_CANDIDATES = 8  # neighbours offered per missed key
-MAX_ANSWER_BYTES = 32 << 20  # a lookup answer past this lists the rest under 'truncated'
+MAX_ANSWER_BYTES = 32 << 20  # a lookup answer past this lists the rest under 'truncated'; a page of records ends
 MAX_PAGE = 1000
 MAX_QUEUE_PAGE = 500
 MAX_TRIAL_PAGE = 200  # trial logs per page (each up to 64 traces)
@@ -211,12 +211,19 @@ def create_app(
 
         def page_of() -> dict[str, Any]:
             page = state.reg.summaries(op, target, since, limit)
-            items: list[dict[str, Any]] = [s.to_dict() for s in page]
-            if q.get("include") == "records":
-                found = state.reg.lookup_entries([s.key for s in page])
-                for item in items:
-                    item.update(served_body(found.get(item["key"], [])))
-            return {"items": items, "next": page[-1].seq if page else since, "more": len(page) == limit and not op}
+            more = len(page) == limit
+            bodies: dict[str, dict[str, Any]] = {}
+            if q.get("include") == "records":  # key by key, and no further than MAX_ANSWER_BYTES past the first
+                size = 0
+                for i, summary in enumerate(page):
+                    entries = state.reg.lookup_entries([summary.key]).get(summary.key, [])
+                    size += sum(len(b) for b, _ in entries)
+                    if size > MAX_ANSWER_BYTES and i > 0:
+                        page, more = page[:i], True
+                        break
+                    bodies[summary.key] = served_body(entries)
+            items = [s.to_dict() | bodies.get(s.key, {}) for s in page]
+            return {"items": items, "next": page[-1].seq if page else since, "more": more}
 
         return reply(request, await run_in_threadpool(page_of))
 

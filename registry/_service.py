@@ -155,8 +155,6 @@ class LocalRegistry:
                 if s.key in found:
                     yield s, found[s.key]
             since = batch[-1].seq
-            if op:  # the op index is read whole in one call
-                return
 
     # -- measurement log -------------------------------------------------------------------
 

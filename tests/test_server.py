@@ -10,8 +10,9 @@ import httpx
 import pytest
 
 from schedhub.registry import (
-    KeyMismatch, NotFound, PayloadTooLarge, RegistryClient, RegistryUnavailable, ServerThread, Unauthorized, packb,
+    KeyMismatch, LocalRegistry, NotFound, PayloadTooLarge, RegistryClient, RegistryUnavailable, ServerThread, Unauthorized, packb,
 )  # fmt: skip
+from schedhub.registry import _server
 
 from .conftest import TOKEN, make_record
 
@@ -150,3 +151,34 @@ def test_a_dead_registry_costs_the_retries_and_says_so() -> None:
     with RegistryClient("http://127.0.0.1:9", retries=2, backoff=0.01, timeout=1) as c:
         with pytest.raises(RegistryUnavailable, match="unreachable after 3 tries"):
             c.get("a" * 64)
+
+
+def test_a_pull_of_one_op_pages_through_every_key_of_it(server: ServerThread, client: RegistryClient, tmp_path: Path) -> None:
+    """An op-filtered listing pages like the whole feed: before, it answered one page and said no more,
+    so a pull of an op with more keys than a page silently left the rest behind (local stores too)."""
+    many = [make_record(5000 + i, 1e-3, op="fused_popular") for i in range(300)]
+    client.put_many(many + [make_record(9000 + i, 1e-3, op="fused_other") for i in range(5)])
+    wanted = {r.key for r in many}
+    assert {s.key for s, _ in client.iter_served(op="fused_popular", page=128)} == wanted
+    with LocalRegistry(tmp_path / "local", sync=False) as local:
+        local.put_many(many)
+        assert {s.key for s, _ in local.iter_served(op="fused_popular", page=128)} == wanted
+
+
+def test_a_page_with_records_stops_at_the_answer_bound_and_paging_goes_on(server: ServerThread, client: RegistryClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A page of keys with their records is bounded in bytes, not only in keys (1000 keys × 8 records × 1 MiB
+    each was an 8 GB answer for any reader); the next page starts where it stopped."""
+    records = [make_record(7000 + i, 1e-3) for i in range(40)]
+    client.put_many(records)
+    size = len(records[0].to_bytes())
+    monkeypatch.setattr(_server, "MAX_ANSWER_BYTES", 5 * size)
+    pages = []
+    since = 0
+    while True:
+        answer = httpx.get(f"{server.url}/v1/records", params={"since": since, "limit": 1000, "include": "records"}).json()
+        pages.append(len(answer["items"]))
+        if not answer["more"]:
+            break
+        since = answer["next"]
+    assert max(pages) <= 6 and sum(pages) == 40, pages  # each page stops once past the bound
+    assert {s.key for s, _ in client.iter_served()} == {r.key for r in records}
