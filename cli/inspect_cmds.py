@@ -21,13 +21,14 @@ def _dump(obj: Any) -> None:
 @registry_option
 @click.option("--op", default=None, help="Only this op (fused function name).")
 @click.option("--target", default=None, help="Only this target kind (llvm, cuda) or canonical target text.")
-@click.option("--limit", default=50, show_default=True, help="At most this many keys (newest changes last).")
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 1000),
+              help="The newest this many keys (newest change last).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @reports_errors
 def ls(registry: str, token: str | None, op: str | None, target: str | None, limit: int, as_json: bool) -> None:
     """List keys with their op, target and best time."""
     reg = open_registry(registry, token, readonly=True)
-    rows = reg.summaries(op, target)[-limit:]
+    rows = reg.summaries(op, target, limit=limit, newest=True)
     if as_json:
         return _dump([r.to_dict() for r in rows])
     table = Table("key", "op", "target", "records", "verified", "best µs")
@@ -65,9 +66,11 @@ def resolve_key(reg: Registry, key: str) -> str:
         return key
     if len(key) < 8:
         raise NotFound("give at least 8 characters of the key")
-    matches = [s.key for s in reg.summaries() if s.key.startswith(key)]
+    if not all(c in "0123456789abcdef" for c in key.lower()):
+        raise NotFound(f"{key!r} is not a key: keys are hex")
+    matches = [s.key for s in reg.summaries(prefix=key.lower(), limit=2)]
     if len(matches) != 1:
-        raise NotFound(f"{len(matches)} keys start with {key!r}")
+        raise NotFound(f"no key starts with {key!r}" if not matches else f"more than one key starts with {key!r}: give more characters")
     return matches[0]
 
 

@@ -238,8 +238,11 @@ class RegistryClient:
         with reading("GET /v1/quarantine"):
             return [mapping(item, "item") for item in listing(mapping(answer, "answer")["items"], "items")]
 
-    def summaries(self, op: str | None = None, target: str | None = None, since: int = 0, limit: int | None = None) -> list[KeySummary]:
-        answer = self._call("GET", "/v1/records", params=_params(op=op, target=target, since=since, limit=limit))
+    def summaries(self, op: str | None = None, target: str | None = None, since: int = 0, limit: int | None = None,
+                  *, newest: bool = False, prefix: str = "") -> list[KeySummary]:
+        """One page of the server's listing (at most its 1000-key limit): see ``LocalRegistry.summaries``."""
+        params = _params(op=op, target=target, since=since, limit=limit, newest="1" if newest else None, prefix=prefix or None)
+        answer = self._call("GET", "/v1/records", params=params)
         with reading("GET /v1/records"):
             return [typed(KeySummary, item) for item in listing(mapping(answer, "answer")["items"], "items")]
 

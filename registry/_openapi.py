@@ -11,6 +11,8 @@ _QUERY = {
     "op": {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,200}$"},
     "target": {"type": "string", "maxLength": 4096},
     "include": {"enum": ["records"]},
+    "newest": {"enum": ["0", "1"], "description": "1: the last 'limit' matching changes instead of the first"},
+    "prefix": {"type": "string", "pattern": "^[0-9a-f]{8,64}$", "description": "only keys that start with it"},
     "state": {"enum": ["pending", "leased", "done", "dead"]},
     "after": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
     "cursor": {"type": "string", "pattern": "^([0-9a-f]{2}){0,512}$", "description": "'next' of the previous page"},
@@ -49,7 +51,7 @@ OPENAPI: dict[str, Any] = {
         "/healthz": {"get": _op("liveness")},
         "/v1/stats": {"get": _op("store, queue and request counters")},
         "/v1/records": {
-            "get": _op("page through keys changed after a cursor", params=["since", "limit", "op", "target", "include"]),
+            "get": _op("page through keys changed after a cursor", params=["since", "limit", "op", "target", "include", "newest", "prefix"]),
             "post": _op("push many records in one transaction", "RecordBatch", auth=True),
         },
         "/v1/records/{key}": {

@@ -208,10 +208,16 @@ def create_app(
         target = check_text(q["target"], "target") if q.get("target") else None
         if target is not None and len(target) > 4096:
             raise InvalidRecord("query parameter 'target' is over 4096 characters")
+        newest = q.get("newest", "0")
+        if newest not in ("0", "1"):
+            raise InvalidRecord("query parameter 'newest' must be 0 or 1")
+        prefix = q.get("prefix", "")
+        if prefix and not re.fullmatch(r"[0-9a-f]{8,64}", prefix):
+            raise InvalidRecord("query parameter 'prefix' must be 8 to 64 lowercase hex characters")
 
         def page_of() -> dict[str, Any]:
-            page = state.reg.summaries(op, target, since, limit)
-            more = len(page) == limit
+            page = state.reg.summaries(op, target, since, limit, newest=newest == "1", prefix=prefix)
+            more = len(page) == limit and newest == "0"  # the newest changes are the feed's end
             bodies: dict[str, dict[str, Any]] = {}
             if q.get("include") == "records":  # key by key, and no further than MAX_ANSWER_BYTES past the first
                 size = 0

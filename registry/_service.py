@@ -141,8 +141,9 @@ class LocalRegistry:
     def quarantined(self, limit: int = 100) -> list[dict[str, Any]]:
         return self.store.quarantined(limit)
 
-    def summaries(self, op: str | None = None, target: str | None = None, since: int = 0, limit: int | None = None) -> list[KeySummary]:
-        return self.store.summaries(op, target, since, limit)
+    def summaries(self, op: str | None = None, target: str | None = None, since: int = 0, limit: int | None = None,
+                  *, newest: bool = False, prefix: str = "") -> list[KeySummary]:
+        return self.store.summaries(op, target, since, limit, newest=newest, prefix=prefix)
 
     def iter_served(self, op: str | None = None, target: str | None = None, since: int = 0, page: int = 256) -> Iterator[tuple[KeySummary, list[Record]]]:
         """Every matching key with its records, best first, each with its ``served`` status; paged through the change feed."""

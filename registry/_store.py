@@ -524,38 +524,52 @@ class Store:
 
     # -- listing ---------------------------------------------------------------------------
 
-    def summaries(self, op: str | None = None, target: str | None = None, since: int = 0, limit: int | None = None) -> list[KeySummary]:
+    def summaries(self, op: str | None = None, target: str | None = None, since: int = 0, limit: int | None = None,
+                  *, newest: bool = False, prefix: str = "") -> list[KeySummary]:
         """Keys changed after ``since`` (a change-feed cursor), oldest change first, filtered.
 
-        ``target`` is a kind (``llvm``) or a canonical target text. One short read transaction;
-        page through a large store with ``since`` = the last summary's ``seq``.
+        ``target`` is a kind (``llvm``) or a canonical target text; ``prefix`` (8 hex characters or
+        more, so its matches are few) keeps keys that start with it; ``newest`` answers the last ``limit`` matching changes instead of the first (still
+        oldest first). One short read transaction; page through a large store with ``since`` = the
+        last summary's ``seq``.
         """
         out: list[KeySummary] = []
         with self.read() as txn:
-            for key in self._candidate_keys(txn, op, since):
+            for key in self._candidate_keys(txn, op, since, newest, prefix):
                 value = self._load(txn, key)
                 if value is None or value["seq"] <= since or (target and target not in (value["kind"], value["target"])):
                     continue
                 out.append(KeySummary(key, value["seq"], value["op"], value["kind"], value["target"],
                                       len(value["entries"]), rank(value["entries"][0])[1],
                                       sum(bool(e.get("vby")) for e in value["entries"])))  # fmt: skip
-                if limit is not None and not op and len(out) >= limit:
-                    break
-        out.sort(key=lambda s: s.seq)
-        return out[:limit] if limit is not None else out
+                if limit is not None and not op and not prefix and len(out) >= limit:
+                    break  # the feed yields keys in seq order: the first `limit` matches are the page
+        out.sort(key=lambda s: s.seq, reverse=newest)
+        out = out[:limit] if limit is not None else out
+        return out[::-1] if newest else out
 
-    def _candidate_keys(self, txn: lmdb.Transaction, op: str | None, since: int) -> Iterator[str]:
-        """Keys from the op index when an op is named, else from the change feed in seq order."""
-        if op:
-            prefix = f"{op}\0".encode()
-            cursor = txn.cursor(db=self.dbs["by_op"])
-            if cursor.set_range(prefix):
+    def _candidate_keys(self, txn: lmdb.Transaction, op: str | None, since: int, newest: bool, prefix: str) -> Iterator[str]:
+        """Keys starting with ``prefix`` in key order, else from the op index when an op is named,
+        else from the change feed in seq order (newest first when ``newest``)."""
+        if prefix or op:
+            start, db = (prefix.encode(), "records") if prefix else (f"{op}\0".encode(), "by_op")
+            cursor = txn.cursor(db=self.dbs[db])
+            if cursor.set_range(start):
                 for k in cursor.iternext(values=False):
-                    if not k.startswith(prefix):
+                    if not k.startswith(start):
                         break
-                    yield k.rsplit(b"\0", 1)[1].decode()
+                    key = k.decode() if prefix else k.rsplit(b"\0", 1)[1].decode()
+                    if not (prefix and op) or self._load(txn, key)["op"] == op:
+                        yield key
             return
         cursor = txn.cursor(db=self.dbs["changes"])
+        if newest:
+            if cursor.last():
+                for seq, key in cursor.iterprev():
+                    if _SEQ.unpack(seq)[0] <= since:
+                        return
+                    yield key.decode()
+            return
         if cursor.set_range(_SEQ.pack(since + 1)):
             for _, key in cursor:
                 yield key.decode()

@@ -47,8 +47,7 @@ def test_push_http_pull_round_trip_is_byte_identical(server: ServerThread, tmp_p
     # JSON lines for people, and back
     as_jsonl = tmp_path / "out.jsonl"
     run("export", "-r", str(store), "-o", str(as_jsonl))
-    with LocalRegistry(tmp_path / "from-jsonl") as reg:
-        pass
+    LocalRegistry(tmp_path / "from-jsonl").close()  # an empty store to import into
     run("import", str(as_jsonl), "-r", str(tmp_path / "from-jsonl"))
     assert LocalRegistry(tmp_path / "from-jsonl", readonly=True).stats()["measurements"] == 30
 
@@ -96,7 +95,7 @@ def test_errors_are_one_line_and_an_exit_code(server: ServerThread, tmp_path: Pa
     result = CliRunner().invoke(cli, ["push", str(bad), "-r", server.url, "--token", TOKEN])
     assert result.exit_code == 1 and "bad.jsonl:1" in result.output
     result = CliRunner().invoke(cli, ["show", "deadbeefdeadbeef", "-r", server.url])
-    assert result.exit_code == 1 and "0 keys start with" in result.output
+    assert result.exit_code == 1 and "no key starts with" in result.output
     with pytest.raises(SystemExit) as exited:
         main(["ls", "@" + str(tmp_path / "missing.yaml")])
     assert exited.value.code == 1
@@ -250,3 +249,33 @@ def test_a_pulled_copy_keeps_who_vouched_for_each_record(tmp_path: Path) -> None
     assert "pushed 3 records" in run("push", str(mirror), "-r", str(tmp_path / "pushed-all"), "--trust", "any")
     with LocalRegistry(tmp_path / "pushed", readonly=True) as pushed_store:
         assert [e.identity.key for e in pushed_store.iter_trial_logs()] == [honest.key]
+
+
+def test_ls_shows_the_newest_keys_and_show_finds_any_key_by_prefix(server: ServerThread, client_records: list[Record], tmp_path: Path) -> None:
+    """Past the server's 1000-key page: before, `ls` showed the last rows of the oldest 1000 keys and
+    `show PREFIX` looked for the prefix among those 1000 only."""
+    newest = client_records[-3:]
+    listed = json.loads(run("ls", "-r", server.url, "--limit", "3", "--json"))
+    assert [row["key"] for row in listed] == [r.key for r in newest]
+    of_op = [r.key for r in client_records if r.identity.op == "fused_op1"][-2:]
+    assert [row["key"] for row in json.loads(run("ls", "-r", server.url, "--op", "fused_op1", "--limit", "2", "--json"))] == of_op
+    last = client_records[-1]
+    assert last.key in run("show", last.key[:10], "-r", server.url)
+    assert "no key starts with" in run("show", "0" * 12, "-r", server.url, ok=False)
+    assert "keys are hex" in run("show", "not-a-key", "-r", server.url, ok=False)
+    with LocalRegistry(tmp_path / "local", sync=False) as local:
+        local.put_many(client_records)
+    assert [row["key"] for row in json.loads(run("ls", "-r", str(tmp_path / "local"), "--limit", "3", "--json"))] == [r.key for r in newest]
+    assert last.key in run("show", last.key[:10], "-r", str(tmp_path / "local"))
+
+
+@pytest.fixture
+def client_records(server: ServerThread) -> list[Record]:
+    """1010 keys pushed one batch after another: more than a listing page."""
+    from schedhub.registry import RegistryClient
+
+    records = [make_record(10_000 + i, 1e-3) for i in range(1010)]
+    with RegistryClient(server.url, token=TOKEN) as client:
+        for start in range(0, len(records), 200):
+            client.put_many(records[start : start + 200])
+    return records

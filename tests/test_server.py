@@ -113,6 +113,12 @@ def test_malformed_keys_in_paths_are_400(server: ServerThread, path: str) -> Non
     assert r.status_code == 400 and "not a key" in r.json()["message"]
 
 
+@pytest.mark.parametrize("query", [{"prefix": "abc"}, {"prefix": "ABCDEF0123"}, {"prefix": "a" * 65}, {"newest": "yes"}])
+def test_malformed_listing_queries_are_400(server: ServerThread, query: dict[str, str]) -> None:
+    r = httpx.get(server.url + "/v1/records", params=query)
+    assert r.status_code == 400 and next(iter(query)) in r.json()["message"]
+
+
 def test_queue_over_http(client: RegistryClient) -> None:
     miss = make_record(1, 1e-3).identity
     assert [r["demand"] for r in client.report_misses([miss, miss])] == [1, 2]
