@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
 import secrets
 import statistics
 import tempfile
@@ -77,6 +78,9 @@ def run(trials: int = 32, registry_dir: str | None = None, ray_address: str | No
     from schedhub import hooks
     from schedhub.hooks.identity import target_text
 
+    from schedhub.hooks.threads import usable_cpus
+
+    os.environ.setdefault("TVM_NUM_THREADS", str(usable_cpus()))  # before a kernel runs: the target's cores, not half of them
     started = time.time()
     target = device_target(device)
     report = DemoReport(registry=registry_dir or tempfile.mkdtemp(prefix="schedhub-demo-"), default=default_label(target_text(target)))

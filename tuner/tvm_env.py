@@ -62,7 +62,9 @@ def host_target(cores: int | None = None) -> dict[str, Any]:
     """This machine's CPU as a target dict (``mcpu: native`` silently means generic x86-64)."""
     import tvm
 
-    return {"kind": "llvm", "mcpu": str(tvm.target.codegen.llvm_get_system_cpu()), "num-cores": int(cores or os.cpu_count() or 1)}
+    from schedhub.hooks.threads import usable_cpus
+
+    return {"kind": "llvm", "mcpu": str(tvm.target.codegen.llvm_get_system_cpu()), "num-cores": int(cores or usable_cpus())}
 
 
 def compiles_cuda() -> bool:
