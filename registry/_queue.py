@@ -21,14 +21,18 @@ given back on every read, not only when the next worker leases.
 
 Index layout (``queue_idx``): ``V|P|R | inverted demand | seq | id`` for pending verify, tune and
 refine jobs and ``L | lease expiry (ms) | id`` for leased ones, so leasing and reclaiming are range scans.
+``queue_state`` (``state | NUL | id``) and the per-state counts in ``meta`` make a listing by state and
+the counts cost their page, not the queue.
 """
 
 from __future__ import annotations
 
 import hashlib
+import heapq
 import secrets
 import struct
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +41,7 @@ import lmdb
 from ._errors import InvalidRecord, LeaseLost, NotFound
 from ._keys import target_device, target_kind
 from ._records import Identity, Record, packb, unpackb
-from ._store import Store
+from ._store import Store, queue_state_row
 
 PENDING, LEASED, DONE, DEAD = "pending", "leased", "done", "dead"
 STATES = (PENDING, LEASED, DONE, DEAD)
@@ -74,6 +78,7 @@ class MissQueue:
         self.tolerance = tolerance
         self._jobs = store.dbs["queue"]
         self._idx = store.dbs["queue_idx"]
+        self._states = store.dbs["queue_state"]
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -95,7 +100,26 @@ class MissQueue:
             txn.delete(old_index, db=self._idx)
         if new_index is not None:
             txn.put(new_index, b"", db=self._idx)
-        txn.put(job["key"].encode(), packb(job), db=self._jobs)
+        job_id = job["key"].encode()
+        self.store.move_queue_job(txn, job_id, self._stored_state(txn, job_id), job["state"])
+        txn.put(job_id, packb(job), db=self._jobs)
+
+    def _stored_state(self, txn: lmdb.Transaction, job_id: bytes) -> str | None:
+        """The state a job is stored (and indexed) in; None for a job not stored yet."""
+        return next((s for s in STATES if txn.get(queue_state_row(s, job_id), db=self._states) is not None), None)
+
+    def _expired_leases(self, txn: lmdb.Transaction, now: float) -> dict[str, dict[str, Any]]:
+        """Jobs stored as leased whose lease has expired, as callers see them (pending or dead), by id: a range scan."""
+        out: dict[str, dict[str, Any]] = {}
+        cursor = txn.cursor(db=self._idx)
+        if cursor.set_range(b"L"):
+            for idx_key in cursor.iternext(values=False):
+                if not idx_key.startswith(b"L") or _U64.unpack(idx_key[1:9])[0] > now * 1000:
+                    break
+                job = self._get(txn, idx_key[9:].decode())
+                if job is not None and (view := self._view(job, now, summary=True))["state"] != LEASED:
+                    out[job["key"]] = view
+        return out
 
     def _set_state(self, txn: lmdb.Transaction, job: dict[str, Any], state: str, **changes: Any) -> None:
         old = self._index_key(job)
@@ -297,19 +321,48 @@ class MissQueue:
         return self._view(job, time.time())
 
     def jobs(self, state: str | None = None, limit: int = 1000, after: str = "") -> list[dict[str, Any]]:
-        """Job summaries (no workload, trace or lease id) in id order after ``after``: one page."""
-        out: list[dict[str, Any]] = []
+        """Job summaries (no workload, trace or lease id) in id order after ``after``: one page.
+
+        A state's page reads that state's index (and the expired leases, shown as given back), not the
+        whole queue: a page of the few dead jobs among a million pending ones costs the page.
+        """
         now = time.time()
         with self.store.read() as t:
-            cursor = t.cursor(db=self._jobs)
-            if not cursor.set_range(after.encode() + b"\0" if after else b""):
-                return out
-            for _, raw in cursor:
-                job = self._view(unpackb(raw), now, summary=True)
-                if state is None or job["state"] == state:
-                    out.append(job)
+            if state is None or not self.store.queue_states_indexed(t):
+                return self._scan(t, state, limit, after, now)
+            expired = self._expired_leases(t, now)
+            given_back = sorted(k for k, view in expired.items() if view["state"] == state and k > after)
+            prefix = state.encode() + b"\0"
+            cursor = t.cursor(db=self._states)
+            found = cursor.set_range(prefix + (after.encode() + b"\0" if after else b""))
+
+            def indexed() -> Iterator[str]:
+                for row in cursor.iternext(values=False) if found else ():
+                    if not row.startswith(prefix):
+                        return
+                    yield row[len(prefix) :].decode()
+
+            out: list[dict[str, Any]] = []
+            for job_id in heapq.merge(indexed(), given_back):
+                view = expired.get(job_id) or self._view(unpackb(t.get(job_id.encode(), db=self._jobs)), now, summary=True)
+                if view["state"] == state:
+                    out.append(view)
                     if len(out) >= limit:
                         break
+            return out
+
+    def _scan(self, t: lmdb.Transaction, state: str | None, limit: int, after: str, now: float) -> list[dict[str, Any]]:
+        """A page of jobs read in id order (every job, or a read-only store from before the state index)."""
+        out: list[dict[str, Any]] = []
+        cursor = t.cursor(db=self._jobs)
+        if not cursor.set_range(after.encode() + b"\0" if after else b""):
+            return out
+        for _, raw in cursor:
+            job = self._view(unpackb(raw), now, summary=True)
+            if state is None or job["state"] == state:
+                out.append(job)
+                if len(out) >= limit:
+                    break
         return out
 
     def most_wanted(self, limit: int = 10) -> list[dict[str, Any]]:
@@ -329,12 +382,19 @@ class MissQueue:
         return out
 
     def counts(self) -> dict[str, int]:
-        counts = dict.fromkeys(STATES, 0)
+        """Jobs per state as callers see them: the stored counts, expired leases moved to what they became."""
         now = time.time()
         with self.store.read() as t:
-            for _, raw in t.cursor(db=self._jobs):
-                counts[self._view(unpackb(raw), now, summary=True)["state"]] += 1
-        return counts
+            if not self.store.queue_states_indexed(t):
+                counts = dict.fromkeys(STATES, 0)
+                for _, raw in t.cursor(db=self._jobs):
+                    counts[self._view(unpackb(raw), now, summary=True)["state"]] += 1
+                return counts
+            counts = {s: self.store.queue_count(t, s) for s in STATES}
+            for view in self._expired_leases(t, now).values():
+                counts[LEASED] -= 1
+                counts[view["state"]] += 1
+            return counts
 
 
 def task_label(job: dict[str, Any]) -> str:

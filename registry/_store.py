@@ -30,9 +30,10 @@ DEFAULT_TOP_K = 8
 MAX_COMPLAINANTS = 32
 STORE_FORMAT = b"1"
 _SEQ = struct.Struct(">Q")
-_DB_NAMES = ("records", "by_op", "by_struct", "changes", "log", "meta", "quarantine", "queue", "queue_idx", "agg", "trials")
+_DB_NAMES = ("records", "by_op", "by_struct", "changes", "log", "meta", "quarantine", "queue", "queue_idx", "agg", "trials", "queue_state")
 STRUCTURE_INDEX = b"index:by_struct"  # meta flag: every key is in by_struct (stores from before it get it on open)
 AGGREGATES = b"index:agg"  # meta flag: the aggregates cover every key and log entry (stores from before them get them on open)
+QUEUE_STATES = b"index:queue_state"  # meta flag: every job is in queue_state and counted (stores from before it get it on open)
 _COUNT = struct.Struct(">q")
 #: Aggregate dimensions: keys per op / canonical target / compiler fingerprint, pushes per pusher,
 #: tuned-vs-default speedup per op of verified pushes (``speedup`` rows hold msgpack {n, log2_sum, best}).
@@ -161,6 +162,9 @@ class Store:
             if txn.get(AGGREGATES, db=self.dbs["meta"]) is None:
                 self._aggregate_all(txn)
                 txn.put(AGGREGATES, b"1", db=self.dbs["meta"])
+            if txn.get(QUEUE_STATES, db=self.dbs["meta"]) is None:
+                self._index_queue_states(txn)
+                txn.put(QUEUE_STATES, b"1", db=self.dbs["meta"])
 
     def _index_structures(self, txn: lmdb.Transaction) -> None:
         """Put every key of a store written before the structure index into it (once, on open)."""
@@ -171,6 +175,39 @@ class Store:
                 txn.put(raw_key, packb(value), db=self.dbs["records"])
             if value["entries"]:
                 _put_structure(txn, self.dbs["by_struct"], raw_key.decode(), value)
+
+    def _index_queue_states(self, txn: lmdb.Transaction) -> None:
+        """Index and count every queue job by its stored state (once, on open, for a store from before it)."""
+        txn.drop(self.dbs["queue_state"], delete=False)
+        counts: dict[str, int] = {}
+        for raw_key, raw in txn.cursor(db=self.dbs["queue"]):
+            state = unpackb(raw)["state"]
+            txn.put(queue_state_row(state, raw_key), b"", db=self.dbs["queue_state"])
+            counts[state] = counts.get(state, 0) + 1
+        for state, count in counts.items():
+            txn.put(queue_count_row(state), _COUNT.pack(count), db=self.dbs["meta"])
+
+    def move_queue_job(self, txn: lmdb.Transaction, job_id: bytes, old: str | None, new: str) -> None:
+        """Keep the ``queue_state`` index and counts in step with a job stored in state ``new`` (``old``: before; None when new)."""
+        if old == new:
+            return
+        for state, delta in ((old, -1), (new, +1)):
+            if state is None:
+                continue
+            row = queue_count_row(state)
+            raw = txn.get(row, db=self.dbs["meta"])
+            txn.put(row, _COUNT.pack((_COUNT.unpack(raw)[0] if raw else 0) + delta), db=self.dbs["meta"])
+        if old is not None:
+            txn.delete(queue_state_row(old, job_id), db=self.dbs["queue_state"])
+        txn.put(queue_state_row(new, job_id), b"", db=self.dbs["queue_state"])
+
+    def queue_count(self, txn: lmdb.Transaction, state: str) -> int:
+        raw = txn.get(queue_count_row(state), db=self.dbs["meta"])
+        return _COUNT.unpack(raw)[0] if raw else 0
+
+    def queue_states_indexed(self, txn: lmdb.Transaction) -> bool:
+        """Whether this store indexes and counts its queue by state (a read-only store from before it does not)."""
+        return self.dbs["queue_state"] is not None and txn.get(QUEUE_STATES, db=self.dbs["meta"]) is not None
 
     def _aggregate_all(self, txn: lmdb.Transaction) -> None:
         """Build the aggregates from every key and log entry (once, on open, for a store from before them)."""
@@ -627,6 +664,16 @@ def _describe(value: dict[str, Any], identity: Identity) -> None:
 def _put_structure(txn: lmdb.Transaction, db: Any, key: str, value: dict[str, Any]) -> None:
     meta = {"t": value["target"], "w": value["wid"], "d": value["dims"]}
     txn.put(_structure_index(value["st"], key), packb(meta), db=db)
+
+
+def queue_state_row(state: str, job_id: bytes) -> bytes:
+    """A job's row in the ``queue_state`` index: its stored state, NUL, its id (id order within a state)."""
+    return state.encode() + b"\0" + job_id
+
+
+def queue_count_row(state: str) -> bytes:
+    """The ``meta`` row counting the jobs stored in ``state``."""
+    return b"queue_count:" + state.encode()
 
 
 def _open_db(env: lmdb.Environment, name: str, readonly: bool) -> Any:

@@ -168,3 +168,65 @@ def test_the_queue_survives_reopening(tmp_path: Path) -> None:
     with LocalRegistry(tmp_path) as reg:
         assert reg.stats()["queue"] == {PENDING: 1, LEASED: 1, DONE: 0, DEAD: 0}
         reg.ack(held.key, held.lease_id)
+
+
+def _every_state(reg: LocalRegistry) -> None:
+    """Jobs in every state a caller can see, an expired lease among them (stored leased, seen pending)."""
+    reg.report_misses([miss(w) for w in range(40)])
+    reg.put(make_record(3, 1e-3))  # done
+    for lease in reg.lease("w", max_jobs=4, lease_secs=60):  # leased
+        pass
+    dead = reg.lease("w", max_jobs=2, lease_secs=60)
+    for lease in dead:
+        for _ in range(3):
+            if reg.fail(lease.key, lease.lease_id, "ScheduleError") == DEAD:
+                break
+            lease = next(l for l in reg.lease("w", max_jobs=40, lease_secs=60) if l.key == lease.key)
+    reg.lease("w", max_jobs=3, lease_secs=0.01)  # expire: seen as given back
+    time.sleep(0.05)
+
+
+def test_listings_by_state_and_counts_read_the_state_index_and_agree_with_a_whole_scan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A page of one state and the counts no longer read every job (a public /v1/stats or
+    /v1/queue?state=dead read the whole queue, 0.4 s at 100k small jobs, per request)."""
+    from schedhub.registry import _queue
+
+    with LocalRegistry(tmp_path, sync=False, max_attempts=1) as reg:
+        _every_state(reg)
+        every = reg.jobs()
+        seen = {s: [j for j in every if j["state"] == s] for s in (PENDING, LEASED, DONE, DEAD)}
+        assert all(seen.values()) and reg.stats()["queue"] == {s: len(v) for s, v in seen.items()}
+        for state, wanted in seen.items():
+            assert reg.jobs(state) == wanted
+            pages, after = [], ""
+            while page := reg.jobs(state, limit=2, after=after):
+                pages += page
+                after = page[-1]["key"]
+            assert pages == wanted, state
+        unpacked = []
+        real = _queue.unpackb
+        monkeypatch.setattr(_queue, "unpackb", lambda raw: unpacked.append(1) or real(raw))
+        assert [j["key"] for j in reg.jobs(DEAD, limit=1)] == [seen[DEAD][0]["key"]]
+        assert len(unpacked) <= 1 + 3  # the page and the expired leases, not the 40 jobs
+        unpacked.clear()
+        reg.stats()
+        assert len(unpacked) <= 3
+
+
+def test_a_store_from_before_the_state_index_gets_it_on_open(tmp_path: Path) -> None:
+    from schedhub.registry import _store
+
+    with LocalRegistry(tmp_path, sync=False, max_attempts=1) as reg:
+        _every_state(reg)
+        before = {s: reg.jobs(s) for s in (PENDING, LEASED, DONE, DEAD)} | {"counts": reg.stats()["queue"]}
+        store = reg.store
+        with store.env.begin(write=True) as txn:  # as a store written before the index was
+            txn.drop(store.dbs["queue_state"], delete=False)
+            txn.delete(_store.QUEUE_STATES, db=store.dbs["meta"])
+            for s in (PENDING, LEASED, DONE, DEAD):
+                txn.delete(_store.queue_count_row(s), db=store.dbs["meta"])
+        assert reg.stats()["queue"] == before["counts"]  # read by a scan meanwhile
+    with LocalRegistry(tmp_path, sync=False, max_attempts=1) as reg:
+        assert {s: reg.jobs(s) for s in (PENDING, LEASED, DONE, DEAD)} | {"counts": reg.stats()["queue"]} == before
+        with reg.store.read() as txn:
+            assert reg.store.queue_states_indexed(txn)
