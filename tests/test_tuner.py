@@ -384,6 +384,19 @@ def test_a_job_that_does_not_parse_is_failed_with_the_reason_and_the_worker_goes
     assert job["state"] == PENDING and job["attempts"] == 1 and job["last_error"].startswith("malformed job:"), job
 
 
+def test_a_result_the_registry_refuses_fails_its_job_with_the_reason_and_the_worker_goes_on(ray_address: str, tmp_path: Path) -> None:
+    """A registry that answers 413 to the push (its body limit below a record) refuses it every time:
+    the job goes back with why, not kept for a registry that will never take it, and the worker carries on."""
+    with LocalRegistry(tmp_path / "reg", sync=False) as reg:
+        reg.report_misses([matmul(32, 32, 32)])
+    with ServerThread(tmp_path / "reg", tokens={TOKEN: "t"}, sync=False, max_body=1024) as srv, RegistryClient(srv.url, token=TOKEN) as client:
+        stats = Worker(client, TINY, name="w", poll_secs=0.1, device=TARGET["mcpu"]).run(max_jobs=1)
+        job = client.jobs()[0]
+    assert stats.failed == 1 and stats.done == 0 and not stats.results
+    assert job["state"] == PENDING and job["attempts"] == 1, job
+    assert job["last_error"].startswith("the registry refused the result:") and "1024" in job["last_error"], job
+
+
 def test_a_worker_gives_a_warm_startable_miss_a_first_pass_then_its_search(ray_address: str, tmp_path: Path) -> None:
     """The first pass pushes the best measured transfer at once and puts the job back for its search, which comes later."""
     source = TuneResult.from_dict(cluster.result(tune(matmul(64, 64, 128))))
