@@ -43,7 +43,7 @@ from ._records import Identity, Record, Served, keeps_default_schedule, packb, t
 from ._serve import InsecureServerError, ServerThread, serve
 from ._server import create_app
 from ._service import LocalRegistry
-from ._store import KeySummary, PutResult, Store, StoreFormatError
+from ._store import KeyPage, KeySummary, PutResult, Store, StoreFormatError
 from ._trials import MAX_TRIALS_PER_ENTRY, Trial, TrialLog
 from ._trust import Trust, parse_trust, trust_filter, trusted
 
@@ -70,7 +70,7 @@ __all__ = [
     "skeleton", "structure_key", "workload_key", "Probe", "Candidate", "shape_distance", "COMPILER", "SHAPE", "TARGET",
     "Record", "Identity", "Served", "Trust", "trusted", "trust_filter", "parse_trust", "Trial", "TrialLog", "MAX_TRIALS_PER_ENTRY", "keeps_default_schedule", "trace_id", "trace_instructions", "packb", "unpackb", "signature_args_info", "check_workload_source", "check_annotations", "dotted_name",
     "Principal", "ROLES", "TUNE", "VERIFY", "REFINE", "task_label", "verify_job_id",
-    "Store", "StoreFormatError", "MissQueue", "Lease", "KeySummary", "PutResult",
+    "Store", "StoreFormatError", "MissQueue", "Lease", "KeyPage", "KeySummary", "PutResult",
     "PENDING", "LEASED", "DONE", "DEAD",
     "LocalRegistry", "RegistryClient", "Registry", "connect", "create_app",
     "serve", "ServerThread", "load_tokens", "InsecureServerError",

@@ -43,6 +43,7 @@ MAX_LOOKUP_KEYS = 4096
 MAX_CANDIDATES = 8  # neighbours offered per missed key
 MAX_ANSWER_BYTES = 32 << 20  # a lookup answer past this lists the rest under 'truncated'; a page of records ends
 MAX_PAGE = 1000
+MAX_SCAN = 10_000  # feed rows one listing reads: a filter that matches little answers a short page with more=true
 MAX_QUEUE_PAGE = 500
 MAX_TRIAL_PAGE = 200  # trial logs per page (each up to 64 traces)
 _OFF_LOOP_BYTES = 64 << 10  # bodies larger than this are decoded in a worker thread
@@ -216,8 +217,8 @@ def create_app(
             raise InvalidRecord("query parameter 'prefix' must be 8 to 64 lowercase hex characters")
 
         def page_of() -> dict[str, Any]:
-            page = state.reg.summaries(op, target, since, limit, newest=newest == "1", prefix=prefix)
-            more = len(page) == limit and newest == "0"  # the newest changes are the feed's end
+            found = state.reg.page(op, target, since, limit, newest=newest == "1", prefix=prefix, scan=MAX_SCAN)
+            page, more = found.items, found.more
             bodies: dict[str, dict[str, Any]] = {}
             if q.get("include") == "records":  # key by key, and no further than MAX_ANSWER_BYTES past the first
                 size = 0
@@ -229,7 +230,8 @@ def create_app(
                         break
                     bodies[summary.key] = served_body(entries)
             items = [s.to_dict() | bodies.get(s.key, {}) for s in page]
-            return {"items": items, "next": page[-1].seq if page else since, "more": more}
+            cut = len(page) < len(found.items)
+            return {"items": items, "next": page[-1].seq if cut else found.next, "more": more}
 
         return reply(request, await run_in_threadpool(page_of))
 

@@ -17,7 +17,7 @@ import lmdb
 from ._queue import DEFAULT_MAX_ATTEMPTS, DEFAULT_TOLERANCE, TUNE, Lease, MissQueue
 from ._neighbours import Candidate, Probe
 from ._records import Identity, Record, served_record
-from ._store import KeySummary, PutResult, Store
+from ._store import KeyPage, KeySummary, PutResult, Store
 from ._trials import TrialLog, TrialStore, iter_pages
 
 
@@ -144,6 +144,10 @@ class LocalRegistry:
     def summaries(self, op: str | None = None, target: str | None = None, since: int = 0, limit: int | None = None,
                   *, newest: bool = False, prefix: str = "") -> list[KeySummary]:
         return self.store.summaries(op, target, since, limit, newest=newest, prefix=prefix)
+
+    def page(self, op: str | None = None, target: str | None = None, since: int = 0, limit: int | None = None,
+             *, newest: bool = False, prefix: str = "", scan: int | None = None) -> KeyPage:
+        return self.store.page(op, target, since, limit, newest=newest, prefix=prefix, scan=scan)
 
     def iter_served(self, op: str | None = None, target: str | None = None, since: int = 0, page: int = 256) -> Iterator[tuple[KeySummary, list[Record]]]:
         """Every matching key with its records, best first, each with its ``served`` status; paged through the change feed."""

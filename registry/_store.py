@@ -30,10 +30,11 @@ DEFAULT_TOP_K = 8
 MAX_COMPLAINANTS = 32
 STORE_FORMAT = b"1"
 _SEQ = struct.Struct(">Q")
-_DB_NAMES = ("records", "by_op", "by_struct", "changes", "log", "meta", "quarantine", "queue", "queue_idx", "agg", "trials", "queue_state")
+_DB_NAMES = ("records", "by_op", "by_struct", "changes", "log", "meta", "quarantine", "queue", "queue_idx", "agg", "trials", "queue_state", "op_feed")
 STRUCTURE_INDEX = b"index:by_struct"  # meta flag: every key is in by_struct (stores from before it get it on open)
 AGGREGATES = b"index:agg"  # meta flag: the aggregates cover every key and log entry (stores from before them get them on open)
 QUEUE_STATES = b"index:queue_state"  # meta flag: every job is in queue_state and counted (stores from before it get it on open)
+OP_FEED = b"index:op_feed"  # meta flag: every key is in op_feed (stores from before it get it on open)
 _COUNT = struct.Struct(">q")
 #: Aggregate dimensions: keys per op / canonical target / compiler fingerprint, pushes per pusher,
 #: tuned-vs-default speedup per op of verified pushes (``speedup`` rows hold msgpack {n, log2_sum, best}).
@@ -162,6 +163,12 @@ class Store:
             if txn.get(AGGREGATES, db=self.dbs["meta"]) is None:
                 self._aggregate_all(txn)
                 txn.put(AGGREGATES, b"1", db=self.dbs["meta"])
+            if txn.get(OP_FEED, db=self.dbs["meta"]) is None:
+                txn.drop(self.dbs["op_feed"], delete=False)
+                for raw_key, raw in txn.cursor(db=self.dbs["records"]):
+                    value = unpackb(raw)
+                    txn.put(_op_feed_row(value["op"], value["seq"]), raw_key, db=self.dbs["op_feed"])
+                txn.put(OP_FEED, b"1", db=self.dbs["meta"])
             if txn.get(QUEUE_STATES, db=self.dbs["meta"]) is None:
                 self._index_queue_states(txn)
                 txn.put(QUEUE_STATES, b"1", db=self.dbs["meta"])
@@ -409,6 +416,7 @@ class Store:
         elif value["seq"]:
             self._count_key(txn, value, -1)
             txn.delete(_SEQ.pack(value["seq"]), db=self.dbs["changes"])
+            txn.delete(_op_feed_row(value["op"], value["seq"]), db=self.dbs["op_feed"])
             txn.delete(_op_index(value["op"], value["kind"], key), db=self.dbs["by_op"])
             if "st" in value:
                 txn.delete(_structure_index(value["st"], key), db=self.dbs["by_struct"])
@@ -418,8 +426,10 @@ class Store:
         """Move the key to the head of the change feed and keep the op index."""
         if value["seq"]:
             txn.delete(_SEQ.pack(value["seq"]), db=self.dbs["changes"])
+            txn.delete(_op_feed_row(value["op"], value["seq"]), db=self.dbs["op_feed"])
         value["seq"] = self.next_seq(txn, b"seq")
         txn.put(_SEQ.pack(value["seq"]), key.encode(), db=self.dbs["changes"])
+        txn.put(_op_feed_row(value["op"], value["seq"]), key.encode(), db=self.dbs["op_feed"])
         txn.put(_op_index(value["op"], value["kind"], key), b"", db=self.dbs["by_op"])
         if "st" in value:
             _put_structure(txn, self.dbs["by_struct"], key, value)
@@ -563,53 +573,73 @@ class Store:
 
     def summaries(self, op: str | None = None, target: str | None = None, since: int = 0, limit: int | None = None,
                   *, newest: bool = False, prefix: str = "") -> list[KeySummary]:
-        """Keys changed after ``since`` (a change-feed cursor), oldest change first, filtered.
+        """Keys changed after ``since`` (a change-feed cursor), oldest change first, filtered: :meth:`page`'s items."""
+        return self.page(op, target, since, limit, newest=newest, prefix=prefix).items
+
+    def page(self, op: str | None = None, target: str | None = None, since: int = 0, limit: int | None = None,
+             *, newest: bool = False, prefix: str = "", scan: int | None = None) -> KeyPage:
+        """One page of keys changed after ``since``, oldest change first, filtered; one short read transaction.
 
         ``target`` is a kind (``llvm``) or a canonical target text; ``prefix`` (8 hex characters or
-        more, so its matches are few) keeps keys that start with it; ``newest`` answers the last ``limit`` matching changes instead of the first (still
-        oldest first). One short read transaction; page through a large store with ``since`` = the
-        last summary's ``seq``.
+        more, so its matches are few) keeps keys that start with it; ``newest`` answers the last
+        ``limit`` matching changes instead of the first (still oldest first). ``scan`` bounds the feed
+        rows read, as a server must (a filter may match nothing in a million keys): a page cut short
+        says ``more`` and its ``next`` is past every row it read. Page on with ``since`` = ``next``.
         """
         out: list[KeySummary] = []
+        position, more, read = since, False, 0
         with self.read() as txn:
-            for key in self._candidate_keys(txn, op, since, newest, prefix):
+            in_order = not prefix and (not op or self._has_op_feed(txn))
+            for seq, key in self._candidates(txn, op, since, newest, prefix, in_order):
+                read += 1
                 value = self._load(txn, key)
-                if value is None or value["seq"] <= since or (target and target not in (value["kind"], value["target"])):
+                if value is not None and value["seq"] > since and not (op and value["op"] != op) and not (target and target not in (value["kind"], value["target"])):
+                    out.append(KeySummary(key, value["seq"], value["op"], value["kind"], value["target"],
+                                          len(value["entries"]), rank(value["entries"][0])[1],
+                                          sum(bool(e.get("vby")) for e in value["entries"])))  # fmt: skip
+                if not in_order:
                     continue
-                out.append(KeySummary(key, value["seq"], value["op"], value["kind"], value["target"],
-                                      len(value["entries"]), rank(value["entries"][0])[1],
-                                      sum(bool(e.get("vby")) for e in value["entries"])))  # fmt: skip
-                if limit is not None and not op and not prefix and len(out) >= limit:
-                    break  # the feed yields keys in seq order: the first `limit` matches are the page
+                position = seq if not newest else max(position, seq)
+                if (limit is not None and len(out) >= limit) or (scan is not None and read >= scan):
+                    more = not newest  # the newest changes are the feed's end
+                    break
+        if in_order:
+            return KeyPage(out[::-1] if newest else out, position, more)
         out.sort(key=lambda s: s.seq, reverse=newest)
+        more = limit is not None and len(out) > limit
         out = out[:limit] if limit is not None else out
-        return out[::-1] if newest else out
+        out = out[::-1] if newest else out
+        return KeyPage(out, max((s.seq for s in out), default=since), more)
 
-    def _candidate_keys(self, txn: lmdb.Transaction, op: str | None, since: int, newest: bool, prefix: str) -> Iterator[str]:
-        """Keys starting with ``prefix`` in key order, else from the op index when an op is named,
-        else from the change feed in seq order (newest first when ``newest``)."""
-        if prefix or op:
+    def _has_op_feed(self, txn: lmdb.Transaction) -> bool:
+        return self.dbs["op_feed"] is not None and txn.get(OP_FEED, db=self.dbs["meta"]) is not None
+
+    def _candidates(self, txn: lmdb.Transaction, op: str | None, since: int, newest: bool, prefix: str, in_order: bool) -> Iterator[tuple[int, str]]:
+        """(seq, key) from the change feed or the op's own feed, in seq order (newest first when ``newest``)
+        when ``in_order``; else keys starting with ``prefix``, or a read-only old store's keys of ``op``, unordered."""
+        if not in_order:
             start, db = (prefix.encode(), "records") if prefix else (f"{op}\0".encode(), "by_op")
             cursor = txn.cursor(db=self.dbs[db])
             if cursor.set_range(start):
                 for k in cursor.iternext(values=False):
                     if not k.startswith(start):
-                        break
-                    key = k.decode() if prefix else k.rsplit(b"\0", 1)[1].decode()
-                    if not (prefix and op) or self._load(txn, key)["op"] == op:
-                        yield key
-            return
-        cursor = txn.cursor(db=self.dbs["changes"])
-        if newest:
-            if cursor.last():
-                for seq, key in cursor.iterprev():
-                    if _SEQ.unpack(seq)[0] <= since:
                         return
-                    yield key.decode()
+                    yield 0, k.decode() if prefix else k.rsplit(b"\0", 1)[1].decode()
             return
-        if cursor.set_range(_SEQ.pack(since + 1)):
-            for _, key in cursor:
-                yield key.decode()
+        head, db = (f"{op}\0".encode(), "op_feed") if op else (b"", "changes")
+        cursor = txn.cursor(db=self.dbs[db])
+        if newest:
+            found = cursor.set_range(op.encode() + b"\1") and cursor.prev() if op else cursor.last()
+            rows = cursor.iterprev() if found or (op and cursor.last()) else iter(())
+        else:
+            rows = cursor.iternext() if cursor.set_range(head + _SEQ.pack(since + 1)) else iter(())
+        for row, key in rows:
+            if not row.startswith(head):
+                return
+            seq = _SEQ.unpack(row[len(head) :])[0]
+            if newest and seq <= since:
+                return
+            yield seq, key.decode()
 
     def measurements(self, since: int = 0) -> Iterator[tuple[int, dict[str, Any]]]:
         """The append-only measurement log after sequence number ``since``."""
@@ -646,6 +676,20 @@ class Store:
         """Records (not keys) held: walks every key once."""
         with self.read() as txn:
             return sum(len(unpackb(v)["entries"]) for _, v in txn.cursor(db=self.dbs["records"]))
+
+
+@dataclass(frozen=True)
+class KeyPage:
+    """A page of the change feed: its keys, the cursor to go on from, and whether more may follow."""
+
+    items: list[KeySummary]
+    next: int
+    more: bool
+
+
+def _op_feed_row(op: str, seq: int) -> bytes:
+    """A key's row in ``op_feed``: its op, NUL, its change-feed position (each op's keys in seq order)."""
+    return op.encode() + b"\0" + _SEQ.pack(seq)
 
 
 def _op_index(op: str, kind: str, key: str) -> bytes:

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from schedhub.registry import (
-    KeyMismatch, LocalRegistry, NotFound, PayloadTooLarge, RegistryClient, RegistryUnavailable, ServerThread, Unauthorized, packb,
+    KeyMismatch, LocalRegistry, canonical_target, NotFound, PayloadTooLarge, RegistryClient, RegistryUnavailable, ServerThread, Unauthorized, packb,
 )  # fmt: skip
 from schedhub.registry import _server
 
@@ -188,3 +188,14 @@ def test_a_page_with_records_stops_at_the_answer_bound_and_paging_goes_on(server
         since = answer["next"]
     assert max(pages) <= 6 and sum(pages) == 40, pages  # each page stops once past the bound
     assert {s.key for s, _ in client.iter_served()} == {r.key for r in records}
+
+
+def test_a_filter_that_matches_little_pages_in_bounded_reads_and_paging_finds_every_match(server: ServerThread, client: RegistryClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    gpu = canonical_target({"kind": "cuda", "arch": "sm_90", "keys": ["cuda", "gpu"]})
+    records = [make_record(8000 + i, 1e-3, **({"target": gpu} if i % 10 == 3 else {})) for i in range(50)]
+    client.put_many(records)
+    monkeypatch.setattr(_server, "MAX_SCAN", 4)
+    answer = httpx.get(f"{server.url}/v1/records", params={"target": "cuda"}).json()
+    assert len(answer["items"]) <= 1 and answer["more"] and answer["next"] > 0  # four rows read, then a cursor
+    assert {s.key for s, _ in client.iter_served(target="cuda")} == {r.key for r in records if r.identity.target == gpu}
+    assert [s.key for s, _ in client.iter_served(target="rocm")] == []

@@ -106,3 +106,52 @@ def test_entries_stored_before_trust_existed_read_as_claims_and_take_every_new_o
     assert [r.trace_id for r in local.get(old.key)] == [new.trace_id, old.trace_id]  # two claims, by claimed time
     assert local.store.verdict(old.key, old.trace_id, "w", [2.1e-3], "timed", 2.0) == "verified"
     assert [r.trace_id for r in local.get(old.key)] == [old.trace_id, new.trace_id]
+
+
+def test_a_listing_reads_no_more_of_the_feed_than_its_page_or_its_scan_bound(local: LocalRegistry, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An op's keys page from the op's own feed, and a target filter that matches little stops at the
+    scan bound with a cursor past what it read: before, each page of an op read every key of the op,
+    and a target that matched nothing read the whole store (~0.3 s a request at 100k keys)."""
+    from schedhub.registry import _store
+
+    for w in range(60):
+        local.put(make_record(w, 1e-3, op="fused_dense" if w % 3 else "fused_conv"))
+    local.put(make_record(1, 0.5e-3, variant=1))  # moved to the head of both feeds
+    feed = local.summaries()
+    dense = [s for s in feed if s.op == "fused_dense"]
+    loaded = []
+    real = _store.unpackb
+    monkeypatch.setattr(_store, "unpackb", lambda raw: loaded.append(1) or real(raw))
+    page = local.store.page(op="fused_dense", since=dense[9].seq, limit=5)
+    assert page.items == dense[10:15] and page.more and page.next == dense[14].seq
+    assert len(loaded) == 5  # the page's keys only
+    assert local.summaries(op="fused_dense", limit=3, newest=True) == dense[-3:]
+    assert local.summaries(op="fused_conv", limit=100, newest=True) == [s for s in feed if s.op == "fused_conv"]
+    loaded.clear()
+    pages, since = [], 0
+    while True:
+        page = local.store.page(target="cuda", since=since, limit=1000, scan=7)
+        pages.append(page.items)
+        if not page.more:
+            break
+        assert page.next > since
+        since = page.next
+    assert all(p == [] for p in pages) and len(pages) == 9 and len(loaded) == len(feed)  # 7 rows a page, each read once
+    assert [s.key for s in local.store.page(target="llvm", since=feed[20].seq, limit=1000, scan=7).items] == [s.key for s in feed[21:28]]
+
+
+def test_a_store_from_before_the_op_feed_gets_it_on_open_and_reads_the_old_index_until_then(tmp_path: Path) -> None:
+    from schedhub.registry import _store
+
+    with LocalRegistry(tmp_path, sync=False) as reg:
+        for w in range(20):
+            reg.put(make_record(w, 1e-3, op="fused_dense" if w % 2 else "fused_conv"))
+        wanted = reg.summaries(op="fused_dense")
+        with reg.store.env.begin(write=True) as txn:  # as a store written before the op feed was
+            txn.drop(reg.store.dbs["op_feed"], delete=False)
+            txn.delete(_store.OP_FEED, db=reg.store.dbs["meta"])
+        assert reg.summaries(op="fused_dense") == wanted and reg.summaries(op="fused_dense", limit=2, newest=True) == wanted[-2:]
+    with LocalRegistry(tmp_path, sync=False) as reg:
+        assert reg.summaries(op="fused_dense") == wanted and reg.summaries(op="fused_dense", limit=2, newest=True) == wanted[-2:]
+        with reg.store.read() as txn:
+            assert reg.store._has_op_feed(txn)
