@@ -28,6 +28,7 @@ import httpx
 
 from schedhub.registry import SCHEMA_VERSION, LocalRegistry, Record, record_key
 
+from .report import environment
 from .stats import percentile, summary, summary_ms
 
 RECORDS_PER_KEY = 4  # schedhub keeps the top records of a key; a tuning log keeps every trial
@@ -87,6 +88,21 @@ def build_store(root: Path, records: int) -> float:
                         store.put(Record.from_obj({**obj, "trace": trace, "run_secs": [rng.uniform(1e-5, 1e-3)]}), "bench", txn=txn)
         store.env.sync(True)
     return time.perf_counter() - start
+
+
+def fill_queue(root: Path) -> int:
+    """One queue job per key of the store (each done: its records exist), as a registry that served its misses has."""
+    with LocalRegistry(root, sync=False) as reg:
+        identities = [records[0].identity for _, records in reg.iter_served(page=1000)]
+        for start in range(0, len(identities), 5000):
+            reg.report_misses(identities[start : start + 5000])
+        reg.store.env.sync(True)
+    return len(identities)
+
+
+#: Public listings a caller may ask of any registry, each one page: the cost must not grow with the store or queue.
+LISTINGS = {"stats_ms": "/v1/stats", "op_page_ms": "/v1/records?op=fused_matmul&limit=100",
+            "unmatched_target_ms": "/v1/records?target=cuda&limit=100", "dead_jobs_ms": "/v1/queue?state=dead&limit=100"}  # fmt: skip
 
 
 def build_json_database(work_dir: Path, records: int) -> float:
@@ -226,7 +242,8 @@ def main() -> None:
     shutil.rmtree(args.workdir, ignore_errors=True)
     args.workdir.mkdir(parents=True)
     results: dict[str, Any] = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
-                               "command": "python -m bench.registry" + (" --quick" if args.quick else ""), "schedhub": {}, "metaschedule": {}}  # fmt: skip
+                               "command": "python -m bench.registry" + (" --quick" if args.quick else ""), "schedhub": {}, "metaschedule": {},
+                               "recorded": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": environment()["commit"]}  # fmt: skip
 
     for size in store_sizes:
         root = args.workdir / f"store-{size}"
@@ -262,9 +279,11 @@ def main() -> None:
         proc.wait()
     results["dashboard"] = {}
     for size in (s for s in store_sizes if s <= 100_000):  # the dashboard reads kept aggregates: its time must not grow with the store
+        jobs = fill_queue(args.workdir / f"store-{size}")
         proc = serve(args.workdir / f"store-{size}", port)
         try:
-            results["dashboard"][size] = {"page_ms": page_ms(f"http://127.0.0.1:{port}/"), "stats_ms": page_ms(f"http://127.0.0.1:{port}/v1/stats")}
+            results["dashboard"][size] = {"page_ms": page_ms(f"http://127.0.0.1:{port}/"), "jobs": jobs,
+                                          **{name: page_ms(f"http://127.0.0.1:{port}{path}") for name, path in LISTINGS.items()}}  # fmt: skip
             print(f"dashboard {size:>9} records: {results['dashboard'][size]['page_ms']['median']:.1f} ms", flush=True)
         finally:
             os.killpg(proc.pid, signal.SIGTERM)

@@ -489,7 +489,8 @@ def _hook(d: dict[str, Any] | None) -> list[str]:
 def _registry(d: dict[str, Any] | None) -> list[str]:
     if not d:
         return []
-    lines = [f"## Registry (`{d['command']}`)", "", "Open a store in a fresh process and answer the first lookup, against MetaSchedule's JSONDatabase.", ""]
+    recorded = f"Recorded {d['recorded']} at commit `{d['commit']}`. " if d.get("recorded") else ""
+    lines = [f"## Registry (`{d['command']}`)", "", recorded + "Open a store in a fresh process and answer the first lookup, against MetaSchedule's JSONDatabase.", ""]
     sizes = sorted({*d["schedhub"], *d["metaschedule"]}, key=int)
     rows = [[f"{int(n):,}", fmt(d["schedhub"].get(n, {}).get("open_first_lookup_ms")), fmt(d["metaschedule"].get(n, {}).get("open_first_lookup_ms"))] for n in sizes]
     lines += table(["records", "schedhub LMDB ms", "JSONDatabase ms"], rows)
@@ -498,8 +499,14 @@ def _registry(d: dict[str, Any] | None) -> list[str]:
               f"one connection p50 {fmt(one['p50_ms'])} ms; a batch lookup of 50 keys {fmt(d['batch']['lookup_50_ms'])} ms "
               f"against {fmt(d['batch']['sequential_50_gets_ms'])} ms for 50 sequential GETs.", ""]  # fmt: skip
     if d.get("dashboard"):
-        lines += ["The dashboard (`GET /`) and `GET /v1/stats` by store size (ms per request, one client):", ""]
-        lines += table(["records", "dashboard ms", "stats ms"], [[f"{int(n):,}", fmt(v["page_ms"]), fmt(v["stats_ms"])] for n, v in d["dashboard"].items()]) + [""]
+        listed = any("op_page_ms" in v for v in d["dashboard"].values())
+        lines += ["The dashboard (`GET /`) and the public listings by store size (ms per request, one client)"
+                  + (": `/v1/stats` (with the queue's counts), a page of an op's keys (`?op=&limit=100`), a page filtered by a target "
+                     "no key has (`?target=cuda`: read up to the scan bound, then a cursor), a page of dead jobs (none: every job is done); "
+                     "the queue holds one job per key." if listed else ":"), ""]  # fmt: skip
+        columns = ["records", "queue jobs", "dashboard ms", "stats ms", "op page ms", "unmatched target ms", "dead jobs ms"] if listed else ["records", "dashboard ms", "stats ms"]
+        keys = ["page_ms", "stats_ms", "op_page_ms", "unmatched_target_ms", "dead_jobs_ms"] if listed else ["page_ms", "stats_ms"]
+        lines += table(columns, [[f"{int(n):,}", *([f"{v.get('jobs', 0):,}"] if listed else []), *(fmt(v[k]) for k in keys)] for n, v in d["dashboard"].items()]) + [""]
     return lines
 
 
