@@ -28,7 +28,8 @@ from ._records import Identity, Record, keeps_default_schedule, packb, unpackb
 DEFAULT_MAP_SIZE = int(os.environ.get("SCHEDHUB_MAP_SIZE", 64 << 30))
 DEFAULT_TOP_K = 8
 MAX_COMPLAINANTS = 32
-STORE_FORMAT = b"1"
+STORE_FORMAT = b"2"  # 2: op_feed and queue_state; a store of format 1 is brought to 2 when opened writable
+_UPGRADES = (b"1",)  # formats this schedhub brings to STORE_FORMAT (an older schedhub refuses to write the result)
 _SEQ = struct.Struct(">Q")
 _DB_NAMES = ("records", "by_op", "by_struct", "changes", "log", "meta", "quarantine", "queue", "queue_idx", "agg", "trials", "queue_state", "op_feed")
 STRUCTURE_INDEX = b"index:by_struct"  # meta flag: every key is in by_struct (stores from before it get it on open)
@@ -155,8 +156,12 @@ class Store:
             if found is None:
                 txn.put(b"format", STORE_FORMAT, db=self.dbs["meta"])
                 txn.put(b"schema", SCHEMA_VERSION.encode(), db=self.dbs["meta"])
+            elif found in _UPGRADES:  # indexes an older writer may have left stale are rebuilt; it cannot write here again
+                for flag in (OP_FEED, QUEUE_STATES):
+                    txn.delete(flag, db=self.dbs["meta"])
+                txn.put(b"format", STORE_FORMAT, db=self.dbs["meta"])
             elif found != STORE_FORMAT:
-                raise StoreFormatError(f"{self.root} holds store format {found!r}; this schedhub reads {STORE_FORMAT!r}")
+                raise StoreFormatError(f"{self.root} holds store format {found!r}; this schedhub reads {STORE_FORMAT!r} and upgrades {_UPGRADES!r}")
             if txn.get(STRUCTURE_INDEX, db=self.dbs["meta"]) is None:
                 self._index_structures(txn)
                 txn.put(STRUCTURE_INDEX, b"1", db=self.dbs["meta"])
@@ -186,6 +191,9 @@ class Store:
     def _index_queue_states(self, txn: lmdb.Transaction) -> None:
         """Index and count every queue job by its stored state (once, on open, for a store from before it)."""
         txn.drop(self.dbs["queue_state"], delete=False)
+        stale = txn.cursor(db=self.dbs["meta"])
+        while stale.set_range(queue_count_row("")) and stale.key().startswith(queue_count_row("")):
+            stale.delete()
         counts: dict[str, int] = {}
         for raw_key, raw in txn.cursor(db=self.dbs["queue"]):
             state = unpackb(raw)["state"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
 import pytest
@@ -155,3 +156,26 @@ def test_a_store_from_before_the_op_feed_gets_it_on_open_and_reads_the_old_index
         assert reg.summaries(op="fused_dense") == wanted and reg.summaries(op="fused_dense", limit=2, newest=True) == wanted[-2:]
         with reg.store.read() as txn:
             assert reg.store._has_op_feed(txn)
+
+
+def test_a_format_1_store_is_upgraded_with_its_new_indexes_rebuilt(tmp_path: Path) -> None:
+    """An older schedhub wrote format 1 and knew nothing of op_feed or queue_state: a store it wrote
+    after a newer one indexed it is re-indexed on upgrade, and format 2 keeps the older one from writing again."""
+    from schedhub.registry import _store
+
+    with LocalRegistry(tmp_path, sync=False) as reg:
+        for w in range(6):
+            reg.put(make_record(w, 1e-3, op="fused_dense"))
+        reg.report_misses([make_record(w, 1e-3).identity for w in range(6, 9)])
+        store = reg.store
+        with store.env.begin(write=True) as txn:  # what a format-1 writer leaves: the new indexes stale
+            txn.put(b"format", b"1", db=store.dbs["meta"])
+            txn.drop(store.dbs["op_feed"], delete=False)
+            txn.drop(store.dbs["queue_state"], delete=False)
+            txn.put(_store.queue_count_row("dead"), struct.pack(">q", 5), db=store.dbs["meta"])
+        assert store.summaries(op="fused_dense") == []  # stale: the flags still say indexed
+    with LocalRegistry(tmp_path, sync=False) as reg:
+        assert len(reg.summaries(op="fused_dense")) == 6 and len(reg.jobs("pending")) == 3
+        assert reg.stats()["queue"] == {"pending": 3, "leased": 0, "done": 0, "dead": 0}
+        with reg.store.read() as txn:
+            assert txn.get(b"format", db=reg.store.dbs["meta"]) == _store.STORE_FORMAT == b"2"
