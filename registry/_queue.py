@@ -344,7 +344,7 @@ class MissQueue:
 
             out: list[dict[str, Any]] = []
             for job_id in heapq.merge(indexed(), given_back):
-                view = expired.get(job_id) or self._view(unpackb(t.get(job_id.encode(), db=self._jobs)), now, summary=True)
+                view = expired.get(job_id) or self._view(self._get(t, job_id), now, summary=True)
                 if view["state"] == state:
                     out.append(view)
                     if len(out) >= limit:

@@ -31,6 +31,7 @@ MAX_COMPLAINANTS = 32
 STORE_FORMAT = b"2"  # 2: op_feed and queue_state; a store of format 1 is brought to 2 when opened writable
 _UPGRADES = (b"1",)  # formats this schedhub brings to STORE_FORMAT (an older schedhub refuses to write the result)
 _SEQ = struct.Struct(">Q")
+_SEQ_MAX = 2**64 - 1
 _DB_NAMES = ("records", "by_op", "by_struct", "changes", "log", "meta", "quarantine", "queue", "queue_idx", "agg", "trials", "queue_state", "op_feed")
 STRUCTURE_INDEX = b"index:by_struct"  # meta flag: every key is in by_struct (stores from before it get it on open)
 AGGREGATES = b"index:agg"  # meta flag: the aggregates cover every key and log entry (stores from before them get them on open)
@@ -169,10 +170,7 @@ class Store:
                 self._aggregate_all(txn)
                 txn.put(AGGREGATES, b"1", db=self.dbs["meta"])
             if txn.get(OP_FEED, db=self.dbs["meta"]) is None:
-                txn.drop(self.dbs["op_feed"], delete=False)
-                for raw_key, raw in txn.cursor(db=self.dbs["records"]):
-                    value = unpackb(raw)
-                    txn.put(_op_feed_row(value["op"], value["seq"]), raw_key, db=self.dbs["op_feed"])
+                self._index_op_feed(txn)
                 txn.put(OP_FEED, b"1", db=self.dbs["meta"])
             if txn.get(QUEUE_STATES, db=self.dbs["meta"]) is None:
                 self._index_queue_states(txn)
@@ -187,6 +185,13 @@ class Store:
                 txn.put(raw_key, packb(value), db=self.dbs["records"])
             if value["entries"]:
                 _put_structure(txn, self.dbs["by_struct"], raw_key.decode(), value)
+
+    def _index_op_feed(self, txn: lmdb.Transaction) -> None:
+        """Put every key in its op's feed (once, on open, for a store from before it)."""
+        txn.drop(self.dbs["op_feed"], delete=False)
+        for raw_key, raw in txn.cursor(db=self.dbs["records"]):
+            value = unpackb(raw)
+            txn.put(_op_feed_row(value["op"], value["seq"]), raw_key, db=self.dbs["op_feed"])
 
     def _index_queue_states(self, txn: lmdb.Transaction) -> None:
         """Index and count every queue job by its stored state (once, on open, for a store from before it)."""
@@ -207,11 +212,8 @@ class Store:
         if old == new:
             return
         for state, delta in ((old, -1), (new, +1)):
-            if state is None:
-                continue
-            row = queue_count_row(state)
-            raw = txn.get(row, db=self.dbs["meta"])
-            txn.put(row, _COUNT.pack((_COUNT.unpack(raw)[0] if raw else 0) + delta), db=self.dbs["meta"])
+            if state is not None:
+                _add_count(txn, self.dbs["meta"], queue_count_row(state), delta)
         if old is not None:
             txn.delete(queue_state_row(old, job_id), db=self.dbs["queue_state"])
         txn.put(queue_state_row(new, job_id), b"", db=self.dbs["queue_state"])
@@ -244,13 +246,7 @@ class Store:
                 self._count(txn, "pusher", event.get("by") or "local", +1)
 
     def _count(self, txn: lmdb.Transaction, dimension: str, name: str, delta: int) -> None:
-        row = f"{dimension}\0{name}".encode()
-        raw = txn.get(row, db=self.dbs["agg"])
-        count = (_COUNT.unpack(raw)[0] if raw else 0) + delta
-        if count > 0:
-            txn.put(row, _COUNT.pack(count), db=self.dbs["agg"])
-        elif raw is not None:
-            txn.delete(row, db=self.dbs["agg"])
+        _add_count(txn, self.dbs["agg"], f"{dimension}\0{name}".encode(), delta)
 
     def _count_key(self, txn: lmdb.Transaction, value: dict[str, Any], delta: int) -> None:
         for dimension, name in zip(KEY_DIMENSIONS, (value["op"], value["target"], value.get("fp", ""))):
@@ -636,9 +632,9 @@ class Store:
             return
         head, db = (f"{op}\0".encode(), "op_feed") if op else (b"", "changes")
         cursor = txn.cursor(db=self.dbs[db])
-        if newest:
-            found = cursor.set_range(op.encode() + b"\1") and cursor.prev() if op else cursor.last()
-            rows = cursor.iterprev() if found or (op and cursor.last()) else iter(())
+        if newest:  # the feed's last row: just before the first row past it, else the last of all
+            positioned = (cursor.set_range(head + _SEQ.pack(_SEQ_MAX)) and cursor.prev()) or cursor.last()
+            rows = cursor.iterprev() if positioned else iter(())
         else:
             rows = cursor.iternext() if cursor.set_range(head + _SEQ.pack(since + 1)) else iter(())
         for row, key in rows:
@@ -721,6 +717,16 @@ def _put_structure(txn: lmdb.Transaction, db: Any, key: str, value: dict[str, An
 def queue_state_row(state: str, job_id: bytes) -> bytes:
     """A job's row in the ``queue_state`` index: its stored state, NUL, its id (id order within a state)."""
     return state.encode() + b"\0" + job_id
+
+
+def _add_count(txn: lmdb.Transaction, db: Any, row: bytes, delta: int) -> None:
+    """Add ``delta`` to the counter at ``row``; a counter that reaches zero is removed (absent reads as 0)."""
+    raw = txn.get(row, db=db)
+    count = (_COUNT.unpack(raw)[0] if raw else 0) + delta
+    if count > 0:
+        txn.put(row, _COUNT.pack(count), db=db)
+    elif raw is not None:
+        txn.delete(row, db=db)
 
 
 def queue_count_row(state: str) -> bytes:
