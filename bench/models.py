@@ -196,7 +196,7 @@ def practical_peak(torch_proc: TorchProcess, n: int = PEAK_SGEMM_N) -> dict[str,
     numpy_fn = baselines.kernel_baseline("fused_matmul", args_info, "numpy")
     assert numpy_fn is not None
     numpy_secs = statistics.median(baselines.time_callable(numpy_fn, 5, 0.2))
-    time.sleep(0.5)  # OpenBLAS's spinning threads stop before PyTorch's start
+    baselines.spin_down()  # OpenBLAS's spinning threads stop before PyTorch's start
     torch_secs = torch_proc.time_kernel("fused_matmul", args_info, repeat=5, min_secs=0.2)
     return {"numpy": work / numpy_secs / 1e9, **({"pytorch": work / torch_secs / 1e9} if torch_secs else {})}
 
@@ -262,7 +262,7 @@ def _kernel_rows(network: str, batch: int, kernels: list[models.Kernel], tuned: 
         # One library at a time, after the last one's worker threads stopped spinning: on 2 cores,
         # OpenBLAS's, PyTorch's and TVM's spinning pools starve each other's barriers (it showed as
         # single kernels at 0.1 GFLOPS).
-        time.sleep(0.5)
+        baselines.spin_down()
         for row in heaviest:
             secs = secs_of(row["op"], row["args_info"])
             row[f"{library}_ms"] = secs * 1e3 if secs is not None else None

@@ -115,6 +115,17 @@ def _no_grad(fn: Callable[[], Any]) -> Any:
         return fn()
 
 
+#: Seconds for a library's spinning worker threads (TVM's pool, OpenBLAS's, PyTorch's OpenMP) to go idle. On
+#: 2 cores a pool still spinning starves the next library's barriers: the demo's PyTorch baseline, timed right
+#: after numpy and TVM, read 12.2 ms in one of three runs against 0.34-0.35 in the others.
+SPIN_DOWN_SECS = 0.5
+
+
+def spin_down() -> None:
+    """Wait until the last library's worker threads stopped spinning, before timing another one."""
+    time.sleep(SPIN_DOWN_SECS)
+
+
 def time_callable(fn: Callable[[], Any], repeat: int = 5, min_secs: float = 0.1) -> list[float]:
     """Per-call seconds: ``repeat`` samples, each averaging enough calls to last ``min_secs``."""
     fn()  # warm-up

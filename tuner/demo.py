@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import os
 import secrets
 import statistics
 import tempfile
@@ -32,7 +31,7 @@ from schedhub.registry import RegistryClient, ServerThread
 from . import baselines, cluster, models
 from .search import TuneOptions, TuneResult, default_label
 from .torch_process import TorchProcess
-from .tvm_env import device_target
+from .tvm_env import device_target, run_kernels_on_usable_cpus
 from .worker import Worker
 
 #: The demo model: an MLP at batch 32 (three dense kernels; a few minutes to tune on 2 cores).
@@ -78,9 +77,7 @@ def run(trials: int = 32, registry_dir: str | None = None, ray_address: str | No
     from schedhub import hooks
     from schedhub.hooks.identity import target_text
 
-    from schedhub.hooks.threads import usable_cpus
-
-    os.environ.setdefault("TVM_NUM_THREADS", str(usable_cpus()))  # before a kernel runs: the target's cores, not half of them
+    run_kernels_on_usable_cpus()  # before a kernel runs: the target's cores, not half of them
     started = time.time()
     target = device_target(device)
     report = DemoReport(registry=registry_dir or tempfile.mkdtemp(prefix="schedhub-demo-"), default=default_label(target_text(target)))
@@ -153,11 +150,14 @@ def _end_to_end(untuned_ex: Any, tuned_ex: Any, weights: dict[str, np.ndarray], 
             if not np.allclose(torch_out, numpy_fn(x), rtol=1e-3, atol=1e-3):
                 raise RuntimeError("the PyTorch twin's output differs from numpy's: the baseline would time another model")
             samples["PyTorch"] = []
-        for _ in range(3):
+        for _ in range(3):  # each library timed after the last one's spinning threads went idle (2 cores)
+            baselines.spin_down()
             samples[f"{default} TVM"].append(_vm_ms(untuned_ex, x, 3, device))
             samples["schedhub-tuned TVM"].append(_vm_ms(tuned_ex, x, 3, device))
+            baselines.spin_down()
             samples["numpy"].append(statistics.median(baselines.time_callable(lambda: numpy_fn(x), 3, 0.05)) * 1e3)
             if torch_proc is not None:
+                baselines.spin_down()
                 samples["PyTorch"].append(torch_proc.time_network(3, 0.05) * 1e3)
     return {name: statistics.median(v) for name, v in samples.items()}
 

@@ -21,10 +21,17 @@ from typing import Any
 def prepare() -> None:
     """Make this process ready to tune: load TVM's tensor intrinsics the fast way (once)."""
     from schedhub.hooks.intrinsics import load_tensor_intrinsics  # imports TVM: not when this module is
+
+    run_kernels_on_usable_cpus()
+    load_tensor_intrinsics()
+
+
+def run_kernels_on_usable_cpus() -> None:
+    """Size TVM's CPU thread pool to this process's CPUs unless the user chose (``TVM_NUM_THREADS``):
+    TVM's own default is half the hardware threads. Only before the first kernel runs does it count."""
     from schedhub.hooks.threads import usable_cpus
 
     os.environ.setdefault("TVM_NUM_THREADS", str(usable_cpus()))
-    load_tensor_intrinsics()
 
 
 def build_kernel(mod: Any, target: Any, _params: Any = None) -> Any:
