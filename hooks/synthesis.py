@@ -151,7 +151,7 @@ class LogModel:
     def _entries(self, target: str) -> list[TrialLog]:
         """The log entries of ``target`` the session accepts, until they hold :data:`MAX_LOG_TRIALS` trials."""
         entries, held = [], 0
-        for entry in self.registry.iter_trial_logs(verified_only=self.verified_only):
+        for entry in self.registry.iter_trial_logs(verified_only=self.verified_only, target=target):
             if entry.identity.target == target and self.accepts(entry):
                 entries.append(entry)
                 held += len(entry.trials)

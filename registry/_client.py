@@ -273,16 +273,20 @@ class RegistryClient:
         with reading("POST /v1/trials"):
             return mapping(answer, "answer")
 
-    def trial_logs(self, after: str = "", limit: int = 100, *, verified_only: bool = False) -> tuple[list[TrialLog], str, bool]:
-        answer = self._call("GET", "/v1/trials", params=_params(cursor=after, limit=limit, verified="1" if verified_only else None))
+    def trial_logs(self, after: str = "", limit: int = 100, *, verified_only: bool = False, target: str = "") -> tuple[list[TrialLog], str, bool]:
+        params = _params(cursor=after, limit=limit, verified="1" if verified_only else None, target=target or None)
+        answer = self._call("GET", "/v1/trials", params=params)
         with reading("GET /v1/trials"):
             items, cursor, more = (answer.get(k) for k in ("items", "next", "more")) if isinstance(answer, dict) else (None, None, None)
             if not isinstance(items, list) or not isinstance(cursor, str) or len(cursor) > MAX_CURSOR_CHARS or not isinstance(more, bool):
                 raise ValueError("a trial page needs 'items', 'next' and 'more'")
-            return [TrialLog.from_stored(item) for item in items], cursor, more
+            logs = [TrialLog.from_stored(item) for item in items]
+            if target and any(log.identity.target != target for log in logs):
+                raise ValueError("a log of another target than asked for")
+        return logs, cursor, more
 
-    def iter_trial_logs(self, *, verified_only: bool = False, page: int = 100) -> Iterator[TrialLog]:
-        yield from iter_pages(self.trial_logs, verified_only=verified_only, page=page)
+    def iter_trial_logs(self, *, verified_only: bool = False, page: int = 100, target: str = "") -> Iterator[TrialLog]:
+        yield from iter_pages(self.trial_logs, verified_only=verified_only, page=page, target=target)
 
     # -- queue -----------------------------------------------------------------------------
 

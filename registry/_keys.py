@@ -58,6 +58,11 @@ def target_kind(target: str) -> str:
     return str(_target_fields(target).get("kind", ""))
 
 
+def target_digest(target: str) -> bytes:
+    """16 bytes naming a canonical target text in an index row (the text may be longer than an LMDB key)."""
+    return hashlib.sha256(target.encode()).digest()[:16]
+
+
 def target_device(target: str) -> str:
     """The device model a canonical target's kernels are built for (``mcpu`` of a CPU target, ``arch``
     of a GPU one); '' for a generic target, whose kernels run on any device of its kind."""

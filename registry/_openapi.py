@@ -17,6 +17,7 @@ _QUERY = {
     "after": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
     "cursor": {"type": "string", "pattern": "^([0-9a-f]{2}){0,512}$", "description": "'next' of the previous page"},
     "verified": {"enum": ["0", "1"], "description": "1: only logs pushed by workers"},
+    "log_target": {"type": "string", "pattern": "^\\{", "maxLength": 4096, "description": "a canonical target (JSON text): only its logs"},
 }
 
 
@@ -27,7 +28,7 @@ def _op(summary: str, body: str | None = None, ok: str = "200", auth: bool = Fal
     if auth:
         op["security"] = [{"bearer": []}]
     if params:
-        op["parameters"] = [{"name": p, "in": "query", "required": False, "schema": _QUERY[p]} for p in params]
+        op["parameters"] = [{"name": p.removeprefix("log_"), "in": "query", "required": False, "schema": _QUERY[p]} for p in params]
     return op
 
 
@@ -66,7 +67,7 @@ OPENAPI: dict[str, Any] = {
         "/v1/lookup": {"post": _op("records of many keys in one round trip; with probes, candidates of the same structure for keys that have none", "Lookup")},
         "/v1/misses": {"post": _op("report workloads without records (read role; queued for tuning)", "MissBatch", auth=True)},
         "/v1/trials": {
-            "get": _op("page through the measurement log: every trial tuners measured, per key and pusher (at most 200 a page)", params=["cursor", "limit", "verified"]),
+            "get": _op("page through the measurement log: every trial tuners measured, per key and pusher (at most 200 a page)", params=["cursor", "limit", "verified", "log_target"]),
             "post": _op("push a tuning run's measured trials for one workload (push role; merged into your entry, newest 64 kept)", "TrialLog", auth=True),
         },
         "/v1/queue": {"get": _op("queue job summaries, one page (no lease ids)", params=["state", "limit", "after"])},

@@ -41,7 +41,7 @@ import lmdb
 from ._errors import InvalidRecord, LeaseLost, NotFound
 from ._keys import target_device, target_kind
 from ._records import Identity, Record, packb, unpackb
-from ._store import Store, queue_state_row
+from ._store import QUEUE_STATES, Store, queue_state_row
 
 PENDING, LEASED, DONE, DEAD = "pending", "leased", "done", "dead"
 STATES = (PENDING, LEASED, DONE, DEAD)
@@ -328,7 +328,7 @@ class MissQueue:
         """
         now = time.time()
         with self.store.read() as t:
-            if state is None or not self.store.queue_states_indexed(t):
+            if state is None or not self.store.indexed(t, QUEUE_STATES):
                 return self._scan(t, state, limit, after, now)
             expired = self._expired_leases(t, now)
             given_back = sorted(k for k, view in expired.items() if view["state"] == state and k > after)
@@ -385,7 +385,7 @@ class MissQueue:
         """Jobs per state as callers see them: the stored counts, expired leases moved to what they became."""
         now = time.time()
         with self.store.read() as t:
-            if not self.store.queue_states_indexed(t):
+            if not self.store.indexed(t, QUEUE_STATES):
                 counts = dict.fromkeys(STATES, 0)
                 for _, raw in t.cursor(db=self._jobs):
                     counts[self._view(unpackb(raw), now, summary=True)["state"]] += 1

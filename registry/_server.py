@@ -328,7 +328,10 @@ def create_app(
         verified = q.get("verified", "0")
         if verified not in ("0", "1"):
             raise InvalidRecord("query parameter 'verified' must be 0 or 1")
-        logs, cursor, more = await run_in_threadpool(state.reg.trial_logs, q.get("cursor", ""), limit, verified_only=verified == "1")
+        target = check_text(q.get("target", ""), "target")
+        if target and (not target.startswith("{") or len(target) > 4096):
+            raise InvalidRecord("query parameter 'target' must be a canonical target (its JSON text, at most 4096 characters)")
+        logs, cursor, more = await run_in_threadpool(state.reg.trial_logs, q.get("cursor", ""), limit, verified_only=verified == "1", target=target)
         return reply(request, {"items": [log.to_dict() for log in logs], "next": cursor, "more": more})
 
     async def lease(request: Request) -> Response:

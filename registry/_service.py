@@ -167,13 +167,13 @@ class LocalRegistry:
         """Merge a tuner's measured trials into the log (``verified`` as for :meth:`put_many`)."""
         return self.trial_store.put(log, pushed_by, verified=verified, txn=txn)
 
-    def trial_logs(self, after: str = "", limit: int = 100, *, verified_only: bool = False) -> tuple[list[TrialLog], str, bool]:
-        """One page of the log: (entries, cursor of the next page, whether there is more)."""
-        return self.trial_store.page(after, limit, verified_only=verified_only)
+    def trial_logs(self, after: str = "", limit: int = 100, *, verified_only: bool = False, target: str = "") -> tuple[list[TrialLog], str, bool]:
+        """One page of the log (``target``: a canonical target's entries only): (entries, cursor of the next page, whether there is more)."""
+        return self.trial_store.page(after, limit, verified_only=verified_only, target=target)
 
-    def iter_trial_logs(self, *, verified_only: bool = False, page: int = 100) -> Iterator[TrialLog]:
-        """Every entry of the log, page by page."""
-        yield from iter_pages(self.trial_logs, verified_only=verified_only, page=page)
+    def iter_trial_logs(self, *, verified_only: bool = False, page: int = 100, target: str = "") -> Iterator[TrialLog]:
+        """Every entry of the log (of canonical ``target`` only, when given), page by page."""
+        yield from iter_pages(self.trial_logs, verified_only=verified_only, page=page, target=target)
 
     # -- queue -----------------------------------------------------------------------------
 

@@ -21,22 +21,27 @@ from typing import Any
 import lmdb
 
 from ._errors import NotFound, RegistryError
-from ._keys import SCHEMA_VERSION, target_kind
+from ._keys import SCHEMA_VERSION, target_digest, target_kind
 from ._neighbours import Probe, dims_of
 from ._records import Identity, Record, keeps_default_schedule, packb, unpackb
+from ._trials import TRIALS_BY_TARGET, index_trial_targets
 
 DEFAULT_MAP_SIZE = int(os.environ.get("SCHEDHUB_MAP_SIZE", 64 << 30))
 DEFAULT_TOP_K = 8
 MAX_COMPLAINANTS = 32
-STORE_FORMAT = b"2"  # 2: op_feed and queue_state; a store of format 1 is brought to 2 when opened writable
-_UPGRADES = (b"1",)  # formats this schedhub brings to STORE_FORMAT (an older schedhub refuses to write the result)
+STORE_FORMAT = b"3"  # 2: op_feed and queue_state; 3: target_feed and trials_by_target. Older formats are brought to 3 when opened writable
+_UPGRADES = (b"1", b"2")  # formats this schedhub brings to STORE_FORMAT (an older schedhub refuses to write the result)
 _SEQ = struct.Struct(">Q")
 _SEQ_MAX = 2**64 - 1
-_DB_NAMES = ("records", "by_op", "by_struct", "changes", "log", "meta", "quarantine", "queue", "queue_idx", "agg", "trials", "queue_state", "op_feed")
+_DB_NAMES = ("records", "by_op", "by_struct", "changes", "log", "meta", "quarantine", "queue", "queue_idx", "agg", "trials", "queue_state", "op_feed", "target_feed",
+             "trials_by_target")
 STRUCTURE_INDEX = b"index:by_struct"  # meta flag: every key is in by_struct (stores from before it get it on open)
 AGGREGATES = b"index:agg"  # meta flag: the aggregates cover every key and log entry (stores from before them get them on open)
 QUEUE_STATES = b"index:queue_state"  # meta flag: every job is in queue_state and counted (stores from before it get it on open)
 OP_FEED = b"index:op_feed"  # meta flag: every key is in op_feed (stores from before it get it on open)
+TARGET_FEED = b"index:target_feed"  # meta flag: every key is in target_feed, under its kind and its target
+INDEXES = {OP_FEED: "op_feed", QUEUE_STATES: "queue_state", TARGET_FEED: "target_feed", TRIALS_BY_TARGET: "trials_by_target"}
+_REBUILT_ON_UPGRADE = tuple(INDEXES)  # indexes an older writer does not keep
 _COUNT = struct.Struct(">q")
 #: Aggregate dimensions: keys per op / canonical target / compiler fingerprint, pushes per pusher,
 #: tuned-vs-default speedup per op of verified pushes (``speedup`` rows hold msgpack {n, log2_sum, best}).
@@ -158,7 +163,7 @@ class Store:
                 txn.put(b"format", STORE_FORMAT, db=self.dbs["meta"])
                 txn.put(b"schema", SCHEMA_VERSION.encode(), db=self.dbs["meta"])
             elif found in _UPGRADES:  # indexes an older writer may have left stale are rebuilt; it cannot write here again
-                for flag in (OP_FEED, QUEUE_STATES):
+                for flag in _REBUILT_ON_UPGRADE:
                     txn.delete(flag, db=self.dbs["meta"])
                 txn.put(b"format", STORE_FORMAT, db=self.dbs["meta"])
             elif found != STORE_FORMAT:
@@ -169,9 +174,13 @@ class Store:
             if txn.get(AGGREGATES, db=self.dbs["meta"]) is None:
                 self._aggregate_all(txn)
                 txn.put(AGGREGATES, b"1", db=self.dbs["meta"])
-            if txn.get(OP_FEED, db=self.dbs["meta"]) is None:
-                self._index_op_feed(txn)
+            if txn.get(OP_FEED, db=self.dbs["meta"]) is None or txn.get(TARGET_FEED, db=self.dbs["meta"]) is None:
+                self._index_feeds(txn)
                 txn.put(OP_FEED, b"1", db=self.dbs["meta"])
+                txn.put(TARGET_FEED, b"1", db=self.dbs["meta"])
+            if txn.get(TRIALS_BY_TARGET, db=self.dbs["meta"]) is None:
+                index_trial_targets(txn, self.dbs["trials"], self.dbs["trials_by_target"])
+                txn.put(TRIALS_BY_TARGET, b"1", db=self.dbs["meta"])
             if txn.get(QUEUE_STATES, db=self.dbs["meta"]) is None:
                 self._index_queue_states(txn)
                 txn.put(QUEUE_STATES, b"1", db=self.dbs["meta"])
@@ -186,12 +195,20 @@ class Store:
             if value["entries"]:
                 _put_structure(txn, self.dbs["by_struct"], raw_key.decode(), value)
 
-    def _index_op_feed(self, txn: lmdb.Transaction) -> None:
-        """Put every key in its op's feed (once, on open, for a store from before it)."""
-        txn.drop(self.dbs["op_feed"], delete=False)
+    def _index_feeds(self, txn: lmdb.Transaction) -> None:
+        """Put every key in its op's, kind's and target's feeds (once, on open, for a store from before them)."""
+        for name in ("op_feed", "target_feed"):
+            txn.drop(self.dbs[name], delete=False)
         for raw_key, raw in txn.cursor(db=self.dbs["records"]):
-            value = unpackb(raw)
-            txn.put(_op_feed_row(value["op"], value["seq"]), raw_key, db=self.dbs["op_feed"])
+            self._feed(txn, unpackb(raw), raw_key)
+
+    def _feed(self, txn: lmdb.Transaction, value: dict[str, Any], raw_key: bytes | None) -> None:
+        """Put a key's rows in the op and target feeds at its change-feed position (``raw_key`` None: delete them)."""
+        for db, row in (("op_feed", _op_feed_row(value["op"], value["seq"])), *(("target_feed", r) for r in _target_feed_rows(value))):
+            if raw_key is None:
+                txn.delete(row, db=self.dbs[db])
+            else:
+                txn.put(row, raw_key, db=self.dbs[db])
 
     def _index_queue_states(self, txn: lmdb.Transaction) -> None:
         """Index and count every queue job by its stored state (once, on open, for a store from before it)."""
@@ -222,9 +239,9 @@ class Store:
         raw = txn.get(queue_count_row(state), db=self.dbs["meta"])
         return _COUNT.unpack(raw)[0] if raw else 0
 
-    def queue_states_indexed(self, txn: lmdb.Transaction) -> bool:
-        """Whether this store indexes and counts its queue by state (a read-only store from before it does not)."""
-        return self.dbs["queue_state"] is not None and txn.get(QUEUE_STATES, db=self.dbs["meta"]) is not None
+    def indexed(self, txn: lmdb.Transaction, flag: bytes) -> bool:
+        """Whether the index ``flag`` names (:data:`INDEXES`) is complete here (a read-only store from before it lacks it)."""
+        return self.dbs[INDEXES[flag]] is not None and txn.get(flag, db=self.dbs["meta"]) is not None
 
     def _aggregate_all(self, txn: lmdb.Transaction) -> None:
         """Build the aggregates from every key and log entry (once, on open, for a store from before them)."""
@@ -420,7 +437,7 @@ class Store:
         elif value["seq"]:
             self._count_key(txn, value, -1)
             txn.delete(_SEQ.pack(value["seq"]), db=self.dbs["changes"])
-            txn.delete(_op_feed_row(value["op"], value["seq"]), db=self.dbs["op_feed"])
+            self._feed(txn, value, None)
             txn.delete(_op_index(value["op"], value["kind"], key), db=self.dbs["by_op"])
             if "st" in value:
                 txn.delete(_structure_index(value["st"], key), db=self.dbs["by_struct"])
@@ -430,10 +447,10 @@ class Store:
         """Move the key to the head of the change feed and keep the op index."""
         if value["seq"]:
             txn.delete(_SEQ.pack(value["seq"]), db=self.dbs["changes"])
-            txn.delete(_op_feed_row(value["op"], value["seq"]), db=self.dbs["op_feed"])
+            self._feed(txn, value, None)
         value["seq"] = self.next_seq(txn, b"seq")
         txn.put(_SEQ.pack(value["seq"]), key.encode(), db=self.dbs["changes"])
-        txn.put(_op_feed_row(value["op"], value["seq"]), key.encode(), db=self.dbs["op_feed"])
+        self._feed(txn, value, key.encode())
         txn.put(_op_index(value["op"], value["kind"], key), b"", db=self.dbs["by_op"])
         if "st" in value:
             _put_structure(txn, self.dbs["by_struct"], key, value)
@@ -593,8 +610,9 @@ class Store:
         out: list[KeySummary] = []
         position, more, read = since, False, 0
         with self.read() as txn:
-            in_order = not prefix and (not op or self._has_op_feed(txn))
-            for seq, key in self._candidates(txn, op, since, newest, prefix, in_order):
+            feed = self._feed_for(txn, op, target, prefix)
+            in_order = feed is not None
+            for seq, key in self._candidates(txn, feed, op, since, newest, prefix):
                 read += 1
                 value = self._load(txn, key)
                 if value is not None and value["seq"] > since and not (op and value["op"] != op) and not (target and target not in (value["kind"], value["target"])):
@@ -615,13 +633,24 @@ class Store:
         out = out[::-1] if newest else out
         return KeyPage(out, max((s.seq for s in out), default=since), more)
 
-    def _has_op_feed(self, txn: lmdb.Transaction) -> bool:
-        return self.dbs["op_feed"] is not None and txn.get(OP_FEED, db=self.dbs["meta"]) is not None
+    def _feed_for(self, txn: lmdb.Transaction, op: str | None, target: str | None, prefix: str) -> tuple[str, bytes] | None:
+        """The feed (database, row head) whose rows are the filter's keys in change order, the narrowest first:
+        a canonical target's, an op's, a kind's, every key's. None: no such feed (``prefix``, or an op in a
+        read-only store from before the op feed), the candidates come unordered."""
+        by_target = target and self.indexed(txn, TARGET_FEED)
+        if prefix:
+            return None
+        if by_target and target.startswith("{"):
+            return "target_feed", target_feed_head(target)
+        if op:
+            return ("op_feed", f"{op}\0".encode()) if self.indexed(txn, OP_FEED) else None
+        return ("target_feed", target_feed_head(target)) if by_target else ("changes", b"")
 
-    def _candidates(self, txn: lmdb.Transaction, op: str | None, since: int, newest: bool, prefix: str, in_order: bool) -> Iterator[tuple[int, str]]:
-        """(seq, key) from the change feed or the op's own feed, in seq order (newest first when ``newest``)
-        when ``in_order``; else keys starting with ``prefix``, or a read-only old store's keys of ``op``, unordered."""
-        if not in_order:
+    def _candidates(self, txn: lmdb.Transaction, feed: tuple[str, bytes] | None, op: str | None, since: int, newest: bool,
+                    prefix: str) -> Iterator[tuple[int, str]]:  # fmt: skip
+        """(seq, key) from ``feed`` in seq order (newest first when ``newest``); without a feed, keys
+        starting with ``prefix``, or a read-only old store's keys of ``op``, unordered (seq 0)."""
+        if feed is None:
             start, db = (prefix.encode(), "records") if prefix else (f"{op}\0".encode(), "by_op")
             cursor = txn.cursor(db=self.dbs[db])
             if cursor.set_range(start):
@@ -630,7 +659,7 @@ class Store:
                         return
                     yield 0, k.decode() if prefix else k.rsplit(b"\0", 1)[1].decode()
             return
-        head, db = (f"{op}\0".encode(), "op_feed") if op else (b"", "changes")
+        db, head = feed
         cursor = txn.cursor(db=self.dbs[db])
         if newest:  # the feed's last row: just before the first row past it, else the last of all
             positioned = (cursor.set_range(head + _SEQ.pack(_SEQ_MAX)) and cursor.prev()) or cursor.last()
@@ -694,6 +723,16 @@ class KeyPage:
 def _op_feed_row(op: str, seq: int) -> bytes:
     """A key's row in ``op_feed``: its op, NUL, its change-feed position (each op's keys in seq order)."""
     return op.encode() + b"\0" + _SEQ.pack(seq)
+
+
+def target_feed_head(target: str) -> bytes:
+    """Where a target filter's keys are in ``target_feed``: a canonical target (JSON) by its digest, a kind by name."""
+    return b"t" + target_digest(target) if target.startswith("{") else b"k" + target.encode() + b"\0"
+
+
+def _target_feed_rows(value: dict[str, Any]) -> tuple[bytes, bytes]:
+    """A key's rows in ``target_feed``, each its filter's head then its change-feed position: under its kind and its target."""
+    return tuple(target_feed_head(t) + _SEQ.pack(value["seq"]) for t in (value["kind"], value["target"]))  # type: ignore[return-value]
 
 
 def _op_index(op: str, kind: str, key: str) -> bytes:

@@ -21,6 +21,7 @@ from typing import Any
 import lmdb
 
 from ._errors import Forbidden, InvalidRecord, PayloadTooLarge
+from ._keys import target_digest
 from ._limits import parse_each
 from ._records import Identity, measured_secs, packb, trace_field, unpackb
 
@@ -30,6 +31,8 @@ MAX_ENTRY_BYTES = 2 << 20
 MAX_PUSHERS_PER_KEY = 8
 MAX_CURSOR_CHARS = 1024  # hex of a log's database key (key, NUL, pusher name)
 MAX_PAGE_BYTES = 8 << 20  # a page stops early past this many bytes of entries
+TRIALS_BY_TARGET = b"index:trials_by_target"  # the store's meta flag: every trial log is in trials_by_target
+MAX_PAGE_SCAN = 10_000  # entries a page reads, kept or not: a filter may match nothing in a large log
 
 
 @dataclass(frozen=True)
@@ -106,7 +109,8 @@ def merged(old: list[Trial], new: list[Trial]) -> list[Trial]:
 
 
 class TrialStore:
-    """The ``trials`` database of a :class:`~schedhub.registry.Store`: db key = record key, NUL, pusher name."""
+    """The ``trials`` database of a :class:`~schedhub.registry.Store`: db key = record key, NUL, pusher name;
+    ``trials_by_target`` holds each entry's db key under its target's digest (one target's entries, in db key order)."""
 
     def __init__(self, store: Any) -> None:
         self.store = store
@@ -114,6 +118,10 @@ class TrialStore:
     @property
     def _db(self) -> Any:
         return self.store.dbs["trials"]
+
+    @property
+    def _index(self) -> Any:
+        return self.store.dbs["trials_by_target"]
 
     def put(self, log: TrialLog, pushed_by: str, *, verified: bool, txn: lmdb.Transaction | None = None) -> dict[str, Any]:
         """Merge ``log`` into the pusher's entry for its key; returns ``{"key", "trials"}`` (the entry's count now)."""
@@ -128,14 +136,18 @@ class TrialStore:
                 if not verified or not claims:
                     raise Forbidden(f"key {log.key} already holds the trial logs of {MAX_PUSHERS_PER_KEY} pushers")
                 t.delete(claims[0][1], db=self._db)
+                t.delete(target_digest(log.identity.target) + claims[0][1], db=self._index)  # a key has one target
             kept = old.trials if old is not None and old.verified == verified else []  # a change of trust starts the entry again
             trials = merged(kept, log.trials)
             stored = TrialLog(log.identity, trials, name, verified, time.time())
             t.put(mine, packb(stored.to_dict()), db=self._db)
+            t.put(target_digest(log.identity.target) + mine, b"", db=self._index)
         return {"key": log.key, "trials": len(trials)}
 
-    def page(self, after: str = "", limit: int = 100, *, verified_only: bool = False) -> tuple[list[TrialLog], str, bool]:
-        """Entries after the cursor ``after`` (hex, '' for the start): (logs, next cursor, more)."""
+    def page(self, after: str = "", limit: int = 100, *, verified_only: bool = False, target: str = "") -> tuple[list[TrialLog], str, bool]:
+        """Entries after the cursor ``after`` (hex, '' for the start), of canonical ``target`` only when
+        given: (logs, next cursor, more). A page reads at most :data:`MAX_PAGE_SCAN` entries, so one
+        whose filters matched few says ``more`` with a cursor past every entry it read."""
         if len(after) > MAX_CURSOR_CHARS:
             raise InvalidRecord(f"cursor 'after' is over {MAX_CURSOR_CHARS} characters")
         try:
@@ -145,30 +157,52 @@ class TrialStore:
         if self._db is None:  # a read-only store from before the log
             return [], after, False
         logs: list[TrialLog] = []
-        cursor_at, size, more = after, 0, False
+        cursor_at, size, read, more = after, 0, 0, False
         with self.store.read() as txn:
-            cursor = txn.cursor(db=self._db)
-            found = cursor.set_range(start)
-            if found and start and cursor.key() == start:
-                found = cursor.next()
-            while found:
-                db_key, raw = cursor.item()
-                if len(logs) >= limit or size > MAX_PAGE_BYTES:
+            for db_key, raw in self._entries_after(txn, start, target):
+                if len(logs) >= limit or size > MAX_PAGE_BYTES or read >= MAX_PAGE_SCAN:
                     more = True
                     break
-                cursor_at, size = db_key.hex(), size + len(raw)
+                cursor_at, read = db_key.hex(), read + 1
                 entry = unpackb(raw)
-                if not verified_only or entry.get("verified") is True:
-                    logs.append(TrialLog.from_stored(entry))
-                found = cursor.next()
+                if verified_only and entry.get("verified") is not True:
+                    continue
+                if target and not (isinstance(entry.get("identity"), dict) and entry["identity"].get("target") == target):
+                    continue
+                logs.append(TrialLog.from_stored(entry))
+                size += len(raw)
         return logs, cursor_at, more
 
+    def _entries_after(self, txn: lmdb.Transaction, start: bytes, target: str) -> Iterator[tuple[bytes, bytes]]:
+        """(db key, entry) after ``start`` in db key order: ``target``'s from its index when there is one, else every entry."""
+        indexed = bool(target) and self.store.indexed(txn, TRIALS_BY_TARGET)
+        head = target_digest(target) if indexed else b""
+        cursor = txn.cursor(db=self._index if indexed else self._db)
+        found = cursor.set_range(head + start)
+        if found and start and cursor.key() == head + start:
+            found = cursor.next()
+        while found and cursor.key().startswith(head):
+            db_key = cursor.key()[len(head) :]
+            raw = txn.get(db_key, db=self._db) if indexed else cursor.value()
+            if raw is not None:
+                yield bytes(db_key), bytes(raw)
+            found = cursor.next()
 
-def iter_pages(fetch: Callable[..., tuple[list[TrialLog], str, bool]], *, verified_only: bool, page: int) -> Iterator[TrialLog]:
-    """Every entry, following ``fetch(after, limit, verified_only=…)``'s cursors (a local store's or a client's)."""
+
+def index_trial_targets(txn: lmdb.Transaction, trials_db: Any, index_db: Any) -> None:
+    """Put every trial log in ``trials_by_target`` (once, on open, for a store from before the index)."""
+    txn.drop(index_db, delete=False)
+    for db_key, raw in txn.cursor(db=trials_db):
+        identity = unpackb(raw).get("identity")
+        if isinstance(identity, dict) and isinstance(identity.get("target"), str):
+            txn.put(target_digest(identity["target"]) + db_key, b"", db=index_db)
+
+
+def iter_pages(fetch: Callable[..., tuple[list[TrialLog], str, bool]], *, verified_only: bool, page: int, target: str = "") -> Iterator[TrialLog]:
+    """Every entry, following ``fetch(after, limit, verified_only=…, target=…)``'s cursors (a local store's or a client's)."""
     after = ""
     while True:
-        logs, cursor, more = fetch(after, page, verified_only=verified_only)
+        logs, cursor, more = fetch(after, page, verified_only=verified_only, target=target)
         yield from logs
         if not more or cursor <= after:  # a cursor that does not advance would page forever
             return

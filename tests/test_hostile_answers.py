@@ -77,6 +77,7 @@ def calls(records: list[Record], missed: Record, lease: Lease) -> dict[str, Call
         "iter_served": lambda c: list(c.iter_served()),
         "push_trials": lambda c: c.push_trials(trials),
         "iter_trial_logs": lambda c: list(c.iter_trial_logs()),
+        "trial_logs_of_target": lambda c: c.trial_logs(target=records[0].identity.target),
         "report_misses": lambda c: c.report_misses([missed.identity]),
         "job": lambda c: c.job(lease.key),
         "jobs": lambda c: c.jobs(),
@@ -223,6 +224,17 @@ def test_a_record_answered_for_another_key_is_refused(captured: dict) -> None:
     with ScriptedServer(Reply(status, ctype, packb(value))) as scripted, RegistryClient(scripted.url, retries=0) as client:
         with pytest.raises(MalformedAnswer, match="another key"):
             captured["lookup"][0](client)
+
+
+def test_a_log_answered_for_another_target_is_refused(captured: dict) -> None:
+    """Asked for one target's measurement log, a server that answers another's (it would train the cost model) is not believed."""
+    status, ctype, answer = captured["trial_logs_of_target"][1]
+    value = msgpack.unpackb(answer, raw=False)
+    other = make_record(1, 1e-3, target=value["items"][0]["identity"]["target"].replace("znver5", "znver4"))
+    value["items"][0]["identity"] = other.identity.to_dict()
+    with ScriptedServer(Reply(status, ctype, packb(value))) as scripted, RegistryClient(scripted.url, retries=0) as client:
+        with pytest.raises(MalformedAnswer, match="another target"):
+            captured["trial_logs_of_target"][0](client)
 
 
 def test_an_answer_past_the_bounds_is_given_up_on(captured: dict) -> None:

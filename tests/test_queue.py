@@ -229,4 +229,4 @@ def test_a_store_from_before_the_state_index_gets_it_on_open(tmp_path: Path) -> 
     with LocalRegistry(tmp_path, sync=False, max_attempts=1) as reg:
         assert {s: reg.jobs(s) for s in (PENDING, LEASED, DONE, DEAD)} | {"counts": reg.stats()["queue"]} == before
         with reg.store.read() as txn:
-            assert reg.store.queue_states_indexed(txn)
+            assert reg.store.indexed(txn, _store.QUEUE_STATES)

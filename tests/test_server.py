@@ -195,7 +195,11 @@ def test_a_filter_that_matches_little_pages_in_bounded_reads_and_paging_finds_ev
     records = [make_record(8000 + i, 1e-3, **({"target": gpu} if i % 10 == 3 else {})) for i in range(50)]
     client.put_many(records)
     monkeypatch.setattr(_server, "MAX_SCAN", 4)
-    answer = httpx.get(f"{server.url}/v1/records", params={"target": "cuda"}).json()
-    assert len(answer["items"]) <= 1 and answer["more"] and answer["next"] > 0  # four rows read, then a cursor
+    cuda_op0 = {r.key for r in records if r.identity.target == gpu and r.identity.op == "fused_op0"}
+    answer = httpx.get(f"{server.url}/v1/records", params={"target": "cuda", "op": "fused_op0"}).json()
+    assert len(answer["items"]) <= 1 and answer["more"] and answer["next"] > 0  # four rows of the op's feed read, then a cursor
+    assert {s.key for s, _ in client.iter_served(target="cuda", op="fused_op0")} == cuda_op0 and cuda_op0
+    answer = httpx.get(f"{server.url}/v1/records", params={"target": gpu, "limit": 3}).json()  # the target's own feed: only matches read
+    assert [s["key"] for s in answer["items"]] == [r.key for r in records if r.identity.target == gpu][:3] and answer["more"]
     assert {s.key for s, _ in client.iter_served(target="cuda")} == {r.key for r in records if r.identity.target == gpu}
     assert [s.key for s, _ in client.iter_served(target="rocm")] == []

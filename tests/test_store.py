@@ -9,7 +9,7 @@ import pytest
 
 from schedhub.registry import LocalRegistry, Record, RegistryError, Store, StoreFormatError
 
-from .conftest import make_record
+from .conftest import TARGET, make_record
 
 
 def test_top_k_keeps_the_fastest_best_first(tmp_path: Path) -> None:
@@ -130,15 +130,19 @@ def test_a_listing_reads_no_more_of_the_feed_than_its_page_or_its_scan_bound(loc
     assert local.summaries(op="fused_conv", limit=100, newest=True) == [s for s in feed if s.op == "fused_conv"]
     loaded.clear()
     pages, since = [], 0
-    while True:
-        page = local.store.page(target="cuda", since=since, limit=1000, scan=7)
+    while True:  # a filter no feed narrows to: the op's feed, read at most 7 rows a page
+        page = local.store.page(op="fused_dense", target="cuda", since=since, limit=1000, scan=7)
         pages.append(page.items)
         if not page.more:
             break
         assert page.next > since
         since = page.next
-    assert all(p == [] for p in pages) and len(pages) == 9 and len(loaded) == len(feed)  # 7 rows a page, each read once
+    assert all(p == [] for p in pages) and len(pages) == 6 and len(loaded) == len(dense)  # each row read once
+    loaded.clear()
+    assert local.store.page(target="cuda", limit=1000, scan=7) == _store.KeyPage([], 0, False) and loaded == []  # no key of that kind
     assert [s.key for s in local.store.page(target="llvm", since=feed[20].seq, limit=1000, scan=7).items] == [s.key for s in feed[21:28]]
+    assert local.summaries(target=feed[0].target, since=feed[20].seq, limit=4) == feed[21:25]
+    assert local.summaries(target=feed[0].target.replace("}", ', "x": 1}'), limit=4) == []
 
 
 def test_a_store_from_before_the_op_feed_gets_it_on_open_and_reads_the_old_index_until_then(tmp_path: Path) -> None:
@@ -155,27 +159,37 @@ def test_a_store_from_before_the_op_feed_gets_it_on_open_and_reads_the_old_index
     with LocalRegistry(tmp_path, sync=False) as reg:
         assert reg.summaries(op="fused_dense") == wanted and reg.summaries(op="fused_dense", limit=2, newest=True) == wanted[-2:]
         with reg.store.read() as txn:
-            assert reg.store._has_op_feed(txn)
+            assert reg.store.indexed(txn, _store.OP_FEED)
 
 
-def test_a_format_1_store_is_upgraded_with_its_new_indexes_rebuilt(tmp_path: Path) -> None:
-    """An older schedhub wrote format 1 and knew nothing of op_feed or queue_state: a store it wrote
-    after a newer one indexed it is re-indexed on upgrade, and format 2 keeps the older one from writing again."""
-    from schedhub.registry import _store
+@pytest.mark.parametrize("older", [b"1", b"2"])
+def test_an_older_format_store_is_upgraded_with_its_new_indexes_rebuilt(tmp_path: Path, older: bytes) -> None:
+    """Format 1 knew nothing of op_feed, queue_state, target_feed or trials_by_target, format 2 nothing of
+    the last two: a store an older schedhub wrote after a newer one indexed it is re-indexed on upgrade,
+    and the new format keeps the older one from writing again."""
+    from schedhub.registry import Trial, TrialLog, _store
 
+    other = TARGET.replace("znver5", "znver4")
     with LocalRegistry(tmp_path, sync=False) as reg:
         for w in range(6):
-            reg.put(make_record(w, 1e-3, op="fused_dense"))
+            reg.put(make_record(w, 1e-3, op="fused_dense", target=other if w % 2 else TARGET))
         reg.report_misses([make_record(w, 1e-3).identity for w in range(6, 9)])
+        reg.push_trials(TrialLog(make_record(1, 1e-3, target=other).identity, [Trial(make_record(1, 1e-3).trace, 1e-3)]), "w")
         store = reg.store
-        with store.env.begin(write=True) as txn:  # what a format-1 writer leaves: the new indexes stale
-            txn.put(b"format", b"1", db=store.dbs["meta"])
-            txn.drop(store.dbs["op_feed"], delete=False)
-            txn.drop(store.dbs["queue_state"], delete=False)
-            txn.put(_store.queue_count_row("dead"), struct.pack(">q", 5), db=store.dbs["meta"])
-        assert store.summaries(op="fused_dense") == []  # stale: the flags still say indexed
+        with store.env.begin(write=True) as txn:  # what an older writer leaves: the indexes it does not know stale
+            txn.put(b"format", older, db=store.dbs["meta"])
+            txn.drop(store.dbs["target_feed"], delete=False)
+            txn.drop(store.dbs["trials_by_target"], delete=False)
+            if older == b"1":
+                txn.drop(store.dbs["op_feed"], delete=False)
+                txn.drop(store.dbs["queue_state"], delete=False)
+                txn.put(_store.queue_count_row("dead"), struct.pack(">q", 5), db=store.dbs["meta"])
+        assert store.summaries(target=other) == [] and reg.trial_logs(target=other)[0] == []  # stale: the flags still say indexed
     with LocalRegistry(tmp_path, sync=False) as reg:
         assert len(reg.summaries(op="fused_dense")) == 6 and len(reg.jobs("pending")) == 3
+        assert [s.key for s in reg.summaries(target=other)] == [make_record(w, 1e-3, target=other).key for w in (1, 3, 5)]
+        assert len(reg.summaries(target="llvm")) == 6
+        assert [log.key for log in reg.trial_logs(target=other)[0]] == [make_record(1, 1e-3, target=other).key]
         assert reg.stats()["queue"] == {"pending": 3, "leased": 0, "done": 0, "dead": 0}
         with reg.store.read() as txn:
-            assert txn.get(b"format", db=reg.store.dbs["meta"]) == _store.STORE_FORMAT == b"2"
+            assert txn.get(b"format", db=reg.store.dbs["meta"]) == _store.STORE_FORMAT == b"3"

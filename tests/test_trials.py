@@ -15,7 +15,7 @@ import pytest
 from schedhub.registry import Forbidden, InvalidRecord, LocalRegistry, PayloadTooLarge, Principal, RegistryClient, ServerThread, Trial, TrialLog
 from schedhub.registry._trials import MAX_PUSHERS_PER_KEY, MAX_TRIALS_PER_ENTRY, MAX_TRIALS_PER_PUSH, iter_pages
 
-from .conftest import clients_by_name, make_record
+from .conftest import TARGET, clients_by_name, make_record
 
 TOKENS = {"alice-tok": Principal("alice"), "w1-tok": Principal("w1", "worker"), "reader-tok": Principal("reader", "read")}
 
@@ -74,6 +74,32 @@ def test_paging_visits_every_entry_once(as_: dict[str, RegistryClient]) -> None:
         as_["reader"].trial_logs(after="not hex")
 
 
+def test_a_targets_logs_are_read_from_its_index_and_a_page_reads_a_bounded_number_of_entries(
+        as_: dict[str, RegistryClient], srv: ServerThread, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    from schedhub.registry import _trials
+
+    other = TARGET.replace("znver5", "znver4")
+    for w in range(12):
+        identity = make_record(200 + w, 1e-3, target=other if w % 4 == 1 else TARGET).identity
+        as_["alice" if w % 4 == 1 else "w1"].push_trials(TrialLog(identity, [Trial(trace(w), 1e-3)]))
+    mine = {make_record(200 + w, 1e-3, target=other).key for w in (1, 5, 9)}
+    assert {log.key for log in as_["reader"].iter_trial_logs(target=other, page=1)} == mine
+    assert [log.key for log in as_["reader"].iter_trial_logs(target=other, verified_only=True)] == []  # alice's are claims
+    assert len(list(as_["reader"].iter_trial_logs(target=TARGET))) == 9
+    loaded = []
+    real = _trials.unpackb
+    monkeypatch.setattr(_trials, "unpackb", lambda raw: loaded.append(1) or real(raw))
+    assert len(as_["reader"].trial_logs(target=other)[0]) == 3 and len(loaded) == 3  # the target's entries only
+    monkeypatch.setattr(_trials, "MAX_PAGE_SCAN", 5)
+    loaded.clear()
+    logs, cursor, more = as_["reader"].trial_logs(verified_only=True, limit=100)  # the claims read count toward the bound
+    assert len(loaded) == 5 and more and len(logs) < 5
+    assert {log.key for log in as_["reader"].iter_trial_logs(verified_only=True)} == {make_record(200 + w, 1e-3).key for w in range(12) if w % 4 != 1}
+    for bad in ("llvm", "{" + "x" * 5000):
+        with pytest.raises(InvalidRecord, match="canonical target"):
+            as_["reader"].trial_logs(target=bad)
+
+
 def test_a_key_holds_a_bounded_number_of_pushers_and_a_worker_evicts_the_oldest_claim(local: LocalRegistry) -> None:
     for i in range(MAX_PUSHERS_PER_KEY):
         local.push_trials(log_of(3, range(2)), f"p{i}", verified=False)
@@ -82,6 +108,8 @@ def test_a_key_holds_a_bounded_number_of_pushers_and_a_worker_evicts_the_oldest_
     local.push_trials(log_of(3, range(2)), "worker", verified=True)
     names = [log.pushed_by for log in local.iter_trial_logs()]
     assert "p0" not in names and "worker" in names and len(names) == MAX_PUSHERS_PER_KEY
+    with local.store.read() as txn:  # the evicted claim left its target's index too
+        assert txn.stat(local.store.dbs["trials_by_target"])["entries"] == MAX_PUSHERS_PER_KEY
 
 
 @pytest.mark.parametrize("bad, error", [
@@ -106,5 +134,5 @@ def test_a_push_over_its_trial_limit_is_refused(as_: dict[str, RegistryClient]) 
 
 def test_paging_stops_on_a_cursor_that_does_not_advance() -> None:
     pages = {"": ([log_of(6, range(1))], "aa", True), "aa": ([log_of(7, range(1))], "aa", True)}  # a hostile server's loop
-    logs = list(islice(iter_pages(lambda after, limit, verified_only: pages[after], verified_only=False, page=10), 10))
+    logs = list(islice(iter_pages(lambda after, limit, verified_only, target: pages[after], verified_only=False, page=10), 10))
     assert len(logs) == 2  # without the guard: 10, and without islice a hang
