@@ -100,6 +100,52 @@ def fill_queue(root: Path) -> int:
     return len(identities)
 
 
+def rare_target() -> str:
+    """The canonical target of a CPU few tuned for: its trial logs are a handful among every key's."""
+    from schedhub.registry import canonical_target
+
+    return canonical_target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2, "keys": ["cpu"]})
+
+
+def fill_trials(root: Path, rare_entries: int = 8) -> int:
+    """The measurement log of a registry whose tuners logged every key: one entry per key (its records'
+    traces and times), and ``rare_entries`` entries of the same workloads on :func:`rare_target`. Returns entries."""
+    from schedhub.registry import Identity, Trial, TrialLog
+
+    rare = rare_target()
+    with LocalRegistry(root, sync=False) as reg:
+        served = [(records[0].identity, [Trial(r.trace, r.mean_secs) for r in records]) for _, records in reg.iter_served(page=1000)]
+        logs = [TrialLog(identity, trials) for identity, trials in served]
+        for identity, trials in served[:rare_entries]:
+            moved = {**identity.to_dict(), "target": rare, "key": record_key(identity.fingerprint, rare, identity.workload)}
+            logs.append(TrialLog(Identity.from_obj(moved), trials))
+        for start in range(0, len(logs), 2000):
+            with reg.store.write() as txn:
+                for log in logs[start : start + 2000]:
+                    reg.push_trials(log, "bench", verified=True, txn=txn)
+        reg.store.env.sync(True)
+    return len(logs)
+
+
+def log_read_ms(url: str, rounds: int) -> dict[str, Any]:
+    """What a cost model for :func:`rare_target` reads: its log entries, paged with the target given to
+    the server, against every entry paged and kept by the client (what the hook did before the server filtered)."""
+    from schedhub.registry import RegistryClient
+
+    target, by_server, by_client = rare_target(), [], []
+    with RegistryClient(url, timeout=120) as client:
+        list(client.iter_trial_logs(target=target, page=200))  # warm-up: the connection, the server's first read
+        for _ in range(rounds):
+            start = time.perf_counter()
+            found = len(list(client.iter_trial_logs(target=target, page=200)))
+            by_server.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            assert sum(log.identity.target == target for log in client.iter_trial_logs(page=200)) == found > 0
+            by_client.append(time.perf_counter() - start)
+    return {"entries": found, "server_filtered_ms": summary_ms(by_server), "client_filtered_ms": summary_ms(by_client),
+            "client_over_server": summary([c / s for c, s in zip(by_client, by_server)])}  # fmt: skip
+
+
 #: Public listings a caller may ask of any registry, each one page: the cost must not grow with the store or queue.
 LISTINGS = {"stats_ms": "/v1/stats", "op_page_ms": "/v1/records?op=fused_matmul&limit=100",
             "unmatched_target_ms": "/v1/records?target=cuda&limit=100", "dead_jobs_ms": "/v1/queue?state=dead&limit=100"}  # fmt: skip
@@ -282,10 +328,12 @@ def main() -> None:
     results["dashboard"] = {}
     for size in (s for s in store_sizes if s <= 100_000):  # the dashboard reads kept aggregates: its time must not grow with the store
         jobs = fill_queue(args.workdir / f"store-{size}")
+        trial_logs = fill_trials(args.workdir / f"store-{size}")
         proc = serve(args.workdir / f"store-{size}", port)
         try:
-            results["dashboard"][size] = {"page_ms": page_ms(f"http://127.0.0.1:{port}/"), "jobs": jobs,
-                                          **{name: page_ms(f"http://127.0.0.1:{port}{path}") for name, path in LISTINGS.items()}}  # fmt: skip
+            results["dashboard"][size] = {"page_ms": page_ms(f"http://127.0.0.1:{port}/"), "jobs": jobs, "trial_logs": trial_logs,
+                                          **{name: page_ms(f"http://127.0.0.1:{port}{path}") for name, path in LISTINGS.items()},
+                                          "log_read": log_read_ms(f"http://127.0.0.1:{port}", rounds=3)}  # fmt: skip
             print(f"dashboard {size:>9} records: {results['dashboard'][size]['page_ms']['median']:.1f} ms", flush=True)
         finally:
             os.killpg(proc.pid, signal.SIGTERM)

@@ -502,11 +502,19 @@ def _registry(d: dict[str, Any] | None) -> list[str]:
         listed = any("op_page_ms" in v for v in d["dashboard"].values())
         lines += ["The dashboard (`GET /`) and the public listings by store size (ms per request, one client)"
                   + (": `/v1/stats` (with the queue's counts), a page of an op's keys (`?op=&limit=100`), a page filtered by a target "
-                     "no key has (`?target=cuda`: read up to the scan bound, then a cursor), a page of dead jobs (none: every job is done); "
+                     "no key has (`?target=cuda`), a page of dead jobs (none: every job is done); "
                      "the queue holds one job per key." if listed else ":"), ""]  # fmt: skip
         columns = ["records", "queue jobs", "dashboard ms", "stats ms", "op page ms", "unmatched target ms", "dead jobs ms"] if listed else ["records", "dashboard ms", "stats ms"]
         keys = ["page_ms", "stats_ms", "op_page_ms", "unmatched_target_ms", "dead_jobs_ms"] if listed else ["page_ms", "stats_ms"]
         lines += table(columns, [[f"{int(n):,}", *([f"{v.get('jobs', 0):,}"] if listed else []), *(fmt(v[k]) for k in keys)] for n, v in d["dashboard"].items()]) + [""]
+    reads = {n: v["log_read"] for n, v in d.get("dashboard", {}).items() if "log_read" in v}
+    if reads:
+        lines += ["What a cost model for one CPU reads of the measurement log (`/v1/trials`, pages of 200): the log holds one entry per "
+                  "key (4 trials each) and a few entries of a CPU few tuned for; its entries paged with `target=` (the server reads "
+                  "its index), against every entry paged and kept by the client, as the hook read them before. Medians of 3.", ""]
+        lines += table(["records", "log entries", "that CPU's", "server filters ms", "client filters ms", "client / server"],
+                       [[f"{int(n):,}", f"{d['dashboard'][n]['trial_logs']:,}", str(r["entries"]), fmt(r["server_filtered_ms"]),
+                         fmt(r["client_filtered_ms"]), times(r["client_over_server"])] for n, r in reads.items()]) + [""]  # fmt: skip
     return lines
 
 
