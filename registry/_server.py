@@ -415,7 +415,7 @@ def create_app(
 
     async def dashboard(request: Request) -> Response:
         def render() -> str:
-            return _dashboard.render(state.reg.stats(), state.reg.dashboard_data(), state.activity.series(), dict(state.counters))
+            return _dashboard.render(state.reg.stats(), state.reg.dashboard_data(top=_dashboard.TOP), state.activity.series(), dict(state.counters))
 
         return HTMLResponse(await run_in_threadpool(render))
 

@@ -213,8 +213,8 @@ class LocalRegistry:
     def stats(self) -> dict[str, Any]:
         return {**self.store.stats(), "queue": self.queue.counts()}
 
-    def dashboard_data(self, recent: int = 20) -> dict[str, Any]:
-        """What the dashboard shows beside the stats: aggregates, the newest log entries, the most wanted jobs, quarantine."""
-        return {"aggregates": self.store.aggregates(), "recent": self.store.recent_log(recent),
+    def dashboard_data(self, recent: int = 20, top: int | None = None) -> dict[str, Any]:
+        """What the dashboard shows beside the stats: aggregates (each dimension's ``top``), the newest log entries, the most wanted jobs, quarantine."""
+        return {"aggregates": self.store.aggregates(top), "recent": self.store.recent_log(recent),
                 "wanted": self.queue.most_wanted(recent), "quarantined": self.store.quarantined(recent)}  # fmt: skip
 

@@ -7,6 +7,7 @@ durable commit; without one it opens and commits its own.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import struct
@@ -29,23 +30,27 @@ from ._trials import TRIALS_BY_TARGET, index_trial_targets
 DEFAULT_MAP_SIZE = int(os.environ.get("SCHEDHUB_MAP_SIZE", 64 << 30))
 DEFAULT_TOP_K = 8
 MAX_COMPLAINANTS = 32
-STORE_FORMAT = b"3"  # 2: op_feed and queue_state; 3: target_feed and trials_by_target. Older formats are brought to 3 when opened writable
+STORE_FORMAT = b"3"  # 2: op_feed and queue_state; 3: target_feed, trials_by_target, agg_rank. Older formats are brought to 3 when opened writable
 _UPGRADES = (b"1", b"2")  # formats this schedhub brings to STORE_FORMAT (an older schedhub refuses to write the result)
 _SEQ = struct.Struct(">Q")
 _SEQ_MAX = 2**64 - 1
 _DB_NAMES = ("records", "by_op", "by_struct", "changes", "log", "meta", "quarantine", "queue", "queue_idx", "agg", "trials", "queue_state", "op_feed", "target_feed",
-             "trials_by_target")
+             "trials_by_target", "agg_rank")
 STRUCTURE_INDEX = b"index:by_struct"  # meta flag: every key is in by_struct (stores from before it get it on open)
 AGGREGATES = b"index:agg"  # meta flag: the aggregates cover every key and log entry (stores from before them get them on open)
 QUEUE_STATES = b"index:queue_state"  # meta flag: every job is in queue_state and counted (stores from before it get it on open)
 OP_FEED = b"index:op_feed"  # meta flag: every key is in op_feed (stores from before it get it on open)
 TARGET_FEED = b"index:target_feed"  # meta flag: every key is in target_feed, under its kind and its target
-INDEXES = {OP_FEED: "op_feed", QUEUE_STATES: "queue_state", TARGET_FEED: "target_feed", TRIALS_BY_TARGET: "trials_by_target"}
+AGG_RANK = b"index:agg_rank"  # meta flag: every aggregate row is ranked in agg_rank and each dimension's names are counted
+INDEXES = {OP_FEED: "op_feed", QUEUE_STATES: "queue_state", TARGET_FEED: "target_feed", TRIALS_BY_TARGET: "trials_by_target",
+           AGG_RANK: "agg_rank"}  # fmt: skip
 _REBUILT_ON_UPGRADE = tuple(INDEXES)  # indexes an older writer does not keep
 _COUNT = struct.Struct(">q")
 #: Aggregate dimensions: keys per op / canonical target / compiler fingerprint, pushes per pusher,
 #: tuned-vs-default speedup per op of verified pushes (``speedup`` rows hold msgpack {n, log2_sum, best}).
 KEY_DIMENSIONS = ("op", "target", "fingerprint")
+AGG_DIMENSIONS = (*KEY_DIMENSIONS, "pusher", "speedup")
+MAX_AGG_NAME = 300  # bytes of a name in an aggregate row's LMDB key (agg_name)  # each ranked in agg_rank: counts, or a speedup's pushes (n)
 MAX_NEIGHBOUR_SCAN = 4096  # index rows read for one probe
 MAX_REQUEST_SCAN = 65536  # index rows read for one neighbours call
 NEIGHBOUR_LOADS_PER_PICK = 4  # keys loaded per candidate wanted: default-schedule keys are skipped, but not without end
@@ -174,6 +179,10 @@ class Store:
             if txn.get(AGGREGATES, db=self.dbs["meta"]) is None:
                 self._aggregate_all(txn)
                 txn.put(AGGREGATES, b"1", db=self.dbs["meta"])
+                txn.delete(AGG_RANK, db=self.dbs["meta"])
+            if txn.get(AGG_RANK, db=self.dbs["meta"]) is None:
+                self._rank_all(txn)
+                txn.put(AGG_RANK, b"1", db=self.dbs["meta"])
             if txn.get(OP_FEED, db=self.dbs["meta"]) is None or txn.get(TARGET_FEED, db=self.dbs["meta"]) is None:
                 self._index_feeds(txn)
                 txn.put(OP_FEED, b"1", db=self.dbs["meta"])
@@ -262,8 +271,30 @@ class Store:
             if "event" not in event:  # a push (verdicts carry an event)
                 self._count(txn, "pusher", event.get("by") or "local", +1)
 
+    def _rank_all(self, txn: lmdb.Transaction) -> None:
+        """Rank every aggregate row and count each dimension's names (once, on open, for a store from before the ranking)."""
+        txn.drop(self.dbs["agg_rank"], delete=False)
+        for dimension in AGG_DIMENSIONS:
+            txn.delete(distinct_row(dimension), db=self.dbs["meta"])
+        for row, raw in txn.cursor(db=self.dbs["agg"]):
+            dimension, _, name = row.decode().partition("\0")
+            if dimension in AGG_DIMENSIONS:
+                self._rerank(txn, dimension, name, 0, _weight(dimension, raw))
+
+    def _rerank(self, txn: lmdb.Transaction, dimension: str, name: str, old: int, new: int) -> None:
+        """Move ``name``'s row in ``agg_rank`` from weight ``old`` to ``new`` (0: absent) and keep its dimension's count of names."""
+        if old == new:
+            return
+        if old > 0:
+            txn.delete(_rank_row(dimension, old, name), db=self.dbs["agg_rank"])
+        if new > 0:
+            txn.put(_rank_row(dimension, new, name), b"", db=self.dbs["agg_rank"])
+        if (old > 0) != (new > 0):
+            _add_count(txn, self.dbs["meta"], distinct_row(dimension), 1 if new > 0 else -1)
+
     def _count(self, txn: lmdb.Transaction, dimension: str, name: str, delta: int) -> None:
-        _add_count(txn, self.dbs["agg"], f"{dimension}\0{name}".encode(), delta)
+        name = agg_name(name)
+        self._rerank(txn, dimension, name, *_add_count(txn, self.dbs["agg"], f"{dimension}\0{name}".encode(), delta))
 
     def _count_key(self, txn: lmdb.Transaction, value: dict[str, Any], delta: int) -> None:
         for dimension, name in zip(KEY_DIMENSIONS, (value["op"], value["target"], value.get("fp", ""))):
@@ -280,21 +311,41 @@ class Store:
         agg = unpackb(raw) if raw else {"n": 0, "log2_sum": 0.0, "best": 0.0}
         agg.update(n=agg["n"] + 1, log2_sum=agg["log2_sum"] + math.log2(speedup), best=max(agg["best"], speedup))
         txn.put(row, packb(agg), db=self.dbs["agg"])
+        self._rerank(txn, "speedup", op, agg["n"] - 1, agg["n"])
 
-    def aggregates(self) -> dict[str, Any]:
-        """Keys per op, target and fingerprint, pushes per pusher, speedups per op (kept on every write)."""
-        out: dict[str, Any] = {d: {} for d in (*KEY_DIMENSIONS, "pusher", "speedup")}
+    def aggregates(self, top: int | None = None) -> dict[str, Any]:
+        """Keys per op, target and fingerprint, pushes per pusher, speedups per op (kept on every write):
+        every name, or each dimension's ``top`` heaviest (most keys or pushes; speedups: most pushes) from the ranking."""
+        out: dict[str, Any] = {d: {} for d in AGG_DIMENSIONS}
         if self.dbs.get("agg") is None:  # an old store opened read-only
             return out
         with self.read() as txn:
-            for row, raw in txn.cursor(db=self.dbs["agg"]):
+            if top is not None and self.indexed(txn, AGG_RANK):
+                rows = ((f"{d}\0{name}".encode(), txn.get(f"{d}\0{name}".encode(), db=self.dbs["agg"])) for d in AGG_DIMENSIONS
+                        for name in self._ranked(txn, d, top))  # fmt: skip
+            else:
+                rows = iter(txn.cursor(db=self.dbs["agg"]))
+            for row, raw in rows:
                 dimension, _, name = row.decode().partition("\0")
+                if raw is None or dimension not in out:
+                    continue
                 if dimension == "speedup":
                     agg = unpackb(raw)
                     out["speedup"][name] = {"n": agg["n"], "geomean": 2 ** (agg["log2_sum"] / agg["n"]), "best": agg["best"]}
-                elif dimension in out:
+                else:
                     out[dimension][name] = _COUNT.unpack(raw)[0]
         return out
+
+    def _ranked(self, txn: lmdb.Transaction, dimension: str, top: int) -> list[str]:
+        """The ``top`` heaviest names of ``dimension`` (ties by name)."""
+        head = dimension.encode() + b"\0"
+        cursor, names = txn.cursor(db=self.dbs["agg_rank"]), []
+        if cursor.set_range(head):
+            for row in cursor.iternext(values=False):
+                if not row.startswith(head) or len(names) >= top:
+                    break
+                names.append(row[len(head) + _SEQ.size :].decode())
+        return names
 
     def recent_log(self, limit: int = 20) -> list[dict[str, Any]]:
         """The newest entries of the measurement log, newest first."""
@@ -701,9 +752,12 @@ class Store:
         }
 
     def _coverage(self) -> dict[str, int]:
-        """Distinct ops, targets and compiler fingerprints among the keys in service."""
+        """Distinct ops, targets and compiler fingerprints among the keys in service (kept counts; an old read-only store counts them)."""
+        with self.read() as txn:
+            if self.indexed(txn, AGG_RANK):
+                return {f"{d}s": _COUNT.unpack(txn.get(distinct_row(d), db=self.dbs["meta"]) or _COUNT.pack(0))[0] for d in KEY_DIMENSIONS}
         counted = self.aggregates()
-        return {"ops": len(counted["op"]), "targets": len(counted["target"]), "fingerprints": len(counted["fingerprint"])}
+        return {f"{d}s": len(counted[d]) for d in KEY_DIMENSIONS}
 
     def records_count(self) -> int:
         """Records (not keys) held: walks every key once."""
@@ -758,14 +812,39 @@ def queue_state_row(state: str, job_id: bytes) -> bytes:
     return state.encode() + b"\0" + job_id
 
 
-def _add_count(txn: lmdb.Transaction, db: Any, row: bytes, delta: int) -> None:
-    """Add ``delta`` to the counter at ``row``; a counter that reaches zero is removed (absent reads as 0)."""
+def _add_count(txn: lmdb.Transaction, db: Any, row: bytes, delta: int) -> tuple[int, int]:
+    """Add ``delta`` to the counter at ``row``; a counter that reaches zero is removed (absent reads as 0). Returns (before, after)."""
     raw = txn.get(row, db=db)
-    count = (_COUNT.unpack(raw)[0] if raw else 0) + delta
+    before = _COUNT.unpack(raw)[0] if raw else 0
+    count = before + delta
     if count > 0:
         txn.put(row, _COUNT.pack(count), db=db)
     elif raw is not None:
         txn.delete(row, db=db)
+    return before, max(count, 0)
+
+
+def agg_name(name: str) -> str:
+    """``name`` as the aggregates hold it: as it is, or, past :data:`MAX_AGG_NAME` bytes (a canonical target
+    may be 4096 characters; an LMDB key at most 511 bytes), its start and a digest of the whole, still one name each."""
+    if len(name.encode()) <= MAX_AGG_NAME:
+        return name
+    return name.encode()[: MAX_AGG_NAME - 40].decode(errors="ignore") + "…" + hashlib.sha256(name.encode()).hexdigest()[:32]
+
+
+def _rank_row(dimension: str, weight: int, name: str) -> bytes:
+    """A name's row in ``agg_rank``: its dimension, NUL, its weight inverted (heaviest first), its name."""
+    return dimension.encode() + b"\0" + _SEQ.pack(_SEQ_MAX - weight) + name.encode()
+
+
+def _weight(dimension: str, raw: bytes) -> int:
+    """What ranks an aggregate row: its count, or a speedup's number of pushes."""
+    return int(unpackb(raw)["n"]) if dimension == "speedup" else _COUNT.unpack(raw)[0]
+
+
+def distinct_row(dimension: str) -> bytes:
+    """The ``meta`` row counting the names ``dimension`` has (ops with keys, pushers who pushed, ...)."""
+    return b"agg_distinct:" + dimension.encode()
 
 
 def queue_count_row(state: str) -> bytes:

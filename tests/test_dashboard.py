@@ -96,3 +96,31 @@ def test_a_store_from_before_the_aggregates_gets_them_when_opened(tmp_path: Path
         after = reg.store.aggregates()
     assert after == before and sum(after["op"].values()) == 5 and after["speedup"]
     assert json.dumps(after)  # plain values
+
+
+def test_the_dashboard_reads_each_rankings_top_and_kept_counts_not_every_name(tmp_path: Path) -> None:
+    """Ops, targets, fingerprints and pushers grow with the store (a pusher may name a new op with every
+    record): the dashboard reads each ranking's first rows and /v1/stats the kept counts of names."""
+    from schedhub.registry import _store
+
+    long_target = canonical_target({"kind": "llvm", "mcpu": "znver5", "num-cores": 2, "keys": ["cpu"], "libs": ["x" * 60] * 60})
+    with LocalRegistry(tmp_path, sync=False) as reg:
+        for w in range(1, 31):  # op k has k keys (k = 1..7), one target of 3,700 characters (an LMDB key holds 511 bytes)
+            reg.put(tuned(w, 1e-4, 1e-3 * w, op=f"fused_op_{min(w % 8, 7) or 1}", **({"target": long_target} if w == 30 else {})), f"p{w % 4}")
+        everything = reg.store.aggregates()
+        top = reg.store.aggregates(top=3)
+        for dimension, counts in everything.items():
+            weight = (lambda kv: (-kv[1]["n"], kv[0])) if dimension == "speedup" else (lambda kv: (-kv[1], kv[0]))
+            assert top[dimension] == dict(sorted(counts.items(), key=weight)[:3]), dimension
+        assert len(everything["target"]) == 2 and any(len(name.encode()) <= _store.MAX_AGG_NAME and "…" in name for name in everything["target"])
+        assert reg.stats()["coverage"] == {"ops": len(everything["op"]), "targets": 2, "fingerprints": 1}
+        (lone,) = [s for s in reg.summaries() if s.target == long_target]
+        reg.quarantine(lone.key, reg.get(lone.key)[0].trace_id, "a test")  # the target's last key leaves
+        assert reg.stats()["coverage"]["targets"] == 1 and len(reg.store.aggregates()["target"]) == 1
+        with reg.store.write() as txn:  # a store from before the ranking
+            txn.drop(reg.store.dbs["agg_rank"], delete=False)
+            txn.delete(_store.AGG_RANK, db=reg.store.dbs["meta"])
+        assert reg.stats()["coverage"]["targets"] == 1  # counted from the aggregates themselves
+        expected = reg.store.aggregates()
+    with LocalRegistry(tmp_path, sync=False) as reg:
+        assert reg.store.aggregates(top=100) == expected and reg.stats()["coverage"]["ops"] == len(expected["op"])

@@ -180,6 +180,7 @@ def test_an_older_format_store_is_upgraded_with_its_new_indexes_rebuilt(tmp_path
             txn.put(b"format", older, db=store.dbs["meta"])
             txn.drop(store.dbs["target_feed"], delete=False)
             txn.drop(store.dbs["trials_by_target"], delete=False)
+            txn.drop(store.dbs["agg_rank"], delete=False)
             if older == b"1":
                 txn.drop(store.dbs["op_feed"], delete=False)
                 txn.drop(store.dbs["queue_state"], delete=False)
@@ -191,5 +192,6 @@ def test_an_older_format_store_is_upgraded_with_its_new_indexes_rebuilt(tmp_path
         assert len(reg.summaries(target="llvm")) == 6
         assert [log.key for log in reg.trial_logs(target=other)[0]] == [make_record(1, 1e-3, target=other).key]
         assert reg.stats()["queue"] == {"pending": 3, "leased": 0, "done": 0, "dead": 0}
+        assert reg.store.aggregates(top=1)["target"] == {other: 3}  # a tie: by name and reg.stats()["coverage"]["targets"] == 2
         with reg.store.read() as txn:
             assert txn.get(b"format", db=reg.store.dbs["meta"]) == _store.STORE_FORMAT == b"3"
