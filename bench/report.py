@@ -507,6 +507,10 @@ def _registry(d: dict[str, Any] | None) -> list[str]:
         columns = ["records", "queue jobs", "dashboard ms", "stats ms", "op page ms", "unmatched target ms", "dead jobs ms"] if listed else ["records", "dashboard ms", "stats ms"]
         keys = ["page_ms", "stats_ms", "op_page_ms", "unmatched_target_ms", "dead_jobs_ms"] if listed else ["page_ms", "stats_ms"]
         lines += table(columns, [[f"{int(n):,}", *([f"{v.get('jobs', 0):,}"] if listed else []), *(fmt(v[k]) for k in keys)] for n, v in d["dashboard"].items()]) + [""]
+    if d.get("own_ops"):
+        o = d["own_ops"]
+        lines += [f"With every key its own op ({o['records']:,} records, {o['ops']:,} ops; a pusher may name a new op with every record): "
+                  f"the dashboard {fmt(o['page_ms'])} ms, `/v1/stats` {fmt(o['stats_ms'])} ms (each ranking's first rows, kept counts of names).", ""]
     reads = {n: v["log_read"] for n, v in d.get("dashboard", {}).items() if "log_read" in v}
     if reads:
         lines += ["What a cost model for one CPU reads of the measurement log (`/v1/trials`, pages of 200): the log holds one entry per "
