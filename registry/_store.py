@@ -49,8 +49,8 @@ _COUNT = struct.Struct(">q")
 #: Aggregate dimensions: keys per op / canonical target / compiler fingerprint, pushes per pusher,
 #: tuned-vs-default speedup per op of verified pushes (``speedup`` rows hold msgpack {n, log2_sum, best}).
 KEY_DIMENSIONS = ("op", "target", "fingerprint")
-AGG_DIMENSIONS = (*KEY_DIMENSIONS, "pusher", "speedup")
-MAX_AGG_NAME = 300  # bytes of a name in an aggregate row's LMDB key (agg_name)  # each ranked in agg_rank: counts, or a speedup's pushes (n)
+AGG_DIMENSIONS = (*KEY_DIMENSIONS, "pusher", "speedup")  # each ranked in agg_rank: by count, or a speedup's pushes (n)
+MAX_AGG_NAME = 300  # bytes of a name in an aggregate row's LMDB key (agg_name)
 MAX_NEIGHBOUR_SCAN = 4096  # index rows read for one probe
 MAX_REQUEST_SCAN = 65536  # index rows read for one neighbours call
 NEIGHBOUR_LOADS_PER_PICK = 4  # keys loaded per candidate wanted: default-schedule keys are skipped, but not without end
@@ -688,14 +688,14 @@ class Store:
         """The feed (database, row head) whose rows are the filter's keys in change order, the narrowest first:
         a canonical target's, an op's, a kind's, every key's. None: no such feed (``prefix``, or an op in a
         read-only store from before the op feed), the candidates come unordered."""
-        by_target = target and self.indexed(txn, TARGET_FEED)
         if prefix:
             return None
-        if by_target and target.startswith("{"):
+        by_target = bool(target) and self.indexed(txn, TARGET_FEED)
+        if target and by_target and target.startswith("{"):
             return "target_feed", target_feed_head(target)
         if op:
             return ("op_feed", f"{op}\0".encode()) if self.indexed(txn, OP_FEED) else None
-        return ("target_feed", target_feed_head(target)) if by_target else ("changes", b"")
+        return ("target_feed", target_feed_head(target)) if target and by_target else ("changes", b"")
 
     def _candidates(self, txn: lmdb.Transaction, feed: tuple[str, bytes] | None, op: str | None, since: int, newest: bool,
                     prefix: str) -> Iterator[tuple[int, str]]:  # fmt: skip
