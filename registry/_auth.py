@@ -21,6 +21,7 @@ from ._errors import RegistryError, Unauthorized
 
 ROLES = ("read", "push", "worker", "admin")
 TOKEN_ENV = "SCHEDHUB_TOKEN"
+MAX_NAME = 128  # a principal's name is part of index keys (a trial log's: key, NUL, name) and of every page that shows who pushed
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,8 @@ class Principal:
     def __post_init__(self) -> None:
         if self.role not in ROLES:
             raise RegistryError(f"unknown role {self.role!r}: use one of {', '.join(ROLES)}")
+        if not 0 < len(self.name) <= MAX_NAME or any(ord(c) < 32 or ord(c) == 127 for c in self.name):
+            raise RegistryError(f"a token's name must be 1 to {MAX_NAME} characters without control characters; got {self.name[:40]!r}")
 
     def can(self, role: str) -> bool:
         return ROLES.index(self.role) >= ROLES.index(role)
@@ -80,10 +83,13 @@ def load_tokens(token_file: str | os.PathLike[str] | None = None, env: dict[str,
                 continue
             if len(parts) > 3:
                 raise RegistryError(f"{token_file}:{n}: expected 'name token [role]' or 'token'")
-            if len(parts) == 1:
-                tokens[parts[0]] = Principal(f"token{n}")
-            else:
-                tokens[parts[1]] = Principal(parts[0], parts[2] if len(parts) == 3 else "push")
+            try:
+                if len(parts) == 1:
+                    tokens[parts[0]] = Principal(f"token{n}")
+                else:
+                    tokens[parts[1]] = Principal(parts[0], parts[2] if len(parts) == 3 else "push")
+            except RegistryError as exc:
+                raise RegistryError(f"{token_file}:{n}: {exc}") from None
     return tokens
 
 

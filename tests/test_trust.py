@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from schedhub.registry import (
-    SCHEMA_VERSION, Forbidden, InvalidRecord, LeaseLost, Principal, Record, RegistryClient, ServerThread, TooManyRequests,
+    SCHEMA_VERSION, Forbidden, InvalidRecord, LeaseLost, Principal, Record, RegistryClient, RegistryError, ServerThread, TooManyRequests,
     canonical_target, record_key,
 )  # fmt: skip
 
@@ -322,3 +322,19 @@ def test_a_second_store_handle_in_one_process_shares_the_environment(tmp_path: P
         assert [r.trace_id for r in second.get(rec.key)] == [rec.trace_id]
     with LocalRegistry(tmp_path) as again:  # both closed: the environment reopens
         assert again.exists(rec.key)
+
+
+def test_a_token_file_is_read_line_by_line_and_a_bad_line_is_named(tmp_path: Path) -> None:
+    from schedhub.registry._auth import MAX_NAME, load_tokens
+
+    good = tmp_path / "tokens"
+    good.write_text("# team registry\nalice a-tok\nw1 w-tok worker  # the GPU box\nbare-tok\n\n")
+    tokens = load_tokens(good, env={"SCHEDHUB_TOKEN": " root-tok "})
+    assert {t: (p.name, p.role) for t, p in tokens.items()} == {
+        "root-tok": ("default", "admin"), "a-tok": ("alice", "push"), "w-tok": ("w1", "worker"), "bare-tok": ("token4", "push")}
+    for line, why in ((f"{'n' * (MAX_NAME + 1)} tok", "name"), ("bob tok boss", "unknown role"), ("a b c d", "expected"),
+                      ("ev\x1bil tok", "control characters")):  # fmt: skip
+        bad = tmp_path / "bad"
+        bad.write_text(f"alice a-tok\n{line}\n")
+        with pytest.raises(RegistryError, match=rf"{bad}:2: .*{why}"):
+            load_tokens(bad, env={})
