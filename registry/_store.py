@@ -31,7 +31,6 @@ DEFAULT_MAP_SIZE = int(os.environ.get("SCHEDHUB_MAP_SIZE", 64 << 30))
 DEFAULT_TOP_K = 8
 MAX_COMPLAINANTS = 32
 STORE_FORMAT = b"3"  # 2: op_feed and queue_state; 3: target_feed, trials_by_target, agg_rank. Older formats are brought to 3 when opened writable
-_UPGRADES = (b"1", b"2")  # formats this schedhub brings to STORE_FORMAT (an older schedhub refuses to write the result)
 _SEQ = struct.Struct(">Q")
 _SEQ_MAX = 2**64 - 1
 _DB_NAMES = ("records", "by_op", "by_struct", "changes", "log", "meta", "quarantine", "queue", "queue_idx", "agg", "trials", "queue_state", "op_feed", "target_feed",
@@ -44,7 +43,8 @@ TARGET_FEED = b"index:target_feed"  # meta flag: every key is in target_feed, un
 AGG_RANK = b"index:agg_rank"  # meta flag: every aggregate row is ranked in agg_rank and each dimension's names are counted
 INDEXES = {OP_FEED: "op_feed", QUEUE_STATES: "queue_state", TARGET_FEED: "target_feed", TRIALS_BY_TARGET: "trials_by_target",
            AGG_RANK: "agg_rank"}  # fmt: skip
-_REBUILT_ON_UPGRADE = tuple(INDEXES)  # indexes an older writer does not keep
+#: What an upgrade rebuilds: the indexes a writer of that format did not keep (format 1 was written before by_struct and agg too).
+_REBUILT_ON_UPGRADE = {b"1": (STRUCTURE_INDEX, AGGREGATES, *INDEXES), b"2": (TARGET_FEED, TRIALS_BY_TARGET, AGG_RANK)}
 _COUNT = struct.Struct(">q")
 #: Aggregate dimensions: keys per op / canonical target / compiler fingerprint, pushes per pusher,
 #: tuned-vs-default speedup per op of verified pushes (``speedup`` rows hold msgpack {n, log2_sum, best}).
@@ -167,12 +167,12 @@ class Store:
             if found is None:
                 txn.put(b"format", STORE_FORMAT, db=self.dbs["meta"])
                 txn.put(b"schema", SCHEMA_VERSION.encode(), db=self.dbs["meta"])
-            elif found in _UPGRADES:  # indexes an older writer may have left stale are rebuilt; it cannot write here again
-                for flag in _REBUILT_ON_UPGRADE:
+            elif found in _REBUILT_ON_UPGRADE:  # indexes an older writer may have left stale are rebuilt; it cannot write here again
+                for flag in _REBUILT_ON_UPGRADE[found]:
                     txn.delete(flag, db=self.dbs["meta"])
                 txn.put(b"format", STORE_FORMAT, db=self.dbs["meta"])
             elif found != STORE_FORMAT:
-                raise StoreFormatError(f"{self.root} holds store format {found!r}; this schedhub reads {STORE_FORMAT!r} and upgrades {_UPGRADES!r}")
+                raise StoreFormatError(f"{self.root} holds store format {found!r}; this schedhub reads {STORE_FORMAT!r} and upgrades {tuple(_REBUILT_ON_UPGRADE)!r}")
             if txn.get(STRUCTURE_INDEX, db=self.dbs["meta"]) is None:
                 self._index_structures(txn)
                 txn.put(STRUCTURE_INDEX, b"1", db=self.dbs["meta"])
@@ -195,7 +195,8 @@ class Store:
                 txn.put(QUEUE_STATES, b"1", db=self.dbs["meta"])
 
     def _index_structures(self, txn: lmdb.Transaction) -> None:
-        """Put every key of a store written before the structure index into it (once, on open)."""
+        """Put every key in the structure index (once, on open, for a store from before it or upgraded from format 1)."""
+        txn.drop(self.dbs["by_struct"], delete=False)
         for raw_key, raw in txn.cursor(db=self.dbs["records"]):
             value = unpackb(raw)
             if value["entries"] and "st" not in value:

@@ -185,6 +185,8 @@ def test_an_older_format_store_is_upgraded_with_its_new_indexes_rebuilt(tmp_path
                 txn.drop(store.dbs["op_feed"], delete=False)
                 txn.drop(store.dbs["queue_state"], delete=False)
                 txn.put(_store.queue_count_row("dead"), struct.pack(">q", 5), db=store.dbs["meta"])
+                txn.put(b"op\0ghost", struct.pack(">q", 3), db=store.dbs["agg"])  # format 1 was written before agg and by_struct too
+                txn.put(b"\xab" * 64, b"\x80", db=store.dbs["by_struct"])
         assert store.summaries(target=other) == [] and reg.trial_logs(target=other)[0] == []  # stale: the flags still say indexed
     with LocalRegistry(tmp_path, sync=False) as reg:
         assert len(reg.summaries(op="fused_dense")) == 6 and len(reg.jobs("pending")) == 3
@@ -192,6 +194,9 @@ def test_an_older_format_store_is_upgraded_with_its_new_indexes_rebuilt(tmp_path
         assert len(reg.summaries(target="llvm")) == 6
         assert [log.key for log in reg.trial_logs(target=other)[0]] == [make_record(1, 1e-3, target=other).key]
         assert reg.stats()["queue"] == {"pending": 3, "leased": 0, "done": 0, "dead": 0}
-        assert reg.store.aggregates(top=1)["target"] == {other: 3}  # a tie: by name and reg.stats()["coverage"]["targets"] == 2
+        assert reg.store.aggregates(top=1)["target"] == {other: 3}  # a tie: by name
+        assert reg.store.aggregates()["op"] == {"fused_dense": 6}
+        with reg.store.read() as txn:
+            assert txn.stat(reg.store.dbs["by_struct"])["entries"] == 6 and reg.stats()["coverage"]["targets"] == 2
         with reg.store.read() as txn:
             assert txn.get(b"format", db=reg.store.dbs["meta"]) == _store.STORE_FORMAT == b"3"
