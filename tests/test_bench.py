@@ -55,6 +55,17 @@ def test_kernel_baselines_compute_what_the_tvm_kernel_computes() -> None:
     assert baselines.kernel_baseline("fused_matmul1_multiply", scaled, "numpy") is None  # its constant is inside the kernel
 
 
+def test_baselines_and_kernels_are_timed_on_the_same_inputs() -> None:
+    """The TVM-free copy the PyTorch process uses makes the arrays the hook's measurements make."""
+    from schedhub.hooks.measure import random_inputs
+
+    info = [["TENSOR", "float32", [3, 5]], ["TENSOR", "int64", [4]], ["TENSOR", "float16", [2, 2]], ["TENSOR", "float32", [7]]]
+    for seed in (0, 3):
+        got, want = kernels.random_arguments(info, seed), random_inputs(info, seed)
+        assert all(g.dtype == w.dtype and np.array_equal(g, w) for g, w in zip(got, want, strict=True))
+    assert np.any(kernels.random_arguments(info, 0)[0] != kernels.random_arguments(info, 3)[0])
+
+
 def test_a_paired_ratio_uses_the_per_round_ratios_and_an_unpaired_one_the_widest_bounds() -> None:
     slow, fast = summary([10.0, 20.0, 12.0]), summary([5.0, 10.0, 6.0])  # a machine slowed in round 2: both sides alike
     paired = ratio(slow, fast, paired=True)

@@ -54,7 +54,9 @@ def build(mod_json: str, target_text: str) -> dict[str, Any]:
 
 
 def random_arguments(args_info: list[Any], seed: int = 0) -> list[np.ndarray]:
-    """Host arrays for ``ArgInfo`` JSON values (``["TENSOR", dtype, shape]``)."""
+    """Host arrays for ``ArgInfo`` JSON values (``["TENSOR", dtype, shape]``): the arrays
+    ``hooks.measure.random_inputs`` makes, here without TVM (the PyTorch baselines' process uses it;
+    ``schedhub.hooks`` imports TVM), so a baseline and a kernel are timed on the same inputs."""
     rng = np.random.default_rng(seed)
     arrays = []
     for info in args_info:
