@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Callable
 from functools import wraps
@@ -38,6 +39,28 @@ def registry_option(f: F) -> F:
         help="Registry URL (http://…) or local store directory [env SCHEDHUB_REGISTRY].",
     )(f)  # fmt: skip
     return f
+
+
+def _target_filter(ctx: click.Context, param: click.Parameter, spec: str | None) -> str | None:
+    """A listing's ``--target``: a kind (llvm, cuda) as it is; ``host`` or a target JSON object (or a TVM
+    tag) as the canonical text TVM completes it to, so it matches the keys tuned for it (needs TVM)."""
+    if spec is None or (spec != "host" and re.fullmatch(r"[a-z][a-z0-9_\-]{0,63}", spec)):
+        return spec
+    try:
+        from schedhub.hooks.identity import target_text
+        from schedhub.tuner.plan import resolve_target
+    except ImportError:
+        raise click.BadParameter("a target other than a kind (llvm, cuda) needs TVM: pip install 'schedhub[tvm]'") from None
+    try:
+        return target_text(resolve_target(spec))
+    except Exception as exc:  # TVM's parse errors, bad JSON
+        raise click.BadParameter(f"{spec!r} is not a target: {str(exc).splitlines()[-1][:200] if str(exc) else type(exc).__name__}") from None
+
+
+def target_filter_option(f: F) -> F:
+    """``--target``: only keys of this kind, or of this target (``host``, a JSON object)."""
+    return click.option("--target", default=None, callback=_target_filter,
+                        help="Only this target kind (llvm, cuda), or this target: 'host' or a target JSON object.")(f)  # fmt: skip
 
 
 def open_registry(spec: str, token: str | None = None, readonly: bool = False) -> Registry:

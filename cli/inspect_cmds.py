@@ -10,7 +10,7 @@ from rich.table import Table
 
 from schedhub.registry import NotFound, Record, Registry, task_label
 
-from .common import open_registry, out, registry_option, reports_errors
+from .common import open_registry, out, registry_option, reports_errors, target_filter_option
 
 
 def _dump(obj: Any) -> None:
@@ -20,7 +20,7 @@ def _dump(obj: Any) -> None:
 @click.command("ls")
 @registry_option
 @click.option("--op", default=None, help="Only this op (fused function name).")
-@click.option("--target", default=None, help="Only this target kind (llvm, cuda) or canonical target text.")
+@target_filter_option
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 1000),
               help="The newest this many keys (newest change last).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")

@@ -12,7 +12,7 @@ import click
 
 from schedhub.registry import LocalRegistry, Record, Registry, Trust, parse_trust, trust_filter, trusted
 
-from .common import open_registry, progress, registry_option, reports_errors
+from .common import open_registry, progress, registry_option, reports_errors, target_filter_option
 from .recordfiles import is_records_file, read_records, write_records
 
 FORMATS = ("lmdb", "metaschedule", "records")
@@ -194,7 +194,7 @@ def pull_into(reg: Registry, out: Path, fmt: str, op: str | None, target: str | 
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="lmdb", show_default=True,
               help="lmdb: a schedhub store; metaschedule: a JSONDatabase directory; records: a .msgpack/.jsonl file.")  # fmt: skip
 @click.option("--op", default=None, help="Only this op.")
-@click.option("--target", default=None, help="Only this target kind or canonical target text.")
+@target_filter_option
 @click.option("--since", default=0, show_default=True, help="Only keys changed after this change-feed cursor.")
 @trust_option
 @reports_errors
@@ -211,7 +211,7 @@ def pull(registry: str, token: str | None, out: Path, fmt: str, op: str | None, 
 @registry_option
 @click.option("--out", "-o", "out", required=True, type=click.Path(path_type=Path), help="A .msgpack or .jsonl file.")
 @click.option("--op", default=None)
-@click.option("--target", default=None)
+@target_filter_option
 @trust_option
 @reports_errors
 def export_cmd(registry: str, token: str | None, out: Path, op: str | None, target: str | None, trust: Trust) -> None:

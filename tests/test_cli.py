@@ -279,3 +279,22 @@ def client_records(server: ServerThread) -> list[Record]:
         for start in range(0, len(records), 200):
             client.put_many(records[start : start + 200])
     return records
+
+
+def test_ls_and_pull_take_host_or_any_target_form_as_the_canonical_target_it_completes_to(tmp_path: Path) -> None:
+    from schedhub.hooks.identity import target_text
+    from schedhub.tuner.tvm_env import host_target
+
+    host = target_text(host_target())
+    store = tmp_path / "store"
+    with LocalRegistry(store, sync=False) as reg:
+        reg.put_many([make_record(1, 1e-3, target=host), make_record(2, 1e-3)])
+    mine = make_record(1, 1e-3, target=host).key
+    for spec in ("host", json.dumps(host_target())):  # the JSON lacks what TVM adds (keys, …)
+        assert [row["key"] for row in json.loads(run("ls", "-r", str(store), "--target", spec, "--json"))] == [mine], spec
+    assert len(json.loads(run("ls", "-r", str(store), "--target", "llvm", "--json"))) == 2  # a kind as it is
+    run("pull", "-r", str(store), "-o", str(tmp_path / "mine"), "--target", "host")
+    with LocalRegistry(tmp_path / "mine", readonly=True) as pulled:
+        assert [s.key for s in pulled.summaries()] == [mine]
+    bad = CliRunner().invoke(cli, ["ls", "-r", str(store), "--target", "{not json"])
+    assert bad.exit_code == 2 and "is not a target" in bad.output
