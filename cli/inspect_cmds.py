@@ -105,10 +105,33 @@ def show(key: str, registry: str, token: str | None, as_json: bool, workload: bo
 
 @click.command()
 @registry_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @reports_errors
-def stats(registry: str, token: str | None) -> None:
+def stats(registry: str, token: str | None, as_json: bool) -> None:
     """Store size, queue states and (for a server) request counters."""
-    _dump(open_registry(registry, token, readonly=True).stats())
+    found = open_registry(registry, token, readonly=True).stats()
+    if as_json:
+        return _dump(found)
+    table = Table("", "", show_header=False, box=None)
+    for label, value in stats_rows(found):
+        table.add_row(label, value)
+    out.print(table)
+
+
+def stats_rows(stats: dict[str, Any]) -> list[tuple[str, str]]:
+    """``stats`` as labelled lines for people (a field an older server lacks is left out)."""
+    cov, queue = stats.get("coverage") or {}, stats.get("queue") or {}
+    rows = [("keys", f"{stats.get('keys', 0):,} ({cov.get('ops', 0):,} ops, {cov.get('targets', 0):,} targets, {cov.get('fingerprints', 0):,} compiler builds)"),
+            ("measurements", f"{stats.get('measurements', 0):,} pushes and verdicts; {stats.get('trial_logs', 0):,} trial logs"),
+            ("quarantined", f"{stats.get('quarantined', 0):,}"),
+            ("queue", ", ".join(f"{queue.get(s, 0):,} {s}" for s in ("pending", "leased", "done", "dead"))),
+            ("store", f"{stats.get('bytes_used', 0) / 1e6:,.1f} MB of {stats.get('map_size', 0) / 2**30:,.0f} GiB mapped at {stats.get('root', '?')}"),
+            ("change feed", f"cursor {stats.get('cursor', 0):,}")]  # fmt: skip
+    if "uptime_secs" in stats:
+        since = stats.get("since_start") or {}
+        rows.append(("server", f"up {stats['uptime_secs'] / 3600:,.1f} h" + ("; read-only" if stats.get("read_only") else "")
+                     + ("; since start: " + ", ".join(f"{v:,} {k}" for k, v in sorted(since.items())) if since else "")))  # fmt: skip
+    return rows
 
 
 @click.command()

@@ -81,7 +81,9 @@ def test_ls_show_stats_and_yaml_argument_files(server: ServerThread, tmp_path: P
     assert len(listing) == 7 and all(item["count"] >= 4 for item in listing)
     shown = json.loads(run("show", listing[0]["key"][:12], "-r", server.url, "--json"))
     assert [r["run_secs"][0] for r in shown] == sorted(r["run_secs"][0] for r in shown)
-    assert json.loads(run("stats", "-r", server.url))["keys"] == 7
+    assert json.loads(run("stats", "-r", server.url, "--json"))["keys"] == 7
+    human = run("stats", "-r", server.url)
+    assert "7 (" in human and "pending" in human and "server" in human and "{" not in human
 
 
 def test_errors_are_one_line_and_an_exit_code(server: ServerThread, tmp_path: Path, records_file: tuple[Path, list[Record]]) -> None:
