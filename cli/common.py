@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import sys
 from collections.abc import Callable
 from functools import wraps
@@ -14,7 +13,7 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from schedhub.registry import Registry, RegistryError, RegistryUnavailable, connect
+from schedhub.registry import InvalidRecord, Registry, RegistryError, RegistryUnavailable, check_kind, connect
 
 DEFAULT_HOME = Path(os.environ.get("SCHEDHUB_HOME", Path.home() / ".local" / "share" / "schedhub"))
 DEFAULT_REGISTRY = os.environ.get("SCHEDHUB_REGISTRY", str(DEFAULT_HOME / "registry"))
@@ -44,7 +43,7 @@ def registry_option(f: F) -> F:
 def _target_filter(ctx: click.Context, param: click.Parameter, spec: str | None) -> str | None:
     """A listing's ``--target``: a kind (llvm, cuda) as it is; ``host`` or a target JSON object (or a TVM
     tag) as the canonical text TVM completes it to, so it matches the keys tuned for it (needs TVM)."""
-    if spec is None or (spec != "host" and re.fullmatch(r"[a-z][a-z0-9_\-]{0,63}", spec)):
+    if spec is None or (spec != "host" and _is_kind(spec)):
         return spec
     try:
         from schedhub.hooks.identity import target_text
@@ -55,6 +54,14 @@ def _target_filter(ctx: click.Context, param: click.Parameter, spec: str | None)
         return target_text(resolve_target(spec))
     except Exception as exc:  # TVM's parse errors, bad JSON
         raise click.BadParameter(f"{spec!r} is not a target: {str(exc).splitlines()[-1][:200] if str(exc) else type(exc).__name__}") from None
+
+
+def _is_kind(spec: str) -> bool:
+    try:
+        check_kind(spec)
+        return True
+    except InvalidRecord:
+        return False
 
 
 def target_filter_option(f: F) -> F:

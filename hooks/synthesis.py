@@ -152,7 +152,7 @@ class LogModel:
         """The log entries of ``target`` the session accepts, until they hold :data:`MAX_LOG_TRIALS` trials."""
         entries, held = [], 0
         for entry in self.registry.iter_trial_logs(verified_only=self.verified_only, target=target):
-            if entry.identity.target == target and self.accepts(entry):
+            if self.accepts(entry):  # of ``target`` only: the store filters, a client refuses a page of another
                 entries.append(entry)
                 held += len(entry.trials)
                 if held >= MAX_LOG_TRIALS:

@@ -85,6 +85,9 @@ def check_kind(value: str) -> str:
     return value
 
 
+MAX_TARGET_QUERY = 4096  # a canonical target's bound (a record's target field)
+
+
 def query_int(text: str | None, name: str, default: int, low: int, high: int) -> int:
     """An integer query parameter within [low, high]."""
     if text is None or text == "":
@@ -92,6 +95,14 @@ def query_int(text: str | None, name: str, default: int, low: int, high: int) ->
     if not re.fullmatch(r"-?[0-9]{1,20}", text):
         raise InvalidRecord(f"query parameter {name!r} must be an integer")
     return int(check_number(int(text), f"query parameter {name!r}", low=low, high=high, integer=True))
+
+
+def query_target(params: Any) -> str:
+    """The ``target`` query parameter ('' when absent): text of at most :data:`MAX_TARGET_QUERY` characters."""
+    target = check_text(params.get("target") or "", "target")
+    if len(target) > MAX_TARGET_QUERY:
+        raise InvalidRecord(f"query parameter 'target' is over {MAX_TARGET_QUERY} characters: it is a kind or a canonical target")
+    return target
 
 
 def signature_args_info(workload: str) -> list[Any]:

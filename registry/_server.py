@@ -29,7 +29,7 @@ from ._commit import GroupCommitter
 from ._errors import Forbidden, InvalidRecord, NotFound, PayloadTooLarge, RegistryError, RequestTimeout, TooManyRequests, Unauthorized
 from ._keys import is_key
 from ._neighbours import Probe
-from ._limits import MAX_CURSOR, MAX_SECS, check_number, check_op, check_text, parse_each, query_int
+from ._limits import MAX_CURSOR, MAX_SECS, check_number, check_op, check_text, parse_each, query_int, query_target
 from ._openapi import OPENAPI
 from ._queue import DONE, PENDING, REFINE, STATES, TASKS, TUNE
 from ._records import Identity, Record, run_secs_field
@@ -206,9 +206,7 @@ def create_app(
         since = query_int(q.get("since"), "since", 0, 0, MAX_CURSOR)
         limit = query_int(q.get("limit"), "limit", MAX_PAGE, 1, MAX_PAGE)
         op = check_op(q["op"]) if q.get("op") else None
-        target = check_text(q["target"], "target") if q.get("target") else None
-        if target is not None and len(target) > 4096:
-            raise InvalidRecord("query parameter 'target' is over 4096 characters")
+        target = query_target(q) or None
         newest = q.get("newest", "0")
         if newest not in ("0", "1"):
             raise InvalidRecord("query parameter 'newest' must be 0 or 1")
@@ -328,9 +326,9 @@ def create_app(
         verified = q.get("verified", "0")
         if verified not in ("0", "1"):
             raise InvalidRecord("query parameter 'verified' must be 0 or 1")
-        target = check_text(q.get("target", ""), "target")
-        if target and (not target.startswith("{") or len(target) > 4096):
-            raise InvalidRecord("query parameter 'target' must be a canonical target (its JSON text, at most 4096 characters)")
+        target = query_target(q)
+        if target and not target.startswith("{"):
+            raise InvalidRecord("query parameter 'target' must be a canonical target (its JSON text)")
         logs, cursor, more = await run_in_threadpool(state.reg.trial_logs, q.get("cursor", ""), limit, verified_only=verified == "1", target=target)
         return reply(request, {"items": [log.to_dict() for log in logs], "next": cursor, "more": more})
 
