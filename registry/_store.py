@@ -322,8 +322,8 @@ class Store:
             return out
         with self.read() as txn:
             if top is not None and self.indexed(txn, AGG_RANK):
-                rows = ((f"{d}\0{name}".encode(), txn.get(f"{d}\0{name}".encode(), db=self.dbs["agg"])) for d in AGG_DIMENSIONS
-                        for name in self._ranked(txn, d, top))  # fmt: skip
+                ranked = (f"{d}\0{name}".encode() for d in AGG_DIMENSIONS for name in self._ranked(txn, d, top))
+                rows = ((row, txn.get(row, db=self.dbs["agg"])) for row in ranked)
             else:
                 rows = iter(txn.cursor(db=self.dbs["agg"]))
             for row, raw in rows:

@@ -126,7 +126,7 @@ class TrialStore:
     def put(self, log: TrialLog, pushed_by: str, *, verified: bool, txn: lmdb.Transaction | None = None) -> dict[str, Any]:
         """Merge ``log`` into the pusher's entry for its key; returns ``{"key", "trials"}`` (the entry's count now)."""
         name = pushed_by or "local"
-        prefix = log.key.encode() + b"\0"
+        prefix, by_target = log.key.encode() + b"\0", target_digest(log.identity.target)  # a key has one target
         with self.store.write(txn) as t:
             entries = {k: unpackb(v) for k, v in _prefixed(t, self._db, prefix)}
             mine = prefix + name.encode()
@@ -136,12 +136,12 @@ class TrialStore:
                 if not verified or not claims:
                     raise Forbidden(f"key {log.key} already holds the trial logs of {MAX_PUSHERS_PER_KEY} pushers")
                 t.delete(claims[0][1], db=self._db)
-                t.delete(target_digest(log.identity.target) + claims[0][1], db=self._index)  # a key has one target
+                t.delete(by_target + claims[0][1], db=self._index)
             kept = old.trials if old is not None and old.verified == verified else []  # a change of trust starts the entry again
             trials = merged(kept, log.trials)
             stored = TrialLog(log.identity, trials, name, verified, time.time())
             t.put(mine, packb(stored.to_dict()), db=self._db)
-            t.put(target_digest(log.identity.target) + mine, b"", db=self._index)
+            t.put(by_target + mine, b"", db=self._index)
         return {"key": log.key, "trials": len(trials)}
 
     def page(self, after: str = "", limit: int = 100, *, verified_only: bool = False, target: str = "") -> tuple[list[TrialLog], str, bool]:
