@@ -31,7 +31,7 @@ import tvm_ffi
 from tvm import tirx
 from tvm_ffi.serialization import from_json_graph_str, to_json_graph_str
 
-from schedhub.registry import Candidate, Identity, Record, Registry, RegistryError, Trust, keeps_default_schedule, signature_args_info, trust_filter, trusted
+from schedhub.registry import TARGET, Candidate, Identity, Record, Registry, RegistryError, Trust, keeps_default_schedule, signature_args_info, trust_filter, trusted
 
 from .cache import KernelCache, default_dir
 from .guard import ScheduleLimits
@@ -331,7 +331,8 @@ class HookSession:
         entry = self.cache.get("synthesized", *parts) or {}
         drawn = entry.get("schedules")
         if not (isinstance(drawn, list) and all(isinstance(d, list) and len(d) == 2 and isinstance(d[0], str) and isinstance(d[1], (int, float)) for d in drawn)):
-            model = self.log_model.get(identity.target, self._budget) if self._budget.left() else None
+            siblings = [c.record.identity.target for c in self._candidates.get(identity.key, []) if c.relation == TARGET and self.trusts(c.record)]
+            model = self.log_model.get(identity.target, self._budget, siblings) if self._budget.left() else None
             if model is None:
                 return []
             try:

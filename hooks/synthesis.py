@@ -16,9 +16,10 @@ sampled schedules are kept in the kernel cache, so a later compile replays them 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import tvm_ffi
@@ -41,6 +42,7 @@ TIMED = 8  # the model's best samples timed per kernel (its first choices are of
 MAX_SAMPLES = 1024  # design-space samples a kernel may ask for
 MAX_LOG_TRIALS = 4096  # trials of the log a model trains on
 MIN_TRAINING = 32  # fewer usable trials: no model
+MAX_SIBLINGS = 2  # other targets' logs a model may be borrowed from, when a target's own log trains none
 
 
 def check_sample_count(samples: object) -> int:
@@ -92,6 +94,11 @@ class LogModel:
     trial's features by its workload, trace and this compiler. Training stops when ``budget`` runs
     out: a model of what was featurized by then serves this session (and is not kept), the rest is
     featurized by a later one.
+
+    A target whose own log trains no model (a CPU model new to the registry) borrows the model of a
+    sibling: another target of the same kind, named by the caller (the targets of the kernel's
+    neighbours, nearest first). It only chooses which samples are timed here, so a model that ranks
+    another CPU's speeds still picks candidates worth timing.
     """
 
     def __init__(self, registry: Registry, cache: KernelCache, accepts: Callable[[TrialLog], bool], verified_only: bool) -> None:
@@ -102,9 +109,27 @@ class LogModel:
         self._models: dict[str, CostModel | None] = {}
         self.trained_on: dict[str, int] = {}  # by target: trials the model learned from
         self.partial: set[str] = set()  # targets whose training the budget cut short (a later LogModel goes on from the cache)
+        self.borrowed: dict[str, str] = {}  # by target: the sibling target whose log its model learned from
 
-    def get(self, target: str, budget: Budget) -> CostModel | None:
-        """The model for kernels of canonical ``target``, or None (no usable log, or no time left)."""
+    def get(self, target: str, budget: Budget, siblings: Sequence[str] = ()) -> CostModel | None:
+        """The model for kernels of canonical ``target``: trained on its own log, or where that trains none,
+        on the first of up to :data:`MAX_SIBLINGS` of ``siblings`` (canonical targets of the same kind) whose
+        log does; None when no log trains one, or no time is left."""
+        model = self._own(target, budget)
+        if model is not None:
+            return model
+        kind = _kind(target)
+        for sibling in [s for s in dict.fromkeys(siblings) if s != target and kind is not None and _kind(s) == kind][:MAX_SIBLINGS]:
+            model = self._own(sibling, budget)
+            if model is not None:
+                if target not in self.borrowed:
+                    log.info("schedhub: the measurement log of %s trains no cost model: synthesizing with the model of %s's log", target, sibling)
+                self.borrowed[target] = sibling
+                return model
+        return None
+
+    def _own(self, target: str, budget: Budget) -> CostModel | None:
+        """The model trained on ``target``'s own log (trained once a session)."""
         if target not in self._models:
             self._models[target] = self._model(target, budget)
         return self._models[target]
@@ -172,6 +197,15 @@ class LogModel:
         found = kernels.features(identity, trace)
         self.cache.put("features", parts, {"error": True} if found is None else {"row": [float(x) for x in found[0]], "work": found[1]})
         return found
+
+
+def _kind(target: str) -> str | None:
+    """A canonical target's kind (None: not a target's JSON object)."""
+    try:
+        obj = json.loads(target)
+    except ValueError:
+        return None
+    return obj.get("kind") if isinstance(obj, dict) and isinstance(obj.get("kind"), str) else None
 
 
 def _interleaved(entries: list[TrialLog]) -> Iterator[tuple[Identity, Trial]]:

@@ -15,7 +15,7 @@ from schedhub.hooks.identity import workload_module
 from schedhub.hooks.measure import KernelBench, build_all, host_cpu
 from schedhub.hooks.msdb import normalize_mod, replayed, trace_text
 from schedhub.hooks.synthesis import TIMED, design_space_samples
-from schedhub.registry import LocalRegistry, Trial, TrialLog
+from schedhub.registry import LocalRegistry, Record, Trial, TrialLog
 from schedhub.tuner.models import kernels
 
 from .test_transfer import export, forward, reference
@@ -134,3 +134,39 @@ def test_the_model_is_trained_once_per_log_content_and_a_grown_log_featurizes_on
         new_trials = {(e.identity.key, t.trace) for e in more for t in e.trials} - known  # the weight transposes do not depend on the batch
         assert cache.writes - trained == len(new_trials) + 1  # each new trial's features, and the model
         assert grown.trained_on[target] == len(known) + len(new_trials)
+
+
+SIBLING = {"kind": "llvm", "mcpu": "x86-64-v3", "num-cores": 2}  # another CPU model of the registry (never run here)
+
+
+def as_sibling(logs: list[TrialLog], batch: int) -> tuple[list[TrialLog], list[Record]]:
+    """``logs`` as a sibling CPU's tuner would have pushed them (the same workloads under its target), and a
+    record of that CPU for each kernel at ``batch``: what makes it a neighbour of this CPU's kernels."""
+    sibling = tvm.target.Target(SIBLING)
+    by_workload = {k.identity.workload: k.identity for k in kernels(export(4), sibling)}
+    relabelled = [TrialLog(by_workload[e.identity.workload], e.trials) for e in logs]
+    records = []
+    for kernel in kernels(export(batch), sibling):
+        normalized = normalize_mod(workload_module(kernel.identity.workload)["main"])
+        records.append(Record(kernel.identity, trace_text(design_space_samples(normalized, sibling, 1)[0].trace), [1e-4], {"tuner": "test"}))
+    return relabelled, records
+
+
+def test_a_cpu_model_new_to_the_registry_borrows_the_model_of_its_neighbours_cpu(tmp_path: Path, training_log: list[TrialLog]) -> None:
+    from schedhub.hooks.identity import target_text
+
+    host = tvm.target.Target(HOST)
+    sibling_log, sibling_records = as_sibling(training_log, 8)
+    with registry_with(tmp_path / "log-only", sibling_log) as reg:  # another CPU's log, no neighbour of it: no model
+        with use(reg, host, cache=tmp_path / "log-only-cache", measure=120, synthesize=16) as alone:
+            tvm.compile(export(16), host)
+        assert alone.report.synthesized == 0 and alone.log_model.borrowed == {} and alone.log_model.trained_on == {}
+        reg.put_many(sibling_records, "worker")  # the sibling CPU's records at batch 8: this CPU's kernels have neighbours
+        with use(reg, host, cache=tmp_path / "cache", measure=120, synthesize=16) as session:
+            ex = tvm.compile(export(16), host)
+    report = session.report
+    assert session.log_model.borrowed == {target_text(host): target_text(tvm.target.Target(SIBLING))}
+    assert report.misses == 0 and report.transfers + report.synthesized == len(report.kernels), report.summary()
+    assert max(len(k.measured) for k in report.kernels) >= TIMED  # the borrowed model's best samples were timed beside the transfer
+    x = np.random.default_rng(5).standard_normal((16, 64)).astype("float32")
+    np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)

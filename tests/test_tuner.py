@@ -32,7 +32,7 @@ from schedhub.hooks.identity import workload_identity, workload_module
 from schedhub.hooks.msdb import first_line, trace_text
 from schedhub.registry import DONE, PENDING, REFINE, Identity, LocalRegistry, RegistryClient, ServerThread, keeps_default_schedule, trace_id
 from schedhub.tuner import cluster, models, plan, search
-from schedhub.tuner.dispatch import Seeder, start_tuning, warm_start_traces
+from schedhub.tuner.dispatch import Seeder, start_tuning, warm_start, warm_start_traces
 from schedhub.tuner.search import TuneOptions, TuneResult
 from schedhub.tuner.worker import Worker
 
@@ -154,6 +154,19 @@ def test_a_job_is_seeded_with_the_log_models_synthesized_schedules(ray_address: 
         assert result.warm_started == len(seeds) and result.records[0].provenance["synthesized_seeds"] == len(seeds)
     with registry_with(tmp_path / "unverified", logs, verified=False) as reg:
         assert Seeder(reg, 16).traces(identity) == []  # only a verified log teaches the model
+
+
+def test_a_job_for_a_cpu_new_to_the_registry_is_seeded_by_the_model_of_its_neighbours_cpu(ray_address: str, tmp_path: Path, seeding: SimpleNamespace) -> None:
+    from .test_synthesis import as_sibling, registry_with
+
+    sibling_log, sibling_records = as_sibling(seeding.logs, 8)  # another CPU's log, then its records at batch 8
+    options = TuneOptions(trials=4, trials_per_iter=4, publish=1, warm_start=2, synthesize=16)
+    with registry_with(tmp_path / "store", sibling_log) as reg:
+        assert warm_start(reg, seeding.identity, options, Seeder(reg, 16)) == ([], [])  # no neighbour names the sibling
+        reg.put_many(sibling_records, "worker")
+        warm, seeds = warm_start(reg, seeding.identity, options, Seeder(reg, 16))
+    assert warm and set(warm) <= {r.trace for r in sibling_records}  # the sibling's records, replayed first
+    assert 1 <= len(seeds) <= options.seeds  # and the borrowed model's best samples of this CPU's workload
 
 
 def test_seeds_are_never_drawn_while_a_kernel_is_timed_on_the_node(ray_address: str, tmp_path: Path, seeding: SimpleNamespace) -> None:

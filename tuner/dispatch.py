@@ -9,11 +9,11 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from schedhub.registry import Identity, Registry, RegistryError
+from schedhub.registry import TARGET, Candidate, Identity, Record, Registry, RegistryError
 
 from . import cluster
 from .search import SEEDS, TuneOptions, TuneResult
@@ -25,9 +25,18 @@ def warm_start_traces(registry: Registry, identity: Identity, limit: int) -> lis
     """Traces worth replaying first: this key's records, then its neighbours' (same structure, nearest first)."""
     if limit <= 0:
         return []
-    found, near = registry.lookup_with_candidates([identity], per_key=min(limit, 8))
-    traces = [r.trace for r in found.get(identity.key, [])] + [c.record.trace for c in near.get(identity.key, [])]
-    return list(dict.fromkeys(traces))[:limit]
+    own, near = _known(registry, identity, min(limit, 8))
+    return _traces(own, near, limit)
+
+
+def _known(registry: Registry, identity: Identity, per_key: int) -> tuple[list[Record], list[Candidate]]:
+    """The key's records and up to ``per_key`` of its neighbours', in one lookup."""
+    found, near = registry.lookup_with_candidates([identity], per_key=per_key)
+    return found.get(identity.key, []), near.get(identity.key, [])
+
+
+def _traces(own: list[Record], near: list[Candidate], limit: int) -> list[str]:
+    return list(dict.fromkeys([r.trace for r in own] + [c.record.trace for c in near]))[:limit]
 
 
 class Seeder:
@@ -55,17 +64,19 @@ class Seeder:
         self._model: Any = None
         self._since = -math.inf
 
-    def traces(self, identity: Identity, keep: int = SEEDS) -> list[str]:
+    def traces(self, identity: Identity, keep: int = SEEDS, siblings: Sequence[str] = ()) -> list[str]:
         """The model's best ``keep`` samples of ``identity``'s workload as trace texts, best first ([]: none).
-        Drawn holding a CPU of this node (:func:`cluster.holding_driver_cpu`), so no kernel is timed meanwhile."""
+        ``siblings``: targets whose log may train the model where the workload's own target's does not
+        (:meth:`~schedhub.hooks.synthesis.LogModel.get`). Drawn holding a CPU of this node
+        (:func:`cluster.holding_driver_cpu`), so no kernel is timed meanwhile."""
         from schedhub.hooks.identity import compiler_fingerprint
 
         if not self.samples or identity.fingerprint != compiler_fingerprint():
             return []
         with cluster.holding_driver_cpu():  # training and sampling run here, in the driver: never beside a measurement
-            return self._draw(identity, keep)
+            return self._draw(identity, keep, siblings)
 
-    def _draw(self, identity: Identity, keep: int) -> list[str]:
+    def _draw(self, identity: Identity, keep: int, siblings: Sequence[str]) -> list[str]:
         import tvm
 
         from schedhub.hooks.cache import KernelCache, default_dir
@@ -74,11 +85,11 @@ class Seeder:
         from schedhub.hooks.msdb import normalize_mod
         from schedhub.hooks.synthesis import LogModel, synthesize
 
-        if self._model is None or time.monotonic() - self._since > self.refresh_secs or identity.target in self._model.partial:
+        if self._model is None or time.monotonic() - self._since > self.refresh_secs or self._model.partial & {identity.target, *siblings}:
             self.cache = self.cache or KernelCache(default_dir())
             self._model = LogModel(self.registry, self.cache, lambda entry: entry.verified, verified_only=True)
             self._since = time.monotonic()
-        model = self._model.get(identity.target, Budget(self.train_secs))
+        model = self._model.get(identity.target, Budget(self.train_secs), siblings)
         if model is None:
             return []
         try:
@@ -90,9 +101,13 @@ class Seeder:
 
 
 def warm_start(registry: Registry, identity: Identity, options: TuneOptions, seeder: Seeder | None = None) -> tuple[list[str], list[str]]:
-    """What a job measures before its search: the registry's traces and ``seeder``'s best ``options.seeds``."""
-    warm = warm_start_traces(registry, identity, options.warm_start)
-    return warm, seeder.traces(identity, options.seeds) if seeder is not None else []
+    """What a job measures before its search: the registry's traces and ``seeder``'s best ``options.seeds``
+    (its model borrowed from the log of a neighbour's target where the job's own target has too little)."""
+    if seeder is None:
+        return warm_start_traces(registry, identity, options.warm_start), []
+    own, near = _known(registry, identity, min(max(options.warm_start, 1), 8))
+    siblings = [c.record.identity.target for c in near if c.relation == TARGET]
+    return _traces(own, near, options.warm_start), seeder.traces(identity, options.seeds, siblings)
 
 
 def submit_tuning(identity: Identity, options: TuneOptions, warm: list[str], seeds: list[str], label: str) -> Any:
