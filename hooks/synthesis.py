@@ -114,16 +114,18 @@ class LogModel:
     def get(self, target: str, budget: Budget, siblings: Sequence[str] = ()) -> CostModel | None:
         """The model for kernels of canonical ``target``: trained on its own log, or where that trains none,
         on the first of up to :data:`MAX_SIBLINGS` of ``siblings`` (canonical targets of the same kind) whose
-        log does; None when no log trains one, or no time is left."""
+        log does; None when no log trains one, or no time is left. A model once borrowed for ``target``
+        serves its later kernels too, those without neighbours included."""
         model = self._own(target, budget)
         if model is not None:
             return model
+        if target in self.borrowed:
+            return self._models[self.borrowed[target]]
         kind = _kind(target)
         for sibling in [s for s in dict.fromkeys(siblings) if s != target and kind is not None and _kind(s) == kind][:MAX_SIBLINGS]:
             model = self._own(sibling, budget)
             if model is not None:
-                if target not in self.borrowed:
-                    log.info("schedhub: the measurement log of %s trains no cost model: synthesizing with the model of %s's log", target, sibling)
+                log.info("schedhub: the measurement log of %s trains no cost model: synthesizing with the model of %s's log", target, sibling)
                 self.borrowed[target] = sibling
                 return model
         return None
