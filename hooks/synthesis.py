@@ -16,7 +16,6 @@ sampled schedules are kept in the kernel cache, so a later compile replays them 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import math
 from collections.abc import Callable, Iterator, Sequence
@@ -26,7 +25,7 @@ import tvm_ffi
 import tvm
 from tvm.s_tir import meta_schedule as ms
 
-from schedhub.registry import Identity, Registry, RegistryError, Trial, TrialLog, trace_id
+from schedhub.registry import Identity, Registry, RegistryError, Trial, TrialLog, target_kind, trace_id
 
 from .cache import KernelCache
 from .costmodel import WIDTH, CostModel, Kernels, features, flops, log2_gflops
@@ -121,8 +120,8 @@ class LogModel:
             return model
         if target in self.borrowed:
             return self._models[self.borrowed[target]]
-        kind = _kind(target)
-        for sibling in [s for s in dict.fromkeys(siblings) if s != target and kind is not None and _kind(s) == kind][:MAX_SIBLINGS]:
+        kind = target_kind(target)
+        for sibling in [s for s in dict.fromkeys(siblings) if s != target and kind and target_kind(s) == kind][:MAX_SIBLINGS]:
             model = self._own(sibling, budget)
             if model is not None:
                 log.info("schedhub: the measurement log of %s trains no cost model: synthesizing with the model of %s's log", target, sibling)
@@ -199,15 +198,6 @@ class LogModel:
         found = kernels.features(identity, trace)
         self.cache.put("features", parts, {"error": True} if found is None else {"row": [float(x) for x in found[0]], "work": found[1]})
         return found
-
-
-def _kind(target: str) -> str | None:
-    """A canonical target's kind (None: not a target's JSON object)."""
-    try:
-        obj = json.loads(target)
-    except ValueError:
-        return None
-    return obj.get("kind") if isinstance(obj, dict) and isinstance(obj.get("kind"), str) else None
 
 
 def _interleaved(entries: list[TrialLog]) -> Iterator[tuple[Identity, Trial]]:
