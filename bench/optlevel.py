@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -23,12 +22,13 @@ import numpy as np
 
 
 def measure(network: str, shape: dict[str, int], levels: list[int], samples: int) -> list[dict[str, Any]]:
-    """Per kernel: build seconds and run seconds of each sample at each level (None: it did not build)."""
+    """Per kernel: build seconds and run seconds of each sample at each level (None: it did not build, or its
+    outputs differ from the default schedule's)."""
     import tvm
     from tvm import tirx
     from tvm.s_tir import meta_schedule as ms
 
-    from schedhub.hooks.measure import TIMING, random_inputs
+    from schedhub.hooks.measure import KernelBench, build
     from schedhub.hooks.msdb import normalize_mod
     from schedhub.hooks.pipeline import fusion_passes
     from schedhub.hooks.synthesis import design_space_samples
@@ -40,30 +40,29 @@ def measure(network: str, shape: dict[str, int], levels: list[int], samples: int
     mod, _, _ = models.export(network, **shape)
     with tvm.target.Target(base):
         fused = fusion_passes()(mod)
-    dev = tvm.cpu(0)
     rows = []
     for gv, func in fused.functions_items():
         if not isinstance(func, tirx.PrimFunc):
             continue
-        drawn = design_space_samples(normalize_mod(func), tvm.target.Target(base), samples)
+        normalized = normalize_mod(func)
+        drawn = design_space_samples(normalized, tvm.target.Target(base), samples)
         if len(drawn) < 2:
             continue
-        inputs = random_inputs([a.as_json() for a in ms.arg_info.ArgInfo.from_prim_func(func)])
+        args_info = [a.as_json() for a in ms.arg_info.ArgInfo.from_prim_func(func)]
         row: dict[str, Any] = {"kernel": gv.name_hint, "build_secs": {}, "secs": {}}
         for level, target in targets.items():
+            bench = KernelBench(build(normalized, target), args_info, target)  # outputs each sample must agree with
             builds, runs = [], []
             for sch in drawn:
                 started = time.perf_counter()
                 try:
-                    lib = tvm.tirx.build(sch.mod, target=target)
-                    lib["main"]  # machine code is generated on the first lookup
+                    lib = build(sch.mod, target)
                 except tvm.error.TVMError:
                     builds.append(None)
                     runs.append(None)
                     continue
                 builds.append(time.perf_counter() - started)
-                evaluator = lib.time_evaluator("main", dev, **TIMING)
-                runs.append(statistics.median(evaluator(*[tvm.runtime.tensor(a, dev) for a in inputs]).results))
+                runs.append(bench.time(lib).secs)
             row["build_secs"][str(level)], row["secs"][str(level)] = builds, runs
         rows.append(row)
         print(f"{gv.name_hint}: " + ", ".join(f"level {lv} built in {sum(b for b in row['build_secs'][str(lv)] if b):.1f} s" for lv in levels), flush=True)

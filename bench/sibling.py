@@ -28,14 +28,14 @@ from typing import Any
 import numpy as np
 
 from schedhub.registry import LocalRegistry
-from schedhub.tuner import cluster, dispatch, models, tvm_env
+from schedhub.tuner import cluster, models, tvm_env
 from schedhub.tuner.torch_process import TorchProcess
 
 from .models import MODES as MODEL_MODES
 from .models import TORCH_TWINS, time_side_by_side
 from .stats import ratio
 from .transfer import MODES as TRANSFER_MODES
-from .transfer import REPO, compile_and_load
+from .transfer import REPO, compile_and_load, fill
 
 SOURCE = {name: TRANSFER_MODES["quick"]["source"][name] for name in ("resnet18", "mobilenetv2")}
 HELD_OUT = [(name, shape) for name, shape, _ in TRANSFER_MODES["quick"]["held_out"][:2]]
@@ -43,15 +43,10 @@ MEASURE_SECS = 600
 SYNTHESIZE = TRANSFER_MODES["quick"]["synthesize"]
 
 
-def fill(root: Path, target: dict[str, Any]) -> int:
+def fill_store(root: Path, target: dict[str, Any]) -> int:
     """Tune the source networks for ``target`` into a registry at ``root``; returns its key count."""
     with LocalRegistry(root) as registry:
-        for name, shape in SOURCE.items():
-            mod, _, _ = models.export(name, batch=1, **shape)
-            identities = [k.identity for k in models.kernels(mod, target)]
-            done = dispatch.tune_many(registry, identities, MODEL_MODES["quick"]["options"], concurrency=1, pushed_by="bench.sibling")
-            if done.failed:
-                raise RuntimeError(f"tuning failed for {len(done.failed)} kernels: {done.failed}")
+        fill(registry, SOURCE, target, MODEL_MODES["quick"]["options"])
         return len(registry.summaries())
 
 
@@ -78,7 +73,7 @@ def run(sibling: dict[str, Any], own: bool, rounds: int) -> dict[str, Any]:
         stores = {"sibling": temp / "sibling", **({"own": temp / "own"} if own else {})}
         cluster.start()
         for label, store in stores.items():
-            out[f"{label}_keys"] = fill(store, sibling if label == "sibling" else host)
+            out[f"{label}_keys"] = fill_store(store, sibling if label == "sibling" else host)
             print(f"registry of {label}: {out[f'{label}_keys']} keys", flush=True)
         cluster.stop()  # nothing of Ray shares the cores with the compiles' timings
         configs = {"transfers": ("sibling", {"measure": MEASURE_SECS}), "borrowed": ("sibling", {"measure": MEASURE_SECS, "synthesize": SYNTHESIZE})}

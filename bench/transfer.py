@@ -145,9 +145,7 @@ def run(mode: str, say: Callable[[str], None] = print, source_store: Path | None
         started = time.time()
         if source_store is None or not (source_store / "data.mdb").exists():
             with LocalRegistry(source_store or root) as source:
-                for name, shape in config["source"].items():
-                    mod, _, _ = models.export(name, batch=1, **shape)
-                    _tune(source, models.kernels(mod, target), options)
+                fill(source, config["source"], target, options)
             out["fill_secs"] = time.time() - started
         else:
             out["fill_secs"] = None  # reused: see the run that filled it
@@ -198,6 +196,13 @@ def run(mode: str, say: Callable[[str], None] = print, source_store: Path | None
                 f"measured {t['measured']['median']:.2f} ms, synthesized {t['synthesized']['median']:.2f} ms, first pass {t['first_pass']['median']:.2f} ms, tuned {t['tuned']['median']:.2f} ms, "
                 f"PyTorch {t['pytorch']['median']:.2f} ms")  # fmt: skip
     return out
+
+
+def fill(registry: LocalRegistry, source: dict[str, dict[str, int]], target: Any, options: TuneOptions) -> None:
+    """Tune every kernel of the ``source`` networks (name → shape, at batch 1) for ``target`` into ``registry``."""
+    for name, shape in source.items():
+        mod, _, _ = models.export(name, batch=1, **shape)
+        _tune(registry, models.kernels(mod, target), options)
 
 
 def _tune(registry: LocalRegistry, kernels: list[models.Kernel], options: TuneOptions, retune: bool = False) -> dict[str, TuneResult]:
