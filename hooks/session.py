@@ -331,8 +331,7 @@ class HookSession:
         entry = self.cache.get("synthesized", *parts) or {}
         drawn = entry.get("schedules")
         if not (isinstance(drawn, list) and all(isinstance(d, list) and len(d) == 2 and isinstance(d[0], str) and isinstance(d[1], (int, float)) for d in drawn)):
-            siblings = [c.record.identity.target for c in self._candidates.get(identity.key, []) if c.relation == TARGET and self.trusts(c.record)]
-            model = self.log_model.get(identity.target, self._budget, siblings) if self._budget.left() else None
+            model = self.log_model.get(identity.target, self._budget, self._siblings(identity)) if self._budget.left() else None
             if model is None:
                 return []
             try:
@@ -343,6 +342,14 @@ class HookSession:
             self.cache.put("synthesized", parts, {"schedules": drawn})
         provenance = {"synthesized": f"{self.synthesize} design-space samples ranked by a cost model", "predicted": True}
         return [Candidate(Record(identity, trace, [float(secs)], provenance), SYNTHESIZED, 0.0) for trace, secs in drawn if math.isfinite(secs) and secs > 0]
+
+    def _siblings(self, identity: Identity) -> list[str]:
+        """Other targets whose logs may lend ``identity``'s target a cost model: those of the kernel's own
+        trusted ``target``-relation candidates, nearest first, then those of every other kernel this session
+        looked up, so a kernel without such a neighbour, compiled before any kernel that has one, borrows too."""
+        own = self._candidates.get(identity.key, [])
+        others = (c for key, near in self._candidates.items() if key != identity.key for c in near)
+        return list(dict.fromkeys(c.record.identity.target for c in (*own, *others) if c.relation == TARGET and self.trusts(c.record)))
 
     def _rank(self, key: str, candidate: Candidate, order: int) -> tuple[int, int, float, int]:
         """:func:`.ranking.rank_key` of a candidate replayed (already) on kernel ``key``."""

@@ -161,15 +161,15 @@ def test_a_cpu_model_new_to_the_registry_borrows_the_model_of_its_neighbours_cpu
         with use(reg, host, cache=tmp_path / "log-only-cache", measure=120, synthesize=16) as alone:
             tvm.compile(export(16), host)
         assert alone.report.synthesized == 0 and alone.log_model.borrowed == {} and alone.log_model.trained_on == {}
-        lone = "fused_matmul_add_relu"  # no record of the sibling's: no neighbour of this kernel names it
+        lone = alone.report.kernels[0].op  # the first kernel a compile reaches; no record of the sibling's: no neighbour names it
+        assert "matmul" in lone
         reg.put_many([r for r in sibling_records if r.identity.op != lone], "worker")  # the sibling CPU's records at batch 8
         with use(reg, host, cache=tmp_path / "cache", measure=120, synthesize=16) as session:
-            tvm.compile(export(16), host)  # kernels with a neighbour borrow the sibling's model; one compiled before them may not
-            ex = tvm.compile(export(16), host)
+            ex = tvm.compile(export(16), host)  # the lone kernel is compiled first: it borrows through its neighbours' kernels
     report = session.report
     assert session.log_model.borrowed == {target_text(host): target_text(tvm.target.Target(SIBLING))}
     assert report.misses == 0 and report.transfers + report.synthesized == len(report.kernels), report.summary()
     assert max(len(k.measured) for k in report.kernels) >= TIMED  # the borrowed model's best samples were timed beside the transfer
-    assert [k.outcome for k in report.kernels if k.op == lone] == ["synthesized"]  # the model, once borrowed, serves it too
+    assert report.kernels[0].op == lone and report.kernels[0].outcome == "synthesized"  # reached first: the compile's other kernels named the sibling
     x = np.random.default_rng(5).standard_normal((16, 64)).astype("float32")
     np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)

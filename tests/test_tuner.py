@@ -157,16 +157,22 @@ def test_a_job_is_seeded_with_the_log_models_synthesized_schedules(ray_address: 
 
 
 def test_a_job_for_a_cpu_new_to_the_registry_is_seeded_by_the_model_of_its_neighbours_cpu(ray_address: str, tmp_path: Path, seeding: SimpleNamespace) -> None:
-    from .test_synthesis import as_sibling, registry_with
+    from .test_synthesis import HOST, as_sibling, registry_with
+    from .test_transfer import export
 
     sibling_log, sibling_records = as_sibling(seeding.logs, 8)  # another CPU's log, then its records at batch 8
     options = TuneOptions(trials=4, trials_per_iter=4, publish=1, warm_start=2, synthesize=16)
+    lone = next(k.identity for k in models.kernels(export(16), tvm.target.Target(HOST)) if "matmul" in k.identity.op and k.identity != seeding.identity)
     with registry_with(tmp_path / "store", sibling_log) as reg:
         assert warm_start(reg, seeding.identity, options, Seeder(reg, 16)) == ([], [])  # no neighbour names the sibling
-        reg.put_many(sibling_records, "worker")
-        warm, seeds = warm_start(reg, seeding.identity, options, Seeder(reg, 16))
+        reg.put_many([r for r in sibling_records if r.identity.op != lone.op], "worker")  # none for the lone kernel
+        seeder = Seeder(reg, 16, refresh_secs=0)  # a model read again from the log for each job
+        warm, seeds = warm_start(reg, seeding.identity, options, seeder)
+        assert warm_start(reg, lone, options, Seeder(reg, 16)) == ([], [])  # no neighbour of its own names the sibling
+        lone_warm, lone_seeds = warm_start(reg, lone, options, seeder)  # but an earlier job of the worker's did
     assert warm and set(warm) <= {r.trace for r in sibling_records}  # the sibling's records, replayed first
     assert 1 <= len(seeds) <= options.seeds  # and the borrowed model's best samples of this CPU's workload
+    assert lone_warm == [] and 1 <= len(lone_seeds) <= options.seeds
 
 
 def test_seeds_are_never_drawn_while_a_kernel_is_timed_on_the_node(ray_address: str, tmp_path: Path, seeding: SimpleNamespace) -> None:
