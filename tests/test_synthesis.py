@@ -152,6 +152,36 @@ def as_sibling(logs: list[TrialLog], batch: int) -> tuple[list[TrialLog], list[R
     return relabelled, records
 
 
+def test_a_small_own_log_is_topped_up_with_a_siblings_log(tmp_path: Path, training_log: list[TrialLog], monkeypatch: pytest.MonkeyPatch) -> None:
+    from schedhub.hooks import synthesis
+    from schedhub.hooks.cache import KernelCache
+    from schedhub.hooks.identity import target_text
+    from schedhub.hooks.measure import Budget
+    from schedhub.hooks.synthesis import LogModel
+
+    host, sibling = target_text(tvm.target.Target(HOST)), target_text(tvm.target.Target(SIBLING))
+    sibling_log, _ = as_sibling(training_log, 8)
+    own, lent = (sum(len(e.trials) for e in log) for log in (training_log, sibling_log))
+    with registry_with(tmp_path / "store", training_log + sibling_log) as reg:
+        cache = KernelCache(tmp_path / "cache")
+
+        def model(siblings: list[str], top_up: bool = True) -> LogModel:
+            log_model = LogModel(reg, cache, lambda e: True, verified_only=True)
+            if not top_up:
+                log_model.top_up = False  # the default tops up
+            assert log_model.get(host, Budget(120), siblings) is not None
+            return log_model
+
+        assert model([]).trained_on == {host: own}  # no sibling named: its own log alone
+        assert model(["cuda -arch=sm_90", sibling], top_up=False).trained_on == {host: own}  # what a target with a model kept before
+        topped = model(["{\"kind\":\"cuda\"}", sibling])  # another kind is never a sibling
+        assert topped.trained_on == {host: own + lent} and topped.borrowed == {host: sibling}
+        assert topped.get(host, Budget(120)) is topped.get(host, Budget(120), [sibling])  # lent once: the target's later kernels too
+        monkeypatch.setattr(synthesis, "MAX_LOG_TRIALS", own)  # an own log that fills the model's training: nothing to top up
+        full = model([sibling])
+        assert full.trained_on == {host: own} and full.borrowed == {}
+
+
 def test_a_cpu_model_new_to_the_registry_borrows_the_model_of_its_neighbours_cpu(tmp_path: Path, training_log: list[TrialLog]) -> None:
     from schedhub.hooks.identity import target_text
 
