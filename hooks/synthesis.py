@@ -99,8 +99,8 @@ class LogModel:
     kind, named by the caller (the targets of the kernel's neighbours, nearest first), its own trials
     first. The model only chooses which samples are timed here, and a sibling's log ranks schedules
     about as well as an own one of its size, so more of it helps: with a 79-trial own log of a
-    transformer's matmuls, ResNet-18's synthesized schedules ran 1.22x slower than with the sibling's
-    691 trials alone, and 1.03x with both (``python -m bench.sibling --small-own``).
+    transformer's matmuls, ResNet-18's synthesized schedules ran 1.26x slower than with the sibling's
+    683 trials alone, and 0.77x the small log's time topped up (``python -m bench.sibling --small-own``).
     ``top_up=False`` keeps a target that has a model of its own to it (borrowing only where its log
     trains none): what the bench compares against.
     """
