@@ -347,9 +347,8 @@ class HookSession:
         """Other targets whose logs may lend ``identity``'s target a cost model: those of the kernel's own
         trusted ``target``-relation candidates, nearest first, then those of every other kernel this session
         looked up, so a kernel without such a neighbour, compiled before any kernel that has one, borrows too."""
-        own = self._candidates.get(identity.key, [])
-        others = (c for key, near in self._candidates.items() if key != identity.key for c in near)
-        return list(dict.fromkeys(c.record.identity.target for c in (*own, *others) if c.relation == TARGET and self.trusts(c.record)))
+        near = [*self._candidates.get(identity.key, []), *(c for found in self._candidates.values() for c in found)]
+        return list(dict.fromkeys(c.record.identity.target for c in near if c.relation == TARGET and self.trusts(c.record)))
 
     def _rank(self, key: str, candidate: Candidate, order: int) -> tuple[int, int, float, int]:
         """:func:`.ranking.rank_key` of a candidate replayed (already) on kernel ``key``."""

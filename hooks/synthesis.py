@@ -41,7 +41,7 @@ TIMED = 8  # the model's best samples timed per kernel (its first choices are of
 MAX_SAMPLES = 1024  # design-space samples a kernel may ask for
 MAX_LOG_TRIALS = 4096  # trials of the log a model trains on
 MIN_TRAINING = 32  # fewer usable trials: no model
-MAX_SIBLINGS = 2  # other targets' logs a model may be borrowed from, when a target's own log trains none
+MAX_SIBLINGS = 2  # other targets tried for a log that tops up a target's own
 
 
 def check_sample_count(samples: object) -> int:
@@ -111,7 +111,6 @@ class LogModel:
         self.accepts = accepts
         self.verified_only = verified_only
         self._models: dict[tuple[str, str], CostModel | None] = {}  # by target and the sibling that topped up its log ("": none)
-        self._lent: dict[tuple[str, str], int] = {}  # by the same: the sibling's trials the model learned from
         self._logs: dict[str, list[tuple[Identity, Trial]]] = {}  # by target: its log as read this session
         self.trained_on: dict[str, int] = {}  # by target: trials the model learned from
         self.partial: set[str] = set()  # targets whose training the budget cut short (a later LogModel goes on from the cache)
@@ -130,8 +129,8 @@ class LogModel:
             return own
         kind = target_kind(target)
         for sibling in [s for s in dict.fromkeys(siblings) if s != target and kind and target_kind(s) == kind][:MAX_SIBLINGS]:
-            model = self._trained(target, sibling, budget)
-            if model is not None and self._lent[target, sibling]:
+            model = self._trained(target, sibling, budget) if self._lent(target, sibling) else None
+            if model is not None:
                 log.info("schedhub: synthesizing for %s with a model that learned from the measurement log of %s too", target, sibling)
                 self.borrowed[target] = sibling
                 return model
@@ -140,18 +139,16 @@ class LogModel:
     def _trained(self, target: str, sibling: str, budget: Budget) -> CostModel | None:
         """The model trained on ``target``'s log and ``sibling``'s ("": none), trained once a session."""
         if (target, sibling) not in self._models:
-            self._models[target, sibling] = self._model(target, sibling, budget)
+            own = self._log(target) if self.top_up or not sibling else []
+            self._models[target, sibling] = self._model(target, own + self._lent(target, sibling), budget)  # its own first: featurized first
         return self._models[target, sibling]
 
-    def _model(self, target: str, sibling: str, budget: Budget) -> CostModel | None:
-        try:
-            own = self._log(target) if self.top_up or not sibling else []
-            lent = self._log(sibling)[: MAX_LOG_TRIALS - len(own)] if sibling and len(own) < MAX_LOG_TRIALS else []
-        except RegistryError as exc:
-            log.warning("schedhub: could not read the registry's measurement log (%s): no schedules synthesized", exc)
-            return None
-        trials = own + lent  # its own first: the budget featurizes them first
-        self._lent[target, sibling] = len(lent)
+    def _lent(self, target: str, sibling: str) -> list[tuple[Identity, Trial]]:
+        """The trials of ``sibling``'s log ("": none) that a model of ``target`` learns from beside its own."""
+        room = MAX_LOG_TRIALS - (len(self._log(target)) if self.top_up else 0)
+        return self._log(sibling)[:room] if sibling and room > 0 else []
+
+    def _model(self, target: str, trials: list[tuple[Identity, Trial]], budget: Budget) -> CostModel | None:
         compiler = compiler_fingerprint()
         content = hashlib.sha256(compiler.encode())
         for identity, trial in sorted(trials, key=lambda t: (t[0].key, t[1].secs, t[1].trace)):
@@ -189,7 +186,11 @@ class LogModel:
         """Up to :data:`MAX_LOG_TRIALS` trials of ``target``'s log the session accepts, every workload's first
         trials first (read once a session)."""
         if target not in self._logs:
-            self._logs[target] = list(_interleaved(self._entries(target)))
+            try:
+                self._logs[target] = list(_interleaved(self._entries(target)))
+            except RegistryError as exc:
+                log.warning("schedhub: could not read the registry's measurement log of %s (%s): no schedules synthesized from it", target, exc)
+                self._logs[target] = []
         return self._logs[target]
 
     def _entries(self, target: str) -> list[TrialLog]:

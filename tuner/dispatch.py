@@ -67,8 +67,8 @@ class Seeder:
 
     def traces(self, identity: Identity, keep: int = SEEDS, siblings: Sequence[str] = ()) -> list[str]:
         """The model's best ``keep`` samples of ``identity``'s workload as trace texts, best first ([]: none).
-        ``siblings``: targets whose log may train the model where the workload's own target's does not
-        (:meth:`~schedhub.hooks.synthesis.LogModel.get`), after those earlier jobs of the same target named, so a
+        ``siblings``: targets whose logs may top up the workload's own target's
+        (:meth:`~schedhub.hooks.synthesis.LogModel.get`), then those earlier jobs of the same target named, so a
         job without such a neighbour borrows too. Drawn holding a CPU of this node
         (:func:`cluster.holding_driver_cpu`), so no kernel is timed meanwhile."""
         from schedhub.hooks.identity import compiler_fingerprint
@@ -78,7 +78,7 @@ class Seeder:
         known = self._siblings.setdefault(identity.target, {})
         known.update(dict.fromkeys(siblings))
         with cluster.holding_driver_cpu():  # training and sampling run here, in the driver: never beside a measurement
-            return self._draw(identity, keep, [*dict.fromkeys([*siblings, *known])])
+            return self._draw(identity, keep, list(dict.fromkeys([*siblings, *known])))
 
     def _draw(self, identity: Identity, keep: int, siblings: Sequence[str]) -> list[str]:
         import tvm
