@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import tvm
@@ -175,3 +177,26 @@ def test_a_gpu_run_is_reported_against_dlight_not_as_untuned() -> None:
     assert "| DLight ms |" in gpu_text and "tuned vs DLight" in gpu_text and "DLight's schedule" in gpu_text
     assert "untuned" not in gpu_text and "16-CPU node with NVIDIA H100" in gpu_text
     assert "Heaviest kernels" not in gpu_text  # no per-kernel CPU baselines on a GPU run
+
+
+def test_pooled_rankings_are_judged_against_fit_network_by_network_on_fully_recorded_kernels() -> None:
+    """``bench.ranking --pool``: each ranking's pick recomputed from what recorded runs kept; a kernel missing an
+    attribute some ranking reads is left out for all of them."""
+    from bench import ranking
+
+    def candidate(us: float, order: int, gflops: float, predicted: float, retiled: int) -> dict:
+        return {"tid": f"t{order}", "us": us, "relation": "shape", "order": order, "distance": float(order), "source_gflops": gflops,
+                "source_speed": gflops * 1e9, "source_us": 10.0, "predicted_log2_gflops": predicted, "retiled": retiled}  # fmt: skip
+
+    fit_wins = [candidate(100.0, 0, 50.0, 1.0, 1), candidate(300.0, 1, 10.0, 5.0, 2)]  # fit picks 100, xgboost 300
+    model_wins = [candidate(400.0, 0, 50.0, 1.0, 1), candidate(100.0, 1, 10.0, 5.0, 2)]  # fit picks 400, xgboost 100
+    unrecorded = [{k: v for k, v in c.items() if k != "predicted_log2_gflops"} for c in model_wins]
+    run_a = {"rows": [{"label": "net1", "ranking": {"kernels": [{"measured": fit_wins}, {"measured": unrecorded}]}}]}  # transfer.json
+    run_b = {"rows": {"net2": {"kernels": [{"measured": model_wins}]}, "net3": {"kernels": [{"measured": unrecorded}]}}}  # ranking_held_out.json
+    pooled = ranking.pool({"a": run_a, "b": run_b})
+    assert [(r["run"], r["network"], r["kernels"]) for r in pooled["rows"]] == [("a", "net1", 1), ("b", "net2", 1)]
+    xgb = pooled["rankings"]["xgboost"]
+    assert xgb["rows"] == 2 and xgb["faster_rows"] == 1 and xgb["slower_rows"] == 1
+    assert xgb["vs_fit_geomean"] == pytest.approx(math.sqrt(3.0 * 0.25))
+    assert xgb["vs_best_pooled"] == pytest.approx((300.0 + 100.0) / 200.0)
+    assert pooled["rankings"]["fit"]["vs_best_pooled"] == pytest.approx((100.0 + 400.0) / 200.0)
