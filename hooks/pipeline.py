@@ -45,14 +45,33 @@ def fusion_passes() -> tvm.transform.Pass:
     ])  # fmt: skip
 
 
+def call_counts(mod: tvm.IRModule) -> dict[str, int]:
+    """How many times the module's Relax functions call each kernel (``call_tir``), by the kernel's name."""
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+    counts: dict[str, int] = {}
+
+    def visit(expr: Any) -> None:
+        if isinstance(expr, relax.Call) and expr.op == call_tir:
+            name = expr.args[0].name_hint
+            counts[name] = counts.get(name, 0) + 1
+
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func.body, visit)
+    return counts
+
+
 @tvm.transform.module_pass(opt_level=0, name="SchedhubPrefetch")
 def prefetch(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-    """Look every fused kernel up in one batch request (the cache then answers each query)."""
+    """Look every fused kernel up in one batch request (the cache then answers each query), and tell
+    the session how often the module calls each one (it reports the slowest misses first)."""
     session, target = ACTIVE.get(), tvm.target.Target.current(allow_none=True)
     if session is not None and target is not None:
         session.check_threads(target)
-        kernels = [(gv.name_hint, f) for gv, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)]
-        session.prefetch([session.identity(f, target, name) for name, f in kernels])
+        calls = call_counts(mod)
+        kernels = [(session.identity(f, target, gv.name_hint), calls.get(gv.name_hint, 1)) for gv, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)]
+        session.prefetch([identity for identity, _ in kernels])
+        session.count_calls(kernels)
     return mod
 
 

@@ -40,26 +40,43 @@ def work(workload: str) -> float:
     text with TVMScript costs ~180 ms a convolution. Ranking by speed needs only the ratio between
     workloads of one structure.
     """
+    return _counted(workload, 0)
+
+
+@functools.lru_cache(maxsize=1024)
+def effort(workload: str) -> float:
+    """:func:`work` with every store counted as one operation more, so a kernel that only moves data (a
+    transpose, a reshape: no arithmetic) weighs by the elements it writes: what an unscheduled kernel costs."""
+    return _counted(workload, 1)
+
+
+def _counted(workload: str, per_store: int) -> float:
     try:
         tree = ast.parse(workload)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return 1.0
-    return min(max(_work(tree.body, 1.0), 1.0), 1e30)
+    return min(max(_work(tree.body, 1.0, per_store), 1.0), 1e30)
 
 
-def _work(body: list[ast.stmt], iterations: float) -> float:
+def _work(body: list[ast.stmt], iterations: float, per_store: int) -> float:
     total = 0.0
     for stmt in body:
         if isinstance(stmt, ast.For):
-            total += _work(stmt.body, iterations * _trip_count(stmt.iter))
+            total += _work(stmt.body, iterations * _trip_count(stmt.iter), per_store)
         elif isinstance(stmt, ast.With) and any(_call_name(item.context_expr) == "T.sblock" for item in stmt.items):
-            total += iterations * sum(_operators(s.value) for s in stmt.body if isinstance(s, (ast.Assign, ast.AugAssign)))
-            total += _work(stmt.body, iterations)
+            total += iterations * sum(_operators(s.value) + per_store * _stores(s) for s in stmt.body if isinstance(s, (ast.Assign, ast.AugAssign)))
+            total += _work(stmt.body, iterations, per_store)
         elif isinstance(stmt, ast.With) and any(_call_name(item.context_expr) == "T.init" for item in stmt.items):
             continue  # the reduction's initial value: no arithmetic
         elif isinstance(stmt, (ast.With, ast.ClassDef, ast.FunctionDef, ast.If)):
-            total += _work(stmt.body, iterations)
+            total += _work(stmt.body, iterations, per_store)
     return total
+
+
+def _stores(stmt: ast.Assign | ast.AugAssign) -> int:
+    """Buffer elements an assignment in a block writes (not its ``T.axis`` bindings)."""
+    targets = [stmt.target] if isinstance(stmt, ast.AugAssign) else stmt.targets
+    return sum(isinstance(t, ast.Subscript) for t in targets)
 
 
 def _trip_count(node: ast.expr) -> float:

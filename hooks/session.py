@@ -39,7 +39,7 @@ from .identity import as_module, workload_identity
 from .measure import TIMING, Budget, KernelBench, Timing, build_all, host_cpu, runs_here
 from .msdb import normalize_mod, replay_within, tuning_record
 from .objects import OBJECT_ID, ObjectCache
-from .ranking import SYNTHESIZED, rank_key, retiled, speed, work
+from .ranking import SYNTHESIZED, effort, rank_key, retiled, speed, work
 from .synthesis import TIMED, LogModel, check_sample_count, synthesize
 from .threads import usable_cpus, warn_idle_cores
 
@@ -133,6 +133,8 @@ class HookSession:
         self._retiled: dict[tuple[str, str], int] = {}  # (kernel key, trace id): tile sizes re-derived on replay
         self._committed: dict[str, list[Record]] = {}  # what this process committed: read back at once
         self._pending_misses: dict[str, Identity] = {}
+        self._calls: dict[str, int] = {}  # kernel key: call sites in the module last compiled
+        self._served_secs: dict[str, float] = {}  # kernel key: seconds per call of the transfer served (measured or estimated)
         self._refused_keys: set[str] = set()
         self._targets_checked: set[str] = set()
 
@@ -188,6 +190,14 @@ class HookSession:
         for identity in wanted:
             self._records[identity.key] = found.get(identity.key, [])
             self._candidates[identity.key] = [c for c in near.get(identity.key, []) if c.record.identity.structure == identity.structure]
+
+    def count_calls(self, kernels: list[tuple[Identity, int]]) -> None:
+        """How often the module being compiled calls each kernel (identity, call sites; a kernel under two
+        names counts both): what orders the misses this compile reports."""
+        calls: dict[str, int] = {}
+        for identity, count in kernels:
+            calls[identity.key] = calls.get(identity.key, 0) + max(1, count)
+        self._calls.update(calls)
 
     def cached(self) -> dict[str, list[Record]]:
         """Every key this session has looked up, with the records it found ([] for a miss)."""
@@ -319,6 +329,8 @@ class HookSession:
             return None
         candidate, out = served[0]
         self._candidates[identity.key] = [candidate, *(c for c in self._candidates.get(identity.key, []) if c is not candidate)]
+        record = candidate.record
+        self._served_secs[identity.key] = measured.get(record.trace_id) or work(identity.workload) / max(speed(work(record.identity.workload), record.mean_secs), 1.0)
         outcome = SYNTHESIZED if candidate.relation == SYNTHESIZED else TRANSFER
         self._note(identity, outcome, f"{candidate.relation}:{candidate.record.trace_id}:{candidate.record.identity.op}", measured)
         return out
@@ -414,10 +426,12 @@ class HookSession:
     # -- end of the block --------------------------------------------------------------------
 
     def flush_misses(self) -> None:
-        """Report buffered misses in one request (skipped when offline or disabled)."""
+        """Report buffered misses in one request (skipped when offline or disabled), the kernel that costs the
+        compiled module the most time first (:meth:`miss_cost`): the registry's queue hands out jobs of equal
+        demand in the order they were first reported, so a worker's first passes speed the module up soonest."""
         if not self._pending_misses or not self.report_misses or self.offline:
             return
-        misses = [m for m in self._pending_misses.values() if tunable(m)]
+        misses = sorted((m for m in self._pending_misses.values() if tunable(m)), key=self.miss_cost, reverse=True)
         skipped = len(self._pending_misses) - len(misses)
         if skipped:  # dynamic shapes: nothing MetaSchedule could tune, and the registry refuses them
             self.report.problems.append(f"{skipped} kernels with non-static arguments not reported")
@@ -430,6 +444,23 @@ class HookSession:
         except RegistryError as exc:
             self.report.problems.append(f"misses not reported: {exc}")
             warnings.warn(f"schedhub could not report {len(misses)} misses: {exc}", RegistryFallbackWarning, stacklevel=2)
+
+
+    def miss_cost(self, identity: Identity) -> float:
+        """Estimated seconds a missed kernel costs one run of the module compiled: its call sites times the
+        seconds per call of what it was served (the transfer's time measured here, or its record's speed on
+        its own workload applied to this kernel's work: :func:`.ranking.work`), or, for a kernel left to
+        TVM's default schedule, its work, data movement included (:func:`.ranking.effort`), at :data:`UNTUNED_SPEED`."""
+        secs = self._served_secs.get(identity.key)
+        if secs is None:
+            secs = effort(identity.workload) / UNTUNED_SPEED
+        return self._calls.get(identity.key, 1) * secs
+
+
+#: Work per second (:func:`.ranking.effort` units: about FLOP/s, or elements written per second) assumed of a
+#: kernel left to TVM's default schedule: unscheduled CPU convolutions ran at 1–2 GFLOPS (``schedhub profile``),
+#: MobileNet-V2's classifier-weight transpose (1.3M elements) in 1.2 ms; it only orders misses.
+UNTUNED_SPEED = 1e9
 
 
 def tunable(identity: Identity) -> bool:

@@ -3,7 +3,8 @@
 One job per key (reports of a known key raise its demand). Workers lease jobs; a lease that is
 neither acked nor renewed expires and the job returns to the queue, so a killed worker loses
 nothing. Failures are retried up to ``max_attempts`` leases, then the job is dead with its last
-error. Pending jobs are served most-demanded first, then oldest first.
+error. Pending jobs are served most-demanded first, then oldest first (the compile hook reports a
+compile's misses costliest first, so its jobs come out in that order).
 
 Two tasks share the queue: ``tune`` (one job per missed key; its job id is the key) and
 ``verify`` (one job per pushed claim or complaint: replay, check and re-measure one record; its

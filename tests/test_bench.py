@@ -200,3 +200,17 @@ def test_pooled_rankings_are_judged_against_fit_network_by_network_on_fully_reco
     assert xgb["vs_fit_geomean"] == pytest.approx(math.sqrt(3.0 * 0.25))
     assert xgb["vs_best_pooled"] == pytest.approx((300.0 + 100.0) / 200.0)
     assert pooled["rankings"]["fit"]["vs_best_pooled"] == pytest.approx((100.0 + 400.0) / 200.0)
+
+
+def test_how_soon_an_order_of_first_passes_closes_the_gap_is_read_off_its_curve() -> None:
+    from bench.miss_order import closing, summarize
+
+    points = [(0.0, 10.0), (10.0, 6.0), (30.0, 2.0)]  # 8 ms to gain: half in the first 10 s, the rest by 30 s
+    figures = closing(points)
+    assert figures["to_close"] == {"50%": 10.0, "80%": 30.0, "90%": 30.0}
+    assert figures["closed_after"]["30 s"] == 1.0 and figures["closed_after"]["60 s"] == 1.0
+    assert figures["mean_gap_left"] == pytest.approx((10 * 8 + 20 * 4) / 8 / 30)
+    assert closing([(0.0, 5.0), (10.0, 5.5)])["mean_gap_left"] is None  # slower after: nothing to close
+    slow = [(0.0, 10.0), (20.0, 6.0), (30.0, 2.0)]
+    runs = [{"networks": [{"network": "net", "orders": {"reported": {"points": p}}}]} for p in (points, slow, slow)]
+    assert summarize(runs)["net"]["reported"]["to_close"]["50%"] == 20.0  # the median run's

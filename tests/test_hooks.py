@@ -323,3 +323,35 @@ def test_a_target_whose_cores_tvm_would_leave_idle_is_warned_about_once(tmp_path
     assert warnings_compiling(here, str(cores)) == ([], [])
     elsewhere = tvm.target.Target({"kind": "llvm", "mcpu": "skylake" if host_cpu() != "skylake" else "znver1", "num-cores": 16})
     assert warnings_compiling(elsewhere, "1") == ([], [])  # built for another machine: this process's threads say nothing
+
+
+class Uneven(nn.Module):
+    """Kernels whose cost order is neither the model's order nor their names': a small layer called three
+    times (3 × 16k multiply-adds, 16k each), a wide one once (64k), a head once (24k)."""
+
+    def __init__(self) -> None:
+        self.blocks = nn.ModuleList([nn.Linear(64, 64) for _ in range(3)])
+        self.wide = nn.Linear(64, 256)
+        self.head = nn.Linear(256, 24)
+
+    def forward(self, x: nn.Tensor) -> nn.Tensor:
+        for block in self.blocks:
+            x = nn.relu(block(x))
+        return self.head(nn.sigmoid(self.wide(x)))
+
+
+def test_a_compile_queues_its_misses_costliest_first_counting_every_call(tmp_path: Path) -> None:
+    """The queue hands out jobs of equal demand oldest first, so a worker's first passes follow the order the
+    misses were reported: the costliest kernel of the module first (calls × its work on the default schedule)."""
+    from schedhub.registry import LocalRegistry
+
+    mod, _ = export(Uneven(), "x")
+    layers = {(64, 256): "wide", (64, 64): "block", (256, 24): "head"}  # by the matmul's weight operand
+    found = {k.identity.key: (layers.get(tuple(k.identity.args_info[1][2])) if "matmul" in k.name else None, k.calls) for k in kernels(mod, CPU)}
+    assert sorted(v for v in found.values() if v[0]) == [("block", 3), ("head", 1), ("wide", 1)]  # and three transposes
+    with LocalRegistry(tmp_path / "store") as store:
+        with use(store, CPU, cache=tmp_path / "cache") as session:
+            tvm.compile(mod, CPU)
+        assert session.report.misses == len(found)
+        leased = [found[lease.job["key"]][0] for lease in store.lease("w", max_jobs=10, lease_secs=60)]
+    assert [layer for layer in leased if layer] == ["wide", "block", "head"]  # 64k, 3 × 16k, 24k: not the names' order (wide, head, block)

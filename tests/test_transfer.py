@@ -29,7 +29,7 @@ from schedhub.registry import (
 from schedhub.tuner.models import kernels
 
 from .hand_tuner import FACTORS, tune
-from .test_hooks import MLP, mlp_reference, run
+from .test_hooks import MLP, Uneven, mlp_reference, run
 
 TARGET = canonical_target({"kind": "llvm", "mcpu": "znver5", "num-cores": 2, "keys": ["cpu"]})
 OTHER_TARGET = canonical_target({"kind": "llvm", "mcpu": "skylake", "num-cores": 2, "keys": ["cpu"]})
@@ -374,3 +374,42 @@ def test_the_work_the_ranking_reads_from_a_workload_text_is_tvms_flop_estimate()
     for k in found:
         assert work(k.identity.workload) == flops(workload_module(k.identity.workload)), k.name
     assert work("not python") == 1.0
+
+
+def test_the_effort_of_a_kernel_counts_the_elements_it_writes_beside_its_arithmetic() -> None:
+    """What orders the misses a compile reports: a transpose has no arithmetic but writes every element."""
+    from schedhub.hooks.ranking import effort, work
+
+    mlp = kernels(export(16), CPU)
+    transpose = next(k for k in mlp if k.name == "transpose")  # the first layer's weight: 128 × 64
+    assert work(transpose.identity.workload) == 1.0 and effort(transpose.identity.workload) == 128 * 64
+    matmul = next(k for k in mlp if k.name == "fused_matmul_add_relu")  # 16 × 64 @ 64 × 128, then the bias and the ReLU
+    assert work(matmul.identity.workload) == 16 * 128 * 64 * 2 + 16 * 128 * 2  # a multiply-add per step, an add and a max per element
+    assert effort(matmul.identity.workload) == 16 * 128 * 64 * 3 + 16 * 128 * 4  # and a store each
+
+
+def test_a_transferred_miss_is_queued_by_the_time_its_transfer_is_expected_to_take(tmp_path: Path) -> None:
+    """A miss served by a transfer costs the module what that schedule takes (its record's speed applied to
+    this kernel's work), not what TVM's default would: the wide layer's neighbour, 1000× as fast as a default
+    schedule is assumed to be, serves the wide and the block layers (one structure: matmul, bias, activation),
+    so the head, left to the default schedule, is queued first."""
+    from schedhub.hooks.ranking import work
+
+    def uneven(batch: int) -> tvm.IRModule:
+        return Uneven().export_tvm({"forward": {"x": nn.spec.Tensor((batch, 64), "float32")}})[0]
+
+    def layer(k: Any) -> str | None:
+        names = {(64, 256): "wide", (64, 64): "block", (256, 24): "head"}  # by the matmul's weight operand
+        return names.get(tuple(k.identity.args_info[1][2])) if "matmul" in k.name else None
+
+    wide_at_8 = next(k.identity for k in kernels(uneven(8), CPU) if layer(k) == "wide")
+    record = split_record(wide_at_8, 4)
+    fast = dataclasses.replace(record, run_secs=[work(wide_at_8.workload) / 1e12])  # 1000× the default's assumed 1e9 a second
+    layers = {k.identity.key: layer(k) for k in kernels(uneven(4), CPU)}
+    with LocalRegistry(tmp_path / "store", sync=False) as store:
+        store.put_many([fast])
+        with use(store, CPU, cache=tmp_path / "cache") as session:
+            tvm.compile(uneven(4), CPU)
+        assert {layers[k.key]: k.outcome for k in session.report.kernels if layers.get(k.key)} == {"wide": "transfer", "block": "transfer", "head": "miss"}
+        leased = [layers[lease.job["key"]] for lease in store.lease("w", max_jobs=10, lease_secs=60)]
+    assert [name for name in leased if name] == ["head", "wide", "block"]  # wide 133k of work, block 3 × 33k, at the neighbour's speed; all at the default's: wide, block, head

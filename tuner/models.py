@@ -203,18 +203,14 @@ def kernels(mod: tvm.IRModule, target: Any) -> list[Kernel]:
     from tvm import tirx
 
     from schedhub.hooks.identity import workload_identity
-    from schedhub.hooks.pipeline import fusion_passes, gpu_backend, is_gpu
+    from schedhub.hooks.pipeline import call_counts, fusion_passes, gpu_backend, is_gpu
 
     tgt = tvm.target.Target(target) if not isinstance(target, tvm.target.Target) else target
     with tgt:
         if is_gpu(tgt):  # the GPU route dispatches to libraries first
             mod = tvm.transform.Sequential(gpu_backend(tgt).library_dispatch_passes(tgt))(mod)
         fused = fusion_passes()(mod)
-    calls: dict[str, int] = {}
-    for _, func in fused.functions_items():
-        if isinstance(func, relax.Function):
-            for name in _called_kernels(func):
-                calls[name] = calls.get(name, 0) + 1
+    calls = call_counts(fused)
     found: dict[str, Kernel] = {}
     for gv, func in fused.functions_items():
         if isinstance(func, tirx.PrimFunc):
@@ -223,14 +219,3 @@ def kernels(mod: tvm.IRModule, target: Any) -> list[Kernel]:
             n = calls.get(gv.name_hint, 1)
             found[ident.key] = Kernel(gv.name_hint, ident, n + (prev.calls if prev else 0))
     return list(found.values())
-
-
-def _called_kernels(func: Any) -> list[str]:
-    names: list[str] = []
-
-    def visit(expr: Any) -> None:
-        if isinstance(expr, relax.Call) and expr.op == tvm.ir.Op.get("relax.call_tir"):
-            names.append(expr.args[0].name_hint)
-
-    relax.analysis.post_order_visit(func.body, visit)
-    return names
