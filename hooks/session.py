@@ -133,8 +133,8 @@ class HookSession:
         self._retiled: dict[tuple[str, str], int] = {}  # (kernel key, trace id): tile sizes re-derived on replay
         self._committed: dict[str, list[Record]] = {}  # what this process committed: read back at once
         self._pending_misses: dict[str, Identity] = {}
-        self._calls: dict[str, int] = {}  # kernel key: call sites in the module last compiled
-        self._served_secs: dict[str, float] = {}  # kernel key: seconds per call of the transfer served (measured or estimated)
+        self._calls: dict[str, int] = {}  # kernel key: call sites in the module being compiled
+        self._served_secs: dict[str, float] = {}  # kernel key: seconds per call of the transfer it served (measured or estimated)
         self._refused_keys: set[str] = set()
         self._targets_checked: set[str] = set()
 
@@ -147,6 +147,8 @@ class HookSession:
         if self.report.kernels or self.report.lookups:
             self.reports.append(CompileReport())
         self._budget = Budget(self.measure)
+        self._calls.clear()  # what orders this compile's misses: this compile's module and what it serves
+        self._served_secs.clear()
 
     def end_compile(self) -> None:
         self.flush_misses()
@@ -444,7 +446,6 @@ class HookSession:
         except RegistryError as exc:
             self.report.problems.append(f"misses not reported: {exc}")
             warnings.warn(f"schedhub could not report {len(misses)} misses: {exc}", RegistryFallbackWarning, stacklevel=2)
-
 
     def miss_cost(self, identity: Identity) -> float:
         """Estimated seconds a missed kernel costs one run of the module compiled: its call sites times the
