@@ -40,7 +40,7 @@ from .models import MODES as MODEL_MODES
 from .transfer import MODES as TRANSFER_MODES
 from .transfer import _tune
 
-HELD_OUT = [(name, shape) for name, shape, frontend in TRANSFER_MODES["quick"]["held_out"][:2]]  # ResNet-18 and MobileNet-V2, batch 2 at 96 px
+HELD_OUT = [(name, shape) for name, shape, _ in TRANSFER_MODES["quick"]["held_out"][:2]]  # ResNet-18 and MobileNet-V2, batch 2 at 96 px
 WARM_UP = ("mlp", {"batch": 5})  # a kernel whose first pass trains the cost model before any timed job
 SHARES = (0.5, 0.8, 0.9)
 AFTER = (30.0, 60.0, 120.0)
