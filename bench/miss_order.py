@@ -37,10 +37,8 @@ from schedhub.registry import LocalRegistry
 from schedhub.tuner import cluster, models, profile, tvm_env
 
 from .models import MODES as MODEL_MODES
-from .transfer import MODES as TRANSFER_MODES
-from .transfer import _tune
+from .transfer import QUICK_CONVNETS, _tune
 
-HELD_OUT = [(name, shape) for name, shape, _ in TRANSFER_MODES["quick"]["held_out"][:2]]  # ResNet-18 and MobileNet-V2, batch 2 at 96 px
 WARM_UP = ("mlp", {"batch": 5})  # a kernel whose first pass trains the cost model before any timed job
 SHARES = (0.5, 0.8, 0.9)
 AFTER = (30.0, 60.0, 120.0)
@@ -62,7 +60,7 @@ def run(source_store: Path) -> dict[str, Any]:
         with LocalRegistry(root) as registry:
             warm = models.kernels(models.export(WARM_UP[0], **WARM_UP[1])[0], target)
             _tune(registry, warm[:1], options)
-            for name, shape in HELD_OUT:
+            for name, shape in QUICK_CONVNETS:
                 mod, _, _ = models.export(name, **shape)
                 by_key = {k.identity.key: k for k in models.kernels(mod, target)}
                 with hooks.use(registry, target, cache=Path(tmp) / f"cache-{name}") as session:

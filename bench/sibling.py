@@ -40,10 +40,9 @@ from .models import MODES as MODEL_MODES
 from .models import TORCH_TWINS, time_side_by_side
 from .stats import ratio
 from .transfer import MODES as TRANSFER_MODES
-from .transfer import REPO, compile_and_load, fill
+from .transfer import QUICK_CONVNETS, REPO, compile_and_load, fill
 
 SOURCE = {name: TRANSFER_MODES["quick"]["source"][name] for name in ("resnet18", "mobilenetv2")}
-HELD_OUT = [(name, shape) for name, shape, _ in TRANSFER_MODES["quick"]["held_out"][:2]]
 MEASURE_SECS = 600
 SYNTHESIZE = TRANSFER_MODES["quick"]["synthesize"]
 SMALL_OWN = {"bert_layer": TRANSFER_MODES["quick"]["source"]["bert_layer"]}  # a CPU's first tuning: a transformer's matmuls
@@ -96,7 +95,7 @@ def run(sibling: dict[str, Any], own: bool, small_own: bool, rounds: int) -> dic
             configs["topped-up"] = ("small", synthesis)
         cluster.stop()  # nothing of Ray shares the cores with the compiles' timings
         torch_proc = stack.enter_context(TorchProcess(cwd=REPO))
-        for name, shape in HELD_OUT:
+        for name, shape in QUICK_CONVNETS:
             mod, weights, input_shape = models.export_with_weights(name, **shape)
             executables = {"default": compile_and_load(lambda: tvm.compile(mod, target))[0]}
             compiles = {}

@@ -108,6 +108,10 @@ MODES: dict[str, dict[str, Any]] = {
     },
 }
 
+#: The quick mode's held-out convolution networks, as the studies beside this bench take them: ResNet-18
+#: and MobileNet-V2 at batch 2, 96 px (Relax frontend).
+QUICK_CONVNETS = [(name, shape) for name, shape, _ in MODES["quick"]["held_out"][:2]]
+
 
 @dataclass
 class HeldOut:
