@@ -149,7 +149,8 @@ def log_read_ms(url: str, rounds: int) -> dict[str, Any]:
 
 #: Public listings a caller may ask of any registry, each one page: the cost must not grow with the store or queue.
 LISTINGS = {"stats_ms": "/v1/stats", "op_page_ms": "/v1/records?op=fused_matmul&limit=100",
-            "unmatched_target_ms": "/v1/records?target=cuda&limit=100", "dead_jobs_ms": "/v1/queue?state=dead&limit=100"}  # fmt: skip
+            "unmatched_target_ms": "/v1/records?target=cuda&limit=100", "op_unmatched_target_ms": "/v1/records?op=fused_matmul&target=cuda&limit=100",
+            "dead_jobs_ms": "/v1/queue?state=dead&limit=100"}  # fmt: skip
 
 
 def build_json_database(work_dir: Path, records: int) -> float:

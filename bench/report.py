@@ -502,10 +502,12 @@ def _registry(d: dict[str, Any] | None) -> list[str]:
         listed = any("op_page_ms" in v for v in d["dashboard"].values())
         lines += ["The dashboard (`GET /`) and the public listings by store size (ms per request, one client)"
                   + (": `/v1/stats` (with the queue's counts), a page of an op's keys (`?op=&limit=100`), a page filtered by a target "
-                     "no key has (`?target=cuda`), a page of dead jobs (none: every job is done); "
+                     "no key has (`?target=cuda`), the same with an op (`?op=&target=cuda`, where recorded), a page of dead jobs (none: every job is done); "
                      "the queue holds one job per key." if listed else ":"), ""]  # fmt: skip
-        columns = ["records", "queue jobs", "dashboard ms", "stats ms", "op page ms", "unmatched target ms", "dead jobs ms"] if listed else ["records", "dashboard ms", "stats ms"]
-        keys = ["page_ms", "stats_ms", "op_page_ms", "unmatched_target_ms", "dead_jobs_ms"] if listed else ["page_ms", "stats_ms"]
+        by_op = any("op_unmatched_target_ms" in v for v in d["dashboard"].values())  # recorded since store format 4
+        columns = ["records", "queue jobs", "dashboard ms", "stats ms", "op page ms", "unmatched target ms", *(["op, unmatched target ms"] if by_op else []),
+                   "dead jobs ms"] if listed else ["records", "dashboard ms", "stats ms"]  # fmt: skip
+        keys = ["page_ms", "stats_ms", "op_page_ms", "unmatched_target_ms", *(["op_unmatched_target_ms"] if by_op else []), "dead_jobs_ms"] if listed else ["page_ms", "stats_ms"]
         lines += table(columns, [[f"{int(n):,}", *([f"{v.get('jobs', 0):,}"] if listed else []), *(fmt(v[k]) for k in keys)] for n, v in d["dashboard"].items()]) + [""]
     if d.get("own_ops"):
         o = d["own_ops"]

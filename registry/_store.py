@@ -30,7 +30,7 @@ from ._trials import TRIALS_BY_TARGET, index_trial_targets
 DEFAULT_MAP_SIZE = int(os.environ.get("SCHEDHUB_MAP_SIZE", 64 << 30))
 DEFAULT_TOP_K = 8
 MAX_COMPLAINANTS = 32
-STORE_FORMAT = b"3"  # 2: op_feed and queue_state; 3: target_feed, trials_by_target, agg_rank. Older formats are brought to 3 when opened writable
+STORE_FORMAT = b"4"  # 2: op_feed and queue_state; 3: target_feed, trials_by_target, agg_rank; 4: target_feed by op too. Older formats are brought to 4 when opened writable
 _SEQ = struct.Struct(">Q")
 _SEQ_MAX = 2**64 - 1
 _DB_NAMES = ("records", "by_op", "by_struct", "changes", "log", "meta", "quarantine", "queue", "queue_idx", "agg", "trials", "queue_state", "op_feed", "target_feed",
@@ -40,11 +40,13 @@ AGGREGATES = b"index:agg"  # meta flag: the aggregates cover every key and log e
 QUEUE_STATES = b"index:queue_state"  # meta flag: every job is in queue_state and counted (stores from before it get it on open)
 OP_FEED = b"index:op_feed"  # meta flag: every key is in op_feed (stores from before it get it on open)
 TARGET_FEED = b"index:target_feed"  # meta flag: every key is in target_feed, under its kind and its target
+OP_TARGET_FEED = b"index:op_target_feed"  # meta flag: every key is in target_feed under its op with its kind and with its target too
 AGG_RANK = b"index:agg_rank"  # meta flag: every aggregate row is ranked in agg_rank and each dimension's names are counted
-INDEXES = {OP_FEED: "op_feed", QUEUE_STATES: "queue_state", TARGET_FEED: "target_feed", TRIALS_BY_TARGET: "trials_by_target",
-           AGG_RANK: "agg_rank"}  # fmt: skip
+INDEXES = {OP_FEED: "op_feed", QUEUE_STATES: "queue_state", TARGET_FEED: "target_feed", OP_TARGET_FEED: "target_feed",
+           TRIALS_BY_TARGET: "trials_by_target", AGG_RANK: "agg_rank"}  # fmt: skip
 #: What an upgrade rebuilds: the indexes a writer of that format did not keep (format 1 was written before by_struct and agg too).
-_REBUILT_ON_UPGRADE = {b"1": (STRUCTURE_INDEX, AGGREGATES, *INDEXES), b"2": (TARGET_FEED, TRIALS_BY_TARGET, AGG_RANK)}
+_REBUILT_ON_UPGRADE = {b"1": (STRUCTURE_INDEX, AGGREGATES, *INDEXES), b"2": (TARGET_FEED, OP_TARGET_FEED, TRIALS_BY_TARGET, AGG_RANK),
+                       b"3": (OP_TARGET_FEED,)}  # fmt: skip
 _COUNT = struct.Struct(">q")
 #: Aggregate dimensions: keys per op / canonical target / compiler fingerprint, pushes per pusher,
 #: tuned-vs-default speedup per op of verified pushes (``speedup`` rows hold msgpack {n, log2_sum, best}).
@@ -183,10 +185,10 @@ class Store:
             if txn.get(AGG_RANK, db=self.dbs["meta"]) is None:
                 self._rank_all(txn)
                 txn.put(AGG_RANK, b"1", db=self.dbs["meta"])
-            if txn.get(OP_FEED, db=self.dbs["meta"]) is None or txn.get(TARGET_FEED, db=self.dbs["meta"]) is None:
+            if any(txn.get(flag, db=self.dbs["meta"]) is None for flag in (OP_FEED, TARGET_FEED, OP_TARGET_FEED)):
                 self._index_feeds(txn)
-                txn.put(OP_FEED, b"1", db=self.dbs["meta"])
-                txn.put(TARGET_FEED, b"1", db=self.dbs["meta"])
+                for flag in (OP_FEED, TARGET_FEED, OP_TARGET_FEED):
+                    txn.put(flag, b"1", db=self.dbs["meta"])
             if txn.get(TRIALS_BY_TARGET, db=self.dbs["meta"]) is None:
                 index_trial_targets(txn, self.dbs["trials"], self.dbs["trials_by_target"])
                 txn.put(TRIALS_BY_TARGET, b"1", db=self.dbs["meta"])
@@ -206,7 +208,7 @@ class Store:
                 _put_structure(txn, self.dbs["by_struct"], raw_key.decode(), value)
 
     def _index_feeds(self, txn: lmdb.Transaction) -> None:
-        """Put every key in its op's, kind's and target's feeds (once, on open, for a store from before them)."""
+        """Put every key in its op's, kind's, target's, op and kind's, and op and target's feeds (once, on open, for a store from before them)."""
         for name in ("op_feed", "target_feed"):
             txn.drop(self.dbs[name], delete=False)
         for raw_key, raw in txn.cursor(db=self.dbs["records"]):
@@ -687,10 +689,12 @@ class Store:
 
     def _feed_for(self, txn: lmdb.Transaction, op: str | None, target: str | None, prefix: str) -> tuple[str, bytes] | None:
         """The feed (database, row head) whose rows are the filter's keys in change order, the narrowest first:
-        a canonical target's, an op's, a kind's, every key's. None: no such feed (``prefix``, or an op in a
-        read-only store from before the op feed), the candidates come unordered."""
+        an op's with a target or kind, a canonical target's, an op's, a kind's, every key's. None: no such feed
+        (``prefix``, or an op in a read-only store from before the op feed), the candidates come unordered."""
         if prefix:
             return None
+        if op and target and self.indexed(txn, OP_TARGET_FEED):
+            return "target_feed", target_feed_head(target, op)
         by_target = bool(target) and self.indexed(txn, TARGET_FEED)
         if target and by_target and target.startswith("{"):
             return "target_feed", target_feed_head(target)
@@ -780,14 +784,19 @@ def _op_feed_row(op: str, seq: int) -> bytes:
     return op.encode() + b"\0" + _SEQ.pack(seq)
 
 
-def target_feed_head(target: str) -> bytes:
-    """Where a target filter's keys are in ``target_feed``: a canonical target (JSON) by its digest, a kind by name."""
-    return b"t" + target_digest(target) if target.startswith("{") else b"k" + target.encode() + b"\0"
+def target_feed_head(target: str, op: str = "") -> bytes:
+    """Where a target filter's keys are in ``target_feed``: a canonical target (JSON) by its digest, a kind by
+    name; with ``op``, that op's keys of the target or kind (capital tags, the op after)."""
+    tag, name = (b"t", target_digest(target)) if target.startswith("{") else (b"k", target.encode() + b"\0")
+    return (tag.upper() + name + op.encode() + b"\0") if op else tag + name
 
 
-def _target_feed_rows(value: dict[str, Any]) -> tuple[bytes, bytes]:
-    """A key's rows in ``target_feed``, each its filter's head then its change-feed position: under its kind and its target."""
-    return tuple(target_feed_head(t) + _SEQ.pack(value["seq"]) for t in (value["kind"], value["target"]))  # type: ignore[return-value]
+def _target_feed_rows(value: dict[str, Any]) -> list[bytes]:
+    """A key's rows in ``target_feed``, each its filter's head then its change-feed position: under its kind and
+    its target, and under its op with each (so a filter by both reads only the keys that match)."""
+    heads = [target_feed_head(t) for t in (value["kind"], value["target"])]
+    heads += [target_feed_head(t, value["op"]) for t in (value["kind"], value["target"])]
+    return [head + _SEQ.pack(value["seq"]) for head in heads]
 
 
 def _op_index(op: str, kind: str, key: str) -> bytes:

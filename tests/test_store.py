@@ -110,9 +110,10 @@ def test_entries_stored_before_trust_existed_read_as_claims_and_take_every_new_o
 
 
 def test_a_listing_reads_no_more_of_the_feed_than_its_page_or_its_scan_bound(local: LocalRegistry, monkeypatch: pytest.MonkeyPatch) -> None:
-    """An op's keys page from the op's own feed, and a target filter that matches little stops at the
-    scan bound with a cursor past what it read: before, each page of an op read every key of the op,
-    and a target that matched nothing read the whole store (~0.3 s a request at 100k keys)."""
+    """An op's keys page from the op's own feed, an op's keys of a kind or target from their own, and a
+    target filter that matches little stops at the scan bound with a cursor past what it read: before,
+    each page of an op read every key of the op, a target that matched nothing read the whole store
+    (~0.3 s a request at 100k keys), and an op of a kind it lacked read the op's feed a scan bound a page."""
     from schedhub.registry import _store
 
     for w in range(60):
@@ -128,21 +129,24 @@ def test_a_listing_reads_no_more_of_the_feed_than_its_page_or_its_scan_bound(loc
     assert len(loaded) == 5  # the page's keys only
     assert local.summaries(op="fused_dense", limit=3, newest=True) == dense[-3:]
     assert local.summaries(op="fused_conv", limit=100, newest=True) == [s for s in feed if s.op == "fused_conv"]
-    loaded.clear()
-    pages, since = [], 0
-    while True:  # a filter no feed narrows to: the op's feed, read at most 7 rows a page
-        page = local.store.page(op="fused_dense", target="cuda", since=since, limit=1000, scan=7)
-        pages.append(page.items)
-        if not page.more:
-            break
-        assert page.next > since
-        since = page.next
-    assert all(p == [] for p in pages) and len(pages) == 6 and len(loaded) == len(dense)  # each row read once
+    loaded.clear()  # an op of a kind or target no key of the op has: nothing read, not a page per scan bound
+    assert local.store.page(op="fused_dense", target="cuda", limit=1000, scan=7) == _store.KeyPage([], 0, False) and loaded == []
     loaded.clear()
     assert local.store.page(target="cuda", limit=1000, scan=7) == _store.KeyPage([], 0, False) and loaded == []  # no key of that kind
     assert [s.key for s in local.store.page(target="llvm", since=feed[20].seq, limit=1000, scan=7).items] == [s.key for s in feed[21:28]]
     assert local.summaries(target=feed[0].target, since=feed[20].seq, limit=4) == feed[21:25]
     assert local.summaries(target=feed[0].target.replace("}", ', "x": 1}'), limit=4) == []
+    cuda = '{"arch": "sm_90", "kind": "cuda"}'
+    for w in range(60, 66):  # an op's keys of another kind, behind 60 of this kind
+        local.put(make_record(w, 1e-3, op="fused_dense", target=cuda))
+    on_cuda = local.summaries(target=cuda)
+    for target in ("cuda", cuda):
+        loaded.clear()
+        page = local.store.page(op="fused_dense", target=target, limit=4, scan=7)
+        assert page.items == on_cuda[:4] and page.more and page.next == on_cuda[3].seq and len(loaded) == 4
+        assert local.store.page(op="fused_dense", target=target, since=page.next, limit=4, scan=7).items == on_cuda[4:]
+        assert local.summaries(op="fused_dense", target=target, limit=2, newest=True) == on_cuda[-2:]
+    assert local.summaries(op="fused_dense", target="llvm") == dense
 
 
 def test_a_store_from_before_the_op_feed_gets_it_on_open_and_reads_the_old_index_until_then(tmp_path: Path) -> None:
@@ -162,11 +166,11 @@ def test_a_store_from_before_the_op_feed_gets_it_on_open_and_reads_the_old_index
             assert reg.store.indexed(txn, _store.OP_FEED)
 
 
-@pytest.mark.parametrize("older", [b"1", b"2"])
+@pytest.mark.parametrize("older", [b"1", b"2", b"3"])
 def test_an_older_format_store_is_upgraded_with_its_new_indexes_rebuilt(tmp_path: Path, older: bytes) -> None:
     """Format 1 knew nothing of op_feed, queue_state, target_feed or trials_by_target, format 2 nothing of
-    the last two: a store an older schedhub wrote after a newer one indexed it is re-indexed on upgrade,
-    and the new format keeps the older one from writing again."""
+    the last two, format 3 nothing of target_feed's rows by op: a store an older schedhub wrote after a
+    newer one indexed it is re-indexed on upgrade, and the new format keeps the older one from writing again."""
     from schedhub.registry import Trial, TrialLog, _store
 
     other = TARGET.replace("znver5", "znver4")
@@ -178,19 +182,27 @@ def test_an_older_format_store_is_upgraded_with_its_new_indexes_rebuilt(tmp_path
         store = reg.store
         with store.env.begin(write=True) as txn:  # what an older writer leaves: the indexes it does not know stale
             txn.put(b"format", older, db=store.dbs["meta"])
-            txn.drop(store.dbs["target_feed"], delete=False)
-            txn.drop(store.dbs["trials_by_target"], delete=False)
-            txn.drop(store.dbs["agg_rank"], delete=False)
+            if older == b"3":  # its target_feed rows, without those by op
+                rows = txn.cursor(db=store.dbs["target_feed"])
+                while rows.first() and rows.key()[:1] in b"KT":
+                    rows.delete()
+            else:
+                txn.drop(store.dbs["target_feed"], delete=False)
+                txn.drop(store.dbs["trials_by_target"], delete=False)
+                txn.drop(store.dbs["agg_rank"], delete=False)
             if older == b"1":
                 txn.drop(store.dbs["op_feed"], delete=False)
                 txn.drop(store.dbs["queue_state"], delete=False)
                 txn.put(_store.queue_count_row("dead"), struct.pack(">q", 5), db=store.dbs["meta"])
                 txn.put(b"op\0ghost", struct.pack(">q", 3), db=store.dbs["agg"])  # format 1 was written before agg and by_struct too
                 txn.put(b"\xab" * 64, b"\x80", db=store.dbs["by_struct"])
-        assert store.summaries(target=other) == [] and reg.trial_logs(target=other)[0] == []  # stale: the flags still say indexed
+        assert store.summaries(op="fused_dense", target=other) == []  # stale: the flags still say indexed
+        assert older == b"3" or (store.summaries(target=other) == [] and reg.trial_logs(target=other)[0] == [])
     with LocalRegistry(tmp_path, sync=False) as reg:
         assert len(reg.summaries(op="fused_dense")) == 6 and len(reg.jobs("pending")) == 3
         assert [s.key for s in reg.summaries(target=other)] == [make_record(w, 1e-3, target=other).key for w in (1, 3, 5)]
+        assert [s.key for s in reg.summaries(op="fused_dense", target=other)] == [make_record(w, 1e-3, target=other).key for w in (1, 3, 5)]
+        assert len(reg.summaries(op="fused_dense", target="llvm")) == 6
         assert len(reg.summaries(target="llvm")) == 6
         assert [log.key for log in reg.trial_logs(target=other)[0]] == [make_record(1, 1e-3, target=other).key]
         assert reg.stats()["queue"] == {"pending": 3, "leased": 0, "done": 0, "dead": 0}
@@ -199,4 +211,4 @@ def test_an_older_format_store_is_upgraded_with_its_new_indexes_rebuilt(tmp_path
         with reg.store.read() as txn:
             assert txn.stat(reg.store.dbs["by_struct"])["entries"] == 6 and reg.stats()["coverage"]["targets"] == 2
         with reg.store.read() as txn:
-            assert txn.get(b"format", db=reg.store.dbs["meta"]) == _store.STORE_FORMAT == b"3"
+            assert txn.get(b"format", db=reg.store.dbs["meta"]) == _store.STORE_FORMAT == b"4"
