@@ -111,9 +111,10 @@ def apply_records(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRM
         return mod
     objects = session.objects if session.objects is not None and links_here(target) else None
     updates = {}
-    for gv, func in mod.functions_items():
-        if not isinstance(func, tirx.PrimFunc) or (func.attrs is not None and func.attrs.get(IS_SCHEDULED)):
-            continue
+    kernels = [(gv, func) for gv, func in mod.functions_items() if isinstance(func, tirx.PrimFunc) and not (func.attrs is not None and func.attrs.get(IS_SCHEDULED))]
+    if session.measure > 0:  # the compile's measurement budget goes first to the kernels that cost the module most
+        kernels.sort(key=lambda kernel: session.measure_priority(session.identity(kernel[1], target, kernel[0].name_hint)), reverse=True)
+    for gv, func in kernels:
         scheduled = session.scheduled(func, target, gv.name_hint)
         if scheduled is not None:
             new, attrs = scheduled["main"], dict(func.attrs or {})

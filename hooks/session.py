@@ -315,8 +315,6 @@ class HookSession:
                 if candidate.relation != SYNTHESIZED:  # a synthesized one is not in the list
                     self._candidates[identity.key].remove(candidate)
                 continue
-            if bench is not None and not self._budget.left():
-                break  # no time left to measure another
         if not applied:
             return None
         ranked = {id(c): self._rank(identity.key, c, i) for i, (c, _) in enumerate(applied)}
@@ -446,6 +444,18 @@ class HookSession:
         except RegistryError as exc:
             self.report.problems.append(f"misses not reported: {exc}")
             warnings.warn(f"schedhub could not report {len(misses)} misses: {exc}", RegistryFallbackWarning, stacklevel=2)
+
+    def measure_priority(self, identity: Identity) -> float:
+        """How much measuring a kernel's candidates may matter, before it is served: nothing for a hit, else the
+        seconds it is expected to cost one run of the module, its call sites times its work at the home speed
+        (:func:`.ranking.speed`) of its nearest trusted candidate, or, with none, at :data:`UNTUNED_SPEED` (a
+        kernel only synthesis can serve). A compile that measures serves its misses in this order, so a budget
+        that runs out has been spent where the module spends its time."""
+        if self.records(identity):
+            return 0.0
+        near = next((c.record for c in self._candidates.get(identity.key, []) if self.trusts(c.record) and not keeps_default_schedule(c.record.trace)), None)
+        secs = work(identity.workload) / max(speed(work(near.identity.workload), near.mean_secs), 1.0) if near else effort(identity.workload) / UNTUNED_SPEED
+        return self._calls.get(identity.key, 1) * secs
 
     def miss_cost(self, identity: Identity) -> float:
         """Estimated seconds a missed kernel costs one run of the module compiled: its call sites times the

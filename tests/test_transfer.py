@@ -355,6 +355,23 @@ def test_without_measuring_the_candidate_whose_tiles_still_fit_is_served_before_
     np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)
 
 
+def test_a_compile_whose_measurement_budget_ran_out_serves_what_the_ranking_picks(tmp_path: Path) -> None:
+    """Kernels reached after the budget are served as without measuring: every candidate replayed and ranked.
+    Before, the replays stopped at the first candidate that applied (the nearest), which served the kernels
+    after a small budget worse than no budget at all."""
+    host = tvm.target.Target({"kind": "llvm", "mcpu": host_cpu(), "num-cores": 2})  # measured only for this machine's CPU
+    with LocalRegistry(tmp_path / "store", sync=False) as reg:
+        reg.put_many([tiled_record(k.identity, 0, [2, 4]) for k in kernels(export(8), host) if "matmul" in k.name])  # nearest, retiled at 16
+        kept = {k.name: tiled_record(k.identity, 1, [k.identity.args_info[-1][2][1] // 2, 2]) for k in kernels(export(64), host) if "matmul" in k.name}
+        reg.put_many(list(kept.values()))
+        served = {}
+        for budget in (0, 1e-9):
+            with use(reg, host, cache=tmp_path / f"cache-{budget}", measure=budget) as session:
+                tvm.compile(export(16), host)
+            served[budget] = {k.op: (k.outcome, k.detail, k.measured) for k in session.report.kernels if "matmul" in k.op}
+    assert served[1e-9] == served[0] == {name: ("transfer", f"shape:{r.trace_id}:{name}", {}) for name, r in kept.items()}  # its tiles still fit
+
+
 def test_the_ranking_puts_the_same_workload_first_then_fitting_tiles_then_speed_then_the_registry_order() -> None:
     from schedhub.hooks.ranking import rank_key
 
@@ -388,19 +405,22 @@ def test_the_effort_of_a_kernel_counts_the_elements_it_writes_beside_its_arithme
     assert effort(matmul.identity.workload) == 16 * 128 * 64 * 3 + 16 * 128 * 4  # and a store each
 
 
+def uneven(batch: int) -> tvm.IRModule:
+    return Uneven().export_tvm({"forward": {"x": nn.spec.Tensor((batch, 64), "float32")}})[0]
+
+
+def layer(k: Any) -> str | None:
+    """Which of :class:`Uneven`'s layers a kernel (``tuner.models.kernels``) is, by its matmul's weight operand."""
+    names = {(64, 256): "wide", (64, 64): "block", (256, 24): "head"}
+    return names.get(tuple(k.identity.args_info[1][2])) if "matmul" in k.name else None
+
+
 def test_a_transferred_miss_is_queued_by_the_time_its_transfer_is_expected_to_take(tmp_path: Path) -> None:
     """A miss served by a transfer costs the module what that schedule takes (its record's speed applied to
     this kernel's work), not what TVM's default would: the wide layer's neighbour, 1000× as fast as a default
     schedule is assumed to be, serves the wide and the block layers (one structure: matmul, bias, activation),
     so the head, left to the default schedule, is queued first."""
     from schedhub.hooks.ranking import work
-
-    def uneven(batch: int) -> tvm.IRModule:
-        return Uneven().export_tvm({"forward": {"x": nn.spec.Tensor((batch, 64), "float32")}})[0]
-
-    def layer(k: Any) -> str | None:
-        names = {(64, 256): "wide", (64, 64): "block", (256, 24): "head"}  # by the matmul's weight operand
-        return names.get(tuple(k.identity.args_info[1][2])) if "matmul" in k.name else None
 
     wide_at_8 = next(k.identity for k in kernels(uneven(8), CPU) if layer(k) == "wide")
     record = split_record(wide_at_8, 4)
@@ -413,3 +433,22 @@ def test_a_transferred_miss_is_queued_by_the_time_its_transfer_is_expected_to_ta
         assert {layers[k.key]: k.outcome for k in session.report.kernels if layers.get(k.key)} == {"wide": "transfer", "block": "transfer", "head": "miss"}
         leased = [layers[lease.job["key"]] for lease in store.lease("w", max_jobs=10, lease_secs=60)]
     assert [name for name in leased if name] == ["head", "wide", "block"]  # wide 133k of work, block 3 × 33k, at the neighbour's speed; all at the default's: wide, block, head
+
+
+def test_a_compile_that_measures_spends_its_budget_on_the_costliest_kernels_first(tmp_path: Path) -> None:
+    """A measurement budget runs out kernel by kernel, so a compile that measures serves its misses in the
+    order of what each is expected to cost the module (call sites × its work at its candidates' home speed),
+    not in the module's order: the head's neighbours are slow, the block is called three times."""
+    host = tvm.target.Target({"kind": "llvm", "mcpu": host_cpu(), "num-cores": 2})  # measured only for this machine's CPU
+    home_secs = {"head": 1e-3, "block": 1e-4, "wide": 1e-5}  # expected at batch 4: head 0.5 ms, block 3 × 0.05, wide 0.005
+    with LocalRegistry(tmp_path / "store", sync=False) as reg:
+        for batch, factor in ((8, FACTORS[0]), (16, FACTORS[1])):  # two neighbours a layer, each with its own schedule
+            reg.put_many([dataclasses.replace(split_record(k.identity, factor), run_secs=[home_secs[layer(k)]]) for k in kernels(uneven(batch), host) if layer(k)])
+        layers = {k.identity.key: layer(k) for k in kernels(uneven(4), host) if layer(k)}
+        served = {}
+        for budget in (0, 60):
+            with use(reg, host, cache=tmp_path / f"cache-{budget}", measure=budget) as session:
+                tvm.compile(uneven(4), host)
+            served[budget] = [k for k in session.report.kernels if k.key in layers]
+    assert [layers[k.key] for k in served[60]] == ["head", "block", "wide"] != [layers[k.key] for k in served[0]]
+    assert all(k.outcome == "transfer" and len(k.measured) == 2 for k in served[60]) and not any(k.measured for k in served[0])
