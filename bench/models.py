@@ -216,16 +216,17 @@ def _time_network(network: Network, func: str, weights: dict[str, np.ndarray], i
             "speedup_vs_pytorch": ratio(timing["pytorch"], timing["tuned"], paired=True)}  # fmt: skip
 
 
-def time_side_by_side(executables: dict[str, Any], x: np.ndarray, rounds: int, pytorch_out: np.ndarray, pytorch_timer: Callable[[], float],
-                      func: str = "forward", device: str = "cpu") -> tuple[dict[str, Any], dict[str, float]]:  # fmt: skip
-    """Time the executables (on ``device``) and PyTorch (in its process) in interleaved rounds, in ms; and the
-    max error of each output relative to the first executable's output scale."""
+def time_side_by_side(executables: dict[str, Any], x: np.ndarray, rounds: int, pytorch_out: np.ndarray | None = None,
+                      pytorch_timer: Callable[[], float] | None = None, func: str = "forward", device: str = "cpu") -> tuple[dict[str, Any], dict[str, float]]:  # fmt: skip
+    """Time the executables (on ``device``) and PyTorch (in its process, when given) in interleaved rounds, in
+    ms; and the max error of each output relative to the first executable's output scale."""
     runs = {k: _vm_run(ex, x, func, device) for k, ex in executables.items()}
-    outputs = {**{k: out for k, (out, _) in runs.items()}, "pytorch": pytorch_out}
+    torch = {"pytorch": (pytorch_out, pytorch_timer)} if pytorch_timer is not None else {}
+    outputs = {k: out for k, (out, _) in (runs | torch).items()}
     first = outputs[next(iter(executables))]
     scale = float(np.abs(first).max()) or 1.0
     errors = {k: float(np.abs(v - first).max()) / scale for k, v in list(outputs.items())[1:]}
-    timers = {**{k: timer for k, (_, timer) in runs.items()}, "pytorch": pytorch_timer}
+    timers = {k: timer for k, (_, timer) in (runs | torch).items()}
     samples: dict[str, list[float]] = {k: [] for k in timers}
     for _ in range(rounds):
         for k, timer in timers.items():

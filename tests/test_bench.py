@@ -214,3 +214,17 @@ def test_how_soon_an_order_of_first_passes_closes_the_gap_is_read_off_its_curve(
     slow = [(0.0, 10.0), (20.0, 6.0), (30.0, 2.0)]
     runs = [{"networks": [{"network": "net", "orders": {"reported": {"points": p}}}]} for p in (points, slow, slow)]
     assert summarize(runs)["net"]["reported"]["to_close"]["50%"] == 20.0  # the median run's
+
+
+def test_a_budget_study_summarizes_each_configuration_by_its_median_run() -> None:
+    from bench.budget import _summary
+
+    def row(ranked: float, budget: float, measured: int) -> dict:
+        timing = {"ranked": {"median": ranked}, "costliest 5 s": {"median": budget}, "all measured": {"median": 4.0}}
+        share = {label: (ranked - t["median"]) / (ranked - 4.0) for label, t in timing.items()}
+        return {"network": "net", "timing": timing, "gain_share": share, "compile_secs": {k: 1.0 for k in timing},
+                "kernels_measured": {"ranked": 0, "costliest 5 s": measured, "all measured": 9}}
+
+    found = _summary([[row(8.0, 6.0, 3)], [row(8.0, 8.0, 2)], [row(6.0, 5.0, 4)]])["net"]
+    assert found["costliest 5 s"]["gain_share_runs"] == [0.5, 0.0, 0.5] and found["costliest 5 s"]["gain_share"] == 0.5
+    assert found["costliest 5 s"]["ms"] == 6.0 and found["costliest 5 s"]["measured"] == 3 and found["all measured"]["gain_share"] == 1.0
