@@ -13,11 +13,14 @@ every priority equal, a stable sort):
    empty kernel cache (nothing measured before);
 2. every executable is timed side by side in interleaved rounds.
 
+``--synthesize N`` measures synthesized candidates too (``use(..., synthesize=N)``), with the cost model
+trained beforehand (a compile of another network), so the budgets pay for drawing, building and timing.
+
 Per network and run: latency by configuration, the share of the gain of measuring everything that each
 budget got, compile seconds and kernels measured. ``--runs`` repeats the whole (fresh caches).
 Not part of ``bench all``.
 
-    python -m bench.budget --source-store DIR [--budgets 5,10] [--runs 3] [--rounds 5] [--out FILE]
+    python -m bench.budget --source-store DIR [--budgets 5,10] [--synthesize 64] [--runs 3] [--rounds 5] [--out FILE]
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from .models import time_side_by_side
 from .transfer import QUICK_CONVNETS, compile_and_load
 
 ALL = 600.0  # seconds: every candidate of every kernel measured
+WARM_UP = ("mlp", {"batch": 5})  # what trains the cost model when synthesizing (not a network timed here)
 ORDERS = ("costliest", "module")
 
 
@@ -57,42 +61,68 @@ def module_order() -> Iterator[None]:
         HookSession.measure_priority = real  # type: ignore[method-assign]
 
 
-def run(source_store: Path, budgets: list[float], runs: int, rounds: int) -> dict[str, Any]:
+def run(source_store: Path, budgets: list[float], runs: int, rounds: int, synthesize: int = 0) -> dict[str, Any]:
+    import tvm
+
+    tvm_env.prepare()
+    target = tvm.target.Target(tvm_env.host_target())
+    out: dict[str, Any] = {"target": tvm_env.host_target(), "budgets": budgets, "all_secs": ALL, "synthesize": synthesize, "rounds": rounds, "runs": []}
+    configs = {"ranked": (0.0, "costliest"), **{f"{order} {b:g} s": (b, order) for b in budgets for order in ORDERS}, "all measured": (ALL, "costliest")}
+    with tempfile.TemporaryDirectory(prefix="schedhub-budget-") as tmp:
+        shutil.copytree(source_store, Path(tmp) / "store")  # a refused record is complained about: a write
+        with LocalRegistry(Path(tmp) / "store") as registry:
+            trained = _train_model(registry, target, Path(tmp) / "model") if synthesize else None
+            for r in range(runs):
+                rows = []
+                for name, shape in QUICK_CONVNETS:
+                    caches = {label: Path(tmp) / f"cache-{r}-{name}-{label.replace(' ', '-')}" for label in configs}
+                    rows.append(_network(registry, target, name, shape, configs, caches, trained, synthesize, rounds))
+                    print(json.dumps({"run": r, "network": name, **{k: rows[-1][k] for k in ("gain_share", "compile_secs", "kernels_measured")}}), flush=True)
+                out["runs"].append(rows)
+    out["summary"] = _summary(out["runs"])
+    return out
+
+
+def _train_model(registry: LocalRegistry, target: Any, cache: Path) -> Path:
+    """A kernel cache holding the cost model synthesis uses (trained on the registry's log by a compile of
+    another network), so that no configuration's budget pays for training: every compile's cache starts as it."""
     import tvm
 
     from schedhub import hooks
 
-    tvm_env.prepare()
-    target = tvm.target.Target(tvm_env.host_target())
-    out: dict[str, Any] = {"target": tvm_env.host_target(), "budgets": budgets, "all_secs": ALL, "rounds": rounds, "runs": []}
-    with tempfile.TemporaryDirectory(prefix="schedhub-budget-") as tmp:
-        shutil.copytree(source_store, Path(tmp) / "store")  # a refused record is complained about: a write
-        with LocalRegistry(Path(tmp) / "store") as registry:
-            for r in range(runs):
-                rows = []
-                for name, shape in QUICK_CONVNETS:
-                    mod, _, input_shape = models.export_with_weights(name, **shape)
-                    configs = {"ranked": (0.0, "costliest"), **{f"{order} {b:g} s": (b, order) for b in budgets for order in ORDERS}, "all measured": (ALL, "costliest")}
-                    executables, compile_secs, measured = {}, {}, {}
-                    for label, (budget, order) in configs.items():
-                        cache = Path(tmp) / f"cache-{r}-{name}-{label.replace(' ', '-')}"
-                        with module_order() if order == "module" else contextlib.nullcontext():
-                            with hooks.use(registry, target, report_misses=False, cache=cache, measure=budget) as session:
-                                executables[label], compile_secs[label] = compile_and_load(lambda: tvm.compile(mod, target))
-                        measured[label] = sum(bool(k.measured) for k in session.report.kernels)
-                    x = np.random.default_rng(1).standard_normal(input_shape).astype("float32")
-                    timing, errors = time_side_by_side(executables, x, rounds)
-                    if max(errors.values()) > 1e-3:
-                        raise AssertionError(f"{name}: outputs disagree (max error relative to the output's scale: {errors})")
-                    ms = {label: t["median"] for label, t in timing.items()}
-                    gain = ms["ranked"] - ms["all measured"]
-                    row = {"network": name, "shape": shape, "timing": timing, "compile_secs": compile_secs, "kernels_measured": measured,
-                           "gain_share": {label: (ms["ranked"] - v) / gain if gain > 0 else None for label, v in ms.items()}, "max_rel_error": errors}  # fmt: skip
-                    rows.append(row)
-                    print(json.dumps({"run": r, "network": name, "ms": ms, "gain_share": row["gain_share"], "compile_s": compile_secs, "measured": measured}), flush=True)
-                out["runs"].append(rows)
-    out["summary"] = _summary(out["runs"])
-    return out
+    mod = models.export(WARM_UP[0], **WARM_UP[1])[0]
+    with hooks.use(registry, target, report_misses=False, cache=cache, measure=ALL, synthesize=1) as session:
+        tvm.compile(mod, target)
+    if not session.log_model.trained_on or session.log_model.partial:
+        raise RuntimeError("no cost model trained in full: the registry's log is too small, or training ran out of time")
+    return cache
+
+
+def _network(registry: LocalRegistry, target: Any, name: str, shape: dict[str, int], configs: dict[str, tuple[float, str]],
+             caches: dict[str, Path], trained: Path | None, synthesize: int, rounds: int) -> dict[str, Any]:  # fmt: skip
+    """One network compiled in every configuration (each with its own kernel cache, the trained model's when
+    synthesizing), its executables timed side by side."""
+    import tvm
+
+    from schedhub import hooks
+
+    mod, _, input_shape = models.export_with_weights(name, **shape)
+    executables, compile_secs, measured = {}, {}, {}
+    for label, (budget, order) in configs.items():
+        if trained is not None:
+            shutil.copytree(trained, caches[label])
+        with module_order() if order == "module" else contextlib.nullcontext():
+            with hooks.use(registry, target, report_misses=False, cache=caches[label], measure=budget, synthesize=synthesize if budget else 0) as session:
+                executables[label], compile_secs[label] = compile_and_load(lambda: tvm.compile(mod, target))
+        measured[label] = sum(bool(k.measured) for k in session.report.kernels)
+    x = np.random.default_rng(1).standard_normal(input_shape).astype("float32")
+    timing, errors = time_side_by_side(executables, x, rounds)
+    if max(errors.values()) > 1e-3:
+        raise AssertionError(f"{name}: outputs disagree (max error relative to the output's scale: {errors})")
+    ms = {label: t["median"] for label, t in timing.items()}
+    gain = ms["ranked"] - ms["all measured"]
+    return {"network": name, "shape": shape, "timing": timing, "compile_secs": compile_secs, "kernels_measured": measured,
+            "gain_share": {label: (ms["ranked"] - v) / gain if gain > 0 else None for label, v in ms.items()}, "max_rel_error": errors}  # fmt: skip
 
 
 def _summary(runs: list[list[dict[str, Any]]]) -> dict[str, Any]:
@@ -116,9 +146,10 @@ def main() -> None:
     parser.add_argument("--budgets", default="5,10", help="measurement budgets in seconds, comma-separated")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--synthesize", type=int, default=0, help="with synthesis too: design-space samples per missed kernel (the cost model trained beforehand)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    result = run(args.source_store, [float(b) for b in args.budgets.split(",")], args.runs, args.rounds)
+    result = run(args.source_store, [float(b) for b in args.budgets.split(",")], args.runs, args.rounds, args.synthesize)
     text = json.dumps(result, indent=1)
     if args.out:
         args.out.write_text(text)
