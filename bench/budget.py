@@ -41,10 +41,9 @@ from schedhub.registry import LocalRegistry
 from schedhub.tuner import models, tvm_env
 
 from .models import time_side_by_side
-from .transfer import QUICK_CONVNETS, compile_and_load
+from .transfer import MODEL_WARM_UP, QUICK_CONVNETS, compile_and_load
 
 ALL = 600.0  # seconds: every candidate of every kernel measured
-WARM_UP = ("mlp", {"batch": 5})  # what trains the cost model when synthesizing (not a network timed here)
 ORDERS = ("costliest", "module")
 
 
@@ -90,7 +89,7 @@ def _train_model(registry: LocalRegistry, target: Any, cache: Path) -> Path:
 
     from schedhub import hooks
 
-    mod = models.export(WARM_UP[0], **WARM_UP[1])[0]
+    mod = models.export(MODEL_WARM_UP[0], **MODEL_WARM_UP[1])[0]
     with hooks.use(registry, target, report_misses=False, cache=cache, measure=ALL, synthesize=1) as session:
         tvm.compile(mod, target)
     if not session.log_model.trained_on or session.log_model.partial:

@@ -37,9 +37,8 @@ from schedhub.registry import LocalRegistry
 from schedhub.tuner import cluster, models, profile, tvm_env
 
 from .models import MODES as MODEL_MODES
-from .transfer import QUICK_CONVNETS, _tune
+from .transfer import MODEL_WARM_UP, QUICK_CONVNETS, _tune
 
-WARM_UP = ("mlp", {"batch": 5})  # a kernel whose first pass trains the cost model before any timed job
 SHARES = (0.5, 0.8, 0.9)
 AFTER = (30.0, 60.0, 120.0)
 
@@ -58,7 +57,7 @@ def run(source_store: Path) -> dict[str, Any]:
         shutil.copytree(source_store, root)
         cluster.start()
         with LocalRegistry(root) as registry:
-            warm = models.kernels(models.export(WARM_UP[0], **WARM_UP[1])[0], target)
+            warm = models.kernels(models.export(MODEL_WARM_UP[0], **MODEL_WARM_UP[1])[0], target)
             _tune(registry, warm[:1], options)
             for name, shape in QUICK_CONVNETS:
                 mod, _, _ = models.export(name, **shape)

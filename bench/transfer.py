@@ -111,6 +111,8 @@ MODES: dict[str, dict[str, Any]] = {
 #: The quick mode's held-out convolution networks, as the studies beside this bench take them: ResNet-18
 #: and MobileNet-V2 at batch 2, 96 px (Relax frontend).
 QUICK_CONVNETS = [(name, shape) for name, shape, _ in MODES["quick"]["held_out"][:2]]
+#: A network those studies compile (or tune a kernel of) only to train the cost model before anything is timed.
+MODEL_WARM_UP = ("mlp", {"batch": 5})
 
 
 @dataclass

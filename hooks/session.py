@@ -330,7 +330,7 @@ class HookSession:
         candidate, out = served[0]
         self._candidates[identity.key] = [candidate, *(c for c in self._candidates.get(identity.key, []) if c is not candidate)]
         record = candidate.record
-        self._served_secs[identity.key] = measured.get(record.trace_id) or work(identity.workload) / max(speed(work(record.identity.workload), record.mean_secs), 1.0)
+        self._served_secs[identity.key] = measured.get(record.trace_id) or transferred_secs(identity, record)
         outcome = SYNTHESIZED if candidate.relation == SYNTHESIZED else TRANSFER
         self._note(identity, outcome, f"{candidate.relation}:{candidate.record.trace_id}:{candidate.record.identity.op}", measured)
         return out
@@ -454,8 +454,7 @@ class HookSession:
         if self.records(identity):
             return 0.0
         near = next((c.record for c in self._candidates.get(identity.key, []) if self.trusts(c.record) and not keeps_default_schedule(c.record.trace)), None)
-        secs = work(identity.workload) / max(speed(work(near.identity.workload), near.mean_secs), 1.0) if near else effort(identity.workload) / UNTUNED_SPEED
-        return self._calls.get(identity.key, 1) * secs
+        return self._calls.get(identity.key, 1) * (transferred_secs(identity, near) if near else untuned_secs(identity))
 
     def miss_cost(self, identity: Identity) -> float:
         """Estimated seconds a missed kernel costs one run of the module compiled: its call sites times the
@@ -463,15 +462,24 @@ class HookSession:
         its own workload applied to this kernel's work: :func:`.ranking.work`), or, for a kernel left to
         TVM's default schedule, its work, data movement included (:func:`.ranking.effort`), at :data:`UNTUNED_SPEED`."""
         secs = self._served_secs.get(identity.key)
-        if secs is None:
-            secs = effort(identity.workload) / UNTUNED_SPEED
-        return self._calls.get(identity.key, 1) * secs
+        return self._calls.get(identity.key, 1) * (untuned_secs(identity) if secs is None else secs)
 
 
 #: Work per second (:func:`.ranking.effort` units: about FLOP/s, or elements written per second) assumed of a
 #: kernel left to TVM's default schedule: unscheduled CPU convolutions ran at 1–2 GFLOPS (``schedhub profile``),
 #: MobileNet-V2's classifier-weight transpose (1.3M elements) in 1.2 ms; it only orders misses.
 UNTUNED_SPEED = 1e9
+
+
+def transferred_secs(identity: Identity, record: Record) -> float:
+    """Seconds per call ``record``'s schedule is expected to take on ``identity``'s kernel: the record's speed
+    on its own workload (:func:`.ranking.speed`) applied to this kernel's work."""
+    return work(identity.workload) / max(speed(work(record.identity.workload), record.mean_secs), 1.0)
+
+
+def untuned_secs(identity: Identity) -> float:
+    """Seconds per call assumed of ``identity``'s kernel on TVM's default schedule: its :func:`.ranking.effort` at :data:`UNTUNED_SPEED`."""
+    return effort(identity.workload) / UNTUNED_SPEED
 
 
 def tunable(identity: Identity) -> bool:
