@@ -228,3 +228,16 @@ def test_a_budget_study_summarizes_each_configuration_by_its_median_run() -> Non
     found = _summary([[row(8.0, 6.0, 3)], [row(8.0, 8.0, 2)], [row(6.0, 5.0, 4)]])["net"]
     assert found["costliest 5 s"]["gain_share_runs"] == [0.5, 0.0, 0.5] and found["costliest 5 s"]["gain_share"] == 0.5
     assert found["costliest 5 s"]["ms"] == 6.0 and found["costliest 5 s"]["measured"] == 3 and found["all measured"]["gain_share"] == 1.0
+
+
+def test_a_growth_study_compares_each_registry_to_the_tuned_bar_and_the_two_to_each_other() -> None:
+    from bench.growth import ONE, TUNED, TWO, summarize
+
+    def row(ranked_one: float, ranked_two: float) -> dict:
+        ratios = {f"ranked, {ONE}": ranked_one, f"ranked, {TWO}": ranked_two, f"fastest, {ONE}": 1.0, f"fastest, {TWO}": 0.5, TUNED: 1.0}
+        return {"network": "net", "over_tuned": ratios}
+
+    found = summarize([row(2.0, 1.0), row(1.5, 1.5), row(3.0, 2.4)])["net"]
+    assert found[f"ranked, {ONE}"] == {"median": 2.0, "min": 1.5, "max": 3.0}
+    assert found["ranked: two over one"] == pytest.approx({"median": 0.8, "min": 0.5, "max": 1.0})
+    assert found["fastest: two over one"]["median"] == 0.5 and found[TUNED]["max"] == 1.0

@@ -1,0 +1,158 @@
+"""Does a registry that tuned a structure at more shapes serve a new shape better?
+
+The quick transfer bench fills its registry at one resolution per network; a team's registry grows. This
+study fills three registries the way ``bench.transfer --quick`` fills its source (the quick budget, pushed
+as the tuner pushes; each kernel warm-started from what the registry already holds):
+
+- ``one shape``: ResNet-18 and MobileNet-V2 at batch 1, 64 px (the quick bench's source);
+- ``two shapes``: that one, then the same networks at 128 px (warm-started from the 64 px records);
+- ``tuned here``: the held-out shape itself (batch 2, 96 px) in an empty registry, tuned the way the
+  sources were (no neighbours to start from; the log model seeds once it has trials). It is the bar a
+  transfer is held to here; the quick bench's "tuned" (searched after a worker's first pass) is not in it.
+
+Each held-out network is compiled plain (TVM's defaults), through the hook on each transfer registry
+ranked (no measuring) and with every candidate measured (the fastest candidate: what no ranking can beat),
+and with every kernel a hit from ``tuned here``; the executables are timed side by side in interleaved
+rounds. Per network and run: latencies, each over ``tuned here``, and how many served transfers came from
+the 128 px records. ``--stores DIR`` keeps the three registries (filled when absent: ~22 min on 2 cores).
+Not part of ``bench all``.
+
+    python -m bench.growth [--stores DIR] [--runs 3] [--rounds 5] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from schedhub.registry import LocalRegistry
+from schedhub.tuner import cluster, models, tvm_env
+
+from .models import MODES as MODEL_MODES
+from .models import time_side_by_side
+from .transfer import QUICK_CONVNETS, _tune, compile_and_load, fill
+
+ONE, TWO, TUNED = "one shape", "two shapes", "tuned here"
+FILLS: dict[str, dict[str, int]] = {ONE: {"image": 64}, TWO: {"image": 128}}  # at batch 1; ``two shapes`` is ``one shape`` and this
+ALL = 600.0  # seconds: every candidate of every kernel measured
+CONFIGS = {"ranked, " + ONE: (ONE, 0.0), "ranked, " + TWO: (TWO, 0.0), "fastest, " + ONE: (ONE, ALL), "fastest, " + TWO: (TWO, ALL), TUNED: (TUNED, 0.0)}
+
+
+def fill_stores(root: Path, target: Any) -> None:
+    """The three registries under ``root`` (``one``, ``two``, ``tuned``), each filled unless it exists; ``two``
+    starts as a copy of ``one``, so the two differ only by the second shape's records."""
+    options = MODEL_MODES["quick"]["options"]
+    names = [name for name, _ in QUICK_CONVNETS]
+    missing = [store for store in (ONE, TWO, TUNED) if not (root / _folder(store)).exists()]
+    if not missing:
+        return
+    cluster.start()
+    try:
+        for store in missing:
+            building = root / (_folder(store) + ".filling")
+            shutil.rmtree(building, ignore_errors=True)
+            if store == TWO:
+                shutil.copytree(root / _folder(ONE), building)
+            with LocalRegistry(building) as registry:
+                if store == TUNED:
+                    for name, shape in QUICK_CONVNETS:
+                        _tune(registry, models.kernels(models.export(name, **shape)[0], target), options)
+                else:
+                    fill(registry, dict.fromkeys(names, FILLS[store]), target, options)
+            building.rename(root / _folder(store))
+    finally:
+        cluster.stop()  # nothing of Ray shares the cores with the timings
+
+
+def run(stores: Path, runs: int, rounds: int) -> dict[str, Any]:
+    import tvm
+
+    tvm_env.prepare()
+    target = tvm.target.Target(tvm_env.host_target())
+    fill_stores(stores, target)
+    out: dict[str, Any] = {"target": tvm_env.host_target(), "fills": FILLS, "held_out": QUICK_CONVNETS, "rounds": rounds, "runs": []}
+    with LocalRegistry(stores / _folder(ONE), readonly=True) as one:
+        first_shape = {r.trace_id for _, records in one.iter_served() for r in records}
+    for r in range(runs):
+        for name, shape in QUICK_CONVNETS:
+            row = _network(stores, target, name, shape, first_shape, rounds)
+            out["runs"].append({"run": r} | row)
+            print(json.dumps({"run": r, "network": name, "over_tuned": row["over_tuned"], "from_second_shape": row["from_second_shape"]}), flush=True)
+    out["summary"] = summarize(out["runs"])
+    return out
+
+
+def _network(stores: Path, target: Any, name: str, shape: dict[str, int], first_shape: set[str], rounds: int) -> dict[str, Any]:
+    """One held-out network compiled plain and in every configuration (copies of the registries, empty kernel caches), timed side by side."""
+    import tvm
+
+    from schedhub import hooks
+
+    mod, _, input_shape = models.export_with_weights(name, **shape)
+    executables, compile_secs, served = {}, {}, {}
+    executables["default"], compile_secs["default"] = compile_and_load(lambda: tvm.compile(mod, target))
+    with tempfile.TemporaryDirectory(prefix="schedhub-growth-") as tmp:
+        for label, (store, measure) in CONFIGS.items():
+            copy = Path(tmp) / label.replace(" ", "-").replace(",", "")
+            shutil.copytree(stores / _folder(store), copy)  # a refused record is complained about: a write
+            with LocalRegistry(copy) as registry:
+                with hooks.use(registry, target, report_misses=False, cache=Path(tmp) / f"cache-{copy.name}", measure=measure) as session:
+                    executables[label], compile_secs[label] = compile_and_load(lambda: tvm.compile(mod, target))
+            served[label] = [(k.op, k.outcome, k.detail) for k in session.report.kernels]
+    x = np.random.default_rng(1).standard_normal(input_shape).astype("float32")
+    timing, errors = time_side_by_side(executables, x, rounds)
+    if max(errors.values()) > 1e-3:
+        raise AssertionError(f"{name}: outputs disagree (max error relative to the output's scale: {errors})")
+    ms = {label: t["median"] for label, t in timing.items()}
+    second = {label: sum(1 for _, outcome, detail in kernels if outcome == "transfer" and detail.split(":")[1] not in first_shape)
+              for label, kernels in served.items() if TWO in label}  # fmt: skip
+    return {"network": name, "shape": shape, "timing": timing, "compile_secs": compile_secs, "max_rel_error": errors,
+            "over_tuned": {label: v / ms[TUNED] for label, v in ms.items()}, "from_second_shape": second,
+            "outcomes": {label: {o: sum(1 for _, outcome, _ in kernels if outcome == o) for o in {k[1] for k in kernels}} for label, kernels in served.items()}}  # fmt: skip
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per network and configuration: the median, min and max over runs of its latency over ``tuned here``,
+    and of the two-shape registry's latency over the one-shape registry's (ranked and fastest)."""
+    found: dict[str, dict[str, list[float]]] = {}
+    for row in rows:
+        net = found.setdefault(row["network"], {})
+        ratios = row["over_tuned"]
+        for label, ratio in ratios.items():
+            net.setdefault(label, []).append(ratio)
+        for kind in ("ranked", "fastest"):
+            net.setdefault(f"{kind}: two over one", []).append(ratios[f"{kind}, {TWO}"] / ratios[f"{kind}, {ONE}"])
+    return {net: {label: {"median": statistics.median(v), "min": min(v), "max": max(v)} for label, v in by.items()} for net, by in found.items()}
+
+
+def _folder(store: str) -> str:
+    return {ONE: "one", TWO: "two", TUNED: "tuned"}[store]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--stores", type=Path, help="keep the three registries here and reuse them on the next run")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="schedhub-growth-stores-") as tmp:
+        stores = args.stores or Path(tmp)
+        stores.mkdir(parents=True, exist_ok=True)
+        result = run(stores, args.runs, args.rounds)
+    text = json.dumps(result, indent=1)
+    if args.out:
+        args.out.write_text(text)
+    for net, by in result["summary"].items():
+        print(net, {label: round(s["median"], 3) for label, s in by.items()})
+
+
+if __name__ == "__main__":
+    main()
