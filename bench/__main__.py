@@ -79,6 +79,9 @@ def main() -> None:
         results.mkdir(parents=True, exist_ok=True)
         run_section(args.what, section_options(args.what, args.quick, args.model_trials, args.transfer_source_store), results)
         return
+    if not (results / "manifest.json").exists():  # a page without its run's header and commit would pass for a record
+        sys.exit(f"no {mode} run is recorded in {results}: `python -m bench all{' --quick' if args.quick else ''}` records one"
+                 + ("" if args.quick else "; `python -m bench report --quick` rewrites RESULTS.md from the quick run"))
     path = report.write(mode)
     print(f"wrote {path}")
     failed = [n for n, s in json.loads((results / "manifest.json").read_text())["sections"].items() if s["rc"] != 0]

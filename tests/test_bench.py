@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -241,3 +243,17 @@ def test_a_growth_study_compares_each_registry_to_the_tuned_bar_and_the_two_to_e
     assert found[f"ranked, {ONE}"] == {"median": 2.0, "min": 1.5, "max": 3.0}
     assert found["ranked: two over one"] == pytest.approx({"median": 0.8, "min": 0.5, "max": 1.0})
     assert found["fastest: two over one"]["median"] == 0.5 and found[TUNED]["max"] == 1.0
+
+
+def test_a_report_of_a_mode_with_no_recorded_run_says_so_and_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from bench import __main__ as bench_main
+
+    (tmp_path / "results" / "full").mkdir(parents=True)
+    (tmp_path / "results" / "full" / "hook.json").write_text("{}")  # a section recorded on its own, no run
+    monkeypatch.setattr(report, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(report, "RESULTS_MD", tmp_path / "RESULTS.md")
+    monkeypatch.setattr(sys, "argv", ["python -m bench", "report"])
+    with pytest.raises(SystemExit) as exited:
+        bench_main.main()
+    assert "no full run is recorded" in str(exited.value.code) and "report --quick" in str(exited.value.code)
+    assert not (tmp_path / "RESULTS.md").exists()
