@@ -35,12 +35,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
 from schedhub.registry import LocalRegistry
 from schedhub.tuner import models, tvm_env
 
-from .models import time_side_by_side
+from .models import check_agreement, network_input, time_side_by_side
 from .transfer import MODEL_WARM_UP, QUICK_CONVNETS, compile_and_load
 
 ALL = 600.0  # seconds: every candidate of every kernel measured
@@ -114,10 +113,8 @@ def _network(registry: LocalRegistry, target: Any, name: str, shape: dict[str, i
             with hooks.use(registry, target, report_misses=False, cache=caches[label], measure=budget, synthesize=synthesize if budget else 0) as session:
                 executables[label], compile_secs[label] = compile_and_load(lambda: tvm.compile(mod, target))
         measured[label] = sum(bool(k.measured) for k in session.report.kernels)
-    x = np.random.default_rng(1).standard_normal(input_shape).astype("float32")
-    timing, errors = time_side_by_side(executables, x, rounds)
-    if max(errors.values()) > 1e-3:
-        raise AssertionError(f"{name}: outputs disagree (max error relative to the output's scale: {errors})")
+    timing, errors = time_side_by_side(executables, network_input(input_shape), rounds)
+    check_agreement(name, errors)
     ms = {label: t["median"] for label, t in timing.items()}
     gain = ms["ranked"] - ms["all measured"]
     return {"network": name, "shape": shape, "timing": timing, "compile_secs": compile_secs, "kernels_measured": measured,

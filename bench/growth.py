@@ -30,13 +30,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
 from schedhub.registry import LocalRegistry
 from schedhub.tuner import cluster, models, tvm_env
 
 from .models import MODES as MODEL_MODES
-from .models import time_side_by_side
+from .models import check_agreement, network_input, time_side_by_side
 from .transfer import QUICK_CONVNETS, _tune, compile_and_load, fill
 
 ONE, TWO, TUNED = "one shape", "two shapes", "tuned here"
@@ -106,10 +105,8 @@ def _network(stores: Path, target: Any, name: str, shape: dict[str, int], first_
                 with hooks.use(registry, target, report_misses=False, cache=Path(tmp) / f"cache-{copy.name}", measure=measure) as session:
                     executables[label], compile_secs[label] = compile_and_load(lambda: tvm.compile(mod, target))
             served[label] = [(k.op, k.outcome, k.detail) for k in session.report.kernels]
-    x = np.random.default_rng(1).standard_normal(input_shape).astype("float32")
-    timing, errors = time_side_by_side(executables, x, rounds)
-    if max(errors.values()) > 1e-3:
-        raise AssertionError(f"{name}: outputs disagree (max error relative to the output's scale: {errors})")
+    timing, errors = time_side_by_side(executables, network_input(input_shape), rounds)
+    check_agreement(name, errors)
     ms = {label: t["median"] for label, t in timing.items()}
     second = {label: sum(1 for _, outcome, detail in kernels if outcome == "transfer" and detail.split(":")[1] not in first_shape)
               for label, kernels in served.items() if TWO in label}  # fmt: skip

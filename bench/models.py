@@ -206,14 +206,28 @@ TORCH_TWINS = "bench.torch_models:build"  # the PyTorch twins of every shipped n
 
 def _time_network(network: Network, func: str, weights: dict[str, np.ndarray], input_shape: tuple[int, ...], untuned_ex: Any, tuned_ex: Any,
                   rounds: int, torch_proc: TorchProcess, device: str = "cpu") -> dict[str, Any]:  # fmt: skip
-    x = np.random.default_rng(1).standard_normal(input_shape).astype("float32")
+    x = network_input(input_shape)
     pytorch = torch_proc.load_network(network.name, weights, x, factory=TORCH_TWINS, batch=network.batch, **network.shape)
     timing, errors = time_side_by_side({"untuned": untuned_ex, "tuned": tuned_ex}, x, rounds, pytorch, torch_proc.time_network, func, device)
-    if max(errors.values()) > 1e-3:
-        raise AssertionError(f"{network.label()}: outputs disagree (max error relative to the output's scale: {errors})")
+    check_agreement(network.label(), errors)
     return {"network": network.name, "batch": network.batch, "shape": network.shape, "frontend": network.frontend, "input_shape": list(input_shape),
             "timing": timing, "max_rel_error": errors, "speedup_vs_untuned": ratio(timing["untuned"], timing["tuned"], paired=True),
             "speedup_vs_pytorch": ratio(timing["pytorch"], timing["tuned"], paired=True)}  # fmt: skip
+
+
+#: How far (relative to the first output's scale) the outputs of one network's executables may differ.
+MAX_REL_ERROR = 1e-3
+
+
+def network_input(shape: tuple[int, ...] | list[int]) -> np.ndarray:
+    """The input every configuration of a network is timed and checked on (seeded: the same in every bench)."""
+    return np.random.default_rng(1).standard_normal(shape).astype("float32")
+
+
+def check_agreement(label: str, errors: dict[str, float]) -> None:
+    """Raise when an output of :func:`time_side_by_side`'s ``errors`` is further than :data:`MAX_REL_ERROR` from the first's."""
+    if max(errors.values(), default=0.0) > MAX_REL_ERROR:
+        raise AssertionError(f"{label}: outputs disagree (max error relative to the output's scale: {errors})")
 
 
 def time_side_by_side(executables: dict[str, Any], x: np.ndarray, rounds: int, pytorch_out: np.ndarray | None = None,

@@ -30,14 +30,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
 from schedhub.registry import LocalRegistry
 from schedhub.tuner import cluster, models, tvm_env
 from schedhub.tuner.torch_process import TorchProcess
 
 from .models import MODES as MODEL_MODES
-from .models import TORCH_TWINS, time_side_by_side
+from .models import TORCH_TWINS, network_input, time_side_by_side
 from .stats import ratio
 from .transfer import MODES as TRANSFER_MODES
 from .transfer import QUICK_CONVNETS, REPO, compile_and_load, fill
@@ -102,7 +101,7 @@ def run(sibling: dict[str, Any], own: bool, small_own: bool, rounds: int) -> dic
             for label, (store, options) in configs.items():
                 executables[label], compiles[label] = compile_with(stores[store], mod, target, temp / f"cache-{label}", **options)
                 print(f"{name} {label}: {compiles[label]['compile_secs']:.1f} s, {compiles[label]['report']}", flush=True)
-            x = np.random.default_rng(1).standard_normal(input_shape).astype("float32")
+            x = network_input(input_shape)
             pytorch = torch_proc.load_network(name, weights, x, factory=TORCH_TWINS, **shape)
             timing, errors = time_side_by_side(executables, x, rounds, pytorch, torch_proc.time_network)
             row = {"network": name, "shape": shape, "timing": timing, "max_rel_error": errors, "compiles": compiles,

@@ -52,7 +52,7 @@ from schedhub.tuner.search import TuneOptions, TuneResult
 from schedhub.tuner.torch_process import TorchProcess
 
 from .models import MODES as MODEL_MODES
-from .models import TORCH_TWINS, time_side_by_side
+from .models import TORCH_TWINS, check_agreement, network_input, time_side_by_side
 from .report import environment
 from .stats import ratio, summary
 from .torch_export import RELAX, TORCH_EXPORT, import_twin
@@ -434,12 +434,11 @@ def _warm_vs_cold(tuned: dict[str, TuneResult], options: TuneOptions, count: int
 def _row(held: HeldOut, executables: dict[str, Any], compile_secs: dict[str, Any], reports: dict[str, Any],
          candidates: dict[str, dict[str, Any]], rounds: int,
          torch_proc: TorchProcess) -> dict[str, Any]:  # fmt: skip
-    x = np.random.default_rng(1).standard_normal(held.input_shape).astype("float32")
+    x = network_input(held.input_shape)
     pytorch = torch_proc.load_network(held.name, held.weights, x, factory=TORCH_TWINS, **held.shape)
     order = ("default", "transferred", "measured", "synthesized", "first_pass", "tuned")
     timing, errors = time_side_by_side({k: executables[k] for k in order}, x, rounds, pytorch, torch_proc.time_network, held.func)
-    if max(errors.values()) > 1e-3:
-        raise AssertionError(f"{held.label}: outputs disagree (max error relative to the output's scale: {errors})")
+    check_agreement(held.label, errors)
     report = reports["transferred"]
     added = {k: summary([t - d for t, d in zip(compile_secs[k]["samples"], compile_secs["default"]["samples"])]) for k in ("transferred_cold", "transferred")}
     hits_vs_plain = {k: ratio(compile_secs[k], compile_secs["default_beside_hits"], paired=True) for k in ("hits_cold", "hits")}

@@ -257,3 +257,11 @@ def test_a_report_of_a_mode_with_no_recorded_run_says_so_and_writes_nothing(tmp_
         bench_main.main()
     assert "no full run is recorded" in str(exited.value.code) and "report --quick" in str(exited.value.code)
     assert not (tmp_path / "RESULTS.md").exists()
+
+
+def test_outputs_further_apart_than_the_tolerance_stop_a_bench() -> None:
+    from bench.models import MAX_REL_ERROR, check_agreement
+
+    check_agreement("net", {"tuned": MAX_REL_ERROR, "transferred": 0.0})
+    with pytest.raises(AssertionError, match="net: outputs disagree"):
+        check_agreement("net", {"tuned": 0.0, "transferred": 2 * MAX_REL_ERROR})
