@@ -8,7 +8,8 @@ predicts a scheduled kernel's speed from its features alone, so candidates repla
 registry never saw can be ranked without running them.
 
 The model is a regression over one vector per kernel (the per-store features summed and maxed over
-its stores, and the workload's log₂ FLOPs). Saved as xgboost's JSON, never pickled.
+its stores, and the workload's log₂ FLOPs). xgboost trains it; it is kept, served and evaluated as plain
+trees (:class:`~schedhub.registry.Trees`), never pickled.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import numpy as np
 import tvm
 from tvm.s_tir import meta_schedule as ms
 
-from schedhub.registry import Identity, Record, TrialLog
+from schedhub.registry import MAX_TREE_DEPTH, Identity, Record, Tree, TrialLog, Trees
 
 from .identity import target_from_text, workload_module
 from .intrinsics import load_tensor_intrinsics
@@ -34,6 +35,9 @@ WIDTH = 2 * PER_STORE + 1
 PARAMS = {"max_depth": 6, "eta": 0.1, "subsample": 0.8, "colsample_bytree": 0.5, "min_child_weight": 2, "objective": "reg:squarederror",
           "nthread": 1, "seed": 0}  # fmt: skip
 ROUNDS = 200
+#: Names what :func:`features` computes: a served model is of use only to a compile that computes the same
+#: (the registry keys models by it, beside the target and the compiler fingerprint).
+FEATURES = f"per-store-sum-max:{PER_STORE}+log2-flops/1"
 
 
 def flops(mod: tvm.IRModule) -> float:
@@ -130,10 +134,25 @@ def log2_gflops(work: float, secs: float) -> float:
 
 
 class CostModel:
-    """Predicts log₂ GFLOPS of a scheduled kernel from :func:`features`."""
+    """Predicts log₂ GFLOPS of a scheduled kernel from :func:`features`: a tree ensemble (the registry's
+    :class:`~schedhub.registry.Trees`, validated) evaluated here with numpy, whether xgboost trained it in this
+    process or a registry served it. xgboost never reads a model that crossed a process boundary."""
 
-    def __init__(self, booster: Any) -> None:
-        self.booster = booster
+    def __init__(self, trees: Trees) -> None:
+        self.trees = trees
+        sizes = [len(t.left) for t in trees.trees]
+        starts = np.cumsum([0, *sizes[:-1]])
+        self._roots = starts.astype(np.int64)
+        shift = np.concatenate([np.full(n, s) for n, s in zip(sizes, starts)])
+        left = np.concatenate([t.left for t in trees.trees]).astype(np.int64)
+        right = np.concatenate([t.right for t in trees.trees]).astype(np.int64)
+        self._leaf = left == Tree.LEAF
+        self._left = np.where(self._leaf, -1, left + shift)  # node indexes into the flat arrays
+        self._right = np.where(self._leaf, -1, right + shift)
+        self._feature = np.concatenate([t.feature for t in trees.trees]).astype(np.int64)
+        self._value = np.concatenate([t.value for t in trees.trees]).astype(np.float32)
+        self._default_left = np.concatenate([t.default_left for t in trees.trees]).astype(bool)
+        self._depth = MAX_TREE_DEPTH  # validated: no path is longer; the walk stops early once every row sits on a leaf
 
     @classmethod
     def train(cls, data: list[Sample]) -> CostModel:
@@ -141,27 +160,48 @@ class CostModel:
 
     @classmethod
     def fit(cls, rows: list[np.ndarray], labels: list[float]) -> CostModel:
-        """A model of ``rows`` (:func:`features`) labelled with their log₂ GFLOPS."""
+        """A model of ``rows`` (:func:`features`) labelled with their log₂ GFLOPS, trained by xgboost."""
         import xgboost as xgb
 
         if len(rows) < 2 or len(rows) != len(labels):
             raise ValueError(f"a cost model needs at least 2 samples, each labelled; got {len(rows)} rows, {len(labels)} labels")
         matrix = xgb.DMatrix(np.stack(rows), label=np.array(labels, dtype=np.float32))
-        return cls(xgb.train(PARAMS, matrix, num_boost_round=ROUNDS))
+        return cls(booster_trees(xgb.train(PARAMS, matrix, num_boost_round=ROUNDS), len(rows[0])))
 
     def predict(self, rows: list[np.ndarray]) -> list[float]:
-        import xgboost as xgb
+        """Predicted log₂ GFLOPS of each row, as XGBoost evaluates its trees (float32 thresholds, NaN: the default branch)."""
+        x = np.stack(rows).astype(np.float32)
+        if x.ndim != 2 or x.shape[1] != self.trees.width:
+            raise ValueError(f"the model reads {self.trees.width} features a row, got rows of shape {x.shape}")
+        node = np.tile(self._roots, (len(x), 1))  # (rows, trees)
+        row = np.arange(len(x))[:, None]
+        for _ in range(self._depth):
+            inner = ~self._leaf[node]
+            if not inner.any():
+                break
+            value = x[row, self._feature[node]]
+            left = np.where(np.isnan(value), self._default_left[node], value < self._value[node])
+            node = np.where(inner, np.where(left, self._left[node], self._right[node]), node)
+        return [float(p) for p in self.trees.base + self._value[node].sum(axis=1, dtype=np.float64)]
 
-        return [float(p) for p in self.booster.predict(xgb.DMatrix(np.stack(rows)))]
-
-    def to_json(self) -> str:
-        return bytes(self.booster.save_raw(raw_format="json")).decode()
+    def to_dict(self) -> dict[str, Any]:
+        return self.trees.to_dict()
 
     @classmethod
-    def from_json(cls, text: str) -> CostModel:
-        import xgboost as xgb
+    def from_obj(cls, obj: Any) -> CostModel:
+        """A model from :meth:`to_dict`'s form, validated (raises InvalidRecord)."""
+        return cls(Trees.from_obj(obj))
 
-        json.loads(text)  # refuse anything that is not JSON before xgboost reads it
-        booster = xgb.Booster()
-        booster.load_model(bytearray(text.encode()))
-        return cls(booster)
+
+def booster_trees(booster: Any, width: int) -> Trees:
+    """An xgboost regression booster's trees (its JSON: numerical splits; a leaf's output is its split condition)."""
+    learner = json.loads(bytes(booster.save_raw(raw_format="json")))["learner"]
+    base = float(str(learner["learner_model_param"]["base_score"]).strip("[]"))
+    trees = []
+    for tree in learner["gradient_booster"]["model"]["trees"]:
+        if any(tree.get("split_type", [])):
+            raise ValueError("a categorical split: the cost model's features are all numerical")
+        left, right = tree["left_children"], tree["right_children"]
+        trees.append({"left": left, "right": right, "feature": [f if l != Tree.LEAF else 0 for f, l in zip(tree["split_indices"], left)],
+                      "value": tree["split_conditions"], "default_left": [int(d) for d in tree["default_left"]]})  # fmt: skip
+    return Trees.from_obj({"width": width, "base": base, "trees": trees})

@@ -25,10 +25,10 @@ import tvm_ffi
 import tvm
 from tvm.s_tir import meta_schedule as ms
 
-from schedhub.registry import Identity, Registry, RegistryError, Trial, TrialLog, target_kind, trace_id
+from schedhub.registry import CostModelEntry, Identity, Registry, RegistryError, Trial, TrialLog, target_kind, trace_id
 
 from .cache import KernelCache
-from .costmodel import WIDTH, CostModel, Kernels, features, flops, log2_gflops
+from .costmodel import FEATURES, WIDTH, CostModel, Kernels, features, flops, log2_gflops
 from .identity import compiler_fingerprint
 from .intrinsics import load_tensor_intrinsics
 from .measure import Budget
@@ -103,10 +103,18 @@ class LogModel:
     683 trials alone, and 0.77x the small log's time topped up (``python -m bench.sibling --small-own``).
     ``top_up=False`` keeps a target that has a model of its own to it (borrowing only where its log
     trains none): what the bench compares against.
+
+    A model the registry serves for the target under this compiler (:meth:`served`: trained by a worker
+    on the same log, :mod:`schedhub.tuner.publish`) comes first when ``use_served`` and the session trusts its
+    pusher: it costs one download instead of the training. A worker that trains the models it publishes
+    sets ``use_served`` False.
     """
 
-    def __init__(self, registry: Registry, cache: KernelCache, accepts: Callable[[TrialLog], bool], verified_only: bool) -> None:
+    def __init__(self, registry: Registry, cache: KernelCache, accepts: Callable[[TrialLog | CostModelEntry], bool], verified_only: bool,
+                 use_served: bool = True) -> None:  # fmt: skip
         self.registry = registry
+        self.use_served = use_served
+        self._served: dict[str, tuple[CostModel, CostModelEntry] | None] = {}  # by target: the registry's model, fetched once a session
         self.cache = cache
         self.accepts = accepts
         self.verified_only = verified_only
@@ -122,6 +130,9 @@ class LogModel:
         the first of up to :data:`MAX_SIBLINGS` of ``siblings`` (canonical targets of the same kind) that
         lends it trials, or on its own log alone; None when no log trains one, or no time is left. A
         sibling, once lent, serves the target's later kernels too, those without neighbours included."""
+        served = self.served(target)
+        if served is not None:
+            return served
         if target in self.borrowed:
             return self._trained(target, self.borrowed[target], budget)
         own = None if self.top_up else self._trained(target, "", budget)
@@ -135,6 +146,35 @@ class LogModel:
                 self.borrowed[target] = sibling
                 return model
         return self._trained(target, "", budget)
+
+    def served(self, target: str) -> CostModel | None:
+        """The model the registry serves for canonical ``target`` under this compiler and :data:`.costmodel.FEATURES`,
+        when the session trusts its pusher (None: none, not trusted, unreadable, or ``use_served`` is off)."""
+        if not self.use_served:
+            return None
+        if target not in self._served:
+            self._served[target] = self._fetch(target)
+        found = self._served[target]
+        return None if found is None else found[0]
+
+    def served_entry(self, target: str) -> CostModelEntry | None:
+        """What :meth:`served` found for ``target``: who pushed it and how many trials it learned from."""
+        found = self._served.get(target)
+        return None if found is None else found[1]
+
+    def _fetch(self, target: str) -> tuple[CostModel, CostModelEntry] | None:
+        try:
+            entry = self.registry.cost_model(target, compiler_fingerprint(), FEATURES)
+        except RegistryError as exc:  # an unreadable or malformed model is only a model less: training remains
+            log.warning("schedhub: could not read the registry's cost model for %s (%s)", target, str(exc)[:300])
+            return None
+        if entry is None or not self.accepts(entry):
+            return None
+        if entry.trees.width != WIDTH:
+            log.warning("schedhub: the registry's cost model for %s reads %d features, not %d: not used", target, entry.trees.width, WIDTH)
+            return None
+        self.trained_on[target] = entry.trials
+        return CostModel(entry.trees), entry
 
     def _trained(self, target: str, sibling: str, budget: Budget) -> CostModel | None:
         """The model trained on ``target``'s log and ``sibling``'s ("": none), trained once a session."""
@@ -155,10 +195,11 @@ class LogModel:
             content.update(f"\0{identity.key}\0{trace_id(trial.trace)}\0{trial.secs!r}".encode())
         digest = content.hexdigest()
         cached = self.cache.get("costmodel", digest)
-        if cached is not None and isinstance(cached.get("model"), str):
+        if cached is not None and type(cached.get("trials")) is int:
             try:
-                self.trained_on[target] = int(cached.get("trials", 0))
-                return CostModel.from_json(cached["model"])
+                model = CostModel.from_obj(cached.get("trees"))
+                self.trained_on[target] = cached["trials"]
+                return model
             except Exception:  # unreadable: train again
                 pass
         rows, labels, complete = [], [], True
@@ -179,7 +220,7 @@ class LogModel:
         model = CostModel.fit(rows, labels)
         self.trained_on[target] = len(rows)
         if complete:
-            self.cache.put("costmodel", (digest,), {"model": model.to_json(), "trials": len(rows)})
+            self.cache.put("costmodel", (digest,), {"trees": model.to_dict(), "trials": len(rows)})
         return model
 
     def _log(self, target: str) -> list[tuple[Identity, Trial]]:

@@ -8,6 +8,8 @@ Needs neither TVM nor Ray. Public surface:
   records of the same structure offered for a missed key (``lookup_with_candidates``)
 - trust: :func:`trust_filter`, :func:`parse_trust`: whose records a reader accepts (verified ones by default)
 - measurement log: :class:`Trial`, :class:`TrialLog`: every schedule a tuner measured (``push_trials``, ``iter_trial_logs``)
+- served cost models: :class:`CostModelEntry`, :class:`Trees`: a target's ranking model, trained by a worker
+  (``push_cost_model``, ``cost_model``)
 - storage: :class:`LocalRegistry` over an LMDB root (:class:`Store`, :class:`MissQueue` beneath)
 - HTTP: :func:`create_app` (Starlette) and :class:`RegistryClient` (httpx), same method names
 - :func:`connect`: an instance, a URL or a directory → a registry
@@ -37,6 +39,7 @@ from ._errors import (
 )
 from ._keys import SCHEMA_VERSION, canonical_target, is_key, record_key, skeleton, structure_key, target_device, target_kind, workload_key
 from ._limits import check_annotations, check_kind, check_workload_source, dotted_name, signature_args_info
+from ._models import MAX_TREE_DEPTH, CostModelEntry, Tree, Trees
 from ._neighbours import COMPILER, SHAPE, TARGET, Candidate, Probe, shape_distance
 from ._queue import DEAD, DONE, LEASED, PENDING, REFINE, TUNE, VERIFY, Lease, MissQueue, task_label, verify_job_id
 from ._records import Identity, Record, Served, keeps_default_schedule, packb, trace_id, trace_instructions, unpackb
@@ -68,7 +71,7 @@ def connect(spec: Registry | str | os.PathLike[str], **options: object) -> Regis
 __all__ = [
     "SCHEMA_VERSION", "record_key", "canonical_target", "is_key", "target_kind", "target_device",
     "skeleton", "structure_key", "workload_key", "Probe", "Candidate", "shape_distance", "COMPILER", "SHAPE", "TARGET",
-    "Record", "Identity", "Served", "Trust", "trusted", "trust_filter", "parse_trust", "Trial", "TrialLog", "MAX_TRIALS_PER_ENTRY", "keeps_default_schedule", "trace_id", "trace_instructions", "packb", "unpackb", "signature_args_info", "check_workload_source", "check_annotations", "check_kind", "dotted_name",
+    "Record", "Identity", "Served", "Trust", "trusted", "trust_filter", "parse_trust", "Trial", "TrialLog", "MAX_TRIALS_PER_ENTRY", "CostModelEntry", "Tree", "Trees", "MAX_TREE_DEPTH", "keeps_default_schedule", "trace_id", "trace_instructions", "packb", "unpackb", "signature_args_info", "check_workload_source", "check_annotations", "check_kind", "dotted_name",
     "Principal", "ROLES", "TUNE", "VERIFY", "REFINE", "task_label", "verify_job_id",
     "Store", "StoreFormatError", "MissQueue", "Lease", "KeyPage", "KeySummary", "PutResult",
     "PENDING", "LEASED", "DONE", "DEAD",

@@ -24,6 +24,7 @@ from ._neighbours import RELATIONS, Candidate, Probe
 from ._queue import Lease
 from ._records import Identity, Record, packb, served_record
 from ._store import KeySummary, PutResult
+from ._models import CostModelEntry
 from ._trials import MAX_CURSOR_CHARS, TrialLog, iter_pages
 from ._wire import ERROR_HEADER, MSGPACK
 
@@ -287,6 +288,25 @@ class RegistryClient:
 
     def iter_trial_logs(self, *, verified_only: bool = False, page: int = 100, target: str = "") -> Iterator[TrialLog]:
         yield from iter_pages(self.trial_logs, verified_only=verified_only, page=page, target=target)
+
+    # -- served cost models ----------------------------------------------------------------
+
+    def push_cost_model(self, entry: CostModelEntry, pushed_by: str = "") -> dict[str, Any]:
+        """Serve ``entry`` as its target's model (a worker or admin token; the server names you by it)."""
+        answer = self._call("PUT", "/v1/models", entry.push_dict())  # a replacement: sending it twice is the same
+        with reading("PUT /v1/models"):
+            return mapping(answer, "answer")
+
+    def cost_model(self, target: str, compiler: str, features: str) -> CostModelEntry | None:
+        """The model served for canonical ``target``, ``compiler`` and ``features`` (None: none), validated."""
+        answer = self._call("GET", "/v1/models", params={"target": target, "compiler": compiler, "features": features}, allow_404=True)
+        if answer is None:
+            return None
+        with reading("GET /v1/models"):
+            entry = CostModelEntry.from_stored(answer)
+            if (entry.target, entry.compiler, entry.features) != (target, compiler, features):
+                raise ValueError("a model of another target, compiler or feature set than asked for")
+        return entry
 
     # -- queue -----------------------------------------------------------------------------
 

@@ -17,6 +17,9 @@ _QUERY = {
     "after": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
     "cursor": {"type": "string", "pattern": "^([0-9a-f]{2}){0,512}$", "description": "'next' of the previous page"},
     "verified": {"enum": ["0", "1"], "description": "1: only logs pushed by workers"},
+    "model_target": {"type": "string", "pattern": "^\\{", "maxLength": 4096, "description": "a canonical target (JSON text)"},
+    "model_compiler": {"type": "string", "maxLength": 4096, "description": "the compiler fingerprint the model's features come from"},
+    "model_features": {"type": "string", "maxLength": 256, "description": "the feature set's name"},
     "log_target": {"type": "string", "pattern": "^\\{", "maxLength": 4096, "description": "a canonical target (JSON text): only its logs"},
 }
 
@@ -28,7 +31,7 @@ def _op(summary: str, body: str | None = None, ok: str = "200", auth: bool = Fal
     if auth:
         op["security"] = [{"bearer": []}]
     if params:
-        op["parameters"] = [{"name": p.removeprefix("log_"), "in": "query", "required": False, "schema": _QUERY[p]} for p in params]
+        op["parameters"] = [{"name": p.removeprefix("log_").removeprefix("model_"), "in": "query", "required": p.startswith("model_"), "schema": _QUERY[p]} for p in params]
     return op
 
 
@@ -70,6 +73,10 @@ OPENAPI: dict[str, Any] = {
             "get": _op("page through the measurement log: every trial tuners measured, per key and pusher (at most 200 a page)", params=["cursor", "limit", "verified", "log_target"]),
             "post": _op("push a tuning run's measured trials for one workload (push role; merged into your entry, newest 64 kept)", "TrialLog", auth=True),
         },
+        "/v1/models": {
+            "get": _op("the cost model served for a target, compiler and feature set (404: none)", params=["model_target", "model_compiler", "model_features"]),
+            "put": _op("serve a cost model trained on a target's verified measurement log (worker role; replaces the one served)", "CostModel", auth=True),
+        },
         "/v1/queue": {"get": _op("queue job summaries, one page (no lease ids)", params=["state", "limit", "after"])},
         "/v1/queue/lease": {"post": _op("lease pending jobs (worker role)", "LeaseRequest", auth=True)},
         "/v1/queue/{key}": {"parameters": [_KEY], "get": _op("one queue job, whole")},
@@ -95,6 +102,13 @@ OPENAPI: dict[str, Any] = {
                 "identity": {"$ref": "#/components/schemas/Identity"},
                 "trials": {"type": "array", "minItems": 1, "maxItems": 512, "items": {"type": "object", "required": ["trace", "secs"], "properties": {
                     "trace": {"type": "string"}, "secs": {"type": "number", "exclusiveMinimum": 0, "maximum": 1e6}}}}}},
+            "CostModel": {"type": "object", "required": ["target", "compiler", "features", "trials", "model"], "properties": {
+                "target": {"type": "string", "maxLength": 4096}, "compiler": {"type": "string", "maxLength": 4096}, "features": {"type": "string", "maxLength": 256},
+                "trials": {"type": "integer", "minimum": 0},
+                "model": {"type": "object", "required": ["width", "base", "trees"], "properties": {
+                    "width": {"type": "integer", "minimum": 1, "maximum": 16384}, "base": {"type": "number"},
+                    "trees": {"type": "array", "minItems": 1, "maxItems": 4096, "items": {"type": "object", "required": ["left", "right", "feature", "value", "default_left"],
+                              "description": "node i: children left[i], right[i] (later nodes, or both -1: a leaf), feature[i] < value[i] goes left (missing: default_left[i]); a leaf's value is its output"}}}}}},
             "MissBatch": {"type": "object", "required": ["misses"], "properties": {"misses": {"type": "array", "items": {"$ref": "#/components/schemas/Identity"}}}},
             "Lookup": {"type": "object", "required": ["keys"], "properties": {
                 "keys": {"type": "array", "items": {"type": "string", "pattern": "^[0-9a-f]{64}$"}, "maxItems": 4096},

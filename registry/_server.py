@@ -29,7 +29,8 @@ from ._commit import GroupCommitter
 from ._errors import Forbidden, InvalidRecord, NotFound, PayloadTooLarge, RegistryError, RequestTimeout, TooManyRequests, Unauthorized
 from ._keys import is_key
 from ._neighbours import Probe
-from ._limits import MAX_CURSOR, MAX_SECS, check_number, check_op, check_text, parse_each, query_int, query_target
+from ._limits import MAX_CURSOR, MAX_SECS, MAX_TARGET_QUERY, check_number, check_op, check_text, parse_each, query_int, query_target
+from ._models import MAX_FEATURES_CHARS, CostModelEntry
 from ._openapi import OPENAPI
 from ._queue import DONE, PENDING, REFINE, STATES, TASKS, TUNE
 from ._records import Identity, Record, run_secs_field
@@ -332,6 +333,26 @@ def create_app(
         logs, cursor, more = await run_in_threadpool(state.reg.trial_logs, q.get("cursor", ""), limit, verified_only=verified == "1", target=target)
         return reply(request, {"items": [log.to_dict() for log in logs], "next": cursor, "more": more})
 
+    async def push_cost_model(request: Request) -> Response:
+        who = state.require(request, "worker")  # a model decides every compile's transfers: no one could check a claim's
+        entry = await run_in_threadpool(CostModelEntry.from_obj, await state.body(request))
+        result = await state.write(lambda txn: state.reg.push_cost_model(entry, who.name, verified=who.trusted, txn=txn))
+        state.counters["cost_models"] += 1
+        return reply(request, result)
+
+    async def get_cost_model(request: Request) -> Response:
+        q = request.query_params
+        target = query_target(q)
+        compiler, features = (check_text(q.get(name) or "", name) for name in ("compiler", "features"))
+        if not target.startswith("{") or not compiler or not features:
+            raise InvalidRecord("query parameters 'target' (a canonical target), 'compiler' and 'features' are required")
+        if len(compiler) > MAX_TARGET_QUERY or len(features) > MAX_FEATURES_CHARS:
+            raise InvalidRecord(f"query parameter 'compiler' or 'features' is over {MAX_TARGET_QUERY} or {MAX_FEATURES_CHARS} characters")
+        entry = await run_in_threadpool(state.reg.cost_model, target, compiler, features)
+        if entry is None:
+            raise NotFound("no cost model is served for this target, compiler and feature set")
+        return reply(request, entry.to_dict())
+
     async def lease(request: Request) -> Response:
         who = state.require(request, "worker")
         body = await state.body(request)
@@ -438,6 +459,8 @@ def create_app(
         Route("/v1/misses", report_misses, methods=["POST"]),
         Route("/v1/trials", list_trials, methods=["GET"]),
         Route("/v1/trials", push_trials, methods=["POST"]),
+        Route("/v1/models", get_cost_model, methods=["GET"]),
+        Route("/v1/models", push_cost_model, methods=["PUT"]),
         Route("/v1/queue", list_queue, methods=["GET"]),
         Route("/v1/queue/lease", lease, methods=["POST"]),
         Route("/v1/queue/{key}", get_job, methods=["GET"]),

@@ -15,6 +15,7 @@ from typing import Any
 import lmdb
 
 from ._queue import DEFAULT_MAX_ATTEMPTS, DEFAULT_TOLERANCE, TUNE, Lease, MissQueue
+from ._models import CostModelEntry, CostModelStore
 from ._neighbours import Candidate, Probe
 from ._records import Identity, Record, served_record
 from ._store import KeyPage, KeySummary, PutResult, Store
@@ -32,6 +33,7 @@ class LocalRegistry:
         self.store = Store(root, **kwargs)
         self.queue = MissQueue(self.store, max_attempts, tolerance)
         self.trial_store = TrialStore(self.store)
+        self.model_store = CostModelStore(self.store)
 
     @property
     def location(self) -> str:
@@ -174,6 +176,16 @@ class LocalRegistry:
     def iter_trial_logs(self, *, verified_only: bool = False, page: int = 100, target: str = "") -> Iterator[TrialLog]:
         """Every entry of the log (of canonical ``target`` only, when given), page by page."""
         yield from iter_pages(self.trial_logs, verified_only=verified_only, page=page, target=target)
+
+    # -- served cost models ----------------------------------------------------------------
+
+    def push_cost_model(self, entry: CostModelEntry, pushed_by: str = "", *, verified: bool = True, txn: lmdb.Transaction | None = None) -> dict[str, Any]:
+        """Serve ``entry`` as its target's model for its compiler and feature set (``verified`` as for :meth:`put_many`)."""
+        return self.model_store.put(entry, pushed_by, verified=verified, txn=txn)
+
+    def cost_model(self, target: str, compiler: str, features: str) -> CostModelEntry | None:
+        """The model served for canonical ``target``, ``compiler`` and ``features`` (None: none)."""
+        return self.model_store.get(target, compiler, features)
 
     # -- queue -----------------------------------------------------------------------------
 

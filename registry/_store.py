@@ -34,7 +34,7 @@ STORE_FORMAT = b"4"  # 2: op_feed and queue_state; 3: target_feed, trials_by_tar
 _SEQ = struct.Struct(">Q")
 _SEQ_MAX = 2**64 - 1
 _DB_NAMES = ("records", "by_op", "by_struct", "changes", "log", "meta", "quarantine", "queue", "queue_idx", "agg", "trials", "queue_state", "op_feed", "target_feed",
-             "trials_by_target", "agg_rank")
+             "trials_by_target", "agg_rank", "models")
 STRUCTURE_INDEX = b"index:by_struct"  # meta flag: every key is in by_struct (stores from before it get it on open)
 AGGREGATES = b"index:agg"  # meta flag: the aggregates cover every key and log entry (stores from before them get them on open)
 QUEUE_STATES = b"index:queue_state"  # meta flag: every job is in queue_state and counted (stores from before it get it on open)
@@ -741,7 +741,8 @@ class Store:
     def stats(self) -> dict[str, Any]:
         with self.read() as txn:
             counts = {name: txn.stat(self.dbs[name])["entries"] for name in ("records", "log", "quarantine")}
-            counts["trials"] = txn.stat(self.dbs["trials"])["entries"] if self.dbs["trials"] is not None else 0
+            for name in ("trials", "models"):  # None: a read-only store from before them
+                counts[name] = txn.stat(self.dbs[name])["entries"] if self.dbs[name] is not None else 0
             raw_seq = txn.get(b"seq", db=self.dbs["meta"])
         info = self.env.info()
         return {
@@ -749,6 +750,7 @@ class Store:
             "measurements": counts["log"],
             "quarantined": counts["quarantine"],
             "trial_logs": counts["trials"],
+            "cost_models": counts["models"],
             "coverage": self._coverage(),
             "cursor": _SEQ.unpack(raw_seq)[0] if raw_seq else 0,
             "map_size": info["map_size"],

@@ -21,6 +21,7 @@ import msgpack
 import pytest
 
 from schedhub.registry import (
+    CostModelEntry,
     KeySummary,
     Lease,
     MalformedAnswer,
@@ -65,6 +66,9 @@ def calls(records: list[Record], missed: Record, lease: Lease) -> dict[str, Call
     """Every client call whose answer carries something, with the arguments it is captured and replayed with."""
     keys = [r.key for r in records]
     trials = TrialLog(records[0].identity, [Trial(records[0].trace, 1e-3)])
+    tree = {"left": [1, -1, -1], "right": [2, -1, -1], "feature": [1, 0, 0], "value": [0.5, -1.0, 1.0], "default_left": [1, 0, 0]}
+    model = CostModelEntry.from_obj({"target": records[0].identity.target, "compiler": records[0].identity.fingerprint, "features": "f/1",
+                                     "trials": 9, "model": {"width": 2, "base": 0.0, "trees": [tree]}})  # fmt: skip
     return {
         "get_raw": lambda c: c.get_raw(keys[0]),
         "lookup": lambda c: c.lookup([*keys, missed.key]),
@@ -78,6 +82,8 @@ def calls(records: list[Record], missed: Record, lease: Lease) -> dict[str, Call
         "push_trials": lambda c: c.push_trials(trials),
         "iter_trial_logs": lambda c: list(c.iter_trial_logs()),
         "trial_logs_of_target": lambda c: c.trial_logs(target=records[0].identity.target),
+        "push_cost_model": lambda c: c.push_cost_model(model),
+        "cost_model": lambda c: c.cost_model(model.target, model.compiler, model.features),
         "report_misses": lambda c: c.report_misses([missed.identity]),
         "job": lambda c: c.job(lease.key),
         "jobs": lambda c: c.jobs(),
