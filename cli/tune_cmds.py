@@ -81,6 +81,9 @@ def tune(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: 
     for r in summary.tuned:
         table.add_row(r.identity.op, f"{r.untuned_secs * 1e3:.3f}", f"{(r.best_secs or 0) * 1e3:.3f}", f"{r.untuned_secs / (r.best_secs or 1):.1f}×", r.identity.key[:12])
     out.print(table)
+    for m in summary.models:
+        what = f"published ({m.trials} logged trials, {m.nodes} tree nodes)" if m.stored else f"kept: {m.reason}"
+        out.print(f"cost model of {m.target}: {what}", highlight=False, soft_wrap=True)
     for key, error in summary.failed.items():
         console.print(f"[red]failed[/] {key[:12]}: {error}")
     if summary.failed:

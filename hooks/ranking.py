@@ -13,6 +13,13 @@ at 4×4 pixels ran at 66 GFLOPS; replayed at 6×6, 5). So the hook serves, in or
 5. last, a schedule synthesized here (relation ``synthesized``, :mod:`.synthesis`): it is only
    ever served once measured, so its place only orders what is measured first.
 
+Where the registry serves a cost model for the kernel's target (trained by a worker on the measurement
+log, :mod:`schedhub.tuner.publish`) that the session trusts, steps 2-4 are replaced by the model's
+predicted speed of each candidate replayed on this kernel (:func:`model_rank_key`): over six held-out
+networks its picks took 0.69x the time of this ranking's from a registry that had tuned two shapes,
+and 1.01x from one that had tuned one (``bench/results/studies/growth-ranking-pooled-*.json``); 0.97x
+over 31 rows of the quick bench's runs. Without a served model the compile does not train one (14-29 s).
+
 bench/ (``python -m bench.ranking``) judges this against nearest-first and the others on
 measured candidates.
 """
@@ -141,4 +148,15 @@ def rank_key(relation: str, retiled: int, speed: float, order: int) -> tuple[int
     """Sort key of a candidate (see the module's docstring): smaller is served first. ``retiled``: its tile
     sizes re-derived on this kernel; ``speed``: its work per second on its own workload; ``order``: its
     place in the registry's answer."""
-    return ({COMPILER: 0, SYNTHESIZED: 2}.get(relation, 1), retiled, -speed, order)
+    return (_relation_rank(relation), retiled, -speed, order)
+
+
+def model_rank_key(relation: str, predicted: float, order: int) -> tuple[int, int, float, int]:
+    """Sort key of a candidate ranked by a cost model (see the module's docstring): its relation as in
+    :func:`rank_key`, then the speed the model predicts for it on this kernel (log₂ GFLOPS), then its place in
+    the registry's answer; shaped like :func:`rank_key`'s."""
+    return (_relation_rank(relation), 0, -predicted, order)
+
+
+def _relation_rank(relation: str) -> int:
+    return {COMPILER: 0, SYNTHESIZED: 2}.get(relation, 1)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import tvm
 import tvm_ffi
 from tvm import tirx
@@ -35,11 +36,12 @@ from schedhub.registry import TARGET, Candidate, Identity, Record, Registry, Reg
 
 from .cache import KernelCache, default_dir
 from .guard import ScheduleLimits
-from .identity import as_module, workload_identity
+from .identity import as_module, compiler_fingerprint, workload_identity
 from .measure import TIMING, Budget, KernelBench, Timing, build_all, host_cpu, runs_here
 from .msdb import normalize_mod, replay_within, tuning_record
 from .objects import OBJECT_ID, ObjectCache
-from .ranking import SYNTHESIZED, effort, rank_key, retiled, speed, work
+from .costmodel import WIDTH, CostModel, features, flops
+from .ranking import SYNTHESIZED, effort, model_rank_key, rank_key, retiled, speed, work
 from .synthesis import TIMED, LogModel, check_sample_count, synthesize
 from .threads import usable_cpus, warn_idle_cores
 
@@ -76,6 +78,7 @@ class CompileReport:
     problems: list[str] = field(default_factory=list)
     linked: int = 0  # scheduled kernels whose machine code came from this machine's object cache
     objects_compiled: int = 0  # of those, compiled in this build (the rest were cached)
+    ranked_by: str = ""  # the cost model that ranked this compile's transfers ('': the fit ranking, hooks.ranking.rank_key)
 
     def count(self, outcome: str) -> int:
         return sum(k.outcome == outcome for k in self.kernels)
@@ -102,6 +105,7 @@ class CompileReport:
 
     def summary(self) -> str:
         linked = f"; {self.linked} kernel objects linked ({self.objects_compiled} compiled now)" if self.linked else ""
+        linked += f"; transfers ranked by {self.ranked_by}" if self.ranked_by else ""
         synthesized = f", {self.synthesized} synthesized" if self.synthesized else ""
         return (f"schedhub: {len(self.kernels)} kernels: {self.hits} hits, {self.transfers} transfers{synthesized}, {self.misses} misses, {self.fallbacks} fallbacks "
                 f"({self.lookups} lookups in {self.lookup_secs * 1e3:.1f} ms, {self.misses_reported} misses reported){linked}")  # fmt: skip
@@ -130,6 +134,7 @@ class HookSession:
         self._identities: dict[tuple[int, str], Identity] = {}
         self._records: dict[str, list[Record]] = {}
         self._candidates: dict[str, list[Candidate]] = {}  # neighbours of missed keys, nearest first
+        self._flops: dict[str, float] = {}  # kernel key: TVM's FLOP estimate (a cost model's feature)
         self._retiled: dict[tuple[str, str], int] = {}  # (kernel key, trace id): tile sizes re-derived on replay
         self._committed: dict[str, list[Record]] = {}  # what this process committed: read back at once
         self._pending_misses: dict[str, Identity] = {}
@@ -239,9 +244,10 @@ class HookSession:
                 return None
             return self._schedule(record, normalized, identity.key)
 
-        return self._serve(identity, apply, bench)
+        return self._serve(identity, apply, bench, (normalized, target))
 
-    def _serve(self, identity: Identity, apply: Callable[[Record, list[Any] | None], Any], bench: tuple[tvm.IRModule, Any] | None = None) -> Any:
+    def _serve(self, identity: Identity, apply: Callable[[Record, list[Any] | None], Any], bench: tuple[tvm.IRModule, Any] | None = None,
+               kernel: tuple[tvm.IRModule, Any] | None = None) -> Any:  # fmt: skip
         """The first record (best first) that ``apply`` accepts; else the first candidate that does (a transfer); else None."""
         if self.offline and not self._committed.get(identity.key):
             self._note(identity, OFFLINE)
@@ -255,7 +261,7 @@ class HookSession:
             self._note(identity, HIT, record.trace_id)
             return out
         self._pending_misses[identity.key] = identity  # a transfer too: the exact schedule is still to tune
-        transferred = self._transfer(identity, apply, bench)
+        transferred = self._transfer(identity, apply, bench, kernel)
         if transferred is not None:
             return transferred
         self._note(identity, FALLBACK if identity.key in self._refused_keys else MISS)
@@ -294,9 +300,12 @@ class HookSession:
         out.update_func(out.get_global_var("main"), mod["main"].with_attr(OBJECT_ID, KernelCache.name("object", *parts)))
         return out
 
-    def _transfer(self, identity: Identity, apply: Callable[[Record, list[Any] | None], Any], bench: tuple[tvm.IRModule, Any] | None = None) -> Any:
-        """A candidate that ``apply`` accepts on the kernel: the first by :func:`.ranking.rank_key`
-        (its tiling fits the kernel as tuned, then its speed on its own workload), or with ``bench``
+    def _transfer(self, identity: Identity, apply: Callable[[Record, list[Any] | None], Any], bench: tuple[tvm.IRModule, Any] | None = None,
+                  kernel: tuple[tvm.IRModule, Any] | None = None) -> Any:  # fmt: skip
+        """A candidate that ``apply`` accepts on the kernel: the first by the registry's cost model where it serves
+        one the session trusts and ``kernel`` (the normalized kernel and its target) lets its features be computed
+        (:meth:`_predicted`), else by :func:`.ranking.rank_key` (its tiling fits the kernel as tuned, then its speed
+        on its own workload); or with ``bench``
         (the kernel's default module and target: opt-in measurement) the fastest that agrees with
         the default schedule's output, while the compile's measurement budget lasts; else None.
 
@@ -317,7 +326,11 @@ class HookSession:
                 continue
         if not applied:
             return None
-        ranked = {id(c): self._rank(identity.key, c, i) for i, (c, _) in enumerate(applied)}
+        model = self._ranking_model(identity) if kernel is not None and len(applied) > 1 else None
+        if model is not None and kernel is not None:
+            ranked = {id(c): model_rank_key(c.relation, self._predicted(identity, c.record, out, kernel, model), i) for i, (c, out) in enumerate(applied)}
+        else:
+            ranked = {id(c): self._rank(identity.key, c, i) for i, (c, _) in enumerate(applied)}
         applied.sort(key=lambda pair: ranked[id(pair[0])])
         synthesized = any(c.relation == SYNTHESIZED for c, _ in applied)
         measured = self._measure(identity, applied, bench) if bench is not None and (len(applied) > 1 or synthesized) else {}
@@ -361,6 +374,39 @@ class HookSession:
         looked up, so a kernel without such a neighbour, compiled before any kernel that has one, borrows too."""
         near = [*self._candidates.get(identity.key, []), *(c for found in self._candidates.values() for c in found)]
         return list(dict.fromkeys(c.record.identity.target for c in near if c.relation == TARGET and self.trusts(c.record)))
+
+    def _ranking_model(self, identity: Identity) -> CostModel | None:
+        """The registry's cost model for the kernel's target, when it serves one the session trusts (fetched once a
+        session; never trained here: training costs a compile 14-29 s, :class:`.synthesis.LogModel`)."""
+        if self.offline:
+            return None
+        model = self.log_model.served(identity.target)
+        entry = self.log_model.served_entry(identity.target)
+        if model is not None and entry is not None and not self.report.ranked_by:
+            self.report.ranked_by = f"the registry's cost model ({entry.trials} logged trials, pushed by {entry.pushed_by})"
+        return model
+
+    def _predicted(self, identity: Identity, record: Record, scheduled_mod: Any, kernel: tuple[tvm.IRModule, Any], model: CostModel) -> float:
+        """The log₂ GFLOPS ``model`` predicts for ``record``'s schedule on this kernel (its features from this machine's
+        cache, or computed from ``scheduled_mod``); -inf where they cannot be computed (ranked last)."""
+        normalized, target = kernel
+        parts = (identity.key, record.trace_id, compiler_fingerprint())  # as :class:`.synthesis.LogModel` keys a trial's features
+        entry = self.cache.get("features", *parts) or {}
+        row = entry.get("row")
+        if not (isinstance(row, list) and len(row) == WIDTH):
+            try:
+                if identity.key not in self._flops:
+                    self._flops[identity.key] = flops(normalized)
+                work = self._flops[identity.key]
+                row = [float(x) for x in features(scheduled_mod, target, work)]
+            except Exception as exc:  # a schedule MetaSchedule cannot featurize: ranked last
+                log.debug("schedhub: no features of %s on %s: %s", record.trace_id, identity.op, str(exc)[:200])
+                return -math.inf
+            self.cache.put("features", parts, {"row": row, "work": work})
+        try:
+            return model.predict([np.asarray(row, dtype=np.float32)])[0]
+        except ValueError:
+            return -math.inf
 
     def _rank(self, key: str, candidate: Candidate, order: int) -> tuple[int, int, float, int]:
         """:func:`.ranking.rank_key` of a candidate replayed (already) on kernel ``key``."""

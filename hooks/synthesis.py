@@ -223,6 +223,10 @@ class LogModel:
             self.cache.put("costmodel", (digest,), {"trees": model.to_dict(), "trials": len(rows)})
         return model
 
+    def log_size(self, target: str) -> int:
+        """Trials of ``target``'s log this model learns from (at most :data:`MAX_LOG_TRIALS`)."""
+        return len(self._log(target))
+
     def _log(self, target: str) -> list[tuple[Identity, Trial]]:
         """Up to :data:`MAX_LOG_TRIALS` trials of ``target``'s log the session accepts, every workload's first
         trials first (read once a session)."""

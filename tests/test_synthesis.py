@@ -136,6 +136,35 @@ def test_the_model_is_trained_once_per_log_content_and_a_grown_log_featurizes_on
         assert grown.trained_on[target] == len(known) + len(new_trials)
 
 
+def test_a_worker_publishes_the_model_when_the_log_grew_and_a_compile_uses_it_without_training(tmp_path: Path, training_log: list[TrialLog]) -> None:
+    from schedhub.hooks.cache import KernelCache
+    from schedhub.hooks.costmodel import FEATURES
+    from schedhub.hooks.identity import compiler_fingerprint, target_text
+    from schedhub.hooks.measure import Budget
+    from schedhub.hooks.synthesis import LogModel
+    from schedhub.tuner.publish import publish_cost_model
+
+    target = target_text(tvm.target.Target(HOST))
+    logged = sum(len(e.trials) for e in training_log)
+    with registry_with(tmp_path / "store", training_log) as reg:
+        cache = KernelCache(tmp_path / "cache")
+        first = publish_cost_model(reg, target, cache, "w")
+        assert first.stored and (first.trials, first.served_before) == (logged, 0)
+        again = publish_cost_model(reg, target, cache, "w")
+        assert not again.stored and "learned from" in again.reason  # the log did not grow: not trained again
+        compile_side = LogModel(reg, KernelCache(tmp_path / "fresh"), lambda e: e.verified, verified_only=True)
+        model = compile_side.get(target, Budget(0))  # no time to train: the served model
+        served = reg.cost_model(target, compiler_fingerprint(), FEATURES)
+        assert model is not None and served is not None and model.trees == served.trees and compile_side.trained_on[target] == logged
+        for entry in training_log:  # a second worker's log of the same trials: the log doubles
+            reg.push_trials(entry, "w2")
+        grown = publish_cost_model(reg, target, cache, "w")
+        assert grown.stored and (grown.trials, grown.served_before) == (2 * logged, logged)
+    with registry_with(tmp_path / "claims", training_log, verified=False) as reg:
+        claimed = publish_cost_model(reg, target, cache, "w")  # only a verified log teaches a served model
+        assert not claimed.stored and "train no model" in claimed.reason
+
+
 SIBLING = {"kind": "llvm", "mcpu": "x86-64-v3", "num-cores": 2}  # another CPU model of the registry (never run here)
 
 

@@ -20,10 +20,11 @@ from tvm.relax.frontend import nn
 
 from schedhub.hooks import target_text, use
 from schedhub.hooks.identity import plain_json, workload_module
+from schedhub.hooks.msdb import normalize_mod
 from schedhub.hooks import measure
 from schedhub.hooks.measure import host_cpu
 from schedhub.registry import (
-    SCHEMA_VERSION, Candidate, Identity, InvalidRecord, LocalRegistry, Probe, Record, RegistryClient,
+    SCHEMA_VERSION, Candidate, CostModelEntry, Identity, InvalidRecord, LocalRegistry, Probe, Record, RegistryClient,
     canonical_target, packb, record_key, structure_key, unpackb,
 )  # fmt: skip
 from schedhub.tuner.models import kernels
@@ -353,6 +354,41 @@ def test_without_measuring_the_candidate_whose_tiles_still_fit_is_served_before_
         assert {k.op: k.detail.split(":")[1] for k in again.report.kernels if k.outcome == "transfer"} == transfers
     x = np.random.default_rng(7).standard_normal((16, 64)).astype("float32")
     np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)
+
+
+def test_a_cost_model_the_registry_serves_decides_which_transfer_is_served_when_its_pusher_is_trusted(tmp_path: Path) -> None:
+    """The fit ranking serves batch 64's records (their tiles still fit at 16, as in the test above). A served model
+    that predicts batch 8's to run faster on these kernels serves those instead, with correct output; a model pushed
+    as a claim is used only by a session that trusts its pusher."""
+    from schedhub.hooks.costmodel import FEATURES, CostModel, features, flops
+    from schedhub.hooks.identity import compiler_fingerprint
+    from schedhub.hooks.msdb import replayed
+
+    retiled = {k.name: tiled_record(k.identity, 0, [2, 4]) for k in kernels(export(8), CPU) if "matmul" in k.name}
+    kept = {k.name: tiled_record(k.identity, 1, [k.identity.args_info[-1][2][1] // 2, 2]) for k in kernels(export(64), CPU) if "matmul" in k.name}
+    held_out = [k for k in kernels(export(16), CPU) if "matmul" in k.name]
+    rows, labels = [], []
+    for k in held_out:
+        normalized = normalize_mod(workload_module(k.identity.workload)["main"])
+        for record, speed in ((retiled[k.name], 8.0), (kept[k.name], 2.0)):  # log₂ GFLOPS: batch 8's schedule 64× faster
+            rows.append(features(replayed(normalized, record.trace), CPU, flops(normalized)))
+            labels.append(speed)
+    model = CostModel.fit(rows * 4, labels * 4)
+    assert model.predict(rows) == pytest.approx(labels, abs=0.5)
+    served: dict[tuple[str, Any], dict[str, str]] = {}
+    for verified in (True, False):
+        with LocalRegistry(tmp_path / f"store-{verified}", sync=False) as reg:
+            reg.put_many([*retiled.values(), *kept.values()])
+            reg.push_cost_model(CostModelEntry(held_out[0].identity.target, compiler_fingerprint(), FEATURES, len(rows), model.trees), "w", verified=verified)
+            for trust in ("verified", ["w"]):
+                with use(reg, CPU, cache=tmp_path / "cache", trust=trust) as session:
+                    ex = tvm.compile(export(16), CPU)
+                served[verified, str(trust)] = {k.op: k.detail.split(":")[1] for k in session.report.kernels if k.outcome == "transfer"}
+                assert ("cost model" in session.report.summary()) == (served[verified, str(trust)] != {n: r.trace_id for n, r in kept.items()})
+                x = np.random.default_rng(8).standard_normal((16, 64)).astype("float32")
+                np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)
+    by_model, by_fit = {n: r.trace_id for n, r in retiled.items()}, {n: r.trace_id for n, r in kept.items()}
+    assert served == {(True, "verified"): by_model, (True, "['w']"): by_model, (False, "verified"): by_fit, (False, "['w']"): by_model}
 
 
 def test_a_compile_whose_measurement_budget_ran_out_serves_what_the_ranking_picks(tmp_path: Path) -> None:

@@ -417,7 +417,10 @@ def test_a_result_the_registry_refuses_fails_its_job_with_the_reason_and_the_wor
 
 
 def test_a_worker_gives_a_warm_startable_miss_a_first_pass_then_its_search(ray_address: str, tmp_path: Path) -> None:
-    """The first pass pushes the best measured transfer at once and puts the job back for its search, which comes later."""
+    """The first pass pushes the best measured transfer at once and puts the job back for its search, which comes later;
+    the worker, idle, serves the cost model of the log it grew (or says why it keeps the one served)."""
+    from schedhub.hooks.costmodel import FEATURES
+
     source = TuneResult.from_dict(cluster.result(tune(matmul(64, 64, 128))))
     assert not keeps_default_schedule(source.records[0].trace)  # something to transfer
     missed = matmul(64, 128, 128)
@@ -425,7 +428,9 @@ def test_a_worker_gives_a_warm_startable_miss_a_first_pass_then_its_search(ray_a
         reg.put_many(source.records)
         reg.report_misses([missed])
         assert not Worker(reg, TuneOptions(trials=16, synthesize=0), device=TARGET["mcpu"]).first_pass  # a search no longer than a first pass
-        worker = Worker(reg, TuneOptions(trials=24, trials_per_iter=12, publish=1, synthesize=0), name="w", poll_secs=0.2, device=TARGET["mcpu"])
+        events: list[tuple[str, dict]] = []
+        worker = Worker(reg, TuneOptions(trials=24, trials_per_iter=12, publish=1, synthesize=0), name="w", poll_secs=0.2, device=TARGET["mcpu"],
+                        on_event=lambda kind, info: events.append((kind, info)))  # fmt: skip
         first = worker.run(max_jobs=1)
         assert first.first_passes == 1 and first.done == 0 and first.results[0].warm_started >= 1
         builds = sum(e["count"] for e in first.results[0].events if e["kind"] == "build")
@@ -440,6 +445,9 @@ def test_a_worker_gives_a_warm_startable_miss_a_first_pass_then_its_search(ray_a
         assert then.done == 1 and then.first_passes == 0 and result.trials == 24 and len(result.curve) >= result.warm_started + 1
         assert {j["key"]: j for j in reg.jobs()}[missed.key]["state"] == DONE
         assert served[0].trace in warm_start_traces(reg, missed, 8)  # the search started from the first pass's schedule
+        models = [(kind, info["target"]) for kind, info in events if kind.startswith("model")]  # it tried to serve a model of the log it grew
+        assert models and all(kind in ("model", "model-kept") and target == missed.target for kind, target in models)
+        assert (reg.cost_model(missed.target, missed.fingerprint, FEATURES) is not None) == (("model", missed.target) in models)
 
 
 def test_a_miss_from_the_hook_is_tuned_by_a_running_worker_and_then_hits(ray_address: str, tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 from schedhub.registry import TARGET, Candidate, Identity, Record, Registry, RegistryError
 
 from . import cluster
+from .publish import Published, publish_cost_model
 from .search import SEEDS, TuneOptions, TuneResult
 
 log = logging.getLogger("schedhub.tuner")
@@ -141,13 +142,28 @@ class BulkSummary:
     tuned: list[TuneResult] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # keys that already had records
     failed: dict[str, str] = field(default_factory=dict)
+    models: list[Published] = field(default_factory=list)  # cost models trained on the grown logs and pushed (or kept)
+
+
+def publish_models(registry: Registry, targets: Sequence[str], pushed_by: str = "") -> list[Published]:
+    """:func:`.publish.publish_cost_model` of each target, holding a CPU of this node; one the registry refuses
+    (a token without the worker role) or cannot take is logged, the rest go on."""
+    done = []
+    for target in dict.fromkeys(targets):
+        try:
+            with cluster.holding_driver_cpu():
+                done.append(publish_cost_model(registry, target, pushed_by=pushed_by))
+        except RegistryError as exc:
+            log.warning("schedhub: the cost model of %s was not published: %s", target, str(exc)[:300])
+    return done
 
 
 def tune_many(
     registry: Registry, identities: list[Identity], options: TuneOptions, *, concurrency: int = 2, retune: bool = False,
-    pushed_by: str = "", on_done: Callable[[Identity, TuneResult | None, str | None], None] | None = None,
+    pushed_by: str = "", on_done: Callable[[Identity, TuneResult | None, str | None], None] | None = None, publish: bool = True,
 ) -> BulkSummary:  # fmt: skip
-    """Tune each workload (``concurrency`` jobs at once share the cluster), pushing results as they come."""
+    """Tune each workload (``concurrency`` jobs at once share the cluster), pushing results as they come; then
+    (``publish``) serve the cost model of each target whose measurement log grew (:mod:`.publish`)."""
     import ray
 
     summary = BulkSummary()
@@ -172,6 +188,8 @@ def tune_many(
         push_result(registry, result, pushed_by)
         summary.tuned.append(result)
         _notify(on_done, ident, result, None)
+    if publish:
+        summary.models = publish_models(registry, [r.identity.target for r in summary.tuned if r.trial_log() is not None], pushed_by)
     return summary
 
 

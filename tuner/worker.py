@@ -40,6 +40,7 @@ from schedhub.registry import (
     REFINE,
     TUNE,
     VERIFY,
+    Forbidden,
     Identity,
     InvalidRecord,
     Lease,
@@ -53,6 +54,7 @@ from schedhub.registry import (
 
 from . import cluster
 from .dispatch import Seeder, push_result, submit_tuning, warm_start
+from .publish import publish_cost_model
 from .search import TuneOptions, TuneResult
 
 log = logging.getLogger("schedhub.tuner.worker")
@@ -113,6 +115,8 @@ class Worker:
         self.away_since: float | None = None  # when the registry stopped answering
         # jobs are seeded one after another between lease renewals: training takes a quarter of a lease at most per batch
         self.seeder = Seeder(registry, options.synthesize, train_secs=lease_secs / 4 / self.concurrency) if options.synthesize else None
+        self.publish_models = True  # train and serve the cost model of each target whose log this worker grew, once the queue is dry
+        self._logged_targets: set[str] = set()  # targets whose measurement log this worker pushed to since it last published
 
     def run(self, *, max_jobs: int | None = None, until_idle: bool = False, should_stop: Callable[[], bool] = lambda: False,
             away_limit: float | None = None) -> WorkerStats:  # fmt: skip
@@ -130,6 +134,7 @@ class Worker:
             for held in [r for r in self.running.values() if r.answer is not None]:
                 self._deliver(held, stats)  # results that ended while the registry was away
             if not self.running:
+                self._publish_models()
                 if (until_idle and self.away_since is None) or (max_jobs is not None and started >= max_jobs):
                     break  # idle: the registry answered that nothing is queued
                 if self.away_since is not None and away_limit is not None and time.time() - self.away_since > away_limit:
@@ -280,6 +285,8 @@ class Worker:
                 return
             if result.warm_started or not run.first_pass:  # a first pass that measured nothing has nothing to say
                 push_result(self.registry, result, self.name)
+                if result.trial_log() is not None:
+                    self._logged_targets.add(result.identity.target)
             outcome = self.registry.ack(key, lease_id, refine=run.first_pass)
             if run.first_pass and outcome != REFINE:  # a registry older than refine jobs closed it: search at once from now on
                 self.first_pass = False
@@ -294,6 +301,25 @@ class Worker:
             stats.done += 1
         stats.results.append(result)
         self.on_event("first-pass" if run.first_pass else "done", {"key": key, "op": run.identity.op, "untuned_ms": result.untuned_secs * 1e3, "best_ms": (result.best_secs or 0) * 1e3})
+
+    def _publish_models(self) -> None:
+        """Train and serve the cost model of every target whose log this worker grew (:mod:`.publish`), holding a
+        CPU of this node so no kernel is timed meanwhile; a registry that refuses (a token without the worker role)
+        or is away is told once and the worker goes on."""
+        if not self.publish_models or not self._logged_targets or self.away_since is not None:
+            return
+        for target in sorted(self._logged_targets):
+            self._logged_targets.discard(target)
+            try:
+                with cluster.holding_driver_cpu():
+                    published = publish_cost_model(self.registry, target, self.seeder.cache if self.seeder else None, self.name)
+            except RegistryError as exc:
+                self.on_event("model-not-published", {"target": target, "error": str(exc)[:300]})
+                if isinstance(exc, Forbidden):
+                    self.publish_models = False  # this token may not serve models: do not train them again
+                continue
+            self.on_event("model" if published.stored else "model-kept", {"target": target, "trials": published.trials, "served_before": published.served_before,
+                                                                        "reason": published.reason})  # fmt: skip
 
     def _fail(self, key: str, lease_id: str, error: str, stats: WorkerStats) -> None:
         stats.failed += 1
