@@ -40,6 +40,7 @@ from schedhub.registry import LocalRegistry
 from schedhub.tuner import models, tvm_env
 
 from .models import check_agreement, network_input, time_side_by_side
+from .stats import study_arguments, write_study
 from .transfer import MODEL_WARM_UP, QUICK_CONVNETS, compile_and_load
 
 ALL = 600.0  # seconds: every candidate of every kernel measured
@@ -140,16 +141,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--source-store", type=Path, required=True, help="a registry filled as bench.transfer --quick fills it")
     parser.add_argument("--budgets", default="5,10", help="measurement budgets in seconds, comma-separated")
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--synthesize", type=int, default=0, help="with synthesis too: design-space samples per missed kernel (the cost model trained beforehand)")
-    parser.add_argument("--out", type=Path, default=None)
+    study_arguments(parser)
     args = parser.parse_args()
-    result = run(args.source_store, [float(b) for b in args.budgets.split(",")], args.runs, args.rounds, args.synthesize)
-    text = json.dumps(result, indent=1)
-    if args.out:
-        args.out.write_text(text)
-    print(json.dumps(result["summary"], indent=1))
+    write_study(run(args.source_store, [float(b) for b in args.budgets.split(",")], args.runs, args.rounds, args.synthesize), args.out)
 
 
 if __name__ == "__main__":

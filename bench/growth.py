@@ -11,7 +11,8 @@ as the tuner pushes; each kernel warm-started from what the registry already hol
   transfer is held to here; the quick bench's "tuned" (searched after a worker's first pass) is not in it.
 
 Each held-out network is compiled plain (TVM's defaults), through the hook on each transfer registry
-ranked (no measuring) and with every candidate measured (the fastest candidate: what no ranking can beat),
+ranked (no measuring: by the cost model each fill publishes, as ``schedhub tune`` does, and with it hidden,
+by the fit ranking) and with every candidate measured (the fastest candidate: what no ranking can beat),
 and with every kernel a hit from ``tuned here``; the executables are timed side by side in interleaved
 rounds. Per network and run: latencies, each over ``tuned here``, and how many served transfers came from
 the 128 px records. ``--stores DIR`` keeps the three registries (filled when absent: ~22 min on 2 cores).
@@ -23,6 +24,7 @@ Not part of ``bench all``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import statistics
@@ -36,12 +38,16 @@ from schedhub.tuner import cluster, models, tvm_env
 
 from .models import MODES as MODEL_MODES
 from .models import check_agreement, network_input, time_side_by_side
+from .served_model import model_hidden
 from .transfer import QUICK_CONVNETS, _tune, compile_and_load, fill
 
 ONE, TWO, TUNED = "one shape", "two shapes", "tuned here"
 FILLS: dict[str, dict[str, int]] = {ONE: {"image": 64}, TWO: {"image": 128}}  # at batch 1; ``two shapes`` is ``one shape`` and this
 ALL = 600.0  # seconds: every candidate of every kernel measured
-CONFIGS = {"ranked, " + ONE: (ONE, 0.0), "ranked, " + TWO: (TWO, 0.0), "fastest, " + ONE: (ONE, ALL), "fastest, " + TWO: (TWO, ALL), TUNED: (TUNED, 0.0)}
+#: label → (registry, measurement budget, whether the served cost model is hidden: the fit ranking). "ranked" is what
+#: a compile gets: the registry's cost model where it serves one (each fill publishes it, as ``schedhub tune`` does).
+CONFIGS = {"ranked, " + ONE: (ONE, 0.0, False), "ranked, " + TWO: (TWO, 0.0, False), "fit, " + ONE: (ONE, 0.0, True), "fit, " + TWO: (TWO, 0.0, True),
+           "fastest, " + ONE: (ONE, ALL, False), "fastest, " + TWO: (TWO, ALL, False), TUNED: (TUNED, 0.0, False)}  # fmt: skip
 
 
 def fill_stores(root: Path, target: Any) -> None:
@@ -95,23 +101,24 @@ def _network(stores: Path, target: Any, name: str, shape: dict[str, int], first_
     from schedhub import hooks
 
     mod, _, input_shape = models.export_with_weights(name, **shape)
-    executables, compile_secs, served = {}, {}, {}
+    executables, compile_secs, served, ranked_by = {}, {}, {}, {}
     executables["default"], compile_secs["default"] = compile_and_load(lambda: tvm.compile(mod, target))
     with tempfile.TemporaryDirectory(prefix="schedhub-growth-") as tmp:
-        for label, (store, measure) in CONFIGS.items():
+        for label, (store, measure, hidden) in CONFIGS.items():
             copy = Path(tmp) / label.replace(" ", "-").replace(",", "")
             shutil.copytree(stores / _folder(store), copy)  # a refused record is complained about: a write
-            with LocalRegistry(copy) as registry:
+            with LocalRegistry(copy) as registry, model_hidden() if hidden else contextlib.nullcontext():
                 with hooks.use(registry, target, report_misses=False, cache=Path(tmp) / f"cache-{copy.name}", measure=measure) as session:
                     executables[label], compile_secs[label] = compile_and_load(lambda: tvm.compile(mod, target))
             served[label] = [(k.op, k.outcome, k.detail) for k in session.report.kernels]
+            ranked_by[label] = session.report.ranked_by
     timing, errors = time_side_by_side(executables, network_input(input_shape), rounds)
     check_agreement(name, errors)
     ms = {label: t["median"] for label, t in timing.items()}
     second = {label: sum(1 for _, outcome, detail in kernels if outcome == "transfer" and detail.split(":")[1] not in first_shape)
               for label, kernels in served.items() if TWO in label}  # fmt: skip
     return {"network": name, "shape": shape, "timing": timing, "compile_secs": compile_secs, "max_rel_error": errors,
-            "over_tuned": {label: v / ms[TUNED] for label, v in ms.items()}, "from_second_shape": second,
+            "over_tuned": {label: v / ms[TUNED] for label, v in ms.items()}, "from_second_shape": second, "ranked_by": ranked_by,
             "outcomes": {label: {o: sum(1 for _, outcome, _ in kernels if outcome == o) for o in {k[1] for k in kernels}} for label, kernels in served.items()}}  # fmt: skip
 
 
@@ -124,8 +131,10 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         ratios = row["over_tuned"]
         for label, ratio in ratios.items():
             net.setdefault(label, []).append(ratio)
-        for kind in ("ranked", "fastest"):
+        for kind in ("ranked", "fit", "fastest"):
             net.setdefault(f"{kind}: two over one", []).append(ratios[f"{kind}, {TWO}"] / ratios[f"{kind}, {ONE}"])
+        for store in (ONE, TWO):
+            net.setdefault(f"ranked over fit, {store}", []).append(ratios[f"ranked, {store}"] / ratios[f"fit, {store}"])
     return {net: {label: {"median": statistics.median(v), "min": min(v), "max": max(v)} for label, v in by.items()} for net, by in found.items()}
 
 

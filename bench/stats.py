@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
 import statistics
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 
@@ -57,3 +60,17 @@ def machine_probe(reps: int = 7) -> dict[str, Any]:
 
     work()
     return summary_ms([work() for _ in range(reps)])
+
+
+def study_arguments(parser: argparse.ArgumentParser) -> None:
+    """What every study beside the benches takes: ``--runs``, ``--rounds`` (of side-by-side timing) and ``--out``."""
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=None)
+
+
+def write_study(result: dict[str, Any], out: Path | None) -> None:
+    """A study's whole result to ``out`` (when given) as JSON, and its summary to stdout."""
+    if out:
+        out.write_text(json.dumps(result, indent=1))
+    print(json.dumps(result["summary"], indent=1))

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from schedhub.hooks.ranking import rank_key
+from schedhub.hooks.ranking import model_rank_key, rank_key
 from schedhub.registry import LocalRegistry
 from schedhub.tuner import cluster, dispatch, models, tvm_env
 from schedhub.tuner.search import TuneOptions, TuneResult
@@ -161,6 +161,7 @@ def run(mode: str, say: Callable[[str], None] = print, source_store: Path | None
         out["source_keys"] = len(registry.summaries())
         say(f"registry filled: {out['source_keys']} keys" + (f" in {out['fill_secs']:.0f} s" if out["fill_secs"] else f" (copied from {source_store})"))
 
+        out["ranked_by"] = served_ranking(registry, target)
         model, out["cost_model"] = cost_model(registry)
         synthesis_cache = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="schedhub-synthesis-")))
         compiled = []
@@ -202,6 +203,19 @@ def run(mode: str, say: Callable[[str], None] = print, source_store: Path | None
                 f"measured {t['measured']['median']:.2f} ms, synthesized {t['synthesized']['median']:.2f} ms, first pass {t['first_pass']['median']:.2f} ms, tuned {t['tuned']['median']:.2f} ms, "
                 f"PyTorch {t['pytorch']['median']:.2f} ms")  # fmt: skip
     return out
+
+
+def served_ranking(registry: LocalRegistry, target: Any) -> str:
+    """How the hook ranks transfers from ``registry``: by the cost model it serves for ``target`` (the fill's
+    ``tune_many`` publishes one, as ``schedhub tune`` does), else by :data:`RANKED_BY`."""
+    from schedhub.hooks.costmodel import FEATURES
+    from schedhub.hooks.identity import compiler_fingerprint, target_text
+
+    served = registry.cost_model(target_text(target), compiler_fingerprint(), FEATURES)
+    if served is None:
+        return RANKED_BY
+    return (f"the fewest tile sizes re-derived on the kernel, then the speed the registry's cost model ({served.trials} logged trials) predicts for "
+            "the candidate replayed on it (hooks.ranking.model_rank_key)")
 
 
 def fill(registry: LocalRegistry, source: dict[str, dict[str, int]], target: Any, options: TuneOptions) -> None:
@@ -322,11 +336,13 @@ def cost_model(registry: LocalRegistry) -> tuple[CostModel, dict[str, Any]]:
 #: Rankings compared with the hook's pick on the same measurements: a sort key over a candidate's attributes
 #: (a candidate without the attribute ranks last).
 ALTERNATIVE_RANKINGS: dict[str, Callable[[dict[str, Any]], Any]] = {
-    "fit": lambda c: rank_key(c["relation"], c["retiled"], c["source_speed"], c["order"]) if "retiled" in c else (math.inf,),  # the hook's
+    "fit": lambda c: rank_key(c["relation"], c["retiled"], c["source_speed"], c["order"]) if "retiled" in c else (math.inf,),  # the hook's without a served model
     "nearest_first": lambda c: c.get("order", math.inf),  # the registry's order: compiler, then shape distance, then target
     "source_gflops": lambda c: -c["source_gflops"],  # the fastest schedule on its own workload, for its work
     "source_secs": lambda c: c["source_us"],  # the fastest on its own workload, whatever its size
     "xgboost": lambda c: -c.get("predicted_log2_gflops", -math.inf),  # the cost model's fastest, replayed on this kernel
+    # the hook's with a served model: the fit ranking with the model's prediction here in place of the speed at home
+    "fit_then_model": lambda c: model_rank_key(c["relation"], c["retiled"], c.get("predicted_log2_gflops", -math.inf), c["order"]) if "retiled" in c else (math.inf,),
 }
 
 

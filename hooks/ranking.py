@@ -14,11 +14,15 @@ at 4×4 pixels ran at 66 GFLOPS; replayed at 6×6, 5). So the hook serves, in or
    ever served once measured, so its place only orders what is measured first.
 
 Where the registry serves a cost model for the kernel's target (trained by a worker on the measurement
-log, :mod:`schedhub.tuner.publish`) that the session trusts, steps 2-4 are replaced by the model's
-predicted speed of each candidate replayed on this kernel (:func:`model_rank_key`): over six held-out
-networks its picks took 0.69x the time of this ranking's from a registry that had tuned two shapes,
-and 1.01x from one that had tuned one (``bench/results/studies/growth-ranking-pooled-*.json``); 0.97x
-over 31 rows of the quick bench's runs. Without a served model the compile does not train one (14-29 s).
+log, :mod:`schedhub.tuner.publish`) that the session trusts, step 3 is the speed the model predicts for
+the candidate replayed on this kernel instead (:func:`model_rank_key`). A record's speed at home says
+little once a nearer record of the same layer exists; the model's prediction here does. Judged on the
+recorded measurements of every candidate (sums of the picks' times over the fit ranking's, geometric
+means over networks): 0.81x on six networks from a registry that had tuned two shapes, 0.97x from one
+that had tuned one, 0.88x on six networks of a fresh fill, 1.00-1.01x on the five recorded quick runs.
+The model alone, without step 2, took 0.69x, 1.01x, 0.83x and 0.96-1.06x, and 1.16x on ResNet-18
+compiled through the hook (``python -m bench.served_model``): larger gains, larger losses. Without a
+served model the compile does not train one (14-29 s).
 
 bench/ (``python -m bench.ranking``) judges this against nearest-first and the others on
 measured candidates.
@@ -151,11 +155,11 @@ def rank_key(relation: str, retiled: int, speed: float, order: int) -> tuple[int
     return (_relation_rank(relation), retiled, -speed, order)
 
 
-def model_rank_key(relation: str, predicted: float, order: int) -> tuple[int, int, float, int]:
-    """Sort key of a candidate ranked by a cost model (see the module's docstring): its relation as in
-    :func:`rank_key`, then the speed the model predicts for it on this kernel (log₂ GFLOPS), then its place in
-    the registry's answer; shaped like :func:`rank_key`'s."""
-    return (_relation_rank(relation), 0, -predicted, order)
+def model_rank_key(relation: str, retiled: int, predicted: float, order: int) -> tuple[int, int, float, int]:
+    """Sort key of a candidate where a cost model ranks (see the module's docstring): as :func:`rank_key`, with
+    the speed the model predicts for the candidate on this kernel (log₂ GFLOPS) in place of its speed on its own
+    workload."""
+    return (_relation_rank(relation), retiled, -predicted, order)
 
 
 def _relation_rank(relation: str) -> int:

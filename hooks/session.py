@@ -328,7 +328,8 @@ class HookSession:
             return None
         model = self._ranking_model(identity) if kernel is not None and len(applied) > 1 else None
         if model is not None and kernel is not None:
-            ranked = {id(c): model_rank_key(c.relation, self._predicted(identity, c.record, out, kernel, model), i) for i, (c, out) in enumerate(applied)}
+            ranked = {id(c): model_rank_key(c.relation, self._retiled.get((identity.key, c.record.trace_id), 0), self._predicted(identity, c.record, out, kernel, model), i)
+                      for i, (c, out) in enumerate(applied)}  # fmt: skip
         else:
             ranked = {id(c): self._rank(identity.key, c, i) for i, (c, _) in enumerate(applied)}
         applied.sort(key=lambda pair: ranked[id(pair[0])])

@@ -42,6 +42,8 @@ MAX_SAMPLES = 1024  # design-space samples a kernel may ask for
 MAX_LOG_TRIALS = 4096  # trials of the log a model trains on
 MIN_TRAINING = 32  # fewer usable trials: no model
 MAX_SIBLINGS = 2  # other targets tried for a log that tops up a target's own
+SERVED_ALONE = 512  # logged trials a served model learned from for it to serve synthesis where a sibling's log could top up a
+#                     small own log (a model of 79 own trials synthesized 1.26x slower schedules than one topped up: bench.sibling)
 
 
 def check_sample_count(samples: object) -> int:
@@ -105,9 +107,10 @@ class LogModel:
     trains none): what the bench compares against.
 
     A model the registry serves for the target under this compiler (:meth:`served`: trained by a worker
-    on the same log, :mod:`schedhub.tuner.publish`) comes first when ``use_served`` and the session trusts its
-    pusher: it costs one download instead of the training. A worker that trains the models it publishes
-    sets ``use_served`` False.
+    on the target's own log, :mod:`schedhub.tuner.publish`) comes first when ``use_served`` and the session
+    trusts its pusher: it costs one download instead of the training. Where siblings could top the log up, it
+    comes first only once it learned from :data:`SERVED_ALONE` trials. A worker that trains the models it
+    publishes sets ``use_served`` False.
     """
 
     def __init__(self, registry: Registry, cache: KernelCache, accepts: Callable[[TrialLog | CostModelEntry], bool], verified_only: bool,
@@ -131,7 +134,8 @@ class LogModel:
         lends it trials, or on its own log alone; None when no log trains one, or no time is left. A
         sibling, once lent, serves the target's later kernels too, those without neighbours included."""
         served = self.served(target)
-        if served is not None:
+        entry = self.served_entry(target)
+        if served is not None and entry is not None and (not siblings or entry.trials >= SERVED_ALONE):
             return served
         if target in self.borrowed:
             return self._trained(target, self.borrowed[target], budget)

@@ -236,13 +236,26 @@ def test_a_growth_study_compares_each_registry_to_the_tuned_bar_and_the_two_to_e
     from bench.growth import ONE, TUNED, TWO, summarize
 
     def row(ranked_one: float, ranked_two: float) -> dict:
-        ratios = {f"ranked, {ONE}": ranked_one, f"ranked, {TWO}": ranked_two, f"fastest, {ONE}": 1.0, f"fastest, {TWO}": 0.5, TUNED: 1.0}
+        ratios = {f"ranked, {ONE}": ranked_one, f"ranked, {TWO}": ranked_two, f"fit, {ONE}": 2.0, f"fit, {TWO}": 2.0,
+                  f"fastest, {ONE}": 1.0, f"fastest, {TWO}": 0.5, TUNED: 1.0}  # fmt: skip
         return {"network": "net", "over_tuned": ratios}
 
     found = summarize([row(2.0, 1.0), row(1.5, 1.5), row(3.0, 2.4)])["net"]
     assert found[f"ranked, {ONE}"] == {"median": 2.0, "min": 1.5, "max": 3.0}
     assert found["ranked: two over one"] == pytest.approx({"median": 0.8, "min": 0.5, "max": 1.0})
     assert found["fastest: two over one"]["median"] == 0.5 and found[TUNED]["max"] == 1.0
+    assert found[f"ranked over fit, {TWO}"] == pytest.approx({"median": 0.75, "min": 0.5, "max": 1.2})  # the served model's picks over the fit ranking's
+
+
+def test_a_served_model_study_summarizes_the_models_latency_over_the_fit_rankings_and_the_compile_seconds() -> None:
+    from bench.served_model import _summary
+
+    def row(over: float, model_secs: float) -> dict:
+        return {"network": "net", "model_over_fit": over, "picked_differently": 3, "compile_secs": {"default": 1.0, "fit": 4.0, "model": model_secs}}
+
+    found = _summary([[row(0.9, 5.0)], [row(1.1, 7.0)], [row(0.8, 6.0)]])["net"]
+    assert found["model_over_fit"] == 0.9 and found["model_over_fit_runs"] == [0.9, 1.1, 0.8]
+    assert found["compile_s model"] == 6.0 and found["compile_s fit"] == 4.0 and found["picked_differently"] == 3
 
 
 def test_a_report_of_a_mode_with_no_recorded_run_says_so_and_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -356,38 +356,43 @@ def test_without_measuring_the_candidate_whose_tiles_still_fit_is_served_before_
     np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)
 
 
-def test_a_cost_model_the_registry_serves_decides_which_transfer_is_served_when_its_pusher_is_trusted(tmp_path: Path) -> None:
-    """The fit ranking serves batch 64's records (their tiles still fit at 16, as in the test above). A served model
-    that predicts batch 8's to run faster on these kernels serves those instead, with correct output; a model pushed
+def test_a_cost_model_the_registry_serves_decides_between_transfers_that_fit_alike_when_its_pusher_is_trusted(tmp_path: Path) -> None:
+    """Batch 8's and batch 64's records both tile the output's columns (their extent is the same at 16: no tile
+    re-derived). The fit ranking serves batch 64's: as fast per call at home for 8x the work. A served model that
+    predicts batch 8's to run faster on these kernels serves those instead, with correct output; a model pushed
     as a claim is used only by a session that trusts its pusher."""
     from schedhub.hooks.costmodel import FEATURES, CostModel, features, flops
     from schedhub.hooks.identity import compiler_fingerprint
     from schedhub.hooks.msdb import replayed
 
-    retiled = {k.name: tiled_record(k.identity, 0, [2, 4]) for k in kernels(export(8), CPU) if "matmul" in k.name}
-    kept = {k.name: tiled_record(k.identity, 1, [k.identity.args_info[-1][2][1] // 2, 2]) for k in kernels(export(64), CPU) if "matmul" in k.name}
+    def columns(k: Any, parts: int) -> Record:
+        extent = k.identity.args_info[-1][2][1]
+        return tiled_record(k.identity, 1, [extent // parts, parts])
+
+    small = {k.name: columns(k, 4) for k in kernels(export(8), CPU) if "matmul" in k.name}
+    large = {k.name: columns(k, 2) for k in kernels(export(64), CPU) if "matmul" in k.name}
     held_out = [k for k in kernels(export(16), CPU) if "matmul" in k.name]
     rows, labels = [], []
     for k in held_out:
         normalized = normalize_mod(workload_module(k.identity.workload)["main"])
-        for record, speed in ((retiled[k.name], 8.0), (kept[k.name], 2.0)):  # log₂ GFLOPS: batch 8's schedule 64× faster
+        for record, speed in ((small[k.name], 8.0), (large[k.name], 2.0)):  # log₂ GFLOPS: batch 8's schedule 64× faster here
             rows.append(features(replayed(normalized, record.trace), CPU, flops(normalized)))
             labels.append(speed)
     model = CostModel.fit(rows * 4, labels * 4)
     assert model.predict(rows) == pytest.approx(labels, abs=0.5)
-    served: dict[tuple[str, Any], dict[str, str]] = {}
+    served: dict[tuple[bool, str], dict[str, str]] = {}
     for verified in (True, False):
         with LocalRegistry(tmp_path / f"store-{verified}", sync=False) as reg:
-            reg.put_many([*retiled.values(), *kept.values()])
+            reg.put_many([*small.values(), *large.values()])
             reg.push_cost_model(CostModelEntry(held_out[0].identity.target, compiler_fingerprint(), FEATURES, len(rows), model.trees), "w", verified=verified)
             for trust in ("verified", ["w"]):
                 with use(reg, CPU, cache=tmp_path / "cache", trust=trust) as session:
                     ex = tvm.compile(export(16), CPU)
-                served[verified, str(trust)] = {k.op: k.detail.split(":")[1] for k in session.report.kernels if k.outcome == "transfer"}
-                assert ("cost model" in session.report.summary()) == (served[verified, str(trust)] != {n: r.trace_id for n, r in kept.items()})
+                picks = served[verified, str(trust)] = {k.op: k.detail.split(":")[1] for k in session.report.kernels if k.outcome == "transfer"}
+                assert ("cost model" in session.report.summary()) == (picks != {n: r.trace_id for n, r in large.items()})
                 x = np.random.default_rng(8).standard_normal((16, 64)).astype("float32")
                 np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)
-    by_model, by_fit = {n: r.trace_id for n, r in retiled.items()}, {n: r.trace_id for n, r in kept.items()}
+    by_model, by_fit = {n: r.trace_id for n, r in small.items()}, {n: r.trace_id for n, r in large.items()}
     assert served == {(True, "verified"): by_model, (True, "['w']"): by_model, (False, "verified"): by_fit, (False, "['w']"): by_model}
 
 
@@ -409,10 +414,13 @@ def test_a_compile_whose_measurement_budget_ran_out_serves_what_the_ranking_pick
 
 
 def test_the_ranking_puts_the_same_workload_first_then_fitting_tiles_then_speed_then_the_registry_order() -> None:
-    from schedhub.hooks.ranking import rank_key
+    from schedhub.hooks.ranking import model_rank_key, rank_key
 
     ranked = sorted([rank_key("shape", 0, 5.0, 3), rank_key("shape", 1, 90.0, 0), rank_key("compiler", 2, 1.0, 4), rank_key("shape", 0, 9.0, 2), rank_key("target", 0, 9.0, 1)])
     assert ranked == [rank_key("compiler", 2, 1.0, 4), rank_key("target", 0, 9.0, 1), rank_key("shape", 0, 9.0, 2), rank_key("shape", 0, 5.0, 3), rank_key("shape", 1, 90.0, 0)]
+    # with a served model, its predicted speed here (log₂ GFLOPS) takes the place of the speed at home, after the tiles
+    by_model = sorted([model_rank_key("shape", 1, 9.0, 0), model_rank_key("shape", 0, 2.0, 1), model_rank_key("synthesized", 0, 20.0, 2), model_rank_key("shape", 0, 3.0, 3)])
+    assert by_model == [model_rank_key("shape", 0, 3.0, 3), model_rank_key("shape", 0, 2.0, 1), model_rank_key("shape", 1, 9.0, 0), model_rank_key("synthesized", 0, 20.0, 2)]
 
 
 def test_the_work_the_ranking_reads_from_a_workload_text_is_tvms_flop_estimate() -> None:
