@@ -122,7 +122,8 @@ def stats_rows(stats: dict[str, Any]) -> list[tuple[str, str]]:
     """``stats`` as labelled lines for people (a field an older server lacks is left out)."""
     cov, queue = stats.get("coverage") or {}, stats.get("queue") or {}
     rows = [("keys", f"{stats.get('keys', 0):,} ({cov.get('ops', 0):,} ops, {cov.get('targets', 0):,} targets, {cov.get('fingerprints', 0):,} compiler builds)"),
-            ("measurements", f"{stats.get('measurements', 0):,} pushes and verdicts; {stats.get('trial_logs', 0):,} trial logs"),
+            ("measurements", f"{stats.get('measurements', 0):,} pushes and verdicts; {stats.get('trial_logs', 0):,} trial logs; "
+                             f"{stats.get('cost_models', 0):,} cost models served"),
             ("quarantined", f"{stats.get('quarantined', 0):,}"),
             ("queue", ", ".join(f"{queue.get(s, 0):,} {s}" for s in ("pending", "leased", "done", "dead"))),
             ("store", f"{stats.get('bytes_used', 0) / 1e6:,.1f} MB of {stats.get('map_size', 0) / 2**30:,.0f} GiB mapped at {stats.get('root', '?')}"),
