@@ -302,10 +302,11 @@ class HookSession:
 
     def _transfer(self, identity: Identity, apply: Callable[[Record, list[Any] | None], Any], bench: tuple[tvm.IRModule, Any] | None = None,
                   kernel: tuple[tvm.IRModule, Any] | None = None) -> Any:  # fmt: skip
-        """A candidate that ``apply`` accepts on the kernel: the first by the registry's cost model where it serves
-        one the session trusts and ``kernel`` (the normalized kernel and its target) lets its features be computed
-        (:meth:`_predicted`), else by :func:`.ranking.rank_key` (its tiling fits the kernel as tuned, then its speed
-        on its own workload); or with ``bench``
+        """A candidate that ``apply`` accepts on the kernel: the first by :func:`.ranking.rank_key` (its tiling fits
+        the kernel as tuned, then its speed on its own workload) or, where the registry serves a cost model the
+        session trusts and ``kernel`` (the normalized kernel and its target) lets features be computed, by
+        :func:`.ranking.model_rank_key` (the model's predicted speed on this kernel in place of the speed at home:
+        :meth:`_predicted`); or with ``bench``
         (the kernel's default module and target: opt-in measurement) the fastest that agrees with
         the default schedule's output, while the compile's measurement budget lasts; else None.
 
@@ -328,7 +329,9 @@ class HookSession:
             return None
         model = self._ranking_model(identity) if kernel is not None and len(applied) > 1 else None
         if model is not None and kernel is not None:
-            ranked = {id(c): model_rank_key(c.relation, self._retiled.get((identity.key, c.record.trace_id), 0), self._predicted(identity, c.record, out, kernel, model), i)
+            group = {id(c): model_rank_key(c.relation, self._retiled.get((identity.key, c.record.trace_id), 0), 0.0, 0)[:2] for c, _ in applied}
+            first = min(group.values())  # only these compete on the prediction: the others rank after them whatever it is
+            ranked = {id(c): model_rank_key(c.relation, group[id(c)][1], self._predicted(identity, c.record, out, kernel, model) if group[id(c)] == first else -math.inf, i)
                       for i, (c, out) in enumerate(applied)}  # fmt: skip
         else:
             ranked = {id(c): self._rank(identity.key, c, i) for i, (c, _) in enumerate(applied)}
