@@ -108,7 +108,7 @@ def _network(stores: Path, target: Any, name: str, shape: dict[str, int], first_
             copy = Path(tmp) / label.replace(" ", "-").replace(",", "")
             shutil.copytree(stores / _folder(store), copy)  # a refused record is complained about: a write
             with LocalRegistry(copy) as registry, model_hidden() if hidden else contextlib.nullcontext():
-                with hooks.use(registry, target, report_misses=False, cache=Path(tmp) / f"cache-{copy.name}", measure=measure) as session:
+                with hooks.use(registry, target, report_misses=False, cache=Path(tmp) / f"cache-{copy.name}", measure=measure, rank_by_model=not hidden) as session:
                     executables[label], compile_secs[label] = compile_and_load(lambda: tvm.compile(mod, target))
             served[label] = [(k.op, k.outcome, k.detail) for k in session.report.kernels]
             ranked_by[label] = session.report.ranked_by

@@ -108,7 +108,7 @@ def _network(registry: LocalRegistry, target: Any, name: str, shape: dict[str, i
     executables["default"], compile_secs["default"] = compile_and_load(lambda: tvm.compile(mod, target))
     for label, cache in (("fit", "fit"), ("model", "model"), ("model warm", "model")):
         with model_hidden() if label == "fit" else contextlib.nullcontext():
-            with hooks.use(registry, target, report_misses=False, cache=workdir / cache) as session:
+            with hooks.use(registry, target, report_misses=False, cache=workdir / cache, rank_by_model=True) as session:
                 executables[label], compile_secs[label] = compile_and_load(lambda: tvm.compile(mod, target))
         report = session.report
         picks[label] = {k.key: k.detail for k in report.kernels if k.outcome == "transfer"}

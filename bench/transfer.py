@@ -161,7 +161,6 @@ def run(mode: str, say: Callable[[str], None] = print, source_store: Path | None
         out["source_keys"] = len(registry.summaries())
         say(f"registry filled: {out['source_keys']} keys" + (f" in {out['fill_secs']:.0f} s" if out["fill_secs"] else f" (copied from {source_store})"))
 
-        out["ranked_by"] = served_ranking(registry, target)
         model, out["cost_model"] = cost_model(registry)
         synthesis_cache = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="schedhub-synthesis-")))
         compiled = []
@@ -203,19 +202,6 @@ def run(mode: str, say: Callable[[str], None] = print, source_store: Path | None
                 f"measured {t['measured']['median']:.2f} ms, synthesized {t['synthesized']['median']:.2f} ms, first pass {t['first_pass']['median']:.2f} ms, tuned {t['tuned']['median']:.2f} ms, "
                 f"PyTorch {t['pytorch']['median']:.2f} ms")  # fmt: skip
     return out
-
-
-def served_ranking(registry: LocalRegistry, target: Any) -> str:
-    """How the hook ranks transfers from ``registry``: by the cost model it serves for ``target`` (the fill's
-    ``tune_many`` publishes one, as ``schedhub tune`` does), else by :data:`RANKED_BY`."""
-    from schedhub.hooks.costmodel import FEATURES
-    from schedhub.hooks.identity import compiler_fingerprint, target_text
-
-    served = registry.cost_model(target_text(target), compiler_fingerprint(), FEATURES)
-    if served is None:
-        return RANKED_BY
-    return (f"the fewest tile sizes re-derived on the kernel, then the speed the registry's cost model ({served.trials} logged trials) predicts for "
-            "the candidate replayed on it (hooks.ranking.model_rank_key)")
 
 
 def fill(registry: LocalRegistry, source: dict[str, dict[str, int]], target: Any, options: TuneOptions) -> None:

@@ -61,6 +61,7 @@ def use(
     cache: str | os.PathLike[str] | bool = True,
     measure: float = 0.0,
     synthesize: int = 0,
+    rank_by_model: bool = False,
     link: bool = True,
 ) -> Iterator[HookSession]:
     """Apply registry schedules to every Relax build in this block (this thread).
@@ -78,6 +79,9 @@ def use(
     space, rank them with a cost model trained on the registry's measurement log and time the best
     few beside the transfer candidates (:mod:`.synthesis`; 64 is a good size; 0: off). What it draws
     is cached, so a kernel is synthesized once a machine.
+    ``rank_by_model``: rank transfers by the speed the registry's served cost model predicts for each on this
+    kernel, after the fewest re-derived tiles (:func:`.ranking.model_rank_key`), where it serves one the trust
+    accepts; off by default: it helped a registry that tuned two shapes and hurt ResNet-18 on one (ARCHITECTURE §8).
     ``link``: compile each scheduled kernel once per machine and link its object into later builds
     (kept beside the kernel cache; needs a cache and the C compiler TVM links with, else it is off).
     """
@@ -92,7 +96,7 @@ def use(
         cache_dir = default_dir() if cache is True else (cache or None)
         objects = ObjectCache(Path(cache_dir) / "objects") if link and cache_dir is not None and c_compiler_available() else None
         session = HookSession(reg, report_misses=report_misses, trust=trust, limits=limits, transfer=transfer, cache=KernelCache(cache_dir),
-                              measure=measure, objects=objects, synthesize=synthesize)  # fmt: skip
+                              measure=measure, objects=objects, synthesize=synthesize, rank_by_model=rank_by_model)  # fmt: skip
     token = ACTIVE.set(session)
     try:
         with contextlib.ExitStack() as stack:

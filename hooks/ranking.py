@@ -13,16 +13,19 @@ at 4×4 pixels ran at 66 GFLOPS; replayed at 6×6, 5). So the hook serves, in or
 5. last, a schedule synthesized here (relation ``synthesized``, :mod:`.synthesis`): it is only
    ever served once measured, so its place only orders what is measured first.
 
-Where the registry serves a cost model for the kernel's target (trained by a worker on the measurement
-log, :mod:`schedhub.tuner.publish`) that the session trusts, step 3 is the speed the model predicts for
-the candidate replayed on this kernel instead (:func:`model_rank_key`). A record's speed at home says
+With ``use(..., rank_by_model=True)``, where the registry serves a cost model for the kernel's target
+(trained by a worker on the measurement log, :mod:`schedhub.tuner.publish`) that the session trusts, step 3
+is the speed the model predicts for the candidate replayed on this kernel instead (:func:`model_rank_key`). A record's speed at home says
 little once a nearer record of the same layer exists; the model's prediction here does. Judged on the
 recorded measurements of every candidate (sums of the picks' times over the fit ranking's, geometric
 means over networks): 0.81x on six networks from a registry that had tuned two shapes, 0.97x from one
 that had tuned one, 0.88x on six networks of a fresh fill, 1.00-1.01x on the five recorded quick runs.
 The model alone, without step 2, took 0.69x, 1.01x, 0.83x and 0.96-1.06x, and 1.16x on ResNet-18
-compiled through the hook (``python -m bench.served_model``): larger gains, larger losses. Without a
-served model the compile does not train one (14-29 s).
+compiled through the hook (``python -m bench.served_model``): larger gains, larger losses. Through the
+hook, as step 3, the served model ran MobileNet-V2 0.85x the fit ranking's latency from a registry that
+tuned two shapes, but ResNet-18 1.08x on the quick bench's registry, and its picks summed 1.19x the fit
+ranking's kernel time on ResNet-18 through torch.export there: about even over the networks where the
+picks differed, so it is opt-in. Without a served model the compile does not train one (14-29 s).
 
 bench/ (``python -m bench.ranking``) judges this against nearest-first and the others on
 measured candidates.

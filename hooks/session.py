@@ -114,12 +114,13 @@ class CompileReport:
 class HookSession:
     def __init__(self, registry: Registry, *, report_misses: bool = True, trust: Trust = "verified",
                  limits: ScheduleLimits | None = None, transfer: bool = True, cache: KernelCache | None = None,
-                 measure: float = 0.0, objects: ObjectCache | None = None, synthesize: int = 0) -> None:  # fmt: skip
+                 measure: float = 0.0, objects: ObjectCache | None = None, synthesize: int = 0, rank_by_model: bool = False) -> None:  # fmt: skip
         check_sample_count(synthesize)
         self.registry = registry
         self.objects = objects  # where scheduled kernels' machine code is kept and linked from (None: compiled in each build)
         self.measure = measure
         self.synthesize = synthesize  # design-space samples scored per missed kernel (0: none; needs ``measure``)
+        self.rank_by_model = rank_by_model  # transfers ranked with the registry's served cost model (opt-in)
         self._budget = Budget(measure)
         self.build_workers = usable_cpus()  # candidates compiled at once
         self.cache = cache if cache is not None else KernelCache(default_dir())
@@ -303,8 +304,8 @@ class HookSession:
     def _transfer(self, identity: Identity, apply: Callable[[Record, list[Any] | None], Any], bench: tuple[tvm.IRModule, Any] | None = None,
                   kernel: tuple[tvm.IRModule, Any] | None = None) -> Any:  # fmt: skip
         """A candidate that ``apply`` accepts on the kernel: the first by :func:`.ranking.rank_key` (its tiling fits
-        the kernel as tuned, then its speed on its own workload) or, where the registry serves a cost model the
-        session trusts and ``kernel`` (the normalized kernel and its target) lets features be computed, by
+        the kernel as tuned, then its speed on its own workload) or, with ``rank_by_model`` where the registry
+        serves a cost model the session trusts and ``kernel`` (the normalized kernel and its target) lets features be computed, by
         :func:`.ranking.model_rank_key` (the model's predicted speed on this kernel in place of the speed at home:
         :meth:`_predicted`); or with ``bench``
         (the kernel's default module and target: opt-in measurement) the fastest that agrees with
@@ -327,7 +328,7 @@ class HookSession:
                 continue
         if not applied:
             return None
-        model = self._ranking_model(identity) if kernel is not None and len(applied) > 1 else None
+        model = self._ranking_model(identity) if self.rank_by_model and kernel is not None and len(applied) > 1 else None
         if model is not None and kernel is not None:
             group = {id(c): model_rank_key(c.relation, self._retiled.get((identity.key, c.record.trace_id), 0), 0.0, 0)[:2] for c, _ in applied}
             first = min(group.values())  # only these compete on the prediction: the others rank after them whatever it is

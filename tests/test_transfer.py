@@ -358,9 +358,9 @@ def test_without_measuring_the_candidate_whose_tiles_still_fit_is_served_before_
 
 def test_a_cost_model_the_registry_serves_decides_between_transfers_that_fit_alike_when_its_pusher_is_trusted(tmp_path: Path) -> None:
     """Batch 8's and batch 64's records both tile the output's columns (their extent is the same at 16: no tile
-    re-derived). The fit ranking serves batch 64's: as fast per call at home for 8x the work. A served model that
-    predicts batch 8's to run faster on these kernels serves those instead, with correct output; a model pushed
-    as a claim is used only by a session that trusts its pusher."""
+    re-derived). The fit ranking serves batch 64's: as fast per call at home for 8x the work. Asked to rank by it,
+    a served model that predicts batch 8's to run faster on these kernels serves those instead, with correct
+    output; a model pushed as a claim is used only by a session that trusts its pusher."""
     from schedhub.hooks.costmodel import FEATURES, CostModel, features, flops
     from schedhub.hooks.identity import compiler_fingerprint
     from schedhub.hooks.msdb import replayed
@@ -386,7 +386,7 @@ def test_a_cost_model_the_registry_serves_decides_between_transfers_that_fit_ali
             reg.put_many([*small.values(), *large.values()])
             reg.push_cost_model(CostModelEntry(held_out[0].identity.target, compiler_fingerprint(), FEATURES, len(rows), model.trees), "w", verified=verified)
             for trust in ("verified", ["w"]):
-                with use(reg, CPU, cache=tmp_path / "cache", trust=trust) as session:
+                with use(reg, CPU, cache=tmp_path / "cache", trust=trust, rank_by_model=True) as session:
                     ex = tvm.compile(export(16), CPU)
                 picks = served[verified, str(trust)] = {k.op: k.detail.split(":")[1] for k in session.report.kernels if k.outcome == "transfer"}
                 assert ("cost model" in session.report.summary()) == (picks != {n: r.trace_id for n, r in large.items()})
@@ -394,6 +394,9 @@ def test_a_cost_model_the_registry_serves_decides_between_transfers_that_fit_ali
                 np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)
     by_model, by_fit = {n: r.trace_id for n, r in small.items()}, {n: r.trace_id for n, r in large.items()}
     assert served == {(True, "verified"): by_model, (True, "['w']"): by_model, (False, "verified"): by_fit, (False, "['w']"): by_model}
+    with LocalRegistry(tmp_path / "store-True", sync=False) as reg, use(reg, CPU, cache=tmp_path / "cache") as session:  # not asked for: the fit ranking
+        tvm.compile(export(16), CPU)
+    assert {k.op: k.detail.split(":")[1] for k in session.report.kernels if k.outcome == "transfer"} == by_fit and not session.report.ranked_by
 
 
 def test_a_compile_whose_measurement_budget_ran_out_serves_what_the_ranking_picks(tmp_path: Path) -> None:
