@@ -1,7 +1,7 @@
 """Tuner benchmark: schedhub's Ray tuner vs plain ``ms.tune_tir``, and what tuning buys.
 
     python -m bench.tuner [--quick] [--trials 64] [--runs 1] [--out bench/results/full/tuner.json]
-    python -m bench.tuner --device cuda [--trials 64]      # on a GPU: bench/results/gpu/tuner.json
+    python -m bench.tuner --device cuda [--trials 64] [--workloads NAME,...]   # on a GPU: bench/results/gpu/tuner.json
 
 Workloads are kernels of the shipped models, at their real shapes: ResNet-18's 3×3 convolution on
 56×56×64 (``fused_conv2d2_add1_relu1``) and BERT-base's attention output projection, 128×768×768
@@ -136,9 +136,13 @@ def side_by_side(identity: Any, traces: dict[str, str], rounds: int) -> dict[str
     return out
 
 
-def run(trials: int, runs: int, rounds: int, trials_per_iter: int = 16, search: dict[str, int] | None = None, device: str = "cpu") -> dict[str, Any]:
+def run(trials: int, runs: int, rounds: int, trials_per_iter: int = 16, search: dict[str, int] | None = None, device: str = "cpu",
+        only: list[str] | None = None) -> dict[str, Any]:  # fmt: skip
     """``search``: evolutionary search settings for both tuners (population, genetic_iters); MetaSchedule's defaults if None.
-    ``device``: ``"cpu"`` (a fixed 2-core CPU target) or ``"cuda"`` (this machine's GPU)."""
+    ``device``: ``"cpu"`` (a fixed 2-core CPU target) or ``"cuda"`` (this machine's GPU); ``only``: these workloads' kernel names."""
+    workloads = [w for w in WORKLOADS if not only or w[2] in only]
+    if not workloads:
+        raise ValueError(f"no workload is named {only}; there are {[w[2] for w in WORKLOADS]}")
     import tvm
 
     from schedhub.hooks.identity import target_text
@@ -155,7 +159,7 @@ def run(trials: int, runs: int, rounds: int, trials_per_iter: int = 16, search: 
     out: dict[str, Any] = {"target": target, "device": device, "device_name": str(tvm.cuda(0).device_name) if device == "cuda" else target.get("mcpu"),
                            "cpus": os.cpu_count() or 1, "trials": trials, "trials_per_iter": trials_per_iter, "runs": runs, "workloads": {},
                            "search": {"population": base.population, "genetic_iters": base.genetic_iters, "threads": base.search_threads}}  # fmt: skip
-    for model, shape, name in WORKLOADS:
+    for model, shape, name in workloads:
         ident = find_kernel(model, shape, name, target)
         entry: dict[str, Any] = {"op": ident.op, "args_info": ident.args_info, "model": model, "flops": flops(ident.args_info, ident.op), "runs": []}
         for run_i in range(runs):
@@ -189,15 +193,17 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=1, help="tuning runs per workload and tuner (seeds 0..runs-1)")
     parser.add_argument("--rounds", type=int, help="side-by-side timing rounds (default 5)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: this machine's GPU (results under gpu/)")
+    parser.add_argument("--workloads", help="comma-separated kernel names (default: all): " + ", ".join(w[2] for w in WORKLOADS))
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     require_device(parser.prog, args.device)
     trials, rounds = args.trials or (16 if args.quick else 64), args.rounds or (3 if args.quick else 5)
     mode = "gpu" if args.device == "cuda" else "quick" if args.quick else "full"
     out = args.out or Path(__file__).parent / "results" / mode / "tuner.json"
-    result = run(trials, args.runs, rounds, search=QUICK_SEARCH if args.quick else None, device=args.device)
+    only = args.workloads.split(",") if args.workloads else None
+    result = run(trials, args.runs, rounds, search=QUICK_SEARCH if args.quick else None, device=args.device, only=only)
     result["command"] = (f"python -m bench.tuner{' --quick' if args.quick else ''}{' --device cuda' if args.device == 'cuda' else ''} "
-                         f"--trials {trials} --runs {args.runs} --rounds {rounds}")
+                         f"--trials {trials} --runs {args.runs} --rounds {rounds}" + (f" --workloads {args.workloads}" if only else ""))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     print(f"wrote {out}")
