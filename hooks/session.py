@@ -385,9 +385,11 @@ class HookSession:
         session; never trained here: training costs a compile 14-29 s, :class:`.synthesis.LogModel`)."""
         if self.offline:
             return None
-        model = self.log_model.served(identity.target)
-        entry = self.log_model.served_entry(identity.target)
-        if model is not None and entry is not None and not self.report.ranked_by:
+        served = self.log_model.served(identity.target)
+        if served is None:
+            return None
+        model, entry = served
+        if not self.report.ranked_by:
             self.report.ranked_by = f"the registry's cost model ({entry.trials} logged trials, pushed by {entry.pushed_by})"
         return model
 

@@ -134,9 +134,9 @@ class LogModel:
         lends it trials, or on its own log alone; None when no log trains one, or no time is left. A
         sibling, once lent, serves the target's later kernels too, those without neighbours included."""
         served = self.served(target)
-        entry = self.served_entry(target)
-        if served is not None and entry is not None and (not siblings or entry.trials >= SERVED_ALONE):
-            return served
+        if served is not None and (not siblings or served[1].trials >= SERVED_ALONE):
+            self.trained_on[target] = served[1].trials
+            return served[0]
         if target in self.borrowed:
             return self._trained(target, self.borrowed[target], budget)
         own = None if self.top_up else self._trained(target, "", budget)
@@ -151,20 +151,15 @@ class LogModel:
                 return model
         return self._trained(target, "", budget)
 
-    def served(self, target: str) -> CostModel | None:
+    def served(self, target: str) -> tuple[CostModel, CostModelEntry] | None:
         """The model the registry serves for canonical ``target`` under this compiler and :data:`.costmodel.FEATURES`,
-        when the session trusts its pusher (None: none, not trusted, unreadable, or ``use_served`` is off)."""
+        with its entry (who pushed it, how many trials it learned from), when the session trusts its pusher
+        (None: none, not trusted, unreadable, or ``use_served`` is off). Fetched once a session."""
         if not self.use_served:
             return None
         if target not in self._served:
             self._served[target] = self._fetch(target)
-        found = self._served[target]
-        return None if found is None else found[0]
-
-    def served_entry(self, target: str) -> CostModelEntry | None:
-        """What :meth:`served` found for ``target``: who pushed it and how many trials it learned from."""
-        found = self._served.get(target)
-        return None if found is None else found[1]
+        return self._served[target]
 
     def _fetch(self, target: str) -> tuple[CostModel, CostModelEntry] | None:
         try:
@@ -177,7 +172,6 @@ class LogModel:
         if entry.trees.width != WIDTH:
             log.warning("schedhub: the registry's cost model for %s reads %d features, not %d: not used", target, entry.trees.width, WIDTH)
             return None
-        self.trained_on[target] = entry.trials
         return CostModel(entry.trees), entry
 
     def _trained(self, target: str, sibling: str, budget: Budget) -> CostModel | None:

@@ -19,6 +19,7 @@ from schedhub.registry import (
     RegistryClient,
     ServerThread,
     Trees,
+    Unauthorized,
     packb,
 )
 
@@ -52,6 +53,9 @@ def test_only_a_worker_pushes_a_model_over_http_and_anyone_reads_it(tmp_path: An
     with ServerThread(tmp_path / "served", tokens=TOKENS, sync=False) as srv, clients_by_name(srv.url, TOKENS) as by:
         with RegistryClient(srv.url, timeout=5) as anonymous:
             assert anonymous.cost_model(TARGET, COMPILER, FEATURES) is None  # 404: none served
+            with pytest.raises(Unauthorized) as no_token:
+                anonymous.push_cost_model(entry())
+            assert not isinstance(no_token.value, Forbidden)  # 401: who is asking, not what they may do
             for name in ("p", "r"):  # a push token's model would be a claim no one can check
                 with pytest.raises(Forbidden):
                     by[name].push_cost_model(entry())

@@ -165,6 +165,24 @@ def test_a_worker_publishes_the_model_when_the_log_grew_and_a_compile_uses_it_wi
         assert not claimed.stored and "train no model" in claimed.reason
 
 
+def test_a_registry_that_refuses_a_model_is_answered_per_target_and_nothing_is_served(tmp_path: Path, training_log: list[TrialLog]) -> None:
+    """A token without the worker role trains the model and is refused the push: each target's refusal comes
+    back once to the caller (a worker stops trying; ``tune --publish`` logs it), and no model is served."""
+    from schedhub.hooks.cache import KernelCache
+    from schedhub.hooks.costmodel import FEATURES
+    from schedhub.hooks.identity import compiler_fingerprint, target_text
+    from schedhub.registry import Forbidden, Principal, RegistryClient, ServerThread
+    from schedhub.tuner.dispatch import publish_each, publish_models
+
+    target = target_text(tvm.target.Target(HOST))
+    registry_with(tmp_path / "store", training_log).close()
+    with ServerThread(tmp_path / "store", tokens={"r-tok": Principal("reader", "read")}, sync=False) as srv, RegistryClient(srv.url, token="r-tok") as reader:
+        outcomes = list(publish_each(reader, [target, target], KernelCache(tmp_path / "cache")))
+        assert [t for t, _ in outcomes] == [target] and isinstance(outcomes[0][1], Forbidden)
+        assert publish_models(reader, [target]) == []
+        assert reader.cost_model(target, compiler_fingerprint(), FEATURES) is None
+
+
 SIBLING = {"kind": "llvm", "mcpu": "x86-64-v3", "num-cores": 2}  # another CPU model of the registry (never run here)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -145,16 +145,28 @@ class BulkSummary:
     models: list[Published] = field(default_factory=list)  # cost models trained on the grown logs and pushed (or kept)
 
 
-def publish_models(registry: Registry, targets: Sequence[str], pushed_by: str = "") -> list[Published]:
-    """:func:`.publish.publish_cost_model` of each target, holding a CPU of this node; one the registry refuses
-    (a token without the worker role) or cannot take is logged, the rest go on."""
-    done = []
+def publish_each(registry: Registry, targets: Sequence[str], cache: Any = None, pushed_by: str = "") -> Iterator[tuple[str, Published | RegistryError]]:
+    """:func:`.publish.publish_cost_model` of each target in turn, holding a CPU of this node so no kernel is
+    timed meanwhile: ``(target, what was published)``, or ``(target, the error)`` of a registry that refused
+    (a token without the worker role) or could not take it. The caller may stop early (a refusal is final)."""
     for target in dict.fromkeys(targets):
+        outcome: Published | RegistryError
         try:
             with cluster.holding_driver_cpu():
-                done.append(publish_cost_model(registry, target, pushed_by=pushed_by))
+                outcome = publish_cost_model(registry, target, cache, pushed_by)
         except RegistryError as exc:
-            log.warning("schedhub: the cost model of %s was not published: %s", target, str(exc)[:300])
+            outcome = exc
+        yield target, outcome
+
+
+def publish_models(registry: Registry, targets: Sequence[str], pushed_by: str = "") -> list[Published]:
+    """:func:`publish_each`, what the registry refused logged and the rest returned."""
+    done = []
+    for target, outcome in publish_each(registry, targets, pushed_by=pushed_by):
+        if isinstance(outcome, RegistryError):
+            log.warning("schedhub: the cost model of %s was not published: %s", target, str(outcome)[:300])
+        else:
+            done.append(outcome)
     return done
 
 

@@ -53,8 +53,7 @@ from schedhub.registry import (
 )
 
 from . import cluster
-from .dispatch import Seeder, push_result, submit_tuning, warm_start
-from .publish import publish_cost_model
+from .dispatch import Seeder, publish_each, push_result, submit_tuning, warm_start
 from .search import TuneOptions, TuneResult
 
 log = logging.getLogger("schedhub.tuner.worker")
@@ -308,18 +307,16 @@ class Worker:
         or is away is told once and the worker goes on."""
         if not self.publish_models or not self._logged_targets or self.away_since is not None:
             return
-        for target in sorted(self._logged_targets):
-            self._logged_targets.discard(target)
-            try:
-                with cluster.holding_driver_cpu():
-                    published = publish_cost_model(self.registry, target, self.seeder.cache if self.seeder else None, self.name)
-            except RegistryError as exc:
-                self.on_event("model-not-published", {"target": target, "error": str(exc)[:300]})
-                if isinstance(exc, Forbidden):
+        targets, self._logged_targets = sorted(self._logged_targets), set()
+        for target, outcome in publish_each(self.registry, targets, self.seeder.cache if self.seeder else None, self.name):
+            if isinstance(outcome, RegistryError):
+                self.on_event("model-not-published", {"target": target, "error": str(outcome)[:300]})
+                if isinstance(outcome, Forbidden):
                     self.publish_models = False  # this token may not serve models: do not train them again
+                    return
                 continue
-            self.on_event("model" if published.stored else "model-kept", {"target": target, "trials": published.trials, "served_before": published.served_before,
-                                                                        "reason": published.reason})  # fmt: skip
+            self.on_event("model" if outcome.stored else "model-kept", {"target": target, "trials": outcome.trials, "served_before": outcome.served_before,
+                                                                      "reason": outcome.reason})  # fmt: skip
 
     def _fail(self, key: str, lease_id: str, error: str, stats: WorkerStats) -> None:
         stats.failed += 1
