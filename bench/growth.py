@@ -44,10 +44,13 @@ from .transfer import QUICK_CONVNETS, _tune, compile_and_load, fill
 ONE, TWO, TUNED = "one shape", "two shapes", "tuned here"
 FILLS: dict[str, dict[str, int]] = {ONE: {"image": 64}, TWO: {"image": 128}}  # at batch 1; ``two shapes`` is ``one shape`` and this
 ALL = 600.0  # seconds: every candidate of every kernel measured
-#: label → (registry, measurement budget, whether the served cost model is hidden: the fit ranking). "ranked" is what
-#: a compile gets: the registry's cost model where it serves one (each fill publishes it, as ``schedhub tune`` does).
-CONFIGS = {"ranked, " + ONE: (ONE, 0.0, False), "ranked, " + TWO: (TWO, 0.0, False), "fit, " + ONE: (ONE, 0.0, True), "fit, " + TWO: (TWO, 0.0, True),
-           "fastest, " + ONE: (ONE, ALL, False), "fastest, " + TWO: (TWO, ALL, False), TUNED: (TUNED, 0.0, False)}  # fmt: skip
+#: label → (registry, measurement budget, ``use(..., rank_by_model=)``). "ranked": by the registry's cost model (each
+#: fill publishes it, as ``schedhub tune`` does); "fit": the fit ranking, the model hidden; "decides": the model only
+#: where a kernel's competing candidates hold its own layer at two shapes (``hooks.ranking.model_decides``).
+CONFIGS: dict[str, tuple[str, float, bool | None]] = {
+    "ranked, " + ONE: (ONE, 0.0, True), "ranked, " + TWO: (TWO, 0.0, True), "fit, " + ONE: (ONE, 0.0, False), "fit, " + TWO: (TWO, 0.0, False),
+    "decides, " + ONE: (ONE, 0.0, None), "decides, " + TWO: (TWO, 0.0, None),
+    "fastest, " + ONE: (ONE, ALL, True), "fastest, " + TWO: (TWO, ALL, True), TUNED: (TUNED, 0.0, True)}  # fmt: skip
 
 
 def fill_stores(root: Path, target: Any) -> None:
@@ -104,14 +107,14 @@ def _network(stores: Path, target: Any, name: str, shape: dict[str, int], first_
     executables, compile_secs, served, ranked_by = {}, {}, {}, {}
     executables["default"], compile_secs["default"] = compile_and_load(lambda: tvm.compile(mod, target))
     with tempfile.TemporaryDirectory(prefix="schedhub-growth-") as tmp:
-        for label, (store, measure, hidden) in CONFIGS.items():
+        for label, (store, measure, by_model) in CONFIGS.items():
             copy = Path(tmp) / label.replace(" ", "-").replace(",", "")
             shutil.copytree(stores / _folder(store), copy)  # a refused record is complained about: a write
-            with LocalRegistry(copy) as registry, model_hidden() if hidden else contextlib.nullcontext():
-                with hooks.use(registry, target, report_misses=False, cache=Path(tmp) / f"cache-{copy.name}", measure=measure, rank_by_model=not hidden) as session:
+            with LocalRegistry(copy) as registry, model_hidden() if by_model is False else contextlib.nullcontext():
+                with hooks.use(registry, target, report_misses=False, cache=Path(tmp) / f"cache-{copy.name}", measure=measure, rank_by_model=by_model) as session:
                     executables[label], compile_secs[label] = compile_and_load(lambda: tvm.compile(mod, target))
             served[label] = [(k.op, k.outcome, k.detail) for k in session.report.kernels]
-            ranked_by[label] = session.report.ranked_by
+            ranked_by[label] = {"model": session.report.ranked_by, "kernels": session.report.model_ranked}
     timing, errors = time_side_by_side(executables, network_input(input_shape), rounds)
     check_agreement(name, errors)
     ms = {label: t["median"] for label, t in timing.items()}
@@ -131,10 +134,13 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         ratios = row["over_tuned"]
         for label, ratio in ratios.items():
             net.setdefault(label, []).append(ratio)
-        for kind in ("ranked", "fit", "fastest"):
-            net.setdefault(f"{kind}: two over one", []).append(ratios[f"{kind}, {TWO}"] / ratios[f"{kind}, {ONE}"])
+        for kind in ("ranked", "fit", "decides", "fastest"):
+            if f"{kind}, {ONE}" in ratios:  # runs recorded before "decides" lack it
+                net.setdefault(f"{kind}: two over one", []).append(ratios[f"{kind}, {TWO}"] / ratios[f"{kind}, {ONE}"])
         for store in (ONE, TWO):
-            net.setdefault(f"ranked over fit, {store}", []).append(ratios[f"ranked, {store}"] / ratios[f"fit, {store}"])
+            for kind in ("ranked", "decides"):
+                if f"{kind}, {store}" in ratios:
+                    net.setdefault(f"{kind} over fit, {store}", []).append(ratios[f"{kind}, {store}"] / ratios[f"fit, {store}"])
     return {net: {label: {"median": statistics.median(v), "min": min(v), "max": max(v)} for label, v in by.items()} for net, by in found.items()}
 
 

@@ -61,7 +61,7 @@ def use(
     cache: str | os.PathLike[str] | bool = True,
     measure: float = 0.0,
     synthesize: int = 0,
-    rank_by_model: bool = False,
+    rank_by_model: bool | None = False,
     link: bool = True,
 ) -> Iterator[HookSession]:
     """Apply registry schedules to every Relax build in this block (this thread).
@@ -82,6 +82,8 @@ def use(
     ``rank_by_model``: rank transfers by the speed the registry's served cost model predicts for each on this
     kernel, after the fewest re-derived tiles (:func:`.ranking.model_rank_key`), where it serves one the trust
     accepts; off by default: it helped a registry that tuned two shapes and hurt ResNet-18 on one (ARCHITECTURE §8).
+    None: only for the kernels whose competing candidates hold their own layer at two shapes or more
+    (:func:`.ranking.model_decides`), the fit ranking elsewhere.
     ``link``: compile each scheduled kernel once per machine and link its object into later builds
     (kept beside the kernel cache; needs a cache and the C compiler TVM links with, else it is off).
     """

@@ -165,5 +165,24 @@ def model_rank_key(relation: str, retiled: int, predicted: float, order: int) ->
     return (_relation_rank(relation), retiled, -predicted, order)
 
 
+def shares_parameters(args_info: list[Any], other: list[Any]) -> bool:
+    """Whether two kernels of one structure share a parameter: an argument other than the first input and the
+    output, of the same dtype and shape (a layer's weights or bias). The same layer at another batch, image size
+    or sequence length does; another layer of the structure (other channels, another width) does not."""
+    if len(args_info) != len(other) or len(args_info) < 3:
+        return False
+    return any(a == b for a, b in zip(args_info[1:-1], other[1:-1]))
+
+
+def model_decides(args_info: list[Any], contenders: list[list[Any]]) -> bool:
+    """Whether a served cost model ranks a kernel's transfers when asked to decide only where it helps
+    (``use(..., rank_by_model=None)``): where the candidates that compete on it (``contenders``, the argument
+    lists of those that re-derive the fewest tiles) hold the kernel's own layer at two shapes or more. There a
+    record's speed at home misleads (the nearer shape need not be the faster one here) and the model's
+    prediction here does not; where the own layer was tuned at one shape, the fit ranking serves it as well."""
+    own = {repr(a) for a in contenders if shares_parameters(args_info, a) and a != args_info}
+    return len(own) >= 2
+
+
 def _relation_rank(relation: str) -> int:
     return {COMPILER: 0, SYNTHESIZED: 2}.get(relation, 1)

@@ -41,7 +41,7 @@ from .measure import TIMING, Budget, KernelBench, Timing, build_all, host_cpu, r
 from .msdb import normalize_mod, replay_within, tuning_record
 from .objects import OBJECT_ID, ObjectCache
 from .costmodel import WIDTH, CostModel, features, flops
-from .ranking import SYNTHESIZED, effort, model_rank_key, rank_key, retiled, speed, work
+from .ranking import SYNTHESIZED, effort, model_decides, model_rank_key, rank_key, retiled, speed, work
 from .synthesis import TIMED, LogModel, check_sample_count, synthesize
 from .threads import usable_cpus, warn_idle_cores
 
@@ -79,6 +79,7 @@ class CompileReport:
     linked: int = 0  # scheduled kernels whose machine code came from this machine's object cache
     objects_compiled: int = 0  # of those, compiled in this build (the rest were cached)
     ranked_by: str = ""  # the cost model that ranked this compile's transfers ('': the fit ranking, hooks.ranking.rank_key)
+    model_ranked: int = 0  # kernels whose candidates it ranked (the rest: the fit ranking)
 
     def count(self, outcome: str) -> int:
         return sum(k.outcome == outcome for k in self.kernels)
@@ -105,7 +106,7 @@ class CompileReport:
 
     def summary(self) -> str:
         linked = f"; {self.linked} kernel objects linked ({self.objects_compiled} compiled now)" if self.linked else ""
-        linked += f"; transfers ranked by {self.ranked_by}" if self.ranked_by else ""
+        linked += f"; {self.model_ranked} kernels' transfers ranked by {self.ranked_by}" if self.ranked_by else ""
         synthesized = f", {self.synthesized} synthesized" if self.synthesized else ""
         return (f"schedhub: {len(self.kernels)} kernels: {self.hits} hits, {self.transfers} transfers{synthesized}, {self.misses} misses, {self.fallbacks} fallbacks "
                 f"({self.lookups} lookups in {self.lookup_secs * 1e3:.1f} ms, {self.misses_reported} misses reported){linked}")  # fmt: skip
@@ -114,13 +115,13 @@ class CompileReport:
 class HookSession:
     def __init__(self, registry: Registry, *, report_misses: bool = True, trust: Trust = "verified",
                  limits: ScheduleLimits | None = None, transfer: bool = True, cache: KernelCache | None = None,
-                 measure: float = 0.0, objects: ObjectCache | None = None, synthesize: int = 0, rank_by_model: bool = False) -> None:  # fmt: skip
+                 measure: float = 0.0, objects: ObjectCache | None = None, synthesize: int = 0, rank_by_model: bool | None = False) -> None:  # fmt: skip
         check_sample_count(synthesize)
         self.registry = registry
         self.objects = objects  # where scheduled kernels' machine code is kept and linked from (None: compiled in each build)
         self.measure = measure
         self.synthesize = synthesize  # design-space samples scored per missed kernel (0: none; needs ``measure``)
-        self.rank_by_model = rank_by_model  # transfers ranked with the registry's served cost model (opt-in)
+        self.rank_by_model = rank_by_model  # transfers ranked with the registry's served cost model: always, never, None: where it decides
         self._budget = Budget(measure)
         self.build_workers = usable_cpus()  # candidates compiled at once
         self.cache = cache if cache is not None else KernelCache(default_dir())
@@ -328,10 +329,10 @@ class HookSession:
                 continue
         if not applied:
             return None
-        model = self._ranking_model(identity) if self.rank_by_model and kernel is not None and len(applied) > 1 else None
+        group = {id(c): model_rank_key(c.relation, self._retiled.get((identity.key, c.record.trace_id), 0), 0.0, 0)[:2] for c, _ in applied}
+        first = min(group.values())  # only these compete on a prediction: the others rank after them whatever it is
+        model = self._ranking_model(identity, [c.record.identity.args_info for c, _ in applied if group[id(c)] == first]) if kernel is not None else None
         if model is not None and kernel is not None:
-            group = {id(c): model_rank_key(c.relation, self._retiled.get((identity.key, c.record.trace_id), 0), 0.0, 0)[:2] for c, _ in applied}
-            first = min(group.values())  # only these compete on the prediction: the others rank after them whatever it is
             ranked = {id(c): model_rank_key(c.relation, group[id(c)][1], self._predicted(identity, c.record, out, kernel, model) if group[id(c)] == first else -math.inf, i)
                       for i, (c, out) in enumerate(applied)}  # fmt: skip
         else:
@@ -380,10 +381,14 @@ class HookSession:
         near = [*self._candidates.get(identity.key, []), *(c for found in self._candidates.values() for c in found)]
         return list(dict.fromkeys(c.record.identity.target for c in near if c.relation == TARGET and self.trusts(c.record)))
 
-    def _ranking_model(self, identity: Identity) -> CostModel | None:
+    def _ranking_model(self, identity: Identity, contenders: list[list[Any]]) -> CostModel | None:
         """The registry's cost model for the kernel's target, when it serves one the session trusts (fetched once a
-        session; never trained here: training costs a compile 14-29 s, :class:`.synthesis.LogModel`)."""
-        if self.offline:
+        session; never trained here: training costs a compile 14-29 s, :class:`.synthesis.LogModel`) and it is to
+        rank these ``contenders`` (the argument lists of the candidates that compete on a prediction): always with
+        ``rank_by_model=True``, where :func:`.ranking.model_decides` with None, never with False."""
+        if self.offline or self.rank_by_model is False or len(contenders) < 2:
+            return None
+        if self.rank_by_model is None and not model_decides(identity.args_info, contenders):
             return None
         served = self.log_model.served(identity.target)
         if served is None:
@@ -391,6 +396,7 @@ class HookSession:
         model, entry = served
         if not self.report.ranked_by:
             self.report.ranked_by = f"the registry's cost model ({entry.trials} logged trials, pushed by {entry.pushed_by})"
+        self.report.model_ranked += 1
         return model
 
     def _predicted(self, identity: Identity, record: Record, scheduled_mod: Any, kernel: tuple[tvm.IRModule, Any], model: CostModel) -> float:

@@ -397,6 +397,29 @@ def test_a_cost_model_the_registry_serves_decides_between_transfers_that_fit_ali
     with LocalRegistry(tmp_path / "store-True", sync=False) as reg, use(reg, CPU, cache=tmp_path / "cache") as session:  # not asked for: the fit ranking
         tvm.compile(export(16), CPU)
     assert {k.op: k.detail.split(":")[1] for k in session.report.kernels if k.outcome == "transfer"} == by_fit and not session.report.ranked_by
+    with LocalRegistry(tmp_path / "store-True", sync=False) as reg, use(reg, CPU, cache=tmp_path / "cache", rank_by_model=None) as session:
+        tvm.compile(export(16), CPU)  # where it decides: each kernel's own layer was tuned at two shapes (batch 8 and 64)
+    assert {k.op: k.detail.split(":")[1] for k in session.report.kernels if k.outcome == "transfer"} == by_model
+    assert session.report.model_ranked == len(held_out) and f"{len(held_out)} kernels' transfers ranked by" in session.report.summary()
+
+
+def test_a_served_model_decides_where_the_kernels_own_layer_was_tuned_at_two_shapes() -> None:
+    """``rank_by_model=None``: a candidate is the kernel's own layer when it shares a parameter (same weights'
+    shape); the model ranks only where the contenders hold that layer at two shapes other than the kernel's."""
+    from schedhub.hooks.ranking import model_decides, shares_parameters
+
+    def conv(batch: int, image: int, channels: int = 64) -> list[Any]:
+        out = image // 2
+        return [["TENSOR", "float32", [batch, channels, image, image]], ["TENSOR", "float32", [channels, channels, 3, 3]],
+                ["TENSOR", "float32", [1, channels, 1, 1]], ["TENSOR", "float32", [batch, channels, out, out]]]  # fmt: skip
+
+    kernel = conv(2, 96)
+    assert shares_parameters(kernel, conv(1, 64)) and not shares_parameters(kernel, conv(1, 64, channels=128))
+    assert not shares_parameters(kernel, conv(2, 96)[:2])  # another argument count: another structure
+    assert model_decides(kernel, [conv(1, 64), conv(1, 128)])  # its own layer at two shapes
+    assert not model_decides(kernel, [conv(1, 64), conv(1, 64, channels=128), conv(1, 128, channels=128)])  # at one: other layers do not count
+    assert not model_decides(kernel, [conv(1, 64), conv(2, 96)])  # the kernel's own shape (another compiler or CPU) is not a second one
+    assert not model_decides(kernel, [conv(1, 64), conv(1, 64)])
 
 
 def test_a_compile_whose_measurement_budget_ran_out_serves_what_the_ranking_picks(tmp_path: Path) -> None:
