@@ -165,22 +165,38 @@ def model_rank_key(relation: str, retiled: int, predicted: float, order: int) ->
     return (_relation_rank(relation), retiled, -predicted, order)
 
 
-def shares_parameters(args_info: list[Any], other: list[Any]) -> bool:
-    """Whether two kernels of one structure share a parameter: an argument other than the first input and the
-    output, of the same dtype and shape (a layer's weights or bias). The same layer at another batch, image size
-    or sequence length does; another layer of the structure (other channels, another width) does not."""
-    if len(args_info) != len(other) or len(args_info) < 3:
+def same_layer(args_info: list[Any], other: list[Any]) -> bool:
+    """Whether two kernels of one structure are one layer at two shapes: every argument between the first
+    input and the output is either of the same dtype and shape in both (a weight, a bias) or shaped as each
+    kernel's output (a residual), at least one is the same, and the output shrinks the input alike (a
+    convolution's stride). Another layer of the structure differs in a weight (other channels, another
+    width) or in its stride, even where its weights' shape is the same."""
+    if len(args_info) != len(other) or len(args_info) < 3 or _shrinks(args_info) != _shrinks(other):
         return False
-    return any(a == b for a, b in zip(args_info[1:-1], other[1:-1]))
+    pairs = list(zip(args_info[1:-1], other[1:-1]))
+    same = [a == b for a, b in pairs]
+    return any(same) and all(eq or (a == args_info[-1] and b == other[-1]) for eq, (a, b) in zip(same, pairs))
+
+
+def _shrinks(args_info: list[Any]) -> tuple[int, ...]:
+    """How many times each dimension of the first input is its output's, rounded (a convolution's strides); ()
+    where the two differ in rank or a shape is not a list of positive integers."""
+    try:
+        first, out = args_info[0][2], args_info[-1][2]
+        if len(first) != len(out):
+            return ()
+        return tuple(round(a / b) for a, b in zip(first, out))
+    except (TypeError, IndexError, ZeroDivisionError):
+        return ()
 
 
 def model_decides(args_info: list[Any], contenders: list[list[Any]]) -> bool:
     """Whether a served cost model ranks a kernel's transfers when asked to decide only where it helps
     (``use(..., rank_by_model=None)``): where the candidates that compete on it (``contenders``, the argument
-    lists of those that re-derive the fewest tiles) hold the kernel's own layer at two shapes or more. There a
+    lists of those that re-derive the fewest tiles) hold the kernel's own layer (:func:`same_layer`) at two shapes or more. There a
     record's speed at home misleads (the nearer shape need not be the faster one here) and the model's
     prediction here does not; where the own layer was tuned at one shape, the fit ranking serves it as well."""
-    own = {repr(a) for a in contenders if shares_parameters(args_info, a) and a != args_info}
+    own = {repr(a) for a in contenders if same_layer(args_info, a) and a != args_info}
     return len(own) >= 2
 
 

@@ -404,20 +404,25 @@ def test_a_cost_model_the_registry_serves_decides_between_transfers_that_fit_ali
 
 
 def test_a_served_model_decides_where_the_kernels_own_layer_was_tuned_at_two_shapes() -> None:
-    """``rank_by_model=None``: a candidate is the kernel's own layer when it shares a parameter (same weights'
-    shape); the model ranks only where the contenders hold that layer at two shapes other than the kernel's."""
-    from schedhub.hooks.ranking import model_decides, shares_parameters
+    """``rank_by_model=None``: a candidate is the kernel's own layer when its weights are the kernel's (what else
+    differs is shaped as the output: a residual); the model ranks only where the contenders hold that layer at
+    two shapes other than the kernel's."""
+    from schedhub.hooks.ranking import model_decides, same_layer
 
-    def conv(batch: int, image: int, channels: int = 64) -> list[Any]:
-        out = image // 2
-        return [["TENSOR", "float32", [batch, channels, image, image]], ["TENSOR", "float32", [channels, channels, 3, 3]],
-                ["TENSOR", "float32", [1, channels, 1, 1]], ["TENSOR", "float32", [batch, channels, out, out]]]  # fmt: skip
+    def conv(batch: int, image: int, channels: int = 64, inputs: int = 64, stride: int = 2) -> list[Any]:
+        out = [batch, channels, image // stride, image // stride]
+        return [["TENSOR", "float32", [batch, inputs, image, image]], ["TENSOR", "float32", [channels, inputs, 3, 3]],
+                ["TENSOR", "float32", [1, channels, 1, 1]], ["TENSOR", "float32", out], ["TENSOR", "float32", out]]  # bias, residual  # fmt: skip
 
     kernel = conv(2, 96)
-    assert shares_parameters(kernel, conv(1, 64)) and not shares_parameters(kernel, conv(1, 64, channels=128))
-    assert not shares_parameters(kernel, conv(2, 96)[:2])  # another argument count: another structure
+    assert same_layer(kernel, conv(1, 64)) and same_layer(kernel, conv(4, 128))
+    assert not same_layer(kernel, conv(1, 64, channels=128))  # another layer: other weights, other bias
+    assert not same_layer(kernel, conv(2, 96, inputs=32))  # another layer with the same bias: other weights
+    assert not same_layer(kernel, conv(1, 64, stride=1))  # another layer with the same weights' shape: another stride
+    assert not same_layer(kernel, conv(2, 96)[:3] + conv(2, 96)[4:])  # another argument count: another structure
     assert model_decides(kernel, [conv(1, 64), conv(1, 128)])  # its own layer at two shapes
-    assert not model_decides(kernel, [conv(1, 64), conv(1, 64, channels=128), conv(1, 128, channels=128)])  # at one: other layers do not count
+    assert not model_decides(kernel, [conv(1, 64), conv(1, 64, inputs=32), conv(1, 128, inputs=32)])  # at one: other layers do not count
+    assert not model_decides(kernel, [conv(1, 64), conv(1, 32, stride=1)])
     assert not model_decides(kernel, [conv(1, 64), conv(2, 96)])  # the kernel's own shape (another compiler or CPU) is not a second one
     assert not model_decides(kernel, [conv(1, 64), conv(1, 64)])
 
