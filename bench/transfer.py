@@ -61,7 +61,8 @@ if TYPE_CHECKING:
     from schedhub.hooks.costmodel import CostModel
 
 REPO = Path(__file__).resolve().parent.parent
-RANKED_BY = "the fewest tile sizes re-derived on the kernel, then the most GFLOPS on its own workload (hooks.ranking)"
+RANKED_BY = ("the fewest tile sizes re-derived on the kernel, then the most GFLOPS on its own workload, or the served cost model's "
+             "prediction where the kernel's own layer was tuned at two shapes (hooks.ranking)")
 
 MODES: dict[str, dict[str, Any]] = {
     "quick": {

@@ -61,7 +61,7 @@ def use(
     cache: str | os.PathLike[str] | bool = True,
     measure: float = 0.0,
     synthesize: int = 0,
-    rank_by_model: bool | None = False,
+    rank_by_model: bool | None = None,
     link: bool = True,
 ) -> Iterator[HookSession]:
     """Apply registry schedules to every Relax build in this block (this thread).
@@ -79,11 +79,11 @@ def use(
     space, rank them with a cost model trained on the registry's measurement log and time the best
     few beside the transfer candidates (:mod:`.synthesis`; 64 is a good size; 0: off). What it draws
     is cached, so a kernel is synthesized once a machine.
-    ``rank_by_model``: rank transfers by the speed the registry's served cost model predicts for each on this
-    kernel, after the fewest re-derived tiles (:func:`.ranking.model_rank_key`), where it serves one the trust
-    accepts; off by default: it helped a registry that tuned two shapes and hurt ResNet-18 on one (ARCHITECTURE §8).
-    None: only for the kernels whose competing candidates hold their own layer at two shapes or more
-    (:func:`.ranking.model_decides`), the fit ranking elsewhere.
+    ``rank_by_model``: whether transfers are ranked by the speed the registry's served cost model predicts for
+    each on this kernel, after the fewest re-derived tiles (:func:`.ranking.model_rank_key`), where it serves one
+    the trust accepts. None (the default): for the kernels whose competing candidates hold their own layer at
+    two shapes or more (:func:`.ranking.model_decides`), the fit ranking elsewhere; True: for every kernel;
+    False: never (ARCHITECTURE §8 has the figures).
     ``link``: compile each scheduled kernel once per machine and link its object into later builds
     (kept beside the kernel cache; needs a cache and the C compiler TVM links with, else it is off).
     """

@@ -13,19 +13,21 @@ at 4×4 pixels ran at 66 GFLOPS; replayed at 6×6, 5). So the hook serves, in or
 5. last, a schedule synthesized here (relation ``synthesized``, :mod:`.synthesis`): it is only
    ever served once measured, so its place only orders what is measured first.
 
-With ``use(..., rank_by_model=True)``, where the registry serves a cost model for the kernel's target
-(trained by a worker on the measurement log, :mod:`schedhub.tuner.publish`) that the session trusts, step 3
-is the speed the model predicts for the candidate replayed on this kernel instead (:func:`model_rank_key`). A record's speed at home says
-little once a nearer record of the same layer exists; the model's prediction here does. Judged on the
-recorded measurements of every candidate (sums of the picks' times over the fit ranking's, geometric
-means over networks): 0.81x on six networks from a registry that had tuned two shapes, 0.97x from one
-that had tuned one, 0.88x on six networks of a fresh fill, 1.00-1.01x on the five recorded quick runs.
-The model alone, without step 2, took 0.69x, 1.01x, 0.83x and 0.96-1.06x, and 1.16x on ResNet-18
-compiled through the hook (``python -m bench.served_model``): larger gains, larger losses. Through the
-hook, as step 3, the served model ran MobileNet-V2 0.85x the fit ranking's latency from a registry that
-tuned two shapes, but ResNet-18 1.08x on the quick bench's registry, and its picks summed 1.19x the fit
-ranking's kernel time on ResNet-18 through torch.export there: about even over the networks where the
-picks differed, so it is opt-in. Without a served model the compile does not train one (14-29 s).
+Where the registry serves a cost model for the kernel's target (trained by a worker on the measurement log,
+:mod:`schedhub.tuner.publish`) that the session trusts, step 3 is the speed the model predicts for the
+candidate replayed on this kernel instead (:func:`model_rank_key`), for the kernels whose competing candidates
+hold the kernel's own layer at two shapes or more (:func:`model_decides`; ``use(..., rank_by_model=True)``: for
+every kernel, False: never). A record's speed at home says little once records of the same layer at
+several shapes compete; the model's prediction here does. Where the layer was tuned at one shape, the model
+picked no better than the fit ranking: judged on the recorded measurements of every candidate (sums of the
+picks' times over the fit ranking's, geometric means over networks), 0.81x on six networks from a registry
+that had tuned two shapes, 0.97x from one that had tuned one, 1.00-1.01x on the five recorded quick runs;
+through the hook, from a registry that had tuned ResNet-18 and MobileNet-V2 at one shape, ResNet-18 ran
+1.05-1.09x the fit ranking's latency in three studies of one fill (1.00x on an earlier fill), and ResNet-18
+through torch.export picked 1.19x the fit ranking's kernel time on the quick bench's registry. Asked only where its layer was tuned at two
+shapes (none of the one-shape registry's kernels, 15 of ResNet-18's and 28 of MobileNet-V2's on the
+two-shape one), it ran them 0.89x and 0.94x the fit ranking's latency and matched it on the one-shape
+registry (``python -m bench.growth``, ``decides``). Without a served model the compile does not train one (14-29 s).
 
 bench/ (``python -m bench.ranking``) judges this against nearest-first and the others on
 measured candidates.

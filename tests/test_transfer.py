@@ -358,8 +358,8 @@ def test_without_measuring_the_candidate_whose_tiles_still_fit_is_served_before_
 
 def test_a_cost_model_the_registry_serves_decides_between_transfers_that_fit_alike_when_its_pusher_is_trusted(tmp_path: Path) -> None:
     """Batch 8's and batch 64's records both tile the output's columns (their extent is the same at 16: no tile
-    re-derived). The fit ranking serves batch 64's: as fast per call at home for 8x the work. Asked to rank by it,
-    a served model that predicts batch 8's to run faster on these kernels serves those instead, with correct
+    re-derived). The fit ranking serves batch 64's: as fast per call at home for 8x the work. Ranked by it (by
+    default too: each kernel's own layer was tuned at two batches), a served model that predicts batch 8's to run faster on these kernels serves those instead, with correct
     output; a model pushed as a claim is used only by a session that trusts its pusher."""
     from schedhub.hooks.costmodel import FEATURES, CostModel, features, flops
     from schedhub.hooks.identity import compiler_fingerprint
@@ -394,17 +394,17 @@ def test_a_cost_model_the_registry_serves_decides_between_transfers_that_fit_ali
                 np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)
     by_model, by_fit = {n: r.trace_id for n, r in small.items()}, {n: r.trace_id for n, r in large.items()}
     assert served == {(True, "verified"): by_model, (True, "['w']"): by_model, (False, "verified"): by_fit, (False, "['w']"): by_model}
-    with LocalRegistry(tmp_path / "store-True", sync=False) as reg, use(reg, CPU, cache=tmp_path / "cache") as session:  # not asked for: the fit ranking
-        tvm.compile(export(16), CPU)
+    with LocalRegistry(tmp_path / "store-True", sync=False) as reg, use(reg, CPU, cache=tmp_path / "cache", rank_by_model=False) as session:
+        tvm.compile(export(16), CPU)  # turned off: the fit ranking
     assert {k.op: k.detail.split(":")[1] for k in session.report.kernels if k.outcome == "transfer"} == by_fit and not session.report.ranked_by
-    with LocalRegistry(tmp_path / "store-True", sync=False) as reg, use(reg, CPU, cache=tmp_path / "cache", rank_by_model=None) as session:
-        tvm.compile(export(16), CPU)  # where it decides: each kernel's own layer was tuned at two shapes (batch 8 and 64)
+    with LocalRegistry(tmp_path / "store-True", sync=False) as reg, use(reg, CPU, cache=tmp_path / "cache") as session:
+        tvm.compile(export(16), CPU)  # by default where it decides: each kernel's own layer was tuned at two shapes (batch 8 and 64)
     assert {k.op: k.detail.split(":")[1] for k in session.report.kernels if k.outcome == "transfer"} == by_model
     assert session.report.model_ranked == len(held_out) and f"{len(held_out)} kernels' transfers ranked by" in session.report.summary()
 
 
 def test_a_served_model_decides_where_the_kernels_own_layer_was_tuned_at_two_shapes() -> None:
-    """``rank_by_model=None``: a candidate is the kernel's own layer when its weights are the kernel's (what else
+    """``rank_by_model=None`` (the default): a candidate is the kernel's own layer when its weights are the kernel's (what else
     differs is shaped as the output: a residual); the model ranks only where the contenders hold that layer at
     two shapes other than the kernel's."""
     from schedhub.hooks.ranking import model_decides, same_layer
