@@ -188,7 +188,7 @@ def _shrinks(args_info: list[Any]) -> tuple[int, ...]:
         if len(first) != len(out):
             return ()
         return tuple(round(a / b) for a, b in zip(first, out))
-    except (TypeError, IndexError, ZeroDivisionError):
+    except (TypeError, IndexError, ValueError, ArithmeticError):  # a record's shapes are someone else's data
         return ()
 
 

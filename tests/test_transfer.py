@@ -425,6 +425,8 @@ def test_a_served_model_decides_where_the_kernels_own_layer_was_tuned_at_two_sha
     assert not model_decides(kernel, [conv(1, 64), conv(1, 32, stride=1)])
     assert not model_decides(kernel, [conv(1, 64), conv(2, 96)])  # the kernel's own shape (another compiler or CPU) is not a second one
     assert not model_decides(kernel, [conv(1, 64), conv(1, 64)])
+    hostile = [[["TENSOR", "float32", [10**400, 0]], ["TENSOR", "float32", [3]], ["TENSOR", "float32", [1, 0]]], [["TENSOR"]], [None, 1, "x"]]
+    assert not any(same_layer(kernel, h) or same_layer(h, kernel) for h in hostile) and not model_decides(kernel, hostile)
 
 
 def test_a_compile_whose_measurement_budget_ran_out_serves_what_the_ranking_picks(tmp_path: Path) -> None:
