@@ -165,6 +165,35 @@ def test_a_worker_publishes_the_model_when_the_log_grew_and_a_compile_uses_it_wi
         assert not claimed.stored and "train no model" in claimed.reason
 
 
+def test_a_model_past_the_logs_cap_is_trained_again_once_enough_of_what_it_would_learn_from_is_new(
+    tmp_path: Path, training_log: list[TrialLog], monkeypatch: pytest.MonkeyPatch
+) -> None:  # fmt: skip
+    """A model learns from at most MAX_LOG_TRIALS of the log. Once the log is past it, the count stays at the cap
+    while the trials it covers change (here a second worker's timings of the same kernels take half the places):
+    the machine that published the model counts what is new to it and trains again; another machine, which does
+    not know what the served model learned from, counts the log's growth (none)."""
+    from schedhub.hooks import synthesis
+    from schedhub.hooks.cache import KernelCache
+    from schedhub.hooks.identity import target_text
+    from schedhub.tuner import publish
+    from schedhub.tuner.publish import publish_cost_model
+
+    target = target_text(tvm.target.Target(HOST))
+    logged = sum(len(e.trials) for e in training_log)
+    monkeypatch.setattr(synthesis, "MAX_LOG_TRIALS", logged)
+    monkeypatch.setattr(publish, "MIN_NEW_TRIALS", 8)
+    with registry_with(tmp_path / "store", training_log) as reg:
+        cache = KernelCache(tmp_path / "cache")
+        assert publish_cost_model(reg, target, cache, "w").stored
+        for entry in training_log:
+            reg.push_trials(entry, "w2")
+        elsewhere = publish_cost_model(reg, target, KernelCache(tmp_path / "other"), "w3")
+        assert not elsewhere.stored and elsewhere.trials == logged  # the capped count did not grow
+        again = publish_cost_model(reg, target, cache, "w")
+        assert again.stored and (again.trials, again.served_before) == (logged, logged)
+        assert not publish_cost_model(reg, target, cache, "w").stored  # nothing new since
+
+
 def test_a_registry_that_refuses_a_model_is_answered_per_target_and_nothing_is_served(tmp_path: Path, training_log: list[TrialLog]) -> None:
     """A token without the worker role trains the model and is refused the push: each target's refusal comes
     back once to the caller (a worker stops trying; ``tune --publish`` logs it), and no model is served."""
