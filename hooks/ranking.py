@@ -24,10 +24,11 @@ picks' times over the fit ranking's, geometric means over networks), 0.81x on si
 that had tuned two shapes, 0.97x from one that had tuned one, 1.00-1.01x on the five recorded quick runs;
 through the hook, from a registry that had tuned ResNet-18 and MobileNet-V2 at one shape, ResNet-18 ran
 1.05-1.09x the fit ranking's latency in three studies of one fill (1.00x on an earlier fill), and ResNet-18
-through torch.export picked 1.19x the fit ranking's kernel time on the quick bench's registry. Asked only where its layer was tuned at two
-shapes (none of the one-shape registry's kernels, 15 of ResNet-18's and 28 of MobileNet-V2's on the
-two-shape one), it ran them 0.89x and 0.94x the fit ranking's latency and matched it on the one-shape
-registry (``python -m bench.growth``, ``decides``). Without a served model the compile does not train one (14-29 s).
+through torch.export picked 1.19x the fit ranking's kernel time on the quick bench's registry. Asked only
+where its layer was tuned at two shapes (none of the one-shape registry's kernels, 15 of ResNet-18's and
+28 of MobileNet-V2's on the two-shape one), it ran them 0.89x and 0.94x the fit ranking's latency and
+matched it on the one-shape registry (``python -m bench.growth``, ``decides``). Without a served model
+the compile does not train one (14-29 s).
 
 bench/ (``python -m bench.ranking``) judges this against nearest-first and the others on
 measured candidates.
@@ -195,9 +196,10 @@ def _shrinks(args_info: list[Any]) -> tuple[int, ...]:
 def model_decides(args_info: list[Any], contenders: list[list[Any]]) -> bool:
     """Whether a served cost model ranks a kernel's transfers when asked to decide only where it helps
     (``use(..., rank_by_model=None)``): where the candidates that compete on it (``contenders``, the argument
-    lists of those that re-derive the fewest tiles) hold the kernel's own layer (:func:`same_layer`) at two shapes or more. There a
-    record's speed at home misleads (the nearer shape need not be the faster one here) and the model's
-    prediction here does not; where the own layer was tuned at one shape, the fit ranking serves it as well."""
+    lists of those that re-derive the fewest tiles) hold the kernel's own layer (:func:`same_layer`) at two
+    shapes or more. There a record's speed at home misleads (the nearer shape need not be the faster one
+    here) and the model's prediction here does not; where the own layer was tuned at one shape, the fit
+    ranking serves it as well."""
     own = {repr(a) for a in contenders if same_layer(args_info, a) and a != args_info}
     return len(own) >= 2
 

@@ -221,13 +221,9 @@ class LogModel:
             self.cache.put("costmodel", (digest,), {"trees": model.to_dict(), "trials": len(rows)})
         return model
 
-    def log_size(self, target: str) -> int:
-        """Trials of ``target``'s log this model learns from (at most :data:`MAX_LOG_TRIALS`)."""
-        return len(self._log(target))
-
     def log_trials(self, target: str) -> list[str]:
-        """The trials of ``target``'s log this model learns from, each named by its workload key and trace id (a
-        trace two workers timed is there twice)."""
+        """The trials of ``target``'s log this model learns from (at most :data:`MAX_LOG_TRIALS`), each named by its
+        workload key and trace id (a trace two workers timed is there twice)."""
         return sorted(f"{identity.key}:{trace_id(trial.trace)}" for identity, trial in self._log(target))
 
     def _log(self, target: str) -> list[tuple[Identity, Trial]]:

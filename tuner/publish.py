@@ -55,7 +55,8 @@ def publish_cost_model(registry: Registry, target: str, cache: Any = None, pushe
     before = served.trials if served is not None and served.verified else 0
     cache = cache or KernelCache(default_dir())
     models = LogModel(registry, cache, lambda entry: entry.verified, verified_only=True, use_served=False)
-    logged, learning = models.log_size(target), models.log_trials(target)
+    learning = models.log_trials(target)
+    logged = len(learning)
     parts = (target, compiler, FEATURES)
     published = cache.get("published-model", *parts) or {}
     known = published.get("trials") if published.get("served") == before and served is not None else None
