@@ -453,7 +453,19 @@ def _tuner(d: dict[str, Any] | None) -> list[str]:
             rows.append([f"`{name}`", str(r["seed"]), f"{r['ray']['trials_per_sec']:.2f}", f"{r['plain']['trials_per_sec']:.2f}",
                          f"{r['ray']['trials_per_sec'] / r['plain']['trials_per_sec']:.2f}", fmt(t["untuned"]), fmt(t["ray"]), fmt(t["plain"]), fmt(t.get("numpy"))])  # fmt: skip
     lines += table(["kernel", "seed", "ray trials/s", "plain trials/s", "ratio", f"{default} ms", "ray best ms", "plain best ms", "numpy ms"], rows)
-    return lines + [""]
+    return lines + [""] + _tuner_phases(d)
+
+
+def _tuner_phases(d: dict[str, Any]) -> list[str]:
+    """Where each search's seconds went, by MetaSchedule's profiler (runs recorded before it have none)."""
+    runs = [(name, r, tuner) for name, e in d["workloads"].items() for r in e["runs"] for tuner in ("ray", "plain") if r[tuner].get("phases")]
+    if not runs:
+        return []
+    phases = list(runs[0][1][runs[0][2]]["phases"])  # as ``tuner.search.tuning_phases`` orders them
+    rows = [[f"`{name}`", str(r["seed"]), tuner, f"{r[tuner]['search_secs']:.1f}", *(f"{r[tuner]['phases'].get(p, 0.0):.1f}" for p in phases)] for name, r, tuner in runs]
+    return ["Where the search's seconds went (MetaSchedule's profiler; `build`: until a round's candidates are built, `measure`: until they are timed, "
+            "`rest`: the task scheduler and everything between its scopes):", "",
+            *table(["kernel", "seed", "tuner", "wall s", *(f"{p} s" for p in phases)], rows), ""]  # fmt: skip
 
 
 def _isolation(d: dict[str, Any] | None) -> list[str]:

@@ -15,7 +15,9 @@ one search thread (so both search the same first-round candidates):
 - **plain**: ``ms.tune_tir`` with MetaSchedule's LocalBuilder/LocalRunner (the builder given the
   schedhub's build function: the stock one times out on every candidate here) and the same timing.
 
-Search throughput is trials / wall seconds of the search. Then the best schedule of each, the
+Search throughput is trials / wall seconds of the search; MetaSchedule's profiler splits each search's
+seconds by phase (``tuner.search.tuning_phases``: search, build, measure, cost model, rest), so a
+difference in throughput shows where it arises. Then the best schedule of each, the
 target's default (the unscheduled kernel on a CPU, DLight's schedule on a GPU) and, on a CPU,
 numpy (``numpy.matmul`` / im2col + GEMM) are timed side by side in one process with longer
 repeated timing, outputs checked against the unscheduled kernel built for the CPU.
@@ -39,7 +41,7 @@ from typing import Any
 from schedhub.hooks.msdb import scheduled, trace_text
 from schedhub.tuner import baselines, cluster, kernels, models, tvm_env
 from schedhub.tuner.search import (
-    TuneOptions, TuneResult, best_so_far, default_schedule, mean_secs, reference_build, replay, search_settings, tuning_target,
+    TuneOptions, TuneResult, best_so_far, default_schedule, mean_secs, reference_build, replay, search_settings, tuning_phases, tuning_target,
 )  # fmt: skip
 
 from .stats import summary
@@ -80,12 +82,14 @@ def find_kernel(model: str, shape: dict[str, int], name: str, target: Any = TARG
     raise LookupError(f"{model} has no kernel {name}")
 
 
-def tune_ray(identity: Any, options: TuneOptions) -> tuple[float, str, list]:
+def tune_ray(identity: Any, options: TuneOptions) -> tuple[float, str, list, dict[str, float]]:
+    """Seconds of search, the best trace, the best-so-far curve and the search's seconds by phase."""
     result = TuneResult.from_dict(cluster.result(cluster.submit("tune", identity=identity.to_dict(), warm_traces=[], options=options.__dict__, label="ray")))
-    return result.search_secs, result.records[0].trace, result.curve
+    return result.search_secs, result.records[0].trace, result.curve, result.phases
 
 
-def tune_plain(identity: Any, options: TuneOptions) -> tuple[float, str, list]:
+def tune_plain(identity: Any, options: TuneOptions) -> tuple[float, str, list, dict[str, float]]:
+    """As :func:`tune_ray`, with MetaSchedule's own builder and runner in this process."""
     from tvm.s_tir import meta_schedule as ms
 
     from schedhub.hooks.identity import target_from_text, workload_module
@@ -93,14 +97,16 @@ def tune_plain(identity: Any, options: TuneOptions) -> tuple[float, str, list]:
     mod = workload_module(identity.workload)
     target = tuning_target(target_from_text(identity.target))
     timing = options.timing
+    # Both pools start (2 s each: worker processes importing TVM) before the clock, as Ray's workers do.
     runner = ms.runner.LocalRunner(evaluator_config=ms.runner.EvaluatorConfig(number=timing["number"], repeat=timing["repeat"], min_repeat_ms=timing["min_repeat_ms"]))
+    builder = ms.builder.LocalBuilder(f_build=tvm_env.build_kernel)
     with tempfile.TemporaryDirectory() as work_dir:
         t0 = time.time()
-        db = ms.tune_tir(mod, target, work_dir, builder=ms.builder.LocalBuilder(f_build=tvm_env.build_kernel), runner=runner,
-                         database="memory", **search_settings(options))  # fmt: skip
+        with ms.Profiler() as profiler:
+            db = ms.tune_tir(mod, target, work_dir, builder=builder, runner=runner, database="memory", **search_settings(options))
         secs = time.time() - t0
         records = [r for r in db.get_all_tuning_records() if mean_secs(r) < 1e9]  # 1e10 marks a failed run
-        return secs, trace_text(min(records, key=mean_secs).trace), best_so_far([mean_secs(r) for r in records])
+        return secs, trace_text(min(records, key=mean_secs).trace), best_so_far([mean_secs(r) for r in records]), tuning_phases(profiler.get())
 
 
 def side_by_side(identity: Any, traces: dict[str, str], rounds: int) -> dict[str, dict[str, float]]:
@@ -167,9 +173,9 @@ def run(trials: int, runs: int, rounds: int, trials_per_iter: int = 16, search: 
             row: dict[str, Any] = {"seed": run_i}
             traces = {}
             for label, fn in (("ray", tune_ray), ("plain", tune_plain)) if run_i % 2 == 0 else (("plain", tune_plain), ("ray", tune_ray)):
-                secs, trace, curve = fn(ident, options)
+                secs, trace, curve, phases = fn(ident, options)
                 traces[label] = trace
-                row[label] = {"search_secs": secs, "trials_per_sec": trials / secs, "curve_ms": [(i, m * 1e3) for i, m in curve]}
+                row[label] = {"search_secs": secs, "trials_per_sec": trials / secs, "curve_ms": [(i, m * 1e3) for i, m in curve], "phases": phases}
                 print(f"{name} seed {run_i} {label}: {trials} trials in {secs:.1f} s ({trials / secs:.2f}/s), tuner's best {curve[-1][1] * 1e3:.3f} ms", flush=True)
             row["timed"] = side_by_side(ident, traces, rounds)
             entry["runs"].append(row)

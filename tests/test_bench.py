@@ -181,6 +181,26 @@ def test_a_gpu_run_is_reported_against_dlight_not_as_untuned() -> None:
     assert "Heaviest kernels" not in gpu_text  # no per-kernel CPU baselines on a GPU run
 
 
+def test_the_tuner_report_splits_each_search_by_phase_where_the_run_recorded_it() -> None:
+    import copy
+    import json
+    from pathlib import Path
+
+    from bench import report
+
+    tuner = json.loads((Path(report.RESULTS) / "quick" / "tuner.json").read_text())
+    run = next(iter(tuner["workloads"].values()))["runs"][0]
+    run["ray"]["phases"] = {"search": 1.0, "build": 7.25, "measure": 2.0, "cost model": 0.5, "rest": 0.25}
+    text = "\n".join(report._tuner(tuner))
+    assert "| search s | build s | measure s | cost model s | rest s |" in text and "| 7.2 | 2.0 | 0.5 | 0.2 |" in text
+    older = copy.deepcopy(tuner)  # recorded before the profiler: no table, no error
+    for entry in older["workloads"].values():
+        for r in entry["runs"]:
+            for tuner_name in ("ray", "plain"):
+                r[tuner_name].pop("phases", None)
+    assert "Where the search's seconds went" not in "\n".join(report._tuner(older))
+
+
 def test_pooled_rankings_are_judged_against_fit_network_by_network_on_fully_recorded_kernels() -> None:
     """``bench.ranking --pool``: each ranking's pick recomputed from what recorded runs kept; a kernel missing an
     attribute some ranking reads is left out for all of them."""

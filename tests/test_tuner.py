@@ -86,6 +86,9 @@ def test_two_jobs_share_the_device_without_overlapping_measurements(ray_address:
         assert r.records and r.untuned_secs > 0
         assert r.records[0].mean_secs < r.untuned_secs  # 16 trials beat the unscheduled loop nest
         assert all(rec.provenance["trials"] == 16 and rec.provenance["tuner"].startswith("schedhub.tuner") for rec in r.records)
+        # The search's seconds by phase: each took time, and together no more than the search did.
+        assert list(r.phases) == ["search", "build", "measure", "cost model", "rest"]
+        assert all(r.phases[p] > 0 for p in ("search", "build", "measure")) and sum(r.phases.values()) <= r.search_secs + 0.5
 
     # Warm start: job-a's schedules are replayed on another shape of the same op and seed its search.
     with LocalRegistry(tmp_path / "reg", sync=False) as reg:

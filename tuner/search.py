@@ -88,6 +88,7 @@ class TuneResult:
     rejected: list[str]
     measured: list[tuple[str, float]] = field(default_factory=list)  # the search's trials for the measurement log: (trace text, mean secs)
     skipped: list[str] = field(default_factory=list)  # warm-start traces not replayed: "trace id: why"
+    phases: dict[str, float] = field(default_factory=dict)  # the search's wall seconds by phase (:func:`tuning_phases`)
 
     @property
     def best_secs(self) -> float | None:
@@ -112,7 +113,7 @@ class TuneResult:
             untuned_secs=d["untuned_secs"], trials=d["trials"], warm_started=d["warm_started"],
             search_secs=d["search_secs"], curve=[(int(a), float(b)) for a, b in d["curve"]],
             events=d["events"], rejected=d["rejected"], measured=[(str(t), float(secs)) for t, secs in d.get("measured", [])],
-            skipped=[str(s) for s in d.get("skipped", [])],
+            skipped=[str(s) for s in d.get("skipped", [])], phases={p: float(d["phases"][p]) for p in PHASE_NAMES if p in d.get("phases", {})},
         )  # fmt: skip
 
 
@@ -142,9 +143,11 @@ def tune_workload(identity: Identity, warm_traces: list[str], options: TuneOptio
         database = ms.database.MemoryDatabase()
         synthesized = (seeds or [])[: options.seeds if options.synthesize else 0]
         warm, artifacts, skipped = _seed_database(database, mod, target, list(dict.fromkeys(warm_traces[: options.warm_start] + synthesized)), builder, runner)
-        started = time.time()
+        started, phases = time.time(), {}
         if options.trials > 0:
-            ms.tune_tir(mod, target, work_dir=work_dir, builder=builder, runner=runner, database=database, **search_settings(options))
+            with ms.Profiler() as profiler:
+                ms.tune_tir(mod, target, work_dir=work_dir, builder=builder, runner=runner, database=database, **search_settings(options))
+            phases = tuning_phases(profiler.get())
         search_secs = time.time() - started
         measured = [tr for tr in database.get_all_tuning_records() if mean_secs(tr) < _FAILED_SECS]
         curve = best_so_far([mean_secs(tr) for tr in measured])
@@ -156,7 +159,25 @@ def tune_workload(identity: Identity, warm_traces: list[str], options: TuneOptio
             "host_cpu": tvm_env.host_target()["mcpu"],
             "tuned_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "curve": json.dumps(_thin(curve, 64))}  # fmt: skip
     records = [Record(r.identity, r.trace, r.run_secs, {**prov, **r.provenance, "rank": i}) for i, r in enumerate(records)]
-    return TuneResult(identity, records, untuned, options.trials, warm, search_secs, curve, timeline.events, rejected, logged, skipped)
+    return TuneResult(identity, records, untuned, options.trials, warm, search_secs, curve, timeline.events, rejected, logged, skipped, phases)
+
+
+#: Where a search's time goes, by MetaSchedule's profiler scopes (flat, never nested in one another).
+PHASES = {"search": ("EvoSearch/",), "build": ("SendToBuilder",), "measure": ("SendToRunner", "JoinRunnerFutures"), "cost model": ("MeasureCallback/UpdateCostModel",)}
+PHASE_NAMES = (*PHASES, "rest")
+
+
+def tuning_phases(profile: dict[str, Any]) -> dict[str, float]:
+    """Wall seconds of a ``ms.tune_tir`` run by phase, from its ``ms.Profiler`` (``profile``: scope → seconds):
+    ``search`` (the evolutionary search: sampling, mutation, the cost model's predictions), ``build``
+    (handing a round's candidates to the builder until every one is built), ``measure`` (to the runner,
+    then waiting for the timings), ``cost model`` (training it on a round's timings) and ``rest`` (the
+    total less those: the task scheduler and everything between scopes)."""
+    secs = {name: float(value) for name, value in profile.items()}
+    phases = {phase: sum(v for name, v in secs.items() if name != "Total" and any(name == p or (p.endswith("/") and name.startswith(p)) for p in prefixes))
+              for phase, prefixes in PHASES.items()}  # fmt: skip
+    phases["rest"] = max(0.0, secs.get("Total", 0.0) - sum(phases.values()))
+    return phases
 
 
 def tuning_target(target: Any) -> Any:
