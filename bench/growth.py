@@ -1,24 +1,28 @@
 """Does a registry that tuned a structure at more shapes serve a new shape better?
 
-The quick transfer bench fills its registry at one resolution per network; a team's registry grows. This
+The quick transfer bench fills its registry at one shape per network; a team's registry grows. This
 study fills three registries the way ``bench.transfer --quick`` fills its source (the quick budget, pushed
-as the tuner pushes; each kernel warm-started from what the registry already holds):
+as the tuner pushes; each kernel warm-started from what the registry already holds), for one family of
+networks (``--family``):
 
-- ``one shape``: ResNet-18 and MobileNet-V2 at batch 1, 64 px (the quick bench's source);
-- ``two shapes``: that one, then the same networks at 128 px (warm-started from the 64 px records);
-- ``tuned here``: the held-out shape itself (batch 2, 96 px) in an empty registry, tuned the way the
-  sources were (no neighbours to start from; the log model seeds once it has trials). It is the bar a
-  transfer is held to here; the quick bench's "tuned" (searched after a worker's first pass) is not in it.
+- ``one shape``: the quick bench's source (batch 1; convnets: ResNet-18 and MobileNet-V2 at 64 px;
+  transformers: the BERT layer at sequence 32 and the MLP);
+- ``two shapes``: that one, then the same networks at a second shape (128 px; sequence 128 and the MLP at
+  batch 64), warm-started from the first shape's records;
+- ``tuned here``: the held-out shape itself (the quick bench's: batch 2 at 96 px; batch 2 at sequence 64
+  and the MLP at batch 16) in an empty registry, tuned the way the sources were (no neighbours to start
+  from; the log model seeds once it has trials). It is the bar a transfer is held to here; the quick
+  bench's "tuned" (searched after a worker's first pass) is not in it.
 
 Each held-out network is compiled plain (TVM's defaults), through the hook on each transfer registry
 ranked (no measuring: by the cost model each fill publishes, as ``schedhub tune`` does, and with it hidden,
 by the fit ranking) and with every candidate measured (the fastest candidate: what no ranking can beat),
 and with every kernel a hit from ``tuned here``; the executables are timed side by side in interleaved
 rounds. Per network and run: latencies, each over ``tuned here``, and how many served transfers came from
-the 128 px records. ``--stores DIR`` keeps the three registries (filled when absent: ~22 min on 2 cores).
-Not part of ``bench all``.
+the second shape's records. ``--stores DIR`` keeps the three registries (filled when absent: ~22 min on 2
+cores for the convnets). Not part of ``bench all``.
 
-    python -m bench.growth [--stores DIR] [--runs 3] [--rounds 5] [--out FILE]
+    python -m bench.growth [--family convnets|transformers] [--stores DIR] [--runs 3] [--rounds 5] [--out FILE]
 """
 
 from __future__ import annotations
@@ -39,10 +43,15 @@ from schedhub.tuner import cluster, models, tvm_env
 from .models import MODES as MODEL_MODES
 from .models import check_agreement, network_input, time_side_by_side
 from .served_model import model_hidden
-from .transfer import QUICK_CONVNETS, _tune, compile_and_load, fill
+from .transfer import QUICK_CONVNETS, _tune, compile_and_load
 
 ONE, TWO, TUNED = "one shape", "two shapes", "tuned here"
-FILLS: dict[str, dict[str, int]] = {ONE: {"image": 64}, TWO: {"image": 128}}  # at batch 1; ``two shapes`` is ``one shape`` and this
+#: By family, each network's shape in the ``one shape`` fill and the one ``two shapes`` adds (batch 1 unless
+#: named), and its held-out shape (the quick transfer bench's).
+FAMILIES: dict[str, dict[str, tuple[dict[str, int], dict[str, int], dict[str, int]]]] = {
+    "convnets": {name: ({"image": 64}, {"image": 128}, shape) for name, shape in QUICK_CONVNETS},
+    "transformers": {"bert_layer": ({"seq": 32}, {"seq": 128}, {"batch": 2, "seq": 64}), "mlp": ({}, {"batch": 64}, {"batch": 16})},
+}
 ALL = 600.0  # seconds: every candidate of every kernel measured
 #: label → (registry, measurement budget, ``use(..., rank_by_model=)``). "ranked": by the registry's cost model (each
 #: fill publishes it, as ``schedhub tune`` does); "fit": the fit ranking, the model hidden; "decides": the model only
@@ -53,11 +62,13 @@ CONFIGS: dict[str, tuple[str, float, bool | None]] = {
     "fastest, " + ONE: (ONE, ALL, True), "fastest, " + TWO: (TWO, ALL, True), TUNED: (TUNED, 0.0, True)}  # fmt: skip
 
 
-def fill_stores(root: Path, target: Any) -> None:
-    """The three registries under ``root`` (``one``, ``two``, ``tuned``), each filled unless it exists; ``two``
-    starts as a copy of ``one``, so the two differ only by the second shape's records."""
+def fill_stores(root: Path, target: Any, networks: dict[str, tuple[dict[str, int], dict[str, int], dict[str, int]]]) -> None:
+    """The three registries under ``root`` (``one``, ``two``, ``tuned``) for ``networks`` (a family of
+    :data:`FAMILIES`), each filled unless it exists; ``two`` starts as a copy of ``one``, so the two differ
+    only by the second shape's records."""
     options = MODEL_MODES["quick"]["options"]
-    names = [name for name, _ in QUICK_CONVNETS]
+    shapes = {ONE: {name: s[0] for name, s in networks.items()}, TWO: {name: s[1] for name, s in networks.items()},
+              TUNED: {name: s[2] for name, s in networks.items()}}  # fmt: skip
     missing = [store for store in (ONE, TWO, TUNED) if not (root / _folder(store)).exists()]
     if not missing:
         return
@@ -69,27 +80,27 @@ def fill_stores(root: Path, target: Any) -> None:
             if store == TWO:
                 shutil.copytree(root / _folder(ONE), building)
             with LocalRegistry(building) as registry:
-                if store == TUNED:
-                    for name, shape in QUICK_CONVNETS:
-                        _tune(registry, models.kernels(models.export(name, **shape)[0], target), options)
-                else:
-                    fill(registry, dict.fromkeys(names, FILLS[store]), target, options)
+                for name, shape in shapes[store].items():
+                    _tune(registry, models.kernels(models.export(name, **{"batch": 1, **shape})[0], target), options)
             building.rename(root / _folder(store))
     finally:
         cluster.stop()  # nothing of Ray shares the cores with the timings
 
 
-def run(stores: Path, runs: int, rounds: int) -> dict[str, Any]:
+def run(stores: Path, runs: int, rounds: int, family: str = "convnets") -> dict[str, Any]:
     import tvm
 
     tvm_env.prepare()
     target = tvm.target.Target(tvm_env.host_target())
-    fill_stores(stores, target)
-    out: dict[str, Any] = {"target": tvm_env.host_target(), "fills": FILLS, "held_out": QUICK_CONVNETS, "rounds": rounds, "runs": []}
+    networks = FAMILIES[family]
+    fill_stores(stores, target, networks)
+    held_out = [(name, s[2]) for name, s in networks.items()]
+    out: dict[str, Any] = {"target": tvm_env.host_target(), "family": family, "fills": {ONE: {n: s[0] for n, s in networks.items()}, TWO: {n: s[1] for n, s in networks.items()}},
+                           "held_out": held_out, "rounds": rounds, "runs": []}  # fmt: skip
     with LocalRegistry(stores / _folder(ONE), readonly=True) as one:
         first_shape = {r.trace_id for _, records in one.iter_served() for r in records}
     for r in range(runs):
-        for name, shape in QUICK_CONVNETS:
+        for name, shape in held_out:
             row = _network(stores, target, name, shape, first_shape, rounds)
             out["runs"].append({"run": r} | row)
             print(json.dumps({"run": r, "network": name, "over_tuned": row["over_tuned"], "from_second_shape": row["from_second_shape"]}), flush=True)
@@ -150,7 +161,8 @@ def _folder(store: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--stores", type=Path, help="keep the three registries here and reuse them on the next run")
+    parser.add_argument("--family", choices=sorted(FAMILIES), default="convnets", help="the networks held out (default: convnets)")
+    parser.add_argument("--stores", type=Path, help="keep the three registries here and reuse them on the next run (one folder per family)")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", type=Path)
@@ -158,7 +170,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="schedhub-growth-stores-") as tmp:
         stores = args.stores or Path(tmp)
         stores.mkdir(parents=True, exist_ok=True)
-        result = run(stores, args.runs, args.rounds)
+        result = run(stores, args.runs, args.rounds, args.family)
     text = json.dumps(result, indent=1)
     if args.out:
         args.out.write_text(text)
