@@ -364,6 +364,8 @@ def test_a_worker_outlives_a_registry_restart_and_delivers_what_it_tuned_meanwhi
             assert not thread.is_alive() and "error" not in ended, ended
             assert ended["stats"].done == 1 and ended["stats"].failed == 0
             assert [k for k, _ in events].count("registry-back") == 1
+            done = next(info for kind, info in events if kind == "done")  # where the job's search spent its time
+            assert done["tuning_s"] >= done["build_s"] + done["search_s"] and done["build_s"] > 0 and done["measure_s"] > 0 and "cost_model_s" in done
             job = client.jobs()[0]
             assert job["state"] == DONE and job["attempts"] == 1, job
             records = client.get(ident.key)

@@ -299,7 +299,9 @@ class Worker:
         else:
             stats.done += 1
         stats.results.append(result)
-        self.on_event("first-pass" if run.first_pass else "done", {"key": key, "op": run.identity.op, "untuned_ms": result.untuned_secs * 1e3, "best_ms": (result.best_secs or 0) * 1e3})
+        spent = {"tuning_s": result.search_secs, **{f"{phase.replace(' ', '_')}_s": secs for phase, secs in result.phases.items()}} if result.phases else {}
+        self.on_event("first-pass" if run.first_pass else "done", {"key": key, "op": run.identity.op, "untuned_ms": result.untuned_secs * 1e3,
+                                                                   "best_ms": (result.best_secs or 0) * 1e3, **spent})  # fmt: skip
 
     def _publish_models(self) -> None:
         """Train and serve the cost model of every target whose log this worker grew (:mod:`.publish`), holding a
