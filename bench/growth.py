@@ -93,6 +93,7 @@ def run(stores: Path, runs: int, rounds: int, family: str = "convnets") -> dict[
     tvm_env.prepare()
     target = tvm.target.Target(tvm_env.host_target())
     networks = FAMILIES[family]
+    _claim(stores, family)
     fill_stores(stores, target, networks)
     held_out = [(name, s[2]) for name, s in networks.items()]
     out: dict[str, Any] = {"target": tvm_env.host_target(), "family": family, "fills": {ONE: {n: s[0] for n, s in networks.items()}, TWO: {n: s[1] for n, s in networks.items()}},
@@ -153,6 +154,16 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
                 if f"{kind}, {store}" in ratios:
                     net.setdefault(f"{kind} over fit, {store}", []).append(ratios[f"{kind}, {store}"] / ratios[f"fit, {store}"])
     return {net: {label: {"median": statistics.median(v), "min": min(v), "max": max(v)} for label, v in by.items()} for net, by in found.items()}
+
+
+def _claim(stores: Path, family: str) -> None:
+    """Mark ``stores`` as the registries of ``family``, or stop when they hold another family's (a folder
+    filled before families existed holds the convnets)."""
+    marker = stores / "family"
+    held = marker.read_text().strip() if marker.exists() else ("convnets" if (stores / _folder(ONE)).exists() else family)
+    if held != family:
+        raise SystemExit(f"bench.growth: {stores} holds the {held} registries, not the {family}: give each family a folder of its own")
+    marker.write_text(family)
 
 
 def _folder(store: str) -> str:

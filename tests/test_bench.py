@@ -298,3 +298,16 @@ def test_outputs_further_apart_than_the_tolerance_stop_a_bench() -> None:
     check_agreement("net", {"tuned": MAX_REL_ERROR, "transferred": 0.0})
     with pytest.raises(AssertionError, match="net: outputs disagree"):
         check_agreement("net", {"tuned": 0.0, "transferred": 2 * MAX_REL_ERROR})
+
+
+def test_a_growth_study_refuses_the_registries_of_another_family(tmp_path: Path) -> None:
+    from bench.growth import _claim
+
+    (tmp_path / "old" / "one").mkdir(parents=True)  # filled before families: the convnets
+    _claim(tmp_path / "old", "convnets")
+    with pytest.raises(SystemExit, match="holds the convnets registries, not the transformers"):
+        _claim(tmp_path / "old", "transformers")
+    (tmp_path / "new").mkdir()
+    _claim(tmp_path / "new", "transformers")
+    with pytest.raises(SystemExit, match="holds the transformers registries"):
+        _claim(tmp_path / "new", "convnets")
