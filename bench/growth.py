@@ -43,15 +43,17 @@ from schedhub.tuner import cluster, models, tvm_env
 from .models import MODES as MODEL_MODES
 from .models import check_agreement, network_input, time_side_by_side
 from .served_model import model_hidden
-from .transfer import QUICK_CONVNETS, _tune, compile_and_load
+from .transfer import QUICK_CONVNETS, compile_and_load, fill
 
 ONE, TWO, TUNED = "one shape", "two shapes", "tuned here"
-#: By family, each network's shape in the ``one shape`` fill and the one ``two shapes`` adds (batch 1 unless
-#: named), and its held-out shape (the quick transfer bench's).
-FAMILIES: dict[str, dict[str, tuple[dict[str, int], dict[str, int], dict[str, int]]]] = {
-    "convnets": {name: ({"image": 64}, {"image": 128}, shape) for name, shape in QUICK_CONVNETS},
-    "transformers": {"bert_layer": ({"seq": 32}, {"seq": 128}, {"batch": 2, "seq": 64}), "mlp": ({}, {"batch": 64}, {"batch": 16})},
-}
+#: By family, the shapes (network → shape, batch 1 unless named) each registry is filled at: ``one shape``, what
+#: ``two shapes`` adds to it, and ``tuned here``, the held-out shapes (the quick transfer bench's).
+FAMILIES: dict[str, dict[str, dict[str, dict[str, int]]]] = {
+    "convnets": {ONE: {name: {"image": 64} for name, _ in QUICK_CONVNETS}, TWO: {name: {"image": 128} for name, _ in QUICK_CONVNETS},
+                 TUNED: dict(QUICK_CONVNETS)},
+    "transformers": {ONE: {"bert_layer": {"seq": 32}, "mlp": {}}, TWO: {"bert_layer": {"seq": 128}, "mlp": {"batch": 64}},
+                     TUNED: {"bert_layer": {"batch": 2, "seq": 64}, "mlp": {"batch": 16}}},
+}  # fmt: skip
 ALL = 600.0  # seconds: every candidate of every kernel measured
 #: label → (registry, measurement budget, ``use(..., rank_by_model=)``). "ranked": by the registry's cost model (each
 #: fill publishes it, as ``schedhub tune`` does); "fit": the fit ranking, the model hidden; "decides": the model only
@@ -62,13 +64,11 @@ CONFIGS: dict[str, tuple[str, float, bool | None]] = {
     "fastest, " + ONE: (ONE, ALL, True), "fastest, " + TWO: (TWO, ALL, True), TUNED: (TUNED, 0.0, True)}  # fmt: skip
 
 
-def fill_stores(root: Path, target: Any, networks: dict[str, tuple[dict[str, int], dict[str, int], dict[str, int]]]) -> None:
-    """The three registries under ``root`` (``one``, ``two``, ``tuned``) for ``networks`` (a family of
-    :data:`FAMILIES`), each filled unless it exists; ``two`` starts as a copy of ``one``, so the two differ
-    only by the second shape's records."""
+def fill_stores(root: Path, target: Any, shapes: dict[str, dict[str, dict[str, int]]]) -> None:
+    """The three registries under ``root`` (``one``, ``two``, ``tuned``) at a family's ``shapes`` (:data:`FAMILIES`),
+    each filled unless it exists; ``two`` starts as a copy of ``one``, so the two differ only by the second
+    shape's records."""
     options = MODEL_MODES["quick"]["options"]
-    shapes = {ONE: {name: s[0] for name, s in networks.items()}, TWO: {name: s[1] for name, s in networks.items()},
-              TUNED: {name: s[2] for name, s in networks.items()}}  # fmt: skip
     missing = [store for store in (ONE, TWO, TUNED) if not (root / _folder(store)).exists()]
     if not missing:
         return
@@ -80,8 +80,7 @@ def fill_stores(root: Path, target: Any, networks: dict[str, tuple[dict[str, int
             if store == TWO:
                 shutil.copytree(root / _folder(ONE), building)
             with LocalRegistry(building) as registry:
-                for name, shape in shapes[store].items():
-                    _tune(registry, models.kernels(models.export(name, **{"batch": 1, **shape})[0], target), options)
+                fill(registry, shapes[store], target, options)
             building.rename(root / _folder(store))
     finally:
         cluster.stop()  # nothing of Ray shares the cores with the timings
@@ -92,12 +91,12 @@ def run(stores: Path, runs: int, rounds: int, family: str = "convnets") -> dict[
 
     tvm_env.prepare()
     target = tvm.target.Target(tvm_env.host_target())
-    networks = FAMILIES[family]
+    shapes = FAMILIES[family]
     _claim(stores, family)
-    fill_stores(stores, target, networks)
-    held_out = [(name, s[2]) for name, s in networks.items()]
-    out: dict[str, Any] = {"target": tvm_env.host_target(), "family": family, "fills": {ONE: {n: s[0] for n, s in networks.items()}, TWO: {n: s[1] for n, s in networks.items()}},
-                           "held_out": held_out, "rounds": rounds, "runs": []}  # fmt: skip
+    fill_stores(stores, target, shapes)
+    held_out = list(shapes[TUNED].items())
+    out: dict[str, Any] = {"target": tvm_env.host_target(), "family": family, "fills": {ONE: shapes[ONE], TWO: shapes[TWO]}, "held_out": held_out,
+                           "rounds": rounds, "runs": []}  # fmt: skip
     with LocalRegistry(stores / _folder(ONE), readonly=True) as one:
         first_shape = {r.trace_id for _, records in one.iter_served() for r in records}
     for r in range(runs):

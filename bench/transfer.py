@@ -206,9 +206,9 @@ def run(mode: str, say: Callable[[str], None] = print, source_store: Path | None
 
 
 def fill(registry: LocalRegistry, source: dict[str, dict[str, int]], target: Any, options: TuneOptions) -> None:
-    """Tune every kernel of the ``source`` networks (name → shape, at batch 1) for ``target`` into ``registry``."""
+    """Tune every kernel of the ``source`` networks (name → shape, at batch 1 unless it names one) for ``target`` into ``registry``."""
     for name, shape in source.items():
-        mod, _, _ = models.export(name, batch=1, **shape)
+        mod, _, _ = models.export(name, **{"batch": 1, **shape})
         _tune(registry, models.kernels(mod, target), options)
 
 
