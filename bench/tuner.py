@@ -41,7 +41,7 @@ from typing import Any
 from schedhub.hooks.msdb import scheduled, trace_text
 from schedhub.tuner import baselines, cluster, kernels, models, tvm_env
 from schedhub.tuner.search import (
-    TuneOptions, TuneResult, best_so_far, default_schedule, mean_secs, reference_build, replay, search_settings, tuning_phases, tuning_target,
+    TuneOptions, TuneResult, best_so_far, default_schedule, mean_secs, profiled_tune_tir, reference_build, replay, search_settings, tuning_target,
 )  # fmt: skip
 
 from .stats import summary
@@ -102,11 +102,10 @@ def tune_plain(identity: Any, options: TuneOptions) -> tuple[float, str, list, d
     builder = ms.builder.LocalBuilder(f_build=tvm_env.build_kernel)
     with tempfile.TemporaryDirectory() as work_dir:
         t0 = time.time()
-        with ms.Profiler() as profiler:
-            db = ms.tune_tir(mod, target, work_dir, builder=builder, runner=runner, database="memory", **search_settings(options))
+        db, phases = profiled_tune_tir(mod, target, work_dir, builder=builder, runner=runner, database="memory", **search_settings(options))
         secs = time.time() - t0
         records = [r for r in db.get_all_tuning_records() if mean_secs(r) < 1e9]  # 1e10 marks a failed run
-        return secs, trace_text(min(records, key=mean_secs).trace), best_so_far([mean_secs(r) for r in records]), tuning_phases(profiler.get())
+        return secs, trace_text(min(records, key=mean_secs).trace), best_so_far([mean_secs(r) for r in records]), phases
 
 
 def side_by_side(identity: Any, traces: dict[str, str], rounds: int) -> dict[str, dict[str, float]]:
@@ -156,16 +155,13 @@ def run(trials: int, runs: int, rounds: int, trials_per_iter: int = 16, search: 
     search = search or {}
     tvm_env.prepare()
     target = json.loads(target_text(TARGET if device == "cpu" else tvm_env.device_target(device)))
-    cluster.start(num_cpus=2 if device == "cpu" else None)
+    cpus = cluster.start(num_cpus=2 if device == "cpu" else None)["resources"].get("CPU", 1)
     # Start Ray's workers (TVM import, intrinsics) before any clock runs, as the plain tuner's pools start
     # before its: one for the tuning task and one per CPU for its builds. The warm-up builds hold no CPU,
     # so they run at once, each in a worker of its own (one warm worker left the first job's builds
     # waiting for a second to import TVM: ~4 s of a 14 s search).
     text = target_text(target)
-    import ray  # after cluster.start: its settings go into the environment before Ray is imported
-
-    slots = int(ray.cluster_resources().get("CPU", 1)) + 1
-    for ref in [cluster.submit("build", placed={"num_cpus": 0}, mod_json=_tiny_mod_json(), target_text=text) for _ in range(slots)]:
+    for ref in [cluster.submit("build", placed={"num_cpus": 0}, mod_json=_tiny_mod_json(), target_text=text) for _ in range(int(cpus) + 1)]:
         cluster.result(ref)
     # One search thread: the seed fixes the first round's candidates, the same for both tuners.
     base = TuneOptions(trials=trials, trials_per_iter=trials_per_iter, publish=1, search_threads=1, **search)

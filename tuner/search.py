@@ -145,9 +145,7 @@ def tune_workload(identity: Identity, warm_traces: list[str], options: TuneOptio
         warm, artifacts, skipped = _seed_database(database, mod, target, list(dict.fromkeys(warm_traces[: options.warm_start] + synthesized)), builder, runner)
         started, phases = time.time(), {}
         if options.trials > 0:
-            with ms.Profiler() as profiler:
-                ms.tune_tir(mod, target, work_dir=work_dir, builder=builder, runner=runner, database=database, **search_settings(options))
-            phases = tuning_phases(profiler.get())
+            _, phases = profiled_tune_tir(mod, target, work_dir=work_dir, builder=builder, runner=runner, database=database, **search_settings(options))
         search_secs = time.time() - started
         measured = [tr for tr in database.get_all_tuning_records() if mean_secs(tr) < _FAILED_SECS]
         curve = best_so_far([mean_secs(tr) for tr in measured])
@@ -167,6 +165,15 @@ PHASES = {"search": ("EvoSearch/",), "build": ("SendToBuilder",), "measure": ("S
 PHASE_NAMES = (*PHASES, "rest")
 
 
+def profiled_tune_tir(*args: Any, **kwargs: Any) -> tuple[Any, dict[str, float]]:
+    """``ms.tune_tir(*args, **kwargs)``'s database and its wall seconds by phase (:func:`tuning_phases`)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    with ms.Profiler() as profiler:
+        database = ms.tune_tir(*args, **kwargs)
+    return database, tuning_phases(profiler.get())
+
+
 def tuning_phases(profile: dict[str, Any]) -> dict[str, float]:
     """Wall seconds of a ``ms.tune_tir`` run by phase, from its ``ms.Profiler`` (``profile``: scope → seconds):
     ``search`` (the evolutionary search: sampling, mutation, the cost model's predictions), ``build``
@@ -174,7 +181,7 @@ def tuning_phases(profile: dict[str, Any]) -> dict[str, float]:
     then waiting for the timings), ``cost model`` (training it on a round's timings) and ``rest`` (the
     total less those: the task scheduler and everything between scopes)."""
     secs = {name: float(value) for name, value in profile.items()}
-    phases = {phase: sum(v for name, v in secs.items() if name != "Total" and any(name == p or (p.endswith("/") and name.startswith(p)) for p in prefixes))
+    phases = {phase: sum(v for name, v in secs.items() if any(name == p or (p.endswith("/") and name.startswith(p)) for p in prefixes))
               for phase, prefixes in PHASES.items()}  # fmt: skip
     phases["rest"] = max(0.0, secs.get("Total", 0.0) - sum(phases.values()))
     return phases
