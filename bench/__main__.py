@@ -3,7 +3,7 @@
     python -m bench all [--quick] [--model-trials N]   # registry, hook, tuner, models, transfer; then the report
     python -m bench models|tuner|isolation|hook|registry|transfer [--quick]
     python -m bench report [--quick]         # rewrite RESULTS.md from the recorded results
-    python -m bench gpu [--model-trials N]   # on a machine with an NVIDIA GPU: models and tuner on CUDA → results/gpu/
+    python -m bench gpu [--model-trials N]   # on a machine with an NVIDIA GPU: models, tuner and transfer on CUDA → results/gpu/
 
 Each benchmark runs in its own process (a crash loses only its section; no Ray or TVM state
 leaks between timings) and writes ``bench/results/<mode>/<name>.json``. Before ``all`` starts,
@@ -54,11 +54,12 @@ def main() -> None:
     args = parser.parse_args()
     mode = "quick" if args.quick else "full"
     results = report.RESULTS / mode
-    if args.what == "gpu":  # the GPU table (DLight vs schedhub-tuned vs PyTorch) and the tuner's throughput on the GPU
+    if args.what == "gpu":  # the GPU table (DLight vs schedhub-tuned vs PyTorch), the tuner's throughput and transfers on the GPU
         results = report.RESULTS / "gpu"
         results.mkdir(parents=True, exist_ok=True)
         trials = ["--trials", str(args.model_trials)] if args.model_trials else []
         codes = [run_section(name, ["--device", "cuda", *(trials if name == "models" else [])], results)["rc"] for name in ("models", "tuner")]
+        codes.append(run_section("gpu_transfer", trials, results)["rc"])
         sys.exit(1 if any(codes) else 0)
     if args.what == "all":
         if results.exists():

@@ -194,6 +194,7 @@ def write(mode: str) -> Path:
     if gpu.get("models"):
         lines += _models(gpu["models"], {}, f"GPU ({gpu['models'].get('device_name', 'cuda')}): PyTorch vs DLight vs schedhub-tuned")
     lines += _tuner(gpu.get("tuner"))
+    lines += _gpu_transfer(gpu.get("gpu_transfer"))
     lines += _transfer(data.get("transfer"), drawn, data.get("ranking"))
     lines += _hook(data.get("hook"))
     lines += _registry(data.get("registry"))
@@ -454,6 +455,24 @@ def _tuner(d: dict[str, Any] | None) -> list[str]:
                          f"{r['ray']['trials_per_sec'] / r['plain']['trials_per_sec']:.2f}", fmt(t["untuned"]), fmt(t["ray"]), fmt(t["plain"]), fmt(t.get("numpy"))])  # fmt: skip
     lines += table(["kernel", "seed", "ray trials/s", "plain trials/s", "ratio", f"{default} ms", "ray best ms", "plain best ms", "numpy ms"], rows)
     return lines + [""] + _tuner_phases(d)
+
+
+def _gpu_transfer(d: dict[str, Any] | None) -> list[str]:
+    """What a GPU compile got for batches never tuned: DLight, the transfer, tuned where it was, PyTorch."""
+    if not d:
+        return []
+    tuned = any("tuned" in r["timing"] for r in d["rows"])
+    shape = ", ".join(f"{k} {v}" for k, v in d["shape"].items())
+    lines = [f"## GPU ({d['device_name']}): a batch never tuned, DLight vs transferred (`{d.get('command', 'python -m bench.gpu_transfer')}`)", "",
+             f"The {d['network']} ({shape}) tuned at batch {d['source_batch']} only ({d['options']['trials']} trials a kernel, {d['fill_secs']:.0f} s); "
+             f"then each batch below compiled with plain `tvm.compile` (DLight) and inside `hooks.use` (a transfer where one replays). "
+             f"Medians of {d['rounds']} interleaved rounds, PyTorch in its own process (TF32 off); every output checked against DLight's. Compile seconds: one plain and one hooked compile (the kernel cache empty).", ""]  # fmt: skip
+    rows = [[r["label"], f"{r['transfers']}/{r['kernels']}", fmt(r["timing"]["pytorch"]), fmt(r["timing"]["dlight"]), fmt(r["timing"]["transferred"]),
+             *([fmt(r["timing"].get("tuned"))] if tuned else []), times(r["dlight_vs_transferred"]), times(r["pytorch_vs_transferred"]),
+             f"{r['compile_secs']['transferred'] - r['compile_secs']['dlight']:+.2f}"] for r in d["rows"]]  # fmt: skip
+    head = ["held-out network", "transferred kernels", "PyTorch ms", "DLight ms", "transferred ms", *(["tuned ms"] if tuned else []),
+            "transferred vs DLight", "transferred vs PyTorch", "compile s added"]  # fmt: skip
+    return lines + table(head, rows) + [""]
 
 
 def _tuner_phases(d: dict[str, Any]) -> list[str]:

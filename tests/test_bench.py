@@ -181,6 +181,36 @@ def test_a_gpu_run_is_reported_against_dlight_not_as_untuned() -> None:
     assert "Heaviest kernels" not in gpu_text  # no per-kernel CPU baselines on a GPU run
 
 
+def test_a_gpu_transfer_run_is_reported_against_dlight_with_a_tuned_column_only_where_one_was_timed() -> None:
+    import copy
+    import json
+    from pathlib import Path
+
+    from bench import report
+
+    recorded = json.loads((Path(report.RESULTS) / "gpu" / "gpu_transfer.json").read_text())
+    text = "\n".join(report._gpu_transfer(recorded))
+    assert "| DLight ms | transferred ms | transferred vs DLight |" in text and "tuned ms" not in text
+    first = recorded["rows"][0]
+    assert report.times(first["dlight_vs_transferred"]) in text and f"{first['transfers']}/{first['kernels']}" in text
+    tuned = copy.deepcopy(recorded)
+    tuned["rows"][1]["timing"]["tuned"] = {"median": 0.5, "min": 0.5, "max": 0.5}
+    lines = report._gpu_transfer(tuned)
+    assert "| tuned ms |" in lines[4] and "| – |" in lines[6] and "| 0.5 [0.5–0.5] |" in lines[7]  # a row not tuned says so
+    assert report._gpu_transfer(None) == []
+
+
+@pytest.mark.slow
+def test_the_gpu_transfer_bench_runs_through_on_the_cpu() -> None:
+    """``bench.gpu_transfer`` needs a GPU for its figures; on the CPU (a minute) its steps still run: fill, transfer, tune, time."""
+    from bench import gpu_transfer
+
+    found = gpu_transfer.run(16, [8, 32], [32], trials=4, rounds=2, say=lambda _: None, device="cpu", shape={"features": 32, "hidden": 64})
+    small, tuned = found["rows"]
+    assert small["transfers"] == small["kernels"] == 3 and "tuned" not in small["timing"]
+    assert tuned["transfers"] == 3 and tuned["timing"]["tuned"]["median"] > 0 and tuned["transferred_vs_tuned"]["median"] > 0
+
+
 def test_the_tuner_report_splits_each_search_by_phase_where_the_run_recorded_it() -> None:
     import copy
     import json

@@ -1,0 +1,144 @@
+"""GPU transfer benchmark: what a compile on a GPU gets for shapes the registry never tuned.
+
+    python -m bench.gpu_transfer [--trials N] [--source-batch B] [--held-out B,B] [--tune B,B] [--out bench/results/gpu/transfer.json]
+
+On a GPU the default every schedule must beat is DLight's (TVM's GPU default), not an unscheduled
+kernel, so a transfer that replays and verifies can still make a network slower. This measures it:
+
+1. The registry is filled by tuning the gpu mode's MLP (features 1024, hidden 4096) at the source
+   batch on this GPU (``schedhub.tuner`` on a local Ray cluster, the gpu mode's budget).
+2. Held-out batches, never tuned: each compiles with plain ``tvm.compile`` (DLight) and inside
+   ``hooks.use(registry)`` (transfers where a neighbour replays, DLight for the rest).
+3. The kernels of the batches named by ``--tune`` are tuned at the same budget (warm-started from
+   the registry, as a worker does with the misses), and those networks compile again: every kernel
+   must hit ("tuned").
+4. Ray stops; DLight, transferred, tuned and the PyTorch twin (its own process, TF32 off) are
+   timed side by side on the GPU in interleaved rounds, and every output is checked against DLight's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from schedhub.registry import LocalRegistry
+from schedhub.tuner import cluster, tvm_env
+from schedhub.tuner.torch_process import TorchProcess
+
+from .models import MODES as MODEL_MODES
+from .models import TORCH_TWINS, check_agreement, network_input, time_side_by_side
+from .report import environment
+from .stats import ratio
+from .torch_export import RELAX
+from .transfer import HeldOut, _held_out, _tune, compile_and_load, fill
+from .tuner import require_device
+
+REPO = Path(__file__).resolve().parent.parent
+NETWORK = "mlp"
+SHAPE = {"features": 1024, "hidden": 4096}  # the gpu mode's MLP (bench.models)
+
+
+def run(source_batch: int, held_out: list[int], tune: list[int], trials: int | None = None, rounds: int = 7,
+        say: Callable[[str], None] = print, device: str = "cuda", shape: dict[str, int] = SHAPE) -> dict[str, Any]:  # fmt: skip
+    """The GPU transfer table: the MLP (``shape``) tuned at ``source_batch``, compiled at each ``held_out`` batch; the ``tune``
+    batches tuned too. ``device="cpu"`` only checks the bench itself (its default is then TVM's unscheduled kernel, not DLight)."""
+    import tvm
+
+    from schedhub import hooks
+
+    options = MODEL_MODES["gpu"]["options"]
+    if trials:
+        options = replace(options, trials=trials, trials_per_iter=min(options.trials_per_iter, trials))
+    target = tvm_env.device_target(device)
+    tvm_env.prepare()
+    cluster.start()
+    out: dict[str, Any] = {"recorded": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": environment()["commit"],
+                           "device_name": str(tvm.cuda(0).device_name) if device == "cuda" else device, "network": NETWORK, "shape": shape, "source_batch": source_batch,
+                           "options": asdict(options), "rounds": rounds, "rows": []}  # fmt: skip
+    with contextlib.ExitStack() as stack:
+        root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="schedhub-bench-gpu-transfer-")))
+        registry = stack.enter_context(LocalRegistry(root / "store"))
+        started = time.time()
+        fill(registry, {NETWORK: {"batch": source_batch, **shape}}, target, options)
+        out["fill_secs"] = time.time() - started
+        say(f"registry filled at batch {source_batch}: {len(registry.summaries())} keys in {out['fill_secs']:.0f} s")
+
+        compiled = []
+        for batch in held_out:
+            held = _held_out(NETWORK, {"batch": batch, **shape}, RELAX, target, root)
+            executables, secs, report = {}, {}, None
+            executables["dlight"], secs["dlight"] = compile_and_load(lambda: tvm.compile(held.mod, target), device)
+            with hooks.use(registry, target, report_misses=False, cache=root / f"cache-{batch}") as session:
+                executables["transferred"], secs["transferred"] = compile_and_load(lambda: tvm.compile(held.mod, target), device)
+            report = session.report
+            say(f"{held.label}: {report.summary()}; compile {secs['dlight']:.2f} s plain, {secs['transferred']:.2f} s hooked")
+            compiled.append((held, executables, secs, report))
+        for held, executables, secs, _ in compiled:
+            if held.shape["batch"] in tune:
+                started = time.time()
+                _tune(registry, held.kernels, options, retune=True)
+                secs["tuning"] = time.time() - started
+                with hooks.use(registry, target, report_misses=False, cache=root / f"hits-{held.shape['batch']}") as session:
+                    executables["tuned"], _ = compile_and_load(lambda: tvm.compile(held.mod, target), device)
+                if session.report.hits != len(session.report.kernels):
+                    raise RuntimeError(f"{held.label}: the tuned compile hit {session.report.hits} of {len(session.report.kernels)} kernels")
+                say(f"{held.label}: tuned in {secs['tuning']:.0f} s")
+        cluster.stop()  # nothing of Ray beside the timings
+
+        torch_proc = stack.enter_context(TorchProcess(cwd=REPO, device=device))  # PyTorch never shares a process with TVM
+        for held, executables, secs, report in compiled:
+            row = _row(held, executables, secs, report, rounds, torch_proc, device)
+            out["rows"].append(row)
+            say(f"{held.label}: " + ", ".join(f"{k} {v['median']:.3f} ms" for k, v in row["timing"].items()))
+    return out
+
+
+def _row(held: HeldOut, executables: dict[str, Any], secs: dict[str, float], report: Any, rounds: int, torch_proc: TorchProcess,
+         device: str) -> dict[str, Any]:  # fmt: skip
+    x = network_input(held.input_shape)
+    pytorch = torch_proc.load_network(held.name, held.weights, x, factory=TORCH_TWINS, **held.shape)
+    timing, errors = time_side_by_side(executables, x, rounds, pytorch, torch_proc.time_network, held.func, device)
+    check_agreement(held.label, errors)
+    row = {"label": held.label, "batch": held.shape["batch"], "kernels": len(report.kernels), "transfers": report.transfers,
+           "outcomes": {k.op: f"{k.outcome} {k.detail}".strip() for k in report.kernels}, "compile_secs": secs,
+           "timing": timing, "max_rel_error": errors,
+           "dlight_vs_transferred": ratio(timing["dlight"], timing["transferred"], paired=True),  # > 1: the transfer is faster than DLight
+           "pytorch_vs_transferred": ratio(timing["pytorch"], timing["transferred"], paired=True)}  # fmt: skip
+    if "tuned" in timing:
+        row["transferred_vs_tuned"] = ratio(timing["transferred"], timing["tuned"], paired=True)
+        row["dlight_vs_tuned"] = ratio(timing["dlight"], timing["tuned"], paired=True)
+    return row
+
+
+def _batches(text: str) -> list[int]:
+    return [int(b) for b in text.split(",") if b.strip()]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trials", type=int, help="tuning trials per kernel (default: the gpu mode's)")
+    parser.add_argument("--source-batch", type=int, default=64, help="the batch the registry is filled at")
+    parser.add_argument("--held-out", type=_batches, default=[16, 256], help="batches compiled without being tuned (comma-separated)")
+    parser.add_argument("--tune", type=_batches, default=[256], help="held-out batches also tuned, for the tuned column")
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "gpu" / "transfer.json")
+    args = parser.parse_args()
+    require_device(parser.prog, "cuda")
+    result = run(args.source_batch, args.held_out, args.tune, args.trials, args.rounds)
+    result["command"] = " ".join(["python -m bench.gpu_transfer", *([f"--trials {args.trials}"] if args.trials else []),
+                                  f"--source-batch {args.source_batch}", f"--held-out {','.join(map(str, args.held_out))}",
+                                  f"--tune {','.join(map(str, args.tune)) or repr('')}"])  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
