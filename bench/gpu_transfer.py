@@ -7,12 +7,14 @@ kernel, so a transfer that replays and verifies can still make a network slower.
 
 1. The registry is filled by tuning the gpu mode's MLP (features 1024, hidden 4096) at the source
    batch on this GPU (``schedhub.tuner`` on a local Ray cluster, the gpu mode's budget).
-2. Held-out batches, never tuned: each compiles with plain ``tvm.compile`` (DLight) and inside
-   ``hooks.use(registry)`` (transfers where a neighbour replays, DLight for the rest).
+2. Held-out batches, never tuned: each compiles with plain ``tvm.compile`` (DLight), inside
+   ``hooks.use(registry)`` (transfers where a neighbour replays, DLight for the rest), and inside
+   ``hooks.use(registry, measure=60)`` ("measured": every candidate and DLight's schedule timed on
+   this GPU, the fastest served, DLight where no candidate beats it).
 3. The kernels of the batches named by ``--tune`` are tuned at the same budget (warm-started from
    the registry, as a worker does with the misses), and those networks compile again: every kernel
    must hit ("tuned").
-4. Ray stops; DLight, transferred, tuned and the PyTorch twin (its own process, TF32 off) are
+4. Ray stops; DLight, transferred, measured, tuned and the PyTorch twin (its own process, TF32 off) are
    timed side by side on the GPU in interleaved rounds, and every output is checked against DLight's.
 """
 
@@ -43,6 +45,7 @@ from .tuner import require_device
 REPO = Path(__file__).resolve().parent.parent
 NETWORK = "mlp"
 SHAPE = {"features": 1024, "hidden": 4096}  # the gpu mode's MLP (bench.models)
+MEASURE_SECS = 60.0  # the measured compile's budget: enough for every candidate of the MLP's kernels
 
 
 def run(source_batch: int, held_out: list[int], tune: list[int], trials: int | None = None, rounds: int = 7,
@@ -78,8 +81,11 @@ def run(source_batch: int, held_out: list[int], tune: list[int], trials: int | N
             with hooks.use(registry, target, report_misses=False, cache=root / f"cache-{batch}") as session:
                 executables["transferred"], secs["transferred"] = compile_and_load(lambda: tvm.compile(held.mod, target), device)
             report = session.report
-            say(f"{held.label}: {report.summary()}; compile {secs['dlight']:.2f} s plain, {secs['transferred']:.2f} s hooked")
-            compiled.append((held, executables, secs, report))
+            with hooks.use(registry, target, report_misses=False, cache=root / f"measured-{batch}", measure=MEASURE_SECS) as session:
+                executables["measured"], secs["measured"] = compile_and_load(lambda: tvm.compile(held.mod, target), device)
+            say(f"{held.label}: {report.summary()}; compile {secs['dlight']:.2f} s plain, {secs['transferred']:.2f} s hooked, "
+                f"{secs['measured']:.2f} s measuring ({session.report.summary()})")
+            compiled.append((held, executables, secs, {"transferred": report, "measured": session.report}))
         for held, executables, secs, _ in compiled:
             if held.shape["batch"] in tune:
                 started = time.time()
@@ -93,23 +99,27 @@ def run(source_batch: int, held_out: list[int], tune: list[int], trials: int | N
         cluster.stop()  # nothing of Ray beside the timings
 
         torch_proc = stack.enter_context(TorchProcess(cwd=REPO, device=device))  # PyTorch never shares a process with TVM
-        for held, executables, secs, report in compiled:
-            row = _row(held, executables, secs, report, rounds, torch_proc, device)
+        for held, executables, secs, reports in compiled:
+            row = _row(held, executables, secs, reports, rounds, torch_proc, device)
             out["rows"].append(row)
             say(f"{held.label}: " + ", ".join(f"{k} {v['median']:.3f} ms" for k, v in row["timing"].items()))
     return out
 
 
-def _row(held: HeldOut, executables: dict[str, Any], secs: dict[str, float], report: Any, rounds: int, torch_proc: TorchProcess,
+def _row(held: HeldOut, executables: dict[str, Any], secs: dict[str, float], reports: dict[str, Any], rounds: int, torch_proc: TorchProcess,
          device: str) -> dict[str, Any]:  # fmt: skip
     x = network_input(held.input_shape)
     pytorch = torch_proc.load_network(held.name, held.weights, x, factory=TORCH_TWINS, **held.shape)
     timing, errors = time_side_by_side(executables, x, rounds, pytorch, torch_proc.time_network, held.func, device)
     check_agreement(held.label, errors)
+    report = reports["transferred"]
+    outcomes = {name: {k.op: f"{k.outcome} {k.detail}".strip() for k in r.kernels} for name, r in reports.items()}
     row = {"label": held.label, "batch": held.shape["batch"], "kernels": len(report.kernels), "transfers": report.transfers,
-           "outcomes": {k.op: f"{k.outcome} {k.detail}".strip() for k in report.kernels}, "compile_secs": secs,
+           "measured_transfers": reports["measured"].transfers, "outcomes": outcomes["transferred"], "measured_outcomes": outcomes["measured"],
+           "measured_secs": {k.op: k.measured for k in reports["measured"].kernels}, "compile_secs": secs,
            "timing": timing, "max_rel_error": errors,
            "dlight_vs_transferred": ratio(timing["dlight"], timing["transferred"], paired=True),  # > 1: the transfer is faster than DLight
+           "dlight_vs_measured": ratio(timing["dlight"], timing["measured"], paired=True),
            "pytorch_vs_transferred": ratio(timing["pytorch"], timing["transferred"], paired=True)}  # fmt: skip
     if "tuned" in timing:
         row["transferred_vs_tuned"] = ratio(timing["transferred"], timing["tuned"], paired=True)

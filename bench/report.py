@@ -461,16 +461,18 @@ def _gpu_transfer(d: dict[str, Any] | None) -> list[str]:
     """What a GPU compile got for batches never tuned: DLight, the transfer, tuned where it was, PyTorch."""
     if not d:
         return []
-    tuned = any("tuned" in r["timing"] for r in d["rows"])
+    extra = [c for c in ("measured", "tuned") if any(c in r["timing"] for r in d["rows"])]  # columns of later runs
     shape = ", ".join(f"{k} {v}" for k, v in d["shape"].items())
     lines = [f"## GPU ({d['device_name']}): a batch never tuned, DLight vs transferred (`{d.get('command', 'python -m bench.gpu_transfer')}`)", "",
              f"The {d['network']} ({shape}) tuned at batch {d['source_batch']} only ({d['options']['trials']} trials a kernel, {d['fill_secs']:.0f} s); "
-             f"then each batch below compiled with plain `tvm.compile` (DLight) and inside `hooks.use` (a transfer where one replays). "
-             f"Medians of {d['rounds']} interleaved rounds, PyTorch in its own process (TF32 off); every output checked against DLight's. Compile seconds: one plain and one hooked compile (the kernel cache empty).", ""]  # fmt: skip
+             f"then each batch below compiled with plain `tvm.compile` (DLight) and inside `hooks.use` (a transfer where one replays"
+             + ("; measured: with `measure=`, DLight timed beside the candidates" if "measured" in extra else "") + "). "
+             f"Medians of {d['rounds']} interleaved rounds, PyTorch in its own process (TF32 off); every output checked against DLight's. "
+             "Compile seconds: one plain and one hooked compile (the kernel cache empty).", ""]  # fmt: skip
     rows = [[r["label"], f"{r['transfers']}/{r['kernels']}", fmt(r["timing"]["pytorch"]), fmt(r["timing"]["dlight"]), fmt(r["timing"]["transferred"]),
-             *([fmt(r["timing"].get("tuned"))] if tuned else []), times(r["dlight_vs_transferred"]), times(r["pytorch_vs_transferred"]),
+             *(fmt(r["timing"].get(c)) for c in extra), times(r["dlight_vs_transferred"]), times(r["pytorch_vs_transferred"]),
              f"{r['compile_secs']['transferred'] - r['compile_secs']['dlight']:+.2f}"] for r in d["rows"]]  # fmt: skip
-    head = ["held-out network", "transferred kernels", "PyTorch ms", "DLight ms", "transferred ms", *(["tuned ms"] if tuned else []),
+    head = ["held-out network", "transferred kernels", "PyTorch ms", "DLight ms", "transferred ms", *(f"{c} ms" for c in extra),
             "transferred vs DLight", "transferred vs PyTorch", "compile s added"]  # fmt: skip
     return lines + table(head, rows) + [""]
 

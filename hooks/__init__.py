@@ -74,7 +74,8 @@ def use(
     ``cache``: where this machine keeps kernel identities and replayed schedules between compiles
     (True: ``~/.cache/schedhub/kernels`` or ``$SCHEDHUB_CACHE_DIR``; False: nowhere).
     ``measure``: seconds per compile (0: none) to build, check and time a missed kernel's transfer
-    candidates on this machine and serve the fastest; results are cached, so each is measured once.
+    candidates on this machine (its CPU, or its GPU for a CUDA target) and serve the fastest; on a GPU
+    DLight's schedule is timed beside them and kept where it is faster. Results are cached, so each is measured once.
     ``synthesize``: with ``measure``, also draw this many schedules from each missed kernel's own design
     space, rank them with a cost model trained on the registry's measurement log and time the best
     few beside the transfer candidates (:mod:`.synthesis`; 64 is a good size; 0: off). What it draws

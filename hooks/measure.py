@@ -1,8 +1,10 @@
 """Opt-in local measurement of transfer candidates (``use(..., measure=SECONDS)``).
 
 Each candidate's scheduled kernel is built, run on random inputs and checked against the kernel
-with TVM's default schedule, then timed; the fastest that agrees is served. Only where the kernels
-run on this machine: an ``llvm`` target for this CPU (its ``-mcpu`` absent or this host's).
+with the target's default schedule, then timed; the fastest that agrees is served. On a GPU the
+default is DLight's schedule, a real contender: it is timed too, and where it is faster than every
+candidate the kernel keeps it. Only where the kernels run on this machine: an ``llvm`` target for
+this CPU (its ``-mcpu`` absent or this host's), or a ``cuda`` target for this machine's first GPU.
 Results are kept in the per-machine cache, so a kernel's candidates are measured once a machine.
 """
 
@@ -44,12 +46,38 @@ def host_cpu() -> str:
     return str(tvm.target.codegen.llvm_get_system_cpu())
 
 
+def gpu_archs() -> list[str]:
+    """The architectures this machine's first CUDA GPU runs code built for (compute 9.0: ``sm_90`` and its
+    arch-specific ``sm_90a``); none without a GPU or without TVM's CUDA runtime (which then builds source only)."""
+    if not tvm.runtime.enabled("cuda"):
+        return []
+    dev = tvm.cuda(0)
+    if not dev.exist:
+        return []
+    arch = "sm_" + str(dev.compute_version).replace(".", "")
+    return [arch, arch + "a"]
+
+
 def runs_here(target: tvm.target.Target) -> bool:
-    """Whether kernels built for ``target`` run on this machine's CPU."""
-    if target.kind.name != "llvm":
-        return False
-    mcpu = target.attrs.get("mcpu")
-    return not mcpu or str(mcpu) == host_cpu()
+    """Whether kernels built for ``target`` run on this machine: its CPU, or its first CUDA GPU."""
+    if target.kind.name == "llvm":
+        mcpu = target.attrs.get("mcpu")
+        return not mcpu or str(mcpu) == host_cpu()
+    if target.kind.name == "cuda":
+        archs = gpu_archs()
+        arch = target.attrs.get("arch")
+        return bool(archs) and (not arch or str(arch) in archs)
+    return False
+
+
+def device_of(target: tvm.target.Target) -> Any:
+    """The device kernels of ``target`` run on here (:func:`runs_here`)."""
+    return tvm.cpu(0) if target.kind.name == "llvm" else tvm.cuda(0)
+
+
+def machine(target: tvm.target.Target) -> str:
+    """What a timing here is kept under: this CPU's name, or this GPU's."""
+    return host_cpu() if target.kind.name == "llvm" else f"{tvm.cuda(0).device_name} {gpu_archs()[0]}"
 
 
 def random_inputs(args_info: list[Any], seed: int = 0) -> list[np.ndarray]:
@@ -66,16 +94,19 @@ def random_inputs(args_info: list[Any], seed: int = 0) -> list[np.ndarray]:
 
 
 def build(scheduled: tvm.IRModule, target: tvm.target.Target) -> Any:
-    """A kernel compiled for this machine: ``tirx.build`` emits LLVM IR, and the machine code is generated
-    when a function is first looked up (as much time again), so the entry function is looked up here."""
+    """A kernel compiled for this machine: ``tirx.build`` emits LLVM IR (and, for a GPU, its device code),
+    and the machine code is generated when a function is first looked up (as much time again), so the
+    entry function is looked up here."""
     lib = tvm.tirx.build(scheduled, target=target)
     lib["main"]
     return lib
 
 
 def build_all(mods: list[tvm.IRModule], target: tvm.target.Target, workers: int) -> list[Any]:
-    """:func:`build` of each module on up to ``workers`` threads (LLVM releases the GIL): the compiled
-    module, or the exception its build raised."""
+    """:func:`build` of each module on up to ``workers`` threads (LLVM releases the GIL; GPU builds, which
+    call the CUDA compiler back through Python, one at a time): the compiled module, or the exception its build raised."""
+    if target.kind.name != "llvm":
+        workers = 1
 
     def built(mod: tvm.IRModule) -> Any:
         try:
@@ -99,8 +130,9 @@ class KernelBench:
         if isinstance(default, Exception):
             raise default
         self.target = target
-        self.dev = tvm.cpu(0)
+        self.dev = device_of(target)
         self.inputs = random_inputs(args_info)
+        self.default = default
         self.expected = self._run(default)
 
     def _run(self, lib: Any) -> list[np.ndarray]:
@@ -118,11 +150,18 @@ class KernelBench:
                 scale = max(1.0, float(np.abs(want).max(initial=0.0))) if want.dtype.kind == "f" else 0.0
                 if not np.allclose(got, want, rtol=RTOL, atol=RTOL * scale, equal_nan=True):
                     return Timing(None, f"argument {i} differs from TVM's default schedule")
-            tensors = [tvm.runtime.tensor(a, self.dev) for a in self.inputs]
-            evaluator = built.time_evaluator("main", self.dev, **TIMING)
-            return Timing(statistics.median(evaluator(*tensors).results))
+            return Timing(self._secs(built))
         except Exception as exc:  # a candidate that does not run is a result
             return Timing(None, f"{exc.__class__.__name__}: {str(exc)[:500]}")
+
+    def time_default(self) -> float:
+        """The default schedule's seconds per call (raises if it does not run)."""
+        return self._secs(self.default)
+
+    def _secs(self, built: Any) -> float:
+        tensors = [tvm.runtime.tensor(a, self.dev) for a in self.inputs]
+        evaluator = built.time_evaluator("main", self.dev, **TIMING)
+        return statistics.median(evaluator(*tensors).results)
 
 
 class Budget:

@@ -28,6 +28,7 @@ from tvm import relax, tirx
 from tvm.relax import pipeline as relax_pipeline
 from tvm.s_tir import meta_schedule as ms
 
+from .defaults import dlight_schedule, is_gpu
 from .objects import OBJECT_ID, links_here
 from .session import HookSession
 
@@ -80,10 +81,6 @@ class UnsupportedTarget(RuntimeError):  # not ValueError: tvm.compile swallows t
 
 
 _GPU_BACKENDS = {"cuda": "cuda", "rocm": "rocm", "vulkan": "gpu_generic", "metal": "gpu_generic", "opencl": "gpu_generic", "webgpu": "gpu_generic"}
-
-
-def is_gpu(target: tvm.target.Target) -> bool:
-    return "gpu" in target.keys
 
 
 def gpu_backend(target: tvm.target.Target) -> Any:
@@ -157,16 +154,6 @@ def apply_database(mod: tvm.IRModule) -> tvm.IRModule:
     elif ms.Database.current() is not None:
         mod = relax.transform.MetaScheduleApplyDatabase()(mod)
     return mod
-
-
-def dlight_schedule(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
-    """DLight's default GPU schedules for every kernel of ``mod`` not marked scheduled: the GPU's default,
-    which a record has to beat (the tuner times it side by side with its candidates). ``mod`` is left
-    as it was (DLight's pass writes the scheduled kernels into the module it is given)."""
-    from tvm.s_tir import dlight as dl
-
-    with target:
-        return dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback())(mod.clone())
 
 
 def gpu_build(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:

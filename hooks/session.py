@@ -37,7 +37,8 @@ from schedhub.registry import TARGET, Candidate, Identity, Record, Registry, Reg
 from .cache import KernelCache, default_dir
 from .guard import ScheduleLimits
 from .identity import as_module, compiler_fingerprint, workload_identity
-from .measure import TIMING, Budget, KernelBench, Timing, build_all, host_cpu, runs_here
+from .defaults import default_schedule, is_gpu
+from .measure import TIMING, Budget, KernelBench, Timing, build_all, machine, runs_here
 from .msdb import normalize_mod, replay_within, tuning_record
 from .objects import OBJECT_ID, ObjectCache
 from .costmodel import WIDTH, CostModel, features, flops
@@ -142,6 +143,7 @@ class HookSession:
         self._pending_misses: dict[str, Identity] = {}
         self._calls: dict[str, int] = {}  # kernel key: call sites in the module being compiled
         self._served_secs: dict[str, float] = {}  # kernel key: seconds per call of the transfer it served (measured or estimated)
+        self._kept_default: dict[str, tuple[str, dict[str, float | None]]] = {}  # kernel key: how its timed candidates lost to the target's default
         self._refused_keys: set[str] = set()
         self._targets_checked: set[str] = set()
 
@@ -266,7 +268,7 @@ class HookSession:
         transferred = self._transfer(identity, apply, bench, kernel)
         if transferred is not None:
             return transferred
-        self._note(identity, FALLBACK if identity.key in self._refused_keys else MISS)
+        self._note(identity, FALLBACK if identity.key in self._refused_keys else MISS, *self._kept_default.pop(identity.key, ("", {})))
         return None
 
     def _replay(self, record: Record, mod: tvm.IRModule, key: str, args_info: list[Any] | None = None) -> Any:
@@ -309,8 +311,10 @@ class HookSession:
         serves a cost model the session trusts and ``kernel`` (the normalized kernel and its target) lets features be computed, by
         :func:`.ranking.model_rank_key` (the model's predicted speed on this kernel in place of the speed at home:
         :meth:`_predicted`); or with ``bench``
-        (the kernel's default module and target: opt-in measurement) the fastest that agrees with
-        the default schedule's output, while the compile's measurement budget lasts; else None.
+        (the kernel's normalized module and target: opt-in measurement) the fastest that agrees with
+        the default schedule's output, while the compile's measurement budget lasts; else None. On a GPU
+        the default (DLight's schedule) is timed beside them, and where every candidate timed is slower
+        none is served: the kernel keeps the default.
 
         A candidate that does not apply is dropped for this session without a complaint: it was
         tuned for another kernel, and failing on this one says nothing against it.
@@ -339,11 +343,18 @@ class HookSession:
             ranked = {id(c): self._rank(identity.key, c, i) for i, (c, _) in enumerate(applied)}
         applied.sort(key=lambda pair: ranked[id(pair[0])])
         synthesized = any(c.relation == SYNTHESIZED for c, _ in applied)
-        measured = self._measure(identity, applied, bench) if bench is not None and (len(applied) > 1 or synthesized) else {}
+        contends = bench is not None and is_gpu(bench[1])  # a GPU's default (DLight) is a schedule a candidate must beat
+        measured, default_secs = self._measure(identity, applied, bench) if bench is not None and (len(applied) > 1 or synthesized or contends) else ({}, None)
         # refused by measurement: never served; synthesized: served only once measured here
         served = [(c, out) for c, out in applied if measured.get(c.record.trace_id, 0.0 if c.relation != SYNTHESIZED else None) is not None]
         if measured:
             served.sort(key=lambda pair: measured.get(pair[0].record.trace_id) or float("inf"))  # fastest measured first
+        fastest = measured.get(served[0][0].record.trace_id) if served else None
+        if default_secs is not None and fastest is not None and default_secs <= fastest:  # every candidate timed lost to it
+            timed = sum(secs is not None for secs in measured.values())
+            self._kept_default[identity.key] = (f"default:{default_secs * 1e6:.1f} us, faster than the {timed} candidates timed", measured)
+            self._served_secs[identity.key] = default_secs
+            return None
         if not served:
             return None
         candidate, out = served[0]
@@ -426,37 +437,45 @@ class HookSession:
         record = candidate.record
         return rank_key(candidate.relation, self._retiled.get((key, record.trace_id), 0), speed(work(record.identity.workload), record.mean_secs), order)
 
-    def _measure(self, identity: Identity, applied: list[tuple[Candidate, Any]], bench: tuple[tvm.IRModule, Any]) -> dict[str, float | None]:
+    def _measure(self, identity: Identity, applied: list[tuple[Candidate, Any]], bench: tuple[tvm.IRModule, Any]) -> tuple[dict[str, float | None], float | None]:
         """Seconds per call of each applied candidate on this machine (None: wrong output or failed), from the
         cache or measured while the budget lasts; candidates left unmeasured are absent. The ones to measure
-        are compiled side by side (with the default schedule), then checked and timed one at a time."""
-        default, target = bench
+        are compiled side by side (with the target's default schedule), then checked and timed one at a time.
+        Also, on a GPU, the default schedule's seconds per call (DLight's, a contender; None elsewhere or untimed)."""
+        kernel, target = bench
+        here = machine(target)
         found: dict[str, float | None] = {}
         todo = []
         for candidate, scheduled_mod in applied:
-            parts = (identity.key, candidate.record.trace, host_cpu(), repr(TIMING))
+            parts = (identity.key, candidate.record.trace, here, repr(TIMING))
             timing = Timing.from_dict(self.cache.get("measured", *parts) or {})
             if timing is None:
                 todo.append((candidate, scheduled_mod, parts))
             else:
                 found[candidate.record.trace_id] = timing.secs
-        if not todo or not self._budget.left():
-            return found
-        built = build_all([default, *(m for _, m, _ in todo)], target, self.build_workers)
+        default_parts = (identity.key, "default", here, repr(TIMING))
+        default_timing = Timing.from_dict(self.cache.get("measured", *default_parts) or {}) if is_gpu(target) else None
+        time_default = is_gpu(target) and default_timing is None
+        if not (todo or time_default) or not self._budget.left():
+            return found, default_timing.secs if default_timing else None
+        built = build_all([default_schedule(kernel, target), *(m for _, m, _ in todo)], target, self.build_workers)
         try:
             kernel_bench = KernelBench(built[0], identity.args_info, target)
-        except Exception as exc:  # arguments it cannot make, a default that does not build
+            if self.objects is not None:
+                self.objects.settle()  # no kernel object compiling beside the timing
+            if time_default:
+                default_timing = Timing(kernel_bench.time_default())
+                self.cache.put("measured", default_parts, default_timing.to_dict())
+        except Exception as exc:  # arguments it cannot make, a default that does not build or run
             log.debug("schedhub: cannot measure %s: %s", identity.op, exc)
-            return {}
-        if self.objects is not None:
-            self.objects.settle()  # no kernel object compiling beside the timing
+            return {}, None
         for (candidate, _, parts), lib in zip(todo, built[1:]):
             if not self._budget.left():
                 break
             timing = kernel_bench.time(lib)
             self.cache.put("measured", parts, timing.to_dict())
             found[candidate.record.trace_id] = timing.secs
-        return found
+        return found, default_timing.secs if default_timing else None
 
     def _refuse(self, record: Record, exc: Exception) -> None:
         """Stop serving a record here and complain to the registry, which queues its verification."""

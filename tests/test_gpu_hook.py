@@ -14,6 +14,7 @@ from tvm import relax
 
 from schedhub.hooks import RegistryFallbackWarning, use
 from schedhub.hooks.identity import workload_module
+from schedhub.hooks.measure import runs_here
 from schedhub.hooks.pipeline import UnsupportedTarget
 from schedhub.registry import LocalRegistry, Record
 from schedhub.tuner import models
@@ -70,6 +71,18 @@ def test_a_cuda_record_is_applied_and_dlight_schedules_the_rest(tmp_path: Path, 
             with use(reg, CUDA, transfer=False):
                 assert launch_bounds(tvm.compile(mlp["mod"], CUDA, relax_pipeline=pipeline))["transpose1"] == 1024  # DLight's
             assert bounds["fused_matmul_add_relu"] == 128
+
+
+def test_a_compile_that_measures_for_a_gpu_this_machine_lacks_times_nothing_and_serves_the_ranking(tmp_path: Path, mlp: dict) -> None:
+    """``measure=`` times candidates (and, on a GPU, DLight's schedule beside them) only where the kernels run:
+    here no GPU does, so the compile serves what the ranking picks, as without it."""
+    assert not runs_here(CUDA)
+    with LocalRegistry(tmp_path) as reg:
+        reg.put(threads_record(mlp["kernels"]["transpose"], 64))
+        with use(reg, CUDA, measure=5) as session:
+            ex = tvm.compile(mlp["mod"], CUDA)
+    transferred = {k.op: k for k in session.report.kernels}["transpose1"]
+    assert transferred.outcome == "transfer" and transferred.measured == {} and launch_bounds(ex)["transpose1"] == 64
 
 
 def test_a_record_that_keeps_the_default_schedule_leaves_the_kernel_to_dlight(tmp_path: Path, mlp: dict) -> None:

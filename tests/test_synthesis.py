@@ -11,6 +11,7 @@ import tvm
 import tvm_ffi
 
 from schedhub.hooks import use
+from schedhub.hooks.defaults import default_schedule
 from schedhub.hooks.identity import workload_module
 from schedhub.hooks.measure import KernelBench, build_all, host_cpu
 from schedhub.hooks.msdb import normalize_mod, replayed, trace_text
@@ -49,6 +50,19 @@ def registry_with(root: Path, logs: list[TrialLog], pushed_by: str = "worker", v
     for entry in logs:
         reg.push_trials(entry, pushed_by, verified=verified)
     return reg
+
+
+def test_the_default_schedule_is_timed_on_the_bench_inputs_as_a_contender() -> None:
+    """``KernelBench.time_default`` times the kernel as its target builds it without records (on a GPU DLight's
+    schedule, the contender a candidate must beat; here the unscheduled kernel, which the samples beat)."""
+    target = tvm.target.Target(HOST)
+    kernel = kernels(export(8), target)[0]
+    normalized = normalize_mod(workload_module(kernel.identity.workload)["main"])
+    samples = design_space_samples(normalized, target, 8)
+    default, *built = build_all([default_schedule(normalized, target), *(s.mod for s in samples)], target, workers=2)
+    bench = KernelBench(default, kernel.identity.args_info, target)
+    timed = [t.secs for t in map(bench.time, built) if t.secs]
+    assert timed and bench.time_default() > min(timed)
 
 
 def test_a_design_space_sample_replays_from_its_trace_text() -> None:

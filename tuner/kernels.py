@@ -95,11 +95,12 @@ def probe_gpu() -> dict[str, Any]:
     code built for (compute 9.0: ``sm_90`` and its arch-specific ``sm_90a``), or ``{"archs": [], "error": …}``."""
     import tvm
 
-    dev = tvm.cuda(0)
+    from schedhub.hooks.measure import gpu_archs
+
     try:
-        if tvm_env.compiles_cuda() and dev.exist:
-            arch = "sm_" + str(dev.compute_version).replace(".", "")
-            return {"archs": [arch, arch + "a"], "name": str(dev.device_name), "error": None}
+        archs = gpu_archs()
+        if archs:
+            return {"archs": archs, "name": str(tvm.cuda(0).device_name), "error": None}
     except Exception as exc:  # a driver that fails to answer
         return {"archs": [], "error": _short_error(exc)}
     return {"archs": [], "error": "no usable CUDA device in this task (no driver, or TVM without the CUDA runtime)"}

@@ -203,7 +203,8 @@ def kernels(mod: tvm.IRModule, target: Any) -> list[Kernel]:
     from tvm import tirx
 
     from schedhub.hooks.identity import workload_identity
-    from schedhub.hooks.pipeline import call_counts, fusion_passes, gpu_backend, is_gpu
+    from schedhub.hooks.defaults import is_gpu
+    from schedhub.hooks.pipeline import call_counts, fusion_passes, gpu_backend
 
     tgt = tvm.target.Target(target) if not isinstance(target, tvm.target.Target) else target
     with tgt:

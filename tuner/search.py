@@ -206,9 +206,9 @@ def default_schedule(mod: Any, target: Any) -> Any:
     """What a kernel of ``target`` gets without a record, the schedule every record must beat: on a CPU
     the unscheduled kernel (``mod`` itself), on a GPU DLight's schedule (an unscheduled GPU kernel builds to host
     loops with no device code)."""
-    from schedhub.hooks.pipeline import dlight_schedule, is_gpu
+    from schedhub.hooks.defaults import default_schedule as target_default
 
-    return dlight_schedule(mod, tuning_target(target)) if is_gpu(target) else mod
+    return target_default(mod, tuning_target(target))
 
 
 def default_label(target_text: str) -> str:
