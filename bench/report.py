@@ -483,10 +483,19 @@ def _tuner_phases(d: dict[str, Any]) -> list[str]:
     if not runs:
         return []
     phases = list(runs[0][1][runs[0][2]]["phases"])  # as ``tuner.search.tuning_phases`` orders them
-    rows = [[f"`{name}`", str(r["seed"]), tuner, f"{r[tuner]['search_secs']:.1f}", *(f"{r[tuner]['phases'].get(p, 0.0):.1f}" for p in phases)] for name, r, tuner in runs]
+    tasks = any(r[tuner].get("tasks") for _, r, tuner in runs)  # runs recorded before the tasks' own seconds have none
+
+    def inside(t: dict[str, Any]) -> str:
+        return " / ".join(f"{t[k]['secs']:.1f}" if k in t else "–" for k in ("build", "measure")) if t else "–"
+
+    rows = [[f"`{name}`", str(r["seed"]), tuner, f"{r[tuner]['search_secs']:.1f}", *(f"{r[tuner]['phases'].get(p, 0.0):.1f}" for p in phases),
+             *([inside(r[tuner].get("tasks", {}))] if tasks else [])] for name, r, tuner in runs]  # fmt: skip
     return ["Where the search's seconds went (MetaSchedule's profiler; `build`: until a round's candidates are built, `measure`: until they are timed, "
-            "`rest`: the task scheduler and everything between its scopes):", "",
-            *table(["kernel", "seed", "tuner", "wall s", *(f"{p} s" for p in phases)], rows), ""]  # fmt: skip
+            "`rest`: the task scheduler and everything between its scopes"
+            + ("; inside Ray's tasks: the seconds its build and measurement tasks ran their function, summed over tasks (builds run in "
+               "parallel, so theirs can exceed the phase; measurements run one at a time, so the measure phase less theirs is Ray's "
+               "scheduling, worker starts and transfers)" if tasks else "") + "):", "",
+            *table(["kernel", "seed", "tuner", "wall s", *(f"{p} s" for p in phases), *(["inside Ray's tasks s (build / measure)"] if tasks else [])], rows), ""]  # fmt: skip
 
 
 def _isolation(d: dict[str, Any] | None) -> list[str]:

@@ -82,14 +82,29 @@ def find_kernel(model: str, shape: dict[str, int], name: str, target: Any = TARG
     raise LookupError(f"{model} has no kernel {name}")
 
 
-def tune_ray(identity: Any, options: TuneOptions) -> tuple[float, str, list, dict[str, float]]:
-    """Seconds of search, the best trace, the best-so-far curve and the search's seconds by phase."""
+def tune_ray(identity: Any, options: TuneOptions) -> tuple[float, str, list, dict[str, float], dict[str, Any]]:
+    """Seconds of search, the best trace, the best-so-far curve, the search's seconds by phase, and what its Ray
+    tasks did (:func:`task_summary`)."""
     result = TuneResult.from_dict(cluster.result(cluster.submit("tune", identity=identity.to_dict(), warm_traces=[], options=options.__dict__, label="ray")))
-    return result.search_secs, result.records[0].trace, result.curve, result.phases
+    return result.search_secs, result.records[0].trace, result.curve, result.phases, {"tasks": task_summary(result.events)}
 
 
-def tune_plain(identity: Any, options: TuneOptions) -> tuple[float, str, list, dict[str, float]]:
-    """As :func:`tune_ray`, with MetaSchedule's own builder and runner in this process."""
+def task_summary(events: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """By kind ("build", "measure"): the search's Ray tasks, the candidates they handled, their seconds inside
+    the task summed (from the function's start: a new worker's start and imports come before it; measurements
+    run one at a time, so the profiler's measure phase less theirs is Ray's scheduling, worker starts and
+    transfers) and the worker processes that ran them."""
+    search = [e for e in events if e.get("stage") == "search"]
+    out: dict[str, dict[str, float]] = {}
+    for kind in sorted({e["kind"] for e in search}):
+        mine = [e for e in search if e["kind"] == kind]
+        out[kind] = {"tasks": len(mine), "candidates": sum(e["count"] for e in mine), "secs": sum(e["end"] - e["start"] for e in mine),
+                     "workers": len({(e["host"], e["pid"]) for e in mine})}  # fmt: skip
+    return out
+
+
+def tune_plain(identity: Any, options: TuneOptions) -> tuple[float, str, list, dict[str, float], dict[str, Any]]:
+    """As :func:`tune_ray`, with MetaSchedule's own builder and runner in this process (no Ray tasks)."""
     from tvm.s_tir import meta_schedule as ms
 
     from schedhub.hooks.identity import target_from_text, workload_module
@@ -105,7 +120,7 @@ def tune_plain(identity: Any, options: TuneOptions) -> tuple[float, str, list, d
         db, phases = profiled_tune_tir(mod, target, work_dir, builder=builder, runner=runner, database="memory", **search_settings(options))
         secs = time.time() - t0
         records = [r for r in db.get_all_tuning_records() if mean_secs(r) < 1e9]  # 1e10 marks a failed run
-        return secs, trace_text(min(records, key=mean_secs).trace), best_so_far([mean_secs(r) for r in records]), phases
+        return secs, trace_text(min(records, key=mean_secs).trace), best_so_far([mean_secs(r) for r in records]), phases, {}
 
 
 def side_by_side(identity: Any, traces: dict[str, str], rounds: int) -> dict[str, dict[str, float]]:
@@ -176,10 +191,11 @@ def run(trials: int, runs: int, rounds: int, trials_per_iter: int = 16, search: 
             row: dict[str, Any] = {"seed": run_i}
             traces = {}
             for label, fn in (("ray", tune_ray), ("plain", tune_plain)) if run_i % 2 == 0 else (("plain", tune_plain), ("ray", tune_ray)):
-                secs, trace, curve, phases = fn(ident, options)
+                secs, trace, curve, phases, extra = fn(ident, options)
                 traces[label] = trace
-                row[label] = {"search_secs": secs, "trials_per_sec": trials / secs, "curve_ms": [(i, m * 1e3) for i, m in curve], "phases": phases}
-                print(f"{name} seed {run_i} {label}: {trials} trials in {secs:.1f} s ({trials / secs:.2f}/s), tuner's best {curve[-1][1] * 1e3:.3f} ms", flush=True)
+                row[label] = {"search_secs": secs, "trials_per_sec": trials / secs, "curve_ms": [(i, m * 1e3) for i, m in curve], "phases": phases, **extra}
+                print(f"{name} seed {run_i} {label}: {trials} trials in {secs:.1f} s ({trials / secs:.2f}/s), tuner's best {curve[-1][1] * 1e3:.3f} ms"
+                      + "".join(f"; {k} tasks {t['tasks']} ({t['candidates']} candidates, {t['workers']} workers) {t['secs']:.1f} s inside" for k, t in extra.get("tasks", {}).items()), flush=True)  # fmt: skip
             row["timed"] = side_by_side(ident, traces, rounds)
             entry["runs"].append(row)
             print("  side by side: " + ", ".join(f"{k} {v['median']:.3f} ms ({v['gflops']:.1f} GFLOPS)" for k, v in row["timed"].items()), flush=True)

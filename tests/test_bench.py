@@ -223,6 +223,11 @@ def test_the_tuner_report_splits_each_search_by_phase_where_the_run_recorded_it(
     run["ray"]["phases"] = {"search": 1.0, "build": 7.25, "measure": 2.0, "cost model": 0.5, "rest": 0.25}
     text = "\n".join(report._tuner(tuner))
     assert "| search s | build s | measure s | cost model s | rest s |" in text and "| 7.2 | 2.0 | 0.5 | 0.2 |" in text
+    assert "inside Ray's tasks" not in text  # recorded before the tasks' own seconds
+    run["ray"]["tasks"] = {"build": {"tasks": 16, "candidates": 16, "secs": 9.5, "workers": 2}, "measure": {"tasks": 2, "candidates": 16, "secs": 1.5, "workers": 1}}
+    lines = report._tuner(tuner)
+    ray_row = next(line for line in lines if line.startswith("| `") and "| ray | " in line and "7.2" in line)
+    assert any("inside Ray's tasks s (build / measure) |" in line for line in lines) and ray_row.endswith("| 9.5 / 1.5 |")
     older = copy.deepcopy(tuner)  # recorded before the profiler: no table, no error
     for entry in older["workloads"].values():
         for r in entry["runs"]:

@@ -89,6 +89,9 @@ def test_two_jobs_share_the_device_without_overlapping_measurements(ray_address:
         # The search's seconds by phase: each took time, and together no more than the search did.
         assert list(r.phases) == ["search", "build", "measure", "cost model", "rest"]
         assert all(r.phases[p] > 0 for p in ("search", "build", "measure")) and sum(r.phases.values()) <= r.search_secs + 0.5
+        # Each task says the job's stage: the search built and timed its 16 candidates, the publish timed the default and 2 best together.
+        assert sum(e["count"] for e in r.events if e["stage"] == "search" and e["kind"] == "measure") == 16
+        assert [e["count"] for e in r.events if e["stage"] == "publish" and e["kind"] == "measure"] == [3]
 
     # Warm start: job-a's schedules are replayed on another shape of the same op and seed its search.
     with LocalRegistry(tmp_path / "reg", sync=False) as reg:
@@ -98,6 +101,7 @@ def test_two_jobs_share_the_device_without_overlapping_measurements(ray_address:
         assert warm == [results[0].records[0].trace]
         seeded = TuneResult.from_dict(cluster.result(tune(other, TuneOptions(trials=8, trials_per_iter=8, publish=1), warm)))
         assert seeded.warm_started == 1 and seeded.records
+        assert sum(e["count"] for e in seeded.events if e["stage"] == "warm start" and e["kind"] == "measure") == 1
 
 
 def test_a_trace_of_another_structure_is_skipped_not_fatal(ray_address: str) -> None:

@@ -20,14 +20,17 @@ MEASURE_CHUNK = 8
 
 
 class Timeline:
-    """Wall-clock intervals of the build and measurement tasks one job ran."""
+    """Wall-clock intervals of the build and measurement tasks one job ran, each with the job's stage then
+    (``stage``, set by the job: "warm start", "search", "publish")."""
 
     def __init__(self, job: str) -> None:
         self.job = job
+        self.stage = "search"
         self.events: list[dict[str, Any]] = []
 
     def add(self, kind: str, answer: dict[str, Any], count: int = 1) -> None:
-        self.events.append({"job": self.job, "kind": kind, "start": answer["start"], "end": answer["end"], "host": answer["host"], "pid": answer["pid"], "count": count})
+        self.events.append({"job": self.job, "kind": kind, "stage": self.stage, "start": answer["start"], "end": answer["end"], "host": answer["host"],
+                            "pid": answer["pid"], "count": count})  # fmt: skip
 
 
 @derived_object

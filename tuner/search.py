@@ -142,13 +142,16 @@ def tune_workload(identity: Identity, warm_traces: list[str], options: TuneOptio
         builder, runner = RayBuilder(work_dir, timeline), RayRunner(timeline, identity.target, options.timing)
         database = ms.database.MemoryDatabase()
         synthesized = (seeds or [])[: options.seeds if options.synthesize else 0]
+        timeline.stage = "warm start"
         warm, artifacts, skipped = _seed_database(database, mod, target, list(dict.fromkeys(warm_traces[: options.warm_start] + synthesized)), builder, runner)
         started, phases = time.time(), {}
+        timeline.stage = "search"
         if options.trials > 0:
             _, phases = profiled_tune_tir(mod, target, work_dir=work_dir, builder=builder, runner=runner, database=database, **search_settings(options))
         search_secs = time.time() - started
         measured = [tr for tr in database.get_all_tuning_records() if mean_secs(tr) < _FAILED_SECS]
         curve = best_so_far([mean_secs(tr) for tr in measured])
+        timeline.stage = "publish"
         records, untuned, rejected = _publish(identity, mod, measured, options, timeline, artifacts)
         logged = [(trace_text(tr.trace), mean_secs(tr)) for tr in log_sample(measured)]
     strategy = "evolutionary+xgb" if options.trials > 0 else "first pass: warm start measured, no search"
