@@ -49,9 +49,11 @@ MEASURE_SECS = 60.0  # the measured compile's budget: enough for every candidate
 
 
 def run(source_batch: int, held_out: list[int], tune: list[int], trials: int | None = None, rounds: int = 7,
-        say: Callable[[str], None] = print, device: str = "cuda", shape: dict[str, int] = SHAPE) -> dict[str, Any]:  # fmt: skip
+        say: Callable[[str], None] = print, device: str = "cuda", shape: dict[str, int] = SHAPE,
+        save: Callable[[dict[str, Any]], None] = lambda _: None) -> dict[str, Any]:  # fmt: skip
     """The GPU transfer table: the MLP (``shape``) tuned at ``source_batch``, compiled at each ``held_out`` batch; the ``tune``
-    batches tuned too. ``device="cpu"`` only checks the bench itself (its default is then TVM's unscheduled kernel, not DLight)."""
+    batches tuned too. ``device="cpu"`` only checks the bench itself (its default is then TVM's unscheduled kernel, not DLight).
+    ``save`` gets the table so far after each row is timed (a lease that ends mid-run keeps those)."""
     import tvm
 
     from schedhub import hooks
@@ -102,6 +104,7 @@ def run(source_batch: int, held_out: list[int], tune: list[int], trials: int | N
         for held, executables, secs, reports in compiled:
             row = _row(held, executables, secs, reports, rounds, torch_proc, device)
             out["rows"].append(row)
+            save(out)
             say(f"{held.label}: " + ", ".join(f"{k} {v['median']:.3f} ms" for k, v in row["timing"].items()))
     return out
 
@@ -141,12 +144,14 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "gpu" / "transfer.json")
     args = parser.parse_args()
     require_device(parser.prog, "cuda")
-    result = run(args.source_batch, args.held_out, args.tune, args.trials, args.rounds)
-    result["command"] = " ".join(["python -m bench.gpu_transfer", *([f"--trials {args.trials}"] if args.trials else []),
-                                  f"--source-batch {args.source_batch}", f"--held-out {','.join(map(str, args.held_out))}",
-                                  f"--tune {','.join(map(str, args.tune)) or repr('')}"])  # fmt: skip
+    command = " ".join(["python -m bench.gpu_transfer", *([f"--trials {args.trials}"] if args.trials else []), f"--source-batch {args.source_batch}",
+                        f"--held-out {','.join(map(str, args.held_out))}", f"--tune {','.join(map(str, args.tune)) or repr('')}"])  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
+
+    def save(table: dict[str, Any]) -> None:
+        args.out.write_text(json.dumps({**table, "command": command}, indent=1))
+
+    save(run(args.source_batch, args.held_out, args.tune, args.trials, args.rounds, save=save))
     print(f"wrote {args.out}")
 
 
