@@ -66,7 +66,7 @@ class KernelOutcome:
     op: str
     key: str
     outcome: str  # hit | transfer | synthesized | miss | fallback (a record failed to replay) | offline
-    detail: str = ""  # hit: the trace id; transfer, synthesized: "relation:trace id:source op"
+    detail: str = ""  # hit: the trace id; transfer, synthesized: "relation:trace id:source op"; miss: "default:…" where the default beat every candidate timed
     measured: dict[str, float | None] = field(default_factory=dict)  # candidates timed here: trace id → seconds (None: refused)
 
 
@@ -109,6 +109,8 @@ class CompileReport:
         linked = f"; {self.linked} kernel objects linked ({self.objects_compiled} compiled now)" if self.linked else ""
         linked += f"; {self.model_ranked} kernels' transfers ranked by {self.ranked_by}" if self.ranked_by else ""
         synthesized = f", {self.synthesized} synthesized" if self.synthesized else ""
+        kept = sum(k.outcome == MISS and k.detail.startswith("default:") for k in self.kernels)
+        linked += f"; {kept} misses kept the default schedule, faster than every candidate timed" if kept else ""
         return (f"schedhub: {len(self.kernels)} kernels: {self.hits} hits, {self.transfers} transfers{synthesized}, {self.misses} misses, {self.fallbacks} fallbacks "
                 f"({self.lookups} lookups in {self.lookup_secs * 1e3:.1f} ms, {self.misses_reported} misses reported){linked}")  # fmt: skip
 

@@ -85,6 +85,15 @@ def test_a_compile_that_measures_for_a_gpu_this_machine_lacks_times_nothing_and_
     assert transferred.outcome == "transfer" and transferred.measured == {} and launch_bounds(ex)["transpose1"] == 64
 
 
+def test_the_report_says_how_many_misses_kept_the_default_because_it_beat_every_candidate() -> None:
+    from schedhub.hooks import CompileReport, KernelOutcome
+
+    report = CompileReport([KernelOutcome("a", "k1", "miss", "default:12.0 us, faster than the 2 candidates timed", {"t1": 2e-5, "t2": None}),
+                            KernelOutcome("b", "k2", "miss"), KernelOutcome("c", "k3", "transfer", "shape:t3:c")])  # fmt: skip
+    assert report.misses == 2 and "1 misses kept the default schedule, faster than every candidate timed" in report.summary()
+    assert "kept the default" not in CompileReport([KernelOutcome("b", "k2", "miss")]).summary()
+
+
 def test_a_record_that_keeps_the_default_schedule_leaves_the_kernel_to_dlight(tmp_path: Path, mlp: dict) -> None:
     """What a tuner publishes when nothing beat the target's default (an empty trace) is a hit: the kernel is
     not queued again, and it gets the default, which on a GPU is DLight's (an unscheduled CUDA kernel does not build)."""
