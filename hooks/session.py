@@ -457,15 +457,15 @@ class HookSession:
                 found[candidate.record.trace_id] = timing.secs
         default_parts = (identity.key, "default", here, repr(TIMING))
         default_timing = Timing.from_dict(self.cache.get("measured", *default_parts) or {}) if is_gpu(target) else None
-        time_default = is_gpu(target) and default_timing is None
-        if not (todo or time_default) or not self._budget.left():
+        default_untimed = is_gpu(target) and default_timing is None
+        if not (todo or default_untimed) or not self._budget.left():
             return found, default_timing.secs if default_timing else None
         built = build_all([default_schedule(kernel, target), *(m for _, m, _ in todo)], target, self.build_workers)
         try:
             kernel_bench = KernelBench(built[0], identity.args_info, target)
             if self.objects is not None:
                 self.objects.settle()  # no kernel object compiling beside the timing
-            if time_default:
+            if default_untimed:
                 default_timing = Timing(kernel_bench.time_default())
                 self.cache.put("measured", default_parts, default_timing.to_dict())
         except Exception as exc:  # arguments it cannot make, a default that does not build or run
