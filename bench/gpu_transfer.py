@@ -1,6 +1,6 @@
 """GPU transfer benchmark: what a compile on a GPU gets for shapes the registry never tuned.
 
-    python -m bench.gpu_transfer [--trials N] [--source-batch B] [--held-out B,B] [--tune B,B] [--out bench/results/gpu/transfer.json]
+    python -m bench.gpu_transfer [--trials N] [--source-batch B] [--held-out B,B] [--tune B,B] [--source-store DIR] [--out FILE]
 
 On a GPU the default every schedule must beat is DLight's (TVM's GPU default), not an unscheduled
 kernel, so a transfer that replays and verifies can still make a network slower. This measures it:
@@ -39,7 +39,7 @@ from .models import TORCH_TWINS, check_agreement, network_input, time_side_by_si
 from .report import environment
 from .stats import ratio
 from .torch_export import RELAX
-from .transfer import HeldOut, _held_out, _tune, compile_and_load, fill
+from .transfer import HeldOut, _held_out, _tune, compile_and_load, filled_store
 from .tuner import require_device
 
 REPO = Path(__file__).resolve().parent.parent
@@ -50,10 +50,11 @@ MEASURE_SECS = 60.0  # the measured compile's budget: enough for every candidate
 
 def run(source_batch: int, held_out: list[int], tune: list[int], trials: int | None = None, rounds: int = 7,
         say: Callable[[str], None] = print, device: str = "cuda", shape: dict[str, int] = SHAPE,
-        save: Callable[[dict[str, Any]], None] = lambda _: None) -> dict[str, Any]:  # fmt: skip
+        save: Callable[[dict[str, Any]], None] = lambda _: None, source_store: Path | None = None) -> dict[str, Any]:  # fmt: skip
     """The GPU transfer table: the MLP (``shape``) tuned at ``source_batch``, compiled at each ``held_out`` batch; the ``tune``
     batches tuned too. ``device="cpu"`` only checks the bench itself (its default is then TVM's unscheduled kernel, not DLight).
-    ``save`` gets the table so far after each row is timed (a lease that ends mid-run keeps those)."""
+    ``save`` gets the table so far after each row is timed (a lease that ends mid-run keeps those); ``source_store``
+    keeps the filled registry for the next run (which then skips the fill: a lease can split the work into calls)."""
     import tvm
 
     from schedhub import hooks
@@ -69,11 +70,9 @@ def run(source_batch: int, held_out: list[int], tune: list[int], trials: int | N
                            "options": asdict(options), "rounds": rounds, "rows": []}  # fmt: skip
     with contextlib.ExitStack() as stack:
         root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="schedhub-bench-gpu-transfer-")))
+        out["fill_secs"] = filled_store(root / "store", source_store, {NETWORK: {"batch": source_batch, **shape}}, target, options)
         registry = stack.enter_context(LocalRegistry(root / "store"))
-        started = time.time()
-        fill(registry, {NETWORK: {"batch": source_batch, **shape}}, target, options)
-        out["fill_secs"] = time.time() - started
-        say(f"registry filled at batch {source_batch}: {len(registry.summaries())} keys in {out['fill_secs']:.0f} s")
+        say(f"registry filled at batch {source_batch}: {len(registry.summaries())} keys" + (f" in {out['fill_secs']:.0f} s" if out["fill_secs"] else f" (copied from {source_store})"))
 
         compiled = []
         for batch in held_out:
@@ -141,6 +140,7 @@ def main() -> None:
     parser.add_argument("--held-out", type=_batches, default=[16, 256], help="batches compiled without being tuned (comma-separated)")
     parser.add_argument("--tune", type=_batches, default=[256], help="held-out batches also tuned, for the tuned column")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds")
+    parser.add_argument("--source-store", type=Path, help="keep the filled registry here and reuse it on the next run")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "gpu" / "transfer.json")
     args = parser.parse_args()
     require_device(parser.prog, "cuda")
@@ -151,7 +151,7 @@ def main() -> None:
     def save(table: dict[str, Any]) -> None:
         args.out.write_text(json.dumps({**table, "command": command}, indent=1))
 
-    save(run(args.source_batch, args.held_out, args.tune, args.trials, args.rounds, save=save))
+    save(run(args.source_batch, args.held_out, args.tune, args.trials, args.rounds, save=save, source_store=args.source_store))
     print(f"wrote {args.out}")
 
 

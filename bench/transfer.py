@@ -149,15 +149,7 @@ def run(mode: str, say: Callable[[str], None] = print, source_store: Path | None
                            "rows": [], "warm_vs_cold": [], "ranked_by": RANKED_BY}
     with contextlib.ExitStack() as stack:
         root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="schedhub-bench-transfer-"))) / "store"
-        started = time.time()
-        if source_store is None or not (source_store / "data.mdb").exists():
-            with LocalRegistry(source_store or root) as source:
-                fill(source, config["source"], target, options)
-            out["fill_secs"] = time.time() - started
-        else:
-            out["fill_secs"] = None  # reused: see the run that filled it
-        if source_store is not None:
-            shutil.copytree(source_store, root)
+        out["fill_secs"] = filled_store(root, source_store, config["source"], target, options)
         registry = stack.enter_context(LocalRegistry(root))
         out["source_keys"] = len(registry.summaries())
         say(f"registry filled: {out['source_keys']} keys" + (f" in {out['fill_secs']:.0f} s" if out["fill_secs"] else f" (copied from {source_store})"))
@@ -203,6 +195,19 @@ def run(mode: str, say: Callable[[str], None] = print, source_store: Path | None
                 f"measured {t['measured']['median']:.2f} ms, synthesized {t['synthesized']['median']:.2f} ms, first pass {t['first_pass']['median']:.2f} ms, tuned {t['tuned']['median']:.2f} ms, "
                 f"PyTorch {t['pytorch']['median']:.2f} ms")  # fmt: skip
     return out
+
+
+def filled_store(root: Path, source_store: Path | None, source: dict[str, dict[str, int]], target: Any, options: TuneOptions) -> float | None:
+    """A registry at ``root`` filled with ``source`` (:func:`fill`): by tuning, or copied from ``source_store`` where an
+    earlier run filled it (the store is filled there first when empty). Returns the seconds tuning took (None: reused)."""
+    started, secs = time.time(), None
+    if source_store is None or not (source_store / "data.mdb").exists():
+        with LocalRegistry(source_store or root) as registry:
+            fill(registry, source, target, options)
+        secs = time.time() - started
+    if source_store is not None:
+        shutil.copytree(source_store, root)
+    return secs
 
 
 def fill(registry: LocalRegistry, source: dict[str, dict[str, int]], target: Any, options: TuneOptions) -> None:

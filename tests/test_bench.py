@@ -201,14 +201,18 @@ def test_a_gpu_transfer_run_is_reported_against_dlight_with_a_tuned_column_only_
 
 
 @pytest.mark.slow
-def test_the_gpu_transfer_bench_runs_through_on_the_cpu() -> None:
-    """``bench.gpu_transfer`` needs a GPU for its figures; on the CPU (a minute) its steps still run: fill, transfer, tune, time."""
+def test_the_gpu_transfer_bench_runs_through_on_the_cpu(tmp_path: Path) -> None:
+    """``bench.gpu_transfer`` needs a GPU for its figures; on the CPU (a minute) its steps still run: fill, transfer, tune, time;
+    and a second run takes the first one's filled registry instead of tuning again."""
     from bench import gpu_transfer
 
-    found = gpu_transfer.run(16, [8, 32], [32], trials=4, rounds=2, say=lambda _: None, device="cpu", shape={"features": 32, "hidden": 64})
-    small, tuned = found["rows"]
-    assert small["transfers"] == small["kernels"] == 3 and "tuned" not in small["timing"] and small["timing"]["measured"]["median"] > 0
+    small = {"features": 32, "hidden": 64}
+    found = gpu_transfer.run(16, [8, 32], [32], trials=4, rounds=2, say=lambda _: None, device="cpu", shape=small, source_store=tmp_path / "store")
+    few, tuned = found["rows"]
+    assert found["fill_secs"] > 0 and few["transfers"] == few["kernels"] == 3 and "tuned" not in few["timing"] and few["timing"]["measured"]["median"] > 0
     assert tuned["transfers"] == 3 and tuned["timing"]["tuned"]["median"] > 0 and tuned["transferred_vs_tuned"]["median"] > 0
+    again = gpu_transfer.run(16, [8], [], trials=4, rounds=2, say=lambda _: None, device="cpu", shape=small, source_store=tmp_path / "store")
+    assert again["fill_secs"] is None and again["rows"][0]["outcomes"] == few["outcomes"]  # the same records, transferred the same way
 
 
 def test_the_tuner_report_splits_each_search_by_phase_where_the_run_recorded_it() -> None:
