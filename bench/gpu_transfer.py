@@ -39,7 +39,7 @@ from .models import TORCH_TWINS, check_agreement, network_input, time_side_by_si
 from .report import environment
 from .stats import ratio
 from .torch_export import RELAX
-from .transfer import HeldOut, _held_out, _tune, compile_and_load, filled_store
+from .transfer import HeldOut, _compile_all_hits, _held_out, _tune, compile_and_load, filled_store, hooked_compile
 from .tuner import require_device
 
 REPO = Path(__file__).resolve().parent.parent
@@ -56,8 +56,6 @@ def run(source_batch: int, held_out: list[int], tune: list[int], trials: int | N
     ``save`` gets the table so far after each row is timed (a lease that ends mid-run keeps those); ``source_store``
     keeps the filled registry for the next run (which then skips the fill: a lease can split the work into calls)."""
     import tvm
-
-    from schedhub import hooks
 
     options = MODEL_MODES["gpu"]["options"]
     if trials:
@@ -77,25 +75,20 @@ def run(source_batch: int, held_out: list[int], tune: list[int], trials: int | N
         compiled = []
         for batch in held_out:
             held = _held_out(NETWORK, {"batch": batch, **shape}, RELAX, target, root)
-            executables, secs, report = {}, {}, None
+            executables, secs, reports = {}, {}, {}
             executables["dlight"], secs["dlight"] = compile_and_load(lambda: tvm.compile(held.mod, target), device)
-            with hooks.use(registry, target, report_misses=False, cache=root / f"cache-{batch}") as session:
-                executables["transferred"], secs["transferred"] = compile_and_load(lambda: tvm.compile(held.mod, target), device)
-            report = session.report
-            with hooks.use(registry, target, report_misses=False, cache=root / f"measured-{batch}", measure=MEASURE_SECS) as session:
-                executables["measured"], secs["measured"] = compile_and_load(lambda: tvm.compile(held.mod, target), device)
-            say(f"{held.label}: {report.summary()}; compile {secs['dlight']:.2f} s plain, {secs['transferred']:.2f} s hooked, "
-                f"{secs['measured']:.2f} s measuring ({session.report.summary()})")
-            compiled.append((held, executables, secs, {"transferred": report, "measured": session.report}))
+            executables["transferred"], secs["transferred"], reports["transferred"] = hooked_compile(held, registry, target, root / f"cache-{batch}", device)
+            executables["measured"], secs["measured"], reports["measured"] = hooked_compile(held, registry, target, root / f"measured-{batch}", device,
+                                                                                             measure=MEASURE_SECS)  # fmt: skip
+            say(f"{held.label}: {reports['transferred'].summary()}; compile {secs['dlight']:.2f} s plain, {secs['transferred']:.2f} s hooked, "
+                f"{secs['measured']:.2f} s measuring ({reports['measured'].summary()})")
+            compiled.append((held, executables, secs, reports))
         for held, executables, secs, _ in compiled:
             if held.shape["batch"] in tune:
                 started = time.time()
                 _tune(registry, held.kernels, options, retune=True)
                 secs["tuning"] = time.time() - started
-                with hooks.use(registry, target, report_misses=False, cache=root / f"hits-{held.shape['batch']}") as session:
-                    executables["tuned"], _ = compile_and_load(lambda: tvm.compile(held.mod, target), device)
-                if session.report.hits != len(session.report.kernels):
-                    raise RuntimeError(f"{held.label}: the tuned compile hit {session.report.hits} of {len(session.report.kernels)} kernels")
+                executables["tuned"] = _compile_all_hits(held, registry, target, root / f"hits-{held.shape['batch']}", device)
                 say(f"{held.label}: tuned in {secs['tuning']:.0f} s")
         cluster.stop()  # nothing of Ray beside the timings
 

@@ -350,16 +350,23 @@ def compile_and_load(build: Callable[[], Any], device: str = "cpu") -> tuple[Any
     return executable, time.perf_counter() - start
 
 
-def _compile_all_hits(held: HeldOut, registry: LocalRegistry, target: Any, cache: Path) -> Any:
-    """One hooked compile in which every kernel must hit."""
+def hooked_compile(held: HeldOut, registry: LocalRegistry, target: Any, cache: Path, device: str = "cpu", **options: Any) -> tuple[Any, float, Any]:
+    """One compile of ``held`` inside ``hooks.use`` (``cache``: its kernel cache; ``options``: more of ``use``'s):
+    the executable, the seconds until it can run on ``device`` (:func:`compile_and_load`) and the compile's report."""
     import tvm
 
     from schedhub import hooks
 
-    with hooks.use(registry, target, report_misses=False, cache=cache) as session:
-        executable, _ = compile_and_load(lambda: tvm.compile(held.mod, target))
-    if session.report.hits != len(session.report.kernels):
-        raise RuntimeError(f"{held.label}: {session.report.hits} of {len(session.report.kernels)} kernels hit")
+    with hooks.use(registry, target, report_misses=False, cache=cache, **options) as session:
+        executable, secs = compile_and_load(lambda: tvm.compile(held.mod, target), device)
+    return executable, secs, session.report
+
+
+def _compile_all_hits(held: HeldOut, registry: LocalRegistry, target: Any, cache: Path, device: str = "cpu") -> Any:
+    """One hooked compile in which every kernel must hit."""
+    executable, _, report = hooked_compile(held, registry, target, cache, device)
+    if report.hits != len(report.kernels):
+        raise RuntimeError(f"{held.label}: {report.hits} of {len(report.kernels)} kernels hit")
     return executable
 
 

@@ -455,9 +455,10 @@ class HookSession:
                 todo.append((candidate, scheduled_mod, parts))
             else:
                 found[candidate.record.trace_id] = timing.secs
+        contends = is_gpu(target)  # a GPU's default (DLight) is timed as a contender; a CPU's, unscheduled, is not
         default_parts = (identity.key, "default", here, repr(TIMING))
-        default_timing = Timing.from_dict(self.cache.get("measured", *default_parts) or {}) if is_gpu(target) else None
-        default_untimed = is_gpu(target) and default_timing is None
+        default_timing = Timing.from_dict(self.cache.get("measured", *default_parts) or {}) if contends else None
+        default_untimed = contends and default_timing is None
         if not (todo or default_untimed) or not self._budget.left():
             return found, default_timing.secs if default_timing else None
         built = build_all([default_schedule(kernel, target), *(m for _, m, _ in todo)], target, self.build_workers)

@@ -206,9 +206,8 @@ def tuning_target(target: Any) -> Any:
 
 
 def default_schedule(mod: Any, target: Any) -> Any:
-    """What a kernel of ``target`` gets without a record, the schedule every record must beat: on a CPU
-    the unscheduled kernel (``mod`` itself), on a GPU DLight's schedule (an unscheduled GPU kernel builds to host
-    loops with no device code)."""
+    """:func:`schedhub.hooks.defaults.default_schedule`, the schedule every record must beat, under the target
+    MetaSchedule searches (:func:`tuning_target`: a CUDA target with the per-block limits its GPU rules read)."""
     from schedhub.hooks.defaults import default_schedule as target_default
 
     return target_default(mod, tuning_target(target))
