@@ -13,6 +13,15 @@ def is_gpu(target: tvm.target.Target) -> bool:
     return "gpu" in target.keys
 
 
+def default_contends(target: tvm.target.Target) -> bool:
+    """Whether a measured compile times the target's default schedule beside the candidates, keeping it where it
+    is faster than all of them: DLight's on a GPU, a real schedule. Not a CPU's unscheduled kernel: every record
+    beat it where it was tuned, transfers ran the shipped networks 12-150x faster than it (bench/RESULTS.md), and
+    timing it would cost a measured compile up to seconds a kernel (an unscheduled convolution runs for tens of
+    milliseconds a call)."""
+    return is_gpu(target)
+
+
 def dlight_schedule(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
     """DLight's default GPU schedules for every kernel of ``mod`` not marked scheduled. ``mod`` is left
     as it was (DLight's pass writes the scheduled kernels into the module it is given)."""

@@ -37,7 +37,7 @@ from schedhub.registry import TARGET, Candidate, Identity, Record, Registry, Reg
 from .cache import KernelCache, default_dir
 from .guard import ScheduleLimits
 from .identity import as_module, compiler_fingerprint, workload_identity
-from .defaults import default_schedule, is_gpu
+from .defaults import default_contends, default_schedule
 from .measure import TIMING, Budget, KernelBench, Timing, build_all, machine, runs_here
 from .msdb import normalize_mod, replay_within, tuning_record
 from .objects import OBJECT_ID, ObjectCache
@@ -345,7 +345,7 @@ class HookSession:
             ranked = {id(c): self._rank(identity.key, c, i) for i, (c, _) in enumerate(applied)}
         applied.sort(key=lambda pair: ranked[id(pair[0])])
         synthesized = any(c.relation == SYNTHESIZED for c, _ in applied)
-        contends = bench is not None and is_gpu(bench[1])  # a GPU's default (DLight) is a schedule a candidate must beat
+        contends = bench is not None and default_contends(bench[1])  # a GPU's default (DLight) is a schedule a candidate must beat
         measured, default_secs = self._measure(identity, applied, bench) if bench is not None and (len(applied) > 1 or synthesized or contends) else ({}, None)
         # refused by measurement: never served; synthesized: served only once measured here
         served = [(c, out) for c, out in applied if measured.get(c.record.trace_id, 0.0 if c.relation != SYNTHESIZED else None) is not None]
@@ -443,7 +443,7 @@ class HookSession:
         """Seconds per call of each applied candidate on this machine (None: wrong output or failed), from the
         cache or measured while the budget lasts; candidates left unmeasured are absent. The ones to measure
         are compiled side by side (with the target's default schedule), then checked and timed one at a time.
-        Also, on a GPU, the default schedule's seconds per call (DLight's, a contender; None elsewhere or untimed)."""
+        Also the default schedule's seconds per call where it contends (:func:`.defaults.default_contends`; None elsewhere or untimed)."""
         kernel, target = bench
         here = machine(target)
         found: dict[str, float | None] = {}
@@ -455,7 +455,7 @@ class HookSession:
                 todo.append((candidate, scheduled_mod, parts))
             else:
                 found[candidate.record.trace_id] = timing.secs
-        contends = is_gpu(target)  # a GPU's default (DLight) is timed as a contender; a CPU's, unscheduled, is not
+        contends = default_contends(target)
         default_parts = (identity.key, "default", here, repr(TIMING))
         default_timing = Timing.from_dict(self.cache.get("measured", *default_parts) or {}) if contends else None
         default_untimed = contends and default_timing is None

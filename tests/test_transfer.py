@@ -21,7 +21,7 @@ from tvm.relax.frontend import nn
 from schedhub.hooks import target_text, use
 from schedhub.hooks.identity import plain_json, workload_module
 from schedhub.hooks.msdb import normalize_mod
-from schedhub.hooks import measure
+from schedhub.hooks import measure, session as hook_session
 from schedhub.hooks.measure import host_cpu
 from schedhub.registry import (
     SCHEMA_VERSION, Candidate, CostModelEntry, Identity, InvalidRecord, LocalRegistry, Probe, Record, RegistryClient,
@@ -310,6 +310,40 @@ def test_measured_transfers_serve_the_fastest_candidate_that_agrees(tmp_path: Pa
         assert again.cache.misses == 0
     x = np.random.default_rng(6).standard_normal((16, 64)).astype("float32")
     np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)
+
+
+def test_a_measured_compile_keeps_a_contending_default_that_beats_every_candidate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the target's default schedule contends (DLight's on a GPU: forced here on this CPU), a kernel whose
+    every timed candidate is slower keeps it: reported as a miss that says why, queued, and timed once a machine."""
+    host = tvm.target.Target({"kind": "llvm", "mcpu": host_cpu(), "num-cores": 2})
+    with LocalRegistry(tmp_path / "store", sync=False) as reg:
+        reg.put_many([slow_record(k.identity) for k in kernels(export(4), host) if "matmul" in k.identity.op])
+        with use(reg, host, cache=tmp_path / "plain", measure=60) as plain:  # a CPU's unscheduled kernel does not contend
+            tvm.compile(export(16), host)
+        assert [k.outcome for k in plain.report.kernels if "matmul" in k.op] == ["transfer", "transfer"]
+        monkeypatch.setattr(hook_session, "default_contends", lambda target: True)
+        with use(reg, host, cache=tmp_path / "cache", measure=60) as session:
+            ex = tvm.compile(export(16), host)
+        kept = [k for k in session.report.kernels if "matmul" in k.op]
+        assert [k.outcome for k in kept] == ["miss", "miss"]
+        assert all(re.fullmatch(r"default:[0-9.]+ us, faster than the 1 candidates timed", k.detail) and len(k.measured) == 1 for k in kept)
+        assert "2 misses kept the default schedule" in session.report.summary() and session.report.misses_reported == 4
+        with use(reg, host, cache=tmp_path / "cache", measure=60) as again:
+            tvm.compile(export(16), host)
+        assert [k.detail for k in again.report.kernels] == [k.detail for k in session.report.kernels] and again.cache.misses == 0
+    x = np.random.default_rng(7).standard_normal((16, 64)).astype("float32")
+    np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)
+
+
+def slow_record(identity: Identity) -> Record:
+    """A record whose schedule runs a matmul's columns in parallel inside its reduction loop: a parallel
+    region started for every row and step of the reduction, far slower than the unscheduled kernel."""
+    base = workload_module(identity.workload)
+    sch = tvm.s_tir.Schedule(base)
+    _, columns, reduction = sch.get_loops(sch.get_sblock("matmul"))
+    sch.reorder(reduction, columns)
+    sch.parallel(columns)
+    return Record(identity, json.dumps(plain_json(sch.trace.as_json()), separators=(",", ":")), [1e-4], {"tuner": "slow_record"})
 
 
 def split_record(identity: Identity, factor: int) -> Record:
