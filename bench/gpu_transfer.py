@@ -88,7 +88,7 @@ def run(source_batch: int, held_out: list[int], tune: list[int], trials: int | N
                 started = time.time()
                 _tune(registry, held.kernels, options, retune=True)
                 secs["tuning"] = time.time() - started
-                executables["tuned"] = _compile_all_hits(held, registry, target, root / f"hits-{held.shape['batch']}", device)
+                executables["tuned"], _ = _compile_all_hits(held, registry, target, root / f"hits-{held.shape['batch']}", device)
                 say(f"{held.label}: tuned in {secs['tuning']:.0f} s")
         cluster.stop()  # nothing of Ray beside the timings
 

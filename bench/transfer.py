@@ -175,7 +175,7 @@ def run(mode: str, say: Callable[[str], None] = print, source_store: Path | None
             started = time.time()
             _tune(registry, held.kernels, options.first_pass())
             compile_secs["first_pass_tuning"] = summary([time.time() - started])
-            executables["first_pass"] = _compile_all_hits(held, registry, target, Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="schedhub-first-"))))
+            executables["first_pass"], _ = _compile_all_hits(held, registry, target, Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="schedhub-first-"))))
         tuned: dict[str, TuneResult] = {}
         for held, executables, compile_secs, *_ in compiled:
             started = time.time()
@@ -240,8 +240,6 @@ def _compile_transferred(held: HeldOut, registry: LocalRegistry, target: Any, wo
     Returns the executables, compile seconds and reports by configuration."""
     import tvm
 
-    from schedhub import hooks
-
     secs: dict[str, list[float]] = {"default": [], "transferred_cold": [], "transferred": []}
     executables: dict[str, Any] = {}
     reports: dict[str, Any] = {}
@@ -249,31 +247,23 @@ def _compile_transferred(held: HeldOut, registry: LocalRegistry, target: Any, wo
         executables["default"], seconds = compile_and_load(lambda: tvm.compile(held.mod, target))
         secs["default"].append(seconds)
         for config in ("transferred_cold", "transferred"):
-            with hooks.use(registry, target, report_misses=False, cache=workdir / f"cache-{r}") as session:
-                executables["transferred"], seconds = compile_and_load(lambda: tvm.compile(held.mod, target))
+            executables["transferred"], seconds, report = hooked_compile(held, registry, target, workdir / f"cache-{r}")
             secs[config].append(seconds)
-            reports.setdefault(config, session.report)
-    with hooks.use(registry, target, report_misses=False, cache=workdir / "cache-measured", measure=measure_secs) as session:
-        executables["measured"], seconds = compile_and_load(lambda: tvm.compile(held.mod, target))
+            reports.setdefault(config, report)
+    executables["measured"], seconds, reports["measured"] = hooked_compile(held, registry, target, workdir / "cache-measured", measure=measure_secs)
     secs["measured_cold"] = [seconds]
-    reports["measured"] = session.report
     return executables, {k: summary(v) for k, v in secs.items()}, reports
 
 
 def _compile_synthesized(held: HeldOut, registry: LocalRegistry, target: Any, cache: Path, config: dict[str, Any]) -> tuple[Any, dict[str, Any], Any]:
     """A compile with synthesis (``cache`` shared by the held-out networks, as on one machine), then again with
     that cache. Returns the executable, both compiles' seconds and the first compile's report."""
-    import tvm
-
-    from schedhub import hooks
-
     secs: dict[str, list[float]] = {}
     report = None
     for name in ("synthesized_cold", "synthesized"):
-        with hooks.use(registry, target, report_misses=False, cache=cache, measure=config["synthesis_secs"], synthesize=config["synthesize"]) as session:
-            executable, seconds = compile_and_load(lambda: tvm.compile(held.mod, target))
+        executable, seconds, compiled = hooked_compile(held, registry, target, cache, measure=config["synthesis_secs"], synthesize=config["synthesize"])
         secs[name] = [seconds]
-        report = report or session.report
+        report = report or compiled
     return executable, {k: summary(v) for k, v in secs.items()}, report
 
 
@@ -362,12 +352,12 @@ def hooked_compile(held: HeldOut, registry: LocalRegistry, target: Any, cache: P
     return executable, secs, session.report
 
 
-def _compile_all_hits(held: HeldOut, registry: LocalRegistry, target: Any, cache: Path, device: str = "cpu") -> Any:
-    """One hooked compile in which every kernel must hit."""
-    executable, _, report = hooked_compile(held, registry, target, cache, device)
+def _compile_all_hits(held: HeldOut, registry: LocalRegistry, target: Any, cache: Path, device: str = "cpu") -> tuple[Any, float]:
+    """One hooked compile in which every kernel must hit: the executable and its seconds (:func:`hooked_compile`)."""
+    executable, secs, report = hooked_compile(held, registry, target, cache, device)
     if report.hits != len(report.kernels):
         raise RuntimeError(f"{held.label}: {report.hits} of {len(report.kernels)} kernels hit")
-    return executable
+    return executable, secs
 
 
 def _compile_hits(held: HeldOut, registry: LocalRegistry, target: Any, workdir: Path, repeats: int = 3) -> tuple[Any, dict[str, Any]]:
@@ -375,17 +365,12 @@ def _compile_hits(held: HeldOut, registry: LocalRegistry, target: Any, workdir: 
     one first with an empty kernel cache, then with this machine's (identities, schedules, objects)."""
     import tvm
 
-    from schedhub import hooks
-
     secs: dict[str, list[float]] = {"default_beside_hits": [], "hits_cold": [], "hits": []}
     executable = None
     for r in range(repeats):
         secs["default_beside_hits"].append(compile_and_load(lambda: tvm.compile(held.mod, target))[1])
         for config in ("hits_cold", "hits"):
-            with hooks.use(registry, target, report_misses=False, cache=workdir / f"hits-{r}") as session:
-                executable, seconds = compile_and_load(lambda: tvm.compile(held.mod, target))
-            if session.report.hits != len(session.report.kernels):
-                raise RuntimeError(f"{held.label}: the tuned compile hit {session.report.hits} of {len(session.report.kernels)} kernels")
+            executable, seconds = _compile_all_hits(held, registry, target, workdir / f"hits-{r}")
             secs[config].append(seconds)
     return executable, {k: summary(v) for k, v in secs.items()}
 
