@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from schedhub.hooks.ranking import model_rank_key, rank_key
+from schedhub.hooks.ranking import Retiling, model_rank_key, rank_key
 from schedhub.registry import LocalRegistry
 from schedhub.tuner import cluster, dispatch, models, tvm_env
 from schedhub.tuner.search import TuneOptions, TuneResult
@@ -272,7 +272,8 @@ def _candidates(registry: LocalRegistry, held: HeldOut, model: CostModel | None 
     relates to it (``order``: its place in the registry's answer, nearest first), how fast it ran on its own
     workload (GFLOPS: TVM's FLOP estimate over its recorded seconds; ``source_speed``: the hook's measure of the
     same, ``hooks.ranking.work`` over those seconds), how many of its tile sizes TVM re-derived
-    replayed on the held-out kernel (``retiled``) and, with ``model``, the speed the cost model predicts for it there."""
+    replayed on the held-out kernel (``retiled``; ``blind``: of those, tilings that were all ones at home) and, with
+    ``model``, the speed the cost model predicts for it there."""
     from schedhub.hooks import costmodel
     from schedhub.hooks.identity import target_from_text, workload_module
     from schedhub.hooks.msdb import normalize_mod, replay
@@ -293,7 +294,8 @@ def _candidates(registry: LocalRegistry, held: HeldOut, model: CostModel | None 
                                                        "source_us": c.record.mean_secs * 1e6, "source_gflops": flops[source.key] / c.record.mean_secs / 1e9,
                                                        "source_speed": speed(work(source.workload), c.record.mean_secs)}  # fmt: skip
             with contextlib.suppress(Exception):  # does not replay here: the hook drops it too
-                scheduled, row["retiled"] = replay(kernel, c.record.trace)
+                scheduled, retiling = replay(kernel, c.record.trace)
+                row["retiled"], row["blind"] = retiling
                 if model is not None:
                     vector = costmodel.features(scheduled, target_from_text(by_key[key].target), costmodel.flops(kernel))
                     row["predicted_log2_gflops"] = model.predict([vector])[0]
@@ -315,16 +317,21 @@ def cost_model(registry: LocalRegistry) -> tuple[CostModel, dict[str, Any]]:
     return model, {"samples": len(data), "source": source, "train_secs": time.perf_counter() - started}
 
 
+def _retiling(candidate: dict[str, Any]) -> Retiling:
+    """A recorded candidate's :class:`~schedhub.hooks.ranking.Retiling` (runs recorded before ``blind`` was: none)."""
+    return Retiling(candidate["retiled"], candidate.get("blind", 0))
+
+
 #: Rankings compared with the hook's pick on the same measurements: a sort key over a candidate's attributes
 #: (a candidate without the attribute ranks last).
 ALTERNATIVE_RANKINGS: dict[str, Callable[[dict[str, Any]], Any]] = {
-    "fit": lambda c: rank_key(c["relation"], c["retiled"], c["source_speed"], c["order"]) if "retiled" in c else (math.inf,),  # the hook's without a served model
+    "fit": lambda c: rank_key(c["relation"], _retiling(c), c["source_speed"], c["order"]) if "retiled" in c else (math.inf,),  # the hook's without a served model
     "nearest_first": lambda c: c.get("order", math.inf),  # the registry's order: compiler, then shape distance, then target
     "source_gflops": lambda c: -c["source_gflops"],  # the fastest schedule on its own workload, for its work
     "source_secs": lambda c: c["source_us"],  # the fastest on its own workload, whatever its size
     "xgboost": lambda c: -c.get("predicted_log2_gflops", -math.inf),  # the cost model's fastest, replayed on this kernel
     # the hook's with a served model: the fit ranking with the model's prediction here in place of the speed at home
-    "fit_then_model": lambda c: model_rank_key(c["relation"], c["retiled"], c.get("predicted_log2_gflops", -math.inf), c["order"]) if "retiled" in c else (math.inf,),
+    "fit_then_model": lambda c: model_rank_key(c["relation"], _retiling(c), c.get("predicted_log2_gflops", -math.inf), c["order"]) if "retiled" in c else (math.inf,),
 }
 
 

@@ -7,14 +7,24 @@ at 4×4 pixels ran at 66 GFLOPS; replayed at 6×6, 5). So the hook serves, in or
 
 1. a record of the very workload under another compiler build (relation ``compiler``);
 2. the candidate with the fewest tile sizes re-derived on this kernel;
-3. among those, the fastest for its work on its own workload (:func:`work` over the record's
+3. among those, the one with the fewest re-derived tilings that were all ones where it was tuned (a
+   loop of extent 1, such as a batch of 1: such a tiling decided nothing, and TVM puts the whole new
+   extent in its outermost loop; a matmul tuned at batch 1 is a matrix-vector schedule);
+4. among those, the fastest for its work on its own workload (:func:`work` over the record's
    seconds, which a verifier measured for a verified record);
-4. then the registry's order (nearest shapes first);
-5. last, a schedule synthesized here (relation ``synthesized``, :mod:`.synthesis`): it is only
+5. then the registry's order (nearest shapes first);
+6. last, a schedule synthesized here (relation ``synthesized``, :mod:`.synthesis`): it is only
    ever served once measured, so its place only orders what is measured first.
 
+Step 3 decides only between candidates that re-derive as many tiles, some tuned with a loop of extent 1 and
+others with it larger (the MLP tuned at batch 1 and at 64). Judged on every candidate measured at 16 held-out shapes of four registries (``bench.ranking
+--held-out``), it changed none of the 213 kernels' fit-ranking picks. What it changes is which candidates a
+served model ranks (step 4 competes only within steps 1-3): at batch 16 the model had ranked the MLP's
+batch-1 records with its batch-64 ones and run it 1.055x the fit ranking's latency (``bench.growth --family
+transformers``, 3 runs); now the batch-64 records are its only contenders and it is the fit ranking's pick.
+
 Where the registry serves a cost model for the kernel's target (trained by a worker on the measurement log,
-:mod:`schedhub.tuner.publish`) that the session trusts, step 3 is the speed the model predicts for the
+:mod:`schedhub.tuner.publish`) that the session trusts, step 4 is the speed the model predicts for the
 candidate replayed on this kernel instead (:func:`model_rank_key`), for the kernels whose competing candidates
 hold the kernel's own layer at two shapes or more (:func:`model_decides`; ``use(..., rank_by_model=True)``: for
 every kernel, False: never). A record's speed at home says little once records of the same layer at
@@ -40,7 +50,7 @@ import ast
 import functools
 import math
 import re
-from typing import Any
+from typing import Any, NamedTuple
 
 from schedhub.registry import COMPILER, dotted_name
 
@@ -137,16 +147,27 @@ def _call_name(node: ast.expr) -> str:
     return dotted_name(node.func) if isinstance(node, ast.Call) else ""
 
 
-def retiled(recorded: list[Any], replayed_trace: Any) -> int:
-    """How many ``SamplePerfectTile`` decisions of a trace (its JSON form, ``recorded``) changed when it
-    was replayed (``replayed_trace``, the schedule's Trace): tile sizes TVM re-derived for new extents."""
+class Retiling(NamedTuple):
+    """How a trace's tilings fit a kernel it was not tuned for (:func:`retiled`)."""
+
+    rederived: int  # its SamplePerfectTile decisions TVM re-derived for new extents
+    blind: int  # of those, tilings of a loop of extent 1 at home: all ones, they said nothing of how to tile it
+
+
+def retiled(recorded: list[Any], replayed_trace: Any) -> Retiling:
+    """Which ``SamplePerfectTile`` decisions of a trace (its JSON form, ``recorded``) changed when it was
+    replayed (``replayed_trace``, the schedule's Trace): tile sizes TVM re-derived for new extents, and how
+    many of those had been all ones (a loop of extent 1 where it was tuned, such as a batch of 1)."""
     decisions = {int(i): d for i, d in recorded[1]} if len(recorded) > 1 else {}
-    changed = 0
+    rederived = blind = 0
     for i, inst in enumerate(replayed_trace.insts):
         if inst.kind.name == "SamplePerfectTile" and i in decisions:
             now = replayed_trace.decisions.get(inst)
-            changed += now is None or [int(x) for x in now] != [int(x) for x in decisions[i]]
-    return changed
+            was = [int(x) for x in decisions[i]]
+            if now is None or [int(x) for x in now] != was:
+                rederived += 1
+                blind += all(x == 1 for x in was)
+    return Retiling(rederived, blind)
 
 
 def speed(amount: float, secs: float) -> float:
@@ -154,18 +175,18 @@ def speed(amount: float, secs: float) -> float:
     return amount / secs if math.isfinite(secs) and secs > 0 else 0.0
 
 
-def rank_key(relation: str, retiled: int, speed: float, order: int) -> tuple[int, int, float, int]:
-    """Sort key of a candidate (see the module's docstring): smaller is served first. ``retiled``: its tile
-    sizes re-derived on this kernel; ``speed``: its work per second on its own workload; ``order``: its
-    place in the registry's answer."""
-    return (_relation_rank(relation), retiled, -speed, order)
+def rank_key(relation: str, retiling: Retiling, speed: float, order: int) -> tuple[int, int, int, float, int]:
+    """Sort key of a candidate (see the module's docstring): smaller is served first. ``retiling``: its tile
+    sizes re-derived on this kernel (:func:`retiled`); ``speed``: its work per second on its own workload;
+    ``order``: its place in the registry's answer."""
+    return (_relation_rank(relation), retiling.rederived, retiling.blind, -speed, order)
 
 
-def model_rank_key(relation: str, retiled: int, predicted: float, order: int) -> tuple[int, int, float, int]:
+def model_rank_key(relation: str, retiling: Retiling, predicted: float, order: int) -> tuple[int, int, int, float, int]:
     """Sort key of a candidate where a cost model ranks (see the module's docstring): as :func:`rank_key`, with
     the speed the model predicts for the candidate on this kernel (log₂ GFLOPS) in place of its speed on its own
     workload."""
-    return (_relation_rank(relation), retiled, -predicted, order)
+    return (_relation_rank(relation), retiling.rederived, retiling.blind, -predicted, order)
 
 
 def same_layer(args_info: list[Any], other: list[Any]) -> bool:

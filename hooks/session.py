@@ -42,7 +42,7 @@ from .measure import TIMING, Budget, KernelBench, Timing, build_all, machine, ru
 from .msdb import normalize_mod, replay_within, tuning_record
 from .objects import OBJECT_ID, ObjectCache
 from .costmodel import WIDTH, CostModel, features, flops
-from .ranking import SYNTHESIZED, effort, model_decides, model_rank_key, rank_key, retiled, speed, work
+from .ranking import SYNTHESIZED, Retiling, effort, model_decides, model_rank_key, rank_key, retiled, speed, work
 from .synthesis import TIMED, LogModel, check_sample_count, synthesize
 from .threads import usable_cpus, warn_idle_cores
 
@@ -140,7 +140,7 @@ class HookSession:
         self._records: dict[str, list[Record]] = {}
         self._candidates: dict[str, list[Candidate]] = {}  # neighbours of missed keys, nearest first
         self._flops: dict[str, float] = {}  # kernel key: TVM's FLOP estimate (a cost model's feature)
-        self._retiled: dict[tuple[str, str], int] = {}  # (kernel key, trace id): tile sizes re-derived on replay
+        self._retiled: dict[tuple[str, str], Retiling] = {}  # (kernel key, trace id): tile sizes re-derived on replay
         self._committed: dict[str, list[Record]] = {}  # what this process committed: read back at once
         self._pending_misses: dict[str, Identity] = {}
         self._calls: dict[str, int] = {}  # kernel key: call sites in the module being compiled
@@ -288,10 +288,10 @@ class HookSession:
         if entry is not None and isinstance(entry.get("error"), str):
             raise ReplayFailed(entry["error"])
         mod = None
-        if entry is not None and isinstance(entry.get("module"), str) and type(entry.get("retiled")) is int:
+        if entry is not None and isinstance(entry.get("module"), str) and type(entry.get("retiled")) is int and type(entry.get("blind")) is int:
             with contextlib.suppress(Exception):  # unreadable: replay again
                 mod = from_json_graph_str(entry["module"])  # written by this compiler: no schema upgrade (tvm.ir.load_json's costs a replay)
-                self._retiled[(key, record.trace_id)] = entry["retiled"]
+                self._retiled[(key, record.trace_id)] = Retiling(entry["retiled"], entry["blind"])
         if mod is None:
             try:
                 sch = replay_within(normalized, record.trace, self.limits)
@@ -300,7 +300,7 @@ class HookSession:
                 self.cache.put("scheduled", parts, {"error": f"{exc.__class__.__name__}: {str(exc)[:2000]}"})
                 raise
             self._retiled[(key, record.trace_id)] = tiles
-            self.cache.put("scheduled", parts, {"module": to_json_graph_str(mod), "retiled": tiles})
+            self.cache.put("scheduled", parts, {"module": to_json_graph_str(mod), "retiled": tiles.rederived, "blind": tiles.blind})
         # The same name identifies the kernel's machine code (.objects): one per kernel, trace and bounds.
         out = mod.clone()
         out.update_func(out.get_global_var("main"), mod["main"].with_attr(OBJECT_ID, KernelCache.name("object", *parts)))
@@ -335,11 +335,11 @@ class HookSession:
                 continue
         if not applied:
             return None
-        group = {id(c): model_rank_key(c.relation, self._retiled.get((identity.key, c.record.trace_id), 0), 0.0, 0)[:2] for c, _ in applied}
+        group = {id(c): model_rank_key(c.relation, self._retiling(identity.key, c), 0.0, 0)[:3] for c, _ in applied}
         first = min(group.values())  # only these compete on a prediction: the others rank after them whatever it is
         model = self._ranking_model(identity, [c.record.identity.args_info for c, _ in applied if group[id(c)] == first]) if kernel is not None else None
         if model is not None and kernel is not None:
-            ranked = {id(c): model_rank_key(c.relation, group[id(c)][1], self._predicted(identity, c.record, out, kernel, model) if group[id(c)] == first else -math.inf, i)
+            ranked = {id(c): model_rank_key(c.relation, self._retiling(identity.key, c), self._predicted(identity, c.record, out, kernel, model) if group[id(c)] == first else -math.inf, i)
                       for i, (c, out) in enumerate(applied)}  # fmt: skip
         else:
             ranked = {id(c): self._rank(identity.key, c, i) for i, (c, _) in enumerate(applied)}
@@ -434,10 +434,14 @@ class HookSession:
         except ValueError:
             return -math.inf
 
-    def _rank(self, key: str, candidate: Candidate, order: int) -> tuple[int, int, float, int]:
+    def _retiling(self, key: str, candidate: Candidate) -> Retiling:
+        """How ``candidate``'s tilings fit kernel ``key``, as its replay found (none re-derived: not replayed here)."""
+        return self._retiled.get((key, candidate.record.trace_id), Retiling(0, 0))
+
+    def _rank(self, key: str, candidate: Candidate, order: int) -> tuple[int, int, int, float, int]:
         """:func:`.ranking.rank_key` of a candidate replayed (already) on kernel ``key``."""
         record = candidate.record
-        return rank_key(candidate.relation, self._retiled.get((key, record.trace_id), 0), speed(work(record.identity.workload), record.mean_secs), order)
+        return rank_key(candidate.relation, self._retiling(key, candidate), speed(work(record.identity.workload), record.mean_secs), order)
 
     def _measure(self, identity: Identity, applied: list[tuple[Candidate, Any]], bench: tuple[tvm.IRModule, Any]) -> tuple[dict[str, float | None], float | None]:
         """Seconds per call of each applied candidate on this machine (None: wrong output or failed), from the

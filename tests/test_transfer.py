@@ -355,7 +355,7 @@ def split_record(identity: Identity, factor: int) -> Record:
     return Record(identity, json.dumps(plain_json(sch.trace.as_json()), separators=(",", ":")), [1e-4], {"tuner": "split_record"})
 
 
-def tiled_record(identity: Identity, loop: int, decision: list[int]) -> Record:
+def tiled_record(identity: Identity, loop: int, decision: list[int], secs: float = 1e-4) -> Record:
     """A record whose schedule tiles loop ``loop`` of the kernel's first block by a sampled ``decision``
     (a ``SamplePerfectTile``: TVM re-derives it where the loop's extent is no longer its product)."""
     base = workload_module(identity.workload)
@@ -363,7 +363,7 @@ def tiled_record(identity: Identity, loop: int, decision: list[int]) -> Record:
     block = next(n for n in re.findall(r'T\.sblock\("([^"]+)"\)', base.script()) if n != "root")
     loops = sch.get_loops(sch.get_sblock(block))
     sch.split(loops[loop], factors=sch.sample_perfect_tile(loops[loop], n=2, decision=decision))
-    return Record(identity, json.dumps(plain_json(sch.trace.as_json()), separators=(",", ":")), [1e-4], {"tuner": "tiled_record"})
+    return Record(identity, json.dumps(plain_json(sch.trace.as_json()), separators=(",", ":")), [secs], {"tuner": "tiled_record"})
 
 
 def test_without_measuring_the_candidate_whose_tiles_still_fit_is_served_before_a_nearer_one(tmp_path: Path) -> None:
@@ -463,6 +463,27 @@ def test_a_served_model_decides_where_the_kernels_own_layer_was_tuned_at_two_sha
     assert not any(same_layer(kernel, h) or same_layer(h, kernel) for h in hostile) and not model_decides(kernel, hostile)
 
 
+def test_a_tiling_that_was_all_ones_where_it_was_tuned_ranks_after_one_that_decided(tmp_path: Path) -> None:
+    """A record tuned at batch 1 tiled its batch loop all ones, which decided nothing (a matmul at batch 1 is a
+    matrix-vector schedule). At batch 16, where another candidate re-derives as many tiles, that one is served,
+    although the batch-1 record is far faster for its work at home."""
+    from schedhub.hooks.msdb import replay
+    from schedhub.hooks.ranking import Retiling
+
+    with LocalRegistry(tmp_path / "store", sync=False) as reg:
+        blind = {k.name: tiled_record(k.identity, 0, [1, 1], secs=1e-7) for k in kernels(export(1), CPU) if "matmul" in k.name}
+        decided = {k.name: tiled_record(k.identity, 0, [8, 8]) for k in kernels(export(64), CPU) if "matmul" in k.name}
+        reg.put_many([*blind.values(), *decided.values()])
+        with use(reg, CPU) as session:
+            ex = tvm.compile(export(16), CPU)
+    assert {k.op: k.detail for k in session.report.kernels if "matmul" in k.op} == {name: f"shape:{r.trace_id}:{name}" for name, r in decided.items()}
+    at16 = {k.name: normalize_mod(workload_module(k.identity.workload)["main"]) for k in kernels(export(16), CPU)}
+    assert all(replay(at16[name], r.trace)[1] == Retiling(1, 1) for name, r in blind.items())
+    assert all(replay(at16[name], r.trace)[1] == Retiling(1, 0) for name, r in decided.items())
+    x = np.random.default_rng(8).standard_normal((16, 64)).astype("float32")
+    np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)
+
+
 def test_a_compile_whose_measurement_budget_ran_out_serves_what_the_ranking_picks(tmp_path: Path) -> None:
     """Kernels reached after the budget are served as without measuring: every candidate replayed and ranked.
     Before, the replays stopped at the first candidate that applied (the nearest), which served the kernels
@@ -481,13 +502,18 @@ def test_a_compile_whose_measurement_budget_ran_out_serves_what_the_ranking_pick
 
 
 def test_the_ranking_puts_the_same_workload_first_then_fitting_tiles_then_speed_then_the_registry_order() -> None:
-    from schedhub.hooks.ranking import model_rank_key, rank_key
+    from schedhub.hooks.ranking import Retiling, model_rank_key, rank_key
 
-    ranked = sorted([rank_key("shape", 0, 5.0, 3), rank_key("shape", 1, 90.0, 0), rank_key("compiler", 2, 1.0, 4), rank_key("shape", 0, 9.0, 2), rank_key("target", 0, 9.0, 1)])
-    assert ranked == [rank_key("compiler", 2, 1.0, 4), rank_key("target", 0, 9.0, 1), rank_key("shape", 0, 9.0, 2), rank_key("shape", 0, 5.0, 3), rank_key("shape", 1, 90.0, 0)]
+    fits, one, one_blind, two = Retiling(0, 0), Retiling(1, 0), Retiling(1, 1), Retiling(2, 0)
+    ranked = sorted([rank_key("shape", fits, 5.0, 3), rank_key("shape", one, 90.0, 0), rank_key("compiler", two, 1.0, 4), rank_key("shape", fits, 9.0, 2),
+                     rank_key("target", fits, 9.0, 1), rank_key("shape", one_blind, 900.0, 5)])  # fmt: skip
+    assert ranked == [rank_key("compiler", two, 1.0, 4), rank_key("target", fits, 9.0, 1), rank_key("shape", fits, 9.0, 2), rank_key("shape", fits, 5.0, 3),
+                      rank_key("shape", one, 90.0, 0), rank_key("shape", one_blind, 900.0, 5)]  # fmt: skip
     # with a served model, its predicted speed here (log₂ GFLOPS) takes the place of the speed at home, after the tiles
-    by_model = sorted([model_rank_key("shape", 1, 9.0, 0), model_rank_key("shape", 0, 2.0, 1), model_rank_key("synthesized", 0, 20.0, 2), model_rank_key("shape", 0, 3.0, 3)])
-    assert by_model == [model_rank_key("shape", 0, 3.0, 3), model_rank_key("shape", 0, 2.0, 1), model_rank_key("shape", 1, 9.0, 0), model_rank_key("synthesized", 0, 20.0, 2)]
+    by_model = sorted([model_rank_key("shape", one, 9.0, 0), model_rank_key("shape", fits, 2.0, 1), model_rank_key("synthesized", fits, 20.0, 2), model_rank_key("shape", fits, 3.0, 3),
+                       model_rank_key("shape", one_blind, 9.5, 4)])  # fmt: skip
+    assert by_model == [model_rank_key("shape", fits, 3.0, 3), model_rank_key("shape", fits, 2.0, 1), model_rank_key("shape", one, 9.0, 0),
+                        model_rank_key("shape", one_blind, 9.5, 4), model_rank_key("synthesized", fits, 20.0, 2)]  # fmt: skip
 
 
 def test_the_work_the_ranking_reads_from_a_workload_text_is_tvms_flop_estimate() -> None:
