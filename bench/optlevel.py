@@ -28,6 +28,7 @@ def measure(network: str, shape: dict[str, int], levels: list[int], samples: int
     from tvm import tirx
     from tvm.s_tir import meta_schedule as ms
 
+    from schedhub.hooks.errors import TVM_ERRORS
     from schedhub.hooks.measure import KernelBench, build
     from schedhub.hooks.msdb import normalize_mod
     from schedhub.hooks.pipeline import fusion_passes
@@ -57,7 +58,7 @@ def measure(network: str, shape: dict[str, int], levels: list[int], samples: int
                 started = time.perf_counter()
                 try:
                     lib = build(sch.mod, target)
-                except tvm.error.TVMError:
+                except TVM_ERRORS:
                     builds.append(None)
                     runs.append(None)
                     continue

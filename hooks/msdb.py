@@ -168,7 +168,7 @@ def write_json_database(work_dir: str | os.PathLike[str], records: Iterable[Reco
                 if not workload.mod.same_as(own) and block_names(workload.mod) != block_names(own):
                     raise ValueError("MetaSchedule takes its workload for another one stored here that differs only in block names, which the trace addresses blocks by")
                 tr = tuning_record(record, workload.mod, limits=limits)
-            except Exception as exc:  # TVM raises ScheduleError, TVMError, ValueError… on a trace that does not fit
+            except Exception as exc:  # TVM raises ScheduleError, InternalError, ValueError… on a trace that does not fit
                 unusable[record.trace_id] = f"{type(exc).__name__}: {first_line(exc)}"
                 continue
             db.commit_tuning_record(ms.database.TuningRecord(tr.trace, workload, tr.run_secs, target_from_text(record.identity.target), tr.args_info))

@@ -261,7 +261,7 @@ class HookSession:
         for record in self.records(identity):
             try:
                 out = apply(record, None)
-            except Exception as exc:  # TVM raises ScheduleError, TVMError, ValueError… on a bad trace
+            except Exception as exc:  # TVM raises ScheduleError, InternalError, ValueError… on a bad trace
                 self._refuse(record, exc)
                 continue
             self._note(identity, HIT, record.trace_id)

@@ -28,6 +28,7 @@ from tvm.s_tir import meta_schedule as ms
 from schedhub.registry import CostModelEntry, Identity, Registry, RegistryError, Trial, TrialLog, target_kind, trace_id
 
 from .cache import KernelCache
+from .errors import TVM_ERRORS
 from .costmodel import FEATURES, WIDTH, CostModel, Kernels, features, flops, log2_gflops
 from .identity import compiler_fingerprint
 from .intrinsics import load_tensor_intrinsics
@@ -69,7 +70,7 @@ def design_space_samples(normalized: tvm.IRModule, target: tvm.target.Target, co
             sch.enter_postproc()
             if all(p.apply(sch) for p in postprocs):
                 found.setdefault(tvm_ffi.structural_hash(sch.mod), sch)
-        except tvm.error.TVMError:  # a draw the rules cannot complete: drawn again with the next seed
+        except TVM_ERRORS:  # a draw the rules cannot complete: drawn again with the next seed
             continue
     return list(found.values())
 

@@ -117,6 +117,52 @@ def test_scheduled_kernels_are_compiled_once_per_machine_and_linked(tmp_path: Pa
     np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)
 
 
+def test_objects_that_cannot_be_written_or_built_leave_their_kernels_to_the_models_own_module(tmp_path: Path, registry: LocalRegistry,
+                                                                                              monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """A full or unwritable cache disk (the objects folder here a file), or an object build that TVM refuses,
+    does not break the compile: those kernels are built in the model's own module, as without the cache."""
+    from schedhub.hooks import objects
+
+    x = np.random.default_rng(9).standard_normal((4, 64)).astype("float32")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "objects").write_text("not a folder")
+    with use(registry, CPU, cache=cache) as unwritable:
+        ex = tvm.compile(export(4), CPU)
+    assert unwritable.report.hits == 4 and unwritable.objects is not None and unwritable.objects.linked == 0 and _static_libraries(ex) == []
+    assert len(unwritable.report.problems) == 1 and "kernel objects not cached" in unwritable.report.problems[0]  # said once, not per kernel
+    np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)
+
+    def refused(*_args: object) -> None:
+        raise tvm.error.InternalError("an object build TVM refuses")
+
+    monkeypatch.setattr(objects.ObjectCache, "_compile", staticmethod(refused))
+    with use(registry, CPU, cache=tmp_path / "other") as failing:
+        ex = tvm.compile(export(4), CPU)
+    assert failing.report.hits == 4 and failing.objects is not None and failing.objects.linked == 0 and _static_libraries(ex) == []
+    assert len(failing.report.problems) == 1 and "an object build TVM refuses" in failing.report.problems[0]
+    np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)
+
+
+def test_what_tvm_raises_is_what_the_hook_catches_as_a_tvm_error() -> None:
+    """apache-tvm 0.27 raises Python's own types through tvm-ffi; ``tvm.TVMError`` is gone."""
+    from schedhub.hooks.errors import TVM_ERRORS
+
+    assert not hasattr(tvm, "TVMError") and not hasattr(tvm.error, "TVMError")
+    sch = tvm.s_tir.Schedule(export_kernel())
+    with pytest.raises(TVM_ERRORS):
+        sch.get_sblock("no such block")
+    with pytest.raises(TVM_ERRORS):
+        tvm.tirx.build(tvm.IRModule(), target=tvm.target.Target({"kind": "no such kind"}))
+
+
+def export_kernel() -> tvm.IRModule:
+    """One kernel of the MLP as its own module."""
+    from schedhub.hooks.identity import workload_module
+
+    return workload_module(kernels(export(4), CPU)[0].identity.workload)
+
+
 def test_each_kernels_object_compiles_from_the_moment_it_is_scheduled(tmp_path: Path, registry: LocalRegistry) -> None:
     cache = tmp_path / "cache"
     with CPU:

@@ -82,9 +82,8 @@ class Seeder:
             return self._draw(identity, keep, list(dict.fromkeys([*siblings, *known])))
 
     def _draw(self, identity: Identity, keep: int, siblings: Sequence[str]) -> list[str]:
-        import tvm
-
         from schedhub.hooks.cache import KernelCache, default_dir
+        from schedhub.hooks.errors import TVM_ERRORS
         from schedhub.hooks.identity import target_from_text, workload_module
         from schedhub.hooks.measure import Budget
         from schedhub.hooks.msdb import normalize_mod
@@ -100,7 +99,7 @@ class Seeder:
         try:
             kernel = normalize_mod(workload_module(identity.workload)["main"])
             return [trace for trace, _ in synthesize(kernel, target_from_text(identity.target), model, self.samples, keep=keep)]
-        except (tvm.error.TVMError, ValueError) as exc:  # a workload MetaSchedule cannot sample: seeded from the registry only
+        except TVM_ERRORS as exc:  # a workload MetaSchedule cannot sample: seeded from the registry only
             log.info("schedhub: no synthesized seeds for %s: %s", identity.op, str(exc)[:200])
             return []
 

@@ -34,7 +34,7 @@ def verify_job(job: dict[str, Any], timing: dict[str, Any] | None = None) -> dic
     mod = workload_module(identity.workload)
     try:
         candidate = replay_within(mod, job["trace"], ScheduleLimits()).mod
-    except Exception as exc:  # ScheduleError, TVMError, ScheduleTooCostly…: the verdict, not a crash
+    except Exception as exc:  # ScheduleError, InternalError, ScheduleTooCostly…: the verdict, not a crash
         return {"run_secs": None, "reason": f"does not replay within bounds: {exc.__class__.__name__}: {str(exc).strip()[:500]}"}
     cluster.check_feasible(identity.target)  # after the replay: a record that does not replay needs no cluster
     untuned, result = side_by_side(identity, mod, [candidate], timing or dict(FINAL_TIMING), Timeline(f"verify:{identity.key[:8]}"))
