@@ -98,12 +98,32 @@ def prune(root: Path, limit: int, keep_recent_secs: float = KEEP_RECENT_SECS) ->
     return removed
 
 
+class Untold:
+    """The first failure of something a compile should hear about once (a cache it cannot write)."""
+
+    def __init__(self) -> None:
+        self._what: str | None = None
+        self._told = False
+
+    def note(self, exc: BaseException) -> None:
+        if self._what is None:
+            self._what = f"{type(exc).__name__}: {str(exc)[:300]}"
+
+    def tell(self) -> str | None:
+        """The first failure noted, the first time this is asked after it; None otherwise."""
+        if self._what is None or self._told:
+            return None
+        self._told = True
+        return self._what
+
+
 class KernelCache:
     """Entries by kind and the strings they were derived from; ``root=None`` keeps nothing."""
 
     def __init__(self, root: str | os.PathLike[str] | None) -> None:
         self.root = Path(root) if root is not None else None
         self.hits = self.misses = self.writes = 0
+        self.unwritable = Untold()
 
     @staticmethod
     def name(kind: str, *parts: str) -> str:
@@ -139,5 +159,5 @@ class KernelCache:
             with atomic_file(path) as tmp, open(tmp, "w") as f:
                 json.dump(value, f, separators=(",", ":"))
             self.writes += 1
-        except OSError:
-            pass
+        except OSError as exc:
+            self.unwritable.note(exc)

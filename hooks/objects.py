@@ -27,7 +27,7 @@ import tvm
 from tvm import relax, tirx
 from tvm.relax.analysis import all_global_vars, has_reshape_pattern, post_order_visit
 
-from .cache import KernelCache, atomic_file, mark_used
+from .cache import KernelCache, Untold, atomic_file, mark_used
 from .errors import TVM_ERRORS
 from .threads import usable_cpus
 
@@ -74,8 +74,7 @@ class ObjectCache:
         self.linked = self.compiled = 0
         self._pool: ThreadPoolExecutor | None = None
         self._started: dict[str, Future[bool]] = {}  # file id → compiling (True: the object was written)
-        self._problem: str | None = None  # the first object that could not be compiled or written, and why
-        self._problem_told = False
+        self.failed = Untold()  # an object that could not be compiled or written, and why
 
     @staticmethod
     def symbol(file_id: str) -> str:
@@ -134,14 +133,6 @@ class ObjectCache:
         external = list((mod.attrs or {}).get("external_mods", []))
         return out.with_attr("external_mods", external + list(libraries.values())), done
 
-    def untold_problem(self) -> str | None:
-        """Why an object could not be compiled or written (a full or unwritable cache disk, a build TVM refused),
-        the first time it is asked after that happened; None after, and when nothing failed."""
-        if self._problem is None or self._problem_told:
-            return None
-        self._problem_told = True
-        return self._problem
-
     def settle(self) -> None:
         """Wait for every compile started so far: a kernel timed here must not share the CPUs with LLVM (the
         hook starts compiles only between kernels, so none starts while it times one)."""
@@ -173,7 +164,7 @@ class ObjectCache:
                 with tvm.transform.PassContext(**settings), target:
                     self._compile(func, self.symbol(file_id), target, self._path(file_id))
             except (OSError, *TVM_ERRORS) as exc:
-                self._problem = self._problem or f"{type(exc).__name__}: {str(exc)[:300]}"
+                self.failed.note(exc)
                 return False  # that kernel is built in the model's own module, as without the cache
             return True
 

@@ -19,7 +19,6 @@ code outside keep TVM's own.
 from __future__ import annotations
 
 import contextvars
-import logging
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -32,8 +31,6 @@ from tvm.s_tir import meta_schedule as ms
 from .defaults import dlight_schedule, is_gpu
 from .objects import OBJECT_ID, links_here
 from .session import HookSession
-
-log = logging.getLogger("schedhub")
 
 ACTIVE: contextvars.ContextVar[HookSession | None] = contextvars.ContextVar("schedhub_session", default=None)
 _install_lock = threading.Lock()
@@ -142,9 +139,6 @@ def link_objects(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRMo
     mod, done = session.objects.link(mod, target)
     session.report.linked += done.linked
     session.report.objects_compiled += done.compiled
-    if (problem := session.objects.untold_problem()) is not None:
-        session.report.problems.append(f"kernel objects not cached in {session.objects.root} ({problem}): those kernels are built in the model's module")
-        log.warning("schedhub: kernel objects cannot be cached in %s (%s); the model builds them itself", session.objects.root, problem[:200])
     return mod
 
 

@@ -163,7 +163,16 @@ class HookSession:
 
     def end_compile(self) -> None:
         self.flush_misses()
+        if (why := self.cache.unwritable.tell()) is not None:
+            self._say(f"the kernel cache in {self.cache.root} cannot be written ({why}): later compiles redo this one's work")
+        if self.objects is not None and (why := self.objects.failed.tell()) is not None:
+            self._say(f"kernel objects not cached in {self.objects.root} ({why}): those kernels are built in the model's module")
         log.info(self.report.summary())
+
+    def _say(self, problem: str) -> None:
+        """A problem the compile survived, in the report and the log, once a session."""
+        self.report.problems.append(problem)
+        log.warning("schedhub: %s", problem)
 
     def check_threads(self, target: tvm.target.Target) -> None:
         """Say once a block per target when TVM will run its kernels here on fewer threads than its num-cores."""

@@ -119,8 +119,9 @@ def test_scheduled_kernels_are_compiled_once_per_machine_and_linked(tmp_path: Pa
 
 def test_objects_that_cannot_be_written_or_built_leave_their_kernels_to_the_models_own_module(tmp_path: Path, registry: LocalRegistry,
                                                                                               monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    """A full or unwritable cache disk (the objects folder here a file), or an object build that TVM refuses,
-    does not break the compile: those kernels are built in the model's own module, as without the cache."""
+    """A full or unwritable cache disk (a folder of the cache here a file), or an object build that TVM refuses,
+    does not break the compile: those kernels are built in the model's own module, as without the cache, and
+    the report says so once."""
     from schedhub.hooks import objects
 
     x = np.random.default_rng(9).standard_normal((4, 64)).astype("float32")
@@ -131,6 +132,15 @@ def test_objects_that_cannot_be_written_or_built_leave_their_kernels_to_the_mode
         ex = tvm.compile(export(4), CPU)
     assert unwritable.report.hits == 4 and unwritable.objects is not None and unwritable.objects.linked == 0 and _static_libraries(ex) == []
     assert len(unwritable.report.problems) == 1 and "kernel objects not cached" in unwritable.report.problems[0]  # said once, not per kernel
+    np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)
+
+    entries = tmp_path / "entries"
+    entries.mkdir()
+    (entries / "scheduled").write_text("not a folder")
+    with use(registry, CPU, cache=entries) as lost:
+        ex = tvm.compile(export(4), CPU)
+    assert lost.report.hits == 4 and lost.objects is not None and lost.objects.linked == 4
+    assert len(lost.report.problems) == 1 and "the kernel cache in" in lost.report.problems[0] and "Error: " in lost.report.problems[0]
     np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)
 
     def refused(*_args: object) -> None:
