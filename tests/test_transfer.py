@@ -336,6 +336,29 @@ def test_a_measured_compile_keeps_a_contending_default_that_beats_every_candidat
     np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)
 
 
+def test_a_measured_compile_refuses_a_candidate_whose_outputs_differ_from_the_default_schedules(tmp_path: Path) -> None:
+    """A record whose schedule changes the kernel's results (here its intermediate stored as float16, an unsafe
+    primitive a hostile pusher may use) is refused by a measured compile, and remembered refused: the kernel
+    gets the candidate that agrees, although the ranking put the other first (far faster for its work at home)."""
+    host = tvm.target.Target({"kind": "llvm", "mcpu": host_cpu(), "num-cores": 2})
+    identity = next(k.identity for k in kernels(export(4), host) if k.identity.op == "fused_matmul_add_relu")
+    sch = tvm.s_tir.Schedule(workload_module(identity.workload))
+    sch.unsafe_set_dtype(sch.get_sblock("matmul"), 0, "float16")
+    wrong = Record(identity, json.dumps(plain_json(sch.trace.as_json()), separators=(",", ":")), [1e-9], {"tuner": "hostile"})
+    right = split_record(next(k.identity for k in kernels(export(8), host) if k.identity.op == identity.op), 4)  # another neighbour
+    with LocalRegistry(tmp_path / "store", sync=False) as reg:
+        reg.put_many([wrong, right])
+        for cache in ("cache", "cache"):  # the second compile reads the refusal from the cache
+            with use(reg, host, cache=tmp_path / cache, measure=60) as session:
+                ex = tvm.compile(export(16), host)
+            served = next(k for k in session.report.kernels if k.op == identity.op)
+            assert served.outcome == "transfer" and served.detail == f"shape:{right.trace_id}:{identity.op}"
+            assert served.measured[wrong.trace_id] is None and served.measured[right.trace_id] > 0
+        assert session.cache.misses == 0
+    x = np.random.default_rng(10).standard_normal((16, 64)).astype("float32")
+    np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)
+
+
 def slow_record(identity: Identity) -> Record:
     """A record whose schedule factors a matmul's reduction out into a buffer of partial products (``rfactor``):
     the MLP's 16x64x128 matmul then ran about 12x slower than the unscheduled kernel, on 1 thread or 2."""
