@@ -17,8 +17,9 @@ at 4×4 pixels ran at 66 GFLOPS; replayed at 6×6, 5). So the hook serves, in or
    ever served once measured, so its place only orders what is measured first.
 
 Step 3 decides only between candidates that re-derive as many tiles, some tuned with a loop of extent 1 and
-others with it larger (the MLP tuned at batch 1 and at 64). Judged on every candidate measured at 16 held-out shapes of four registries (``bench.ranking
---held-out``), it changed none of the 213 kernels' fit-ranking picks. What it changes is which candidates a
+others with it larger (the MLP tuned at batch 1 and at 64). Judged on every candidate measured at 8 held-out
+shapes, each on two registries (``bench.ranking --held-out``), it changed none of the 213 kernels' fit-ranking
+picks. What it changes is which candidates a
 served model ranks (step 4 competes only within steps 1-3): at batch 16 the model had ranked the MLP's
 batch-1 records with its batch-64 ones and run it 1.055x the fit ranking's latency (``bench.growth --family
 transformers``, 3 runs); now the batch-64 records are its only contenders and it is the fit ranking's pick.
