@@ -134,7 +134,7 @@ def main() -> None:
     parser.add_argument("--tune", type=_batches, default=[256], help="held-out batches also tuned, for the tuned column")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds")
     parser.add_argument("--source-store", type=Path, help="keep the filled registry here and reuse it on the next run")
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "gpu" / "transfer.json")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "gpu" / "gpu_transfer.json", help="where the report reads it (bench gpu writes the same)")
     args = parser.parse_args()
     require_device(parser.prog, "cuda")
     command = " ".join(["python -m bench.gpu_transfer", *([f"--trials {args.trials}"] if args.trials else []), f"--source-batch {args.source_batch}",
