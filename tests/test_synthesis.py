@@ -293,3 +293,40 @@ def test_a_cpu_model_new_to_the_registry_borrows_the_model_of_its_neighbours_cpu
     assert report.kernels[0].op == lone and report.kernels[0].outcome == "synthesized"  # reached first: the compile's other kernels named the sibling
     x = np.random.default_rng(5).standard_normal((16, 64)).astype("float32")
     np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)
+
+
+def test_a_served_model_the_compile_cannot_use_is_only_a_model_less(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A served model of another feature width (a worker of another schedhub), and a registry whose every answer
+    is garbage (a hostile or broken server): the compile's model source says so in the log, serves no model and
+    raises nothing, so the compile goes on without synthesis."""
+    import logging
+
+    import msgpack
+
+    from schedhub.hooks.cache import KernelCache
+    from schedhub.hooks.costmodel import FEATURES, WIDTH
+    from schedhub.hooks.identity import compiler_fingerprint, target_text
+    from schedhub.hooks.measure import Budget
+    from schedhub.hooks.synthesis import LogModel
+    from schedhub.registry import CostModelEntry, RegistryClient
+
+    from .scripted_server import Reply, ScriptedServer
+
+    target = target_text(tvm.target.Target(HOST))
+    tree = {"left": [1, -1, -1], "right": [2, -1, -1], "feature": [1, 0, 0], "value": [0.5, -1.0, 1.0], "default_left": [1, 0, 0]}
+    narrow = CostModelEntry.from_obj({"target": target, "compiler": compiler_fingerprint(), "features": FEATURES, "trials": 900,
+                                      "model": {"width": WIDTH - 1, "base": 0.0, "trees": [tree]}})  # fmt: skip
+    caplog.set_level(logging.WARNING, logger="schedhub")
+    with LocalRegistry(tmp_path / "store", sync=False) as reg:
+        reg.push_cost_model(narrow, "worker")
+        assert reg.cost_model(target, compiler_fingerprint(), FEATURES) is not None  # the store serves it
+        models = LogModel(reg, KernelCache(tmp_path / "cache"), lambda e: True, verified_only=False)
+        assert models.served(target) is None and models.get(target, Budget(5)) is None  # nor a log to train on
+    assert f"reads {WIDTH - 1} features, not {WIDTH}" in caplog.text
+    caplog.clear()
+    garbage = Reply(200, "application/msgpack", msgpack.packb({"target": target, "model": [1, 2, 3]}))
+    with ScriptedServer(garbage) as scripted, RegistryClient(scripted.url, retries=0, timeout=2) as client:
+        models = LogModel(client, KernelCache(tmp_path / "cache"), lambda e: True, verified_only=False)
+        assert models.get(target, Budget(5)) is None and models.served(target) is None
+        assert scripted.requests == 2  # the model and the log, each asked once a session
+    assert "could not read the registry's cost model" in caplog.text and "could not read the registry's measurement log" in caplog.text
