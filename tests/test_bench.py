@@ -63,7 +63,8 @@ def test_baselines_and_kernels_are_timed_on_the_same_inputs() -> None:
     """The TVM-free copy the PyTorch process uses makes the arrays the hook's measurements make."""
     from schedhub.hooks.measure import random_inputs
 
-    info = [["TENSOR", "float32", [3, 5]], ["TENSOR", "int64", [4]], ["TENSOR", "float16", [2, 2]], ["TENSOR", "float32", [7]]]
+    info = [["TENSOR", "float32", [3, 5]], ["TENSOR", "int64", [4]], ["TENSOR", "bool", [6]], ["TENSOR", "float16", [2, 2]], ["TENSOR", "uint8", [3]],
+            ["TENSOR", "float32", [7]]]  # a mask drew from the stream in the copy, so every array after it differed
     for seed in (0, 3):
         got, want = kernels.random_arguments(info, seed), random_inputs(info, seed)
         assert all(g.dtype == w.dtype and np.array_equal(g, w) for g, w in zip(got, want, strict=True))

@@ -63,10 +63,10 @@ def random_arguments(args_info: list[Any], seed: int = 0) -> list[np.ndarray]:
         if not (isinstance(info, list) and len(info) == 3 and info[0] == "TENSOR"):
             raise ValueError(f"unsupported argument {info!r}: only tensors can be measured")
         _, dtype, shape = info
-        if dtype.startswith(("int", "uint")):
-            arrays.append(np.zeros(shape, dtype=dtype))  # indices: zero is valid for every op
-        else:
+        if np.dtype(dtype).kind == "f":
             arrays.append(rng.uniform(-1.0, 1.0, size=shape).astype(dtype))
+        else:  # indices and masks: zero (False) is valid for every op, and draws nothing from the stream
+            arrays.append(np.zeros(shape, dtype=dtype))
     return arrays
 
 
