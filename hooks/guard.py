@@ -64,6 +64,8 @@ def _walk(root: Any, limits: ScheduleLimits) -> None:
             if node.kind == tirx.ForKind.UNROLLED:
                 copies *= max(1, extent)
             elif node.kind == tirx.ForKind.VECTORIZED:
+                if not isinstance(node.extent, tirx.IntImm):  # a trace replayed on a symbolic size (a dynamic batch)
+                    raise ValueError(f"a vectorized loop of symbolic extent {node.extent}: LLVM's vectorizer needs a constant one")
                 lanes *= max(1, extent)
                 if lanes > limits.max_vector_lanes:
                     raise ScheduleTooCostly(f"vectorized loops of {lanes} lanes, over the limit of {limits.max_vector_lanes}")

@@ -35,7 +35,7 @@ from tvm_ffi.serialization import from_json_graph_str, to_json_graph_str
 from schedhub.registry import TARGET, Candidate, Identity, Record, Registry, RegistryError, Trust, keeps_default_schedule, signature_args_info, trust_filter, trusted
 
 from .cache import KernelCache, default_dir
-from .guard import ScheduleLimits
+from .guard import ScheduleLimits, check_scheduled
 from .identity import as_module, compiler_fingerprint, workload_identity
 from .defaults import default_contends, default_schedule
 from .measure import TIMING, Budget, KernelBench, Timing, build_all, machine, runs_here
@@ -252,18 +252,23 @@ class HookSession:
         module with the trace replayed (from the per-machine cache when it was replayed before), or None."""
         identity = self.identity(func, target, op)
         normalized = normalize_mod(func)
-        bench = (normalized, target) if self.measure > 0 and runs_here(target) else None
+        static = tunable(identity)  # a symbolic size (a dynamic batch) cannot be measured: its transfers are ranked only,
+        transfers = static or not default_contends(target)  # and on a GPU, where they could not be timed against DLight, not served
+        bench = (normalized, target) if self.measure > 0 and runs_here(target) and static else None
 
         def apply(record: Record, _args_info: list[Any] | None) -> tvm.IRModule | None:
             if keeps_default_schedule(record.trace):  # nothing beat the target's default: leave the kernel to it (DLight's on a GPU)
                 return None
-            return self._schedule(record, normalized, identity.key)
+            out = self._schedule(record, normalized, identity.key)
+            if not static:  # the bounds again, as they stand: a cached module may predate a check of symbolic loops
+                check_scheduled(out, self.limits)
+            return out
 
-        return self._serve(identity, apply, bench, (normalized, target))
+        return self._serve(identity, apply, bench, (normalized, target), transfers)
 
     def _serve(self, identity: Identity, apply: Callable[[Record, list[Any] | None], Any], bench: tuple[tvm.IRModule, Any] | None = None,
-               kernel: tuple[tvm.IRModule, Any] | None = None) -> Any:  # fmt: skip
-        """The first record (best first) that ``apply`` accepts; else the first candidate that does (a transfer); else None."""
+               kernel: tuple[tvm.IRModule, Any] | None = None, transfers: bool = True) -> Any:  # fmt: skip
+        """The first record (best first) that ``apply`` accepts; else (with ``transfers``) the first candidate that does (a transfer); else None."""
         if self.offline and not self._committed.get(identity.key):
             self._note(identity, OFFLINE)
             return None
@@ -276,7 +281,7 @@ class HookSession:
             self._note(identity, HIT, record.trace_id)
             return out
         self._pending_misses[identity.key] = identity  # a transfer too: the exact schedule is still to tune
-        transferred = self._transfer(identity, apply, bench, kernel)
+        transferred = self._transfer(identity, apply, bench, kernel) if transfers else None
         if transferred is not None:
             return transferred
         self._note(identity, FALLBACK if identity.key in self._refused_keys else MISS, *self._kept_default.pop(identity.key, ("", {})))

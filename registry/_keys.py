@@ -79,17 +79,24 @@ def target_device(target: str) -> str:
 # bias with the batch index where batch 4 writes a constant, and the same trace serves both.
 
 _TOKEN = re.compile(r'"(?:[^"\\\n]|\\.)*"|[A-Za-z_]\w*|\d+\.\d*(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+|(\d+)')
+_SYMBOLIC_SIZE = re.compile(r'^(\w+) = TypeVar\("\1"\)$', re.MULTILINE)  # the printer declares them first
+_MAX_DECLARATIONS_CHARS = 4096
 _SKELETON_LINE = re.compile(r"\s*(?:def |for |with T\.sblock\(|with T\.init\(|[\w, ]+= T\.axis\.|\w+ = T\.sblock_alloc_buffer\(|T\.where\()")
 
 
 def skeleton(workload: str) -> str:
-    """The lines of a canonical workload a trace depends on, integers replaced by ``?``."""
+    """The lines of a canonical workload a trace depends on, integers replaced by ``?``, and a symbolic size
+    (a variable the printer declares ``n = TypeVar("n")``: a dynamic batch or sequence length) written as a
+    static one is, ``T.int64(?)``: the same op with a dynamic dimension finds its static neighbours."""
+    symbolic = frozenset(_SYMBOLIC_SIZE.findall(workload, 0, _MAX_DECLARATIONS_CHARS))
     lines = (line for line in workload.splitlines() if _SKELETON_LINE.match(line))
-    return "\n".join(_TOKEN.sub(_abstract_int, line) for line in lines)
+    return "\n".join(_TOKEN.sub(lambda m: _abstract(m, symbolic), line) for line in lines)
 
 
-def _abstract_int(match: re.Match[str]) -> str:
-    return "?" if match.group(1) is not None else match.group(0)
+def _abstract(match: re.Match[str], symbolic: frozenset[str]) -> str:
+    if match.group(1) is not None:
+        return "?"
+    return "T.int64(?)" if match.group(0) in symbolic else match.group(0)
 
 
 def _digest(*fields: str) -> str:

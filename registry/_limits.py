@@ -126,6 +126,32 @@ def signature_args_info(workload: str) -> list[Any]:
     return [_buffer_arg(a.annotation, a.arg) for a in func.args.args]
 
 
+def signature_dims(workload: str) -> list[list[int]]:
+    """Each argument's dimensions as the workload's ``def main(...)`` signature declares them, a dimension that is
+    not a literal size (a symbolic one) as 0; [] where the signature does not parse as buffers."""
+    match = _SIGNATURE.search(workload, 0, _MAX_SIGNATURE_CHARS)
+    try:
+        tree = ast.parse(f"def main({match.group(1)}): pass") if match else None
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        tree = None
+    if tree is None or not isinstance(func := tree.body[0], ast.FunctionDef):
+        return []
+    out = []
+    for arg in func.args.args:
+        node = arg.annotation
+        if not (isinstance(node, ast.Call) and dotted_name(node.func) == "T.Buffer" and node.args):
+            return []
+        shape = node.args[0].elts if isinstance(node.args[0], ast.Tuple) else [node.args[0]]
+        dims = []
+        for dim in shape:
+            try:
+                dims.append(_dim(dim, arg.arg))
+            except InvalidRecord:
+                dims.append(0)
+        out.append(dims)
+    return out
+
+
 def _usual_signature(text: str) -> list[Any] | None:
     """ArgInfo of a signature in the printer's usual form, or None to parse it the general way."""
     out, pos = [], 0

@@ -22,7 +22,7 @@ from typing import Any
 
 from ._errors import InvalidRecord
 from ._keys import is_key
-from ._limits import MAX_DIM, check_text
+from ._limits import MAX_DIM, check_text, signature_dims
 from ._records import MAX_ARGS, Identity, Record
 
 COMPILER, SHAPE, TARGET = "compiler", "shape", "target"
@@ -33,7 +33,8 @@ MISMATCH = 1000.0  # distance of argument lists that do not line up
 
 
 def shape_distance(a: list[list[int]], b: list[list[int]]) -> float:
-    """Sum of |log2(x/y)| over corresponding dimensions; MISMATCH per argument of another rank."""
+    """Sum of |log2(x/y)| over corresponding dimensions; MISMATCH per argument of another rank. A dimension
+    of 0 in ``a`` (the probe) is a symbolic size: any size matches it."""
     if len(a) != len(b):
         return MISMATCH * max(len(a), len(b))
     total = 0.0
@@ -41,13 +42,17 @@ def shape_distance(a: list[list[int]], b: list[list[int]]) -> float:
         if len(dims_a) != len(dims_b):
             total += MISMATCH
             continue
-        total += sum(abs(math.log2(max(x, 1) / max(y, 1))) for x, y in zip(dims_a, dims_b))
+        total += sum(abs(math.log2(x / max(y, 1))) for x, y in zip(dims_a, dims_b) if x > 0)
     return total
 
 
-def dims_of(args_info: list[Any]) -> list[list[int]]:
-    """The dimensions of each argument of an ``args_info`` list."""
-    return [list(arg[2]) for arg in args_info]
+def dims_of(identity: Identity) -> list[list[int]]:
+    """The dimensions of each argument of ``identity``'s kernel: its ``args_info``'s, or where its shapes are
+    symbolic (``DYNAMIC``), its signature's, a symbolic size as 0 (:func:`shape_distance`)."""
+    if all(arg[0] == "TENSOR" for arg in identity.args_info):
+        return [list(arg[2]) for arg in identity.args_info]
+    dims = signature_dims(identity.workload)
+    return dims if len(dims) <= MAX_ARGS and all(len(d) <= MAX_RANK for d in dims) else []
 
 
 @dataclass(frozen=True)
@@ -62,7 +67,7 @@ class Probe:
 
     @classmethod
     def of(cls, identity: Identity) -> Probe:
-        return cls(identity.key, identity.structure, identity.workload_id, identity.target, dims_of(identity.args_info))
+        return cls(identity.key, identity.structure, identity.workload_id, identity.target, dims_of(identity))
 
     def to_dict(self) -> dict[str, Any]:
         return {"key": self.key, "structure": self.structure, "workload": self.workload, "target": self.target, "dims": self.dims}

@@ -811,7 +811,7 @@ def _structure_index(structure: str, key: str) -> bytes:
 
 def _describe(value: dict[str, Any], identity: Identity) -> None:
     """Keep on a key's value what ranking its neighbours needs: structure, workload id, shapes."""
-    value.update(st=identity.structure, wid=identity.workload_id, dims=dims_of(identity.args_info), fp=identity.fingerprint)
+    value.update(st=identity.structure, wid=identity.workload_id, dims=dims_of(identity), fp=identity.fingerprint)
 
 
 def _put_structure(txn: lmdb.Transaction, db: Any, key: str, value: dict[str, Any]) -> None:

@@ -130,6 +130,37 @@ def test_malformed_probes_are_refused_with_a_clear_error(client: RegistryClient,
         client._call("POST", "/v1/lookup", {"keys": [record(32).key], "candidates": 9})
 
 
+def test_a_symbolic_size_finds_the_neighbours_nearest_in_its_static_dimensions(local: LocalRegistry) -> None:
+    """A dynamic batch (the printer's ``n = TypeVar("n")``) abstracts as a static size does, so the same op at
+    static shapes is its neighbour; the distance counts only its static dimensions (the symbolic one as 0)."""
+
+    def sized(rows: str, cols: int, declared: str = "") -> tuple[str, list[Any]]:
+        text = f'{declared}@T.prim_func\ndef main(arg0: T.Buffer(({rows}, T.int64({cols})), "float32")): pass\n'
+        return text, [["TENSOR", "float32", [int(rows[8:-1]), cols]]] if rows.startswith("T.int64") else [["DYNAMIC", "", []]]
+
+    def identity(rows: str, cols: int, declared: str = "") -> Identity:  # as the hook makes it (no record has a symbolic size)
+        text, args_info = sized(rows, cols, declared)
+        return Identity(record_key("tvm=0.27;build-a", TARGET, text), SCHEMA_VERSION, "tvm=0.27;build-a", TARGET, text, "op1", args_info)
+
+    def made(rows: str, cols: int) -> Record:
+        text, args_info = sized(rows, cols)
+        return Record.from_obj({
+            "key": record_key("tvm=0.27;build-a", TARGET, text), "schema": SCHEMA_VERSION, "fingerprint": "tvm=0.27;build-a",
+            "target": TARGET, "workload": text, "op": "op1", "args_info": args_info,
+            "trace": json.dumps([[["GetSBlock", [], ["compute", "main"], ["b0"]]], []]), "run_secs": [1e-3], "provenance": {},
+        })  # fmt: skip
+
+    wider, far, near = made("T.int64(8)", 128), made("T.int64(4096)", 64), made("T.int64(2)", 64)
+    local.put_many([wider, far, near])
+    dynamic = identity("n", 64, declared='n = TypeVar("n")\n')
+    assert dynamic.structure == near.identity.structure and Probe.of(dynamic).dims == [[0, 64]]
+    near_first = local.lookup_with_candidates([dynamic], per_key=3)[1][dynamic.key]
+    assert [c.record.key for c in near_first][2] == wider.key  # 1 log2 unit off in its static dimension
+    assert {c.record.key for c in near_first[:2]} == {far.key, near.key} and [c.distance for c in near_first] == [0.0, 0.0, 1.0]
+    undeclared = identity("m", 64)  # a name the printer did not declare a size: another structure
+    assert undeclared.structure != near.identity.structure
+
+
 # -- the hook: real TVM builds ----------------------------------------------------------------------
 
 
@@ -176,6 +207,48 @@ def test_a_held_out_shape_is_served_by_transfer_with_correct_output_and_queued(r
     with use(registry, CPU, transfer=False) as session:
         tvm.compile(export(16), CPU)
     assert session.report.transfers == 0 and session.report.misses == 2
+
+
+def test_a_kernel_of_symbolic_batch_is_served_a_transfer_that_runs_right_at_any_batch(tmp_path: Path, registry: LocalRegistry) -> None:
+    """A model exported with a dynamic batch: its batch-dependent kernels find the batch-4 records as neighbours,
+    replay them with the batch loop outermost, and compute right at batches the tilings do not divide. Nothing is
+    queued (MetaSchedule tunes static shapes only); without transfers they keep TVM's default schedules."""
+    with LocalRegistry(tmp_path, sync=False) as reg:
+        reg.put_many([r for s in registry.summaries() for r in registry.get(s.key)])
+        with use(reg, CPU) as session:
+            ex = tvm.compile(export("n"), CPU)
+        report = session.reports[0]
+        assert report.transfers == 2 and report.misses == 0 and report.hits == 2  # the weight transposes: exact hits
+        assert all(k.detail.startswith("shape:") for k in report.kernels if k.outcome == "transfer")
+        assert reg.jobs("pending") == [] and any("not reported" in p for p in report.problems)
+        with use(reg, CPU, transfer=False) as plain:
+            tvm.compile(export("n"), CPU)
+        assert plain.report.transfers == 0 and plain.report.misses == 2
+    for batch in (1, 3, 16):
+        x = np.random.default_rng(batch).standard_normal((batch, 64)).astype("float32")
+        np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)
+
+
+def test_a_transfer_that_would_vectorize_a_symbolic_loop_is_not_served(tmp_path: Path) -> None:
+    """LLVM's vectorizer needs a constant extent. A record that vectorizes the batch loop at batch 4 replays on a
+    dynamic batch, but the kernel would fail TVM's lowering, and with it the user's compile: the hook drops it (the
+    kernel keeps the default) and serves it where the batch is static."""
+    kernel = next(k for k in kernels(export(4), CPU) if k.identity.op == "fused_matmul_add_relu")
+    sch = tvm.s_tir.Schedule(workload_module(kernel.identity.workload))
+    rows, cols = sch.get_loops(sch.get_sblock("compute"))
+    sch.reorder(cols, rows)
+    sch.vectorize(rows)
+    vectorized = Record(kernel.identity, json.dumps(plain_json(sch.trace.as_json()), separators=(",", ":")), [1e-4], {"tuner": "test"})
+    with LocalRegistry(tmp_path, sync=False) as reg:
+        reg.put(vectorized)
+        with use(reg, CPU) as session:
+            ex = tvm.compile(export("n"), CPU)
+        with use(reg, CPU) as static:
+            tvm.compile(export(8), CPU)
+    assert {k.op: k.outcome for k in session.report.kernels}["fused_matmul_add_relu"] == "miss"
+    assert {k.op: k.outcome for k in static.report.kernels}["fused_matmul_add_relu"] == "transfer"
+    x = np.random.default_rng(5).standard_normal((3, 64)).astype("float32")
+    np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)
 
 
 def test_a_default_schedule_record_is_never_transferred(tmp_path: Path, registry: LocalRegistry) -> None:

@@ -34,6 +34,11 @@ class ConvBN(nn.Module):
         return nn.relu(y) if self.relu else y
 
 
+def _size(dim: Any) -> Any:
+    """A static dimension as an int, a symbolic one as the variable it is."""
+    return int(dim) if isinstance(dim, (int, tvm.tirx.IntImm)) else dim
+
+
 def _global_pool(x: nn.Tensor) -> nn.Tensor:
     _, _, h, w = x.shape
     return nn.op.sum(x, axis=[2, 3]) * (1.0 / (int(h) * int(w)))
@@ -130,7 +135,8 @@ class BertLayer(nn.Module):
         self.norm2 = nn.LayerNorm(hidden)
 
     def forward(self, x: nn.Tensor) -> nn.Tensor:
-        b, s, h = (int(d) for d in x.shape)
+        b, s = (_size(d) for d in x.shape[:2])  # a batch or a sequence length may be symbolic (a dynamic shape)
+        h = int(x.shape[2])
         d = h // self.heads
         qkv = nn.op.reshape(self.qkv(x), (b, s, 3, self.heads, d))
         q, k, v = (nn.op.permute_dims(nn.op.squeeze(t, 2), [0, 2, 1, 3]) for t in nn.op.split(qkv, 3, axis=2))
