@@ -1,0 +1,124 @@
+"""Models exported with a dynamic dimension: what the hook serves a kernel whose size is symbolic.
+
+MetaSchedule tunes static shapes only, so a model exported with a symbolic batch or sequence length
+(``nn.spec.Tensor(("n", 256))``) has no exact record anywhere. Its kernels find the same ops at static shapes
+as neighbours (``registry._keys.skeleton``), and the hook serves the nearest in the static dimensions, replayed
+with the symbolic loop outermost (ranked, never measured: a symbolic kernel has no inputs to time it on).
+This compares, at several sizes the model is then run at:
+
+- ``default``: the dynamic model compiled plainly (TVM's default schedules);
+- ``dynamic``: the dynamic model compiled once through the hook;
+- ``static``: the model exported at that size, compiled through the hook (transfers too: the reference a
+  static export would get from the same registry).
+
+The registry: ``--source-store DIR`` (filled there as ``bench.transfer --quick`` fills it when empty). Each
+compile has an empty kernel cache; the executables are timed side by side in interleaved rounds. Not part
+of ``bench all``.
+
+    python -m bench.dynamic --source-store DIR [--runs 3] [--rounds 5] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from schedhub.registry import LocalRegistry
+from schedhub.tuner import cluster, models, tvm_env
+
+from .models import check_agreement, network_input, time_side_by_side
+from .stats import study_arguments, write_study
+from .transfer import MODES, compile_and_load, fill
+
+#: (network, its symbolic dimension, the sizes it is run at)
+CASES = [("mlp", "batch", [1, 7, 16, 64]), ("bert_layer", "seq", [17, 64, 100])]
+
+
+def run(source_store: Path, runs: int, rounds: int) -> dict[str, Any]:
+    import tvm
+
+    tvm_env.prepare()
+    target = tvm.target.Target(tvm_env.host_target())
+    out: dict[str, Any] = {"target": tvm_env.host_target(), "rounds": rounds, "runs": []}
+    if not (source_store / "data.mdb").exists():
+        cluster.start()
+        started = time.time()
+        with LocalRegistry(source_store) as source:
+            fill(source, MODES["quick"]["source"], target, MODES["quick"]["options"])
+        out["fill_secs"] = time.time() - started
+        cluster.stop()
+    with tempfile.TemporaryDirectory(prefix="schedhub-dynamic-") as tmp:
+        shutil.copytree(source_store, Path(tmp) / "store")  # a refused record is complained about: a write
+        with LocalRegistry(Path(tmp) / "store") as registry:
+            out["records"] = len(registry.summaries())
+            for r in range(runs):
+                rows = [row for name, dim, sizes in CASES for row in _network(registry, target, name, dim, sizes, Path(tmp) / f"run{r}-{name}", rounds)]
+                for row in rows:
+                    print({k: row[k] for k in ("network", "size", "dynamic_over_static", "default_over_dynamic")}, flush=True)
+                out["runs"].append(rows)
+    out["summary"] = _summary(out["runs"])
+    return out
+
+
+def _network(registry: LocalRegistry, target: Any, name: str, dim: str, sizes: list[int], workdir: Path, rounds: int) -> list[dict[str, Any]]:
+    """``name`` exported with ``dim`` symbolic, compiled plainly and through the hook, and at each size statically
+    through the hook; one row per size, each timed side by side."""
+    import tvm
+
+    from schedhub import hooks
+
+    dynamic_mod, _, _ = models.export_with_weights(name, **{dim: "n"})  # type: ignore[arg-type]
+    default, default_secs = compile_and_load(lambda: tvm.compile(dynamic_mod, target))
+    with hooks.use(registry, target, report_misses=False, cache=workdir / "dynamic") as session:
+        dynamic, dynamic_secs = compile_and_load(lambda: tvm.compile(dynamic_mod, target))
+    report = session.report
+    rows = []
+    for size in sizes:
+        static_mod, _, input_shape = models.export_with_weights(name, **{dim: size})
+        with hooks.use(registry, target, report_misses=False, cache=workdir / f"static-{size}") as static_session:
+            static, static_secs = compile_and_load(lambda: tvm.compile(static_mod, target))
+        timing, errors = time_side_by_side({"static": static, "dynamic": dynamic, "default": default}, network_input(input_shape), rounds)
+        check_agreement(f"{name} {dim}={size}", errors)
+        ms = {label: t["median"] for label, t in timing.items()}
+        rows.append({
+            "network": name, "size": {dim: size}, "timing": timing, "max_rel_error": errors,
+            "compile_secs": {"default": default_secs, "dynamic": dynamic_secs, "static": static_secs},
+            "dynamic_report": {"transfers": report.transfers, "hits": report.hits, "misses": report.misses},
+            "static_report": {"transfers": static_session.report.transfers, "hits": static_session.report.hits, "misses": static_session.report.misses},
+            "dynamic_over_static": ms["dynamic"] / ms["static"], "default_over_dynamic": ms["default"] / ms["dynamic"],
+        })  # fmt: skip
+    return rows
+
+
+def _summary(runs: list[list[dict[str, Any]]]) -> dict[str, Any]:
+    """Per network and size: medians over runs of the latency ratios, of the milliseconds, and of the compiles' seconds."""
+    found: dict[str, dict[str, list[float]]] = {}
+    for row in (row for rows in runs for row in rows):
+        (dim, size), = row["size"].items()
+        cell = found.setdefault(f"{row['network']} {dim}={size}", {})
+        for key in ("dynamic_over_static", "default_over_dynamic"):
+            cell.setdefault(key, []).append(row[key])
+        for label, t in row["timing"].items():
+            cell.setdefault(f"{label} ms", []).append(t["median"])
+        for label, secs in row["compile_secs"].items():
+            cell.setdefault(f"compile_s {label}", []).append(secs)
+        for outcome in ("transfers", "misses"):
+            cell.setdefault(f"dynamic {outcome}", []).append(row["dynamic_report"][outcome])
+    return {net: {k: statistics.median(v) for k, v in c.items()} for net, c in found.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--source-store", type=Path, required=True, help="the registry (filled as bench.transfer --quick fills it when empty)")
+    study_arguments(parser)
+    args = parser.parse_args()
+    write_study(run(args.source_store, args.runs, args.rounds), args.out)
+
+
+if __name__ == "__main__":
+    main()
