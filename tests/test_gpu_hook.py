@@ -153,3 +153,26 @@ def test_the_generated_cuda_source_compiles_for_sm_90(tmp_path: Path, mlp: dict)
     done = subprocess.run([str(nvcc), "-arch=sm_90", "--ptx", str(source), "-o", str(tmp_path / "kernels.ptx")], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert ".entry transpose_kernel" in (tmp_path / "kernels.ptx").read_text()
+
+
+def test_a_kernel_of_symbolic_batch_keeps_dlights_schedule_on_a_gpu(tmp_path: Path) -> None:
+    """A symbolic kernel's transfers cannot be timed against DLight's schedule, which handles symbolic sizes:
+    on a GPU it keeps DLight's, where the same record transfers to a static batch."""
+    from tvm.relax.frontend import nn
+
+    class Shifted(nn.Module):
+        def forward(self, x: nn.Tensor) -> nn.Tensor:
+            return nn.relu(x) + 1.0
+
+    def export(batch: int | str) -> tvm.IRModule:
+        return Shifted().export_tvm({"forward": {"x": nn.spec.Tensor((batch, 256), "float32")}})[0]
+
+    (kernel,) = models.kernels(export(4), CUDA)
+    with LocalRegistry(tmp_path) as reg:
+        reg.put(threads_record(kernel.identity, 64))
+        with use(reg, CUDA) as static:
+            static_bounds = launch_bounds(tvm.compile(export(8), CUDA))
+        with use(reg, CUDA) as dynamic:
+            dynamic_bounds = launch_bounds(tvm.compile(export("n"), CUDA))
+    assert [k.outcome for k in static.report.kernels] == ["transfer"] and list(static_bounds.values()) == [64]
+    assert [k.outcome for k in dynamic.report.kernels] == ["miss"] and list(dynamic_bounds.values()) != [64]  # DLight's
