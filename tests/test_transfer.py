@@ -130,7 +130,7 @@ def test_malformed_probes_are_refused_with_a_clear_error(client: RegistryClient,
         client._call("POST", "/v1/lookup", {"keys": [record(32).key], "candidates": 9})
 
 
-def test_a_symbolic_size_finds_the_neighbours_nearest_in_its_static_dimensions(local: LocalRegistry) -> None:
+def test_a_symbolic_size_finds_the_neighbours_nearest_in_its_static_dimensions(local: LocalRegistry, client: RegistryClient) -> None:
     """A dynamic batch (the printer's ``n = TypeVar("n")``) abstracts as a static size does, so the same op at
     static shapes is its neighbour; the distance counts only its static dimensions (the symbolic one as 0)."""
 
@@ -151,12 +151,13 @@ def test_a_symbolic_size_finds_the_neighbours_nearest_in_its_static_dimensions(l
         })  # fmt: skip
 
     wider, far, near = made("T.int64(8)", 128), made("T.int64(4096)", 64), made("T.int64(2)", 64)
-    local.put_many([wider, far, near])
     dynamic = identity("n", 64, declared='n = TypeVar("n")\n')
     assert dynamic.structure == near.identity.structure and Probe.of(dynamic).dims == [[0, 64]]
-    near_first = local.lookup_with_candidates([dynamic], per_key=3)[1][dynamic.key]
-    assert [c.record.key for c in near_first][2] == wider.key  # 1 log2 unit off in its static dimension
-    assert {c.record.key for c in near_first[:2]} == {far.key, near.key} and [c.distance for c in near_first] == [0.0, 0.0, 1.0]
+    for registry in (local, client):  # the probe crosses HTTP as it is
+        registry.put_many([wider, far, near])
+        near_first = registry.lookup_with_candidates([dynamic], per_key=3)[1][dynamic.key]
+        assert [c.record.key for c in near_first][2] == wider.key  # 1 log2 unit off in its static dimension
+        assert {c.record.key for c in near_first[:2]} == {far.key, near.key} and [c.distance for c in near_first] == [0.0, 0.0, 1.0]
     undeclared = identity("m", 64)  # a name the printer did not declare a size: another structure
     assert undeclared.structure != near.identity.structure
 
