@@ -117,7 +117,8 @@ OPENAPI: dict[str, Any] = {
                 "probes": {"type": "array", "maxItems": 4096, "items": {"type": "object", "required": ["key", "structure", "workload", "target", "dims"], "properties": {
                     "key": {"type": "string", "pattern": "^[0-9a-f]{64}$"}, "structure": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
                     "workload": {"type": "string", "pattern": "^[0-9a-f]{64}$"}, "target": {"type": "string", "maxLength": 4096},
-                    "dims": {"type": "array", "maxItems": 256, "items": {"type": "array", "maxItems": 16, "items": {"type": "integer", "minimum": 0, "maximum": 2147483647}}}}}}}},
+                    "dims": {"type": "array", "maxItems": 256, "description": "each argument's dimensions; 0: a symbolic size, which any size matches",
+                             "items": {"type": "array", "maxItems": 16, "items": {"type": "integer", "minimum": 0, "maximum": 2147483647}}}}}}}},
             "Complaint": {"type": "object", "required": ["trace_id"], "properties": {"trace_id": {"type": "string", "pattern": "^[0-9a-f]{16}$"}, "reason": {"type": "string"}}},
             "LeaseRequest": {"type": "object", "required": ["worker"], "properties": {
                 "worker": {"type": "string"}, "max_jobs": {"type": "integer", "minimum": 1, "maximum": 100},
