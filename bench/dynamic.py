@@ -20,11 +20,8 @@ of ``bench all``.
 
 from __future__ import annotations
 
-import argparse
-import shutil
 import statistics
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +29,8 @@ from schedhub.registry import LocalRegistry
 from schedhub.tuner import cluster, models, tvm_env
 
 from .models import check_agreement, network_input, time_side_by_side
-from .stats import study_arguments, write_study
-from .transfer import MODES, compile_and_load, fill
+from .stats import store_study_main
+from .transfer import MODES, compile_and_load, filled_store
 
 #: (network, its symbolic dimension, the sizes it is run at)
 CASES = [("mlp", "batch", [1, 7, 16, 64]), ("bert_layer", "seq", [17, 64, 100])]
@@ -45,16 +42,12 @@ def run(source_store: Path, runs: int, rounds: int) -> dict[str, Any]:
     tvm_env.prepare()
     target = tvm.target.Target(tvm_env.host_target())
     out: dict[str, Any] = {"target": tvm_env.host_target(), "rounds": rounds, "runs": []}
-    if not (source_store / "data.mdb").exists():
-        cluster.start()
-        started = time.time()
-        with LocalRegistry(source_store) as source:
-            fill(source, MODES["quick"]["source"], target, MODES["quick"]["options"])
-        out["fill_secs"] = time.time() - started
-        cluster.stop()
     with tempfile.TemporaryDirectory(prefix="schedhub-dynamic-") as tmp:
-        shutil.copytree(source_store, Path(tmp) / "store")  # a refused record is complained about: a write
-        with LocalRegistry(Path(tmp) / "store") as registry:
+        if not (source_store / "data.mdb").exists():
+            cluster.start()  # the fill tunes on Ray
+        out["fill_secs"] = filled_store(Path(tmp) / "store", source_store, MODES["quick"]["source"], target, MODES["quick"]["options"])
+        cluster.stop()
+        with LocalRegistry(Path(tmp) / "store") as registry:  # a copy: a refused record is complained about, a write
             out["records"] = len(registry.summaries())
             for r in range(runs):
                 rows = [row for name, dim, sizes in CASES for row in _network(registry, target, name, dim, sizes, Path(tmp) / f"run{r}-{name}", rounds)]
@@ -113,11 +106,7 @@ def _summary(runs: list[list[dict[str, Any]]]) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--source-store", type=Path, required=True, help="the registry (filled as bench.transfer --quick fills it when empty)")
-    study_arguments(parser)
-    args = parser.parse_args()
-    write_study(run(args.source_store, args.runs, args.rounds), args.out)
+    store_study_main(__doc__, run)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ Not part of ``bench all``.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import shutil
@@ -38,7 +37,7 @@ from schedhub.registry import LocalRegistry
 from schedhub.tuner import cluster, models, tvm_env
 
 from .models import check_agreement, network_input, time_side_by_side
-from .stats import study_arguments, write_study
+from .stats import store_study_main
 from .transfer import MODES, RELAX, compile_and_load, fill
 
 NETWORKS = [(name, shape) for name, shape, frontend in MODES["quick"]["held_out"] if frontend == RELAX]
@@ -137,11 +136,7 @@ def _summary(runs: list[list[dict[str, Any]]]) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--source-store", type=Path, required=True, help="a registry filled as bench.transfer --quick fills it (filled here when empty)")
-    study_arguments(parser)
-    args = parser.parse_args()
-    write_study(run(args.source_store, args.runs, args.rounds), args.out)
+    store_study_main(__doc__, run)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import json
 import math
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +67,16 @@ def study_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", type=Path, default=None)
+
+
+def store_study_main(doc: str, run: Callable[[Path, int, int], dict[str, Any]]) -> None:
+    """The command line of a study over one registry: ``--source-store DIR`` (filled as ``bench.transfer --quick``
+    fills its source when empty) and :func:`study_arguments`; ``run(store, runs, rounds)`` is written by :func:`write_study`."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--source-store", type=Path, required=True, help="a registry filled as bench.transfer --quick fills it (filled here when empty)")
+    study_arguments(parser)
+    args = parser.parse_args()
+    write_study(run(args.source_store, args.runs, args.rounds), args.out)
 
 
 def write_study(result: dict[str, Any], out: Path | None) -> None:

@@ -318,6 +318,20 @@ def test_a_served_model_study_summarizes_the_models_latency_over_the_fit_ranking
     assert found["compile_s model"] == 6.0 and found["compile_s fit"] == 4.0 and found["picked_differently"] == 3
 
 
+def test_a_dynamic_shape_study_summarizes_each_size_over_runs() -> None:
+    from bench.dynamic import _summary
+
+    def row(size: int, dynamic_ms: float) -> dict:
+        timing = {"static": {"median": 2.0}, "dynamic": {"median": dynamic_ms}, "default": {"median": 80.0}}
+        return {"network": "net", "size": {"seq": size}, "timing": timing, "dynamic_over_static": dynamic_ms / 2.0, "default_over_dynamic": 80.0 / dynamic_ms,
+                "compile_secs": {"default": 1.0, "dynamic": 1.5, "static": 1.2}, "dynamic_report": {"transfers": 8, "misses": 6}}  # fmt: skip
+
+    found = _summary([[row(17, 3.0), row(64, 4.0)], [row(17, 5.0), row(64, 8.0)], [row(17, 4.0), row(64, 6.0)]])
+    assert set(found) == {"net seq=17", "net seq=64"}
+    assert found["net seq=17"]["dynamic_over_static"] == 2.0 and found["net seq=64"]["dynamic ms"] == 6.0
+    assert found["net seq=64"]["default_over_dynamic"] == 80.0 / 6.0 and found["net seq=17"]["dynamic misses"] == 6
+
+
 def test_a_report_of_a_mode_with_no_recorded_run_says_so_and_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from bench import __main__ as bench_main
 
