@@ -252,7 +252,7 @@ class HookSession:
         module with the trace replayed (from the per-machine cache when it was replayed before), or None."""
         identity = self.identity(func, target, op)
         normalized = normalize_mod(func)
-        static = tunable(identity)  # a symbolic size (a dynamic batch) cannot be measured: its transfers are ranked only,
+        static = not identity.symbolic  # a symbolic size (a dynamic batch) cannot be measured: its transfers are ranked only,
         transfers = static or not default_contends(target)  # and on a GPU, where they could not be timed against DLight, not served
         bench = (normalized, target) if self.measure > 0 and runs_here(target) and static else None
 

@@ -117,13 +117,7 @@ def signature_args_info(workload: str) -> list[Any]:
     fast = _usual_signature(match.group(1))
     if fast is not None:
         return fast
-    try:
-        tree = ast.parse(f"def main({match.group(1)}): pass")
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        raise InvalidRecord("the workload's signature does not parse") from None
-    func = tree.body[0]
-    assert isinstance(func, ast.FunctionDef)
-    return [_buffer_arg(a.annotation, a.arg) for a in func.args.args]
+    return [_buffer_arg(a.annotation, a.arg) for a in _signature_args(match.group(1))]
 
 
 def signature_dims(workload: str) -> list[list[int]]:
@@ -131,25 +125,20 @@ def signature_dims(workload: str) -> list[list[int]]:
     not a literal size (a symbolic one) as 0; [] where the signature does not parse as buffers."""
     match = _SIGNATURE.search(workload, 0, _MAX_SIGNATURE_CHARS)
     try:
-        tree = ast.parse(f"def main({match.group(1)}): pass") if match else None
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        tree = None
-    if tree is None or not isinstance(func := tree.body[0], ast.FunctionDef):
+        return [[_dim_or_zero(d, a.arg) for d in _buffer_shape(a.annotation, a.arg)] for a in _signature_args(match.group(1) if match else "")]
+    except InvalidRecord:
         return []
-    out = []
-    for arg in func.args.args:
-        node = arg.annotation
-        if not (isinstance(node, ast.Call) and dotted_name(node.func) == "T.Buffer" and node.args):
-            return []
-        shape = node.args[0].elts if isinstance(node.args[0], ast.Tuple) else [node.args[0]]
-        dims = []
-        for dim in shape:
-            try:
-                dims.append(_dim(dim, arg.arg))
-            except InvalidRecord:
-                dims.append(0)
-        out.append(dims)
-    return out
+
+
+def _signature_args(params: str) -> list[ast.arg]:
+    """The arguments of a ``def main(...)`` signature's parameter text (raises InvalidRecord when it does not parse)."""
+    try:
+        tree = ast.parse(f"def main({params}): pass")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        raise InvalidRecord("the workload's signature does not parse") from None
+    func = tree.body[0]
+    assert isinstance(func, ast.FunctionDef)
+    return func.args.args
 
 
 def _usual_signature(text: str) -> list[Any] | None:
@@ -171,17 +160,30 @@ def _usual_signature(text: str) -> list[Any] | None:
 
 
 def _buffer_arg(node: ast.expr | None, name: str) -> list[Any]:
-    if not (isinstance(node, ast.Call) and dotted_name(node.func) == "T.Buffer" and node.args and not node.keywords):
-        raise InvalidRecord(f"workload argument {name!r} is not a static T.Buffer")
-    shape_node = node.args[0]
-    dims = shape_node.elts if isinstance(shape_node, ast.Tuple) else [shape_node]
-    shape = [_dim(d, name) for d in dims]
+    shape = [_dim(d, name) for d in _buffer_shape(node, name)]
+    assert isinstance(node, ast.Call)
     dtype = "float32"
     if len(node.args) > 1:
         if not (isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
             raise InvalidRecord(f"workload argument {name!r} has no literal dtype")
         dtype = node.args[1].value
     return ["TENSOR", dtype, shape]
+
+
+def _buffer_shape(node: ast.expr | None, name: str) -> list[ast.expr]:
+    """The dimension nodes of a ``T.Buffer(shape, …)`` annotation (raises InvalidRecord for anything else)."""
+    if not (isinstance(node, ast.Call) and dotted_name(node.func) == "T.Buffer" and node.args and not node.keywords):
+        raise InvalidRecord(f"workload argument {name!r} is not a static T.Buffer")
+    shape_node = node.args[0]
+    return list(shape_node.elts) if isinstance(shape_node, ast.Tuple) else [shape_node]
+
+
+def _dim_or_zero(node: ast.expr, name: str) -> int:
+    """:func:`_dim`, or 0 for a dimension that is not a literal size (a symbolic one)."""
+    try:
+        return _dim(node, name)
+    except InvalidRecord:
+        return 0
 
 
 def _dim(node: ast.expr, name: str) -> int:

@@ -49,7 +49,7 @@ def shape_distance(a: list[list[int]], b: list[list[int]]) -> float:
 def dims_of(identity: Identity) -> list[list[int]]:
     """The dimensions of each argument of ``identity``'s kernel: its ``args_info``'s, or where its shapes are
     symbolic (``DYNAMIC``), its signature's, a symbolic size as 0 (:func:`shape_distance`)."""
-    if all(arg[0] == "TENSOR" for arg in identity.args_info):
+    if not identity.symbolic:
         return [list(arg[2]) for arg in identity.args_info]
     dims = signature_dims(identity.workload)
     return dims if len(dims) <= MAX_ARGS and all(len(d) <= MAX_RANK for d in dims) else []

@@ -195,6 +195,12 @@ class Identity:
         """The structure id: this op at any shape, under any compiler (``_keys.structure_key``)."""
         return structure_key(self.target, self.workload, self.schema)
 
+    @property
+    def symbolic(self) -> bool:
+        """Whether an argument has a symbolic size (``args_info`` ``DYNAMIC``, as the hook writes it for a dynamic
+        batch): MetaSchedule cannot tune the kernel, and no record of it exists."""
+        return not all(isinstance(arg, list) and arg and arg[0] == "TENSOR" for arg in self.args_info)
+
     @functools.cached_property
     def workload_id(self) -> str:
         """The workload id: this workload on this target under any compiler (``_keys.workload_key``)."""
