@@ -41,6 +41,7 @@ from .defaults import default_contends, default_schedule
 from .measure import TIMING, Budget, KernelBench, Timing, build_all, machine, runs_here
 from .msdb import normalize_mod, replay_within, tuning_record
 from .objects import OBJECT_ID, ObjectCache
+from .padding import PADDED, padded_dispatch
 from .costmodel import WIDTH, CostModel, features, flops
 from .ranking import SYNTHESIZED, Retiling, effort, model_decides, model_rank_key, rank_key, retiled, speed, work
 from .synthesis import TIMED, LogModel, check_sample_count, synthesize
@@ -259,7 +260,7 @@ class HookSession:
         def apply(record: Record, _args_info: list[Any] | None) -> tvm.IRModule | None:
             if keeps_default_schedule(record.trace):  # nothing beat the target's default: leave the kernel to it (DLight's on a GPU)
                 return None
-            out = self._schedule(record, normalized, identity.key)
+            out = self._schedule(record, normalized, identity.key, padded=not static)
             if not static:  # the bounds again, as they stand: a cached module may predate a check of symbolic loops
                 check_scheduled(out, self.limits)
             return out
@@ -293,11 +294,13 @@ class HookSession:
         self._retiled[(key, record.trace_id)] = retiled(json.loads(record.trace), tr.trace)
         return tr
 
-    def _schedule(self, record: Record, normalized: tvm.IRModule, key: str) -> tvm.IRModule:
+    def _schedule(self, record: Record, normalized: tvm.IRModule, key: str, padded: bool = False) -> tvm.IRModule:
         """``normalized`` with ``record``'s trace replayed once and checked against the bounds, or
         from the cache (keyed by the kernel's key, the trace and the bounds: the same canonical
-        workload up to parameter names); raises if it does not apply, also when it did not before."""
-        parts = (key, record.trace, repr(self.limits))
+        workload up to parameter names); raises if it does not apply, also when it did not before.
+        ``padded`` (a kernel of symbolic size): its symbolic loops padded to the recorded tiles where that
+        replays within the bounds (:mod:`.padding`), else as TVM re-derives them."""
+        parts = (key, record.trace, repr(self.limits), *((PADDED,) if padded else ()))
         entry = self.cache.get("scheduled", *parts)
         if entry is not None and isinstance(entry.get("error"), str):
             raise ReplayFailed(entry["error"])
@@ -310,6 +313,7 @@ class HookSession:
             try:
                 sch = replay_within(normalized, record.trace, self.limits)
                 mod, tiles = sch.mod, retiled(json.loads(record.trace), sch.trace)
+                mod = (self._padded(normalized, record, sch) if padded else None) or mod
             except Exception as exc:
                 self.cache.put("scheduled", parts, {"error": f"{exc.__class__.__name__}: {str(exc)[:2000]}"})
                 raise
@@ -319,6 +323,17 @@ class HookSession:
         out = mod.clone()
         out.update_func(out.get_global_var("main"), mod["main"].with_attr(OBJECT_ID, KernelCache.name("object", *parts)))
         return out
+
+    def _padded(self, normalized: tvm.IRModule, record: Record, replayed: tvm.s_tir.Schedule) -> tvm.IRModule | None:
+        """:func:`.padding.padded_dispatch` within the bounds, or None (nothing to pad, or the padded replay failed or is too costly)."""
+        try:
+            out = padded_dispatch(normalized, json.loads(record.trace), replayed)
+            if out is not None:
+                check_scheduled(out, self.limits)
+            return out
+        except Exception as exc:  # TVM's errors, a trace that lists other blocks, ScheduleTooCostly, JSON the plain replay let pass
+            log.debug("schedhub: %s not padded on %s: %s", record.trace_id, record.identity.op, str(exc)[:200])
+            return None
 
     def _transfer(self, identity: Identity, apply: Callable[[Record, list[Any] | None], Any], bench: tuple[tvm.IRModule, Any] | None = None,
                   kernel: tuple[tvm.IRModule, Any] | None = None) -> Any:  # fmt: skip

@@ -230,6 +230,46 @@ def test_a_kernel_of_symbolic_batch_is_served_a_transfer_that_runs_right_at_any_
         np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)
 
 
+def postprocessed_record(batch: int, row_tiles: list[int], cache_write: bool = False) -> Record:
+    """A MetaSchedule-style record of the MLP's first kernel at ``batch``: its rows tiled by a sampled perfect tiling
+    (``row_tiles``, the decision), columns by [8, 16] (the result written through a cache block: ``cache_write``),
+    then postprocessing that finds the root's children."""
+    kernel = next(k for k in kernels(export(batch), CPU) if k.identity.op == "fused_matmul_add_relu")
+    sch = tvm.s_tir.Schedule(workload_module(kernel.identity.workload))
+    rows, cols, red = sch.get_loops(sch.get_sblock("matmul"))
+    r0, r1, r2 = sch.split(rows, sch.sample_perfect_tile(rows, n=3, decision=row_tiles))
+    c0, c1 = sch.split(cols, sch.sample_perfect_tile(cols, n=2, decision=[8, 16]))
+    sch.reorder(r0, c0, r1, red, r2, c1)
+    if cache_write:
+        sch.cache_write(sch.get_sblock("matmul"), 0, "global")
+    sch.enter_postproc()
+    matmul, *_ = sch.get_child_blocks(sch.get_sblock("root"))
+    sch.parallel(sch.get_loops(matmul)[0])
+    sch.vectorize(c1)
+    return Record(kernel.identity, json.dumps(plain_json(sch.trace.as_json()), separators=(",", ":")), [1e-4], {"tuner": "test"})
+
+
+@pytest.mark.parametrize("row_tiles, cache_write, padded", [([2, 2, 4], False, True), ([1, 1, 16], False, True), ([1, 1, 1], False, False), ([2, 2, 4], True, False)])
+def test_a_symbolic_batch_keeps_the_recorded_row_tiles_padded_where_the_batch_fills_half_a_tile(tmp_path: Path, row_tiles: list[int], cache_write: bool, padded: bool) -> None:
+    """TVM re-derives a tiling of a symbolic loop as [n, 1, 1] (one row a task); the hook pads the matmul's rows to the
+    recorded inner tiles instead and replays the trace with them (its postprocessing given the padding copy), run where
+    the batch is at least half a tile, the re-derivation below. Right at every batch, either side of the switch and
+    off the tile. A tiling that was all ones has nothing to keep; a trace whose blocks padding renames (its cache
+    block writes the padded buffer) is served as TVM re-derives it."""
+    with LocalRegistry(tmp_path, sync=False) as reg:
+        reg.put(postprocessed_record(16, row_tiles, cache_write))
+        with use(reg, CPU, link=False):
+            lowered = relax.get_pipeline("schedhub")(export("n"))
+        with use(reg, CPU) as session:
+            ex = tvm.compile(export("n"), CPU)
+    assert {k.op: k.outcome for k in session.report.kernels}["fused_matmul_add_relu"] == "transfer"
+    kernel = next(f for gv, f in lowered.functions_items() if gv.name_hint == "fused_matmul_add_relu")
+    assert ('T.sblock("padded")' in kernel.script()) == padded
+    for batch in (1, 3, 4, 5, 8, 13, 40):
+        x = np.random.default_rng(batch).standard_normal((batch, 64)).astype("float32")
+        np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)
+
+
 def test_a_transfer_that_would_vectorize_a_symbolic_loop_is_not_served(tmp_path: Path) -> None:
     """LLVM's vectorizer needs a constant extent. A record that vectorizes the batch loop at batch 4 replays on a
     dynamic batch, but the kernel would fail TVM's lowering, and with it the user's compile: the hook drops it (the

@@ -1,0 +1,203 @@
+"""A trace replayed on a kernel of symbolic size, with the symbolic loops tiled as recorded.
+
+TVM re-derives a recorded tiling of a loop whose extent is symbolic (a dynamic batch or sequence length) as
+``[n, 1, 1, 1]``: the loop runs outermost, untiled, and a matmul's every parallel task computes one row, so
+the weights stream through the cache once a row. Keeping the recorded inner tiles with a predicate for the
+remainder puts a bounds check in the innermost loop and was slower still (ARCHITECTURE §8).
+
+Here the einsum's symbolic spatial loops are padded instead (``pad_einsum``) to a multiple of the recorded
+inner tiles, so the same trace replays with those tiles and no predicate in the hot loop: rows past ``n``
+are computed into a padded buffer and dropped. The padded input copies are parallel loops of their own. The
+kernel runs that schedule where every padded size ``n`` is at least half its tile (padding at most doubles
+the work) and TVM's re-derivation below it (a batch of 1 would otherwise compute a whole tile).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import tvm
+import tvm_ffi
+from tvm import s_tir, tirx
+
+from .errors import TVM_ERRORS
+
+
+PADDED = "symbolic loops padded to their recorded tiles"  # in the kernel cache's key of a symbolic kernel's schedule
+MAX_TILE = 1024  # the largest product of recorded inner tiles a symbolic loop is padded to
+VECTOR = 16  # lanes a padded copy's innermost loop is vectorized by, where its extent divides
+
+
+@dataclass(frozen=True)
+class _Tiling:
+    instruction: int  # the SamplePerfectTile's index in the trace
+    block: str
+    loop: int  # the loop's position among the block's loops (its iteration variable's, under trivial binding)
+    inner: list[int]  # the recorded tile sizes inside the outermost
+
+
+def padded_dispatch(normalized: tvm.IRModule, trace: list[Any], rederived: tvm.s_tir.Schedule) -> tvm.IRModule | None:
+    """``normalized`` (a kernel with a symbolic size) scheduled by ``trace`` with its symbolic spatial loops padded
+    to the recorded inner tiles, dispatched at run time against ``rederived`` (the same trace as TVM replays it);
+    None where no symbolic loop has recorded inner tiles to keep. Raises TVM's error where the padded replay fails."""
+    sch = tvm.s_tir.Schedule(normalized)
+    tilings = [t for t in _symbolic_tilings(trace, rederived) if _spatial(sch, t)]
+    if not tilings:
+        return None
+    conditions = [2 * _extent(sch, t) >= _product(t.inner) for t in tilings]
+    padded = _padded(normalized, sch, trace, tilings)
+    roots = [padded.mod["main"].body.block, rederived.mod["main"].body.block]
+    branches = tirx.IfThenElse(_all(conditions), _block(roots[0].body, "padded"), _block(roots[1].body, "rederived"))
+    allocated: list[Any] = []  # once, for both branches: the buffers padding left alone are the same in each
+    for buffer in (b for root in roots for b in root.alloc_buffers):
+        if not any(buffer.same_as(b) for b in allocated):
+            allocated.append(buffer)
+    out = rederived.mod.clone()
+    out.update_func(out.get_global_var("main"), rederived.mod["main"].with_body(_block(branches, "root", allocated)))
+    return s_tir.transform.ConvertSSA()(out)  # the loops padding left alone are the same variables in each branch
+
+
+def _block(body: Any, name: str, alloc_buffers: list[Any] | None = None) -> s_tir.SBlockRealize:
+    """``body`` in a block without iterators (TVM's passes expect a kernel's body to be one)."""
+    return s_tir.SBlockRealize([], True, s_tir.SBlock([], [], [], name, body, alloc_buffers=alloc_buffers or []))
+
+
+def _symbolic_tilings(trace: list[Any], replayed: tvm.s_tir.Schedule) -> list[_Tiling]:
+    """The recorded tilings (a block's own loop, inner tiles kept worth padding to) that TVM re-derived for a symbolic extent."""
+    insts, decisions = trace
+    recorded = [i for i, inst in enumerate(insts) if inst[0] == "SamplePerfectTile"]
+    sampled = [inst for inst in replayed.trace.insts if inst.kind.name == "SamplePerfectTile"]
+    if len(recorded) != len(sampled):
+        return []
+    loops = _block_loops(insts)
+    decided = {d[0]: d[1] for d in decisions if isinstance(d, list) and len(d) == 2}
+    out = []
+    for index, inst in zip(recorded, sampled):
+        values = [replayed.get(rv) if rv is not None else None for rv in inst.outputs]
+        tiles = decided.get(index)
+        where = loops.get(insts[index][1][0]) if insts[index][1] else None
+        if all(isinstance(v, int) for v in values) or where is None or not _tile_list(tiles):
+            continue
+        inner = tiles[1:]
+        if 1 < _product(inner) <= MAX_TILE:
+            out.append(_Tiling(index, where[0], where[1], inner))
+    return out
+
+
+def _block_loops(insts: list[Any]) -> dict[str, tuple[str, int]]:
+    """Each loop variable the first ``GetLoops`` of a block (``GetSBlock`` by name) binds, before anything split
+    or moved its loops: (block name, loop position)."""
+    blocks = {inst[3][0]: inst[2][0] for inst in insts if inst[0] == "GetSBlock" and inst[3] and inst[2]}
+    out: dict[str, tuple[str, int]] = {}
+    seen: set[str] = set()
+    for inst in insts:
+        if inst[0] == "GetLoops" and inst[1] and inst[1][0] in blocks and blocks[inst[1][0]] not in seen:
+            seen.add(blocks[inst[1][0]])
+            out.update({rv: (blocks[inst[1][0]], pos) for pos, rv in enumerate(inst[3])})
+    return out
+
+
+def _tile_list(tiles: Any) -> bool:
+    return isinstance(tiles, list) and len(tiles) >= 2 and all(type(t) is int and t > 0 for t in tiles)
+
+
+def _product(values: list[int]) -> int:
+    out = 1
+    for v in values:
+        out *= v
+    return out
+
+
+def _spatial(sch: tvm.s_tir.Schedule, tiling: _Tiling) -> bool:
+    """Whether the tiling's loop is a spatial one of a block of the kernel (rows past ``n`` may be computed and
+    dropped; a reduction's may not), the loop over its iterator (a block the trace made has none to pad)."""
+    try:
+        rv = sch.get_sblock(tiling.block)
+    except TVM_ERRORS:
+        return False
+    block, loops = sch.get(rv), sch.get_loops(rv)
+    if tiling.loop >= min(len(block.iter_vars), len(loops)):
+        return False
+    iterator = block.iter_vars[tiling.loop]
+    return iterator.iter_type == tirx.IterVar.DataPar and tvm_ffi.structural_equal(sch.get(loops[tiling.loop]).extent, iterator.dom.extent)
+
+
+def _extent(sch: tvm.s_tir.Schedule, tiling: _Tiling) -> Any:
+    return sch.get(sch.get_sblock(tiling.block)).iter_vars[tiling.loop].dom.extent
+
+
+def _all(conditions: list[Any]) -> Any:
+    out = conditions[0]
+    for c in conditions[1:]:
+        out = tirx.And(out, c)
+    return out
+
+
+def _padded(normalized: tvm.IRModule, sch: tvm.s_tir.Schedule, trace: list[Any], tilings: list[_Tiling]) -> tvm.s_tir.Schedule:
+    """``sch`` (of ``normalized``) with each tiling's block padded, ``trace`` replayed with the recorded inner tiles, and
+    the padding copies the trace does not know of made parallel loops."""
+    for block, pads in _pads_by_block(tilings).items():
+        rv = sch.get_sblock(block)
+        sch.pad_einsum(rv, [pads.get(pos, 1) for pos in range(len(sch.get_loops(rv)))])
+        for consumer in sch.get_consumers(rv):  # the copy out of the padded buffer: read from it directly where it can be
+            if sch.get(consumer).name_hint.endswith("_pad"):
+                try:
+                    sch.compute_inline(consumer)
+                except tvm.s_tir.ScheduleError:  # it writes the kernel's output: it stays a copy
+                    pass
+    insts, decisions = copy.deepcopy(trace)
+    for tiling in tilings:
+        outputs = insts[tiling.instruction][3]
+        for inst in insts:
+            if inst[0] == "Split" and inst[1][1:] == outputs:
+                inst[1] = [inst[1][0], None, *tiling.inner]
+    added = _added_children(normalized, sch, insts, decisions)
+    tvm.s_tir.schedule.Trace.apply_json_to_schedule([insts, decisions], sch)
+    for name in added:
+        _parallel_copy(sch, name)
+    return sch
+
+
+def _pads_by_block(tilings: list[_Tiling]) -> dict[str, dict[int, int]]:
+    out: dict[str, dict[int, int]] = {}
+    for t in tilings:
+        out.setdefault(t.block, {})[t.loop] = _product(t.inner)
+    return out
+
+
+def _added_children(normalized: tvm.IRModule, sch: tvm.s_tir.Schedule, insts: list[Any], decisions: list[Any]) -> list[str]:
+    """The blocks padding added beside the root's children as the trace's postprocessing lists them (``GetChildBlocks``
+    of the root): each such instruction is given a variable for them, in their places. Raises ValueError where the
+    children differ otherwise (the padded replay would bind the wrong blocks)."""
+    cut = next((i for i, inst in enumerate(insts) if inst[0] == "EnterPostproc"), len(insts))
+    sketch = [insts[:cut], [d for d in decisions if d[0] < cut]]
+    plain = _root_children(tvm.s_tir.Schedule(normalized), sketch)
+    padded = _root_children(sch.copy(), copy.deepcopy(sketch))
+    if [name for name in padded if name in plain] != plain:
+        raise ValueError(f"padding changed the kernel's blocks: {plain} became {padded}")
+    added = [name for name in padded if name not in plain]
+    roots = {inst[3][0] for inst in insts if inst[0] == "GetSBlock" and inst[2] and inst[2][0] == "root"}
+    for at, inst in enumerate(insts[cut:], cut):
+        if inst[0] == "GetChildBlocks" and inst[1] and inst[1][0] in roots:
+            if len(inst[3]) != len(plain):
+                raise ValueError(f"the trace's postprocessing lists {len(inst[3])} blocks where the kernel has {len(plain)}")
+            named = iter(inst[3])
+            inst[3] = [f"b_padding{at}_{i}" if name in added else next(named) for i, name in enumerate(padded)]
+    return added
+
+
+def _root_children(sch: tvm.s_tir.Schedule, sketch: list[Any]) -> list[str]:
+    tvm.s_tir.schedule.Trace.apply_json_to_schedule(sketch, sch)
+    return [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
+
+
+def _parallel_copy(sch: tvm.s_tir.Schedule, name: str) -> None:
+    """A padding copy as a parallel loop over all but its innermost dimension, that one vectorized where it divides."""
+    loops = sch.get_loops(sch.get_sblock(name))
+    outer = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
+    sch.parallel(outer)
+    inner = sch.get(loops[-1]).extent
+    if len(loops) > 1 and isinstance(inner, tirx.IntImm) and inner.value % VECTOR == 0:
+        sch.vectorize(sch.split(loops[-1], [None, VECTOR])[1])
