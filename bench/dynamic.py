@@ -2,8 +2,9 @@
 
 MetaSchedule tunes static shapes only, so a model exported with a symbolic batch or sequence length
 (``nn.spec.Tensor(("n", 256))``) has no exact record anywhere. Its kernels find the same ops at static shapes
-as neighbours (``registry._keys.skeleton``), and the hook serves the nearest in the static dimensions, replayed
-with the symbolic loop outermost (ranked, never measured: a symbolic kernel has no inputs to time it on).
+as neighbours (``registry._keys.skeleton``), and the hook serves the nearest in the static dimensions, its
+symbolic loops padded to the recorded tiles where the size fills half a tile and untiled below
+(``hooks.padding``; ranked, never measured: a symbolic kernel has no inputs to time it on).
 This compares, at several sizes the model is then run at:
 
 - ``default``: the dynamic model compiled plainly (TVM's default schedules);
@@ -33,7 +34,7 @@ from .stats import store_study_main
 from .transfer import MODES, compile_and_load, filled_store
 
 #: (network, its symbolic dimension, the sizes it is run at)
-CASES = [("mlp", "batch", [1, 7, 16, 64]), ("bert_layer", "seq", [17, 64, 100])]
+CASES = [("mlp", "batch", [1, 7, 16, 64]), ("bert_layer", "seq", [8, 17, 64, 100])]
 
 
 def run(source_store: Path, runs: int, rounds: int) -> dict[str, Any]:

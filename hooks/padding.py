@@ -1,15 +1,17 @@
-"""A trace replayed on a kernel of symbolic size, with the symbolic loops tiled as recorded.
+"""A transfer's trace replayed with the recorded tiles of the loops TVM would re-derive, the einsum padded to them.
 
-TVM re-derives a recorded tiling of a loop whose extent is symbolic (a dynamic batch or sequence length) as
-``[n, 1, 1, 1]``: the loop runs outermost, untiled, and a matmul's every parallel task computes one row, so
-the weights stream through the cache once a row. Keeping the recorded inner tiles with a predicate for the
-remainder puts a bounds check in the innermost loop and was slower still (ARCHITECTURE §8).
+TVM re-derives a recorded tiling that no longer fits its loop. For a symbolic extent (a dynamic batch or
+sequence length) it gives ``[n, 1, 1, 1]``: the loop runs outermost, untiled, and a matmul's every parallel task
+computes one row, so the weights stream through the cache once a row. For a static extent the recorded inner
+tiles do not divide, the first that does not takes the rest (the BERT layer's tilings at 128 rows replayed at 100:
+``[2, 8, 4, 2]`` became ``[1, 1, 50, 2]`` and ``[1, 4, 4, 8]`` ``[1, 1, 1, 100]``). Keeping the recorded inner tiles with a predicate for the remainder puts a bounds check in
+the innermost loop and was slower still (ARCHITECTURE §8).
 
-Here the einsum's symbolic spatial loops are padded instead (``pad_einsum``) to a multiple of the recorded
-inner tiles, so the same trace replays with those tiles and no predicate in the hot loop: rows past ``n``
-are computed into a padded buffer and dropped. The padded input copies are parallel loops of their own. The
-kernel runs that schedule where every padded size ``n`` is at least half its tile (padding at most doubles
-the work) and TVM's re-derivation below it (a batch of 1 would otherwise compute a whole tile).
+Here the einsum's spatial loops are padded instead (``pad_einsum``) to a multiple of the recorded inner tiles, so
+the same trace replays with those tiles and no predicate in the hot loop: rows past the size are computed into a
+padded buffer and dropped. The padded input copies are parallel loops of their own. :func:`_levels` says which
+tiles are kept at which size (padding at most doubles the work); a symbolic kernel holds every level and TVM's
+re-derivation, chosen at run time; a static one gets the level that fits, or none.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import tvm
@@ -26,7 +29,7 @@ from tvm import s_tir, tirx
 from .errors import TVM_ERRORS
 
 
-PADDED = "symbolic loops padded to their recorded tiles"  # in the kernel cache's key of a symbolic kernel's schedule
+PADDED = "re-derived loops padded to their recorded tiles"  # in the kernel cache's key of a schedule: none cached before is served
 MAX_TILE = 1024  # the largest product of recorded inner tiles a symbolic loop is padded to
 VECTOR = 16  # lanes a padded copy's innermost loop is vectorized by, where its extent divides
 
@@ -40,21 +43,27 @@ class _Tiling:
 
 
 def padded_dispatch(normalized: tvm.IRModule, trace: list[Any], rederived: tvm.s_tir.Schedule) -> tvm.IRModule | None:
-    """``normalized`` (a kernel with a symbolic size) scheduled by ``trace`` with its symbolic spatial loops padded
-    to the recorded inner tiles, dispatched at run time against ``rederived`` (the same trace as TVM replays it);
-    None where no symbolic loop has recorded inner tiles to keep. Raises TVM's error where the padded replay fails."""
+    """``normalized`` scheduled by ``trace`` with the spatial loops whose recorded tiling TVM re-derived (a symbolic
+    size, or one the recorded inner tiles do not divide) padded to the recorded inner tiles (:func:`_levels`): for a
+    symbolic size dispatched at run time against ``rederived`` (the same trace as TVM replays it), for a static one
+    the level that fits, chosen here. None where nothing is to be padded (or, static, no level fits). Raises TVM's
+    error where the padded replay fails."""
     sch = tvm.s_tir.Schedule(normalized)
-    tilings = [t for t in _symbolic_tilings(trace, rederived) if _spatial(sch, t)]
+    tilings = [t for t in _rederived_tilings(trace, rederived) if _spatial(sch, t)]
     if not tilings:
         return None
-    branches: list[tuple[Any, s_tir.SBlock]] = []  # (where it runs, its scheduled root), largest tiles first
-    for level, (kept, fills) in enumerate(_levels(tilings)):
-        condition = _all([fills * _extent(sch, t) >= _product(t.inner) for t in kept])
-        branches.append((condition, _padded(normalized, tvm.s_tir.Schedule(normalized), trace, kept).mod["main"].body.block))
-    roots = [root for _, root in branches] + [rederived.mod["main"].body.block]
+    extents = {t.instruction: _extent(sch, t) for t in tilings}
+    levels = [(kept, _all([runs(extents[t.instruction]) for t, runs in kept])) for kept in _levels(tilings)]
+    if all(isinstance(e, tirx.IntImm) for e in extents.values()):  # static: the first level whose condition holds,
+        chosen = next(([t for t, _ in kept] for kept, holds in levels if _true(holds)), [])  # where it pads (where its tiles
+        if not any(extents[t.instruction].value % _product(t.inner) for t in chosen):  # divide, TVM's own refit stays: §8)
+            return None
+        return _padded(normalized, tvm.s_tir.Schedule(normalized), trace, chosen).mod
+    roots = [_padded(normalized, tvm.s_tir.Schedule(normalized), trace, [t for t, _ in kept]).mod["main"].body.block for kept, _ in levels]
+    roots.append(rederived.mod["main"].body.block)
     body: Any = _block(roots[-1].body, "rederived")
-    for level, (condition, root) in reversed(list(enumerate(branches))):
-        body = tirx.IfThenElse(condition, _block(root.body, f"padded{level}"), body)
+    for level in reversed(range(len(levels))):
+        body = tirx.IfThenElse(levels[level][1], _block(roots[level].body, f"padded{level}"), body)
     allocated: list[Any] = []  # once, for every branch: the buffers padding left alone are the same in each
     for buffer in (b for root in roots for b in root.alloc_buffers):
         if not any(buffer.same_as(b) for b in allocated):
@@ -64,18 +73,32 @@ def padded_dispatch(normalized: tvm.IRModule, trace: list[Any], rederived: tvm.s
     return s_tir.transform.ConvertSSA()(out)  # the loops padding left alone are the same variables in each branch
 
 
-def _levels(tilings: list[_Tiling]) -> list[tuple[list[_Tiling], int]]:
-    """The tilings each padded branch keeps, and how many times the size must fill the tile (its product) for it
-    to run: all the recorded inner tiles where the size fills them once; without the outermost of them (a tile of
-    the register tile and the level next to it) where it fills that half. Measured on the BERT layer's projections
-    (records at sequence 128, the kernels at 4 to 64): the full tiles padded 33 to 64 ran 1.6x slower than the
-    trimmed ones padded to 40, and the register tile alone (2 rows) about as slow as TVM's re-derivation."""
-    trimmed = [dataclasses.replace(t, inner=[1, *t.inner[1:]]) for t in tilings]
-    trimmed = [t for t in trimmed if _product(t.inner) > 1]
-    levels = [(tilings, 1)]
-    if trimmed and [t.inner for t in trimmed] != [t.inner for t in tilings]:
-        levels.append((trimmed, 2))
-    return levels
+def _levels(tilings: list[_Tiling]) -> list[list[tuple[_Tiling, Callable[[Any], Any]]]]:
+    """The padded schedules, tried in order, each as its tilings and when each lets it run (a condition on the loop's
+    extent ``n``): the recorded inner tiles ``[t1, *rest]`` where ``n`` fills them and padding to them costs no more
+    rows than padding to ``rest``; then ``[1, *rest]`` where ``n`` fills half of ``rest``. Else TVM's re-derivation:
+    padding at most doubles the work. Per kernel on the BERT layer's projections (records at sequence 128, kernels
+    at 4 to 64 rows, 14 cases) this chose the fastest of the three schedules every time; the full tiles alone where
+    they fit once picked 2 slower ones, by 4-15%, and the register tile alone (2 rows) ran about as slow as the
+    re-derivation."""
+    full: list[tuple[_Tiling, Callable[[Any], Any]]] = []
+    trimmed: list[tuple[_Tiling, Callable[[Any], Any]]] = []
+    for t in tilings:
+        whole, rest = _product(t.inner), _product(t.inner[1:])
+        full.append((t, lambda n, whole=whole, rest=rest: tirx.all(n >= whole, _ceil(n, whole) == _ceil(n, rest))))
+        if rest > 1:
+            trimmed.append((dataclasses.replace(t, inner=[1, *t.inner[1:]]), lambda n, rest=rest: 2 * n >= rest))
+    return [full, trimmed] if trimmed and any(t.inner[0] > 1 for t in tilings) else [full]
+
+
+def _ceil(n: Any, tile: int) -> Any:
+    """``n`` rounded up to a multiple of ``tile``."""
+    return tirx.floordiv(n + (tile - 1), tile) * tile
+
+
+def _true(condition: Any) -> bool:
+    """Whether a condition on static extents holds (TVM's operators fold it to a constant)."""
+    return isinstance(condition, tirx.IntImm) and bool(condition.value)
 
 
 def _block(body: Any, name: str, alloc_buffers: list[Any] | None = None) -> s_tir.SBlockRealize:
@@ -83,8 +106,9 @@ def _block(body: Any, name: str, alloc_buffers: list[Any] | None = None) -> s_ti
     return s_tir.SBlockRealize([], True, s_tir.SBlock([], [], [], name, body, alloc_buffers=alloc_buffers or []))
 
 
-def _symbolic_tilings(trace: list[Any], replayed: tvm.s_tir.Schedule) -> list[_Tiling]:
-    """The recorded tilings (a block's own loop, inner tiles kept worth padding to) that TVM re-derived for a symbolic extent."""
+def _rederived_tilings(trace: list[Any], replayed: tvm.s_tir.Schedule) -> list[_Tiling]:
+    """The recorded tilings (a block's own loop, inner tiles worth padding to) that TVM re-derived: for a symbolic
+    extent, or a static one the recorded tiles no longer divide."""
     insts, decisions = trace
     recorded = [i for i, inst in enumerate(insts) if inst[0] == "SamplePerfectTile"]
     sampled = [inst for inst in replayed.trace.insts if inst.kind.name == "SamplePerfectTile"]
@@ -97,7 +121,7 @@ def _symbolic_tilings(trace: list[Any], replayed: tvm.s_tir.Schedule) -> list[_T
         values = [replayed.get(rv) if rv is not None else None for rv in inst.outputs]
         tiles = decided.get(index)
         where = loops.get(insts[index][1][0]) if insts[index][1] else None
-        if all(isinstance(v, int) for v in values) or where is None or not _tile_list(tiles):
+        if where is None or not _tile_list(tiles) or values[1:] == tiles[1:]:  # the inner tiles replayed as recorded
             continue
         inner = tiles[1:]
         if 1 < _product(inner) <= MAX_TILE:

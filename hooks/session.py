@@ -260,7 +260,7 @@ class HookSession:
         def apply(record: Record, _args_info: list[Any] | None) -> tvm.IRModule | None:
             if keeps_default_schedule(record.trace):  # nothing beat the target's default: leave the kernel to it (DLight's on a GPU)
                 return None
-            return self._schedule(record, normalized, identity.key, padded=not static)
+            return self._schedule(record, normalized, identity.key)
 
         return self._serve(identity, apply, bench, (normalized, target), transfers)
 
@@ -291,13 +291,13 @@ class HookSession:
         self._retiled[(key, record.trace_id)] = retiled(json.loads(record.trace), tr.trace)
         return tr
 
-    def _schedule(self, record: Record, normalized: tvm.IRModule, key: str, padded: bool = False) -> tvm.IRModule:
+    def _schedule(self, record: Record, normalized: tvm.IRModule, key: str) -> tvm.IRModule:
         """``normalized`` with ``record``'s trace replayed once and checked against the bounds, or
         from the cache (keyed by the kernel's key, the trace and the bounds: the same canonical
         workload up to parameter names); raises if it does not apply, also when it did not before.
-        ``padded`` (a kernel of symbolic size): its symbolic loops padded to the recorded tiles where that
-        replays within the bounds (:mod:`.padding`), else as TVM re-derives them."""
-        parts = (key, record.trace, repr(self.limits), *((PADDED,) if padded else ()))
+        Loops whose recorded tiling TVM re-derived (a symbolic size, or tiles that no longer divide) are padded
+        to the recorded tiles where that replays within the bounds (:mod:`.padding`)."""
+        parts = (key, record.trace, repr(self.limits), PADDED)
         entry = self.cache.get("scheduled", *parts)
         if entry is not None and isinstance(entry.get("error"), str):
             raise ReplayFailed(entry["error"])
@@ -310,7 +310,7 @@ class HookSession:
             try:
                 sch = replay_within(normalized, record.trace, self.limits)
                 mod, tiles = sch.mod, retiled(json.loads(record.trace), sch.trace)
-                mod = (self._padded(normalized, record, sch) if padded else None) or mod
+                mod = self._padded(normalized, record, sch) or mod
             except Exception as exc:
                 self.cache.put("scheduled", parts, {"error": f"{exc.__class__.__name__}: {str(exc)[:2000]}"})
                 raise

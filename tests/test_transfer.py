@@ -273,6 +273,24 @@ def test_a_symbolic_batch_keeps_the_recorded_row_tiles_padded_where_the_batch_fi
         np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("batch, padded", [(13, True), (20, False), (40, False)])
+def test_a_static_batch_the_recorded_row_tiles_do_not_divide_is_padded_to_them(tmp_path: Path, batch: int, padded: bool) -> None:
+    """Rows tiled [2, 2, 4] at batch 16: at 13 TVM would re-derive the inner tiles ([1, 13, 1]); the hook pads the rows
+    to 16 and keeps them. At 20 the tiling without the outermost inner tile, [1, 4], divides: TVM's own re-derivation
+    stays (a refit that needs no padding lost to it, ARCHITECTURE §8); at 40 the recorded tiles divide."""
+    with LocalRegistry(tmp_path, sync=False) as reg:
+        reg.put(postprocessed_record(16, [2, 2, 4]))
+        with use(reg, CPU, link=False):
+            lowered = relax.get_pipeline("schedhub")(export(batch))
+        with use(reg, CPU) as session:
+            ex = tvm.compile(export(batch), CPU)
+    assert {k.op: k.outcome for k in session.report.kernels}["fused_matmul_add_relu"] == "transfer"
+    kernel = next(f for gv, f in lowered.functions_items() if gv.name_hint == "fused_matmul_add_relu")
+    assert ("_pad = T.sblock_alloc_buffer" in kernel.script()) == padded
+    x = np.random.default_rng(batch).standard_normal((batch, 64)).astype("float32")
+    np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)
+
+
 def test_a_transfer_that_would_vectorize_a_symbolic_loop_is_not_served(tmp_path: Path) -> None:
     """LLVM's vectorizer needs a constant extent. A record that vectorizes the batch loop at batch 4 replays on a
     dynamic batch, but the kernel would fail TVM's lowering, and with it the user's compile: the hook drops it (the
