@@ -76,19 +76,22 @@ def padded_dispatch(normalized: tvm.IRModule, trace: list[Any], rederived: tvm.s
 def _levels(tilings: list[_Tiling]) -> list[list[tuple[_Tiling, Callable[[Any], Any]]]]:
     """The padded schedules, tried in order, each as its tilings and when each lets it run (a condition on the loop's
     extent ``n``): the recorded inner tiles ``[t1, *rest]`` where ``n`` fills them and padding to them costs no more
-    rows than padding to ``rest``; then ``[1, *rest]`` where ``n`` fills half of ``rest``. Else TVM's re-derivation:
-    padding at most doubles the work. Per kernel on the BERT layer's projections (records at sequence 128, kernels
-    at 4 to 64 rows, 14 cases) this chose the fastest of the three schedules every time; the full tiles alone where
-    they fit once picked 2 slower ones, by 4-15%, and the register tile alone (2 rows) ran about as slow as the
+    rows than padding to ``rest``; then ``[1, *rest]`` where ``n`` fills half of ``rest``. A tiling with nothing to
+    trim (``t1`` or ``rest`` is 1) keeps its tiles where ``n`` fills half of them. Else TVM's re-derivation: padding
+    at most doubles the work. Per kernel on the BERT layer's projections (records at sequence 128, kernels at 4 to
+    64 rows, 14 cases) this chose the fastest of the three schedules every time; the full tiles alone where they
+    fit once picked 2 slower ones, by 4-15%, and the register tile alone (2 rows) ran about as slow as the
     re-derivation."""
     full: list[tuple[_Tiling, Callable[[Any], Any]]] = []
     trimmed: list[tuple[_Tiling, Callable[[Any], Any]]] = []
     for t in tilings:
         whole, rest = _product(t.inner), _product(t.inner[1:])
-        full.append((t, lambda n, whole=whole, rest=rest: tirx.all(n >= whole, _ceil(n, whole) == _ceil(n, rest))))
-        if rest > 1:
+        if t.inner[0] > 1 and rest > 1:
+            full.append((t, lambda n, whole=whole, rest=rest: tirx.all(n >= whole, _ceil(n, whole) == _ceil(n, rest))))
             trimmed.append((dataclasses.replace(t, inner=[1, *t.inner[1:]]), lambda n, rest=rest: 2 * n >= rest))
-    return [full, trimmed] if trimmed and any(t.inner[0] > 1 for t in tilings) else [full]
+        else:
+            full.append((t, lambda n, whole=whole: 2 * n >= whole))
+    return [full, trimmed] if trimmed else [full]
 
 
 def _ceil(n: Any, tile: int) -> Any:
