@@ -69,14 +69,18 @@ def study_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=None)
 
 
-def store_study_main(doc: str, run: Callable[[Path, int, int], dict[str, Any]]) -> None:
+def store_study_main(doc: str, run: Callable[..., dict[str, Any]], switches: dict[str, str] | None = None) -> None:
     """The command line of a study over one registry: ``--source-store DIR`` (filled as ``bench.transfer --quick``
-    fills its source when empty) and :func:`study_arguments`; ``run(store, runs, rounds)`` is written by :func:`write_study`."""
+    fills its source when empty), :func:`study_arguments` and each of ``switches`` (flag name: help; passed to
+    ``run`` as a keyword, dashes as underscores); ``run(store, runs, rounds, **switches)`` is written by :func:`write_study`."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--source-store", type=Path, required=True, help="a registry filled as bench.transfer --quick fills it (filled here when empty)")
+    for name, text in (switches or {}).items():
+        parser.add_argument(f"--{name}", action="store_true", help=text)
     study_arguments(parser)
     args = parser.parse_args()
-    write_study(run(args.source_store, args.runs, args.rounds), args.out)
+    chosen = {name.replace("-", "_"): getattr(args, name.replace("-", "_")) for name in switches or {}}
+    write_study(run(args.source_store, args.runs, args.rounds, **chosen), args.out)
 
 
 def write_study(result: dict[str, Any], out: Path | None) -> None:

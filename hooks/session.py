@@ -119,13 +119,14 @@ class CompileReport:
 class HookSession:
     def __init__(self, registry: Registry, *, report_misses: bool = True, trust: Trust = "verified",
                  limits: ScheduleLimits | None = None, transfer: bool = True, cache: KernelCache | None = None,
-                 measure: float = 0.0, objects: ObjectCache | None = None, synthesize: int = 0, rank_by_model: bool | None = None) -> None:  # fmt: skip
+                 measure: float = 0.0, objects: ObjectCache | None = None, synthesize: int = 0, rank_by_model: bool | None = None, pad: bool = True) -> None:  # fmt: skip
         check_sample_count(synthesize)
         self.registry = registry
         self.objects = objects  # where scheduled kernels' machine code is kept and linked from (None: compiled in each build)
         self.measure = measure
         self.synthesize = synthesize  # design-space samples scored per missed kernel (0: none; needs ``measure``)
         self.rank_by_model = rank_by_model  # transfers ranked with the registry's served cost model: always, never, None: where it decides
+        self.pad = pad  # loops whose recorded tiles TVM would re-derive padded to them (:mod:`.padding`)
         self._budget = Budget(measure)
         self.build_workers = usable_cpus()  # candidates compiled at once
         self.cache = cache if cache is not None else KernelCache(default_dir())
@@ -295,9 +296,9 @@ class HookSession:
         """``normalized`` with ``record``'s trace replayed once and checked against the bounds, or
         from the cache (keyed by the kernel's key, the trace and the bounds: the same canonical
         workload up to parameter names); raises if it does not apply, also when it did not before.
-        Loops whose recorded tiling TVM re-derived (a symbolic size, or tiles that no longer divide) are padded
-        to the recorded tiles where that replays within the bounds (:mod:`.padding`)."""
-        parts = (key, record.trace, repr(self.limits), PADDED)
+        With ``pad``, loops whose recorded tiling TVM re-derived (a symbolic size, or tiles that no longer divide)
+        are padded to the recorded tiles where that replays within the bounds (:mod:`.padding`)."""
+        parts = (key, record.trace, repr(self.limits), *((PADDED,) if self.pad else ()))
         entry = self.cache.get("scheduled", *parts)
         if entry is not None and isinstance(entry.get("error"), str):
             raise ReplayFailed(entry["error"])
@@ -310,7 +311,7 @@ class HookSession:
             try:
                 sch = replay_within(normalized, record.trace, self.limits)
                 mod, tiles = sch.mod, retiled(json.loads(record.trace), sch.trace)
-                mod = self._padded(normalized, record, sch) or mod
+                mod = (self._padded(normalized, record, sch) if self.pad else None) or mod
             except Exception as exc:
                 self.cache.put("scheduled", parts, {"error": f"{exc.__class__.__name__}: {str(exc)[:2000]}"})
                 raise

@@ -289,6 +289,9 @@ def test_a_static_batch_the_recorded_row_tiles_do_not_divide_is_padded_to_them(t
     assert ("_pad = T.sblock_alloc_buffer" in kernel.script()) == padded
     x = np.random.default_rng(batch).standard_normal((batch, 64)).astype("float32")
     np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)
+    with LocalRegistry(tmp_path, sync=False) as reg, use(reg, CPU, link=False, pad=False):  # the user's way out
+        unpadded = relax.get_pipeline("schedhub")(export(batch))
+    assert "_pad = T.sblock_alloc_buffer" not in next(f for gv, f in unpadded.functions_items() if gv.name_hint == "fused_matmul_add_relu").script()
 
 
 def test_a_transfer_that_would_vectorize_a_symbolic_loop_is_not_served(tmp_path: Path) -> None:
