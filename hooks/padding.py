@@ -29,7 +29,7 @@ from tvm import s_tir, tirx
 from .errors import TVM_ERRORS
 
 
-PADDED = "re-derived loops padded to their recorded tiles"  # in the kernel cache's key of a schedule: none cached before is served
+PADDED = "re-derived loops padded to their recorded tiles"  # in the kernel cache's key of every schedule, with whether they were
 MAX_TILE = 1024  # the largest product of recorded inner tiles a symbolic loop is padded to
 MAX_STATIC_PADDING = 1.5  # the most rows padding may add to a static loop's, as a share of its own (bench.dynamic's static
 #                           exports from records at batch 64 and sequence 128: padding 16 rows to 32 made the MLP 1.57x

@@ -298,7 +298,7 @@ class HookSession:
         workload up to parameter names); raises if it does not apply, also when it did not before.
         With ``pad``, loops whose recorded tiling TVM re-derived (a symbolic size, or tiles that no longer divide)
         are padded to the recorded tiles where that replays within the bounds (:mod:`.padding`)."""
-        parts = (key, record.trace, repr(self.limits), *((PADDED,) if self.pad else ()))
+        parts = (key, record.trace, repr(self.limits), f"{PADDED}: {self.pad}")  # none cached before the padding is served
         entry = self.cache.get("scheduled", *parts)
         if entry is not None and isinstance(entry.get("error"), str):
             raise ReplayFailed(entry["error"])
