@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from dataclasses import dataclass
 from collections.abc import Callable
 from typing import Any
@@ -56,24 +57,28 @@ def padded_dispatch(normalized: tvm.IRModule, trace: list[Any], rederived: tvm.s
     if not tilings:
         return None
     extents = {t.instruction: _extent(sch, t) for t in tilings}
-    levels = [(kept, _all([runs(extents[t.instruction]) for t, runs in kept])) for kept in _levels(tilings)]
+    levels = [([t for t, _ in kept], tirx.all(*(runs(extents[t.instruction]) for t, runs in kept))) for kept in _levels(tilings)]
     if all(isinstance(e, tirx.IntImm) for e in extents.values()):  # static: the first level whose condition holds
-        chosen = next(([t for t, _ in kept] for kept, holds in levels if _true(holds)), [])
-        sizes = [(extents[t.instruction].value, _product(t.inner)) for t in chosen]
+        chosen = next((kept for kept, holds in levels if _true(holds)), [])
+        sizes = [(extents[t.instruction].value, math.prod(t.inner)) for t in chosen]
         if not any(size % tile for size, tile in sizes) or any(-(-size // tile) * tile > MAX_STATIC_PADDING * size for size, tile in sizes):
             return None  # nothing to pad (where the tiles divide, TVM's own refit stays, §8), or too much
-        return _padded(normalized, tvm.s_tir.Schedule(normalized), trace, chosen).mod
-    roots = [_padded(normalized, tvm.s_tir.Schedule(normalized), trace, [t for t, _ in kept]).mod["main"].body.block for kept, _ in levels]
-    roots.append(rederived.mod["main"].body.block)
+        return _padded(normalized, trace, chosen).mod
+    return _dispatched([(holds, _padded(normalized, trace, kept).mod) for kept, holds in levels], rederived.mod)
+
+
+def _dispatched(branches: list[tuple[Any, tvm.IRModule]], otherwise: tvm.IRModule) -> tvm.IRModule:
+    """One kernel that runs the first of ``branches`` (condition, scheduled kernel) whose condition holds, else ``otherwise``."""
+    roots = [mod["main"].body.block for _, mod in branches] + [otherwise["main"].body.block]
     body: Any = _block(roots[-1].body, "rederived")
-    for level in reversed(range(len(levels))):
-        body = tirx.IfThenElse(levels[level][1], _block(roots[level].body, f"padded{level}"), body)
+    for level in reversed(range(len(branches))):
+        body = tirx.IfThenElse(branches[level][0], _block(roots[level].body, f"padded{level}"), body)
     allocated: list[Any] = []  # once, for every branch: the buffers padding left alone are the same in each
     for buffer in (b for root in roots for b in root.alloc_buffers):
         if not any(buffer.same_as(b) for b in allocated):
             allocated.append(buffer)
-    out = rederived.mod.clone()
-    out.update_func(out.get_global_var("main"), rederived.mod["main"].with_body(_block(body, "root", allocated)))
+    out = otherwise.clone()
+    out.update_func(out.get_global_var("main"), otherwise["main"].with_body(_block(body, "root", allocated)))
     return s_tir.transform.ConvertSSA()(out)  # the loops padding left alone are the same variables in each branch
 
 
@@ -89,7 +94,7 @@ def _levels(tilings: list[_Tiling]) -> list[list[tuple[_Tiling, Callable[[Any], 
     full: list[tuple[_Tiling, Callable[[Any], Any]]] = []
     trimmed: list[tuple[_Tiling, Callable[[Any], Any]]] = []
     for t in tilings:
-        whole, rest = _product(t.inner), _product(t.inner[1:])
+        whole, rest = math.prod(t.inner), math.prod(t.inner[1:])
         if t.inner[0] > 1 and rest > 1:
             full.append((t, lambda n, whole=whole, rest=rest: tirx.all(n >= whole, _ceil(n, whole) == _ceil(n, rest))))
             trimmed.append((dataclasses.replace(t, inner=[1, *t.inner[1:]]), lambda n, rest=rest: 2 * n >= rest))
@@ -131,7 +136,7 @@ def _rederived_tilings(trace: list[Any], replayed: tvm.s_tir.Schedule) -> list[_
         if where is None or not _tile_list(tiles) or values[1:] == tiles[1:]:  # the inner tiles replayed as recorded
             continue
         inner = tiles[1:]
-        if 1 < _product(inner) <= MAX_TILE:
+        if 1 < math.prod(inner) <= MAX_TILE:
             out.append(_Tiling(index, where[0], where[1], inner))
     return out
 
@@ -153,13 +158,6 @@ def _tile_list(tiles: Any) -> bool:
     return isinstance(tiles, list) and len(tiles) >= 2 and all(type(t) is int and t > 0 for t in tiles)
 
 
-def _product(values: list[int]) -> int:
-    out = 1
-    for v in values:
-        out *= v
-    return out
-
-
 def _spatial(sch: tvm.s_tir.Schedule, tiling: _Tiling) -> bool:
     """Whether the tiling's loop is a spatial one of a block of the kernel (rows past ``n`` may be computed and
     dropped; a reduction's may not), the loop over its iterator (a block the trace made has none to pad)."""
@@ -178,16 +176,10 @@ def _extent(sch: tvm.s_tir.Schedule, tiling: _Tiling) -> Any:
     return sch.get(sch.get_sblock(tiling.block)).iter_vars[tiling.loop].dom.extent
 
 
-def _all(conditions: list[Any]) -> Any:
-    out = conditions[0]
-    for c in conditions[1:]:
-        out = tirx.And(out, c)
-    return out
-
-
-def _padded(normalized: tvm.IRModule, sch: tvm.s_tir.Schedule, trace: list[Any], tilings: list[_Tiling]) -> tvm.s_tir.Schedule:
-    """``sch`` (of ``normalized``) with each tiling's block padded, ``trace`` replayed with the recorded inner tiles, and
-    the padding copies the trace does not know of made parallel loops."""
+def _padded(normalized: tvm.IRModule, trace: list[Any], tilings: list[_Tiling]) -> tvm.s_tir.Schedule:
+    """``normalized`` with each tiling's block padded, ``trace`` replayed with the recorded inner tiles, and the
+    padding copies the trace does not know of made parallel loops."""
+    sch = tvm.s_tir.Schedule(normalized)
     for block, pads in _pads_by_block(tilings).items():
         rv = sch.get_sblock(block)
         sch.pad_einsum(rv, [pads.get(pos, 1) for pos in range(len(sch.get_loops(rv)))])
@@ -213,7 +205,7 @@ def _padded(normalized: tvm.IRModule, sch: tvm.s_tir.Schedule, trace: list[Any],
 def _pads_by_block(tilings: list[_Tiling]) -> dict[str, dict[int, int]]:
     out: dict[str, dict[int, int]] = {}
     for t in tilings:
-        out.setdefault(t.block, {})[t.loop] = _product(t.inner)
+        out.setdefault(t.block, {})[t.loop] = math.prod(t.inner)
     return out
 
 
