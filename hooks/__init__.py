@@ -89,7 +89,7 @@ def use(
     ``link``: compile each scheduled kernel once per machine and link its object into later builds
     (kept beside the kernel cache; needs a cache and the C compiler TVM links with, else it is off).
     ``pad``: where a transfer's recorded tiles do not fit a matmul-like kernel's loop (its size is symbolic, or
-    they no longer divide it), pad the loop to them rather than let TVM re-derive them (:mod:`.padding`).
+    they no longer divide it), pad the loop to them rather than let TVM re-derive them (:mod:`.padding`; CPU targets).
     """
     install()
     cache_dir: str | os.PathLike[str] | None = None  # this block's own cache, bounded when it ends

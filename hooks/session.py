@@ -257,11 +257,12 @@ class HookSession:
         static = not identity.symbolic  # a symbolic size (a dynamic batch) cannot be measured: its transfers are ranked only,
         transfers = static or not default_contends(target)  # and on a GPU, where they could not be timed against DLight, not served
         bench = (normalized, target) if self.measure > 0 and runs_here(target) and static else None
+        pad = self.pad and target.kind.name == "llvm"  # the padding copies are CPU loops (and nothing padded was timed on a GPU)
 
         def apply(record: Record, _args_info: list[Any] | None) -> tvm.IRModule | None:
             if keeps_default_schedule(record.trace):  # nothing beat the target's default: leave the kernel to it (DLight's on a GPU)
                 return None
-            return self._schedule(record, normalized, identity.key)
+            return self._schedule(record, normalized, identity.key, pad)
 
         return self._serve(identity, apply, bench, (normalized, target), transfers)
 
@@ -292,13 +293,14 @@ class HookSession:
         self._retiled[(key, record.trace_id)] = retiled(json.loads(record.trace), tr.trace)
         return tr
 
-    def _schedule(self, record: Record, normalized: tvm.IRModule, key: str) -> tvm.IRModule:
+    def _schedule(self, record: Record, normalized: tvm.IRModule, key: str, pad: bool) -> tvm.IRModule:
         """``normalized`` with ``record``'s trace replayed once and checked against the bounds, or
         from the cache (keyed by the kernel's key, the trace and the bounds: the same canonical
         workload up to parameter names); raises if it does not apply, also when it did not before.
-        With ``pad``, loops whose recorded tiling TVM re-derived (a symbolic size, or tiles that no longer divide)
-        are padded to the recorded tiles where that replays within the bounds (:mod:`.padding`)."""
-        parts = (key, record.trace, repr(self.limits), f"{PADDED}: {self.pad}")  # none cached before the padding is served
+        With ``pad`` (the session's, on a CPU target), loops whose recorded tiling TVM re-derived (a symbolic size,
+        or tiles that no longer divide) are padded to the recorded tiles where that replays within the bounds
+        (:mod:`.padding`)."""
+        parts = (key, record.trace, repr(self.limits), f"{PADDED}: {pad}")  # none cached before the padding is served
         entry = self.cache.get("scheduled", *parts)
         if entry is not None and isinstance(entry.get("error"), str):
             raise ReplayFailed(entry["error"])
@@ -311,7 +313,7 @@ class HookSession:
             try:
                 sch = replay_within(normalized, record.trace, self.limits)
                 mod, tiles = sch.mod, retiled(json.loads(record.trace), sch.trace)
-                mod = (self._padded(normalized, record, sch) if self.pad else None) or mod
+                mod = (self._padded(normalized, record, sch) if pad else None) or mod
             except Exception as exc:
                 self.cache.put("scheduled", parts, {"error": f"{exc.__class__.__name__}: {str(exc)[:2000]}"})
                 raise
