@@ -89,7 +89,7 @@ def _levels(tilings: list[_Tiling]) -> list[list[tuple[_Tiling, Callable[[Any], 
     trim (``t1`` or ``rest`` is 1) keeps its tiles where ``n`` fills half of them. Else TVM's re-derivation: padding
     at most doubles the work. Per kernel on the BERT layer's projections (records at sequence 128, kernels at 4 to
     64 rows, 14 cases) this chose the fastest of the three schedules every time; the full tiles alone where they
-    fit once picked 2 slower ones, by 4-15%, and the register tile alone (2 rows) ran about as slow as the
+    fit once picked 2 slower ones, by 3-15%, and the register tile alone (2 rows) ran about as slow as the
     re-derivation."""
     full: list[tuple[_Tiling, Callable[[Any], Any]]] = []
     trimmed: list[tuple[_Tiling, Callable[[Any], Any]]] = []
