@@ -4,8 +4,9 @@ TVM re-derives a recorded tiling that no longer fits its loop. For a symbolic ex
 sequence length) it gives ``[n, 1, 1, 1]``: the loop runs outermost, untiled, and a matmul's every parallel task
 computes one row, so the weights stream through the cache once a row. For a static extent the recorded inner
 tiles do not divide, the first that does not takes the rest (the BERT layer's tilings at 128 rows replayed at 100:
-``[2, 8, 4, 2]`` became ``[1, 1, 50, 2]`` and ``[1, 4, 4, 8]`` ``[1, 1, 1, 100]``). Keeping the recorded inner tiles with a predicate for the remainder puts a bounds check in
-the innermost loop and was slower still (ARCHITECTURE §8).
+``[2, 8, 4, 2]`` became ``[1, 1, 50, 2]`` and ``[1, 4, 4, 8]`` ``[1, 1, 1, 100]``). Keeping the recorded inner
+tiles with a predicate for the remainder puts a bounds check in the innermost loop and was slower still
+(ARCHITECTURE §8).
 
 Here the einsum's spatial loops are padded instead (``pad_einsum``) to a multiple of the recorded inner tiles, so
 the same trace replays with those tiles and no predicate in the hot loop: rows past the size are computed into a
@@ -64,7 +65,8 @@ def padded_dispatch(normalized: tvm.IRModule, trace: list[Any], rederived: tvm.s
         if not any(size % tile for size, tile in sizes) or any(-(-size // tile) * tile > MAX_STATIC_PADDING * size for size, tile in sizes):
             return None  # nothing to pad (where the tiles divide, TVM's own refit stays, §8), or too much
         return _padded(normalized, trace, chosen).mod
-    return _dispatched([(holds, _padded(normalized, trace, kept).mod) for kept, holds in levels], rederived.mod)
+    plain = _root_children(tvm.s_tir.Schedule(normalized), _sketch(trace))  # once for every level
+    return _dispatched([(holds, _padded(normalized, trace, kept, plain).mod) for kept, holds in levels], rederived.mod)
 
 
 def _dispatched(branches: list[tuple[Any, tvm.IRModule]], otherwise: tvm.IRModule) -> tvm.IRModule:
@@ -176,9 +178,10 @@ def _extent(sch: tvm.s_tir.Schedule, tiling: _Tiling) -> Any:
     return sch.get(sch.get_sblock(tiling.block)).iter_vars[tiling.loop].dom.extent
 
 
-def _padded(normalized: tvm.IRModule, trace: list[Any], tilings: list[_Tiling]) -> tvm.s_tir.Schedule:
+def _padded(normalized: tvm.IRModule, trace: list[Any], tilings: list[_Tiling], plain: list[str] | None = None) -> tvm.s_tir.Schedule:
     """``normalized`` with each tiling's block padded, ``trace`` replayed with the recorded inner tiles, and the
-    padding copies the trace does not know of made parallel loops."""
+    padding copies the trace does not know of made parallel loops. ``plain``: the root's children after the trace's
+    sketch on ``normalized`` unpadded (:func:`_root_children`; replayed here when not given)."""
     sch = tvm.s_tir.Schedule(normalized)
     for block, pads in _pads_by_block(tilings).items():
         rv = sch.get_sblock(block)
@@ -195,7 +198,7 @@ def _padded(normalized: tvm.IRModule, trace: list[Any], tilings: list[_Tiling]) 
         for inst in insts:
             if inst[0] == "Split" and inst[1][1:] == outputs:
                 inst[1] = [inst[1][0], None, *tiling.inner]
-    added = _added_children(normalized, sch, insts, decisions)
+    added = _added_children(sch, insts, decisions, plain if plain is not None else _root_children(tvm.s_tir.Schedule(normalized), _sketch(trace)))
     tvm.s_tir.schedule.Trace.apply_json_to_schedule([insts, decisions], sch)
     for name in added:
         _parallel_copy(sch, name)
@@ -209,14 +212,12 @@ def _pads_by_block(tilings: list[_Tiling]) -> dict[str, dict[int, int]]:
     return out
 
 
-def _added_children(normalized: tvm.IRModule, sch: tvm.s_tir.Schedule, insts: list[Any], decisions: list[Any]) -> list[str]:
-    """The blocks padding added beside the root's children as the trace's postprocessing lists them (``GetChildBlocks``
-    of the root): each such instruction is given a variable for them, in their places. Raises ValueError where the
-    children differ otherwise (the padded replay would bind the wrong blocks)."""
-    cut = next((i for i, inst in enumerate(insts) if inst[0] == "EnterPostproc"), len(insts))
-    sketch = [insts[:cut], [d for d in decisions if d[0] < cut]]
-    plain = _root_children(tvm.s_tir.Schedule(normalized), sketch)
-    padded = _root_children(sch.copy(), copy.deepcopy(sketch))
+def _added_children(sch: tvm.s_tir.Schedule, insts: list[Any], decisions: list[Any], plain: list[str]) -> list[str]:
+    """The blocks padding added beside the root's children (``plain`` before it) as the trace's postprocessing lists
+    them (``GetChildBlocks`` of the root): each such instruction is given a variable for them, in their places.
+    Raises ValueError where the children differ otherwise (the padded replay would bind the wrong blocks)."""
+    cut = _postprocessing_starts(insts)
+    padded = _root_children(sch.copy(), _sketch([insts, decisions]))
     if [name for name in padded if name in plain] != plain:
         raise ValueError(f"padding changed the kernel's blocks: {plain} became {padded}")
     added = [name for name in padded if name not in plain]
@@ -230,7 +231,19 @@ def _added_children(normalized: tvm.IRModule, sch: tvm.s_tir.Schedule, insts: li
     return added
 
 
+def _postprocessing_starts(insts: list[Any]) -> int:
+    return next((i for i, inst in enumerate(insts) if inst[0] == "EnterPostproc"), len(insts))
+
+
+def _sketch(trace: list[Any]) -> list[Any]:
+    """A copy of the trace up to its postprocessing (its decisions with it)."""
+    insts, decisions = trace
+    cut = _postprocessing_starts(insts)
+    return copy.deepcopy([insts[:cut], [d for d in decisions if d[0] < cut]])
+
+
 def _root_children(sch: tvm.s_tir.Schedule, sketch: list[Any]) -> list[str]:
+    """The names of the root's children once ``sketch`` is applied to ``sch``."""
     tvm.s_tir.schedule.Trace.apply_json_to_schedule(sketch, sch)
     return [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
 

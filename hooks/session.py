@@ -312,8 +312,9 @@ class HookSession:
         if mod is None:
             try:
                 sch = replay_within(normalized, record.trace, self.limits)
-                mod, tiles = sch.mod, retiled(json.loads(record.trace), sch.trace)
-                mod = (self._padded(normalized, record, sch) if pad else None) or mod
+                recorded = json.loads(record.trace)
+                mod, tiles = sch.mod, retiled(recorded, sch.trace)
+                mod = (self._padded(normalized, record, recorded, sch) if pad else None) or mod
             except Exception as exc:
                 self.cache.put("scheduled", parts, {"error": f"{exc.__class__.__name__}: {str(exc)[:2000]}"})
                 raise
@@ -324,10 +325,11 @@ class HookSession:
         out.update_func(out.get_global_var("main"), mod["main"].with_attr(OBJECT_ID, KernelCache.name("object", *parts)))
         return out
 
-    def _padded(self, normalized: tvm.IRModule, record: Record, replayed: tvm.s_tir.Schedule) -> tvm.IRModule | None:
-        """:func:`.padding.padded_dispatch` within the bounds, or None (nothing to pad, or the padded replay failed or is too costly)."""
+    def _padded(self, normalized: tvm.IRModule, record: Record, recorded: list[Any], replayed: tvm.s_tir.Schedule) -> tvm.IRModule | None:
+        """:func:`.padding.padded_dispatch` of ``record`` (its trace as JSON: ``recorded``) within the bounds, or None
+        (nothing to pad, or the padded replay failed or is too costly)."""
         try:
-            out = padded_dispatch(normalized, json.loads(record.trace), replayed)
+            out = padded_dispatch(normalized, recorded, replayed)
             if out is not None:
                 check_scheduled(out, self.limits)
             return out
