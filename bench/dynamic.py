@@ -4,8 +4,10 @@ MetaSchedule tunes static shapes only, so a model exported with a symbolic batch
 (``nn.spec.Tensor(("n", 256))``) has no exact record anywhere. Its kernels find the same ops at static shapes
 as neighbours (``registry._keys.skeleton``), and the hook serves the nearest in the static dimensions, its
 symbolic loops padded to the recorded tiles, chosen at run time by the size, or as TVM replays them (one untiled
-loop) for sizes under half a tile (``hooks.padding``; ``--no-padding``: TVM's replay alone). Ranked, never
-measured: a symbolic kernel has no inputs to time it on.
+loop) for sizes under half a tile (``hooks.padding``; ``--no-padding``: TVM's replay alone), and a reduction the
+record computes again for every element of its consumer (the softmax's row maximum) computed once where that stores
+less (``hooks.recompute``; ``--no-relocation``: the recorded compute locations). Ranked, never measured: a symbolic
+kernel has no inputs to time it on.
 This compares, at several sizes the model is then run at:
 
 - ``default``: the dynamic model compiled plainly (TVM's default schedules);
@@ -17,7 +19,7 @@ The registry: ``--source-store DIR`` (filled there as ``bench.transfer --quick``
 compile has an empty kernel cache; the executables are timed side by side in interleaved rounds. Not part
 of ``bench all``.
 
-    python -m bench.dynamic --source-store DIR [--no-padding] [--runs 3] [--rounds 5] [--out FILE]
+    python -m bench.dynamic --source-store DIR [--no-padding] [--no-relocation] [--runs 3] [--rounds 5] [--out FILE]
 """
 
 from __future__ import annotations
@@ -38,12 +40,13 @@ from .transfer import MODES, compile_and_load, filled_store
 CASES = [("mlp", "batch", [1, 7, 16, 64]), ("bert_layer", "seq", [8, 17, 64, 100])]
 
 
-def run(source_store: Path, runs: int, rounds: int, no_padding: bool = False) -> dict[str, Any]:
+def run(source_store: Path, runs: int, rounds: int, no_padding: bool = False, no_relocation: bool = False) -> dict[str, Any]:
     import tvm
 
     tvm_env.prepare()
     target = tvm.target.Target(tvm_env.host_target())
-    out: dict[str, Any] = {"target": tvm_env.host_target(), "rounds": rounds, "padding": not no_padding, "runs": []}
+    out: dict[str, Any] = {"target": tvm_env.host_target(), "rounds": rounds, "padding": not no_padding, "relocation": not no_relocation, "runs": []}
+    repairs = {"pad": not no_padding, "relocate": not no_relocation}
     with tempfile.TemporaryDirectory(prefix="schedhub-dynamic-") as tmp:
         if not (source_store / "data.mdb").exists():
             cluster.start()  # the fill tunes on Ray
@@ -52,7 +55,7 @@ def run(source_store: Path, runs: int, rounds: int, no_padding: bool = False) ->
         with LocalRegistry(Path(tmp) / "store") as registry:  # a copy: a refused record is complained about, a write
             out["records"] = len(registry.summaries())
             for r in range(runs):
-                rows = [row for name, dim, sizes in CASES for row in _network(registry, target, name, dim, sizes, Path(tmp) / f"run{r}-{name}", rounds, not no_padding)]
+                rows = [row for name, dim, sizes in CASES for row in _network(registry, target, name, dim, sizes, Path(tmp) / f"run{r}-{name}", rounds, repairs)]
                 for row in rows:
                     print({k: row[k] for k in ("network", "size", "dynamic_over_static", "default_over_dynamic")}, flush=True)
                 out["runs"].append(rows)
@@ -60,22 +63,23 @@ def run(source_store: Path, runs: int, rounds: int, no_padding: bool = False) ->
     return out
 
 
-def _network(registry: LocalRegistry, target: Any, name: str, dim: str, sizes: list[int], workdir: Path, rounds: int, pad: bool) -> list[dict[str, Any]]:
+def _network(registry: LocalRegistry, target: Any, name: str, dim: str, sizes: list[int], workdir: Path, rounds: int,
+             repairs: dict[str, bool]) -> list[dict[str, Any]]:  # fmt: skip
     """``name`` exported with ``dim`` symbolic, compiled plainly and through the hook, and at each size statically
-    through the hook; one row per size, each timed side by side."""
+    through the hook (``repairs``: the hook's ``pad`` and ``relocate``); one row per size, each timed side by side."""
     import tvm
 
     from schedhub import hooks
 
     dynamic_mod, _, _ = models.export_with_weights(name, **{dim: "n"})  # type: ignore[arg-type]
     default, default_secs = compile_and_load(lambda: tvm.compile(dynamic_mod, target))
-    with hooks.use(registry, target, report_misses=False, cache=workdir / "dynamic", pad=pad) as session:
+    with hooks.use(registry, target, report_misses=False, cache=workdir / "dynamic", **repairs) as session:
         dynamic, dynamic_secs = compile_and_load(lambda: tvm.compile(dynamic_mod, target))
     report = session.report
     rows = []
     for size in sizes:
         static_mod, _, input_shape = models.export_with_weights(name, **{dim: size})
-        with hooks.use(registry, target, report_misses=False, cache=workdir / f"static-{size}", pad=pad) as static_session:
+        with hooks.use(registry, target, report_misses=False, cache=workdir / f"static-{size}", **repairs) as static_session:
             static, static_secs = compile_and_load(lambda: tvm.compile(static_mod, target))
         timing, errors = time_side_by_side({"static": static, "dynamic": dynamic, "default": default}, network_input(input_shape), rounds)
         check_agreement(f"{name} {dim}={size}", errors)
@@ -108,7 +112,8 @@ def _summary(runs: list[list[dict[str, Any]]]) -> dict[str, Any]:
 
 
 def main() -> None:
-    store_study_main(__doc__, run, {"no-padding": "TVM's re-derivation of every recorded tiling that does not fit (hooks.use(pad=False))"})
+    store_study_main(__doc__, run, {"no-padding": "TVM's re-derivation of every recorded tiling that does not fit (hooks.use(pad=False))",
+                                    "no-relocation": "transfers served with their recorded compute locations (hooks.use(relocate=False))"})
 
 
 if __name__ == "__main__":

@@ -64,6 +64,7 @@ def use(
     rank_by_model: bool | None = None,
     link: bool = True,
     pad: bool = True,
+    relocate: bool = True,
 ) -> Iterator[HookSession]:
     """Apply registry schedules to every Relax build in this block (this thread).
 
@@ -90,6 +91,9 @@ def use(
     (kept beside the kernel cache; needs a cache and the C compiler TVM links with, else it is off).
     ``pad``: where a transfer's recorded tiles do not fit a matmul-like kernel's loop (its size is symbolic, or
     they no longer divide it), pad the loop to them rather than let TVM re-derive them (:mod:`.padding`; CPU targets).
+    ``relocate``: where a transfer computes a producer (a reduction) again for every element of its consumer, so that
+    it stores over twice what the unscheduled kernel does, move its compute locations outward (:mod:`.recompute`; CPU
+    targets).
     """
     install()
     cache_dir: str | os.PathLike[str] | None = None  # this block's own cache, bounded when it ends
@@ -102,7 +106,8 @@ def use(
         cache_dir = default_dir() if cache is True else (cache or None)
         objects = ObjectCache(Path(cache_dir) / "objects") if link and cache_dir is not None and c_compiler_available() else None
         session = HookSession(reg, report_misses=report_misses, trust=trust, limits=limits, transfer=transfer, cache=KernelCache(cache_dir),
-                              measure=measure, objects=objects, synthesize=synthesize, rank_by_model=rank_by_model, pad=pad)  # fmt: skip
+                              measure=measure, objects=objects, synthesize=synthesize, rank_by_model=rank_by_model, pad=pad,
+                              relocate=relocate)  # fmt: skip
     token = ACTIVE.set(session)
     try:
         with contextlib.ExitStack() as stack:

@@ -70,23 +70,32 @@ def _walk(root: Any, limits: ScheduleLimits) -> None:
                 if lanes > limits.max_vector_lanes:
                     raise ScheduleTooCostly(f"vectorized loops of {lanes} lanes, over the limit of {limits.max_vector_lanes}")
             stack.append((node.body, copies, lanes))
-        elif isinstance(node, tirx.SeqStmt):
-            stack.extend((s, copies, lanes) for s in node.seq)
-        elif isinstance(node, s_tir.SBlockRealize):
-            stack.append((node.block, copies, lanes))
-        elif isinstance(node, s_tir.SBlock):
+            continue
+        if isinstance(node, s_tir.SBlock):
             _check_annotations(node.annotations, limits)
-            stack.append((node.body, copies, lanes))
-            stack.append((node.init, copies, lanes))
-        elif isinstance(node, tirx.IfThenElse):
-            stack.append((node.then_case, copies, lanes))
-            stack.append((node.else_case, copies, lanes))
-        elif hasattr(node, "body") and isinstance(getattr(node, "body"), tirx.Stmt):
-            stack.append((node.body, copies, lanes))
+        inside = nested_statements(node)
+        if inside is not None:
+            stack.extend((s, copies, lanes) for s in inside)
         else:
             statements += copies
             if statements > limits.max_unrolled_statements:
                 raise ScheduleTooCostly(f"unrolling would emit over {limits.max_unrolled_statements} statements")
+
+
+def nested_statements(node: Any) -> list[Any] | None:
+    """The statements directly inside ``node`` (a loop's body, a block's body and init, both branches of an ``if``; None
+    among them where a branch is absent), or None for a leaf statement (a store, an evaluation)."""
+    if isinstance(node, tirx.SeqStmt):
+        return list(node.seq)
+    if isinstance(node, s_tir.SBlockRealize):
+        return [node.block]
+    if isinstance(node, s_tir.SBlock):
+        return [node.body, node.init]
+    if isinstance(node, tirx.IfThenElse):
+        return [node.then_case, node.else_case]
+    if hasattr(node, "body") and isinstance(getattr(node, "body"), tirx.Stmt):
+        return [node.body]
+    return None
 
 
 def _check_annotations(annotations: Any, limits: ScheduleLimits) -> None:

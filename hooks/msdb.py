@@ -8,6 +8,7 @@ what they claim is validated like any record.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -47,6 +48,18 @@ def tuning_record(record: Record, mod: tvm.IRModule | None = None, args_info: li
     info = args_info if args_info is not None else record.identity.args_info
     return ms.database.TuningRecord(sch.trace, ms.database.Workload(mod), [float(s) for s in record.run_secs],
                                     target_from_text(record.identity.target), [ms.arg_info.ArgInfo.from_json(a) for a in info])  # fmt: skip
+
+
+def postprocessing_starts(insts: list[Any]) -> int:
+    """The index of a trace's ``EnterPostproc`` instruction (its length where there is none)."""
+    return next((i for i, inst in enumerate(insts) if inst[0] == "EnterPostproc"), len(insts))
+
+
+def sketch(trace: list[Any]) -> list[Any]:
+    """A copy of a trace's JSON up to its postprocessing (its decisions with it)."""
+    insts, decisions = trace
+    cut = postprocessing_starts(insts)
+    return copy.deepcopy([insts[:cut], [d for d in decisions if d[0] < cut]])
 
 
 def trace_text(trace: Any) -> str:

@@ -29,6 +29,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 
 from .errors import TVM_ERRORS
+from .msdb import postprocessing_starts, sketch
 
 
 PADDED = "re-derived loops padded to their recorded tiles"  # in the kernel cache's key of every schedule, with whether they were
@@ -65,7 +66,7 @@ def padded_dispatch(normalized: tvm.IRModule, trace: list[Any], rederived: tvm.s
         if not any(size % tile for size, tile in sizes) or any(-(-size // tile) * tile > MAX_STATIC_PADDING * size for size, tile in sizes):
             return None  # nothing to pad (where the tiles divide, TVM's own refit stays, §8), or too much
         return _padded(normalized, trace, chosen).mod
-    plain = _root_children(tvm.s_tir.Schedule(normalized), _sketch(trace))  # once for every level
+    plain = _root_children(tvm.s_tir.Schedule(normalized), sketch(trace))  # once for every level
     return _dispatched([(holds, _padded(normalized, trace, kept, plain).mod) for kept, holds in levels], rederived.mod)
 
 
@@ -198,7 +199,7 @@ def _padded(normalized: tvm.IRModule, trace: list[Any], tilings: list[_Tiling], 
         for inst in insts:
             if inst[0] == "Split" and inst[1][1:] == outputs:
                 inst[1] = [inst[1][0], None, *tiling.inner]
-    added = _added_children(sch, insts, decisions, plain if plain is not None else _root_children(tvm.s_tir.Schedule(normalized), _sketch(trace)))
+    added = _added_children(sch, insts, decisions, plain if plain is not None else _root_children(tvm.s_tir.Schedule(normalized), sketch(trace)))
     tvm.s_tir.schedule.Trace.apply_json_to_schedule([insts, decisions], sch)
     for name in added:
         _parallel_copy(sch, name)
@@ -216,8 +217,8 @@ def _added_children(sch: tvm.s_tir.Schedule, insts: list[Any], decisions: list[A
     """The blocks padding added beside the root's children (``plain`` before it) as the trace's postprocessing lists
     them (``GetChildBlocks`` of the root): each such instruction is given a variable for them, in their places.
     Raises ValueError where the children differ otherwise (the padded replay would bind the wrong blocks)."""
-    cut = _postprocessing_starts(insts)
-    padded = _root_children(sch.copy(), _sketch([insts, decisions]))
+    cut = postprocessing_starts(insts)
+    padded = _root_children(sch.copy(), sketch([insts, decisions]))
     if [name for name in padded if name in plain] != plain:
         raise ValueError(f"padding changed the kernel's blocks: {plain} became {padded}")
     added = [name for name in padded if name not in plain]
@@ -231,20 +232,9 @@ def _added_children(sch: tvm.s_tir.Schedule, insts: list[Any], decisions: list[A
     return added
 
 
-def _postprocessing_starts(insts: list[Any]) -> int:
-    return next((i for i, inst in enumerate(insts) if inst[0] == "EnterPostproc"), len(insts))
-
-
-def _sketch(trace: list[Any]) -> list[Any]:
-    """A copy of the trace up to its postprocessing (its decisions with it)."""
-    insts, decisions = trace
-    cut = _postprocessing_starts(insts)
-    return copy.deepcopy([insts[:cut], [d for d in decisions if d[0] < cut]])
-
-
-def _root_children(sch: tvm.s_tir.Schedule, sketch: list[Any]) -> list[str]:
-    """The names of the root's children once ``sketch`` is applied to ``sch``."""
-    tvm.s_tir.schedule.Trace.apply_json_to_schedule(sketch, sch)
+def _root_children(sch: tvm.s_tir.Schedule, sketched: list[Any]) -> list[str]:
+    """The names of the root's children once ``sketched`` (a trace's sketch) is applied to ``sch``."""
+    tvm.s_tir.schedule.Trace.apply_json_to_schedule(sketched, sch)
     return [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
 
 

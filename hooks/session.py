@@ -39,9 +39,10 @@ from .guard import ScheduleLimits, check_scheduled
 from .identity import as_module, compiler_fingerprint, workload_identity
 from .defaults import default_contends, default_schedule
 from .measure import TIMING, Budget, KernelBench, Timing, build_all, machine, runs_here
-from .msdb import normalize_mod, replay_within, tuning_record
+from .msdb import normalize_mod, replay_within, trace_text, tuning_record
 from .objects import OBJECT_ID, ObjectCache
 from .padding import PADDED, padded_dispatch
+from .recompute import RELOCATED, relocated
 from .costmodel import WIDTH, CostModel, features, flops
 from .ranking import SYNTHESIZED, Retiling, effort, model_decides, model_rank_key, rank_key, retiled, speed, work
 from .synthesis import TIMED, LogModel, check_sample_count, synthesize
@@ -119,7 +120,8 @@ class CompileReport:
 class HookSession:
     def __init__(self, registry: Registry, *, report_misses: bool = True, trust: Trust = "verified",
                  limits: ScheduleLimits | None = None, transfer: bool = True, cache: KernelCache | None = None,
-                 measure: float = 0.0, objects: ObjectCache | None = None, synthesize: int = 0, rank_by_model: bool | None = None, pad: bool = True) -> None:  # fmt: skip
+                 measure: float = 0.0, objects: ObjectCache | None = None, synthesize: int = 0, rank_by_model: bool | None = None, pad: bool = True,
+                 relocate: bool = True) -> None:  # fmt: skip
         check_sample_count(synthesize)
         self.registry = registry
         self.objects = objects  # where scheduled kernels' machine code is kept and linked from (None: compiled in each build)
@@ -127,6 +129,7 @@ class HookSession:
         self.synthesize = synthesize  # design-space samples scored per missed kernel (0: none; needs ``measure``)
         self.rank_by_model = rank_by_model  # transfers ranked with the registry's served cost model: always, never, None: where it decides
         self.pad = pad  # loops whose recorded tiles TVM would re-derive padded to them (:mod:`.padding`)
+        self.relocate = relocate  # a transfer's compute locations that recompute a reduction moved out (:mod:`.recompute`)
         self._budget = Budget(measure)
         self.build_workers = usable_cpus()  # candidates compiled at once
         self.cache = cache if cache is not None else KernelCache(default_dir())
@@ -257,12 +260,11 @@ class HookSession:
         static = not identity.symbolic  # a symbolic size (a dynamic batch) cannot be measured: its transfers are ranked only,
         transfers = static or not default_contends(target)  # and on a GPU, where they could not be timed against DLight, not served
         bench = (normalized, target) if self.measure > 0 and runs_here(target) and static else None
-        pad = self.pad and target.kind.name == "llvm"  # the padding copies are CPU loops (and nothing padded was timed on a GPU)
 
         def apply(record: Record, _args_info: list[Any] | None) -> tvm.IRModule | None:
             if keeps_default_schedule(record.trace):  # nothing beat the target's default: leave the kernel to it (DLight's on a GPU)
                 return None
-            return self._schedule(record, normalized, identity.key, pad)
+            return self._schedule(record, normalized, identity.key, target)
 
         return self._serve(identity, apply, bench, (normalized, target), transfers)
 
@@ -293,14 +295,17 @@ class HookSession:
         self._retiled[(key, record.trace_id)] = retiled(json.loads(record.trace), tr.trace)
         return tr
 
-    def _schedule(self, record: Record, normalized: tvm.IRModule, key: str, pad: bool) -> tvm.IRModule:
+    def _schedule(self, record: Record, normalized: tvm.IRModule, key: str, target: tvm.target.Target) -> tvm.IRModule:
         """``normalized`` with ``record``'s trace replayed once and checked against the bounds, or
-        from the cache (keyed by the kernel's key, the trace and the bounds: the same canonical
+        from the cache (keyed by the kernel's key, the trace, the bounds and the repairs: the same canonical
         workload up to parameter names); raises if it does not apply, also when it did not before.
-        With ``pad`` (the session's, on a CPU target), loops whose recorded tiling TVM re-derived (a symbolic size,
-        or tiles that no longer divide) are padded to the recorded tiles where that replays within the bounds
-        (:mod:`.padding`)."""
-        parts = (key, record.trace, repr(self.limits), f"{PADDED}: {pad}")  # none cached before the padding is served
+        A transfer on a CPU target is repaired where the session allows: compute locations that recompute a reduction
+        moved out (``relocate``, :mod:`.recompute`), then loops whose recorded tiling TVM re-derived (a symbolic size, or
+        tiles that no longer divide) padded to the recorded tiles (``pad``, :mod:`.padding`), each where it replays
+        within the bounds. (The padding copies are CPU loops, and nothing repaired was timed on a GPU.)"""
+        cpu = target.kind.name == "llvm"
+        pad, relocate = self.pad and cpu, self.relocate and cpu and record.key != key  # an exact hit was measured as it is
+        parts = (key, record.trace, repr(self.limits), f"{PADDED}: {pad}", f"{RELOCATED}: {relocate}")
         entry = self.cache.get("scheduled", *parts)
         if entry is not None and isinstance(entry.get("error"), str):
             raise ReplayFailed(entry["error"])
@@ -313,8 +318,11 @@ class HookSession:
             try:
                 sch = replay_within(normalized, record.trace, self.limits)
                 recorded = json.loads(record.trace)
-                mod, tiles = sch.mod, retiled(recorded, sch.trace)
-                mod = (self._padded(normalized, record, recorded, sch) if pad else None) or mod
+                tiles = retiled(recorded, sch.trace)
+                moved = relocated(normalized, recorded, sch, target, self.limits) if relocate else None
+                if moved is not None:
+                    sch, recorded = moved, json.loads(trace_text(moved.trace))
+                mod = (self._padded(normalized, record, recorded, sch) if pad else None) or sch.mod
             except Exception as exc:
                 self.cache.put("scheduled", parts, {"error": f"{exc.__class__.__name__}: {str(exc)[:2000]}"})
                 raise

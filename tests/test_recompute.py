@@ -1,0 +1,82 @@
+"""A transfer that recomputes a reduction for every element of its consumer gets its compute locations moved out
+(``hooks.recompute``); an exact hit keeps what was measured. Real TVM builds and runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+from tvm.relax.frontend import nn
+
+from schedhub.hooks import use
+from schedhub.hooks.identity import plain_json, workload_module
+from schedhub.hooks.recompute import stores
+from schedhub.registry import LocalRegistry, Record
+from schedhub.tuner.models import kernels
+
+from .test_hooks import CPU, run
+
+
+class Softmax(nn.Module):
+    def forward(self, x: nn.Tensor) -> nn.Tensor:
+        return nn.op.softmax(x, axis=-1)
+
+
+def export(cols: int | str) -> tvm.IRModule:
+    mod, _ = Softmax().export_tvm({"forward": {"x": nn.spec.Tensor((8, cols), "float32")}})
+    return mod
+
+
+def recomputing_record(cols: int) -> Record:
+    """A record of the softmax at ``cols`` columns that computes each row's maximum under the loop over the row's
+    elements (MetaSchedule's ``SampleComputeLocation``, decided 1): the maximum again for every element."""
+    kernel = next(k for k in kernels(export(cols), CPU) if k.identity.op == "softmax")
+    sch = tvm.s_tir.Schedule(workload_module(kernel.identity.workload))
+    maximum = sch.get_sblock("T_softmax_maxelem")
+    sch.compute_at(maximum, sch.sample_compute_location(maximum, decision=1))
+    return Record(kernel.identity, json.dumps(plain_json(sch.trace.as_json()), separators=(",", ":")), [1e-5], {"tuner": "test"})
+
+
+def softmax_kernel(registry: LocalRegistry, cols: int | str, **options: object) -> tvm.tirx.PrimFunc:
+    with use(registry, CPU, link=False, **options):  # type: ignore[arg-type]
+        lowered = relax.get_pipeline("schedhub")(export(cols))
+    return next(f for gv, f in lowered.functions_items() if gv.name_hint == "softmax")
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+@pytest.mark.parametrize("cols", [64, "n"])
+def test_a_transfer_that_recomputes_a_reduction_per_element_has_it_moved_out(tmp_path: Path, cols: int | str) -> None:
+    """Tuned at 16 columns, the record stores 4.75x what the unscheduled softmax does; replayed at 64 it would store
+    17x (at a symbolic width, as many at 128). Served, the maximum is computed once a row: no more stores than twice
+    the unscheduled kernel's, and right at every width. ``relocate=False`` serves it as recorded."""
+    with LocalRegistry(tmp_path, sync=False) as reg:
+        reg.put(recomputing_record(16))
+        served = stores(softmax_kernel(reg, cols))
+        as_recorded = stores(softmax_kernel(reg, cols, relocate=False))
+        unscheduled = stores(softmax_kernel(reg, cols, transfer=False))
+        with use(reg, CPU) as session:
+            ex = tvm.compile(export(cols), CPU)
+    assert served is not None and as_recorded is not None and unscheduled is not None
+    assert served <= 2 * unscheduled < as_recorded
+    assert {k.op: k.outcome for k in session.report.kernels}["softmax"] == "transfer"
+    for width in [64] if cols == 64 else [1, 7, 64, 100]:
+        x = np.random.default_rng(width).standard_normal((8, width)).astype("float32")
+        np.testing.assert_allclose(run(ex, x, []), softmax(x), rtol=1e-5, atol=1e-6)
+
+
+def test_an_exact_hit_keeps_its_compute_locations(tmp_path: Path) -> None:
+    """The same record at its own width is what was measured there: served as it is, recomputing."""
+    with LocalRegistry(tmp_path, sync=False) as reg:
+        reg.put(recomputing_record(16))
+        hit = stores(softmax_kernel(reg, 16))
+    kernel = next(k for k in kernels(export(16), CPU) if k.identity.op == "softmax")
+    unscheduled = stores(workload_module(kernel.identity.workload)["main"])
+    assert hit is not None and unscheduled is not None and hit > 2 * unscheduled
