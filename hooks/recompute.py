@@ -5,7 +5,8 @@ consumer, at the root, or inlined). Under the consumer's inner loops, the produc
 iteration of them; where it is a reduction over the same dimension, the kernel's work grows by a factor of that
 dimension's size. A record tuned for the BERT layer's softmax at sequence 32 computed each row's maximum inside the
 loop over the row's elements (32 times too often there, and still the fastest of its trials); replayed at sequence
-100 it ran 4.1 ms where the unscheduled kernel ran 0.44 ms, and the row maximum moved out one loop 0.27 ms.
+100 it ran 4.1-4.3 ms where the unscheduled kernel ran 0.44 ms, and with the row maximum moved out one loop
+0.26-0.38 ms.
 
 So a transfer's kernel is weighed by its stores (each store statement times the iterations around it, a symbolic
 size counted as :data:`SYMBOLIC_SIZE`) against the unscheduled kernel's. Past :data:`MAX_RECOMPUTE` times as many,
