@@ -12,7 +12,8 @@ So a transfer's kernel is weighed by its stores (each store statement times the 
 size counted as :data:`SYMBOLIC_SIZE`) against the unscheduled kernel's. Past :data:`MAX_RECOMPUTE` times as many,
 each compute location of the trace, in order, is moved outward one loop at a time (the sketch replayed with that
 decision, the target's postprocessors applied again) and kept where it stores least, the innermost such location
-(the record's own choice where nothing stores less). An exact hit keeps its schedule: it was measured there.
+(the record's own choice where nothing stores less). A record of the kernel's own workload (an exact hit, or one of
+another compiler build or CPU) keeps its schedule: it was measured there.
 """
 
 from __future__ import annotations

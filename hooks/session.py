@@ -264,7 +264,7 @@ class HookSession:
         def apply(record: Record, _args_info: list[Any] | None) -> tvm.IRModule | None:
             if keeps_default_schedule(record.trace):  # nothing beat the target's default: leave the kernel to it (DLight's on a GPU)
                 return None
-            return self._schedule(record, normalized, identity.key, target)
+            return self._schedule(record, normalized, identity, target)
 
         return self._serve(identity, apply, bench, (normalized, target), transfers)
 
@@ -295,16 +295,18 @@ class HookSession:
         self._retiled[(key, record.trace_id)] = retiled(json.loads(record.trace), tr.trace)
         return tr
 
-    def _schedule(self, record: Record, normalized: tvm.IRModule, key: str, target: tvm.target.Target) -> tvm.IRModule:
+    def _schedule(self, record: Record, normalized: tvm.IRModule, identity: Identity, target: tvm.target.Target) -> tvm.IRModule:
         """``normalized`` with ``record``'s trace replayed once and checked against the bounds, or
         from the cache (keyed by the kernel's key, the trace, the bounds and the repairs: the same canonical
         workload up to parameter names); raises if it does not apply, also when it did not before.
         A transfer on a CPU target is repaired where the session allows: compute locations that recompute a reduction
         moved out (``relocate``, :mod:`.recompute`), then loops whose recorded tiling TVM re-derived (a symbolic size, or
         tiles that no longer divide) padded to the recorded tiles (``pad``, :mod:`.padding`), each where it replays
-        within the bounds. (The padding copies are CPU loops, and nothing repaired was timed on a GPU.)"""
-        cpu = target.kind.name == "llvm"
-        pad, relocate = self.pad and cpu, self.relocate and cpu and record.key != key  # an exact hit was measured as it is
+        within the bounds (a record of this very workload, from another compiler build or CPU, is not relocated). The
+        padding copies are CPU loops, and nothing repaired was timed on a GPU."""
+        key, cpu = identity.key, target.kind.name == "llvm"
+        pad = self.pad and cpu
+        relocate = self.relocate and cpu and record.identity.workload != identity.workload  # one tuned for this workload was measured on it
         parts = (key, record.trace, repr(self.limits), f"{PADDED}: {pad}", f"{RELOCATED}: {relocate}")
         entry = self.cache.get("scheduled", *parts)
         if entry is not None and isinstance(entry.get("error"), str):

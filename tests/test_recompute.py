@@ -15,7 +15,7 @@ from tvm.relax.frontend import nn
 from schedhub.hooks import use
 from schedhub.hooks.identity import plain_json, workload_module
 from schedhub.hooks.recompute import stores
-from schedhub.registry import LocalRegistry, Record
+from schedhub.registry import LocalRegistry, Record, record_key
 from schedhub.tuner.models import kernels
 
 from .test_hooks import CPU, run
@@ -72,11 +72,20 @@ def test_a_transfer_that_recomputes_a_reduction_per_element_has_it_moved_out(tmp
         np.testing.assert_allclose(run(ex, x, []), softmax(x), rtol=1e-5, atol=1e-6)
 
 
-def test_an_exact_hit_keeps_its_compute_locations(tmp_path: Path) -> None:
-    """The same record at its own width is what was measured there: served as it is, recomputing."""
+@pytest.mark.parametrize("fingerprint", [None, "tvm=0.26.0;tvm-ffi=0.1.9;libtvm=0123456789abcdef"])
+def test_a_record_of_the_kernels_own_shape_keeps_its_compute_locations(tmp_path: Path, fingerprint: str | None) -> None:
+    """The record at its own width is what was measured there: served as it is, recomputing, as an exact hit and as
+    the transfer of another compiler build's record of the same workload."""
+    recorded = recomputing_record(16)
+    if fingerprint is not None:
+        ident = recorded.identity
+        recorded = Record.from_obj(recorded.to_dict() | {"fingerprint": fingerprint, "key": record_key(fingerprint, ident.target, ident.workload)})
     with LocalRegistry(tmp_path, sync=False) as reg:
-        reg.put(recomputing_record(16))
-        hit = stores(softmax_kernel(reg, 16))
+        reg.put(recorded)
+        served = stores(softmax_kernel(reg, 16))
+        with use(reg, CPU) as session:
+            tvm.compile(export(16), CPU)
+    assert {k.op: k.outcome for k in session.report.kernels}["softmax"] == ("hit" if fingerprint is None else "transfer")
     kernel = next(k for k in kernels(export(16), CPU) if k.identity.op == "softmax")
     unscheduled = stores(workload_module(kernel.identity.workload)["main"])
-    assert hit is not None and unscheduled is not None and hit > 2 * unscheduled
+    assert served is not None and unscheduled is not None and served > 2 * unscheduled
