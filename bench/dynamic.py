@@ -24,7 +24,6 @@ of ``bench all``.
 
 from __future__ import annotations
 
-import statistics
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,7 @@ from schedhub.registry import LocalRegistry
 from schedhub.tuner import cluster, models, tvm_env
 
 from .models import check_agreement, network_input, time_side_by_side
-from .stats import store_study_main
+from .stats import medians_by_cell, store_study_main, timings_and_compiles
 from .transfer import MODES, compile_and_load, filled_store
 
 #: (network, its symbolic dimension, the sizes it is run at)
@@ -96,19 +95,12 @@ def _network(registry: LocalRegistry, target: Any, name: str, dim: str, sizes: l
 
 def _summary(runs: list[list[dict[str, Any]]]) -> dict[str, Any]:
     """Per network and size: medians over runs of the latency ratios, of the milliseconds, and of the compiles' seconds."""
-    found: dict[str, dict[str, list[float]]] = {}
-    for row in (row for rows in runs for row in rows):
-        (dim, size), = row["size"].items()
-        cell = found.setdefault(f"{row['network']} {dim}={size}", {})
-        for key in ("dynamic_over_static", "default_over_dynamic"):
-            cell.setdefault(key, []).append(row[key])
-        for label, t in row["timing"].items():
-            cell.setdefault(f"{label} ms", []).append(t["median"])
-        for label, secs in row["compile_secs"].items():
-            cell.setdefault(f"compile_s {label}", []).append(secs)
-        for outcome in ("transfers", "misses"):
-            cell.setdefault(f"dynamic {outcome}", []).append(row["dynamic_report"][outcome])
-    return {net: {k: statistics.median(v) for k, v in c.items()} for net, c in found.items()}
+
+    def values(row: dict[str, Any]) -> dict[str, float]:
+        outcomes = {f"dynamic {outcome}": row["dynamic_report"][outcome] for outcome in ("transfers", "misses")}
+        return {k: row[k] for k in ("dynamic_over_static", "default_over_dynamic")} | timings_and_compiles(row) | outcomes
+
+    return medians_by_cell((row for rows in runs for row in rows), lambda row: "{} {}={}".format(row["network"], *next(iter(row["size"].items()))), values)
 
 
 def main() -> None:

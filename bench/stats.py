@@ -7,7 +7,7 @@ import json
 import math
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,23 @@ def machine_probe(reps: int = 7) -> dict[str, Any]:
 
     work()
     return summary_ms([work() for _ in range(reps)])
+
+
+def medians_by_cell(rows: Iterable[dict[str, Any]], cell: Callable[[dict[str, Any]], str],
+                    values: Callable[[dict[str, Any]], dict[str, float]]) -> dict[str, dict[str, float]]:  # fmt: skip
+    """A study's summary: per cell (``cell(row)``, a network and its shape), the median over its rows (one a run) of
+    each of ``values(row)``."""
+    found: dict[str, dict[str, list[float]]] = {}
+    for row in rows:
+        into = found.setdefault(cell(row), {})
+        for name, value in values(row).items():
+            into.setdefault(name, []).append(value)
+    return {name: {k: statistics.median(v) for k, v in c.items()} for name, c in found.items()}
+
+
+def timings_and_compiles(row: dict[str, Any]) -> dict[str, float]:
+    """A row's median milliseconds (``<label> ms``) and compile seconds (``compile_s <label>``) of each executable."""
+    return {f"{label} ms": t["median"] for label, t in row["timing"].items()} | {f"compile_s {label}": secs for label, secs in row["compile_secs"].items()}
 
 
 def study_arguments(parser: argparse.ArgumentParser) -> None:
