@@ -38,6 +38,9 @@ MAX_STATIC_PADDING = 1.5  # the most rows padding may add to a static loop's, as
 #                           exports from records at batch 64 and sequence 128: padding 16 rows to 32 made the MLP 1.57x
 #                           slower than TVM's refit, 100 to 104 and 128 made the BERT layer 6.7x faster)
 VECTOR = 16  # lanes a padded copy's innermost loop is vectorized by, where its extent divides
+MAX_SYMBOLIC_UNROLL = 64  # unroll steps a level padding two loops of symbolic extent keeps: the BERT layer's attention
+#                           scores (n x n) took 4.6 s to build with the recorded 512 (symbolic strides in every unrolled
+#                           statement), 2.3 s with 64, and ran as fast; a projection (one such loop) ran 1.7-3x slower at 64
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,10 @@ def padded_dispatch(normalized: tvm.IRModule, trace: list[Any], rederived: tvm.s
             return None  # nothing to pad (where the tiles divide, TVM's own refit stays, §8), or too much
         return _padded(normalized, trace, chosen).mod
     plain = _root_children(tvm.s_tir.Schedule(normalized), sketch(trace))  # once for every level
-    return _dispatched([(holds, _padded(normalized, trace, kept, plain).mod) for kept, holds in levels], rederived.mod)
+    symbolic = {t.instruction for t in tilings if not isinstance(extents[t.instruction], tirx.IntImm)}
+    branches = [(holds, _padded(normalized, trace, kept, plain, MAX_SYMBOLIC_UNROLL if len(symbolic.intersection(t.instruction for t in kept)) > 1 else None).mod)
+                for kept, holds in levels]  # fmt: skip
+    return _dispatched(branches, rederived.mod)
 
 
 def _dispatched(branches: list[tuple[Any, tvm.IRModule]], otherwise: tvm.IRModule) -> tvm.IRModule:
@@ -179,10 +185,12 @@ def _extent(sch: tvm.s_tir.Schedule, tiling: _Tiling) -> Any:
     return sch.get(sch.get_sblock(tiling.block)).iter_vars[tiling.loop].dom.extent
 
 
-def _padded(normalized: tvm.IRModule, trace: list[Any], tilings: list[_Tiling], plain: list[str] | None = None) -> tvm.s_tir.Schedule:
+def _padded(normalized: tvm.IRModule, trace: list[Any], tilings: list[_Tiling], plain: list[str] | None = None,
+            unroll: int | None = None) -> tvm.s_tir.Schedule:  # fmt: skip
     """``normalized`` with each tiling's block padded, ``trace`` replayed with the recorded inner tiles, and the
     padding copies the trace does not know of made parallel loops. ``plain``: the root's children after the trace's
-    sketch on ``normalized`` unpadded (:func:`_root_children`; replayed here when not given)."""
+    sketch on ``normalized`` unpadded (:func:`_root_children`; replayed here when not given). ``unroll``: the most
+    steps the trace's ``pragma_auto_unroll_max_step`` keeps (None: as recorded)."""
     sch = tvm.s_tir.Schedule(normalized)
     for block, pads in _pads_by_block(tilings).items():
         rv = sch.get_sblock(block)
@@ -199,6 +207,9 @@ def _padded(normalized: tvm.IRModule, trace: list[Any], tilings: list[_Tiling], 
         for inst in insts:
             if inst[0] == "Split" and inst[1][1:] == outputs:
                 inst[1] = [inst[1][0], None, *tiling.inner]
+    for inst in insts:
+        if unroll is not None and inst[0] == "Annotate" and inst[2] == ["pragma_auto_unroll_max_step"] and type(inst[1][1]) is int:
+            inst[1][1] = min(inst[1][1], unroll)
     added = _added_children(sch, insts, decisions, plain if plain is not None else _root_children(tvm.s_tir.Schedule(normalized), sketch(trace)))
     tvm.s_tir.schedule.Trace.apply_json_to_schedule([insts, decisions], sch)
     for name in added:

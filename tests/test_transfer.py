@@ -295,6 +295,50 @@ def test_a_static_batch_the_recorded_row_tiles_do_not_divide_is_padded_to_them(t
     assert "_pad = T.sblock_alloc_buffer" not in next(f for gv, f in unpadded.functions_items() if gv.name_hint == "fused_matmul_add_relu").script()
 
 
+class Scores(nn.Module):
+    """Attention scores: both sides of the product the sequence."""
+
+    def forward(self, q: nn.Tensor, k: nn.Tensor) -> nn.Tensor:
+        return nn.op.matmul(q, nn.op.permute_dims(k))
+
+
+def scores(seq: int | str) -> tvm.IRModule:
+    mod, _ = Scores().export_tvm({"forward": {"q": nn.spec.Tensor((seq, 64), "float32"), "k": nn.spec.Tensor((seq, 64), "float32")}})
+    return mod
+
+
+def test_a_kernel_padded_on_two_symbolic_loops_unrolls_less(tmp_path: Path) -> None:
+    """Both loops of the attention scores are the sequence: the padded buffers' strides are symbolic in every statement
+    the recorded unrolling (512 steps) emits, and lowering them cost seconds. The padded levels keep 64 steps; TVM's
+    re-derivation keeps the record's. Right at every size."""
+    kernel = next(k for k in kernels(scores(16), CPU) if k.identity.op == "matmul")
+    sch = tvm.s_tir.Schedule(workload_module(kernel.identity.workload))
+    rows, cols, red = sch.get_loops(sch.get_sblock("matmul"))
+    r0, r1, r2 = sch.split(rows, sch.sample_perfect_tile(rows, n=3, decision=[2, 2, 4]))
+    c0, c1, c2 = sch.split(cols, sch.sample_perfect_tile(cols, n=3, decision=[2, 2, 4]))
+    sch.reorder(r0, c0, r1, c1, red, r2, c2)
+    sch.enter_postproc()
+    outer = sch.fuse(r0, c0)
+    sch.parallel(outer)
+    sch.annotate(outer, "pragma_auto_unroll_max_step", 512)
+    trace = json.dumps(plain_json(sch.trace.as_json()), separators=(",", ":"))
+    with LocalRegistry(tmp_path, sync=False) as reg:
+        reg.put(Record(kernel.identity, trace, [1e-5], {"tuner": "test"}))
+        with use(reg, CPU, link=False):
+            lowered = relax.get_pipeline("schedhub")(scores("n"))
+        with use(reg, CPU) as session:
+            ex = tvm.compile(scores("n"), CPU)
+    assert {k.op: k.outcome for k in session.report.kernels}["matmul"] == "transfer"
+    text = next(f for gv, f in lowered.functions_items() if gv.name_hint == "matmul").script()
+    branches = re.findall(r'T\.sblock\("(padded\d|rederived)"\)', text)
+    assert branches[-1] == "rederived" and len(branches) >= 2
+    assert re.findall(r'"pragma_auto_unroll_max_step": (\d+)', text) == ["64"] * (len(branches) - 1) + ["512"]
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    for seq in (1, 3, 8, 13, 40):
+        q, k = (np.random.default_rng(seq + i).standard_normal((seq, 64)).astype("float32") for i in range(2))
+        np.testing.assert_allclose(vm["forward"](tvm.runtime.tensor(q), tvm.runtime.tensor(k)).numpy(), q @ k.T, rtol=1e-4, atol=1e-4)
+
+
 def test_a_transfer_that_would_vectorize_a_symbolic_loop_is_not_served(tmp_path: Path) -> None:
     """LLVM's vectorizer needs a constant extent. A record that vectorizes the batch loop at batch 4 replays on a
     dynamic batch, but the kernel would fail TVM's lowering, and with it the user's compile: the hook drops it (the
