@@ -29,11 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from schedhub.registry import LocalRegistry
-from schedhub.tuner import cluster, models, tvm_env
+from schedhub.tuner import models, tvm_env
 
 from .models import check_agreement, network_input, time_side_by_side
 from .stats import medians_by_cell, store_study_main, timings_and_compiles
-from .transfer import MODES, compile_and_load, filled_store
+from .transfer import compile_and_load, quick_registry
 
 #: (network, its symbolic dimension, the sizes it is run at)
 CASES = [("mlp", "batch", [1, 7, 16, 64]), ("bert_layer", "seq", [8, 17, 64, 100])]
@@ -47,11 +47,7 @@ def run(source_store: Path, runs: int, rounds: int, no_padding: bool = False, no
     out: dict[str, Any] = {"target": tvm_env.host_target(), "rounds": rounds, "padding": not no_padding, "relocation": not no_relocation, "runs": []}
     repairs = {"pad": not no_padding, "relocate": not no_relocation}
     with tempfile.TemporaryDirectory(prefix="schedhub-dynamic-") as tmp:
-        if not (source_store / "data.mdb").exists():
-            cluster.start()  # the fill tunes on Ray
-        out["fill_secs"] = filled_store(Path(tmp) / "store", source_store, MODES["quick"]["source"], target, MODES["quick"]["options"])
-        cluster.stop()
-        with LocalRegistry(Path(tmp) / "store") as registry:  # a copy: a refused record is complained about, a write
+        with quick_registry(source_store, Path(tmp), target, out) as registry:
             out["records"] = len(registry.summaries())
             for r in range(runs):
                 rows = [row for name, dim, sizes in CASES for row in _network(registry, target, name, dim, sizes, Path(tmp) / f"run{r}-{name}", rounds, repairs)]

@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from schedhub.registry import LocalRegistry
-from schedhub.tuner import cluster, models, tvm_env
+from schedhub.tuner import models, tvm_env
 
 from .models import check_agreement, network_input, time_side_by_side
 from .stats import medians_by_cell, store_study_main, timings_and_compiles
-from .transfer import MODES, compile_and_load, filled_store
+from .transfer import compile_and_load, quick_registry
 
 #: held-out (network, shape): the quick fill tuned the BERT layer at batch 1, sequence 32 and the MLP at batch 1
 HELD_OUT: list[tuple[str, dict[str, int]]] = [
@@ -43,11 +43,7 @@ def run(source_store: Path, runs: int, rounds: int) -> dict[str, Any]:
     target = tvm.target.Target(tvm_env.host_target())
     out: dict[str, Any] = {"target": tvm_env.host_target(), "rounds": rounds, "runs": []}
     with tempfile.TemporaryDirectory(prefix="schedhub-relocation-") as tmp:
-        if not (source_store / "data.mdb").exists():
-            cluster.start()  # the fill tunes on Ray
-        out["fill_secs"] = filled_store(Path(tmp) / "store", source_store, MODES["quick"]["source"], target, MODES["quick"]["options"])
-        cluster.stop()
-        with LocalRegistry(Path(tmp) / "store") as registry:  # a copy: a refused record is complained about, a write
+        with quick_registry(source_store, Path(tmp), target, out) as registry:
             for r in range(runs):
                 rows = [_network(registry, target, name, shape, Path(tmp) / f"run{r}-{name}-{i}", rounds) for i, (name, shape) in enumerate(HELD_OUT)]
                 for row in rows:

@@ -38,7 +38,7 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -208,6 +208,19 @@ def filled_store(root: Path, source_store: Path | None, source: dict[str, dict[s
     if source_store is not None:
         shutil.copytree(source_store, root)
     return secs
+
+
+@contextlib.contextmanager
+def quick_registry(source_store: Path, workdir: Path, target: Any, out: dict[str, Any]) -> Iterator[LocalRegistry]:
+    """A study's registry: a copy under ``workdir`` of ``source_store``, filled first as the quick mode fills its
+    source when empty (on a Ray cluster started for it; the seconds in ``out["fill_secs"]``). A copy, because a
+    refused record is complained about, a write."""
+    if not (source_store / "data.mdb").exists():
+        cluster.start()
+    out["fill_secs"] = filled_store(workdir / "store", source_store, MODES["quick"]["source"], target, MODES["quick"]["options"])
+    cluster.stop()
+    with LocalRegistry(workdir / "store") as registry:
+        yield registry
 
 
 def fill(registry: LocalRegistry, source: dict[str, dict[str, int]], target: Any, options: TuneOptions) -> None:
