@@ -71,9 +71,11 @@ def padded_dispatch(normalized: tvm.IRModule, trace: list[Any], rederived: tvm.s
         return _padded(normalized, trace, chosen).mod
     plain = _root_children(tvm.s_tir.Schedule(normalized), sketch(trace))  # once for every level
     symbolic = {t.instruction for t in tilings if not isinstance(extents[t.instruction], tirx.IntImm)}
-    branches = [(holds, _padded(normalized, trace, kept, plain, MAX_SYMBOLIC_UNROLL if len(symbolic.intersection(t.instruction for t in kept)) > 1 else None).mod)
-                for kept, holds in levels]  # fmt: skip
-    return _dispatched(branches, rederived.mod)
+
+    def unroll(kept: list[_Tiling]) -> int | None:
+        return MAX_SYMBOLIC_UNROLL if sum(t.instruction in symbolic for t in kept) > 1 else None
+
+    return _dispatched([(holds, _padded(normalized, trace, kept, plain, unroll(kept)).mod) for kept, holds in levels], rederived.mod)
 
 
 def _dispatched(branches: list[tuple[Any, tvm.IRModule]], otherwise: tvm.IRModule) -> tvm.IRModule:
@@ -207,8 +209,8 @@ def _padded(normalized: tvm.IRModule, trace: list[Any], tilings: list[_Tiling], 
         for inst in insts:
             if inst[0] == "Split" and inst[1][1:] == outputs:
                 inst[1] = [inst[1][0], None, *tiling.inner]
-    for inst in insts:
-        if unroll is not None and inst[0] == "Annotate" and inst[2] == ["pragma_auto_unroll_max_step"] and type(inst[1][1]) is int:
+    for inst in insts if unroll is not None else []:
+        if inst[0] == "Annotate" and inst[2] == ["pragma_auto_unroll_max_step"] and type(inst[1][1]) is int:
             inst[1][1] = min(inst[1][1], unroll)
     added = _added_children(sch, insts, decisions, plain if plain is not None else _root_children(tvm.s_tir.Schedule(normalized), sketch(trace)))
     tvm.s_tir.schedule.Trace.apply_json_to_schedule([insts, decisions], sch)
