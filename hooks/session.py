@@ -36,10 +36,10 @@ from schedhub.registry import TARGET, Candidate, Identity, Record, Registry, Reg
 
 from .cache import KernelCache, default_dir
 from .guard import ScheduleLimits, check_scheduled
-from .identity import as_module, compiler_fingerprint, workload_identity
+from .identity import as_module, compiler_fingerprint, plain_json, workload_identity
 from .defaults import default_contends, default_schedule
 from .measure import TIMING, Budget, KernelBench, Timing, build_all, machine, runs_here
-from .msdb import normalize_mod, replay_within, trace_text, tuning_record
+from .msdb import normalize_mod, replay_within, tuning_record
 from .objects import OBJECT_ID, ObjectCache
 from .padding import PADDED, padded_dispatch
 from .recompute import RELOCATED, relocated
@@ -323,7 +323,7 @@ class HookSession:
                 tiles = retiled(recorded, sch.trace)
                 moved = relocated(normalized, recorded, sch, target, self.limits) if relocate else None
                 if moved is not None:
-                    sch, recorded = moved, json.loads(trace_text(moved.trace))
+                    sch, recorded = moved, plain_json(moved.trace.as_json())
                 mod = (self._padded(normalized, record, recorded, sch) if pad else None) or sch.mod
             except Exception as exc:
                 self.cache.put("scheduled", parts, {"error": f"{exc.__class__.__name__}: {str(exc)[:2000]}"})
