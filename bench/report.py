@@ -469,12 +469,24 @@ def _gpu_transfer(d: dict[str, Any] | None) -> list[str]:
              "then each batch below compiled with plain `tvm.compile` (DLight) and inside `hooks.use` (a transfer where one replays"
              + ("; measured: with `measure=`, DLight timed beside the candidates" if "measured" in extra else "") + "). "
              f"Medians of {d['rounds']} interleaved rounds, PyTorch in its own process (TF32 off); every output checked against DLight's. "
-             "Compile seconds: one plain and one hooked compile (the kernel cache empty).", ""]  # fmt: skip
+             "Compile seconds: one plain and one hooked compile (the kernel cache empty)"
+             + (", and one measured" if "measured" in extra else "") + ("; tuned: time over the tuned network's, < 1 faster" if "tuned" in extra else "") + "."
+             + (f" {d['runs_note']}." if d.get("runs_note") else ""), ""]  # fmt: skip
+
+    def added(r: dict[str, Any], column: str) -> str:
+        return f"{r['compile_secs'][column] - r['compile_secs']['dlight']:+.2f}" if column in r["compile_secs"] else "–"
+
+    def over_tuned(r: dict[str, Any], column: str) -> str:
+        return times(ratio(r["timing"][column], r["timing"]["tuned"], paired=True)) if "tuned" in r["timing"] else "–"
+
+    versus_tuned = ["transferred", *(c for c in extra if c == "measured")] if "tuned" in extra else []
     rows = [[r["label"], f"{r['transfers']}/{r['kernels']}", fmt(r["timing"]["pytorch"]), fmt(r["timing"]["dlight"]), fmt(r["timing"]["transferred"]),
              *(fmt(r["timing"].get(c)) for c in extra), times(r["dlight_vs_transferred"]), times(r["pytorch_vs_transferred"]),
-             f"{r['compile_secs']['transferred'] - r['compile_secs']['dlight']:+.2f}"] for r in d["rows"]]  # fmt: skip
+             *(over_tuned(r, c) for c in versus_tuned),
+             added(r, "transferred"), *([added(r, "measured")] if "measured" in extra else [])] for r in d["rows"]]  # fmt: skip
     head = ["held-out network", "transferred kernels", "PyTorch ms", "DLight ms", "transferred ms", *(f"{c} ms" for c in extra),
-            "transferred vs DLight", "transferred vs PyTorch", "compile s added"]  # fmt: skip
+            "transferred vs DLight", "transferred vs PyTorch", *(f"{c} / tuned" for c in versus_tuned),
+            "compile s added", *(["measured compile s added"] if "measured" in extra else [])]  # fmt: skip
     return lines + table(head, rows) + [""]
 
 

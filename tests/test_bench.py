@@ -182,7 +182,7 @@ def test_a_gpu_run_is_reported_against_dlight_not_as_untuned() -> None:
     assert "Heaviest kernels" not in gpu_text  # no per-kernel CPU baselines on a GPU run
 
 
-def test_a_gpu_transfer_run_is_reported_against_dlight_with_a_tuned_column_only_where_one_was_timed() -> None:
+def test_a_gpu_transfer_run_is_reported_against_dlight_with_tuned_columns_only_where_one_was_timed() -> None:
     import copy
     import json
     from pathlib import Path
@@ -190,14 +190,19 @@ def test_a_gpu_transfer_run_is_reported_against_dlight_with_a_tuned_column_only_
     from bench import report
 
     recorded = json.loads((Path(report.RESULTS) / "gpu" / "gpu_transfer.json").read_text())
-    text = "\n".join(report._gpu_transfer(recorded))
-    assert "| DLight ms | transferred ms | transferred vs DLight |" in text and "tuned ms" not in text
+    plain = copy.deepcopy(recorded)  # a run that neither measured nor tuned
+    for row in plain["rows"]:
+        row["timing"] = {k: v for k, v in row["timing"].items() if k not in ("measured", "tuned")}
+    text = "\n".join(report._gpu_transfer(plain))
+    assert "| DLight ms | transferred ms | transferred vs DLight |" in text and "tuned ms" not in text and "measured" not in text.split("\n\n")[2]
     first = recorded["rows"][0]
     assert report.times(first["dlight_vs_transferred"]) in text and f"{first['transfers']}/{first['kernels']}" in text
-    tuned = copy.deepcopy(recorded)
-    tuned["rows"][1]["timing"]["tuned"] = {"median": 0.5, "min": 0.5, "max": 0.5}
-    lines = report._gpu_transfer(tuned)
-    assert "| tuned ms |" in lines[4] and "| – |" in lines[6] and "| 0.5 [0.5–0.5] |" in lines[7]  # a row not tuned says so
+    lines = report._gpu_transfer(recorded)  # batch 16 measured, batch 256 measured and tuned
+    assert "| measured ms | tuned ms |" in lines[4] and "| transferred / tuned | measured / tuned |" in lines[4]
+    untuned, tuned = lines[6].split(" | "), lines[7].split(" | ")
+    assert untuned[-4:-2] == ["–", "–"] and "–" not in tuned[-4:-2]  # a row not tuned says so
+    timing = recorded["rows"][1]["timing"]
+    assert report.times(report.ratio(timing["transferred"], timing["tuned"], paired=True)) in lines[7]
     assert report._gpu_transfer(None) == []
 
 
