@@ -65,6 +65,7 @@ def use(
     link: bool = True,
     pad: bool = True,
     relocate: bool = True,
+    repostprocess: bool = True,
 ) -> Iterator[HookSession]:
     """Apply registry schedules to every Relax build in this block (this thread).
 
@@ -94,6 +95,9 @@ def use(
     ``relocate``: where a transfer computes a producer (a reduction) again for every element of its consumer, so that
     it stores over twice what the unscheduled kernel does, move its compute locations outward (:mod:`.recompute`; CPU
     targets).
+    ``repostprocess``: with ``measure``, also time each transfer's sketch with the target's postprocessors applied again
+    at this kernel (which loops are parallel, vectorized, unrolled: the record's were decided for its own sizes), served
+    where it is faster (CPU targets).
     """
     install()
     cache_dir: str | os.PathLike[str] | None = None  # this block's own cache, bounded when it ends
@@ -107,7 +111,7 @@ def use(
         objects = ObjectCache(Path(cache_dir) / "objects") if link and cache_dir is not None and c_compiler_available() else None
         session = HookSession(reg, report_misses=report_misses, trust=trust, limits=limits, transfer=transfer, cache=KernelCache(cache_dir),
                               measure=measure, objects=objects, synthesize=synthesize, rank_by_model=rank_by_model, pad=pad,
-                              relocate=relocate)  # fmt: skip
+                              relocate=relocate, repostprocess=repostprocess)  # fmt: skip
     token = ACTIVE.set(session)
     try:
         with contextlib.ExitStack() as stack:

@@ -21,6 +21,7 @@ from tvm.s_tir import meta_schedule as ms
 
 from schedhub.registry import Record, RegistryError
 
+from .errors import TVM_ERRORS
 from .guard import ScheduleLimits, check_scheduled, check_trace_size
 from .identity import block_names, plain_json, target_from_text, workload_identity, workload_module
 from .ranking import retiled
@@ -50,6 +51,9 @@ def tuning_record(record: Record, mod: tvm.IRModule | None = None, args_info: li
                                     target_from_text(record.identity.target), [ms.arg_info.ArgInfo.from_json(a) for a in info])  # fmt: skip
 
 
+TENSORIZING = ("Blockize", "Tensorize")  # instructions of a sketch that tensorizes
+
+
 def postprocessing_starts(insts: list[Any]) -> int:
     """The index of a trace's ``EnterPostproc`` instruction (its length where there is none)."""
     return next((i for i, inst in enumerate(insts) if inst[0] == "EnterPostproc"), len(insts))
@@ -60,6 +64,44 @@ def sketch(trace: list[Any]) -> list[Any]:
     insts, decisions = trace
     cut = postprocessing_starts(insts)
     return copy.deepcopy([insts[:cut], [d for d in decisions if d[0] < cut]])
+
+
+def tensorizes(sketched: list[Any]) -> bool:
+    """Whether a sketch's JSON tensorizes (int8 dot products, AMX): its postprocessing needs TVM's tensor intrinsics."""
+    return any(inst[0] in TENSORIZING for inst in sketched[0])
+
+
+def postprocessors(target: tvm.target.Target) -> list[Any]:
+    """The postprocessors MetaSchedule's tuner applies for ``target``'s kind, but for refusing loops of symbolic extent
+    (a trace replays on a kernel of symbolic size as it is, and :func:`.guard.check_scheduled` bounds it). Made without
+    a ``TuneContext``, which imports TVM's tensor intrinsics (seconds) and which none of them reads on a CPU."""
+    return [p for p in ms.postproc.Postproc.create(target.kind.name) if not isinstance(p, ms.postproc.DisallowDynamicLoop)]
+
+
+def sketch_replayed(normalized: tvm.IRModule, sketched: list[Any], decided: dict[int, Any], postprocs: list[Any],
+                    limits: ScheduleLimits) -> tvm.s_tir.Schedule | None:  # fmt: skip
+    """A sketch's JSON replayed on ``normalized`` with the decisions in ``decided`` (instruction index to decision) in
+    place of its own, then ``postprocs`` applied; None where it does not replay, a postprocessor refuses it, or the
+    result is past ``limits``."""
+    insts, decisions = sketched
+    sch = tvm.s_tir.Schedule(normalized)
+    try:
+        tvm.s_tir.schedule.Trace.apply_json_to_schedule([insts, [[i, decided.get(i, d)] for i, d in decisions]], sch)
+        sch.enter_postproc()
+        if not all(p.apply(sch) for p in postprocs):
+            return None
+        check_scheduled(sch.mod, limits)
+    except (*TVM_ERRORS, ValueError):  # ScheduleTooCostly is a ValueError, as is a vectorized symbolic loop
+        return None
+    return sch
+
+
+def repostprocessed(normalized: tvm.IRModule, trace: list[Any], target: tvm.target.Target, limits: ScheduleLimits) -> tvm.s_tir.Schedule | None:
+    """``normalized`` scheduled by the sketch of ``trace`` (a trace's JSON; its decisions as recorded) with ``target``'s
+    postprocessors applied again here, where the recorded postprocessing was decided for the record's own loop extents;
+    None for a sketch that tensorizes or where :func:`sketch_replayed` gives none."""
+    sketched = sketch(trace)
+    return None if tensorizes(sketched) else sketch_replayed(normalized, sketched, {}, postprocessors(target), limits)
 
 
 def trace_text(trace: Any) -> str:

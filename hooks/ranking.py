@@ -56,6 +56,8 @@ from typing import Any, NamedTuple
 from schedhub.registry import COMPILER, dotted_name
 
 SYNTHESIZED = "synthesized"  # a candidate drawn from the kernel's own design space, not a neighbour's record
+REPOSTPROCESSED = "postprocessed here"  # a neighbour's sketch with the target's postprocessors applied again on the kernel
+MEASURED_ONLY = (SYNTHESIZED, REPOSTPROCESSED)  # candidates served only once timed on this machine
 
 
 @functools.lru_cache(maxsize=1024)

@@ -24,18 +24,15 @@ from typing import Any
 
 import tvm
 from tvm import s_tir, tirx
-from tvm.s_tir import meta_schedule as ms
 
-from .errors import TVM_ERRORS
-from .guard import ScheduleLimits, check_scheduled, nested_statements
-from .msdb import sketch
+from .guard import ScheduleLimits, nested_statements
+from .msdb import postprocessors, sketch, sketch_replayed, tensorizes
 
 RELOCATED = "compute locations moved where a transfer recomputes"  # in the kernel cache's key of every schedule, with whether they were
 MAX_RECOMPUTE = 2.0  # stores over the unscheduled kernel's past which the compute locations are moved (the BERT layer's
 #                      transferred matmuls store 1.00x, its layer norm 1.28x, the softmax above 27x)
 SYMBOLIC_SIZE = 128  # what a symbolic extent counts as
 MAX_VARIANTS = 32  # sketches replayed for one kernel
-TENSORIZING = ("Blockize", "Tensorize")  # instructions of a sketch that tensorizes (int8 dot products, AMX)
 GAIN = 0.9  # a location is moved where that leaves at most this share of the stores
 
 _ARITHMETIC: dict[type, Callable[[int, int], int]] = {
@@ -53,11 +50,11 @@ def relocated(normalized: tvm.IRModule, trace: list[Any], replayed: tvm.s_tir.Sc
     if own is None or served is None or served <= MAX_RECOMPUTE * max(own, 1):
         return None
     sketched = sketch(trace)
-    if any(inst[0] in TENSORIZING for inst in sketched[0]):  # its postprocessing needs intrinsics this does not load
+    if tensorizes(sketched):  # its postprocessing needs intrinsics this does not load
         return None
     decided = {d[0]: d[1] for d in sketched[1]}
     locations = [i for i, inst in enumerate(sketched[0]) if inst[0] == "SampleComputeLocation" and type(decided.get(i)) is int and decided[i] >= 0]
-    postprocs = _postprocessors(target)
+    postprocs = postprocessors(target)
     best: tuple[int, tvm.s_tir.Schedule | None] = (served, None)
     moved: dict[int, int] = {}
     variants = 0
@@ -66,7 +63,7 @@ def relocated(normalized: tvm.IRModule, trace: list[Any], replayed: tvm.s_tir.Sc
             if variants == MAX_VARIANTS:
                 return best[1]
             variants += 1
-            sch = _variant(normalized, sketched, {**moved, index: location}, postprocs, limits)
+            sch = sketch_replayed(normalized, sketched, {**moved, index: location}, postprocs, limits)
             count = stores(sch.mod["main"]) if sch is not None else None
             if count is not None and count <= GAIN * best[0]:
                 best, moved[index] = (count, sch), location
@@ -115,27 +112,3 @@ def _value(expr: Any) -> int | None:
     if a is None or b is None or (b == 0 and isinstance(expr, (tirx.FloorDiv, tirx.FloorMod))):
         return None
     return apply(a, b)
-
-
-def _postprocessors(target: tvm.target.Target) -> list[Any]:
-    """The postprocessors MetaSchedule's tuner applies for ``target``'s kind, but for refusing loops of symbolic extent
-    (a trace replays on a kernel of symbolic size as it is, and :func:`.guard.check_scheduled` bounds it). Made without
-    a ``TuneContext``, which imports TVM's tensor intrinsics (seconds) and which none of them reads on a CPU."""
-    return [p for p in ms.postproc.Postproc.create(target.kind.name) if not isinstance(p, ms.postproc.DisallowDynamicLoop)]
-
-
-def _variant(normalized: tvm.IRModule, sketched: list[Any], locations: dict[int, int], postprocs: list[Any],
-             limits: ScheduleLimits) -> tvm.s_tir.Schedule | None:  # fmt: skip
-    """The sketch replayed with ``locations`` (instruction index to decision) and postprocessed, or None where it does
-    not replay, a postprocessor refuses it, or it is past ``limits``."""
-    insts, decisions = sketched
-    sch = tvm.s_tir.Schedule(normalized)
-    try:
-        tvm.s_tir.schedule.Trace.apply_json_to_schedule([insts, [[i, locations.get(i, d)] for i, d in decisions]], sch)
-        sch.enter_postproc()
-        if not all(p.apply(sch) for p in postprocs):
-            return None
-        check_scheduled(sch.mod, limits)
-    except (*TVM_ERRORS, ValueError):  # ScheduleTooCostly is a ValueError, as is a vectorized symbolic loop
-        return None
-    return sch

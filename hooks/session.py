@@ -39,12 +39,12 @@ from .guard import ScheduleLimits, check_scheduled
 from .identity import as_module, compiler_fingerprint, plain_json, workload_identity
 from .defaults import default_contends, default_schedule
 from .measure import TIMING, Budget, KernelBench, Timing, build_all, machine, runs_here
-from .msdb import normalize_mod, replay_within, tuning_record
+from .msdb import normalize_mod, replay_within, repostprocessed, trace_text, tuning_record
 from .objects import OBJECT_ID, ObjectCache
 from .padding import PADDED, padded_dispatch
 from .recompute import RELOCATED, relocated
 from .costmodel import WIDTH, CostModel, features, flops
-from .ranking import SYNTHESIZED, Retiling, effort, model_decides, model_rank_key, rank_key, retiled, speed, work
+from .ranking import MEASURED_ONLY, REPOSTPROCESSED, SYNTHESIZED, Retiling, effort, model_decides, model_rank_key, rank_key, retiled, speed, work
 from .synthesis import TIMED, LogModel, check_sample_count, synthesize
 from .threads import usable_cpus, warn_idle_cores
 
@@ -121,7 +121,7 @@ class HookSession:
     def __init__(self, registry: Registry, *, report_misses: bool = True, trust: Trust = "verified",
                  limits: ScheduleLimits | None = None, transfer: bool = True, cache: KernelCache | None = None,
                  measure: float = 0.0, objects: ObjectCache | None = None, synthesize: int = 0, rank_by_model: bool | None = None, pad: bool = True,
-                 relocate: bool = True) -> None:  # fmt: skip
+                 relocate: bool = True, repostprocess: bool = True) -> None:  # fmt: skip
         check_sample_count(synthesize)
         self.registry = registry
         self.objects = objects  # where scheduled kernels' machine code is kept and linked from (None: compiled in each build)
@@ -130,6 +130,7 @@ class HookSession:
         self.rank_by_model = rank_by_model  # transfers ranked with the registry's served cost model: always, never, None: where it decides
         self.pad = pad  # loops whose recorded tiles TVM would re-derive padded to them (:mod:`.padding`)
         self.relocate = relocate  # a transfer's compute locations that recompute a reduction moved out (:mod:`.recompute`)
+        self.repostprocess = repostprocess  # a measured compile also times each transfer's sketch postprocessed here (:meth:`_repostprocessed`)
         self._budget = Budget(measure)
         self.build_workers = usable_cpus()  # candidates compiled at once
         self.cache = cache if cache is not None else KernelCache(default_dir())
@@ -376,6 +377,8 @@ class HookSession:
                 continue
         if not applied:
             return None
+        if bench is not None and self.repostprocess:
+            applied += self._repostprocessed(identity, applied, bench, apply)
         group = {id(c): model_rank_key(c.relation, self._retiling(identity.key, c), 0.0, 0)[:3] for c, _ in applied}
         first = min(group.values())  # only these compete on a prediction: the others rank after them whatever it is
         model = self._ranking_model(identity, [c.record.identity.args_info for c, _ in applied if group[id(c)] == first]) if kernel is not None else None
@@ -385,11 +388,11 @@ class HookSession:
         else:
             ranked = {id(c): self._rank(identity.key, c, i) for i, (c, _) in enumerate(applied)}
         applied.sort(key=lambda pair: ranked[id(pair[0])])
-        synthesized = any(c.relation == SYNTHESIZED for c, _ in applied)
+        derived = any(c.relation in MEASURED_ONLY for c, _ in applied)
         contends = bench is not None and default_contends(bench[1])  # a GPU's default (DLight) is a schedule a candidate must beat
-        measured, default_secs = self._measure(identity, applied, bench) if bench is not None and (len(applied) > 1 or synthesized or contends) else ({}, None)
-        # refused by measurement: never served; synthesized: served only once measured here
-        served = [(c, out) for c, out in applied if measured.get(c.record.trace_id, 0.0 if c.relation != SYNTHESIZED else None) is not None]
+        measured, default_secs = self._measure(identity, applied, bench) if bench is not None and (len(applied) > 1 or derived or contends) else ({}, None)
+        # refused by measurement: never served; synthesized or postprocessed here: served only once measured here
+        served = [(c, out) for c, out in applied if measured.get(c.record.trace_id, 0.0 if c.relation not in MEASURED_ONLY else None) is not None]
         if measured:
             served.sort(key=lambda pair: measured.get(pair[0].record.trace_id) or float("inf"))  # fastest measured first
         fastest = measured.get(served[0][0].record.trace_id) if served else None
@@ -407,6 +410,44 @@ class HookSession:
         outcome = SYNTHESIZED if candidate.relation == SYNTHESIZED else TRANSFER
         self._note(identity, outcome, f"{candidate.relation}:{candidate.record.trace_id}:{candidate.record.identity.op}", measured)
         return out
+
+    def _repostprocessed(self, identity: Identity, applied: list[tuple[Candidate, Any]], bench: tuple[tvm.IRModule, Any],
+                         apply: Callable[[Record, list[Any] | None], Any]) -> list[tuple[Candidate, Any]]:  # fmt: skip
+        """For each transfer in ``applied`` on a CPU, its sketch with the target's postprocessors applied again at this kernel
+        (:func:`.msdb.repostprocessed`) as one more candidate, where that schedules the kernel otherwise than the record's
+        own postprocessing (decided for the record's loop extents: which loops are fused into the parallel one, which
+        vectorized, how far unrolled), ``apply``-ed. Neither is better everywhere (on a quick fill's convnets it ran
+        0.10-1.72x the served kernel's time), so it is served only once measured. Kept in this machine's cache."""
+        normalized, target = bench
+        if target.kind.name != "llvm":  # nothing re-postprocessed was timed on a GPU
+            return []
+        out = []
+        for candidate, _ in list(applied):
+            source = candidate.record
+            trace = self._postprocessed_trace(identity, source, normalized, target) if candidate.relation not in MEASURED_ONLY else None
+            if trace is None:
+                continue
+            variant = Record(source.identity, trace, source.run_secs, {**source.provenance, "postprocessed_here_from": source.trace_id})
+            try:
+                out.append((Candidate(variant, REPOSTPROCESSED, candidate.distance), apply(variant, identity.args_info)))
+            except Exception as exc:  # over the bounds once repaired, say
+                log.debug("schedhub: %s postprocessed here does not apply to %s: %s", source.trace_id, identity.op, str(exc)[:200])
+        return out
+
+    def _postprocessed_trace(self, identity: Identity, record: Record, normalized: tvm.IRModule, target: tvm.target.Target) -> str | None:
+        """The trace (JSON text) of ``record``'s sketch postprocessed again on the kernel, or None where that replays as the
+        record's own postprocessing does (or fails): from this machine's cache, or worked out (one replay of each)."""
+        parts = (identity.key, record.trace, repr(self.limits))
+        entry = self.cache.get("repostprocessed", *parts)
+        if isinstance(entry, dict) and "trace" in entry and (entry["trace"] is None or isinstance(entry["trace"], str)):
+            return entry["trace"]
+        trace = None
+        with contextlib.suppress(Exception):  # a trace that does not replay as recorded: no variant
+            sch = repostprocessed(normalized, json.loads(record.trace), target, self.limits)
+            if sch is not None and not tvm_ffi.structural_equal(sch.mod, replay_within(normalized, record.trace, self.limits).mod):
+                trace = trace_text(sch.trace)
+        self.cache.put("repostprocessed", parts, {"trace": trace})
+        return trace
 
     def _synthesized(self, identity: Identity, bench: tuple[tvm.IRModule, Any]) -> list[Candidate]:
         """The cost model's best schedules of the kernel's own design space (:mod:`.synthesis`) as candidates:

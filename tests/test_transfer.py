@@ -20,7 +20,8 @@ from tvm.relax.frontend import nn
 
 from schedhub.hooks import target_text, use
 from schedhub.hooks.identity import plain_json, workload_module
-from schedhub.hooks.msdb import normalize_mod
+from schedhub.hooks.msdb import normalize_mod, postprocessors
+from schedhub.hooks.ranking import REPOSTPROCESSED
 from schedhub.hooks import measure, session as hook_session
 from schedhub.hooks.measure import host_cpu
 from schedhub.registry import (
@@ -477,7 +478,7 @@ def test_measured_transfers_serve_the_fastest_candidate_that_agrees(tmp_path: Pa
         reg.put_many(ours)
         for k in kernels(export(64), host):  # a second neighbour, with another schedule, for every batch-dependent kernel
             reg.put(next(r for r in (split_record(k.identity, f) for f in FACTORS) if r.trace not in {o.trace for o in ours}))
-        with use(reg, host, cache=tmp_path / "cache", measure=60) as session:
+        with use(reg, host, cache=tmp_path / "cache", measure=60, repostprocess=False) as session:  # the records' own candidates only
             ex = tvm.compile(export(16), host)
         assert len(builds) == 6 and len(timings) == 4  # per kernel: the default and two candidates built, the candidates timed
         assert not any(b0 < t1 and t0 < b1 for t0, t1, _ in timings for b0, b1, _ in builds)  # nothing compiles while a kernel is timed
@@ -487,7 +488,7 @@ def test_measured_transfers_serve_the_fastest_candidate_that_agrees(tmp_path: Pa
         assert len(transfers) == 2 and all(len(k.measured) == 2 and all(k.measured.values()) for k in transfers)
         for k in transfers:  # the fastest measured is the one served
             assert k.detail.split(":")[1] == min(k.measured, key=lambda t: k.measured[t])
-        with use(reg, host, cache=tmp_path / "cache", measure=60) as again:
+        with use(reg, host, cache=tmp_path / "cache", measure=60, repostprocess=False) as again:
             tvm.compile(export(16), host)
         assert [k.measured for k in again.report.kernels] == [k.measured for k in session.report.kernels]  # from the cache
         assert again.cache.misses == 0
@@ -506,16 +507,53 @@ def test_a_measured_compile_keeps_a_contending_default_that_beats_every_candidat
             tvm.compile(export(16), host)
         assert [k.outcome for k in plain.report.kernels if k.op == slow.identity.op] == ["transfer"]
         monkeypatch.setattr(hook_session, "default_contends", lambda target: True)
-        with use(reg, host, cache=tmp_path / "cache", measure=60) as session:
+        with use(reg, host, cache=tmp_path / "cache", measure=60, repostprocess=False) as session:  # the record alone against the default
             ex = tvm.compile(export(16), host)
         kept = [k for k in session.report.kernels if k.op == slow.identity.op]
         assert [k.outcome for k in kept] == ["miss"], [(k.outcome, k.detail, k.measured) for k in kept]
         assert re.fullmatch(r"default:[0-9.]+ us, faster than the 1 candidates timed", kept[0].detail) and list(kept[0].measured) == [slow.trace_id]
         assert "1 misses kept the default schedule" in session.report.summary() and session.report.misses_reported == 4
-        with use(reg, host, cache=tmp_path / "cache", measure=60) as again:
+        with use(reg, host, cache=tmp_path / "cache", measure=60, repostprocess=False) as again:
             tvm.compile(export(16), host)
         assert [k.detail for k in again.report.kernels] == [k.detail for k in session.report.kernels] and again.cache.misses == 0
     x = np.random.default_rng(7).standard_normal((16, 64)).astype("float32")
+    np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)
+
+
+def parallel_record(identity: Identity, parallel: int, vectorize: int) -> Record:
+    """A record whose trace asks MetaSchedule's CPU postprocessing for at most ``parallel`` parallel jobs and
+    ``vectorize`` lanes (as its ``ParallelizeVectorizeUnroll`` rule does), postprocessed at its own shape: which loops
+    are fused into the parallel one and vectorized is decided for that shape's extents."""
+    sch = tvm.s_tir.Schedule(workload_module(identity.workload))
+    root = sch.get_sblock("root")
+    sch.annotate(root, "meta_schedule.parallel", parallel)
+    sch.annotate(root, "meta_schedule.vectorize", vectorize)
+    sch.enter_postproc()
+    assert all(p.apply(sch) for p in postprocessors(CPU))
+    return Record(identity, json.dumps(plain_json(sch.trace.as_json()), separators=(",", ":")), [1e-5], {"tuner": "parallel_record"})
+
+
+def test_a_measured_compile_also_times_a_transfer_postprocessed_again_at_the_kernels_shape(tmp_path: Path) -> None:
+    """A record postprocessed at batch 4 (8 parallel jobs, 16 lanes) splits its loops otherwise at batch 16 when the
+    postprocessors run again there: a measured compile times both, serves the faster, and says which. Never served
+    unmeasured: ``repostprocess=False``, or no measuring, serves the record alone (nothing to choose: not timed)."""
+    host = tvm.target.Target({"kind": "llvm", "mcpu": host_cpu(), "num-cores": 2})
+    op = "fused_matmul_add_relu"
+    record = parallel_record(next(k.identity for k in kernels(export(4), host) if k.identity.op == op), 8, 16)
+    with LocalRegistry(tmp_path / "store", sync=False) as reg:
+        reg.put(record)
+        with use(reg, host, cache=tmp_path / "cache", measure=60) as session:
+            ex = tvm.compile(export(16), host)
+        served = next(k for k in session.report.kernels if k.op == op)
+        assert served.outcome == "transfer" and len(served.measured) == 2 and all(served.measured.values()), served
+        relation, trace_id, source_op = served.detail.split(":")
+        assert trace_id == min(served.measured, key=lambda t: served.measured[t]) and source_op == op
+        assert relation == (REPOSTPROCESSED if trace_id != record.trace_id else "shape")
+        for options in ({"repostprocess": False}, {"measure": 0.0}):
+            with use(reg, host, cache=tmp_path / "other", **options) as alone:
+                tvm.compile(export(16), host)
+            assert [(k.detail, k.measured) for k in alone.report.kernels if k.op == op] == [(f"shape:{record.trace_id}:{op}", {})]
+    x = np.random.default_rng(11).standard_normal((16, 64)).astype("float32")
     np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)
 
 
@@ -532,7 +570,7 @@ def test_a_measured_compile_refuses_a_candidate_whose_outputs_differ_from_the_de
     with LocalRegistry(tmp_path / "store", sync=False) as reg:
         reg.put_many([wrong, right])
         for cache in ("cache", "cache"):  # the second compile reads the refusal from the cache
-            with use(reg, host, cache=tmp_path / cache, measure=60) as session:
+            with use(reg, host, cache=tmp_path / cache, measure=60, repostprocess=False) as session:  # the two records alone
                 ex = tvm.compile(export(16), host)
             served = next(k for k in session.report.kernels if k.op == identity.op)
             assert served.outcome == "transfer" and served.detail == f"shape:{right.trace_id}:{identity.op}"
@@ -790,7 +828,7 @@ def test_a_compile_that_measures_spends_its_budget_on_the_costliest_kernels_firs
         layers = {k.identity.key: layer(k) for k in kernels(uneven(4), host) if layer(k)}
         served = {}
         for budget in (0, 60):
-            with use(reg, host, cache=tmp_path / f"cache-{budget}", measure=budget) as session:
+            with use(reg, host, cache=tmp_path / f"cache-{budget}", measure=budget, repostprocess=False) as session:  # two candidates a kernel
                 tvm.compile(uneven(4), host)
             served[budget] = [k for k in session.report.kernels if k.key in layers]
     assert [layers[k.key] for k in served[60]] == ["head", "block", "wide"] != [layers[k.key] for k in served[0]]
