@@ -337,18 +337,21 @@ def test_a_dynamic_shape_study_summarizes_each_size_over_runs() -> None:
     assert found["net seq=64"]["default_over_dynamic"] == 80.0 / 6.0 and found["net seq=17"]["dynamic misses"] == 6
 
 
-def test_a_relocation_study_summarizes_each_network_over_runs() -> None:
-    from bench.relocation import _summary
+def test_a_side_by_side_study_summarizes_each_network_over_runs() -> None:
+    from bench import postprocessing, relocation
+    from bench.side_by_side import summary
 
     def row(seq: int, relocated_ms: float) -> dict:
         timing = {"relocated": {"median": relocated_ms}, "recorded": {"median": 10.0}}
-        return {"network": "bert", "shape": {"seq": seq}, "timing": timing, "relocated_over_recorded": relocated_ms / 10.0,
-                "compile_secs": {"relocated": 1.5, "recorded": 1.4}}  # fmt: skip
+        return {"network": "bert", "shape": {"seq": seq}, "timing": timing, "compile_secs": {"relocated": 1.5, "recorded": 1.4}}
 
-    found = _summary([[row(64, 10.0), row(256, 3.0)], [row(64, 11.0), row(256, 5.0)], [row(64, 9.0), row(256, 4.0)]])
+    found = summary([[row(64, 10.0), row(256, 3.0)], [row(64, 11.0), row(256, 5.0)], [row(64, 9.0), row(256, 4.0)]], relocation.derived)
     assert set(found) == {"bert {'seq': 64}", "bert {'seq': 256}"}
     assert found["bert {'seq': 256}"]["relocated_over_recorded"] == 0.4 and found["bert {'seq': 64}"]["relocated ms"] == 10.0
     assert found["bert {'seq': 256}"]["compile_s recorded"] == 1.4
+    kernels = [{"detail": "postprocessed here:ab:conv"}, {"detail": "shape:cd:conv"}, {"detail": "postprocessed here:ef:conv"}]
+    measured = {"timing": {"repostprocessed": {"median": 8.0}, "recorded": {"median": 10.0}}, "kernels": {"repostprocessed": kernels, "recorded": []}}
+    assert postprocessing.derived(measured) == {"repostprocessed_over_recorded": 0.8, "served_postprocessed_here": 2}
 
 
 def test_a_report_of_a_mode_with_no_recorded_run_says_so_and_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
