@@ -55,6 +55,15 @@ HIT, TRANSFER, MISS, FALLBACK, OFFLINE = "hit", "transfer", "miss", "fallback", 
 DEFAULT_CANDIDATES = 4  # neighbours asked for per missed key
 
 
+@dataclass(frozen=True)
+class KeptDefault:
+    """A measured compile's verdict on a missed kernel: the target's default schedule (DLight's on a GPU) ran faster
+    than every candidate timed, so the kernel keeps it (``detail`` says by how much; ``measured``: the candidates' seconds)."""
+
+    detail: str
+    measured: dict[str, float | None]
+
+
 class ReplayFailed(RuntimeError):
     """A trace that failed to replay on this kernel before (the per-machine cache remembers)."""
 
@@ -151,7 +160,6 @@ class HookSession:
         self._pending_misses: dict[str, Identity] = {}
         self._calls: dict[str, int] = {}  # kernel key: call sites in the module being compiled
         self._served_secs: dict[str, float] = {}  # kernel key: seconds per call of the transfer it served (measured or estimated)
-        self._kept_default: dict[str, tuple[str, dict[str, float | None]]] = {}  # kernel key: how its timed candidates lost to the target's default
         self._refused_keys: set[str] = set()
         self._targets_checked: set[str] = set()
 
@@ -285,9 +293,10 @@ class HookSession:
             return out
         self._pending_misses[identity.key] = identity  # a transfer too: the exact schedule is still to tune
         transferred = self._transfer(identity, apply, bench, kernel) if transfers else None
-        if transferred is not None:
+        if transferred is not None and not isinstance(transferred, KeptDefault):
             return transferred
-        self._note(identity, FALLBACK if identity.key in self._refused_keys else MISS, *self._kept_default.pop(identity.key, ("", {})))
+        kept = transferred or KeptDefault("", {})
+        self._note(identity, FALLBACK if identity.key in self._refused_keys else MISS, kept.detail, kept.measured)
         return None
 
     def _replay(self, record: Record, mod: tvm.IRModule, key: str, args_info: list[Any] | None = None) -> Any:
@@ -358,7 +367,7 @@ class HookSession:
         (the kernel's normalized module and target: opt-in measurement) the fastest that agrees with
         the default schedule's output, while the compile's measurement budget lasts; else None. On a GPU
         the default (DLight's schedule) is timed beside them, and where every candidate timed is slower
-        none is served: the kernel keeps the default.
+        none is served: the kernel keeps the default (:class:`KeptDefault`, the verdict, is returned).
 
         A candidate that does not apply is dropped for this session without a complaint: it was
         tuned for another kernel, and failing on this one says nothing against it.
@@ -398,9 +407,8 @@ class HookSession:
         fastest = measured.get(served[0][0].record.trace_id) if served else None
         if default_secs is not None and fastest is not None and default_secs <= fastest:  # every candidate timed lost to it
             timed = sum(secs is not None for secs in measured.values())
-            self._kept_default[identity.key] = (f"default:{default_secs * 1e6:.1f} us, faster than the {timed} candidates timed", measured)
             self._served_secs[identity.key] = default_secs
-            return None
+            return KeptDefault(f"default:{default_secs * 1e6:.1f} us, faster than the {timed} candidates timed", measured)
         if not served:
             return None
         candidate, out = served[0]
@@ -547,17 +555,17 @@ class HookSession:
         default_untimed = contends and default_timing is None
         if not (todo or default_untimed) or not self._budget.left():
             return found, default_timing.secs if default_timing else None
-        built = build_all([default_schedule(kernel, target), *(m for _, m, _ in todo)], target, self.build_workers)
         try:
+            built = build_all([default_schedule(kernel, target), *(m for _, m, _ in todo)], target, self.build_workers)
             kernel_bench = KernelBench(built[0], identity.args_info, target)
             if self.objects is not None:
                 self.objects.settle()  # no kernel object compiling beside the timing
             if default_untimed:
                 default_timing = Timing(kernel_bench.time_default())
                 self.cache.put("measured", default_parts, default_timing.to_dict())
-        except Exception as exc:  # arguments it cannot make, a default that does not build or run
+        except Exception as exc:  # arguments it cannot make, a default that cannot be scheduled (DLight), built or run
             log.debug("schedhub: cannot measure %s: %s", identity.op, exc)
-            return {}, None
+            return found, None  # what was timed here before still holds
         for (candidate, _, parts), lib in zip(todo, built[1:]):
             if not self._budget.left():
                 break

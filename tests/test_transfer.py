@@ -520,6 +520,27 @@ def test_a_measured_compile_keeps_a_contending_default_that_beats_every_candidat
     np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)
 
 
+def test_a_measured_compile_whose_default_cannot_be_scheduled_serves_the_ranking_and_completes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default schedule is the measurement's reference (and on a GPU, DLight's, a pass that can fail on a kernel):
+    where it cannot be made, nothing is timed and the kernel gets what the ranking picks, never a twin made to be
+    measured; the compile completes and computes right."""
+    host = tvm.target.Target({"kind": "llvm", "mcpu": host_cpu(), "num-cores": 2})
+    op = "fused_matmul_add_relu"
+    record = parallel_record(next(k.identity for k in kernels(export(4), host) if k.identity.op == op), 8, 16)  # it has a twin here
+
+    def failing(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
+        raise RuntimeError("no default schedule for this kernel")
+
+    monkeypatch.setattr(hook_session, "default_schedule", failing)
+    with LocalRegistry(tmp_path / "store", sync=False) as reg:
+        reg.put(record)
+        with use(reg, host, cache=tmp_path / "cache", measure=60) as session:
+            ex = tvm.compile(export(16), host)
+    assert [(k.outcome, k.detail, k.measured) for k in session.report.kernels if k.op == op] == [("transfer", f"shape:{record.trace_id}:{op}", {})]
+    x = np.random.default_rng(12).standard_normal((16, 64)).astype("float32")
+    np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)
+
+
 def parallel_record(identity: Identity, parallel: int, vectorize: int) -> Record:
     """A record whose trace asks MetaSchedule's CPU postprocessing for at most ``parallel`` parallel jobs and
     ``vectorize`` lanes (as its ``ParallelizeVectorizeUnroll`` rule does), postprocessed at its own shape: which loops
