@@ -39,7 +39,7 @@ from .models import TORCH_TWINS, check_agreement, network_input, time_side_by_si
 from .report import environment
 from .stats import ratio
 from .torch_export import RELAX
-from .transfer import HeldOut, _compile_all_hits, _held_out, _tune, compile_and_load, filled_store, hooked_compile
+from .transfer import HeldOut, _compile_all_hits, _held_out, compile_and_load, filled_store, hooked_compile, tune_kernels
 from .tuner import require_device
 
 REPO = Path(__file__).resolve().parent.parent
@@ -86,7 +86,7 @@ def run(source_batch: int, held_out: list[int], tune: list[int], trials: int | N
         for held, executables, secs, _ in compiled:
             if held.shape["batch"] in tune:
                 started = time.time()
-                _tune(registry, held.kernels, options, retune=True)
+                tune_kernels(registry, held.kernels, options, retune=True)
                 secs["tuning"] = time.time() - started
                 executables["tuned"], _ = _compile_all_hits(held, registry, target, root / f"hits-{held.shape['batch']}", device)
                 say(f"{held.label}: tuned in {secs['tuning']:.0f} s")

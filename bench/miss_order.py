@@ -37,7 +37,7 @@ from schedhub.registry import LocalRegistry
 from schedhub.tuner import cluster, models, profile, tvm_env
 
 from .models import MODES as MODEL_MODES
-from .transfer import MODEL_WARM_UP, QUICK_CONVNETS, _tune
+from .transfer import MODEL_WARM_UP, QUICK_CONVNETS, tune_kernels
 
 SHARES = (0.5, 0.8, 0.9)
 AFTER = (30.0, 60.0, 120.0)
@@ -58,7 +58,7 @@ def run(source_store: Path) -> dict[str, Any]:
         cluster.start()
         with LocalRegistry(root) as registry:
             warm = models.kernels(models.export(MODEL_WARM_UP[0], **MODEL_WARM_UP[1])[0], target)
-            _tune(registry, warm[:1], options)
+            tune_kernels(registry, warm[:1], options)
             for name, shape in QUICK_CONVNETS:
                 mod, _, _ = models.export(name, **shape)
                 by_key = {k.identity.key: k for k in models.kernels(mod, target)}
@@ -73,7 +73,7 @@ def run(source_store: Path) -> dict[str, Any]:
                 job_secs = {}
                 for key in reported:
                     started = time.perf_counter()
-                    _tune(registry, [by_key[key]], options)
+                    tune_kernels(registry, [by_key[key]], options)
                     job_secs[key] = time.perf_counter() - started
                 first_passed = _latencies(mod, target, registry)
                 calls = {k: by_key[k].calls for k in by_key}

@@ -11,7 +11,10 @@ and the two executables are timed side by side in interleaved rounds (outputs co
 The registry: ``--source-store DIR`` (filled there as ``bench.transfer --quick`` fills it when empty: the convnets
 tuned at batch 1, 64 px). Not part of ``bench all``.
 
-    python -m bench.postprocessing --source-store DIR [--runs 3] [--rounds 5] [--out FILE]
+With ``--tuned`` each network is also tuned at its shape and compiled with no measuring (ranked), so every compile's
+time is also a ratio to the tuned network's: how far from tuned each compile lands.
+
+    python -m bench.postprocessing --source-store DIR [--tuned] [--runs 3] [--rounds 5] [--out FILE]
 """
 
 from __future__ import annotations
@@ -41,12 +44,13 @@ def derived(row: dict[str, Any]) -> dict[str, float]:
             "served_postprocessed_here": served}  # fmt: skip
 
 
-def run(source_store: Path, runs: int, rounds: int) -> dict[str, Any]:
-    return study(source_store, runs, rounds, HELD_OUT, CONFIGS, derived, "schedhub-postprocessing-")
+def run(source_store: Path, runs: int, rounds: int, tuned: bool = False) -> dict[str, Any]:
+    return study(source_store, runs, rounds, HELD_OUT, CONFIGS | ({"ranked": {}} if tuned else {}), derived, "schedhub-postprocessing-", tuned)
 
 
 def main() -> None:
-    store_study_main(__doc__, run)
+    store_study_main(__doc__, run, {"tuned": "also tune each network at its shape (the quick budget, warm-started) and time it beside, with "
+                                              "the ranked compile (no measuring): every figure over the tuned network's too (~5 min a network)"})
 
 
 if __name__ == "__main__":

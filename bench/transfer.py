@@ -173,13 +173,13 @@ def run(mode: str, say: Callable[[str], None] = print, source_store: Path | None
         # seeds, the best pushed), the compile that follows (all hits), then each kernel's search.
         for held, executables, compile_secs, *_ in compiled:
             started = time.time()
-            _tune(registry, held.kernels, options.first_pass())
+            tune_kernels(registry, held.kernels, options.first_pass())
             compile_secs["first_pass_tuning"] = summary([time.time() - started])
             executables["first_pass"], _ = _compile_all_hits(held, registry, target, Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="schedhub-first-"))))
         tuned: dict[str, TuneResult] = {}
         for held, executables, compile_secs, *_ in compiled:
             started = time.time()
-            tuned.update(_tune(registry, [k for k in held.kernels if k.identity.key not in tuned], options, retune=True))
+            tuned.update(tune_kernels(registry, [k for k in held.kernels if k.identity.key not in tuned], options, retune=True))
             compile_secs["search_tuning"] = summary([time.time() - started])
         out["warm_vs_cold"] = _warm_vs_cold(tuned, options, config["cold_kernels"], say)
         cluster.stop()  # nothing of Ray shares the cores with the timings
@@ -227,10 +227,10 @@ def fill(registry: LocalRegistry, source: dict[str, dict[str, int]], target: Any
     """Tune every kernel of the ``source`` networks (name → shape, at batch 1 unless it names one) for ``target`` into ``registry``."""
     for name, shape in source.items():
         mod, _, _ = models.export(name, **{"batch": 1, **shape})
-        _tune(registry, models.kernels(mod, target), options)
+        tune_kernels(registry, models.kernels(mod, target), options)
 
 
-def _tune(registry: LocalRegistry, kernels: list[models.Kernel], options: TuneOptions, retune: bool = False) -> dict[str, TuneResult]:
+def tune_kernels(registry: LocalRegistry, kernels: list[models.Kernel], options: TuneOptions, retune: bool = False) -> dict[str, TuneResult]:
     done = dispatch.tune_many(registry, [k.identity for k in kernels], options, concurrency=1, retune=retune, pushed_by="bench.transfer")
     if done.failed:
         raise RuntimeError(f"tuning failed for {len(done.failed)} kernels: {done.failed}")

@@ -339,7 +339,7 @@ def test_a_dynamic_shape_study_summarizes_each_size_over_runs() -> None:
 
 def test_a_side_by_side_study_summarizes_each_network_over_runs() -> None:
     from bench import postprocessing, relocation
-    from bench.side_by_side import summary
+    from bench.side_by_side import over_tuned, summary
 
     def row(seq: int, relocated_ms: float) -> dict:
         timing = {"relocated": {"median": relocated_ms}, "recorded": {"median": 10.0}}
@@ -352,6 +352,8 @@ def test_a_side_by_side_study_summarizes_each_network_over_runs() -> None:
     kernels = [{"detail": "postprocessed here:ab:conv"}, {"detail": "shape:cd:conv"}, {"detail": "postprocessed here:ef:conv"}]
     measured = {"timing": {"repostprocessed": {"median": 8.0}, "recorded": {"median": 10.0}}, "kernels": {"repostprocessed": kernels, "recorded": []}}
     assert postprocessing.derived(measured) == {"repostprocessed_over_recorded": 0.8, "served_postprocessed_here": 2}
+    measured["timing"]["tuned"] = {"median": 4.0}
+    assert over_tuned(measured) == {"repostprocessed_over_tuned": 2.0, "recorded_over_tuned": 2.5}
 
 
 def test_a_report_of_a_mode_with_no_recorded_run_says_so_and_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
