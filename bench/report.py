@@ -479,7 +479,7 @@ def _gpu_transfer(d: dict[str, Any] | None) -> list[str]:
     def over_tuned(r: dict[str, Any], column: str) -> str:
         return times(ratio(r["timing"][column], r["timing"]["tuned"], paired=True)) if "tuned" in r["timing"] else "–"
 
-    versus_tuned = ["transferred", *(c for c in extra if c == "measured")] if "tuned" in extra else []
+    versus_tuned = (["transferred", "measured"] if "measured" in extra else ["transferred"]) if "tuned" in extra else []
     rows = [[r["label"], f"{r['transfers']}/{r['kernels']}", fmt(r["timing"]["pytorch"]), fmt(r["timing"]["dlight"]), fmt(r["timing"]["transferred"]),
              *(fmt(r["timing"].get(c)) for c in extra), times(r["dlight_vs_transferred"]), times(r["pytorch_vs_transferred"]),
              *(over_tuned(r, c) for c in versus_tuned),

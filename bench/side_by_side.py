@@ -46,8 +46,9 @@ def study(source_store: Path, runs: int, rounds: int, held_out: list[tuple[str, 
             for i, (name, shape) in enumerate(held_out):
                 row = side_by_side(registry, target, name, shape, Path(tmp) / f"run{r}-{name}-{i}", rounds,
                                    configs | ({"tuned": {}} if tuned else {}), {"tuned": own[i]} if tuned else {})  # fmt: skip
-                rows.append(row | figures(row))
-                print({"network": name, "shape": shape, **figures(row), "compile_secs": row["compile_secs"]}, flush=True)
+                own_figures = figures(row)
+                rows.append(row | own_figures)
+                print({"network": name, "shape": shape, **own_figures, "compile_secs": row["compile_secs"]}, flush=True)
             out["runs"].append(rows)
     out["summary"] = summary(out["runs"], figures)
     return out

@@ -430,7 +430,7 @@ class HookSession:
         if target.kind.name != "llvm":  # nothing re-postprocessed was timed on a GPU
             return []
         out = []
-        for candidate, _ in list(applied):
+        for candidate, _ in applied:
             source = candidate.record
             trace = self._postprocessed_trace(identity, source, normalized, target) if candidate.relation not in MEASURED_ONLY else None
             if trace is None:
