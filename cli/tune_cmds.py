@@ -22,17 +22,26 @@ def ray_option(f: Any) -> Any:
 
 
 def budget_options(f: Any) -> Any:
+    f = click.option("--final-repeat-ms", type=click.IntRange(1, 10_000), default=100, show_default=True,
+                     help="Least milliseconds of each timing repeat when the schedules to publish are measured again "
+                          "(less is quicker and noisier: smoke runs).")(f)
+    f = click.option("--population", type=int, default=512, show_default=True,
+                     help="Evolutionary search population (MetaSchedule's default); a budget of a few trials needs far fewer.")(f)
     f = click.option("--seed", type=int, default=0, show_default=True, help="Search seed.")(f)
     f = click.option("--trials-per-iter", type=int, default=16, show_default=True, help="Candidates measured per search round.")(f)
     return click.option("--trials", type=int, default=64, show_default=True, help="Measured candidates per workload.")(f)
 
 
-def _options(trials: int, trials_per_iter: int, seed: int) -> Any:
+def _options(trials: int, trials_per_iter: int, seed: int, population: int, final_repeat_ms: int) -> Any:
+    from schedhub.tuner.kernels import FINAL_TIMING
     from schedhub.tuner.search import TuneOptions
 
     if trials < 1 or trials_per_iter < 1:
         raise click.BadParameter("--trials and --trials-per-iter must be at least 1")
-    return TuneOptions(trials=trials, trials_per_iter=min(trials_per_iter, trials), seed=seed)
+    if population < min(trials_per_iter, trials):
+        raise click.BadParameter("--population must be at least the candidates measured per round (--trials-per-iter)")
+    final = {**FINAL_TIMING, "min_repeat_ms": final_repeat_ms}
+    return TuneOptions(trials=trials, trials_per_iter=min(trials_per_iter, trials), seed=seed, population=population, final_timing=final)
 
 
 def work_options(f: Any) -> Any:
@@ -56,11 +65,12 @@ def work_options(f: Any) -> Any:
 @ray_option
 @reports_errors
 def tune(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: tuple[str, ...], target: str, trials: int, trials_per_iter: int,
-         seed: int, concurrency: int, retune: bool, dry_run: bool, ray_address: str | None, num_cpus: int | None, num_gpus: int | None) -> None:  # fmt: skip
+         seed: int, population: int, final_repeat_ms: int, concurrency: int, retune: bool, dry_run: bool, ray_address: str | None, num_cpus: int | None, num_gpus: int | None) -> None:  # fmt: skip
     """Tune every kernel of the given models and push the results (resumable: tuned keys are skipped)."""
     from schedhub.tuner import cluster, plan
     from schedhub.tuner.dispatch import tune_many
 
+    options = _options(trials, trials_per_iter, seed, population, final_repeat_ms)
     refs = plan.expand([plan.parse_model(m) for m in model_specs], dict(plan.parse_sweep(s) for s in sweep))
     tgt = plan.resolve_target(target)
     planned = plan.plan(refs, tgt)
@@ -69,7 +79,6 @@ def tune(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: 
         for p in planned:
             out.print(f"{p.kernel.identity.key[:16]}  {p.kernel.identity.op:<40} {', '.join(p.models)}")
         return
-    options = _options(trials, trials_per_iter, seed)
     reg = open_registry(registry, token)
     cluster.start(ray_address, num_cpus, num_gpus)
     with progress("tuning", total=len(planned)) as bar:
@@ -99,16 +108,17 @@ def tune(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: 
 @click.option("--follow", is_flag=True, help="Stream the job's logs until it ends.")
 @reports_errors
 def submit(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: tuple[str, ...], target: str, trials: int, trials_per_iter: int,
-           seed: int, concurrency: int, retune: bool, address: str, attempt: int, python: str | None, follow: bool) -> None:  # fmt: skip
+           seed: int, population: int, final_repeat_ms: int, concurrency: int, retune: bool, address: str, attempt: int, python: str | None, follow: bool) -> None:  # fmt: skip
     """Submit a bulk tuning run as a Ray Job (idempotent: the same work is one job)."""
     from schedhub.tuner import jobs, plan
 
     models = [plan.parse_model(m) for m in model_specs]  # fail here, not on the cluster
     sweeps = dict(plan.parse_sweep(s) for s in sweep)
+    _options(trials, trials_per_iter, seed, population, final_repeat_ms)  # refuse a bad budget here, not on the cluster
     work = {"models": [m.__dict__ for m in models], "sweeps": sweeps, "target": target, "trials": trials, "trials_per_iter": trials_per_iter,
-            "seed": seed, "retune": retune, "registry": registry}  # fmt: skip
+            "seed": seed, "population": population, "final_repeat_ms": final_repeat_ms, "retune": retune, "registry": registry}  # fmt: skip
     args = ["--registry", registry, "--target", target, "--trials", str(trials), "--trials-per-iter", str(trials_per_iter), "--seed", str(seed),
-            "--concurrency", str(concurrency), *(a for m in model_specs for a in ("--model", m)), *(a for s in sweep for a in ("--sweep", s))]  # fmt: skip
+            "--population", str(population), "--final-repeat-ms", str(final_repeat_ms), "--concurrency", str(concurrency), *(a for m in model_specs for a in ("--model", m)), *(a for s in sweep for a in ("--sweep", s))]  # fmt: skip
     if retune:
         args.append("--retune")
     sub = jobs.submit(address, args, work, attempt=attempt, python=python, env={"SCHEDHUB_TOKEN": token} if token else None)
@@ -168,7 +178,7 @@ def job_logs(submission_id: str, address: str, follow: bool) -> None:
               "(default: this machine's; kernels built for another model may not run here, and would be timed on the wrong one).")
 @ray_option
 @reports_errors
-def worker(registry: str, token: str | None, trials: int, trials_per_iter: int, seed: int, concurrency: int, lease_secs: float, poll_secs: float,
+def worker(registry: str, token: str | None, trials: int, trials_per_iter: int, seed: int, population: int, final_repeat_ms: int, concurrency: int, lease_secs: float, poll_secs: float,
            max_jobs: int | None, until_idle: bool, wait_for_registry: float | None, name: str | None, first_pass: bool, device: str | None, ray_address: str | None,
            num_cpus: int | None, num_gpus: int | None) -> None:  # fmt: skip
     """Lease jobs from the registry's queue (verifications of pushed claims first, then misses), run them on Ray, push and ack.
@@ -177,7 +187,7 @@ def worker(registry: str, token: str | None, trials: int, trials_per_iter: int, 
     from schedhub.tuner import cluster
     from schedhub.tuner.worker import Worker
 
-    options = _options(trials, trials_per_iter, seed)
+    options = _options(trials, trials_per_iter, seed, population, final_repeat_ms)
     reg = open_registry(registry, token)
     info = cluster.start(ray_address, num_cpus, num_gpus)
     stopping: list[int] = []

@@ -300,3 +300,16 @@ def test_ls_and_pull_take_host_or_any_target_form_as_the_canonical_target_it_com
         assert [s.key for s in pulled.summaries()] == [mine]
     bad = CliRunner().invoke(cli, ["ls", "-r", str(store), "--target", "{not json"])
     assert bad.exit_code == 2 and "is not a target" in bad.output
+
+
+@pytest.mark.parametrize("budget, says", [
+    (["--trials", "0"], "--trials and --trials-per-iter must be at least 1"),
+    (["--trials-per-iter", "16", "--population", "8"], "--population must be at least"),
+    (["--final-repeat-ms", "0"], "--final-repeat-ms"),
+])  # fmt: skip
+@pytest.mark.parametrize("command", ["tune", "worker"])
+def test_a_tuning_budget_the_search_cannot_run_is_refused_before_anything_starts(tmp_path: Path, command: str, budget: list[str], says: str) -> None:
+    model = ["-m", "mlp:batch=2"] if command == "tune" else []
+    result = CliRunner().invoke(cli, [command, "-r", str(tmp_path / "store"), *model, *budget])
+    assert result.exit_code == 2 and says in result.output, result.output
+    assert not (tmp_path / "store").exists()  # no registry opened, no Ray started

@@ -16,6 +16,8 @@ import pytest
 
 from schedhub.registry import LocalRegistry
 
+from .conftest import QUICK_FLAGS
+
 REPO = Path(__file__).resolve().parent.parent
 RAY = str(Path(sys.executable).with_name("ray"))
 
@@ -66,7 +68,7 @@ def schedhub(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 def test_submit_runs_tune_as_a_ray_job_once_per_work(jobs_api: str, tmp_path: Path) -> None:
     store = str(tmp_path / "store")
     work = ["-r", store, "--model", "mlp:batch=2,features=16,hidden=16", "--target", '{"kind": "llvm", "mcpu": "znver1", "num-cores": 2}',
-            "--trials", "2", "--trials-per-iter", "2", "--address", jobs_api]  # fmt: skip
+            "--trials", "2", "--trials-per-iter", "2", *QUICK_FLAGS, "--address", jobs_api]  # fmt: skip
     first = schedhub("submit", *work)
     assert first.returncode == 0 and first.stdout.startswith("submitted schedhub-tune-"), first.stdout + first.stderr
     job_id = first.stdout.split()[1]

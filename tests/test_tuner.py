@@ -32,15 +32,23 @@ from schedhub.hooks.identity import workload_identity, workload_module
 from schedhub.hooks.msdb import first_line, trace_text
 from schedhub.registry import DONE, PENDING, REFINE, Identity, LocalRegistry, RegistryClient, ServerThread, keeps_default_schedule, trace_id
 from schedhub.tuner import cluster, models, plan, search
+from schedhub.tuner.kernels import FINAL_TIMING
 from schedhub.tuner.dispatch import Seeder, start_tuning, warm_start, warm_start_traces
 from schedhub.tuner.search import TuneOptions, TuneResult
 from schedhub.tuner.worker import Worker
 
-from .conftest import TOKEN
+from .conftest import QUICK_FLAGS, TOKEN
 
 REPO = Path(__file__).resolve().parent.parent
 TARGET = {"kind": "llvm", "mcpu": "znver1", "num-cores": 2}
-TINY = TuneOptions(trials=8, trials_per_iter=8, publish=2)
+
+
+def tiny(**budget: Any) -> TuneOptions:
+    """A test's tuning budget with the search and the final timings cut to size (:data:`.conftest.QUICK_FLAGS`)."""
+    return TuneOptions(**{"population": 64, "final_timing": {**FINAL_TIMING, "min_repeat_ms": 10}, **budget})
+
+
+TINY = tiny(trials=8, trials_per_iter=8, publish=2)
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +75,7 @@ def overlaps(a: dict, b: dict) -> bool:
 
 
 def test_two_jobs_share_the_device_without_overlapping_measurements(ray_address: str, tmp_path: Path) -> None:
-    options = TuneOptions(trials=16, trials_per_iter=8, publish=2)
+    options = tiny(trials=16, trials_per_iter=8, publish=2)
     refs = [tune(matmul(64, 128, 128), options, label="job-a"), tune(matmul(32, 256, 64), options, label="job-b")]
     results = [TuneResult.from_dict(cluster.result(r)) for r in refs]
     events = [e for r in results for e in r.events]
@@ -99,7 +107,7 @@ def test_two_jobs_share_the_device_without_overlapping_measurements(ray_address:
         other = matmul(64, 256, 128)
         warm = warm_start_traces(reg, other, limit=4)
         assert warm == [results[0].records[0].trace]
-        seeded = TuneResult.from_dict(cluster.result(tune(other, TuneOptions(trials=8, trials_per_iter=8, publish=1), warm)))
+        seeded = TuneResult.from_dict(cluster.result(tune(other, tiny(trials=8, trials_per_iter=8, publish=1), warm)))
         assert seeded.warm_started == 1 and seeded.records
         assert sum(e["count"] for e in seeded.events if e["stage"] == "warm start" and e["kind"] == "measure") == 1
 
@@ -109,7 +117,7 @@ def test_a_trace_of_another_structure_is_skipped_not_fatal(ray_address: str) -> 
     c = te.compute((64, 64), lambda i, j: a[i, j] + b[j], name="bias_add")
     ident = workload_identity(te.create_prim_func([a, b, c]), TARGET, "bias_add")
     foreign = '[[["GetSBlock",[],["matmul","main"],["b0"]]],[]]'
-    result = TuneResult.from_dict(cluster.result(tune(ident, TuneOptions(trials=4, trials_per_iter=4, publish=1), [foreign])))
+    result = TuneResult.from_dict(cluster.result(tune(ident, tiny(trials=4, trials_per_iter=4, publish=1), [foreign])))
     assert result.warm_started == 0 and result.records
 
 
@@ -125,7 +133,7 @@ def test_a_warm_start_trace_past_the_hooks_bounds_is_skipped_not_built(ray_addre
     bomb = trace_text(sch.trace)
     with pytest.raises(ScheduleTooCostly) as excinfo:
         check_scheduled(sch.mod, ScheduleLimits())
-    result = TuneResult.from_dict(cluster.result(tune(ident, TuneOptions(trials=4, trials_per_iter=4, publish=1), [bomb])))
+    result = TuneResult.from_dict(cluster.result(tune(ident, tiny(trials=4, trials_per_iter=4, publish=1), [bomb])))
     assert result.warm_started == 0 and result.records and all(r.trace != bomb for r in result.records)
     assert result.skipped == [f"{trace_id(bomb)}: ScheduleTooCostly: {first_line(excinfo.value)}"]  # never built (the builder's timeout stopped it, 60 s later)
 
@@ -147,7 +155,7 @@ def test_a_job_is_seeded_with_the_log_models_synthesized_schedules(ray_address: 
     from .test_synthesis import registry_with
 
     logs, identity = seeding.logs, seeding.identity  # the log is the only thing the registry holds: no record to warm-start from
-    options = TuneOptions(trials=4, trials_per_iter=4, publish=1, synthesize=16)
+    options = tiny(trials=4, trials_per_iter=4, publish=1, synthesize=16)
     with registry_with(tmp_path / "store", logs) as reg:
         seeds = Seeder(reg, 16).traces(identity)
         assert 1 <= len(seeds) <= 3 and Seeder(reg, 0).traces(identity) == []
@@ -168,7 +176,7 @@ def test_a_job_for_a_cpu_new_to_the_registry_is_seeded_by_the_model_of_its_neigh
     from .test_transfer import export
 
     sibling_log, sibling_records = as_sibling(seeding.logs, 8)  # another CPU's log, then its records at batch 8
-    options = TuneOptions(trials=4, trials_per_iter=4, publish=1, warm_start=2, synthesize=16)
+    options = tiny(trials=4, trials_per_iter=4, publish=1, warm_start=2, synthesize=16)
     lone = next(k.identity for k in models.kernels(export(16), tvm.target.Target(HOST)) if "matmul" in k.identity.op and k.identity != seeding.identity)
     with registry_with(tmp_path / "store", sibling_log) as reg:
         assert warm_start(reg, seeding.identity, options, Seeder(reg, 16)) == ([], [])  # no neighbour names the sibling
@@ -267,7 +275,7 @@ def test_a_build_that_outlives_its_timeout_is_cancelled_and_reported_failed(ray_
 
 def test_a_seed_with_one_search_thread_measures_the_same_candidates_every_time(ray_address: str) -> None:
     # MetaSchedule's untrained cost model draws from numpy's global generator: the tuner seeds it too.
-    options = TuneOptions(trials=8, trials_per_iter=8, publish=8, search_threads=1, population=32, genetic_iters=1, seed=3)
+    options = tiny(trials=8, trials_per_iter=8, publish=8, search_threads=1, population=32, genetic_iters=1, seed=3)
     ident = matmul(48, 96, 64)
     first, second = (TuneResult.from_dict(cluster.result(ref)) for ref in [tune(ident, options), tune(ident, options)])
     candidates = measured(first)
@@ -286,7 +294,7 @@ def measured(result: TuneResult) -> set[str]:
 def start_worker(url: str, ray_address: str | None, *extra: str) -> subprocess.Popen:
     """A ``schedhub worker`` process joining ``ray_address`` (None: its own embedded cluster)."""
     cmd = [sys.executable, "-m", "schedhub.cli.main", "worker", "-r", url, "--token", TOKEN, *(["--ray-address", ray_address] if ray_address else []),
-           "--trials", "8", "--trials-per-iter", "8", "--poll-secs", "0.5", "--device", TARGET["mcpu"], *extra]  # fmt: skip
+           "--trials", "8", "--trials-per-iter", "8", *QUICK_FLAGS, "--poll-secs", "0.5", "--device", TARGET["mcpu"], *extra]  # fmt: skip
     return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
                             env={**os.environ, "COLUMNS": "200"})  # fmt: skip
 
@@ -436,9 +444,9 @@ def test_a_worker_gives_a_warm_startable_miss_a_first_pass_then_its_search(ray_a
     with LocalRegistry(tmp_path / "reg", sync=False) as reg:
         reg.put_many(source.records)
         reg.report_misses([missed])
-        assert not Worker(reg, TuneOptions(trials=16, synthesize=0), device=TARGET["mcpu"]).first_pass  # a search no longer than a first pass
+        assert not Worker(reg, tiny(trials=16, synthesize=0), device=TARGET["mcpu"]).first_pass  # a search no longer than a first pass
         events: list[tuple[str, dict]] = []
-        worker = Worker(reg, TuneOptions(trials=24, trials_per_iter=12, publish=1, synthesize=0), name="w", poll_secs=0.2, device=TARGET["mcpu"],
+        worker = Worker(reg, tiny(trials=24, trials_per_iter=12, publish=1, synthesize=0), name="w", poll_secs=0.2, device=TARGET["mcpu"],
                         on_event=lambda kind, info: events.append((kind, info)))  # fmt: skip
         first = worker.run(max_jobs=1)
         assert first.first_passes == 1 and first.done == 0 and first.results[0].warm_started >= 1
@@ -496,7 +504,7 @@ def test_tune_cli_pushes_every_kernel_and_resumes(ray_address: str, tmp_path: Pa
     store = tmp_path / "store"
     cmd = [sys.executable, "-m", "schedhub.cli.main", "tune", "-r", str(store), "--model", '{"name": "mlp", "features": 32, "hidden": 32}',
            "--sweep", "batch=2,4", "--target", '{"kind": "llvm", "mcpu": "znver1", "num-cores": 2}', "--trials", "4",
-           "--trials-per-iter", "4", "--ray-address", ray_address]  # fmt: skip
+           "--trials-per-iter", "4", *QUICK_FLAGS, "--ray-address", ray_address]  # fmt: skip
     first = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=400, env={**os.environ, "COLUMNS": "200"})
     assert first.returncode == 0, first.stdout + first.stderr
     # fc1 and fc2 are both 32→32 dense+relu: one workload, tuned once per batch size.
