@@ -173,7 +173,7 @@ def job_logs(submission_id: str, address: str, follow: bool) -> None:
 @click.option("--first-pass/--no-first-pass", default=True, show_default=True,
               help="Before a job's search, measure what the registry offers for it (transfers, synthesized schedules) and push the best, "
                    "so every queued miss gets a measured schedule before any gets a full search (only with more --trials than a first pass "
-                   "measures: 8 warm starts and 8 seeds).")
+                   "measures at most: 8 registry schedules, each also postprocessed here, and 8 seeds).")
 @click.option("--device", default=None, help="The CPU model (the targets' mcpu) whose jobs this worker takes, besides generic ones "
               "(default: this machine's; kernels built for another model may not run here, and would be timed on the wrong one).")
 @ray_option

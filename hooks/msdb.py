@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import tvm
+import tvm_ffi
 from tvm.s_tir import meta_schedule as ms
 
 from schedhub.registry import Record, RegistryError
@@ -102,6 +103,27 @@ def repostprocessed(normalized: tvm.IRModule, trace: list[Any], target: tvm.targ
     None for a sketch that tensorizes or where :func:`sketch_replayed` gives none."""
     sketched = sketch(trace)
     return None if tensorizes(sketched) else sketch_replayed(normalized, sketched, {}, postprocessors(target), limits)
+
+
+def repostprocesses(target: tvm.target.Target) -> bool:
+    """Whether schedules for ``target`` get a twin postprocessed here (:func:`postprocessed_here`): CPUs only, as
+    nothing re-postprocessed was timed on a GPU."""
+    return target.kind.name == "llvm"
+
+
+def postprocessed_here(normalized: tvm.IRModule, recorded: str, target: tvm.target.Target, limits: ScheduleLimits,
+                       replayed: tvm.IRModule | None = None) -> tvm.s_tir.Schedule | None:  # fmt: skip
+    """:func:`repostprocessed` of ``recorded`` (a trace's JSON text) where it schedules the kernel otherwise than the
+    trace replayed as recorded (``replayed``, or replayed here) does; None where :func:`repostprocesses` says no, or
+    where it postprocesses the kernel the same way or not at all. Neither is better everywhere (on a quick fill's
+    convnets it ran 0.10-1.72x the time of the replay as recorded): served or kept only once timed. Raises TVM's
+    error where ``recorded`` does not replay."""
+    if not repostprocesses(target):
+        return None
+    sch = repostprocessed(normalized, json.loads(recorded), target, limits)
+    if sch is None:
+        return None
+    return None if tvm_ffi.structural_equal(sch.mod, replayed if replayed is not None else replay_within(normalized, recorded, limits).mod) else sch
 
 
 def trace_text(trace: Any) -> str:

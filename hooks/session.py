@@ -39,7 +39,7 @@ from .guard import ScheduleLimits, check_scheduled
 from .identity import as_module, compiler_fingerprint, plain_json, workload_identity
 from .defaults import default_contends, default_schedule
 from .measure import TIMING, Budget, KernelBench, Timing, build_all, machine, runs_here
-from .msdb import normalize_mod, replay_within, repostprocessed, trace_text, tuning_record
+from .msdb import normalize_mod, postprocessed_here, replay_within, repostprocesses, trace_text, tuning_record
 from .objects import OBJECT_ID, ObjectCache
 from .padding import PADDED, padded_dispatch
 from .recompute import RELOCATED, relocated
@@ -424,10 +424,10 @@ class HookSession:
         """For each transfer in ``applied`` on a CPU, its sketch with the target's postprocessors applied again at this kernel
         (:func:`.msdb.repostprocessed`) as one more candidate, where that schedules the kernel otherwise than the record's
         own postprocessing (decided for the record's loop extents: which loops are fused into the parallel one, which
-        vectorized, how far unrolled), ``apply``-ed. Neither is better everywhere (on a quick fill's convnets it ran
-        0.10-1.72x the served kernel's time), so it is served only once measured. Kept in this machine's cache."""
+        vectorized, how far unrolled), ``apply``-ed; served only once measured (:func:`.msdb.postprocessed_here`). Kept in
+        this machine's cache."""
         normalized, target = bench
-        if target.kind.name != "llvm":  # nothing re-postprocessed was timed on a GPU
+        if not repostprocesses(target):
             return []
         out = []
         for candidate, _ in applied:
@@ -451,9 +451,8 @@ class HookSession:
             return entry["trace"]
         trace = None
         with contextlib.suppress(Exception):  # a trace that does not replay as recorded: no variant
-            sch = repostprocessed(normalized, json.loads(record.trace), target, self.limits)
-            if sch is not None and not tvm_ffi.structural_equal(sch.mod, replay_within(normalized, record.trace, self.limits).mod):
-                trace = trace_text(sch.trace)
+            sch = postprocessed_here(normalized, record.trace, target, self.limits)
+            trace = None if sch is None else trace_text(sch.trace)
         self.cache.put("repostprocessed", parts, {"trace": trace})
         return trace
 

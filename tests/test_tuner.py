@@ -107,9 +107,27 @@ def test_two_jobs_share_the_device_without_overlapping_measurements(ray_address:
         other = matmul(64, 256, 128)
         warm = warm_start_traces(reg, other, limit=4)
         assert warm == [results[0].records[0].trace]
-        seeded = TuneResult.from_dict(cluster.result(tune(other, tiny(trials=8, trials_per_iter=8, publish=1), warm)))
+        seeded = TuneResult.from_dict(cluster.result(tune(other, tiny(trials=8, trials_per_iter=8, publish=1, repostprocess=False), warm)))
         assert seeded.warm_started == 1 and seeded.records
         assert sum(e["count"] for e in seeded.events if e["stage"] == "warm start" and e["kind"] == "measure") == 1
+
+
+def test_a_registry_trace_is_also_measured_postprocessed_here_and_a_seed_is_not(ray_address: str) -> None:
+    """A trace's postprocessing was decided for its own loop extents; a job also times its sketch postprocessed again
+    on the workload. A trace without postprocessing (made by hand) gets one: the postprocessors decompose the reduction."""
+    ident = matmul(32, 64, 64)
+    sch = tvm.s_tir.Schedule(workload_module(ident.workload))
+    sch.split(sch.get_loops(sch.get_sblock("matmul"))[1], [None, 16])
+    registry_trace = trace_text(sch.trace)
+    for repostprocess, measured in ((True, 2), (False, 1)):
+        options = tiny(trials=0, publish=1, synthesize=0, repostprocess=repostprocess)
+        result = TuneResult.from_dict(cluster.result(tune(ident, options, [registry_trace])))
+        assert result.warm_started == measured and result.records
+        assert sum(e["count"] for e in result.events if e["stage"] == "warm start" and e["kind"] == "measure") == measured
+    # a synthesized seed was postprocessed on this workload already: no twin
+    seed = cluster.submit("tune", identity=ident.to_dict(), warm_traces=[], seeds=[registry_trace], options=tiny(trials=0, publish=1, seeds=1).__dict__, label="")
+    seeded = TuneResult.from_dict(cluster.result(seed))
+    assert seeded.warm_started == 1
 
 
 def test_a_trace_of_another_structure_is_skipped_not_fatal(ray_address: str) -> None:

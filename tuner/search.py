@@ -49,6 +49,7 @@ class TuneOptions:
     seed: int = 0
     publish: int = 3  # best distinct schedules verified, re-measured and pushed
     warm_start: int = 8  # registry traces replayed before the search
+    repostprocess: bool = True  # on a CPU, each registry trace's sketch also measured postprocessed again at this shape
     synthesize: int = 64  # design-space samples ranked by the registry's log model; its best ``seeds`` are seeded too (0: none)
     seeds: int = SEEDS  # synthesized schedules measured before the search
     search_threads: int = 0  # MetaSchedule's own threads; 0: physical cores. With 1, a seed gives the same candidates every time
@@ -71,6 +72,11 @@ class TuneOptions:
         from schedhub.hooks.synthesis import TIMED
 
         return replace(self, trials=0, seeds=max(self.seeds, TIMED))
+
+    def warm_measurements(self) -> int:
+        """The most candidates a job measures before its search: the registry's traces (each with its twin
+        postprocessed here, with ``repostprocess``) and the synthesized seeds."""
+        return self.warm_start * (2 if self.repostprocess else 1) + (self.seeds if self.synthesize else 0)
 
 
 @dataclass
@@ -143,7 +149,10 @@ def tune_workload(identity: Identity, warm_traces: list[str], options: TuneOptio
         database = ms.database.MemoryDatabase()
         synthesized = (seeds or [])[: options.seeds if options.synthesize else 0]
         timeline.stage = "warm start"
-        warm, artifacts, skipped = _seed_database(database, mod, target, list(dict.fromkeys(warm_traces[: options.warm_start] + synthesized)), builder, runner)
+        registry_traces = list(dict.fromkeys(warm_traces[: options.warm_start]))
+        traces = registry_traces + [t for t in dict.fromkeys(synthesized) if t not in registry_traces]
+        twinned = len(registry_traces) if options.repostprocess else 0
+        warm, artifacts, skipped = _seed_database(database, mod, target, traces, builder, runner, twinned)
         started, phases = time.time(), {}
         timeline.stage = "search"
         if options.trials > 0:
@@ -288,20 +297,23 @@ def replay(mod: Any, text: str) -> Any:
     return replay_schedule(mod, json.loads(text)).trace
 
 
-def _seed_database(database: Any, mod: Any, target: Any, traces: list[str], builder: RayBuilder, runner: RayRunner) -> tuple[int, dict[str, str], list[str]]:
+def _seed_database(database: Any, mod: Any, target: Any, traces: list[str], builder: RayBuilder, runner: RayRunner,
+                   twinned: int = 0) -> tuple[int, dict[str, str], list[str]]:  # fmt: skip
     """Replay registry traces on ``mod``, measure them and commit them to ``database``; returns how many were
     committed, where each one's build is (by the replayed trace's text), so publishing does not build it again,
     and why each skipped trace was skipped. A trace is someone else's data (a claim of any pusher): one past the
-    hook's cost bounds is skipped, not built (it would hold a build slot until the builder's timeout)."""
+    hook's cost bounds is skipped, not built (it would hold a build slot until the builder's timeout). Each of the
+    first ``twinned`` traces that replays brings its twin postprocessed here where that differs
+    (``hooks.msdb.postprocessed_here``: its postprocessing was decided for the record's own loop extents), measured beside it."""
     from tvm.s_tir import meta_schedule as ms
 
     from schedhub.hooks.guard import ScheduleLimits
-    from schedhub.hooks.msdb import first_line, replay_within, trace_text
+    from schedhub.hooks.msdb import first_line, postprocessed_here, replay_within, trace_text
 
     workload = database.commit_workload(mod)
     limits = ScheduleLimits()
     replayed, skipped = [], []
-    for text in traces:
+    for i, text in enumerate(traces):
         try:
             sch = replay_within(mod, text, limits)
             replayed.append((sch.trace, sch.mod))
@@ -309,6 +321,10 @@ def _seed_database(database: Any, mod: Any, target: Any, traces: list[str], buil
             why = f"{type(exc).__name__}: {first_line(exc)}"
             skipped.append(f"{trace_id(text)}: {why}")
             log.info("warm start: a registry trace is skipped (%s)", why)
+            continue
+        twin = postprocessed_here(mod, text, target, limits, sch.mod) if i < twinned else None
+        if twin is not None:
+            replayed.append((twin.trace, twin.mod))
     if not replayed:
         return 0, {}, skipped
     args_info = ms.arg_info.ArgInfo.from_prim_func(mod["main"])

@@ -105,8 +105,7 @@ class Worker:
         self.poll_secs = poll_secs
         self.fingerprint = compiler_fingerprint()
         self.tasks = tasks
-        measured_first = options.first_pass()
-        self.first_pass = first_pass and options.trials > measured_first.warm_start + measured_first.seeds
+        self.first_pass = first_pass and options.trials > options.first_pass().warm_measurements()
         self.device = device or host_cpu()  # jobs for another CPU model are left to a worker on one
         self.devices = devices if devices is not None else cluster.measurable(self.device)
         self.on_event = on_event or (lambda kind, info: log.info("%s %s", kind, info))
