@@ -322,7 +322,13 @@ def _seed_database(database: Any, mod: Any, target: Any, traces: list[str], buil
             skipped.append(f"{trace_id(text)}: {why}")
             log.info("warm start: a registry trace is skipped (%s)", why)
             continue
-        twin = postprocessed_here(mod, text, target, limits, sch.mod) if i < twinned else None
+        if i >= twinned:
+            continue
+        try:
+            twin = postprocessed_here(mod, text, target, limits, sch.mod)
+        except Exception as exc:  # someone else's trace: no twin, the trace itself is still measured
+            log.info("warm start: no twin postprocessed here for %s (%s: %s)", trace_id(text), type(exc).__name__, first_line(exc))
+            continue
         if twin is not None:
             replayed.append((twin.trace, twin.mod))
     if not replayed:
