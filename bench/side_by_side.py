@@ -15,6 +15,7 @@ from typing import Any
 
 from schedhub.registry import LocalRegistry
 from schedhub.tuner import cluster, models, tvm_env
+from schedhub.tuner.search import TuneOptions
 
 from .models import check_agreement, network_input, time_side_by_side
 from .stats import medians_by_cell, timings_and_compiles
@@ -39,7 +40,7 @@ def study(source_store: Path, runs: int, rounds: int, held_out: list[tuple[str, 
     figures = (lambda row: derived(row) | over_tuned(row)) if tuned else derived
     with tempfile.TemporaryDirectory(prefix=prefix) as tmp, contextlib.ExitStack() as stack:
         registry = stack.enter_context(quick_registry(source_store, Path(tmp), target, out))
-        own = {i: stack.enter_context(_tuned(source_store, Path(tmp) / f"tuned-{i}", name, shape, target, out)) for i, (name, shape) in enumerate(held_out) if tuned}
+        own = {i: stack.enter_context(tuned_copy(source_store, Path(tmp) / f"tuned-{i}", name, shape, target, out)) for i, (name, shape) in enumerate(held_out) if tuned}
         cluster.stop()  # nothing of Ray beside the timings
         for r in range(runs):
             rows = []
@@ -60,16 +61,21 @@ def over_tuned(row: dict[str, Any]) -> dict[str, float]:
 
 
 @contextlib.contextmanager
-def _tuned(source_store: Path, root: Path, name: str, shape: dict[str, int], target: Any, out: dict[str, Any]) -> Iterator[LocalRegistry]:
-    """A copy of ``source_store`` at ``root`` with every kernel of ``name`` at ``shape`` tuned into it (the tuning's
-    seconds in ``out["tuning_secs"]``), open."""
+def tuned_copy(source_store: Path, root: Path, name: str, shape: dict[str, int], target: Any, out: dict[str, Any],
+               options: TuneOptions = MODES["quick"]["options"], label: str = "") -> Iterator[LocalRegistry]:  # fmt: skip
+    """A copy of ``source_store`` at ``root`` with every kernel of ``name`` at ``shape`` tuned into it with ``options``
+    (the quick mode's budget; warm-started from the copy's records, as a worker starts), open. The tuning's seconds go
+    to ``out["tuning_secs"]`` and the candidates its jobs measured before any search to ``out["warm_measured"]``, under
+    ``label`` and the network."""
     shutil.copytree(source_store, root)
     cluster.start()
     with LocalRegistry(root) as registry:
         started = time.time()
         mod, _, _ = models.export(name, **shape)  # type: ignore[arg-type]
-        tune_kernels(registry, models.kernels(mod, target), MODES["quick"]["options"], retune=True)
-        out.setdefault("tuning_secs", {})[f"{name} {shape}"] = time.time() - started
+        results = tune_kernels(registry, models.kernels(mod, target), options, retune=True)
+        cell = f"{label} {name} {shape}".strip()
+        out.setdefault("tuning_secs", {})[cell] = time.time() - started
+        out.setdefault("warm_measured", {})[cell] = sum(r.warm_started for r in results.values())
         yield registry
 
 
