@@ -33,7 +33,7 @@ from schedhub.hooks.msdb import first_line, trace_text
 from schedhub.registry import DONE, PENDING, REFINE, Identity, LocalRegistry, RegistryClient, ServerThread, keeps_default_schedule, trace_id
 from schedhub.tuner import cluster, models, plan, search
 from schedhub.tuner.kernels import FINAL_TIMING
-from schedhub.tuner.dispatch import Seeder, start_tuning, warm_start, warm_start_traces
+from schedhub.tuner.dispatch import Seeder, start_tuning, submit_tuning, warm_start, warm_start_traces
 from schedhub.tuner.search import TuneOptions, TuneResult
 from schedhub.tuner.worker import Worker
 
@@ -124,9 +124,8 @@ def test_a_registry_trace_is_also_measured_postprocessed_here_and_a_seed_is_not(
         result = TuneResult.from_dict(cluster.result(tune(ident, options, [registry_trace])))
         assert result.warm_started == measured and result.records
         assert sum(e["count"] for e in result.events if e["stage"] == "warm start" and e["kind"] == "measure") == measured
-    # a synthesized seed was postprocessed on this workload already: no twin
-    seed = cluster.submit("tune", identity=ident.to_dict(), warm_traces=[], seeds=[registry_trace], options=tiny(trials=0, publish=1, seeds=1).__dict__, label="")
-    seeded = TuneResult.from_dict(cluster.result(seed))
+    # synthesized seeds were postprocessed on this workload when drawn: the same trace given as a seed gets no twin
+    seeded = TuneResult.from_dict(cluster.result(submit_tuning(ident, tiny(trials=0, publish=1, seeds=1), [], [registry_trace], "")))
     assert seeded.warm_started == 1
 
 
