@@ -53,8 +53,9 @@ def run(source_store: Path, runs: int, rounds: int) -> dict[str, Any]:
                     row = side_by_side(registry, target, name, shape, Path(tmp) / f"run{r}-{name}", rounds, {label: {} for label in CONFIGS}, copies)
                 row |= {"first_pass_secs": {label: out["tuning_secs"][f"run{r} {label} {name} {shape}"] for label in CONFIGS},
                         "warm_measured": {label: out["warm_measured"][f"run{r} {label} {name} {shape}"] for label in CONFIGS}}  # fmt: skip
-                rows.append(row | derived(row))
-                print({"network": name, "shape": shape, **derived(row)}, flush=True)
+                figures = derived(row)
+                rows.append(row | figures)
+                print({"network": name, "shape": shape, **figures}, flush=True)
             out["runs"].append(rows)
     out["summary"] = summary(out["runs"], derived)
     return out

@@ -17,7 +17,8 @@ TARGET = canonical_target({"kind": "llvm", "mcpu": "znver5", "num-cores": 2, "ke
 FINGERPRINT = "tvm=0.27.0.post1;test"
 #: What a tiny tuning budget needs of ``schedhub tune | worker | submit``: a small evolutionary population and brief
 #: timings of the schedules to publish (MetaSchedule's 512 and 100 ms repeats cost a 4-trial job ~5 s of its ~7)
-QUICK_FLAGS = ["--population", "64", "--final-repeat-ms", "10"]
+QUICK_SEARCH = {"population": 64, "final_repeat_ms": 10}
+QUICK_FLAGS = [arg for name, value in QUICK_SEARCH.items() for arg in (f"--{name.replace('_', '-')}", str(value))]
 
 
 def make_record(workload: int, secs: float, variant: int = 0, *, op: str | None = None, target: str = TARGET, provenance: dict | None = None) -> Record:

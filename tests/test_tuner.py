@@ -37,15 +37,16 @@ from schedhub.tuner.dispatch import Seeder, start_tuning, submit_tuning, warm_st
 from schedhub.tuner.search import TuneOptions, TuneResult
 from schedhub.tuner.worker import Worker
 
-from .conftest import QUICK_FLAGS, TOKEN
+from .conftest import QUICK_FLAGS, QUICK_SEARCH, TOKEN
 
 REPO = Path(__file__).resolve().parent.parent
 TARGET = {"kind": "llvm", "mcpu": "znver1", "num-cores": 2}
 
 
 def tiny(**budget: Any) -> TuneOptions:
-    """A test's tuning budget with the search and the final timings cut to size (:data:`.conftest.QUICK_FLAGS`)."""
-    return TuneOptions(**{"population": 64, "final_timing": {**FINAL_TIMING, "min_repeat_ms": 10}, **budget})
+    """A test's tuning budget with the search and the final timings cut to size (:data:`.conftest.QUICK_SEARCH`)."""
+    quick = {"population": QUICK_SEARCH["population"], "final_timing": {**FINAL_TIMING, "min_repeat_ms": QUICK_SEARCH["final_repeat_ms"]}}
+    return TuneOptions(**{**quick, **budget})
 
 
 TINY = tiny(trials=8, trials_per_iter=8, publish=2)
