@@ -10,7 +10,9 @@ kernel, so a transfer that replays and verifies can still make a network slower.
 2. Held-out batches, never tuned: each compiles with plain ``tvm.compile`` (DLight), inside
    ``hooks.use(registry)`` (transfers where a neighbour replays, DLight for the rest), and inside
    ``hooks.use(registry, measure=60)`` ("measured": every candidate and DLight's schedule timed on
-   this GPU, the fastest served, DLight where no candidate beats it).
+   this GPU, the fastest served, DLight where no candidate beats it); with each transfer's twin postprocessed
+   here at the kernel's own shape among the candidates (the default) and without ("measured_recorded":
+   ``repostprocess=False``, each record's postprocessing replayed as recorded).
 3. The kernels of the batches named by ``--tune`` are tuned at the same budget (warm-started from
    the registry, as a worker does with the misses), and those networks compile again: every kernel
    must hit ("tuned").
@@ -80,6 +82,8 @@ def run(source_batch: int, held_out: list[int], tune: list[int], trials: int | N
             executables["transferred"], secs["transferred"], reports["transferred"] = hooked_compile(held, registry, target, root / f"cache-{batch}", device)
             executables["measured"], secs["measured"], reports["measured"] = hooked_compile(held, registry, target, root / f"measured-{batch}", device,
                                                                                              measure=MEASURE_SECS)  # fmt: skip
+            executables["measured_recorded"], secs["measured_recorded"], reports["measured_recorded"] = hooked_compile(
+                held, registry, target, root / f"measured-recorded-{batch}", device, measure=MEASURE_SECS, repostprocess=False)  # no twins
             say(f"{held.label}: {reports['transferred'].summary()}; compile {secs['dlight']:.2f} s plain, {secs['transferred']:.2f} s hooked, "
                 f"{secs['measured']:.2f} s measuring ({reports['measured'].summary()})")
             compiled.append((held, executables, secs, reports))
@@ -115,6 +119,8 @@ def _row(held: HeldOut, executables: dict[str, Any], secs: dict[str, float], rep
            "timing": timing, "max_rel_error": errors,
            "dlight_vs_transferred": ratio(timing["dlight"], timing["transferred"], paired=True),  # > 1: the transfer is faster than DLight
            "dlight_vs_measured": ratio(timing["dlight"], timing["measured"], paired=True),
+           "recorded_vs_measured": ratio(timing["measured_recorded"], timing["measured"], paired=True),  # > 1: the twins made it faster
+           "measured_recorded_outcomes": outcomes["measured_recorded"],
            "pytorch_vs_transferred": ratio(timing["pytorch"], timing["transferred"], paired=True)}  # fmt: skip
     if "tuned" in timing:
         row["transferred_vs_tuned"] = ratio(timing["transferred"], timing["tuned"], paired=True)

@@ -461,13 +461,14 @@ def _gpu_transfer(d: dict[str, Any] | None) -> list[str]:
     """What a GPU compile got for batches never tuned: DLight, the transfer, tuned where it was, PyTorch."""
     if not d:
         return []
-    extra = [c for c in ("measured", "tuned") if any(c in r["timing"] for r in d["rows"])]  # columns of later runs
+    extra = [c for c in ("measured", "measured_recorded", "tuned") if any(c in r["timing"] for r in d["rows"])]  # columns of later runs
     shape = ", ".join(f"{k} {v}" for k, v in d["shape"].items())
     lines = [f"## GPU ({d['device_name']}): a batch never tuned, DLight vs transferred (`{d.get('command', 'python -m bench.gpu_transfer')}`)", "",
              f"The {d['network']} ({shape}) tuned at batch {d['source_batch']} only ({d['options']['trials']} trials a kernel"
              + (f", {d['fill_secs']:.0f} s" if d.get("fill_secs") else ", an earlier run's registry") + "); "
              "then each batch below compiled with plain `tvm.compile` (DLight) and inside `hooks.use` (a transfer where one replays"
-             + ("; measured: with `measure=`, DLight timed beside the candidates" if "measured" in extra else "") + "). "
+             + ("; measured: with `measure=`, DLight timed beside the candidates" if "measured" in extra else "")
+             + (", each transfer's twin postprocessed here among them (measured_recorded: without the twins)" if "measured_recorded" in extra else "") + "). "
              f"Medians of {d['rounds']} interleaved rounds, PyTorch in its own process (TF32 off); every output checked against DLight's. "
              "Compile seconds: one plain and one hooked compile (the kernel cache empty)"
              + (", and one measured" if "measured" in extra else "") + ("; tuned: time over the tuned network's, < 1 faster" if "tuned" in extra else "") + "."

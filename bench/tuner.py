@@ -38,10 +38,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from schedhub.hooks.msdb import scheduled, trace_text
+from schedhub.hooks.msdb import scheduled, trace_text, tuning_target
 from schedhub.tuner import baselines, cluster, kernels, models, tvm_env
 from schedhub.tuner.search import (
-    TuneOptions, TuneResult, best_so_far, default_schedule, mean_secs, profiled_tune_tir, reference_build, replay, search_settings, tuning_target,
+    TuneOptions, TuneResult, best_so_far, default_schedule, mean_secs, profiled_tune_tir, reference_build, replay, search_settings,
 )  # fmt: skip
 
 from .stats import summary
@@ -195,7 +195,8 @@ def run(trials: int, runs: int, rounds: int, trials_per_iter: int = 16, search: 
                 traces[label] = trace
                 row[label] = {"search_secs": secs, "trials_per_sec": trials / secs, "curve_ms": [(i, m * 1e3) for i, m in curve], "phases": phases, **extra}
                 print(f"{name} seed {run_i} {label}: {trials} trials in {secs:.1f} s ({trials / secs:.2f}/s), tuner's best {curve[-1][1] * 1e3:.3f} ms"
-                      + "".join(f"; {k} tasks {t['tasks']} ({t['candidates']} candidates, {t['workers']} workers) {t['secs']:.1f} s inside" for k, t in extra.get("tasks", {}).items()), flush=True)  # fmt: skip
+                      + "".join(f"; {k} tasks {t['tasks']} ({t['candidates']} candidates, {t['workers']} workers) {t['secs']:.1f} s inside" for k, t in extra.get("tasks", {}).items())
+                      + "; phases " + ", ".join(f"{k} {v:.1f} s" for k, v in phases.items()), flush=True)  # fmt: skip
             row["timed"] = side_by_side(ident, traces, rounds)
             entry["runs"].append(row)
             print("  side by side: " + ", ".join(f"{k} {v['median']:.3f} ms ({v['gflops']:.1f} GFLOPS)" for k, v in row["timed"].items()), flush=True)

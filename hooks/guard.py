@@ -5,6 +5,11 @@ A trace is data from someone else. Replaying it is cheap, but what it asks for m
 So the hook measures the scheduled kernel before handing it to TVM: how many statements full
 unrolling would emit, how far LLVM is asked to unroll, how wide vectors get. A record past a
 bound is refused (and complained about), and the kernel falls back.
+
+A GPU kernel is also refused where one launch binds a thread axis to loops of different extents
+(:class:`InconsistentLaunch`): TVM launches the largest and guards none of the others, so the threads
+past a shorter loop index past its tile and write wrong results. A record's shared-memory copies,
+split for its own threads, do that once replayed at a shape whose tiles give other threads.
 """
 
 from __future__ import annotations
@@ -20,6 +25,10 @@ from schedhub.registry import trace_instructions
 
 class ScheduleTooCostly(ValueError):
     """A record whose kernel would cost the compile more than the hook's bounds allow."""
+
+
+class InconsistentLaunch(ValueError):
+    """A GPU kernel that binds one thread axis to loops of different extents within one launch (it computes wrong)."""
 
 
 @dataclass(frozen=True)
@@ -53,9 +62,10 @@ def check_scheduled(mod: tvm.IRModule, limits: ScheduleLimits) -> None:
 
 def _walk(root: Any, limits: ScheduleLimits) -> None:
     statements = 0
-    stack: list[tuple[Any, int, int]] = [(root, 1, 1)]  # (node, unrolled copies, vector lanes)
+    extents: dict[tuple[int, str], set[int]] = {}  # (launch, thread axis): the extents bound to it
+    stack: list[tuple[Any, int, int, int | None]] = [(root, 1, 1, None)]  # (node, unrolled copies, vector lanes, launch)
     while stack:
-        node, copies, lanes = stack.pop()
+        node, copies, lanes, launch = stack.pop()
         if node is None:
             continue
         if isinstance(node, tirx.For):
@@ -69,17 +79,29 @@ def _walk(root: Any, limits: ScheduleLimits) -> None:
                 lanes *= max(1, extent)
                 if lanes > limits.max_vector_lanes:
                     raise ScheduleTooCostly(f"vectorized loops of {lanes} lanes, over the limit of {limits.max_vector_lanes}")
-            stack.append((node.body, copies, lanes))
+            elif node.kind == tirx.ForKind.THREAD_BINDING and node.thread_binding is not None:
+                launch = id(node) if launch is None else launch  # the outermost bound loop starts a kernel launch
+                if isinstance(node.extent, tirx.IntImm):
+                    _bind(extents.setdefault((launch, str(node.thread_binding.thread_tag)), set()), str(node.thread_binding.thread_tag), extent)
+            stack.append((node.body, copies, lanes, launch))
             continue
         if isinstance(node, s_tir.SBlock):
             _check_annotations(node.annotations, limits)
         inside = nested_statements(node)
         if inside is not None:
-            stack.extend((s, copies, lanes) for s in inside)
+            stack.extend((s, copies, lanes, launch) for s in inside)
         else:
             statements += copies
             if statements > limits.max_unrolled_statements:
                 raise ScheduleTooCostly(f"unrolling would emit over {limits.max_unrolled_statements} statements")
+
+
+def _bind(seen: set[int], axis: str, extent: int) -> None:
+    """Note that a launch binds ``axis`` to a loop of ``extent``; refuse a second extent."""
+    seen.add(extent)
+    if len(seen) > 1:
+        raise InconsistentLaunch(f"one launch binds {axis} to loops of extents {sorted(seen)}: TVM launches the largest, and the threads "
+                                 "past the shorter loops compute wrong")  # fmt: skip
 
 
 def nested_statements(node: Any) -> list[Any] | None:

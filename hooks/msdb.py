@@ -19,6 +19,7 @@ from typing import Any
 import tvm
 import tvm_ffi
 from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.meta_schedule import _ffi_api as ms_ffi
 
 from schedhub.registry import Record, RegistryError
 
@@ -72,11 +73,35 @@ def tensorizes(sketched: list[Any]) -> bool:
     return any(inst[0] in TENSORIZING for inst in sketched[0])
 
 
+REPOSTPROCESSED_KINDS = ("llvm", "cuda")  # target kinds with MetaSchedule postprocessors that schedhub also measures on
+
+
+def tuning_target(target: tvm.target.Target) -> tvm.target.Target:
+    """The target MetaSchedule searches and postprocesses under. A CUDA target as users write it (``{"kind": "cuda",
+    "arch": "sm_90"}``) lacks the per-block limits MetaSchedule's GPU rules and postprocessors read: it gets CUDA's
+    (``max_threads_per_block`` = ``max_num_threads``; 48 KiB of static shared memory, what every architecture gives
+    a block). Records are still keyed by the target as given."""
+    if target.kind.name != "cuda":
+        return target
+    attrs = dict(target.export())
+    attrs.setdefault("max_threads_per_block", attrs.get("max_num_threads", 1024))
+    attrs.setdefault("max_shared_memory_per_block", 48 * 1024)
+    return tvm.target.Target(attrs)
+
+
 def postprocessors(target: tvm.target.Target) -> list[Any]:
     """The postprocessors MetaSchedule's tuner applies for ``target``'s kind, but for refusing loops of symbolic extent
-    (a trace replays on a kernel of symbolic size as it is, and :func:`.guard.check_scheduled` bounds it). Made without
-    a ``TuneContext``, which imports TVM's tensor intrinsics (seconds) and which none of them reads on a CPU."""
-    return [p for p in ms.postproc.Postproc.create(target.kind.name) if not isinstance(p, ms.postproc.DisallowDynamicLoop)]
+    (a trace replays on a kernel of symbolic size as it is, and :func:`.guard.check_scheduled` bounds it), initialized
+    with ``target`` (:func:`tuning_target`). A GPU's read its limits from it (threads and shared memory per block, the warp size): left
+    uninitialized, ``VerifyGPUCode`` refuses every schedule. Initialized from a ``TuneContext`` that holds only the
+    target, made without ``TuneContext.__init__``, which imports TVM's tensor intrinsics (seconds to tens of seconds)
+    and needs a module."""
+    procs = [p for p in ms.postproc.Postproc.create(target.kind.name) if not isinstance(p, ms.postproc.DisallowDynamicLoop)]
+    context = ms.TuneContext.__new__(ms.TuneContext)
+    context.__init_handle_by_constructor__(ms_ffi.TuneContext, None, tuning_target(target), None, None, "schedhub", 1, -1, None)
+    for proc in procs:
+        proc._initialize_with_tune_context(context)
+    return procs
 
 
 def sketch_replayed(normalized: tvm.IRModule, sketched: list[Any], decided: dict[int, Any], postprocs: list[Any],
@@ -106,9 +131,9 @@ def repostprocessed(normalized: tvm.IRModule, trace: list[Any], target: tvm.targ
 
 
 def repostprocesses(target: tvm.target.Target) -> bool:
-    """Whether schedules for ``target`` get a twin postprocessed here (:func:`postprocessed_here`): CPUs only, as
-    nothing re-postprocessed was timed on a GPU."""
-    return target.kind.name == "llvm"
+    """Whether schedules for ``target`` get a twin postprocessed here (:func:`postprocessed_here`): CPUs and CUDA GPUs
+    (:data:`REPOSTPROCESSED_KINDS`)."""
+    return target.kind.name in REPOSTPROCESSED_KINDS
 
 
 def postprocessed_here(normalized: tvm.IRModule, recorded: str, target: tvm.target.Target, limits: ScheduleLimits,

@@ -35,11 +35,11 @@ from tvm_ffi.serialization import from_json_graph_str, to_json_graph_str
 from schedhub.registry import TARGET, Candidate, Identity, Record, Registry, RegistryError, Trust, keeps_default_schedule, signature_args_info, trust_filter, trusted
 
 from .cache import KernelCache, default_dir
-from .guard import ScheduleLimits, check_scheduled
+from .guard import InconsistentLaunch, ScheduleLimits, check_scheduled
 from .identity import as_module, compiler_fingerprint, plain_json, workload_identity
 from .defaults import default_contends, default_schedule
 from .measure import TIMING, Budget, KernelBench, Timing, build_all, machine, runs_here
-from .msdb import normalize_mod, postprocessed_here, replay_within, repostprocesses, trace_text, tuning_record
+from .msdb import normalize_mod, postprocessed_here, replay_within, repostprocessed, repostprocesses, trace_text, tuning_record
 from .objects import OBJECT_ID, ObjectCache
 from .padding import PADDED, padded_dispatch
 from .recompute import RELOCATED, relocated
@@ -53,6 +53,8 @@ log = logging.getLogger("schedhub")
 
 HIT, TRANSFER, MISS, FALLBACK, OFFLINE = "hit", "transfer", "miss", "fallback", "offline"  # and SYNTHESIZED
 DEFAULT_CANDIDATES = 4  # neighbours asked for per missed key
+LAUNCHES_CHECKED = "GPU launches checked for threads bound inconsistently"  # in the kernel cache's key of every schedule: cached
+#   schedules from before the check (:class:`.guard.InconsistentLaunch`) are worked out again
 
 
 @dataclass(frozen=True)
@@ -313,11 +315,13 @@ class HookSession:
         moved out (``relocate``, :mod:`.recompute`), then loops whose recorded tiling TVM re-derived (a symbolic size, or
         tiles that no longer divide) padded to the recorded tiles (``pad``, :mod:`.padding`), each where it replays
         within the bounds (a record of this very workload, from another compiler build or CPU, is not relocated). The
-        padding copies are CPU loops, and nothing repaired was timed on a GPU."""
+        padding copies are CPU loops, and nothing repaired was timed on a GPU. On a GPU, a transfer whose recorded
+        postprocessing binds one launch's threads to loops of different extents (:class:`.guard.InconsistentLaunch`: its
+        shared-memory copies split for the record's own threads) is postprocessed again here, where that replays."""
         key, cpu = identity.key, target.kind.name == "llvm"
         pad = self.pad and cpu
         relocate = self.relocate and cpu and record.identity.workload != identity.workload  # one tuned for this workload was measured on it
-        parts = (key, record.trace, repr(self.limits), f"{PADDED}: {pad}", f"{RELOCATED}: {relocate}")
+        parts = (key, record.trace, repr(self.limits), f"{PADDED}: {pad}", f"{RELOCATED}: {relocate}", LAUNCHES_CHECKED)
         entry = self.cache.get("scheduled", *parts)
         if entry is not None and isinstance(entry.get("error"), str):
             raise ReplayFailed(entry["error"])
@@ -328,7 +332,7 @@ class HookSession:
                 self._retiled[(key, record.trace_id)] = Retiling(entry["retiled"], entry["blind"])
         if mod is None:
             try:
-                sch = replay_within(normalized, record.trace, self.limits)
+                sch = self._replayed_launch(normalized, record, target)
                 recorded = json.loads(record.trace)
                 tiles = retiled(recorded, sch.trace)
                 moved = relocated(normalized, recorded, sch, target, self.limits) if relocate else None
@@ -344,6 +348,19 @@ class HookSession:
         out = mod.clone()
         out.update_func(out.get_global_var("main"), mod["main"].with_attr(OBJECT_ID, KernelCache.name("object", *parts)))
         return out
+
+    def _replayed_launch(self, normalized: tvm.IRModule, record: Record, target: tvm.target.Target) -> tvm.s_tir.Schedule:
+        """``record``'s trace replayed on ``normalized`` within the bounds; where that launches a GPU kernel's threads
+        inconsistently, its sketch postprocessed again here instead (:func:`.msdb.repostprocessed`). Raises where
+        neither replays."""
+        try:
+            return replay_within(normalized, record.trace, self.limits)
+        except InconsistentLaunch:
+            again = repostprocessed(normalized, json.loads(record.trace), target, self.limits) if repostprocesses(target) else None
+            if again is None:
+                raise
+            log.debug("schedhub: %s launches inconsistently on %s as recorded: postprocessed here", record.trace_id, record.identity.op)
+            return again
 
     def _padded(self, normalized: tvm.IRModule, record: Record, recorded: list[Any], replayed: tvm.s_tir.Schedule) -> tvm.IRModule | None:
         """:func:`.padding.padded_dispatch` of ``record`` (its trace as JSON: ``recorded``) within the bounds, or None

@@ -216,6 +216,7 @@ def test_the_gpu_transfer_bench_runs_through_on_the_cpu(tmp_path: Path) -> None:
     found = gpu_transfer.run(16, [8, 32], [32], trials=4, rounds=2, say=lambda _: None, device="cpu", shape=small, source_store=tmp_path / "store")
     few, tuned = found["rows"]
     assert found["fill_secs"] > 0 and few["transfers"] == few["kernels"] == 3 and "tuned" not in few["timing"] and few["timing"]["measured"]["median"] > 0
+    assert few["timing"]["measured_recorded"]["median"] > 0 and few["recorded_vs_measured"]["median"] > 0
     assert tuned["transfers"] == 3 and tuned["timing"]["tuned"]["median"] > 0 and tuned["transferred_vs_tuned"]["median"] > 0
     again = gpu_transfer.run(16, [8], [], trials=4, rounds=2, say=lambda _: None, device="cpu", shape=small, source_store=tmp_path / "store")
     assert again["fill_secs"] is None and again["rows"][0]["outcomes"] == few["outcomes"]  # the same records, transferred the same way

@@ -17,9 +17,10 @@ import tvm
 
 from schedhub.hooks.identity import target_text, workload_module
 from schedhub.hooks.measure import host_cpu
+from schedhub.hooks.msdb import tuning_target
 from schedhub.registry import LocalRegistry
 from schedhub.tuner import cluster, kernels, models, tvm_env
-from schedhub.tuner.search import TuneOptions, default_schedule, tuning_target
+from schedhub.tuner.search import TuneOptions, default_schedule
 from schedhub.tuner.worker import Worker
 
 CUDA = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})

@@ -135,7 +135,7 @@ def tune_workload(identity: Identity, warm_traces: list[str], options: TuneOptio
     from tvm.s_tir import meta_schedule as ms
 
     from schedhub.hooks.identity import compiler_fingerprint, target_from_text, workload_module
-    from schedhub.hooks.msdb import trace_text
+    from schedhub.hooks.msdb import trace_text, tuning_target
 
     tvm_env.prepare()
     if identity.fingerprint != compiler_fingerprint():
@@ -199,25 +199,11 @@ def tuning_phases(profile: dict[str, Any]) -> dict[str, float]:
     return phases
 
 
-def tuning_target(target: Any) -> Any:
-    """The target MetaSchedule searches under. A CUDA target as users write it (``{"kind": "cuda",
-    "arch": "sm_90"}``) lacks the per-block limits MetaSchedule's GPU rules read: it gets CUDA's
-    (``max_threads_per_block`` = ``max_num_threads``; 48 KiB of static shared memory, what every
-    architecture gives a block). Records are still keyed by the target as given."""
-    import tvm
-
-    if target.kind.name != "cuda":
-        return target
-    attrs = dict(target.export())
-    attrs.setdefault("max_threads_per_block", attrs.get("max_num_threads", 1024))
-    attrs.setdefault("max_shared_memory_per_block", 48 * 1024)
-    return tvm.target.Target(attrs)
-
-
 def default_schedule(mod: Any, target: Any) -> Any:
     """:func:`schedhub.hooks.defaults.default_schedule`, the schedule every record must beat, under the target
-    MetaSchedule searches (:func:`tuning_target`: a CUDA target with the per-block limits its GPU rules read)."""
+    MetaSchedule searches (:func:`schedhub.hooks.msdb.tuning_target`: a CUDA target with the per-block limits its GPU rules read)."""
     from schedhub.hooks.defaults import default_schedule as target_default
+    from schedhub.hooks.msdb import tuning_target
 
     return target_default(mod, tuning_target(target))
 
