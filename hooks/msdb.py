@@ -24,7 +24,7 @@ from tvm.s_tir.meta_schedule import _ffi_api as ms_ffi
 from schedhub.registry import Record, RegistryError
 
 from .errors import TVM_ERRORS
-from .guard import ScheduleLimits, check_scheduled, check_trace_size
+from .guard import InconsistentLaunch, ScheduleLimits, check_scheduled, check_trace_size
 from .identity import block_names, plain_json, target_from_text, workload_identity, workload_module
 from .ranking import retiled
 
@@ -179,6 +179,19 @@ def replay_within(mod: tvm.IRModule, trace_text: str, limits: ScheduleLimits) ->
     sch = replay_schedule(mod, json.loads(trace_text))
     check_scheduled(sch.mod, limits)
     return sch
+
+
+def replay_launchable(mod: tvm.IRModule, trace_text: str, target: tvm.target.Target, limits: ScheduleLimits) -> tvm.s_tir.Schedule:
+    """:func:`replay_within`; where that launches a GPU kernel's threads inconsistently (:class:`.guard.InconsistentLaunch`:
+    shared-memory copies split for the threads of the record's own tiles), the trace's sketch postprocessed again
+    here (:func:`repostprocessed`) instead. Raises where neither replays."""
+    try:
+        return replay_within(mod, trace_text, limits)
+    except InconsistentLaunch:
+        again = repostprocessed(mod, json.loads(trace_text), target, limits) if repostprocesses(target) else None
+        if again is None:
+            raise
+        return again
 
 
 def replay(mod: tvm.IRModule, trace_text: str) -> tuple[tvm.IRModule, int]:

@@ -35,11 +35,11 @@ from tvm_ffi.serialization import from_json_graph_str, to_json_graph_str
 from schedhub.registry import TARGET, Candidate, Identity, Record, Registry, RegistryError, Trust, keeps_default_schedule, signature_args_info, trust_filter, trusted
 
 from .cache import KernelCache, default_dir
-from .guard import InconsistentLaunch, ScheduleLimits, check_scheduled
+from .guard import ScheduleLimits, check_scheduled
 from .identity import as_module, compiler_fingerprint, plain_json, workload_identity
 from .defaults import default_contends, default_schedule
 from .measure import TIMING, Budget, KernelBench, Timing, build_all, machine, runs_here
-from .msdb import normalize_mod, postprocessed_here, replay_within, repostprocessed, repostprocesses, trace_text, tuning_record
+from .msdb import normalize_mod, postprocessed_here, replay_launchable, repostprocesses, trace_text, tuning_record
 from .objects import OBJECT_ID, ObjectCache
 from .padding import PADDED, padded_dispatch
 from .recompute import RELOCATED, relocated
@@ -316,8 +316,8 @@ class HookSession:
         tiles that no longer divide) padded to the recorded tiles (``pad``, :mod:`.padding`), each where it replays
         within the bounds (a record of this very workload, from another compiler build or CPU, is not relocated). The
         padding copies are CPU loops, and nothing repaired was timed on a GPU. On a GPU, a transfer whose recorded
-        postprocessing binds one launch's threads to loops of different extents (:class:`.guard.InconsistentLaunch`: its
-        shared-memory copies split for the record's own threads) is postprocessed again here, where that replays."""
+        postprocessing binds one launch's threads to loops of different extents is postprocessed again here
+        (:func:`.msdb.replay_launchable`)."""
         key, cpu = identity.key, target.kind.name == "llvm"
         pad = self.pad and cpu
         relocate = self.relocate and cpu and record.identity.workload != identity.workload  # one tuned for this workload was measured on it
@@ -332,7 +332,7 @@ class HookSession:
                 self._retiled[(key, record.trace_id)] = Retiling(entry["retiled"], entry["blind"])
         if mod is None:
             try:
-                sch = self._replayed_launch(normalized, record, target)
+                sch = replay_launchable(normalized, record.trace, target, self.limits)
                 recorded = json.loads(record.trace)
                 tiles = retiled(recorded, sch.trace)
                 moved = relocated(normalized, recorded, sch, target, self.limits) if relocate else None
@@ -348,19 +348,6 @@ class HookSession:
         out = mod.clone()
         out.update_func(out.get_global_var("main"), mod["main"].with_attr(OBJECT_ID, KernelCache.name("object", *parts)))
         return out
-
-    def _replayed_launch(self, normalized: tvm.IRModule, record: Record, target: tvm.target.Target) -> tvm.s_tir.Schedule:
-        """``record``'s trace replayed on ``normalized`` within the bounds; where that launches a GPU kernel's threads
-        inconsistently, its sketch postprocessed again here instead (:func:`.msdb.repostprocessed`). Raises where
-        neither replays."""
-        try:
-            return replay_within(normalized, record.trace, self.limits)
-        except InconsistentLaunch:
-            again = repostprocessed(normalized, json.loads(record.trace), target, self.limits) if repostprocesses(target) else None
-            if again is None:
-                raise
-            log.debug("schedhub: %s launches inconsistently on %s as recorded: postprocessed here", record.trace_id, record.identity.op)
-            return again
 
     def _padded(self, normalized: tvm.IRModule, record: Record, recorded: list[Any], replayed: tvm.s_tir.Schedule) -> tvm.IRModule | None:
         """:func:`.padding.padded_dispatch` of ``record`` (its trace as JSON: ``recorded``) within the bounds, or None

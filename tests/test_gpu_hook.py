@@ -20,7 +20,7 @@ from schedhub.hooks.measure import runs_here
 from schedhub.hooks.pipeline import UnsupportedTarget
 from schedhub.registry import LocalRegistry, Record
 from schedhub.tuner import models
-from schedhub.hooks.msdb import normalize_mod, postprocessed_here, replay_within, repostprocessed, trace_text
+from schedhub.hooks.msdb import normalize_mod, postprocessed_here, replay_launchable, replay_within, repostprocessed, trace_text
 
 CUDA = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
 LIMITS = ScheduleLimits()
@@ -115,7 +115,7 @@ def test_a_cuda_transfer_whose_recorded_copies_would_launch_threads_inconsistent
     moved = normalize_mod(workload_module(mlp["kernels"]["fused_matmul_add_relu"].workload))
     with pytest.raises(InconsistentLaunch, match=re.escape("threadIdx.x to loops of extents [64, 128]")):
         replay_within(moved, trace, LIMITS)
-    assert thread_extents(repostprocessed(moved, json.loads(trace), CUDA, LIMITS).mod) == {64}
+    assert thread_extents(replay_launchable(moved, trace, CUDA, LIMITS).mod) == {64}
     with LocalRegistry(tmp_path / "reg") as reg:
         reg.put(Record(source, trace, [1e-5]))
         with use(reg, CUDA, cache=tmp_path / "cache") as session:

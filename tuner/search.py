@@ -294,14 +294,14 @@ def _seed_database(database: Any, mod: Any, target: Any, traces: list[str], buil
     from tvm.s_tir import meta_schedule as ms
 
     from schedhub.hooks.guard import ScheduleLimits
-    from schedhub.hooks.msdb import first_line, postprocessed_here, replay_within, trace_text
+    from schedhub.hooks.msdb import first_line, postprocessed_here, replay_launchable, trace_text
 
     workload = database.commit_workload(mod)
     limits = ScheduleLimits()
     replayed, skipped = [], []
     for i, text in enumerate(traces):
         try:
-            sch = replay_within(mod, text, limits)
+            sch = replay_launchable(mod, text, target, limits)  # a GPU launch made consistent where the recorded one is not
             replayed.append((sch.trace, sch.mod))
         except Exception as exc:  # a trace of another structure, or one that would cost the build too much: skip it, say so
             why = f"{type(exc).__name__}: {first_line(exc)}"
