@@ -14,6 +14,7 @@ split for its own threads, do that once replayed at a shape whose tiles give oth
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +64,7 @@ def check_scheduled(mod: tvm.IRModule, limits: ScheduleLimits) -> None:
 def _walk(root: Any, limits: ScheduleLimits) -> None:
     statements = 0
     extents: dict[tuple[int, str], set[int]] = {}  # (launch, thread axis): the extents bound to it
+    launches = itertools.count()  # numbers the launches (not id(): a freed node's id is reused)
     stack: list[tuple[Any, int, int, int | None]] = [(root, 1, 1, None)]  # (node, unrolled copies, vector lanes, launch)
     while stack:
         node, copies, lanes, launch = stack.pop()
@@ -80,7 +82,7 @@ def _walk(root: Any, limits: ScheduleLimits) -> None:
                 if lanes > limits.max_vector_lanes:
                     raise ScheduleTooCostly(f"vectorized loops of {lanes} lanes, over the limit of {limits.max_vector_lanes}")
             elif node.kind == tirx.ForKind.THREAD_BINDING and node.thread_binding is not None:
-                launch = id(node) if launch is None else launch  # the outermost bound loop starts a kernel launch
+                launch = next(launches) if launch is None else launch  # the outermost bound loop starts a kernel launch
                 if isinstance(node.extent, tirx.IntImm):
                     _bind(extents.setdefault((launch, str(node.thread_binding.thread_tag)), set()), str(node.thread_binding.thread_tag), extent)
             stack.append((node.body, copies, lanes, launch))

@@ -92,10 +92,10 @@ def tuning_target(target: tvm.target.Target) -> tvm.target.Target:
 def postprocessors(target: tvm.target.Target) -> list[Any]:
     """The postprocessors MetaSchedule's tuner applies for ``target``'s kind, but for refusing loops of symbolic extent
     (a trace replays on a kernel of symbolic size as it is, and :func:`.guard.check_scheduled` bounds it), initialized
-    with ``target`` (:func:`tuning_target`). A GPU's read its limits from it (threads and shared memory per block, the warp size): left
-    uninitialized, ``VerifyGPUCode`` refuses every schedule. Initialized from a ``TuneContext`` that holds only the
-    target, made without ``TuneContext.__init__``, which imports TVM's tensor intrinsics (seconds to tens of seconds)
-    and needs a module."""
+    with ``target`` (:func:`tuning_target`). A GPU's read its limits from it (threads and shared memory per block, the
+    warp size): left uninitialized, ``VerifyGPUCode`` refuses every schedule. Initialized from a ``TuneContext`` that
+    holds only the target, made without ``TuneContext.__init__``, which imports TVM's tensor intrinsics (seconds to
+    tens of seconds) and needs a module."""
     procs = [p for p in ms.postproc.Postproc.create(target.kind.name) if not isinstance(p, ms.postproc.DisallowDynamicLoop)]
     context = ms.TuneContext.__new__(ms.TuneContext)
     context.__init_handle_by_constructor__(ms_ffi.TuneContext, None, tuning_target(target), None, None, "schedhub", 1, -1, None)

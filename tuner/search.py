@@ -49,7 +49,7 @@ class TuneOptions:
     seed: int = 0
     publish: int = 3  # best distinct schedules verified, re-measured and pushed
     warm_start: int = 8  # registry traces replayed before the search
-    repostprocess: bool = True  # on a CPU, each registry trace's sketch also measured postprocessed again at this shape
+    repostprocess: bool = True  # on a CPU or CUDA GPU, each registry trace's sketch also measured postprocessed again at this shape
     synthesize: int = 64  # design-space samples ranked by the registry's log model; its best ``seeds`` are seeded too (0: none)
     seeds: int = SEEDS  # synthesized schedules measured before the search
     search_threads: int = 0  # MetaSchedule's own threads; 0: physical cores. With 1, a seed gives the same candidates every time
