@@ -32,6 +32,10 @@ class InconsistentLaunch(ValueError):
     """A GPU kernel that binds one thread axis to loops of different extents within one launch (it computes wrong)."""
 
 
+class Unlaunchable(ValueError):
+    """A GPU kernel past the target's per-block limits (threads, shared memory, vector width): its launch would fail."""
+
+
 @dataclass(frozen=True)
 class ScheduleLimits:
     """The bounds (MetaSchedule's own search stays far inside them: unroll steps ≤ 512, lanes ≤ 64)."""

@@ -24,7 +24,7 @@ from tvm.s_tir.meta_schedule import _ffi_api as ms_ffi
 from schedhub.registry import Record, RegistryError
 
 from .errors import TVM_ERRORS
-from .guard import InconsistentLaunch, ScheduleLimits, check_scheduled, check_trace_size
+from .guard import InconsistentLaunch, ScheduleLimits, Unlaunchable, check_scheduled, check_trace_size
 from .identity import block_names, plain_json, target_from_text, workload_identity, workload_module
 from .ranking import retiled
 
@@ -182,16 +182,21 @@ def replay_within(mod: tvm.IRModule, trace_text: str, limits: ScheduleLimits) ->
 
 
 def replay_launchable(mod: tvm.IRModule, trace_text: str, target: tvm.target.Target, limits: ScheduleLimits) -> tvm.s_tir.Schedule:
-    """:func:`replay_within`; where that launches a GPU kernel's threads inconsistently (:class:`.guard.InconsistentLaunch`:
-    shared-memory copies split for the threads of the record's own tiles), the trace's sketch postprocessed again
-    here (:func:`repostprocessed`) instead. Raises where neither replays."""
+    """:func:`replay_within`, for a CUDA GPU also launchable: where the replay launches a kernel's threads
+    inconsistently (:class:`.guard.InconsistentLaunch`: shared-memory copies split for the threads of the record's own
+    tiles), the trace's sketch postprocessed again here (:func:`repostprocessed`) instead; and the kernel within the
+    target's per-block limits (MetaSchedule's ``VerifyGPUCode``, else :class:`.guard.Unlaunchable`: a transfer's
+    re-derived tiles can ask for more threads or shared memory than a block has). Raises where none of it holds."""
     try:
-        return replay_within(mod, trace_text, limits)
+        sch = replay_within(mod, trace_text, limits)
     except InconsistentLaunch:
         again = repostprocessed(mod, json.loads(trace_text), target, limits) if repostprocesses(target) else None
         if again is None:
             raise
-        return again
+        return again  # its postprocessors verified it
+    if target.kind.name == "cuda" and not all(p.apply(sch) for p in postprocessors(target) if isinstance(p, ms.postproc.VerifyGPUCode)):
+        raise Unlaunchable(f"the kernel is past {target.kind.name}'s per-block limits (threads, shared memory or vector width: VerifyGPUCode)")
+    return sch
 
 
 def replay(mod: tvm.IRModule, trace_text: str) -> tuple[tvm.IRModule, int]:

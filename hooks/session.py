@@ -53,8 +53,8 @@ log = logging.getLogger("schedhub")
 
 HIT, TRANSFER, MISS, FALLBACK, OFFLINE = "hit", "transfer", "miss", "fallback", "offline"  # and SYNTHESIZED
 DEFAULT_CANDIDATES = 4  # neighbours asked for per missed key
-LAUNCHES_CHECKED = "GPU launches checked for threads bound inconsistently"  # in the kernel cache's key of every schedule: cached
-#   schedules from before the check (:class:`.guard.InconsistentLaunch`) are worked out again
+LAUNCHES_CHECKED = "GPU launches checked: threads bound consistently, within the block's limits"  # in the kernel cache's key of
+#   every schedule: schedules cached before the checks (:func:`.msdb.replay_launchable`) are worked out again
 
 
 @dataclass(frozen=True)
@@ -316,8 +316,8 @@ class HookSession:
         tiles that no longer divide) padded to the recorded tiles (``pad``, :mod:`.padding`), each where it replays
         within the bounds (a record of this very workload, from another compiler build or CPU, is not relocated). The
         padding copies are CPU loops, and nothing repaired was timed on a GPU. On a GPU, a transfer whose recorded
-        postprocessing binds one launch's threads to loops of different extents is postprocessed again here
-        (:func:`.msdb.replay_launchable`)."""
+        postprocessing binds one launch's threads to loops of different extents is postprocessed again here, and a
+        schedule past the block's limits is refused (:func:`.msdb.replay_launchable`)."""
         key, cpu = identity.key, target.kind.name == "llvm"
         pad = self.pad and cpu
         relocate = self.relocate and cpu and record.identity.workload != identity.workload  # one tuned for this workload was measured on it

@@ -14,7 +14,7 @@ import tvm
 from tvm import relax
 
 from schedhub.hooks import RegistryFallbackWarning, use
-from schedhub.hooks.guard import InconsistentLaunch, ScheduleLimits
+from schedhub.hooks.guard import InconsistentLaunch, ScheduleLimits, Unlaunchable
 from schedhub.hooks.identity import workload_module
 from schedhub.hooks.measure import runs_here
 from schedhub.hooks.pipeline import UnsupportedTarget
@@ -122,6 +122,20 @@ def test_a_cuda_transfer_whose_recorded_copies_would_launch_threads_inconsistent
             ex = tvm.compile(mlp["mod"], CUDA)
     served = {k.op: k for k in session.report.kernels}["fused_matmul_add_relu"]
     assert served.outcome == "transfer" and launch_bounds(ex)["fused_matmul_add_relu"] == 64
+
+
+def test_a_cuda_record_past_the_blocks_thread_limit_is_never_served(tmp_path: Path, mlp: dict) -> None:
+    """2048 threads per block (CUDA's limit is 1024) would fail at launch on the GPU, not at compile: such a record is
+    refused as a hit and as a transfer, and the kernels keep DLight's schedule."""
+    with LocalRegistry(tmp_path) as reg:
+        reg.put(threads_record(mlp["kernels"]["transpose"], 2048))
+        with use(reg, CUDA, cache=tmp_path / "cache") as session:
+            ex = tvm.compile(mlp["mod"], CUDA)
+    outcomes = {k.op: k.outcome for k in session.report.kernels}
+    assert outcomes["transpose"] not in ("hit", "transfer") and outcomes["transpose1"] not in ("hit", "transfer")
+    assert 2048 not in launch_bounds(ex).values()
+    with pytest.raises(Unlaunchable):
+        replay_launchable(normalize_mod(workload_module(mlp["kernels"]["transpose"].workload)), threads_record(mlp["kernels"]["transpose"], 2048).trace, CUDA, LIMITS)
 
 
 def test_the_report_says_how_many_misses_kept_the_default_because_it_beat_every_candidate() -> None:
