@@ -20,7 +20,7 @@ from schedhub.hooks.measure import runs_here
 from schedhub.hooks.pipeline import UnsupportedTarget
 from schedhub.registry import LocalRegistry, Record
 from schedhub.tuner import models
-from schedhub.hooks.msdb import normalize_mod, postprocessed_here, replay_launchable, replay_within, repostprocessed, trace_text
+from schedhub.hooks.msdb import normalize_mod, postprocessed_here, replay_launchable, replay_within, repostprocessed, trace_text, tuning_record
 
 CUDA = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
 LIMITS = ScheduleLimits()
@@ -134,8 +134,12 @@ def test_a_cuda_record_past_the_blocks_thread_limit_is_never_served(tmp_path: Pa
     outcomes = {k.op: k.outcome for k in session.report.kernels}
     assert outcomes["transpose"] not in ("hit", "transfer") and outcomes["transpose1"] not in ("hit", "transfer")
     assert 2048 not in launch_bounds(ex).values()
+    record = threads_record(mlp["kernels"]["transpose"], 2048)
     with pytest.raises(Unlaunchable):
-        replay_launchable(normalize_mod(workload_module(mlp["kernels"]["transpose"].workload)), threads_record(mlp["kernels"]["transpose"], 2048).trace, CUDA, LIMITS)
+        replay_launchable(normalize_mod(workload_module(record.identity.workload)), record.trace, CUDA, LIMITS)
+    with pytest.raises(Unlaunchable):  # what MetaSchedule's own users get through RegistryDatabase, and a pull writes
+        tuning_record(record, limits=LIMITS)
+    assert tuning_record(threads_record(mlp["kernels"]["transpose"], 1024), limits=LIMITS) is not None
 
 
 def test_the_report_says_how_many_misses_kept_the_default_because_it_beat_every_candidate() -> None:
