@@ -49,6 +49,7 @@ from .stats import summary
 TARGET = {"kind": "llvm", "mcpu": "znver1", "num-cores": 2}
 QUICK_SEARCH = {"population": 128, "genetic_iters": 2}  # a quarter of MetaSchedule's search per round: the quick run's budget
 WORKLOADS = [("resnet18", {}, "fused_conv2d2_add1_relu1"), ("bert_layer", {}, "fused_matmul3_add1_add2")]
+TINY_ARGS = [["TENSOR", "float32", [8]], ["TENSOR", "float32", [8]]]  # :func:`_tiny_mod_json`'s arguments
 
 
 def flops(args_info: list[Any], op: str) -> float:
@@ -95,12 +96,18 @@ def task_summary(events: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     run one at a time, so the profiler's measure phase less theirs is Ray's scheduling, worker starts and
     transfers) and the worker processes that ran them."""
     search = [e for e in events if e.get("stage") == "search"]
-    out: dict[str, dict[str, float]] = {}
+    out: dict[str, dict[str, Any]] = {}
     for kind in sorted({e["kind"] for e in search}):
         mine = [e for e in search if e["kind"] == kind]
+        workers = sorted({_worker(e) for e in mine})
         out[kind] = {"tasks": len(mine), "candidates": sum(e["count"] for e in mine), "secs": sum(e["end"] - e["start"] for e in mine),
-                     "workers": len({(e["host"], e["pid"]) for e in mine})}  # fmt: skip
+                     "workers": len(workers), "worker_ids": workers}  # fmt: skip
     return out
+
+
+def _worker(event: dict[str, Any]) -> str:
+    """The worker process a task ran in (a task's event or result): ``host:pid``."""
+    return f"{event['host']}:{event['pid']}"
 
 
 def tune_plain(identity: Any, options: TuneOptions) -> tuple[float, str, list, dict[str, float], dict[str, Any]]:
@@ -176,13 +183,17 @@ def run(trials: int, runs: int, rounds: int, trials_per_iter: int = 16, search: 
     # so they run at once, each in a worker of its own (one warm worker left the first job's builds
     # waiting for a second to import TVM: ~4 s of a 14 s search).
     text = target_text(target)
-    for ref in [cluster.submit("build", placed={"num_cpus": 0}, mod_json=_tiny_mod_json(), target_text=text) for _ in range(int(cpus) + 1)]:
-        cluster.result(ref)
+    warmed = [cluster.result(ref) for ref in [cluster.submit("build", placed={"num_cpus": 0}, mod_json=_tiny_mod_json(), target_text=text) for _ in range(int(cpus) + 1)]]
+    # And a worker that has timed a kernel on the device (on a GPU: a CUDA context), as plain's runner pool is started
+    # before its clock: on an H100, 6.6 s of Ray's 11.3 s measure phase was outside its tasks with only builds warmed.
+    timed = cluster.result(cluster.submit("measure", placed=cluster.placement("measure", text), artifacts=[warmed[0]["artifact"]], args_info=TINY_ARGS,
+                                          timing={"number": 1, "repeat": 1, "min_repeat_ms": 1, "flush_cache": False}, target_text=text))  # fmt: skip
     # One search thread: the seed fixes the first round's candidates, the same for both tuners.
     base = TuneOptions(trials=trials, trials_per_iter=trials_per_iter, publish=1, search_threads=1, **search)
     out: dict[str, Any] = {"target": target, "device": device, "device_name": str(tvm.cuda(0).device_name) if device == "cuda" else target.get("mcpu"),
                            "cpus": os.cpu_count() or 1, "trials": trials, "trials_per_iter": trials_per_iter, "runs": runs, "workloads": {},
-                           "search": {"population": base.population, "genetic_iters": base.genetic_iters, "threads": base.search_threads}}  # fmt: skip
+                           "search": {"population": base.population, "genetic_iters": base.genetic_iters, "threads": base.search_threads},
+                           "warmed_measure_worker": _worker(timed)}  # fmt: skip
     for model, shape, name in workloads:
         ident = find_kernel(model, shape, name, target)
         entry: dict[str, Any] = {"op": ident.op, "args_info": ident.args_info, "model": model, "flops": flops(ident.args_info, ident.op), "runs": []}
@@ -195,7 +206,8 @@ def run(trials: int, runs: int, rounds: int, trials_per_iter: int = 16, search: 
                 traces[label] = trace
                 row[label] = {"search_secs": secs, "trials_per_sec": trials / secs, "curve_ms": [(i, m * 1e3) for i, m in curve], "phases": phases, **extra}
                 print(f"{name} seed {run_i} {label}: {trials} trials in {secs:.1f} s ({trials / secs:.2f}/s), tuner's best {curve[-1][1] * 1e3:.3f} ms"
-                      + "".join(f"; {k} tasks {t['tasks']} ({t['candidates']} candidates, {t['workers']} workers) {t['secs']:.1f} s inside" for k, t in extra.get("tasks", {}).items())
+                      + "".join(f"; {k} tasks {t['tasks']} ({t['candidates']} candidates, {t['workers']} workers{', the warmed one among them' if _worker(timed) in t['worker_ids'] else ''}) "
+                              f"{t['secs']:.1f} s inside" for k, t in extra.get("tasks", {}).items())
                       + "; phases " + ", ".join(f"{k} {v:.1f} s" for k, v in phases.items()), flush=True)  # fmt: skip
             row["timed"] = side_by_side(ident, traces, rounds)
             entry["runs"].append(row)
