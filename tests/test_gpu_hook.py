@@ -88,36 +88,42 @@ def test_a_compile_that_measures_for_a_gpu_this_machine_lacks_times_nothing_and_
     assert transferred.outcome == "transfer" and transferred.measured == {} and launch_bounds(ex)["transpose1"] == 64
 
 
+@pytest.fixture(scope="module")
+def drawn() -> dict:
+    """A CUDA record of the test MLP's fused_matmul_add_relu at batch 64 (features 32, hidden 64): a sample of
+    MetaSchedule's design space, kept as data (drawing it needs TVM's tensor intrinsics, ~25 s; the file says how)."""
+    data = json.loads((Path(__file__).parent / "data" / "cuda_matmul_trace.json").read_text())
+    mod = models.export("mlp", batch=64, features=32, hidden=64)[0]
+    return {"trace": json.dumps(data["trace"]), "identity": next(k.identity for k in models.kernels(mod, CUDA) if k.identity.op == "fused_matmul_add_relu")}
+
+
 def thread_extents(mod: tvm.IRModule) -> set[int]:
     """The extents of a scheduled kernel's loops bound to threadIdx.x."""
     return {int(n) for n in re.findall(r'T\.thread_binding\((?:T\.int64\()?(\d+)\)?, thread="threadIdx\.x"\)', mod.script())}
 
 
-def test_gpu_postprocessors_read_the_targets_limits_and_a_record_at_its_own_shape_gets_no_twin() -> None:
+def test_gpu_postprocessors_read_the_targets_limits_and_a_record_at_its_own_shape_gets_no_twin(drawn: dict) -> None:
     """Left uninitialized, ``VerifyGPUCode`` refuses every schedule: a CUDA record's sketch postprocessed again at
     its own shape (the target as users write it, without per-block limits) replays, and as the record did."""
-    trace = json.loads((Path(__file__).parent / "data" / "cuda_matmul_trace.json").read_text())["trace"]  # drawn at batch 64: see "drawn"
-    source = next(k.identity for k in models.kernels(models.export("mlp", batch=64, features=32, hidden=64)[0], CUDA) if k.identity.op == "fused_matmul_add_relu")
-    own = normalize_mod(workload_module(source.workload))
-    assert thread_extents(replay_within(own, json.dumps(trace), LIMITS).mod) == {128}
-    again = repostprocessed(own, trace, CUDA, LIMITS)
+    own = normalize_mod(workload_module(drawn["identity"].workload))
+    assert thread_extents(replay_within(own, drawn["trace"], LIMITS).mod) == {128}
+    again = repostprocessed(own, json.loads(drawn["trace"]), CUDA, LIMITS)
     assert again is not None and thread_extents(again.mod) == {128}
-    assert postprocessed_here(own, json.dumps(trace), CUDA, LIMITS) is None  # the same postprocessing
+    assert postprocessed_here(own, drawn["trace"], CUDA, LIMITS) is None  # the same postprocessing
 
 
-def test_a_cuda_transfer_whose_recorded_copies_would_launch_threads_inconsistently_is_postprocessed_here(tmp_path: Path, mlp: dict) -> None:
+def test_a_cuda_transfer_whose_recorded_copies_would_launch_threads_inconsistently_is_postprocessed_here(tmp_path: Path, mlp: dict, drawn: dict) -> None:
     """Replayed as recorded at batch 4, the batch-64 record binds its matmul to 64 threads and its shared-memory
     copies to 128: TVM would launch 128 and the other 64 would compute wrong (seen on an H100: outputs off by 290x
     their scale). The guard refuses that launch; the hook serves the record postprocessed here (64 threads for
     both), and the report still names the transfer."""
-    trace = json.dumps(json.loads((Path(__file__).parent / "data" / "cuda_matmul_trace.json").read_text())["trace"])
-    source = next(k.identity for k in models.kernels(models.export("mlp", batch=64, features=32, hidden=64)[0], CUDA) if k.identity.op == "fused_matmul_add_relu")
+    trace = drawn["trace"]
     moved = normalize_mod(workload_module(mlp["kernels"]["fused_matmul_add_relu"].workload))
     with pytest.raises(InconsistentLaunch, match=re.escape("threadIdx.x to loops of extents [64, 128]")):
         replay_within(moved, trace, LIMITS)
     assert thread_extents(replay_launchable(moved, trace, CUDA, LIMITS).mod) == {64}
     with LocalRegistry(tmp_path / "reg") as reg:
-        reg.put(Record(source, trace, [1e-5]))
+        reg.put(Record(drawn["identity"], trace, [1e-5]))
         with use(reg, CUDA, cache=tmp_path / "cache") as session:
             ex = tvm.compile(mlp["mod"], CUDA)
     served = {k.op: k for k in session.report.kernels}["fused_matmul_add_relu"]
