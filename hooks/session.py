@@ -425,9 +425,9 @@ class HookSession:
 
     def _repostprocessed(self, identity: Identity, applied: list[tuple[Candidate, Any]], bench: tuple[tvm.IRModule, Any],
                          apply: Callable[[Record, list[Any] | None], Any]) -> list[tuple[Candidate, Any]]:  # fmt: skip
-        """For each transfer in ``applied`` on a CPU, its sketch with the target's postprocessors applied again at this kernel
-        (:func:`.msdb.repostprocessed`) as one more candidate, where that schedules the kernel otherwise than the record's
-        own postprocessing (decided for the record's loop extents: which loops are fused into the parallel one, which
+        """For each transfer in ``applied`` on a CPU or CUDA GPU (:func:`.msdb.repostprocesses`), its sketch with the
+        target's postprocessors applied again at this kernel (:func:`.msdb.repostprocessed`) as one more candidate, where
+        that schedules the kernel otherwise than the record's own postprocessing (decided for the record's loop extents: which loops are fused into the parallel one, which
         vectorized, how far unrolled), ``apply``-ed; served only once measured (:func:`.msdb.postprocessed_here`). Kept in
         this machine's cache."""
         normalized, target = bench
