@@ -188,12 +188,13 @@ def run(trials: int, runs: int, rounds: int, trials_per_iter: int = 16, search: 
     # before its clock: on an H100, 6.6 s of Ray's 11.3 s measure phase was outside its tasks with only builds warmed.
     timed = cluster.result(cluster.submit("measure", placed=cluster.placement("measure", text), artifacts=[warmed[0]["artifact"]], args_info=TINY_ARGS,
                                           timing={"number": 1, "repeat": 1, "min_repeat_ms": 1, "flush_cache": False}, target_text=text))  # fmt: skip
+    warm = _worker(timed)
     # One search thread: the seed fixes the first round's candidates, the same for both tuners.
     base = TuneOptions(trials=trials, trials_per_iter=trials_per_iter, publish=1, search_threads=1, **search)
     out: dict[str, Any] = {"target": target, "device": device, "device_name": str(tvm.cuda(0).device_name) if device == "cuda" else target.get("mcpu"),
                            "cpus": os.cpu_count() or 1, "trials": trials, "trials_per_iter": trials_per_iter, "runs": runs, "workloads": {},
                            "search": {"population": base.population, "genetic_iters": base.genetic_iters, "threads": base.search_threads},
-                           "warmed_measure_worker": _worker(timed)}  # fmt: skip
+                           "warmed_measure_worker": warm}  # fmt: skip
     for model, shape, name in workloads:
         ident = find_kernel(model, shape, name, target)
         entry: dict[str, Any] = {"op": ident.op, "args_info": ident.args_info, "model": model, "flops": flops(ident.args_info, ident.op), "runs": []}
@@ -206,7 +207,7 @@ def run(trials: int, runs: int, rounds: int, trials_per_iter: int = 16, search: 
                 traces[label] = trace
                 row[label] = {"search_secs": secs, "trials_per_sec": trials / secs, "curve_ms": [(i, m * 1e3) for i, m in curve], "phases": phases, **extra}
                 print(f"{name} seed {run_i} {label}: {trials} trials in {secs:.1f} s ({trials / secs:.2f}/s), tuner's best {curve[-1][1] * 1e3:.3f} ms"
-                      + "".join(f"; {k} tasks {t['tasks']} ({t['candidates']} candidates, {t['workers']} workers{', the warmed one among them' if _worker(timed) in t['worker_ids'] else ''}) "
+                      + "".join(f"; {k} tasks {t['tasks']} ({t['candidates']} candidates, {t['workers']} workers{', the warmed one among them' if warm in t['worker_ids'] else ''}) "
                               f"{t['secs']:.1f} s inside" for k, t in extra.get("tasks", {}).items())
                       + "; phases " + ", ".join(f"{k} {v:.1f} s" for k, v in phases.items()), flush=True)  # fmt: skip
             row["timed"] = side_by_side(ident, traces, rounds)

@@ -33,15 +33,15 @@ def budget_options(f: Any) -> Any:
 
 
 def _options(trials: int, trials_per_iter: int, seed: int, population: int, final_repeat_ms: int) -> Any:
-    from schedhub.tuner.kernels import FINAL_TIMING
+    from schedhub.tuner.kernels import final_timing
     from schedhub.tuner.search import TuneOptions
 
     if trials < 1 or trials_per_iter < 1:
         raise click.BadParameter("--trials and --trials-per-iter must be at least 1")
     if population < min(trials_per_iter, trials):
         raise click.BadParameter("--population must be at least the candidates measured per round (--trials-per-iter)")
-    final = {**FINAL_TIMING, "min_repeat_ms": final_repeat_ms}
-    return TuneOptions(trials=trials, trials_per_iter=min(trials_per_iter, trials), seed=seed, population=population, final_timing=final)
+    return TuneOptions(trials=trials, trials_per_iter=min(trials_per_iter, trials), seed=seed, population=population,
+                       final_timing=final_timing(final_repeat_ms))
 
 
 def work_options(f: Any) -> Any:

@@ -32,7 +32,7 @@ from schedhub.hooks.identity import workload_identity, workload_module
 from schedhub.hooks.msdb import first_line, trace_text
 from schedhub.registry import DONE, PENDING, REFINE, Identity, LocalRegistry, RegistryClient, ServerThread, keeps_default_schedule, trace_id
 from schedhub.tuner import cluster, models, plan, search
-from schedhub.tuner.kernels import FINAL_TIMING
+from schedhub.tuner.kernels import final_timing
 from schedhub.tuner.dispatch import Seeder, start_tuning, submit_tuning, warm_start, warm_start_traces
 from schedhub.tuner.search import TuneOptions, TuneResult
 from schedhub.tuner.worker import Worker
@@ -45,7 +45,7 @@ TARGET = {"kind": "llvm", "mcpu": "znver1", "num-cores": 2}
 
 def tiny(**budget: Any) -> TuneOptions:
     """A test's tuning budget with the search and the final timings cut to size (:data:`.conftest.QUICK_SEARCH`)."""
-    quick = {"population": QUICK_SEARCH["population"], "final_timing": {**FINAL_TIMING, "min_repeat_ms": QUICK_SEARCH["final_repeat_ms"]}}
+    quick = {"population": QUICK_SEARCH["population"], "final_timing": final_timing(QUICK_SEARCH["final_repeat_ms"])}
     return TuneOptions(**{**quick, **budget})
 
 
