@@ -197,9 +197,15 @@ def replay_launchable(mod: tvm.IRModule, trace_text: str, target: tvm.target.Tar
         if again is None:
             raise
         return again  # its postprocessors verified it
+    check_launchable(sch, target)
+    return sch
+
+
+def check_launchable(sch: tvm.s_tir.Schedule, target: tvm.target.Target) -> None:
+    """Raise :class:`.guard.Unlaunchable` for a CUDA kernel past the target's per-block limits (threads, shared memory,
+    vector width: MetaSchedule's ``VerifyGPUCode``). Such a kernel compiles and fails at launch; other targets pass."""
     if target.kind.name == "cuda" and not all(p.apply(sch) for p in postprocessors(target) if isinstance(p, ms.postproc.VerifyGPUCode)):
         raise Unlaunchable(f"the kernel is past {target.kind.name}'s per-block limits (threads, shared memory or vector width: VerifyGPUCode)")
-    return sch
 
 
 def replay(mod: tvm.IRModule, trace_text: str) -> tuple[tvm.IRModule, int]:

@@ -20,6 +20,7 @@ from schedhub.hooks.measure import runs_here
 from schedhub.hooks.pipeline import UnsupportedTarget
 from schedhub.registry import LocalRegistry, Record
 from schedhub.tuner import models
+from schedhub.tuner.verify import verify_job
 from schedhub.hooks.msdb import normalize_mod, postprocessed_here, replay_launchable, replay_within, repostprocessed, trace_text, tuning_record
 
 CUDA = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
@@ -130,9 +131,10 @@ def test_a_cuda_transfer_whose_recorded_copies_would_launch_threads_inconsistent
     assert served.outcome == "transfer" and launch_bounds(ex)["fused_matmul_add_relu"] == 64
 
 
-def test_a_cuda_record_past_the_blocks_thread_limit_is_never_served(tmp_path: Path, mlp: dict) -> None:
+def test_a_cuda_record_past_the_blocks_thread_limit_is_never_served(tmp_path: Path, mlp: dict, drawn: dict) -> None:
     """2048 threads per block (CUDA's limit is 1024) would fail at launch on the GPU, not at compile: such a record is
-    refused as a hit and as a transfer, and the kernels keep DLight's schedule."""
+    refused as a hit and as a transfer, and the kernels keep DLight's schedule. Pushed as a claim, it is quarantined
+    by verification, as is a claim whose launch is inconsistent (the drawn record at batch 4)."""
     with LocalRegistry(tmp_path) as reg:
         reg.put(threads_record(mlp["kernels"]["transpose"], 2048))
         with use(reg, CUDA, cache=tmp_path / "cache") as session:
@@ -146,6 +148,10 @@ def test_a_cuda_record_past_the_blocks_thread_limit_is_never_served(tmp_path: Pa
     with pytest.raises(Unlaunchable):  # what MetaSchedule's own users get through RegistryDatabase, and a pull writes
         tuning_record(record, limits=LIMITS)
     assert tuning_record(threads_record(mlp["kernels"]["transpose"], 1024), limits=LIMITS) is not None
+    inconsistent = Record(mlp["kernels"]["fused_matmul_add_relu"], drawn["trace"], [1e-5])
+    for claim, reason in ((record, "Unlaunchable"), (inconsistent, "InconsistentLaunch")):  # pushed claims, verified
+        verdict = verify_job({"identity": claim.identity.to_dict(), "trace": claim.trace})
+        assert verdict["run_secs"] is None and reason in verdict["reason"]
 
 
 def test_the_report_says_how_many_misses_kept_the_default_because_it_beat_every_candidate() -> None:

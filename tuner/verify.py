@@ -1,7 +1,8 @@
 """Verifying a pushed claim: replay the record's trace, check its output, time it side by side.
 
 A record pushed by a ``push`` token is a claim. A worker leases its verification job, replays
-the trace on the workload (refusing one past the hook's cost bounds), builds it and the target's
+the trace on the workload (refusing one past the hook's cost bounds, and a GPU kernel that would
+compute wrong or fail at launch: the hook's launch checks), builds it and the target's
 default schedule as CPU tasks, and times both in one measurement task that holds the device,
 checking the output against the unscheduled kernel's on the same random inputs. The verdict goes
 back with the ack; the registry marks the record verified, or refuses it (far slower than
@@ -22,8 +23,8 @@ from .kernels import FINAL_TIMING
 def verify_job(job: dict[str, Any], timing: dict[str, Any] | None = None) -> dict[str, Any]:
     """The verdict on one verification job: ``{"run_secs": [...] | None, "reason": str}``."""
     from schedhub.hooks.guard import ScheduleLimits
-    from schedhub.hooks.identity import compiler_fingerprint, workload_module
-    from schedhub.hooks.msdb import replay_within
+    from schedhub.hooks.identity import compiler_fingerprint, target_from_text, workload_module
+    from schedhub.hooks.msdb import check_launchable, replay_within
 
     from .search import ToolchainMismatch, default_name, side_by_side
 
@@ -33,9 +34,11 @@ def verify_job(job: dict[str, Any], timing: dict[str, Any] | None = None) -> dic
         raise ToolchainMismatch(f"record {identity.key[:12]} was keyed under {identity.fingerprint!r}; this worker runs {compiler_fingerprint()!r}")
     mod = workload_module(identity.workload)
     try:
-        candidate = replay_within(mod, job["trace"], ScheduleLimits()).mod
-    except Exception as exc:  # ScheduleError, InternalError, ScheduleTooCostly…: the verdict, not a crash
+        replayed = replay_within(mod, job["trace"], ScheduleLimits())
+        check_launchable(replayed, target_from_text(identity.target))  # a GPU kernel that would fail at launch
+    except Exception as exc:  # ScheduleError, InternalError, ScheduleTooCostly, Unlaunchable…: the verdict, not a crash
         return {"run_secs": None, "reason": f"does not replay within bounds: {exc.__class__.__name__}: {str(exc).strip()[:500]}"}
+    candidate = replayed.mod
     cluster.check_feasible(identity.target)  # after the replay: a record that does not replay needs no cluster
     untuned, result = side_by_side(identity, mod, [candidate], timing or dict(FINAL_TIMING), Timeline(f"verify:{identity.key[:8]}"))
     if not result["run_secs"]:
