@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 from schedhub.registry import InvalidRecord, Registry, RegistryError, RegistryUnavailable, check_kind, connect
 
@@ -21,9 +22,16 @@ EXIT_ERROR, EXIT_UNAVAILABLE = 1, 3
 
 
 def _console(stderr: bool = False) -> Console:
-    """A terminal's own width; piped output is never wrapped (80 columns cut keys and summaries)."""
+    """A terminal's own width; piped output is never wrapped (80 columns cut keys and summaries). No markup: what is
+    printed comes from records, registries and servers, and a provenance value such as ``[/]`` would otherwise raise
+    (or style the terminal as its pusher chose); styles are given as :func:`labelled`'s."""
     stream = sys.stderr if stderr else sys.stdout
-    return Console(stderr=stderr, width=None if stream.isatty() or os.environ.get("COLUMNS") else 100_000)
+    return Console(stderr=stderr, width=None if stream.isatty() or os.environ.get("COLUMNS") else 100_000, markup=False)
+
+
+def labelled(label: str, message: object, style: str = "red") -> Text:
+    """``label`` styled, then ``message`` as plain text (never read as markup)."""
+    return Text.assemble((label, style), f" {message}")
 
 
 console = _console(stderr=True)
@@ -84,10 +92,10 @@ def reports_errors(f: F) -> F:
         try:
             return f(*args, **kwargs)
         except RegistryUnavailable as exc:
-            console.print(f"[red]error:[/] {exc}")
+            console.print(labelled("error:", exc))
             raise SystemExit(EXIT_UNAVAILABLE) from None
         except (RegistryError, OSError, ValueError) as exc:
-            console.print(f"[red]error:[/] {exc}")
+            console.print(labelled("error:", exc))
             raise SystemExit(EXIT_ERROR) from None
 
     return wrapper  # type: ignore[return-value]

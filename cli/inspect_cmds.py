@@ -10,7 +10,7 @@ from rich.table import Table
 
 from schedhub.registry import NotFound, Record, Registry, task_label
 
-from .common import open_registry, out, registry_option, reports_errors, target_filter_option
+from .common import labelled, open_registry, out, registry_option, reports_errors, target_filter_option
 
 
 def _dump(obj: Any) -> None:
@@ -90,15 +90,19 @@ def show(key: str, registry: str, token: str | None, as_json: bool, workload: bo
     if as_json:
         return _dump([r.to_dict() for r in records])
     ident = records[0].identity
-    out.print(f"[bold]{full}[/]\nop {ident.op}\ntarget {ident.target}\ncompiler {ident.fingerprint}")
+    out.print(full, style="bold")
+    out.print(f"op {ident.op}\ntarget {ident.target}\ncompiler {ident.fingerprint}")
     out.print("args " + ", ".join(f"{a[1]}{a[2]}" for a in ident.args_info))
-    table = Table("rank", "trace", "claimed µs", "pushed by", "verified by (µs)", "complaints", "provenance")
+    table = Table("rank", "trace", "claimed µs", "pushed by", "verified by (µs)", "complaints")
+    table.columns[1].no_wrap, table.columns[1].min_width = True, 16  # a trace id is what quarantine takes: never cut
     for i, r in enumerate(records):
-        prov = ", ".join(f"{k}={_short(k, v)}" for k, v in sorted(r.provenance.items()))
         s = r.served
         verified = f"{s.verified_by} ({s.verified_secs * 1e6:.2f})" if s and s.verified else "unverified claim"
-        table.add_row(str(i), r.trace_id, f"{r.mean_secs * 1e6:.2f}", s.pushed_by if s else "", verified, str(s.complaints if s else 0), prov)
+        table.add_row(str(i), r.trace_id, f"{r.mean_secs * 1e6:.2f}", s.pushed_by if s else "", verified, str(s.complaints if s else 0))
     out.print(table)
+    for i, r in enumerate(records):  # below the table, where a terminal's width wraps it whole
+        out.print(labelled(f"{i} {r.trace_id}", ", ".join(f"{k}={_short(k, v)}" for k, v in sorted(r.provenance.items())) or "no provenance", "bold"),
+                  highlight=False)  # fmt: skip
     if workload:
         out.print(ident.workload, markup=False, highlight=False)
 

@@ -10,7 +10,7 @@ import click
 from schedhub.registry import load_tokens, serve as serve_registry
 
 from .argfiles import ArgFileError, expand
-from .common import DEFAULT_REGISTRY, EXIT_ERROR, console, reports_errors
+from .common import DEFAULT_REGISTRY, EXIT_ERROR, console, labelled, reports_errors
 from .profile_cmd import profile
 from .inspect_cmds import ls, quarantine, quarantined_cmd, queue, requeue, show, stats
 from .transfer_cmds import export_cmd, pull, push
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         args = expand(sys.argv[1:] if argv is None else argv)
     except ArgFileError as exc:
-        console.print(f"[red]error:[/] {exc}")
+        console.print(labelled("error:", exc))
         raise SystemExit(EXIT_ERROR) from None
     cli.main(args=args, prog_name="schedhub")
 

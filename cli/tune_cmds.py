@@ -9,7 +9,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from .common import console, open_registry, out, progress, registry_option, reports_errors
+from .common import console, labelled, open_registry, out, progress, registry_option, reports_errors
 
 
 def ray_option(f: Any) -> Any:
@@ -94,7 +94,7 @@ def tune(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: 
         what = f"published ({m.trials} logged trials, {m.nodes} tree nodes)" if m.stored else f"kept: {m.reason}"
         out.print(f"cost model of {m.target}: {what}", highlight=False, soft_wrap=True)
     for key, error in summary.failed.items():
-        console.print(f"[red]failed[/] {key[:12]}: {error}")
+        console.print(labelled("failed", f"{key[:12]}: {error}"))
     if summary.failed:
         raise SystemExit(1)
 

@@ -313,3 +313,17 @@ def test_a_tuning_budget_the_search_cannot_run_is_refused_before_anything_starts
     result = CliRunner().invoke(cli, [command, "-r", str(tmp_path / "store"), *model, *budget])
     assert result.exit_code == 2 and says in result.output, result.output
     assert not (tmp_path / "store").exists()  # no registry opened, no Ray started
+
+
+def test_what_records_and_errors_carry_is_printed_as_text_never_as_markup(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A provenance value is anyone's text: ``[/]`` once made ``show`` raise (rich's markup) and ``[link=…]`` would have
+    styled the terminal as its pusher chose. Both are printed as they are, as is an error message quoting the user's input."""
+    hostile = "[/] [bold red]pwned[/bold red] [link=http://evil.example]x[/link]"
+    rec = make_record(5, 1e-3, provenance={"note": hostile})
+    with LocalRegistry(tmp_path / "store") as reg:
+        reg.put(rec)
+    shown = run("show", rec.key, "-r", str(tmp_path / "store"))
+    assert f"note={hostile}" in shown and rec.trace_id in shown
+    with pytest.raises(SystemExit):
+        main(["ls", f"@{tmp_path}/[/]missing.yaml"])
+    assert "[/]missing.yaml" in capsys.readouterr().err
