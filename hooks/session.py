@@ -38,7 +38,7 @@ from .cache import KernelCache, default_dir
 from .guard import ScheduleLimits, check_scheduled
 from .identity import as_module, compiler_fingerprint, plain_json, workload_identity
 from .defaults import default_contends, default_schedule
-from .measure import TIMING, Budget, KernelBench, Timing, build_all, machine, runs_here
+from .measure import TIMING, Budget, KernelBench, Timing, build_all, first_equal, machine, runs_here
 from .msdb import normalize_mod, postprocessed_here, replay_launchable, repostprocesses, trace_text, tuning_record
 from .objects import OBJECT_ID, ObjectCache
 from .padding import PADDED, padded_dispatch
@@ -539,7 +539,8 @@ class HookSession:
     def _measure(self, identity: Identity, applied: list[tuple[Candidate, Any]], bench: tuple[tvm.IRModule, Any]) -> tuple[dict[str, float | None], float | None]:
         """Seconds per call of each applied candidate on this machine (None: wrong output or failed), from the
         cache or measured while the budget lasts; candidates left unmeasured are absent. The ones to measure
-        are compiled side by side (with the target's default schedule), then checked and timed one at a time.
+        are compiled side by side (with the target's default schedule), then checked and timed one at a time; those that
+        schedule the kernel alike (:func:`.measure.first_equal`) once, their timing shared.
         Also the default schedule's seconds per call where it contends (:func:`.defaults.default_contends`; None elsewhere or untimed)."""
         kernel, target = bench
         here = machine(target)
@@ -558,8 +559,10 @@ class HookSession:
         default_untimed = contends and default_timing is None
         if not (todo or default_untimed) or not self._budget.left():
             return found, default_timing.secs if default_timing else None
+        firsts = first_equal([m["main"].without_attr(OBJECT_ID) for _, m, _ in todo])  # a kernel scheduled alike is built and timed once
+        unique = [i for i, first in enumerate(firsts) if first == i]
         try:
-            built = build_all([default_schedule(kernel, target), *(m for _, m, _ in todo)], target, self.build_workers)
+            built = build_all([default_schedule(kernel, target), *(todo[i][1] for i in unique)], target, self.build_workers)
             kernel_bench = KernelBench(built[0], identity.args_info, target)
             if self.objects is not None:
                 self.objects.settle()  # no kernel object compiling beside the timing
@@ -569,12 +572,14 @@ class HookSession:
         except Exception as exc:  # arguments it cannot make, a default that cannot be scheduled (DLight), built or run
             log.debug("schedhub: cannot measure %s: %s", identity.op, exc)
             return found, None  # what was timed here before still holds
-        for (candidate, _, parts), lib in zip(todo, built[1:]):
-            if not self._budget.left():
-                break
-            timing = kernel_bench.time(lib)
-            self.cache.put("measured", parts, timing.to_dict())
-            found[candidate.record.trace_id] = timing.secs
+        libs, timed = dict(zip(unique, built[1:])), {}
+        for (candidate, _, parts), first in zip(todo, firsts):
+            if first not in timed:
+                if not self._budget.left():
+                    break
+                timed[first] = kernel_bench.time(libs[first])
+            self.cache.put("measured", parts, timed[first].to_dict())
+            found[candidate.record.trace_id] = timed[first].secs
         return found, default_timing.secs if default_timing else None
 
     def _refuse(self, record: Record, exc: Exception) -> None:

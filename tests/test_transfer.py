@@ -631,6 +631,26 @@ def tiled_record(identity: Identity, loop: int, decision: list[int], secs: float
     return Record(identity, json.dumps(plain_json(sch.trace.as_json()), separators=(",", ":")), [secs], {"tuner": "tiled_record"})
 
 
+def test_candidates_that_schedule_the_kernel_alike_are_built_and_timed_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Records of batch 64 and 32 tile the batch loop [2, 32] and [2, 16]; at batch 16 TVM re-derives both to [1, 16]:
+    one kernel. A measured compile builds and times it once, and both candidates carry that one timing."""
+    host = tvm.target.Target({"kind": "llvm", "mcpu": host_cpu(), "num-cores": 2})
+    builds: list[Any] = []
+    real_build = measure.build
+    monkeypatch.setattr(measure, "build", lambda *args: builds.append(args) or real_build(*args))
+    with LocalRegistry(tmp_path / "store", sync=False) as reg:
+        sources = {batch: next(k.identity for k in kernels(export(batch), host) if k.identity.op == "fused_matmul_add_relu") for batch in (64, 32)}
+        alike = [tiled_record(sources[64], 0, [2, 32]), tiled_record(sources[32], 0, [2, 16])]
+        reg.put_many(alike)
+        with use(reg, host, cache=tmp_path / "cache", measure=60, repostprocess=False) as session:
+            tvm.compile(export(16), host)
+    served = next(k for k in session.report.kernels if k.op == "fused_matmul_add_relu")
+    assert served.outcome == "transfer" and set(served.measured) == {r.trace_id for r in alike}
+    first, second = served.measured.values()
+    assert first is not None and first == second  # one timing, not two that happen to agree to the last bit
+    assert len(builds) == 2  # the default schedule and the one kernel
+
+
 def test_without_measuring_the_candidate_whose_tiles_still_fit_is_served_before_a_nearer_one(tmp_path: Path) -> None:
     """Batch 8 is nearer to 16 than batch 64, but its record tiles the batch loop (re-derived at 16);
     the record from batch 64 tiles a loop whose extent does not change, so it replays as tuned."""

@@ -125,6 +125,11 @@ def test_a_registry_trace_is_also_measured_postprocessed_here_and_a_seed_is_not(
         result = TuneResult.from_dict(cluster.result(tune(ident, options, [registry_trace])))
         assert result.warm_started == measured and result.records
         assert sum(e["count"] for e in result.events if e["stage"] == "warm start" and e["kind"] == "measure") == measured
+    # another trace that schedules the workload alike (one more GetSBlock, unused) is measured once with it
+    insts, decisions = json.loads(registry_trace)
+    alike = json.dumps([[*insts, ["GetSBlock", [], ["matmul", "main"], ["b_unused"]]], decisions])
+    result = TuneResult.from_dict(cluster.result(tune(ident, tiny(trials=0, publish=1, synthesize=0, repostprocess=False), [registry_trace, alike])))
+    assert result.warm_started == 1 and sum(e["count"] for e in result.events if e["stage"] == "warm start" and e["kind"] == "measure") == 1
     # synthesized seeds were postprocessed on this workload when drawn: the same trace given as a seed gets no twin
     seeded = TuneResult.from_dict(cluster.result(submit_tuning(ident, tiny(trials=0, publish=1, seeds=1), [], [registry_trace], "")))
     assert seeded.warm_started == 1

@@ -290,10 +290,12 @@ def _seed_database(database: Any, mod: Any, target: Any, traces: list[str], buil
     and why each skipped trace was skipped. A trace is someone else's data (a claim of any pusher): one past the
     hook's cost bounds is skipped, not built (it would hold a build slot until the builder's timeout). Each of the
     first ``twinned`` traces that replays brings its twin postprocessed here where that differs
-    (``hooks.msdb.postprocessed_here``: its postprocessing was decided for the record's own loop extents), measured beside it."""
+    (``hooks.msdb.postprocessed_here``: its postprocessing was decided for the record's own loop extents), measured beside it.
+    Of traces that schedule the kernel alike (``hooks.measure.first_equal``), the first is measured."""
     from tvm.s_tir import meta_schedule as ms
 
     from schedhub.hooks.guard import ScheduleLimits
+    from schedhub.hooks.measure import first_equal
     from schedhub.hooks.msdb import first_line, postprocessed_here, replay_launchable, trace_text
 
     workload = database.commit_workload(mod)
@@ -317,6 +319,8 @@ def _seed_database(database: Any, mod: Any, target: Any, traces: list[str], buil
             continue
         if twin is not None:
             replayed.append((twin.trace, twin.mod))
+    firsts = first_equal([m["main"] for _, m in replayed])  # traces that schedule the kernel alike: one is built and measured
+    replayed = [pair for i, pair in enumerate(replayed) if firsts[i] == i]
     if not replayed:
         return 0, {}, skipped
     args_info = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
