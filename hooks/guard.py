@@ -38,12 +38,15 @@ class Unlaunchable(ValueError):
 
 @dataclass(frozen=True)
 class ScheduleLimits:
-    """The bounds (MetaSchedule's own search stays far inside them: unroll steps ≤ 512, lanes ≤ 64)."""
+    """The bounds (MetaSchedule's own search stays inside them: unroll steps ≤ 512, lanes ≤ 64)."""
 
     max_trace_instructions: int = 4096
     max_unrolled_statements: int = 1 << 16  # statements after expanding ForKind.UNROLLED loops
     max_auto_unroll: int = 4096  # pragma_auto_unroll_max_step / meta_schedule.unroll_* values
-    max_vector_lanes: int = 1 << 12  # product of vectorized extents around a statement
+    max_vector_lanes: int = 64  # product of vectorized extents around a statement: MetaSchedule's own most on a CPU
+    #   (ParallelizeVectorizeUnroll's max_vectorize_extent). A transfer's recorded vectorization can grow past it: a
+    #   ResNet-18 copy fused to 121 lanes (11 x 11 where the record had 7 x 7) and auto-unrolled 128 times took LLVM 84 s
+    #   to build; a copy of 64 lanes unrolled 128 times 1.3 s, of 81-121 lanes 11-25 s (stop 52, 2 cores)
 
 
 _UNROLL_KEYS = ("pragma_auto_unroll_max_step", "meta_schedule.unroll_explicit", "meta_schedule.unroll_implicit")
