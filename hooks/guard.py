@@ -46,7 +46,7 @@ class ScheduleLimits:
     max_vector_lanes: int = 64  # product of vectorized extents around a statement: MetaSchedule's own most on a CPU
     #   (ParallelizeVectorizeUnroll's max_vectorize_extent). A transfer's recorded vectorization can grow past it: a
     #   ResNet-18 copy fused to 121 lanes (11 x 11 where the record had 7 x 7) and auto-unrolled 128 times took LLVM 84 s
-    #   to build; a copy of 64 lanes unrolled 128 times 1.3 s, of 81-121 lanes 11-25 s (stop 52, 2 cores)
+    #   to build; a copy of 64 lanes unrolled 128 times 1.3 s, of 81-121 lanes 11-25 s (ARCHITECTURE §8)
 
 
 _UNROLL_KEYS = ("pragma_auto_unroll_max_step", "meta_schedule.unroll_explicit", "meta_schedule.unroll_implicit")
