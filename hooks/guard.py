@@ -2,9 +2,10 @@
 
 A trace is data from someone else. Replaying it is cheap, but what it asks for may not be: a
 180-byte trace that unrolls every loop of a matmul turned a 0.2 s compile into 44 s and 665 MiB.
-So the hook measures the scheduled kernel before handing it to TVM: how many statements full
-unrolling would emit, how far LLVM is asked to unroll, how wide vectors get. A record past a
-bound is refused (and complained about), and the kernel falls back.
+So the hook measures the scheduled kernel before handing it to TVM: the code TVM's unrolling
+hands LLVM (:func:`unrolled_code`: every store once per unrolled copy and per vector lane, in
+all and in one run without a loop), how far LLVM is asked to unroll, how wide vectors get. A
+record past a bound is refused (and complained about), and the kernel falls back.
 
 A GPU kernel is also refused where one launch binds a thread axis to loops of different extents
 (:class:`InconsistentLaunch`): TVM launches the largest and guards none of the others, so the threads
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import tvm
 from tvm import s_tir, tirx
@@ -41,7 +42,10 @@ class ScheduleLimits:
     """The bounds (MetaSchedule's own search stays inside them: unroll steps ≤ 512, lanes ≤ 64)."""
 
     max_trace_instructions: int = 4096
-    max_unrolled_statements: int = 1 << 16  # statements after expanding ForKind.UNROLLED loops
+    max_unrolled_statements: int = 1 << 17  # the kernel's lane-statements after TVM's unrolling (:func:`unrolled_code`)
+    max_straight_line: int = 1 << 16  # of those, in one run of code without a loop. LLVM's time grows faster than the run:
+    #   4096 unrolled copies of a 64-lane store built in 44 s, 8192 in 195 s, 1024 auto-unrolled 1.6 s (ARCHITECTURE §8). MetaSchedule's
+    #   own schedules stay near half of it (a CPU's 512 auto-unrolled steps of 64 lanes, and a reduction's init beside them)
     max_auto_unroll: int = 4096  # pragma_auto_unroll_max_step / meta_schedule.unroll_* values
     max_vector_lanes: int = 64  # product of vectorized extents around a statement: MetaSchedule's own most on a CPU
     #   (ParallelizeVectorizeUnroll's max_vectorize_extent). A transfer's recorded vectorization can grow past it: a
@@ -69,40 +73,115 @@ def check_scheduled(mod: tvm.IRModule, limits: ScheduleLimits) -> None:
 
 
 def _walk(root: Any, limits: ScheduleLimits) -> None:
-    statements = 0
     extents: dict[tuple[int, str], set[int]] = {}  # (launch, thread axis): the extents bound to it
     launches = itertools.count()  # numbers the launches (not id(): a freed node's id is reused)
-    stack: list[tuple[Any, int, int, int | None]] = [(root, 1, 1, None)]  # (node, unrolled copies, vector lanes, launch)
+    stack: list[tuple[Any, int, int | None]] = [(root, 1, None)]  # (node, vector lanes, launch)
     while stack:
-        node, copies, lanes, launch = stack.pop()
+        node, lanes, launch = stack.pop()
         if node is None:
             continue
         if isinstance(node, tirx.For):
             _check_annotations(node.annotations, limits)
-            extent = node.extent.value if isinstance(node.extent, tirx.IntImm) else 1
-            if node.kind == tirx.ForKind.UNROLLED:
-                copies *= max(1, extent)
-            elif node.kind == tirx.ForKind.VECTORIZED:
+            if node.kind == tirx.ForKind.VECTORIZED:
                 if not isinstance(node.extent, tirx.IntImm):  # a trace replayed on a symbolic size (a dynamic batch)
                     raise ValueError(f"a vectorized loop of symbolic extent {node.extent}: LLVM's vectorizer needs a constant one")
-                lanes *= max(1, extent)
+                lanes *= max(1, node.extent.value)
                 if lanes > limits.max_vector_lanes:
                     raise ScheduleTooCostly(f"vectorized loops of {lanes} lanes, over the limit of {limits.max_vector_lanes}")
             elif node.kind == tirx.ForKind.THREAD_BINDING and node.thread_binding is not None:
                 launch = next(launches) if launch is None else launch  # the outermost bound loop starts a kernel launch
                 if isinstance(node.extent, tirx.IntImm):
-                    _bind(extents.setdefault((launch, str(node.thread_binding.thread_tag)), set()), str(node.thread_binding.thread_tag), extent)
-            stack.append((node.body, copies, lanes, launch))
+                    axis = str(node.thread_binding.thread_tag)
+                    _bind(extents.setdefault((launch, axis), set()), axis, node.extent.value)
+            stack.append((node.body, lanes, launch))
             continue
         if isinstance(node, s_tir.SBlock):
             _check_annotations(node.annotations, limits)
-        inside = nested_statements(node)
-        if inside is not None:
-            stack.extend((s, copies, lanes, launch) for s in inside)
+        stack.extend((s, lanes, launch) for s in nested_statements(node) or [])
+    code = unrolled_code(root)
+    if code.total > limits.max_unrolled_statements:
+        raise ScheduleTooCostly(f"unrolling would hand LLVM {code.total} lane-statements, over the limit of {limits.max_unrolled_statements}")
+    if code.longest_run > limits.max_straight_line:
+        raise ScheduleTooCostly(f"unrolling would hand LLVM {code.longest_run} lane-statements without a loop between them, over the "
+                                f"limit of {limits.max_straight_line}")  # fmt: skip
+
+
+class UnrolledCode(NamedTuple):
+    """What TVM's unrolling (``tir.UnrollLoop``) makes of a statement, counted as :func:`unrolled_code` counts it."""
+
+    steps: int  # stores after unrolling, as UnrollLoop counts them to decide whether an enclosing loop is unrolled
+    loops: int  # depth of loops kept as loops inside (UnrollLoop unrolls no loop around one)
+    unrolled: int  # depth of unrolled loops inside
+    open_run: int  # lane-statements of the run of code without a loop that reaches the statement's edges
+    longest_run: int  # the longest run closed inside (by a loop kept as a loop)
+    total: int  # lane-statements in all
+
+    def looped(self) -> UnrolledCode:
+        """This, as the body of a loop kept as a loop."""
+        return UnrolledCode(self.steps, self.loops + 1, self.unrolled, 0, max(self.longest_run, self.open_run), self.total)
+
+    def repeated(self, copies: int) -> UnrolledCode:
+        """This, as the body of a loop unrolled into ``copies``."""
+        return UnrolledCode(self.steps * copies, self.loops, self.unrolled + 1, self.open_run * copies, self.longest_run, self.total * copies)
+
+
+NOTHING = UnrolledCode(0, 0, 0, 0, 0, 0)
+AUTO_UNROLL_DEPTH = 8  # tir.UnrollLoop's auto_max_depth
+
+
+def unrolled_code(root: Any) -> UnrolledCode:
+    """The code TVM's lowering hands LLVM for a scheduled kernel's body, in lane-statements: every store once per copy
+    that unrolling makes and once per vector lane (``longest_run``: the most of them without a loop between, where
+    LLVM's time grows fastest). Unrolling as ``tir.UnrollLoop`` decides it after vectorization: an ``unroll``ed loop
+    always; a serial loop under ``pragma_auto_unroll_max_step`` where no loop stays inside it, at most 8 unrolled
+    loops deep, and its extent times the stores of its body (themselves unrolled) is within the pragma's steps. A
+    vectorized loop TVM scalarizes (a condition that varies by lane) is counted as vectorized, which counts no fewer
+    lane-statements in all than its scalar loop gives."""
+    done: list[UnrolledCode] = []
+    stack: list[tuple[Any, int, int, list[UnrolledCode], list[UnrolledCode] | None]] = [(root, 0, 1, done, None)]
+    while stack:  # (node, the pragma's steps, vector lanes, where its code goes, its children's code once they are counted)
+        node, steps, lanes, sink, kids = stack.pop()
+        if kids is not None:
+            sink.append(_unrolled(node, steps, kids))
+            continue
+        if isinstance(node, tirx.For):
+            pragma = node.annotations.get("pragma_auto_unroll_max_step") if node.annotations is not None else None
+            steps = int(getattr(pragma, "value", pragma)) if pragma is not None else steps
+            vector = node.kind == tirx.ForKind.VECTORIZED and isinstance(node.extent, tirx.IntImm)
+            inside: list[Any] | None = [node.body]
+            inner = lanes * max(1, node.extent.value) if vector else lanes
         else:
-            statements += copies
-            if statements > limits.max_unrolled_statements:
-                raise ScheduleTooCostly(f"unrolling would emit over {limits.max_unrolled_statements} statements")
+            inside, inner = nested_statements(node), lanes
+        if node is None:
+            sink.append(NOTHING)
+        elif inside is None:  # a store or an evaluation: one step
+            sink.append(UnrolledCode(1, 0, 0, lanes, 0, lanes))
+        else:
+            counted: list[UnrolledCode] = []
+            stack.append((node, steps, lanes, sink, counted))
+            stack.extend((s, steps, inner, counted, None) for s in reversed(inside))
+    (code,) = done
+    return code._replace(longest_run=max(code.longest_run, code.open_run))
+
+
+def _unrolled(node: Any, steps: int, kids: list[UnrolledCode]) -> UnrolledCode:
+    """A statement's code from its children's (see :func:`unrolled_code`)."""
+    if isinstance(node, tirx.For):
+        (body,) = kids
+        extent = node.extent.value if isinstance(node.extent, tirx.IntImm) else None
+        if node.kind in (tirx.ForKind.VECTORIZED, tirx.ForKind.THREAD_BINDING):  # lanes of a vector; a GPU's threads
+            return body
+        within_steps = extent is not None and extent * body.steps <= steps
+        auto = node.kind == tirx.ForKind.SERIAL and within_steps and body.loops == 0 and body.unrolled <= AUTO_UNROLL_DEPTH
+        if auto or node.kind == tirx.ForKind.UNROLLED:
+            return body.repeated(max(1, extent or 1))
+        return body.looped()
+    if not kids:
+        return NOTHING
+    # UnrollLoop counts each statement of a sequence (and a block's init and body) afresh; one branch of an `if` after the other
+    depth = max if isinstance(node, (tirx.SeqStmt, s_tir.SBlock)) else sum
+    return UnrolledCode(sum(k.steps for k in kids), depth(k.loops for k in kids), depth(k.unrolled for k in kids),
+                        sum(k.open_run for k in kids), max(k.longest_run for k in kids), sum(k.total for k in kids))  # fmt: skip
 
 
 def _bind(seen: set[int], axis: str, extent: int) -> None:

@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 import tvm
+from tvm import te, tirx
 from tvm.relax.frontend import nn
 from tvm.s_tir import meta_schedule as ms
 
-from schedhub.hooks import RegistryDatabase, use, workload_identity
+from schedhub.hooks import RegistryDatabase, ScheduleLimits, ScheduleTooCostly, use, workload_identity
+from schedhub.hooks.guard import check_scheduled, nested_statements, unrolled_code
 from schedhub.hooks.identity import workload_module
 from schedhub.hooks.session import HookSession
 from schedhub.registry import LocalRegistry, Principal, Record, RegistryClient, ServerThread
@@ -40,7 +42,7 @@ def model() -> dict:
 
 
 def schedule_record(model: dict, build: str, secs: float) -> Record:
-    """A record of the matmul kernel whose trace ``build`` names: default, split or bomb."""
+    """A record of the matmul kernel whose trace ``build`` names: default, split, bomb or lanes bomb."""
     sch = tvm.s_tir.Schedule(model["kernel"])
     block = sch.get_sblock("matmul")
     loops = sch.get_loops(block)
@@ -49,6 +51,14 @@ def schedule_record(model: dict, build: str, secs: float) -> Record:
     elif build == "bomb":  # the review's 180-byte trace: unroll every loop of the matmul
         for loop in loops:
             sch.unroll(loop)
+    elif build == "lanes bomb":  # 4096 unrolled copies of a 64-lane store: 8192 statements, within the old statement bound
+        i, j, k = loops
+        i0, i1 = sch.split(i, [None, 8])
+        j0, j1 = sch.split(j, [None, 64])
+        sch.reorder(i0, j0, i1, k, j1)
+        sch.vectorize(j1)
+        sch.unroll(i1)
+        sch.unroll(k)
     return Record(model["identity"], trace_text(sch.trace), [secs])
 
 
@@ -59,9 +69,11 @@ def compile_secs(mod: tvm.IRModule, registry: object) -> tuple[float, HookSessio
     return time.perf_counter() - start, session
 
 
-def test_a_compile_bomb_is_refused_and_reported_and_costs_no_more_than_a_fallback(tmp_path: Path, model: dict) -> None:
+@pytest.mark.parametrize("build", ["bomb", "lanes bomb"])
+def test_a_compile_bomb_is_refused_and_reported_and_costs_no_more_than_a_fallback(tmp_path: Path, model: dict, build: str) -> None:
+    """The lanes bomb passed the bounds that counted statements without their lanes: its kernel took LLVM minutes."""
     empty, bombed = tmp_path / "empty", tmp_path / "bombed"
-    bomb = schedule_record(model, "bomb", 1e-9)
+    bomb = schedule_record(model, build, 1e-9)
     with LocalRegistry(bombed) as reg:
         reg.put(bomb)
     fallback, attacked = [], []
@@ -77,6 +89,74 @@ def test_a_compile_bomb_is_refused_and_reported_and_costs_no_more_than_a_fallbac
         assert sorted(j["task"] for j in reg.jobs()) == ["tune", "verify"]
     # the review saw 44.36 s against 0.22 s; the bound is 1.5x (plus slack for a noisy shared machine)
     assert statistics.median(attacked) <= 1.5 * statistics.median(fallback) + 0.25, (attacked, fallback)
+
+
+def lane_statements_after_tvms_unrolling(mod: tvm.IRModule) -> int:
+    """Stores (each once per vector lane) and evaluations in the kernel as TVM's own build has it right after its
+    ``UnrollLoop`` pass (the build stopped there)."""
+    seen: list[tvm.IRModule] = []
+
+    class Enough(Exception):
+        pass
+
+    @tvm.instrument.pass_instrument
+    class AfterUnrolling:
+        def run_after_pass(self, lowered: tvm.IRModule, info: tvm.transform.PassInfo) -> None:
+            if info.name.endswith("UnrollLoop"):
+                seen.append(lowered)
+                raise Enough
+
+    with tvm.transform.PassContext(instruments=[AfterUnrolling()]), pytest.raises(Exception):
+        tvm.tirx.build(mod, target=CPU)
+    (lowered,) = seen
+    count, stack = 0, [lowered["main"].body]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, tirx.BufferStore):
+            count += tvm.DataType(str(node.value.ty.dtype)).lanes
+        elif isinstance(node, tirx.Evaluate):
+            count += 1
+        elif node is not None:
+            stack.extend(nested_statements(node) or [])
+    return count
+
+
+def scaled_rows(rows: int, lanes: int, unroll: str, steps: int = 0) -> tvm.IRModule:
+    """``B = A * 2 + 1`` over ``rows`` × ``lanes``, the lanes vectorized, the rows unrolled: ``unroll`` names how
+    (``explicit``: the loop's kind; ``pragma``: MetaSchedule's ``pragma_auto_unroll_max_step`` of ``steps``)."""
+    a = te.placeholder((rows, lanes), name="A")
+    b = te.compute((rows, lanes), lambda r, c: a[r, c] * 2.0 + 1.0, name="B")
+    sch = tvm.s_tir.Schedule(te.create_prim_func([a, b]))
+    row, lane = sch.get_loops(sch.get_sblock("B"))
+    sch.vectorize(lane)
+    if unroll == "explicit":
+        sch.unroll(row)
+    else:
+        sch.annotate(row, "pragma_auto_unroll_max_step", steps)
+        sch.annotate(row, "pragma_unroll_explicit", 1)
+    return sch.mod
+
+
+def test_the_guard_counts_the_code_tvms_unrolling_hands_llvm_and_bounds_it(model: dict) -> None:
+    """LLVM's time grows with the statements it gets once unrolled, each vector lane counted, and faster where they
+    run without a loop: 4096 copies of a 64-lane store took it 44 s, 8192 took 195 s (a bound that counted statements
+    alone let both through). MetaSchedule's own most, 512 auto-unrolled steps of 64 lanes, passes."""
+    lanes_bomb = tvm.s_tir.Schedule(model["kernel"])
+    tvm.s_tir.schedule.Trace.apply_json_to_schedule(__import__("json").loads(schedule_record(model, "lanes bomb", 1.0).trace), lanes_bomb)
+    cases = {
+        "MetaSchedule's most": (scaled_rows(512, 64, "pragma", 512), 512 * 64),
+        "a pragma past its steps": (scaled_rows(1024, 16, "pragma", 512), 16),  # 1024 rows x 1 store > 512 steps: a loop
+        "a pragma of 4096 steps": (scaled_rows(4096, 64, "pragma", 4096), 4096 * 64),
+        "explicit": (scaled_rows(2048, 64, "explicit"), 2048 * 64),
+        "the lanes bomb": (lanes_bomb.mod, 2 * 8 * 512 * 64),  # and the reduction's init beside every copy
+    }
+    for name, (mod, expected) in cases.items():
+        assert unrolled_code(mod["main"].body).total == lane_statements_after_tvms_unrolling(mod) == expected, name
+    check_scheduled(cases["MetaSchedule's most"][0], ScheduleLimits())
+    check_scheduled(cases["a pragma past its steps"][0], ScheduleLimits())
+    for name in ("a pragma of 4096 steps", "explicit", "the lanes bomb"):
+        with pytest.raises(ScheduleTooCostly, match="lane-statements"):
+            check_scheduled(cases[name][0], ScheduleLimits())
 
 
 @pytest.fixture
