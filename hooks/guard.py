@@ -16,6 +16,8 @@ split for its own threads, do that once replayed at a shape whose tiles give oth
 from __future__ import annotations
 
 import itertools
+import json
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -42,6 +44,10 @@ class ScheduleLimits:
     """The bounds (MetaSchedule's own search stays inside them: unroll steps ≤ 512, lanes ≤ 64)."""
 
     max_trace_instructions: int = 4096
+    max_fuses: int = 20  # Fuse instructions: a fused loop is named after the loops it fuses, so a trace that splits a loop and
+    #   fuses it back, again and again, doubles the name each time (25 times: a 2 KB trace replayed in 2 s and 2.4 GiB, 50
+    #   times: past 8 GiB). MetaSchedule's own: at most 6 on a CPU, 7 in a CUDA tensor-core matmul's sketch (ARCHITECTURE §8)
+    max_splits: int = 256  # Split instructions: a chain of splits nests loops, and replaying 1000 of them took 8.7 s, 2000 55 s
     max_unrolled_statements: int = 1 << 17  # the kernel's lane-statements after TVM's unrolling (:func:`unrolled_code`)
     max_straight_line: int = 1 << 16  # of those, in one run of code without a loop. LLVM's time grows faster than the run:
     #   4096 unrolled copies of a 64-lane store built in 44 s, 8192 in 195 s, 1024 auto-unrolled 1.6 s (ARCHITECTURE §8). MetaSchedule's
@@ -57,12 +63,17 @@ _UNROLL_KEYS = ("pragma_auto_unroll_max_step", "meta_schedule.unroll_explicit", 
 
 
 def check_trace_size(trace_text: str, limits: ScheduleLimits) -> None:
-    """Refuse a trace with too many instructions before replaying it."""
+    """Refuse a trace before replaying it where its instructions, or those whose replay grows faster than the trace
+    (``Fuse``, ``Split``: see :class:`ScheduleLimits`), are too many."""
     count = trace_instructions(trace_text)
     if count is None:
         raise ValueError("the trace is not JSON")
     if count > limits.max_trace_instructions:
         raise ScheduleTooCostly(f"trace has {count} instructions, over the limit of {limits.max_trace_instructions}")
+    kinds = Counter(inst[0] for inst in json.loads(trace_text)[0] if isinstance(inst, list) and inst and isinstance(inst[0], str)) if count else Counter()
+    for kind, most in (("Fuse", limits.max_fuses), ("Split", limits.max_splits)):
+        if kinds[kind] > most:
+            raise ScheduleTooCostly(f"trace has {kinds[kind]} {kind} instructions, over the limit of {most}")
 
 
 def check_scheduled(mod: tvm.IRModule, limits: ScheduleLimits) -> None:

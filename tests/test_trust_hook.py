@@ -3,6 +3,7 @@ takes, and the MetaSchedule database contract (read-your-writes, one environment
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from collections.abc import Iterator
@@ -15,7 +16,7 @@ from tvm.relax.frontend import nn
 from tvm.s_tir import meta_schedule as ms
 
 from schedhub.hooks import RegistryDatabase, ScheduleLimits, ScheduleTooCostly, use, workload_identity
-from schedhub.hooks.guard import check_scheduled, nested_statements, unrolled_code
+from schedhub.hooks.guard import check_scheduled, check_trace_size, nested_statements, unrolled_code
 from schedhub.hooks.identity import workload_module
 from schedhub.hooks.session import HookSession
 from schedhub.registry import LocalRegistry, Principal, Record, RegistryClient, ServerThread
@@ -42,7 +43,9 @@ def model() -> dict:
 
 
 def schedule_record(model: dict, build: str, secs: float) -> Record:
-    """A record of the matmul kernel whose trace ``build`` names: default, split, bomb or lanes bomb."""
+    """A record of the matmul kernel whose trace ``build`` names: default, split, bomb, lanes bomb or names bomb."""
+    if build == "names bomb":  # a 2 KB trace: its replay took 2 s and 2.4 GiB (twice the splits and fuses: past 8 GiB)
+        return Record(model["identity"], split_and_fuse_back(25), [secs])
     sch = tvm.s_tir.Schedule(model["kernel"])
     block = sch.get_sblock("matmul")
     loops = sch.get_loops(block)
@@ -62,6 +65,20 @@ def schedule_record(model: dict, build: str, secs: float) -> Record:
     return Record(model["identity"], trace_text(sch.trace), [secs])
 
 
+def split_and_fuse_back(times: int, fuse: bool = True) -> str:
+    """A trace of the matmul that splits its first loop in two and fuses the halves back, ``times`` times (each fused
+    loop is named after both halves: the name doubles), or with ``fuse=False`` splits the inner half again each time."""
+    insts: list = [["GetSBlock", [], ["matmul", "main"], ["b0"]], ["GetLoops", ["b0"], [], ["l1", "l2", "l3"]]]
+    loop = "l1"
+    for t in range(times):
+        outer, inner, fused = f"l{4 + 3 * t}", f"l{5 + 3 * t}", f"l{6 + 3 * t}"
+        insts.append(["Split", [loop, 1 if not fuse else 2, "None"], [True, False], [outer, inner]])
+        if fuse:
+            insts.append(["Fuse", [outer, inner], [1], [fused]])
+        loop = fused if fuse else inner
+    return json.dumps([insts, []])
+
+
 def compile_secs(mod: tvm.IRModule, registry: object) -> tuple[float, HookSession]:
     start = time.perf_counter()
     with use(registry, CPU) as session:  # type: ignore[arg-type]
@@ -69,9 +86,10 @@ def compile_secs(mod: tvm.IRModule, registry: object) -> tuple[float, HookSessio
     return time.perf_counter() - start, session
 
 
-@pytest.mark.parametrize("build", ["bomb", "lanes bomb"])
+@pytest.mark.parametrize("build", ["bomb", "lanes bomb", "names bomb"])
 def test_a_compile_bomb_is_refused_and_reported_and_costs_no_more_than_a_fallback(tmp_path: Path, model: dict, build: str) -> None:
-    """The lanes bomb passed the bounds that counted statements without their lanes: its kernel took LLVM minutes."""
+    """The lanes bomb passed the bounds that counted statements without their lanes: its kernel took LLVM 65 s. The names
+    bomb passed every bound after a replay that cost seconds and GiBs."""
     empty, bombed = tmp_path / "empty", tmp_path / "bombed"
     bomb = schedule_record(model, build, 1e-9)
     with LocalRegistry(bombed) as reg:
@@ -157,6 +175,17 @@ def test_the_guard_counts_the_code_tvms_unrolling_hands_llvm_and_bounds_it(model
     for name in ("a pragma of 4096 steps", "explicit", "the lanes bomb"):
         with pytest.raises(ScheduleTooCostly, match="lane-statements"):
             check_scheduled(cases[name][0], ScheduleLimits())
+
+
+def test_a_trace_whose_replay_grows_faster_than_it_is_refused_before_it_is_replayed() -> None:
+    """Splitting a loop and fusing it back doubles the loop's name each time; a chain of splits nests loops, and replaying
+    2000 of them took 55 s. MetaSchedule's own traces fuse at most 6 times on a CPU and split at most 8."""
+    check_trace_size(split_and_fuse_back(20), ScheduleLimits())
+    check_trace_size(split_and_fuse_back(256, fuse=False), ScheduleLimits())
+    with pytest.raises(ScheduleTooCostly, match="21 Fuse instructions"):
+        check_trace_size(split_and_fuse_back(21), ScheduleLimits())
+    with pytest.raises(ScheduleTooCostly, match="257 Split instructions"):
+        check_trace_size(split_and_fuse_back(257, fuse=False), ScheduleLimits())
 
 
 @pytest.fixture
