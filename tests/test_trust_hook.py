@@ -179,13 +179,16 @@ def test_the_guard_counts_the_code_tvms_unrolling_hands_llvm_and_bounds_it(model
 
 def test_a_trace_whose_replay_grows_faster_than_it_is_refused_before_it_is_replayed() -> None:
     """Splitting a loop and fusing it back doubles the loop's name each time; a chain of splits nests loops, and replaying
-    2000 of them took 55 s. MetaSchedule's own traces fuse at most 6 times on a CPU and split at most 8."""
+    2000 of them took 55 s; every stage a trace adds makes the next instruction cost more. MetaSchedule's own traces fuse at
+    most 6 times on a CPU, split at most 8 times, and hold at most 74 instructions."""
     check_trace_size(split_and_fuse_back(20), ScheduleLimits())
     check_trace_size(split_and_fuse_back(256, fuse=False), ScheduleLimits())
     with pytest.raises(ScheduleTooCostly, match="21 Fuse instructions"):
         check_trace_size(split_and_fuse_back(21), ScheduleLimits())
     with pytest.raises(ScheduleTooCostly, match="257 Split instructions"):
         check_trace_size(split_and_fuse_back(257, fuse=False), ScheduleLimits())
+    with pytest.raises(ScheduleTooCostly, match="1025 instructions"):  # 1024 cache reads of one buffer replayed in 3.7 s
+        check_trace_size(json.dumps([[["GetSBlock", [], ["matmul", "main"], ["b0"]]] * 1025, []]), ScheduleLimits())
 
 
 @pytest.fixture
