@@ -7,6 +7,7 @@ whole: ``get_all_tuning_records`` returns what this process has looked up.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import tvm
@@ -15,6 +16,8 @@ from tvm.s_tir import meta_schedule as ms
 
 from .msdb import record_from_tuning_record, tuning_record
 from .session import HookSession
+
+log = logging.getLogger("schedhub")
 
 
 @derived_object
@@ -41,11 +44,21 @@ class RegistryDatabase(ms.database.PyDatabase):
         target = tvm.target.Target.current(allow_none=True)
         if target is None:
             return []
-        records = self.session.records(self.session.identity(workload.mod, target))[:top_k]
-        return [tuning_record(r, workload.mod) for r in records]
+        return self._replayed(self.session.records(self.session.identity(workload.mod, target))[:top_k], workload.mod)
 
     def get_all_tuning_records(self) -> list[ms.database.TuningRecord]:
-        return [tuning_record(r) for records in self.session.cached().values() for r in records]
+        return self._replayed([r for records in self.session.cached().values() for r in records])
+
+    def _replayed(self, records: list[Any], mod: tvm.IRModule | None = None) -> list[ms.database.TuningRecord]:
+        """``records`` as TuningRecords on ``mod`` (default: each one's own workload), replayed within the session's
+        bounds; a record that does not replay within them is left out, as the hook's own pass leaves it."""
+        out = []
+        for record in records:
+            try:
+                out.append(tuning_record(record, mod, limits=self.session.limits))
+            except Exception as exc:  # TVM's errors, ScheduleTooCostly, Unlaunchable: someone else's data
+                log.debug("schedhub: %s left out of the database's answer: %s", record.trace_id, str(exc)[:200])
+        return out
 
     def query_tuning_record(self, mod: tvm.IRModule, target: tvm.target.Target, workload_name: str | None = None) -> Any:
         op = workload_name if workload_name and workload_name != "main" else None

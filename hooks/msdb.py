@@ -209,15 +209,14 @@ def check_launchable(sch: tvm.s_tir.Schedule, target: tvm.target.Target) -> None
 
 
 def replay(mod: tvm.IRModule, trace_text: str) -> tuple[tvm.IRModule, int]:
-    """``mod`` with a trace's JSON text applied, and how many of its tile sizes TVM re-derived to fit
-    ``mod`` (:func:`.ranking.retiled`): one replay."""
-    recorded = json.loads(trace_text)
-    sch = replay_schedule(mod, recorded)
-    return sch.mod, retiled(recorded, sch.trace)
+    """``mod`` with a trace's JSON text applied within the default bounds (:func:`replay_within`: a trace is someone
+    else's data), and how many of its tile sizes TVM re-derived to fit ``mod`` (:func:`.ranking.retiled`): one replay."""
+    sch = replay_within(mod, trace_text, ScheduleLimits())
+    return sch.mod, retiled(json.loads(trace_text), sch.trace)
 
 
 def replayed(mod: tvm.IRModule, trace_text: str) -> tvm.IRModule:
-    """``mod`` with a trace's JSON text applied (postprocessing instructions included): one replay."""
+    """``mod`` with a trace's JSON text applied (postprocessing instructions included) within the default bounds: one replay."""
     return replay(mod, trace_text)[0]
 
 

@@ -16,6 +16,7 @@ from tvm.relax.frontend import nn
 from tvm.s_tir import meta_schedule as ms
 
 from schedhub.hooks import RegistryDatabase, ScheduleLimits, ScheduleTooCostly, use, workload_identity
+from schedhub.hooks.costmodel import Kernels
 from schedhub.hooks.guard import check_scheduled, check_trace_size, nested_statements, unrolled_code
 from schedhub.hooks.identity import workload_module
 from schedhub.hooks.session import HookSession
@@ -44,8 +45,8 @@ def model() -> dict:
 
 def schedule_record(model: dict, build: str, secs: float) -> Record:
     """A record of the matmul kernel whose trace ``build`` names: default, split, bomb, lanes bomb or names bomb."""
-    if build == "names bomb":  # a 2 KB trace: its replay took 2 s and 2.4 GiB (twice the splits and fuses: past 8 GiB)
-        return Record(model["identity"], split_and_fuse_back(25), [secs])
+    if build == "names bomb":  # a 2.6 KB trace: its replay took 2.3 s and 1.3 GiB (twice the splits and fuses: past 8 GiB)
+        return Record(model["identity"], split_again(25), [secs])
     sch = tvm.s_tir.Schedule(model["kernel"])
     block = sch.get_sblock("matmul")
     loops = sch.get_loops(block)
@@ -65,17 +66,17 @@ def schedule_record(model: dict, build: str, secs: float) -> Record:
     return Record(model["identity"], trace_text(sch.trace), [secs])
 
 
-def split_and_fuse_back(times: int, fuse: bool = True) -> str:
+def split_again(times: int, fuse_back: bool = True) -> str:
     """A trace of the matmul that splits its first loop in two and fuses the halves back, ``times`` times (each fused
-    loop is named after both halves: the name doubles), or with ``fuse=False`` splits the inner half again each time."""
+    loop is named after both halves: the name doubles), or with ``fuse_back=False`` splits the inner half again each time."""
     insts: list = [["GetSBlock", [], ["matmul", "main"], ["b0"]], ["GetLoops", ["b0"], [], ["l1", "l2", "l3"]]]
     loop = "l1"
     for t in range(times):
         outer, inner, fused = f"l{4 + 3 * t}", f"l{5 + 3 * t}", f"l{6 + 3 * t}"
-        insts.append(["Split", [loop, 1 if not fuse else 2, "None"], [True, False], [outer, inner]])
-        if fuse:
+        insts.append(["Split", [loop, 2 if fuse_back else 1, "None"], [True, False], [outer, inner]])
+        if fuse_back:
             insts.append(["Fuse", [outer, inner], [1], [fused]])
-        loop = fused if fuse else inner
+        loop = fused if fuse_back else inner
     return json.dumps([insts, []])
 
 
@@ -160,7 +161,7 @@ def test_the_guard_counts_the_code_tvms_unrolling_hands_llvm_and_bounds_it(model
     run without a loop: 4096 copies of a 64-lane store took it 44 s, 8192 took 195 s (a bound that counted statements
     alone let both through). MetaSchedule's own most, 512 auto-unrolled steps of 64 lanes, passes."""
     lanes_bomb = tvm.s_tir.Schedule(model["kernel"])
-    tvm.s_tir.schedule.Trace.apply_json_to_schedule(__import__("json").loads(schedule_record(model, "lanes bomb", 1.0).trace), lanes_bomb)
+    tvm.s_tir.schedule.Trace.apply_json_to_schedule(json.loads(schedule_record(model, "lanes bomb", 1.0).trace), lanes_bomb)
     cases = {
         "MetaSchedule's most": (scaled_rows(512, 64, "pragma", 512), 512 * 64),
         "a pragma past its steps": (scaled_rows(1024, 16, "pragma", 512), 16),  # 1024 rows x 1 store > 512 steps: a loop
@@ -181,12 +182,12 @@ def test_a_trace_whose_replay_grows_faster_than_it_is_refused_before_it_is_repla
     """Splitting a loop and fusing it back doubles the loop's name each time; a chain of splits nests loops, and replaying
     2000 of them took 55 s; every stage a trace adds makes the next instruction cost more. MetaSchedule's own traces fuse at
     most 6 times on a CPU, split at most 8 times, and hold at most 74 instructions."""
-    check_trace_size(split_and_fuse_back(20), ScheduleLimits())
-    check_trace_size(split_and_fuse_back(256, fuse=False), ScheduleLimits())
+    check_trace_size(split_again(20), ScheduleLimits())
+    check_trace_size(split_again(256, fuse_back=False), ScheduleLimits())
     with pytest.raises(ScheduleTooCostly, match="21 Fuse instructions"):
-        check_trace_size(split_and_fuse_back(21), ScheduleLimits())
+        check_trace_size(split_again(21), ScheduleLimits())
     with pytest.raises(ScheduleTooCostly, match="257 Split instructions"):
-        check_trace_size(split_and_fuse_back(257, fuse=False), ScheduleLimits())
+        check_trace_size(split_again(257, fuse_back=False), ScheduleLimits())
     with pytest.raises(ScheduleTooCostly, match="1025 instructions"):  # 1024 cache reads of one buffer replayed in 3.7 s
         check_trace_size(json.dumps([[["GetSBlock", [], ["matmul", "main"], ["b0"]]] * 1025, []]), ScheduleLimits())
 
@@ -233,6 +234,22 @@ def test_the_database_reads_its_own_writes(server: ServerThread, model: dict) ->
         assert found is not None and len(top) == 1
         assert trace_text(found.trace) == trace_text(top[0].trace)
         assert alice.get(workload_identity(kernel, CPU).key)[0].served.pushed_by == "alice"  # and it reached the registry
+
+
+def test_what_metaschedules_own_users_and_the_cost_model_read_is_replayed_within_the_bounds(tmp_path: Path, model: dict) -> None:
+    """get_top_k and get_all_tuning_records (MetaSchedule's own users of the database) and the cost model's features replay
+    records too: the names bomb cost each of them 2.3 s and 1.3 GiB and came back as a record like any other."""
+    kept, bomb = schedule_record(model, "split", 2e-3), schedule_record(model, "names bomb", 1e-9)
+    with LocalRegistry(tmp_path / "store") as reg:
+        reg.put(kept)
+        reg.put(bomb)
+        db = RegistryDatabase(HookSession(reg, trust="any"))
+        workload = db.commit_workload(model["kernel"])
+        with CPU:
+            assert [tuning.trace.insts[-1].kind.name for tuning in db.get_top_k(workload, 4)] == ["Split"]
+        assert len(db.get_all_tuning_records()) == 1
+    kernels = Kernels()
+    assert kernels.features(model["identity"], bomb.trace) is None and kernels.features(model["identity"], kept.trace) is not None
 
 
 def test_many_handles_on_one_store_in_one_process(tmp_path: Path, model: dict) -> None:
