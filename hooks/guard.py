@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 import tvm
 from tvm import s_tir, tirx
 
-from schedhub.registry import trace_instructions
+from schedhub.registry import InvalidRecord, check_object_graphs, trace_instructions
 
 
 class ScheduleTooCostly(ValueError):
@@ -66,13 +66,19 @@ _UNROLL_KEYS = ("pragma_auto_unroll_max_step", "meta_schedule.unroll_explicit", 
 
 def check_trace_size(trace_text: str, limits: ScheduleLimits) -> None:
     """Refuse a trace before replaying it where its instructions, or those whose replay grows faster than the trace
-    (``Fuse``, ``Split``: see :class:`ScheduleLimits`), are too many."""
+    (``Fuse``, ``Split``: see :class:`ScheduleLimits`), are too many, or where it holds an object graph TVM would load
+    unchecked (``ValueError``: :func:`schedhub.registry.check_object_graphs`; such a graph crashed the process)."""
     count = trace_instructions(trace_text)
     if count is None:
         raise ValueError("the trace is not JSON")
     if count > limits.max_trace_instructions:
         raise ScheduleTooCostly(f"trace has {count} instructions, over the limit of {limits.max_trace_instructions}")
-    kinds = Counter(inst[0] for inst in json.loads(trace_text)[0] if isinstance(inst, list) and inst and isinstance(inst[0], str)) if count else Counter()
+    parsed = json.loads(trace_text)
+    try:
+        check_object_graphs(parsed)  # records were checked when parsed; a job's or a caller's trace text may not have been
+    except InvalidRecord as exc:
+        raise ValueError(str(exc)) from None
+    kinds = Counter(inst[0] for inst in parsed[0] if isinstance(inst, list) and inst and isinstance(inst[0], str)) if count else Counter()
     for kind, most in (("Fuse", limits.max_fuses), ("Split", limits.max_splits)):
         if kinds[kind] > most:
             raise ScheduleTooCostly(f"trace has {kinds[kind]} {kind} instructions, over the limit of {most}")

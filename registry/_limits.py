@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import json
 import math
 import re
 from collections.abc import Callable
@@ -278,3 +279,66 @@ def check_annotations(trace: list[Any]) -> None:
             if not (isinstance(key, str) and (key in _ANNOTATION_KEYS or key.startswith(_ANNOTATION_PREFIXES))):
                 raise InvalidRecord(f"field 'trace' annotates {str(key)[:64]!r}: only schedule hints "
                                     f"({', '.join(_ANNOTATION_PREFIXES)}…, {', '.join(sorted(_ANNOTATION_KEYS))}) are allowed")
+
+
+# -- object graphs inside a trace ----------------------------------------------------------------------
+#
+# Some instructions carry a TVM object as a string: ``TransformLayout`` and ``TransformBlockLayout`` an IndexMap
+# in tvm-ffi's JSON graph form (``{"root_index": …, "nodes": [{"type": …, "data": …}, …]}``), where an object's
+# fields name other nodes by index. TVM loads such a graph without checking it: an 806-byte trace whose graph
+# has a node naming itself, or one naming a later node, crashed the replaying process (a segmentation fault),
+# and so did a chain of 5,000 additions (1,000 loaded). A graph may hold only what an IndexMap is made of, each
+# node naming earlier nodes only, at most MAX_GRAPH_DEPTH deep.
+
+MAX_GRAPH_NODES = 1024
+MAX_GRAPH_DEPTH = 64
+_GRAPH_LITERALS = {"int": int, "float": float, "bool": bool, "ffi.String": str}
+_GRAPH_OBJECTS = frozenset({"ir.PrimType", "ir.Var", "ir.IntImm", "tirx.IndexMap"} | {f"prim.{op}" for op in (
+    "Add", "Sub", "Mul", "Div", "Mod", "FloorDiv", "FloorMod", "Min", "Max")})  # fmt: skip
+
+
+def check_object_graphs(trace: list[Any]) -> None:
+    """Refuse a trace (MetaSchedule's JSON) holding a string that is an object graph TVM would load unchecked (a
+    JSON object) unless it is a small IndexMap whose nodes name earlier nodes only (see the comment above)."""
+    pending: list[Any] = [trace]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, list):
+            pending.extend(item)
+        elif isinstance(item, str) and item.lstrip().startswith("{"):
+            problem = _graph_problem(item)
+            if problem:
+                raise InvalidRecord(f"field 'trace' holds an object graph TVM would load unchecked: {problem}")
+
+
+def _graph_problem(text: str) -> str | None:
+    try:
+        graph = json.loads(text)
+    except (ValueError, RecursionError):
+        return "not JSON"
+    nodes = graph.get("nodes") if isinstance(graph, dict) else None
+    root = graph.get("root_index") if isinstance(graph, dict) else None
+    if not isinstance(nodes, list) or not 0 < len(nodes) <= MAX_GRAPH_NODES or type(root) is not int or not 0 <= root < len(nodes):
+        return f"not a graph of at most {MAX_GRAPH_NODES} nodes with its root among them"
+    depth: list[int] = []
+    for index, node in enumerate(nodes):
+        kind = node.get("type") if isinstance(node, dict) else None
+        data = node.get("data") if isinstance(node, dict) else None
+        if kind == "None":
+            refs: list[Any] = []
+        elif kind in _GRAPH_LITERALS:
+            if type(data) is not _GRAPH_LITERALS[kind] or (kind == "ffi.String" and len(data) > 256):
+                return f"node {index} is not a {kind}"
+            refs = []
+        elif kind == "ffi.Array" and isinstance(data, list):
+            refs = data
+        elif kind in _GRAPH_OBJECTS and isinstance(data, dict):  # fields name nodes, but a type's dtype is inline text
+            refs = [v for k, v in data.items() if not (k == "dtype" and isinstance(v, str) and len(v) <= 32)]
+        else:
+            return f"node {index} is a {str(kind)[:40]!r}, not part of an IndexMap"
+        if not all(type(r) is int and 0 <= r < index for r in refs):
+            return f"node {index} names a node that is not before it"
+        depth.append(1 + max((depth[r] for r in refs), default=0))
+        if depth[-1] > MAX_GRAPH_DEPTH:
+            return f"node {index} is {depth[-1]} deep, over the limit of {MAX_GRAPH_DEPTH}"
+    return None

@@ -22,7 +22,7 @@ import msgpack
 
 from ._errors import InvalidRecord, KeyMismatch, PayloadTooLarge
 from ._keys import SCHEMA_VERSION, is_key, record_key, structure_key, target_kind, workload_key
-from ._limits import MAX_INT, check_kind, check_number, check_op, check_annotations, check_text, check_workload_source, signature_args_info
+from ._limits import MAX_INT, check_annotations, check_kind, check_number, check_object_graphs, check_op, check_text, check_workload_source, signature_args_info
 
 MAX_RECORD_BYTES = 1 << 20  # one encoded record
 MAX_TEXT_CHARS = 512 << 10  # workload text, trace text
@@ -114,7 +114,8 @@ def measured_secs(value: Any, name: str) -> float:
 
 
 def trace_field(obj: dict[str, Any]) -> str:
-    """``obj["trace"]``: the JSON text of a MetaSchedule trace (``Trace.as_json()``), bounded, annotating only schedule hints."""
+    """``obj["trace"]``: the JSON text of a MetaSchedule trace (``Trace.as_json()``), bounded, annotating only schedule
+    hints, holding no object graph TVM would load unchecked."""
     trace = _text(obj, "trace", MAX_TEXT_CHARS)
     try:
         parsed = json.loads(trace)
@@ -123,6 +124,7 @@ def trace_field(obj: dict[str, Any]) -> str:
     if not isinstance(parsed, list):
         raise InvalidRecord("field 'trace' must be a JSON list (MetaSchedule Trace.as_json())")
     check_annotations(parsed)
+    check_object_graphs(parsed)
     return trace
 
 

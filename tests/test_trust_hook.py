@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -20,8 +20,8 @@ from schedhub.hooks.costmodel import Kernels
 from schedhub.hooks.guard import check_scheduled, check_trace_size, nested_statements, unrolled_code
 from schedhub.hooks.identity import workload_module
 from schedhub.hooks.session import HookSession
-from schedhub.registry import LocalRegistry, Principal, Record, RegistryClient, ServerThread
-from schedhub.hooks.msdb import trace_text
+from schedhub.registry import InvalidRecord, LocalRegistry, Principal, Record, RegistryClient, ServerThread, check_object_graphs
+from schedhub.hooks.msdb import replay_schedule, trace_text
 
 CPU = tvm.target.Target({"kind": "llvm", "num-cores": 1})
 
@@ -215,6 +215,59 @@ def test_a_compile_takes_verified_records_unless_told_otherwise(server: ServerTh
         with use(reader, CPU, trust="any") as session:
             tvm.compile(model["mod"], CPU)
         assert session.report.kernels[0].detail == verified.trace_id  # verified first, whatever the claim says
+
+
+def test_an_object_graph_in_a_trace_is_loaded_by_tvm_only_when_it_is_a_small_index_map_of_earlier_nodes(server: ServerThread) -> None:
+    """TransformLayout carries an IndexMap as tvm-ffi's JSON graph, which TVM loads unchecked: an 806-byte trace whose
+    graph named a node from itself crashed the replaying process (a segmentation fault), as did a chain of 5,000
+    additions. The registry refuses such a trace at push and on every read; the guard before any replay."""
+    a = te.placeholder((64, 64), name="A")
+    b = te.compute((64, 64), lambda i, j: a[i, j] + 1.0, name="B")
+    func = te.create_prim_func([a, b])
+    sch = tvm.s_tir.Schedule(func)
+    sch.transform_layout(sch.get_sblock("B"), ("write", 0), lambda i, j: (i // 16, j, i % 16))
+    legit = trace_text(sch.trace)
+
+    def graph_changed(change: Callable[[dict], None]) -> str:
+        trace = json.loads(legit)
+        graph = json.loads(trace[0][1][1][1])
+        change(graph)
+        trace[0][1][1][1] = json.dumps(graph)
+        return json.dumps(trace)
+
+    def chain(graph: dict, length: int) -> None:  # a map whose last index is the legit one's plus zero, `length` times
+        nodes = graph["nodes"]
+        index_map = nodes[graph["root_index"]]
+        final = nodes[index_map["data"]["final_indices"]]["data"]
+        nodes.append({"type": "int", "data": 0})
+        nodes.append({"type": "ir.IntImm", "data": {"span": 0, "ty": 1, "value": len(nodes) - 1}})
+        zero, last = len(nodes) - 1, final[-1]
+        for _ in range(length):
+            nodes.append({"type": "prim.Add", "data": {"span": 0, "ty": 1, "a": last, "b": zero}})
+            last = len(nodes) - 1
+        nodes.append({"type": "ffi.Array", "data": [*final[:-1], last]})
+        nodes.append({"type": "tirx.IndexMap", "data": {**index_map["data"], "final_indices": len(nodes) - 1}})
+        graph["root_index"] = len(nodes) - 1
+
+    hostile = {
+        "names itself": graph_changed(lambda graph: graph["nodes"].append({"type": "prim.Add", "data": {"span": 0, "ty": 1, "a": len(graph["nodes"]), "b": 3}})),
+        "names a later node": graph_changed(lambda graph: graph["nodes"][3]["data"].update(name=len(graph["nodes"]) - 1)),
+        "a chain 100 deep": graph_changed(lambda graph: chain(graph, 100)),
+        "another object": graph_changed(lambda graph: graph["nodes"].__setitem__(0, {"type": "ir.GlobalVar", "data": {}})),
+    }
+    shallow = graph_changed(lambda graph: chain(graph, 20))
+    for text in (legit, shallow):
+        check_object_graphs(json.loads(text))
+        check_trace_size(text, ScheduleLimits())
+    replay_schedule(tvm.IRModule({"main": func}), json.loads(shallow))  # what the checks let through, TVM loads
+    with RegistryClient(server.url, token="a") as alice:
+        identity = workload_identity(func, CPU, "B")
+        for name, text in hostile.items():
+            with pytest.raises(ValueError, match="object graph"):
+                check_trace_size(text, ScheduleLimits())
+            with pytest.raises(InvalidRecord, match="object graph"):
+                alice.put(Record(identity, text, [1e-3]))
+            assert alice.get(identity.key) == [], name
 
 
 def test_the_database_reads_its_own_writes(server: ServerThread, model: dict) -> None:
