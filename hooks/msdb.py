@@ -39,18 +39,15 @@ def record_from_tuning_record(tr: ms.database.TuningRecord, op: str | None = Non
 
 def tuning_record(record: Record, mod: tvm.IRModule | None = None, args_info: list[Any] | None = None,
                   limits: ScheduleLimits | None = None) -> ms.database.TuningRecord:  # fmt: skip
-    """The record as a TuningRecord on ``mod`` (default: its own workload), replaying the trace (within
-    ``limits``, when given, and launchable on a GPU: :func:`replay_launchable`).
+    """The record as a TuningRecord on ``mod`` (default: its own workload), replaying the trace within ``limits``
+    (default: :class:`.guard.ScheduleLimits`), launchable on a GPU (:func:`replay_launchable`).
 
     ``args_info``: the module's own, when the record was tuned for another shape (a transfer).
     Raises TVM's error when the trace does not apply to the module, with the instruction and block
     named (``TuningRecord.from_json`` replays with TVM's error rendering off: "(not rendered)").
     """
     mod = mod if mod is not None else workload_module(record.identity.workload)
-    if limits is not None:
-        sch = replay_launchable(mod, record.trace, target_from_text(record.identity.target), limits)
-    else:
-        sch = replay_schedule(mod, json.loads(record.trace))
+    sch = replay_launchable(mod, record.trace, target_from_text(record.identity.target), limits or ScheduleLimits())
     info = args_info if args_info is not None else record.identity.args_info
     return ms.database.TuningRecord(sch.trace, ms.database.Workload(mod), [float(s) for s in record.run_secs],
                                     target_from_text(record.identity.target), [ms.arg_info.ArgInfo.from_json(a) for a in info])  # fmt: skip
