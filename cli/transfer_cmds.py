@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from schedhub.registry import LocalRegistry, Record, Registry, Trust, parse_trust, trust_filter, trusted
+from schedhub.registry import LocalRegistry, Record, RefusedRecord, Registry, Trust, parse_trust, trust_filter, trusted
 
 from .common import open_registry, progress, registry_option, reports_errors, target_filter_option
 from .recordfiles import is_records_file, read_records, write_records
@@ -53,13 +53,17 @@ def accepted(records: Iterable[Record], trust: Trust, left_out: Counter[str]) ->
 
 def records_of(source: Path, trust: Trust = "verified", left_out: Counter[str] | None = None) -> Iterator[Record]:
     """Records from a records file, a schedhub store directory (those of its records ``trust`` accepts: see
-    :func:`accepted`) or a MetaSchedule JSONDatabase."""
+    :func:`accepted`; those this version's checks refuse counted in ``left_out["refused"]``) or a MetaSchedule
+    JSONDatabase."""
     if source.is_file() and is_records_file(source):
         yield from read_records(source)
     elif (source / "data.mdb").is_file():
+        left_out = left_out if left_out is not None else Counter()
+        refused: list[RefusedRecord] = []
         with LocalRegistry(source, readonly=True) as local:
-            for _, records in local.iter_served():
-                yield from accepted(records, trust, left_out if left_out is not None else Counter())
+            for _, records in local.iter_served(refused=refused):
+                yield from accepted(records, trust, left_out)
+        left_out["refused"] += len(refused)
     elif (source / "database_tuning_record.json").is_file():
         _needs_tvm("reading a MetaSchedule database")
         from schedhub.hooks.msdb import read_json_database
@@ -133,9 +137,11 @@ def push(sources: tuple[Path, ...], registry: str, token: str | None, trust: Tru
     sent, kept, logged = push_records(open_registry(registry, token), list(sources), trust=trust, left_out=left_out)
     log_note = f"; {logged} measurement-log entries" if logged else ""
     click.echo(f"pushed {sent} records to {registry}; {kept} are now among their key's best{log_note}")
-    if left_out:
+    if left_out["records"] or left_out["log"]:
         click.echo(f"left out {left_out['records']} unverified claims and {left_out['log']} unverified measurement-log entries "
                    "of the stores (--trust any, or the pushers' names, takes them)")  # fmt: skip
+    if left_out["refused"]:
+        click.echo(f"left out {left_out['refused']} records of the stores that this schedhub's checks refuse (kept before a check existed)")
 
 
 @dataclass
@@ -146,6 +152,7 @@ class Pulled:
     written: int = 0
     untrusted: int = 0
     unusable: dict[str, str] = field(default_factory=dict)
+    refused: list[RefusedRecord] = field(default_factory=list)  # records this version's checks refuse
 
     def summary(self, out: Path, fmt: str) -> str:
         lines = [f"pulled {self.written} records into {out} ({fmt})"]
@@ -154,6 +161,9 @@ class Pulled:
         if self.unusable:
             lines.append(f"left out {len(self.unusable)} records MetaSchedule could not load:")
             lines += [f"  {tid}: {why}" for tid, why in list(self.unusable.items())[:10]]
+        if self.refused:
+            lines.append(f"left out {len(self.refused)} records this schedhub's checks refuse (kept before a check existed):")
+            lines += [f"  {r.trace_id or '(unnamed)'} of {r.key[:16] or '(unnamed)'}: {r.reason}" for r in self.refused[:10]]
         return "\n".join(lines)
 
 
@@ -168,7 +178,7 @@ def pull_into(reg: Registry, out: Path, fmt: str, op: str | None, target: str | 
     def served() -> Iterator[Record]:
         with progress("pull") as bar:
             task = bar.add_task("pull", total=None)
-            for summary, records in reg.iter_served(op, target, since):
+            for summary, records in reg.iter_served(op, target, since, refused=pulled.refused):
                 keys.add(summary.key)
                 bar.update(task, advance=len(records))
                 yield from records

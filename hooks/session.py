@@ -32,7 +32,7 @@ import tvm_ffi
 from tvm import tirx
 from tvm_ffi.serialization import from_json_graph_str, to_json_graph_str
 
-from schedhub.registry import TARGET, Candidate, Identity, Record, Registry, RegistryError, Trust, keeps_default_schedule, signature_args_info, trust_filter, trusted
+from schedhub.registry import TARGET, Candidate, Identity, Record, RefusedRecord, Registry, RegistryError, Trust, keeps_default_schedule, signature_args_info, trust_filter, trusted
 
 from .cache import KernelCache, default_dir
 from .guard import ScheduleLimits, check_scheduled
@@ -214,11 +214,12 @@ class HookSession:
         if not wanted or self.offline:
             return
         start = time.perf_counter()
+        refused: list[RefusedRecord] = []
         try:
             if self.transfer:
-                found, near = self.registry.lookup_with_candidates(wanted, per_key=DEFAULT_CANDIDATES)
+                found, near = self.registry.lookup_with_candidates(wanted, per_key=DEFAULT_CANDIDATES, refused=refused)
             else:
-                found, near = self.registry.lookup([i.key for i in wanted]), {}
+                found, near = self.registry.lookup([i.key for i in wanted], refused=refused), {}
         except RegistryError as exc:
             self._go_offline(exc)
             return
@@ -228,6 +229,10 @@ class HookSession:
         for identity in wanted:
             self._records[identity.key] = found.get(identity.key, [])
             self._candidates[identity.key] = [c for c in near.get(identity.key, []) if c.record.identity.structure == identity.structure]
+        for item in dict.fromkeys(refused):
+            self._say(f"record {item.trace_id or '(unnamed)'} of key {item.key[:16] or '(unnamed)'} left out: {item.reason}")
+            if item.key and item.trace_id:
+                self._complain(item.key, item.trace_id, item.reason)  # the registry checks it and takes it out of service
 
     def count_calls(self, kernels: list[tuple[Identity, int]]) -> None:
         """How often the module being compiled calls each kernel (identity, call sites; a kernel under two
@@ -590,12 +595,17 @@ class HookSession:
         self._refused_keys.add(record.key)
         self._records[record.key] = [r for r in self._records.get(record.key, []) if r.trace_id != record.trace_id]
         self._committed[record.key] = [r for r in self._committed.get(record.key, []) if r.trace_id != record.trace_id]
+        self._complain(record.key, record.trace_id, reason)
+
+    def _complain(self, key: str, trace_id: str, reason: str) -> None:
+        """Tell the registry a record failed here (unless offline): it verifies the record, or quarantines one that
+        fails its own checks."""
         if self.offline:
             return
         try:
-            self.registry.complain(record.key, record.trace_id, reason)
-        except RegistryError as exc2:
-            self.report.problems.append(f"could not report {record.trace_id}: {exc2}")
+            self.registry.complain(key, trace_id, reason)
+        except RegistryError as exc:
+            self.report.problems.append(f"could not report {trace_id}: {exc}")
 
     def _note(self, identity: Identity, outcome: str, detail: str = "", measured: dict[str, float | None] | None = None) -> None:
         self.report.kernels.append(KernelOutcome(identity.op, identity.key, outcome, detail, dict(measured or {})))

@@ -20,12 +20,12 @@ import httpx
 
 from ._answers import decode, listing, mapping, number, reading, text, typed
 from ._errors import MalformedAnswer, RegistryError, RegistryUnavailable, error_for_status
-from ._neighbours import RELATIONS, Candidate, Probe
+from ._neighbours import RELATIONS, Candidate, Probe, served_candidates
 from ._queue import Lease
-from ._records import Identity, Record, packb, served_record
+from ._records import Identity, Record, RefusedRecord, packb, served_records
 from ._store import KeySummary, PutResult
 from ._models import CostModelEntry
-from ._trials import MAX_CURSOR_CHARS, TrialLog, iter_pages
+from ._trials import MAX_CURSOR_CHARS, TrialLog, iter_pages, stored_logs
 from ._wire import ERROR_HEADER, MSGPACK
 
 LOOKUP_CHUNK = 4096
@@ -137,8 +137,8 @@ class RegistryClient:
         with reading(f"GET /v1/records/{key}"):
             return [_record_bytes(b) for b in listing(mapping(answer, "answer")["records"], "records")] if answer else []
 
-    def get(self, key: str) -> list[Record]:
-        return self.lookup([key]).get(key, [])
+    def get(self, key: str, refused: list[RefusedRecord] | None = None) -> list[Record]:
+        return self.lookup([key], refused=refused).get(key, [])
 
     def exists(self, key: str) -> bool:
         return self._call("HEAD", f"/v1/records/{key}", allow_404=True) is not None
@@ -147,14 +147,14 @@ class RegistryClient:
         """(record bytes, status) of many keys; chunked, and keys the server left out of a large answer are asked again."""
         return self._lookup(list(dict.fromkeys(keys)), top, {}, 0)[0]
 
-    def lookup_with_candidates(self, identities: list[Identity], top: int | None = None,
-                               per_key: int = 4) -> tuple[dict[str, list[Record]], dict[str, list[Candidate]]]:  # fmt: skip
-        """Records of every key that has some and, for each key that has none, candidates to transfer."""
+    def lookup_with_candidates(self, identities: list[Identity], top: int | None = None, per_key: int = 4,
+                               refused: list[RefusedRecord] | None = None) -> tuple[dict[str, list[Record]], dict[str, list[Candidate]]]:  # fmt: skip
+        """Records of every key that has some and, for each key that has none, candidates to transfer
+        (a record this version refuses is left out and appended to ``refused``)."""
         probes = {i.key: Probe.of(i) for i in identities}
         found, near = self._lookup(list(probes), top, probes, per_key)
         with reading("POST /v1/lookup"):
-            records = {k: _records_of(k, v) for k, v in found.items()}
-            return records, {k: [Candidate(served_record(b, s), rel, d) for b, s, rel, d in v] for k, v in near.items()}
+            return _records_by_key(found, refused), served_candidates(near, refused)
 
     def _lookup(self, keys: list[str], top: int | None, probes: dict[str, Probe], per_key: int) -> tuple[
             dict[str, list[tuple[bytes, dict[str, Any]]]], dict[str, list[tuple[bytes, dict[str, Any], str, float]]]]:  # fmt: skip
@@ -186,11 +186,12 @@ class RegistryClient:
     def lookup_raw(self, keys: list[str]) -> dict[str, list[bytes]]:
         return {k: [b for b, _ in v] for k, v in self.lookup_entries(keys).items()}
 
-    def lookup(self, keys: list[str], top: int | None = None) -> dict[str, list[Record]]:
-        """Records of many keys, best first, each with its ``served`` status (owner, verifier)."""
+    def lookup(self, keys: list[str], top: int | None = None, refused: list[RefusedRecord] | None = None) -> dict[str, list[Record]]:
+        """Records of many keys, best first, each with its ``served`` status (owner, verifier); a record this
+        version refuses is left out and appended to ``refused``."""
         found = self.lookup_entries(keys, top)
         with reading("POST /v1/lookup"):
-            return {k: _records_of(k, v) for k, v in found.items()}
+            return _records_by_key(found, refused)
 
     def put_many(self, records: Iterable[Record], pushed_by: str = "") -> list[PutResult]:
         """Push records in batches of about PUSH_CHUNK_BYTES; each batch is one transaction.
@@ -247,8 +248,10 @@ class RegistryClient:
         with reading("GET /v1/records"):
             return [typed(KeySummary, item) for item in listing(mapping(answer, "answer")["items"], "items")]
 
-    def iter_served(self, op: str | None = None, target: str | None = None, since: int = 0, page: int = 256) -> Iterator[tuple[KeySummary, list[Record]]]:
-        """Every matching key with its records, best first, each with its ``served`` status; one page per request."""
+    def iter_served(self, op: str | None = None, target: str | None = None, since: int = 0, page: int = 256,
+                    refused: list[RefusedRecord] | None = None) -> Iterator[tuple[KeySummary, list[Record]]]:  # fmt: skip
+        """Every matching key with its records, best first, each with its ``served`` status; one page per request
+        (a record this version refuses is left out and appended to ``refused``)."""
         while True:
             answer = self._call("GET", "/v1/records", params=_params(op=op, target=target, since=since, limit=page, include="records"))
             with reading("GET /v1/records?include=records"):
@@ -256,7 +259,7 @@ class RegistryClient:
                 items = []
                 for item in listing(answer["items"], "items"):
                     summary = typed(KeySummary, item)
-                    items.append((summary, _records_of(summary.key, _entries(listing(item["records"], "records"), listing(item.get("entries") or [], "entries")))))
+                    items.append((summary, _records_of(summary.key, _entries(listing(item["records"], "records"), listing(item.get("entries") or [], "entries")), refused)))
                 more, following = answer["more"], answer["next"]
                 if not isinstance(more, bool) or (more and (not isinstance(following, int) or isinstance(following, bool) or following <= since)):
                     raise ValueError(f"a page that says more={more!r} and next={following!r:.40} after {since} would page forever")
@@ -281,7 +284,7 @@ class RegistryClient:
             items, cursor, more = (answer.get(k) for k in ("items", "next", "more")) if isinstance(answer, dict) else (None, None, None)
             if not isinstance(items, list) or not isinstance(cursor, str) or len(cursor) > MAX_CURSOR_CHARS or not isinstance(more, bool):
                 raise ValueError("a trial page needs 'items', 'next' and 'more'")
-            logs = [TrialLog.from_stored(item) for item in items]
+            logs = stored_logs(items)
             if target and any(log.identity.target != target for log in logs):
                 raise ValueError("a log of another target than asked for")
         return logs, cursor, more
@@ -413,12 +416,18 @@ def _entries(raws: list[Any], statuses: list[Any]) -> list[tuple[bytes, dict[str
     return [(_record_bytes(b), mapping(s, "status")) for b, s in zip(raws, statuses)]
 
 
-def _records_of(key: str, entries: list[tuple[bytes, dict[str, Any]]]) -> list[Record]:
-    """One key's records, parsed and checked to be that key's: a server answers for the key it was asked."""
-    records = [served_record(b, s) for b, s in entries]
+def _records_of(key: str, entries: list[tuple[bytes, dict[str, Any]]], refused: list[RefusedRecord] | None) -> list[Record]:
+    """One key's records that pass this version's checks (see :func:`served_records`), checked to be that
+    key's: a server answers for the key it was asked."""
+    records = served_records(entries, refused)
     if any(r.key != key for r in records):
         raise ValueError(f"a record of another key answered for {key}")
     return records
+
+
+def _records_by_key(found: dict[str, list[tuple[bytes, dict[str, Any]]]], refused: list[RefusedRecord] | None) -> dict[str, list[Record]]:
+    """Each key's records (:func:`_records_of`); a key whose every record was refused has none, as a miss has none."""
+    return {k: records for k, v in found.items() if (records := _records_of(k, v, refused))}
 
 
 def _candidate(item: Any) -> tuple[bytes, dict[str, Any], str, float]:

@@ -23,7 +23,7 @@ from typing import Any
 from ._errors import InvalidRecord
 from ._keys import is_key
 from ._limits import MAX_DIM, check_text, signature_dims
-from ._records import MAX_ARGS, Identity, Record
+from ._records import MAX_ARGS, Identity, Record, RefusedRecord, served_records
 
 COMPILER, SHAPE, TARGET = "compiler", "shape", "target"
 RELATIONS = (COMPILER, SHAPE, TARGET)
@@ -108,3 +108,13 @@ class Candidate:
     record: Record
     relation: str  # compiler | shape | target
     distance: float
+
+
+
+def served_candidates(near: dict[str, list[tuple[bytes, dict[str, Any], str, float]]],
+                      refused: list[RefusedRecord] | None = None) -> dict[str, list[Candidate]]:  # fmt: skip
+    """Each missed key's candidates from (record bytes, status, relation, distance) items, in order; a record
+    this version refuses is left out and appended to ``refused`` (see :func:`served_records`)."""
+    return {key: [Candidate(record, relation, distance)
+                  for data, status, relation, distance in items
+                  for record in served_records([(data, status)], refused)] for key, items in near.items()}  # fmt: skip

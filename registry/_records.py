@@ -15,6 +15,7 @@ import functools
 import hashlib
 import json
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -318,3 +319,40 @@ _RECORD_FIELDS = {"key", "schema", "fingerprint", "target", "workload", "op", "a
 def served_record(data: bytes, status: dict[str, Any]) -> Record:
     """A record parsed from its stored bytes, with the registry's status of it attached."""
     return dataclasses.replace(Record.from_bytes(data), served=Served.from_obj(status))
+
+
+@dataclass(frozen=True)
+class RefusedRecord:
+    """A stored record that this version's checks refuse, left out of an answer: stored before a check
+    existed, or sent by a hostile server. ``key`` and ``trace_id`` as the answer named them ("" if it did not)."""
+
+    key: str
+    trace_id: str
+    reason: str
+
+
+def served_records(entries: Iterable[tuple[bytes, dict[str, Any]]], refused: list[RefusedRecord] | None = None) -> list[Record]:
+    """The records of (stored bytes, status) pairs that pass this version's checks, in order; each one that
+    does not is left out and appended to ``refused``: one bad record must not cost a reader the others."""
+    records = []
+    for data, status in entries:
+        try:
+            records.append(served_record(data, status))
+        except (InvalidRecord, PayloadTooLarge) as exc:
+            if refused is not None:
+                refused.append(RefusedRecord(_named_key(data), _short(status.get("tid") if isinstance(status, dict) else ""), str(exc)[:300]))
+    return records
+
+
+def _named_key(data: bytes) -> str:
+    """The key a record's bytes name, if they name a valid one ("" otherwise)."""
+    try:
+        value = unpackb(data)
+    except InvalidRecord:
+        return ""
+    key = value.get("key") if isinstance(value, dict) else None
+    return key if isinstance(key, str) and is_key(key) else ""
+
+
+def _short(value: Any) -> str:
+    return value if isinstance(value, str) and len(value) <= 64 else ""

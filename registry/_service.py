@@ -14,10 +14,11 @@ from typing import Any
 
 import lmdb
 
+from ._errors import InvalidRecord, PayloadTooLarge
 from ._queue import DEFAULT_MAX_ATTEMPTS, DEFAULT_TOLERANCE, TUNE, Lease, MissQueue
 from ._models import CostModelEntry, CostModelStore
-from ._neighbours import Candidate, Probe
-from ._records import Identity, Record, served_record
+from ._neighbours import Candidate, Probe, served_candidates
+from ._records import Identity, Record, RefusedRecord, served_records
 from ._store import KeyPage, KeySummary, PutResult, Store
 from ._trials import TrialLog, TrialStore, iter_pages
 
@@ -53,8 +54,8 @@ class LocalRegistry:
     def get_raw(self, key: str) -> list[bytes]:
         return self.store.get(key)
 
-    def get(self, key: str) -> list[Record]:
-        return self.lookup([key]).get(key, [])
+    def get(self, key: str, refused: list[RefusedRecord] | None = None) -> list[Record]:
+        return self.lookup([key], refused=refused).get(key, [])
 
     def lookup_entries(self, keys: list[str], top: int | None = None) -> dict[str, list[tuple[bytes, dict[str, Any]]]]:
         """(canonical bytes, status) of the best ``top`` records of every key that has some."""
@@ -63,21 +64,24 @@ class LocalRegistry:
     def lookup_raw(self, keys: list[str]) -> dict[str, list[bytes]]:
         return self.store.get_many(keys)
 
-    def lookup(self, keys: list[str], top: int | None = None) -> dict[str, list[Record]]:
-        """Records of many keys, best first, each with its ``served`` status (owner, verifier)."""
-        return {k: [served_record(b, s) for b, s in v] for k, v in self.store.entries_many(keys, top).items()}
+    def lookup(self, keys: list[str], top: int | None = None, refused: list[RefusedRecord] | None = None) -> dict[str, list[Record]]:
+        """Records of many keys, best first, each with its ``served`` status (owner, verifier); a stored record
+        this version refuses is left out and appended to ``refused`` (a key with none left is a miss)."""
+        found = ((k, served_records(v, refused)) for k, v in self.store.entries_many(keys, top).items())
+        return {k: records for k, records in found if records}
 
     def neighbours(self, probes: list[Probe], per_key: int = 4) -> dict[str, list[tuple[bytes, dict[str, Any], str, float]]]:
         """(record bytes, status, relation, distance) of each probe's nearest neighbours, nearest first."""
         return self.store.neighbours(probes, per_key)
 
-    def lookup_with_candidates(self, identities: list[Identity], top: int | None = None,
-                               per_key: int = 4) -> tuple[dict[str, list[Record]], dict[str, list[Candidate]]]:  # fmt: skip
-        """Records of every key that has some and, for each key that has none, candidates to transfer."""
-        found = self.lookup([i.key for i in identities], top)
+    def lookup_with_candidates(self, identities: list[Identity], top: int | None = None, per_key: int = 4,
+                               refused: list[RefusedRecord] | None = None) -> tuple[dict[str, list[Record]], dict[str, list[Candidate]]]:  # fmt: skip
+        """Records of every key that has some and, for each key that has none, candidates to transfer
+        (a stored record this version refuses is left out and appended to ``refused``)."""
+        found = self.lookup([i.key for i in identities], top, refused)
         probes = [Probe.of(i) for i in identities if i.key not in found]
         near = self.neighbours(probes, per_key) if probes and per_key > 0 else {}
-        return found, {k: [Candidate(served_record(b, s), rel, d) for b, s, rel, d in v] for k, v in near.items()}
+        return found, served_candidates(near, refused)
 
     def exists(self, key: str) -> bool:
         return self.store.exists(key)
@@ -126,14 +130,21 @@ class LocalRegistry:
         """A client saw a record fail (replay, build, bounds): noted, and its verification queued.
 
         The record stays in service until the verification confirms the failure (or an admin
-        quarantines it); returns its status, None when the registry has no such record.
+        quarantines it); returns its status, None when the registry has no such record. A stored record
+        that this registry's own checks refuse (stored before a check existed) needs no verification:
+        it is quarantined at once, on the registry's judgement, not the complainer's.
         """
         with self.store.write(txn) as t:
             status = self.store.complain(key, trace_id, who, txn=t)
             found = self.store.entry(key, trace_id, txn=t)
             if status is None or found is None:
                 return None
-            job = self.queue.enqueue_verify(Record.from_bytes(found[0]), status["by"], f"complaint by {who}: {reason}", txn=t)
+            try:
+                record = Record.from_bytes(found[0])
+            except (InvalidRecord, PayloadTooLarge) as exc:
+                self.store.quarantine(key, trace_id, f"fails the registry's checks: {str(exc)[:300]}", txn=t)
+                return {**status, "quarantined": True}
+            job = self.queue.enqueue_verify(record, status["by"], f"complaint by {who}: {reason}", txn=t)
             return {**status, "verify_job": job["key"]}
 
     def quarantine(self, key: str, trace_id: str, reason: str, *, txn: lmdb.Transaction | None = None) -> bool:
@@ -151,13 +162,15 @@ class LocalRegistry:
              *, newest: bool = False, prefix: str = "", scan: int | None = None) -> KeyPage:
         return self.store.page(op, target, since, limit, newest=newest, prefix=prefix, scan=scan)
 
-    def iter_served(self, op: str | None = None, target: str | None = None, since: int = 0, page: int = 256) -> Iterator[tuple[KeySummary, list[Record]]]:
-        """Every matching key with its records, best first, each with its ``served`` status; paged through the change feed."""
+    def iter_served(self, op: str | None = None, target: str | None = None, since: int = 0, page: int = 256,
+                    refused: list[RefusedRecord] | None = None) -> Iterator[tuple[KeySummary, list[Record]]]:  # fmt: skip
+        """Every matching key with its records, best first, each with its ``served`` status; paged through the
+        change feed (a stored record this version refuses is left out and appended to ``refused``)."""
         while True:
             batch = self.summaries(op, target, since, page)
             if not batch:
                 return
-            found = self.lookup([s.key for s in batch])
+            found = self.lookup([s.key for s in batch], refused=refused)
             for s in batch:
                 if s.key in found:
                     yield s, found[s.key]

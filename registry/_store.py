@@ -21,7 +21,7 @@ from typing import Any
 
 import lmdb
 
-from ._errors import NotFound, RegistryError
+from ._errors import InvalidRecord, NotFound, PayloadTooLarge, RegistryError
 from ._keys import SCHEMA_VERSION, target_digest, target_kind
 from ._neighbours import Probe, dims_of
 from ._records import Identity, Record, keeps_default_schedule, packb, unpackb
@@ -78,6 +78,23 @@ def rank(entry: dict[str, Any]) -> tuple[int, float, str]:
     if entry.get("vby"):
         return (0, entry["vmean"], entry["tid"])
     return (1, entry["mean"], entry["tid"])
+
+
+def _stored_record(data: bytes) -> Record | None:
+    """A stored record as this version reads it; None when its checks refuse it (stored before a check existed):
+    rebuilding an index on open must not fail on a record that every read already leaves out."""
+    try:
+        return Record.from_bytes(data)
+    except (InvalidRecord, PayloadTooLarge):
+        return None
+
+
+def _stored_identity(data: bytes) -> Identity | None:
+    """A stored record's identity (its trace not read), or None as for :func:`_stored_record`."""
+    try:
+        return Identity.from_obj(unpackb(data))
+    except (InvalidRecord, PayloadTooLarge):
+        return None
 
 
 def entry_status(entry: dict[str, Any]) -> dict[str, Any]:
@@ -202,7 +219,10 @@ class Store:
         for raw_key, raw in txn.cursor(db=self.dbs["records"]):
             value = unpackb(raw)
             if value["entries"] and "st" not in value:
-                _describe(value, Record.from_bytes(value["entries"][0]["rec"]).identity)
+                identity = _stored_identity(value["entries"][0]["rec"])
+                if identity is None:  # refused on every read: a neighbour to nobody
+                    continue
+                _describe(value, identity)
                 txn.put(raw_key, packb(value), db=self.dbs["records"])
             if value["entries"]:
                 _put_structure(txn, self.dbs["by_struct"], raw_key.decode(), value)
@@ -263,12 +283,14 @@ class Store:
             if not value["entries"]:
                 continue
             if "fp" not in value:
-                value["fp"] = Record.from_bytes(value["entries"][0]["rec"]).identity.fingerprint
+                identity = _stored_identity(value["entries"][0]["rec"])
+                value["fp"] = identity.fingerprint if identity else ""
                 txn.put(raw_key, packb(value), db=self.dbs["records"])
             self._count_key(txn, value, +1)
             for entry in value["entries"]:
-                if entry.get("vby"):
-                    self._add_speedup(txn, value["op"], Record.from_bytes(entry["rec"]))
+                record = _stored_record(entry["rec"]) if entry.get("vby") else None
+                if record is not None:
+                    self._add_speedup(txn, value["op"], record)
         for _, raw in txn.cursor(db=self.dbs["log"]):
             event = unpackb(raw)
             if "event" not in event:  # a push (verdicts carry an event)

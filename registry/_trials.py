@@ -14,7 +14,7 @@ side by side); anyone else's is a claim, and readers choose which they train on.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,14 +84,40 @@ class TrialLog:
 
     @classmethod
     def from_stored(cls, obj: Any) -> TrialLog:
-        """A stored or served entry (the form :meth:`to_dict` writes), validated again: readers trust no record."""
+        """A stored or served entry (the form :meth:`to_dict` writes), validated again: readers trust no record.
+        A trial this version's checks refuse (stored before a check existed) is left out; an entry left with none
+        is refused."""
         if not isinstance(obj, dict):
             raise InvalidRecord("a stored trial log must be a map")
-        log = cls.from_obj({"identity": obj.get("identity"), "trials": obj.get("trials")})
+        items = obj.get("trials")
+        if not isinstance(items, list) or not 0 < len(items) <= MAX_TRIALS_PER_PUSH:
+            raise InvalidRecord(f"a stored trial log's 'trials' must be a list of 1..{MAX_TRIALS_PER_PUSH}")
+        trials = [trial for trial in map(_readable_trial, items) if trial is not None]
+        if not trials:
+            raise InvalidRecord("a stored trial log holds no trial this version reads")
         by, verified, at = obj.get("by", ""), obj.get("verified", False), obj.get("at", 0.0)
         if not isinstance(by, str) or not isinstance(verified, bool) or isinstance(at, bool) or not isinstance(at, (int, float)):
             raise InvalidRecord("a stored trial log's 'by', 'verified' and 'at' must be a string, a boolean and a number")
-        return cls(log.identity, log.trials, by[:256], verified, float(at))
+        return cls(Identity.from_obj(obj.get("identity")), trials, by[:256], verified, float(at))
+
+
+def _readable_trial(item: Any) -> Trial | None:
+    try:
+        return Trial.from_obj(item)
+    except InvalidRecord:
+        return None
+
+
+def stored_logs(entries: Iterable[Any]) -> list[TrialLog]:
+    """The entries of a page that this version reads (:meth:`TrialLog.from_stored`); one it refuses is left out,
+    so one entry stored before a check existed does not cost every reader of the log its page."""
+    logs = []
+    for entry in entries:
+        try:
+            logs.append(TrialLog.from_stored(entry))
+        except (InvalidRecord, PayloadTooLarge):
+            continue
+    return logs
 
 
 def merged(old: list[Trial], new: list[Trial]) -> list[Trial]:
@@ -169,7 +195,7 @@ class TrialStore:
                     continue
                 if target and not (isinstance(entry.get("identity"), dict) and entry["identity"].get("target") == target):
                     continue
-                logs.append(TrialLog.from_stored(entry))
+                logs += stored_logs([entry])
                 size += len(raw)
         return logs, cursor_at, more
 

@@ -33,6 +33,25 @@ def make_record(workload: int, secs: float, variant: int = 0, *, op: str | None 
     })  # fmt: skip
 
 
+#: A trace today's checks refuse and a registry without the object-graph check kept: a string holding an object graph
+#: of a type TVM would load unchecked (see ``registry.check_object_graphs``)
+UNCHECKED_TRACE = json.dumps([[["GetSBlock", [], ["matmul", "main"], ["b0"]],
+                               ["TransformLayout", ["b0"], [0, 0, json.dumps({"root_index": 0, "nodes": [{"type": "ir.GlobalVar", "data": {}}]}),
+                                                            "None", True], []]], []])  # fmt: skip
+
+
+def store_unchecked(root: str | os.PathLike[str], record: Record, trace: str = UNCHECKED_TRACE) -> None:
+    """Give a stored record (key and trace id unchanged) another trace, as a registry without one of today's checks
+    would have kept it: the store under ``root`` is written directly (a server on it shares the environment)."""
+    from schedhub.registry import packb, unpackb
+
+    with LocalRegistry(root, sync=False) as reg, reg.store.write() as txn:
+        value = unpackb(txn.get(record.key.encode(), db=reg.store.dbs["records"]))
+        entry = next(e for e in value["entries"] if e["tid"] == record.trace_id)
+        entry["rec"] = packb({**record.to_dict(), "trace": trace})
+        txn.put(record.key.encode(), packb(value), db=reg.store.dbs["records"])
+
+
 @pytest.fixture(autouse=True, scope="session")
 def kernel_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The hook's per-machine kernel cache in a folder of the test run (subprocesses inherit it), never the user's."""

@@ -14,7 +14,7 @@ from schedhub.cli.main import cli, main
 from schedhub.cli.recordfiles import write_records
 from schedhub.registry import LocalRegistry, Record, ServerThread
 
-from .conftest import TOKEN, make_record
+from .conftest import TOKEN, make_record, store_unchecked
 
 
 def run(*args: str, ok: bool = True) -> str:
@@ -50,6 +50,18 @@ def test_push_http_pull_round_trip_is_byte_identical(server: ServerThread, tmp_p
     LocalRegistry(tmp_path / "from-jsonl").close()  # an empty store to import into
     run("import", str(as_jsonl), "-r", str(tmp_path / "from-jsonl"))
     assert LocalRegistry(tmp_path / "from-jsonl", readonly=True).stats()["measurements"] == 30
+
+
+def test_pull_and_push_leave_out_a_stored_record_that_a_newer_check_refuses_and_say_so(server: ServerThread, tmp_path: Path) -> None:
+    recs = [make_record(w, 1e-3) for w in range(4)]
+    with LocalRegistry(tmp_path / "served", sync=False) as reg:
+        reg.put_many(recs)
+    store_unchecked(tmp_path / "served", recs[1])
+    out = run("pull", "--registry", server.url, "--out", str(tmp_path / "out.msgpack"), "--format", "records")
+    assert "pulled 3 records" in out and "left out 1 records this schedhub's checks refuse" in out and recs[1].trace_id in out
+    assert sorted(_split(tmp_path / "out.msgpack")) == sorted(r.to_bytes() for r in recs if r is not recs[1])
+    out = run("push", str(tmp_path / "served"), "--registry", server.url, "--token", TOKEN)
+    assert "pushed 3 records" in out and "left out 1 records of the stores that this schedhub's checks refuse" in out
 
 
 def _split(path: Path) -> list[bytes]:

@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from schedhub.registry import Forbidden, InvalidRecord, LocalRegistry, PayloadTooLarge, Principal, RegistryClient, ServerThread, Trial, TrialLog
+from schedhub.registry import (
+    Forbidden, InvalidRecord, LocalRegistry, PayloadTooLarge, Principal, RegistryClient, ServerThread, Trial, TrialLog, packb, unpackb,
+)  # fmt: skip
 from schedhub.registry._trials import MAX_PUSHERS_PER_KEY, MAX_TRIALS_PER_ENTRY, MAX_TRIALS_PER_PUSH, iter_pages
 
-from .conftest import TARGET, clients_by_name, make_record
+from .conftest import TARGET, UNCHECKED_TRACE, clients_by_name, make_record
 
 TOKENS = {"alice-tok": Principal("alice"), "w1-tok": Principal("w1", "worker"), "reader-tok": Principal("reader", "read")}
 
@@ -61,6 +63,24 @@ def test_roles_and_trust_over_http(as_: dict[str, RegistryClient]) -> None:
     assert set(logs) == {"alice", "w1"} and not logs["alice"].verified and logs["w1"].verified
     assert [t.trace for t in logs["w1"].trials] == [trace(v) for v in range(3, 8)]
     assert [log.pushed_by for log in as_["reader"].iter_trial_logs(verified_only=True)] == ["w1"]
+
+
+def test_a_stored_trial_that_a_newer_check_refuses_costs_readers_only_itself(tmp_path: Path, as_: dict[str, RegistryClient]) -> None:
+    """A trial stored before one of today's checks existed is left out of its entry, an entry left with none is left
+    out of its page, and the rest of the log is read as before: one bad trial once failed every page that held it."""
+    for w in (1, 2, 3):
+        as_["w1"].push_trials(log_of(w, range(3)))
+    with LocalRegistry(tmp_path / "trials", sync=False) as local:
+        with local.store.write() as txn:  # as a registry without the object-graph check kept them
+            for raw_key, raw in list(txn.cursor(db=local.store.dbs["trials"])):
+                entry = unpackb(raw)
+                doomed = 1 if entry["identity"]["key"] == make_record(1, 1e-3).key else 3 if entry["identity"]["key"] == make_record(2, 1e-3).key else 0
+                for trial in entry["trials"][:doomed]:
+                    trial["trace"] = UNCHECKED_TRACE
+                txn.put(raw_key, packb(entry), db=local.store.dbs["trials"])
+        for reader in (as_["reader"], local):
+            logs = {log.key: [t.trace for t in log.trials] for log in reader.iter_trial_logs()}
+            assert logs == {make_record(1, 1e-3).key: [trace(1), trace(2)], make_record(3, 1e-3).key: [trace(v) for v in range(3)]}
 
 
 def test_paging_visits_every_entry_once(as_: dict[str, RegistryClient]) -> None:

@@ -16,11 +16,11 @@ import httpx
 import pytest
 
 from schedhub.registry import (
-    SCHEMA_VERSION, Forbidden, InvalidRecord, LeaseLost, Principal, Record, RegistryClient, RegistryError, ServerThread, TooManyRequests,
-    canonical_target, record_key,
+    SCHEMA_VERSION, Forbidden, InvalidRecord, LeaseLost, LocalRegistry, Principal, Record, RefusedRecord, RegistryClient, RegistryError,
+    ServerThread, TooManyRequests, canonical_target, record_key,
 )  # fmt: skip
 
-from .conftest import clients_by_name, FINGERPRINT, make_record
+from .conftest import clients_by_name, FINGERPRINT, make_record, store_unchecked
 
 ROLES = {"admin-tok": Principal("root", "admin"), "alice-tok": Principal("alice"), "bob-tok": Principal("bob"),
          "w1-tok": Principal("w1", "worker"), "w2-tok": Principal("w2", "worker"), "reader-tok": Principal("reader", "read")}  # fmt: skip
@@ -88,6 +88,36 @@ def test_a_pusher_cannot_overwrite_evict_or_quarantine_anothers_records(as_: dic
     assert mine.trace_id in {r.trace_id for r in as_["reader"].get(mine.key)}  # a complaint is not a verdict
     assert as_["root"].quarantine(mine.key, mine.trace_id, "confirmed by hand")
     assert mine.trace_id not in {r.trace_id for r in as_["reader"].get(mine.key)}
+
+
+def test_a_stored_record_that_a_newer_check_refuses_costs_readers_only_itself_and_a_complaint_takes_it_out(
+        tmp_path: Path, as_: dict[str, RegistryClient]) -> None:  # fmt: skip
+    """A record stored before one of today's checks existed (here: an object graph TVM would load unchecked) is left
+    out of every read, named to the reader, and costs no other record of its answer; its first complaint takes it
+    out of service on the registry's own check, as no complainer's word could."""
+    good, doomed, other, lone = make_record(1, 1e-3), make_record(1, 2e-3, variant=1), make_record(2, 1e-3), make_record(3, 1e-3)
+    as_["w1"].put_many([good, doomed, other, lone])
+    for record in (doomed, lone):
+        store_unchecked(tmp_path / "trust", record)
+    keys = [good.key, other.key, lone.key]
+    with LocalRegistry(tmp_path / "trust", sync=False) as local:  # the embedded registry reads the same store
+        for reader in (as_["reader"], local):
+            refused: list[RefusedRecord] = []
+            found = reader.lookup(keys, refused=refused)
+            assert {k: [r.trace_id for r in v] for k, v in found.items()} == {good.key: [good.trace_id], other.key: [other.trace_id]}
+            assert {(r.key, r.trace_id) for r in refused} == {(doomed.key, doomed.trace_id), (lone.key, lone.trace_id)}
+            assert all("object graph" in r.reason for r in refused)
+            listed = {s.key: [r.trace_id for r in v] for s, v in reader.iter_served(refused=refused)}
+            assert listed[good.key] == [good.trace_id] and listed[other.key] == [other.trace_id] and len(refused) == 4
+            with_candidates, _ = reader.lookup_with_candidates([good.identity, lone.identity], refused=refused)
+            assert list(with_candidates) == [good.key] and len(refused) == 6  # the lone key reads as a miss
+    status = as_["alice"].complain(lone.key, lone.trace_id, "left out: an object graph")
+    assert status is not None and status["quarantined"] and "verify_job" not in status
+    assert as_["reader"].lookup(keys, refused=(after := [])).keys() == {good.key, other.key}
+    assert [r.trace_id for r in after] == [doomed.trace_id]  # the lone one is out of service; the other awaits its complaint
+    (item,) = as_["root"].quarantined()
+    assert item["trace_id"] == lone.trace_id and item["reason"].startswith("fails the registry's checks")
+    assert "verify_job" in as_["alice"].complain(other.key, other.trace_id, "slow")  # a record that passes is verified, not judged
 
 
 def test_roles_bound_each_call(as_: dict[str, RegistryClient], srv: ServerThread) -> None:

@@ -23,6 +23,8 @@ from schedhub.hooks.session import HookSession
 from schedhub.registry import InvalidRecord, LocalRegistry, Principal, Record, RegistryClient, ServerThread, check_object_graphs
 from schedhub.hooks.msdb import replay_schedule, trace_text
 
+from .conftest import store_unchecked
+
 CPU = tvm.target.Target({"kind": "llvm", "num-cores": 1})
 
 
@@ -268,6 +270,22 @@ def test_an_object_graph_in_a_trace_is_loaded_by_tvm_only_when_it_is_a_small_ind
             with pytest.raises(InvalidRecord, match="object graph"):
                 alice.put(Record(identity, text, [1e-3]))
             assert alice.get(identity.key) == [], name
+
+
+def test_a_stored_record_that_a_newer_check_refuses_costs_a_compile_only_itself_and_is_taken_out(tmp_path: Path, model: dict) -> None:
+    """A record stored before one of today's checks existed, ranked first: the compile serves the kernel's next record,
+    says what it left out, and complains, on which the registry takes the record out of service by its own check. Such
+    a record once failed the whole lookup, every kernel of the compile falling back."""
+    good, doomed = schedule_record(model, "split", 2e-3), Record(model["identity"], split_again(1), [1e-3])
+    with LocalRegistry(tmp_path / "store", sync=False) as reg:
+        reg.put_many([good, doomed])
+        store_unchecked(tmp_path / "store", doomed)
+        with use(reg, CPU) as session:
+            tvm.compile(model["mod"], CPU)
+        (kernel,) = session.report.kernels
+        assert (kernel.outcome, kernel.detail) == ("hit", good.trace_id)
+        assert [p for p in session.report.problems if "left out" in p and doomed.trace_id in p and "object graph" in p]
+        assert [q["trace_id"] for q in reg.quarantined()] == [doomed.trace_id] and reg.lookup([good.key], refused=(left := [])) and not left
 
 
 def test_the_database_reads_its_own_writes(server: ServerThread, model: dict) -> None:
