@@ -37,7 +37,7 @@ from schedhub.tuner.dispatch import Seeder, start_tuning, submit_tuning, warm_st
 from schedhub.tuner.search import TuneOptions, TuneResult
 from schedhub.tuner.worker import Worker
 
-from .conftest import QUICK_FLAGS, QUICK_SEARCH, TOKEN
+from .conftest import QUICK_FLAGS, QUICK_SEARCH, TOKEN, store_unchecked
 
 REPO = Path(__file__).resolve().parent.parent
 TARGET = {"kind": "llvm", "mcpu": "znver1", "num-cores": 2}
@@ -75,7 +75,7 @@ def overlaps(a: dict, b: dict) -> bool:
     return a["start"] < b["end"] and b["start"] < a["end"]
 
 
-def test_two_jobs_share_the_device_without_overlapping_measurements(ray_address: str, tmp_path: Path) -> None:
+def test_two_jobs_share_the_device_without_overlapping_measurements(ray_address: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     options = tiny(trials=16, trials_per_iter=8, publish=2)
     refs = [tune(matmul(64, 128, 128), options, label="job-a"), tune(matmul(32, 256, 64), options, label="job-b")]
     results = [TuneResult.from_dict(cluster.result(r)) for r in refs]
@@ -111,6 +111,10 @@ def test_two_jobs_share_the_device_without_overlapping_measurements(ray_address:
         seeded = TuneResult.from_dict(cluster.result(tune(other, tiny(trials=8, trials_per_iter=8, publish=1, repostprocess=False), warm)))
         assert seeded.warm_started == 1 and seeded.records
         assert sum(e["count"] for e in seeded.events if e["stage"] == "warm start" and e["kind"] == "measure") == 1
+    with LocalRegistry(tmp_path / "unchecked", sync=False) as unchecked:  # the same record, kept before a check existed
+        unchecked.put_many(results[0].records[:1])
+        store_unchecked(tmp_path / "unchecked", results[0].records[0])
+        assert warm_start_traces(unchecked, other, limit=4) == [] and "left out of" in caplog.text
 
 
 def test_a_registry_trace_is_also_measured_postprocessed_here_and_a_seed_is_not(ray_address: str) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from schedhub.registry import TARGET, Candidate, Identity, Record, Registry, RegistryError
+from schedhub.registry import TARGET, Candidate, Identity, Record, RefusedRecord, Registry, RegistryError
 
 from . import cluster
 from .publish import Published, publish_cost_model
@@ -31,8 +31,12 @@ def warm_start_traces(registry: Registry, identity: Identity, limit: int) -> lis
 
 
 def _known(registry: Registry, identity: Identity, per_key: int) -> tuple[list[Record], list[Candidate]]:
-    """The key's records and up to ``per_key`` of its neighbours', in one lookup."""
-    found, near = registry.lookup_with_candidates([identity], per_key=per_key)
+    """The key's records and up to ``per_key`` of its neighbours', in one lookup (those this version's checks refuse
+    left out, and logged)."""
+    refused: list[RefusedRecord] = []
+    found, near = registry.lookup_with_candidates([identity], per_key=per_key, refused=refused)
+    for item in refused:
+        log.warning("schedhub: record %s of key %s left out of %s's warm start: %s", item.trace_id, item.key[:16], identity.op, item.reason)
     return found.get(identity.key, []), near.get(identity.key, [])
 
 
