@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections import Counter
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import tvm
 from tvm import s_tir, tirx
 
-from schedhub.registry import InvalidRecord, check_object_graphs, trace_instructions
+from schedhub.registry import InvalidRecord, check_object_graphs
 
 
 class ScheduleTooCostly(ValueError):
@@ -46,9 +45,10 @@ class ScheduleLimits:
     max_trace_instructions: int = 1024  # every instruction that adds a loop or a stage costs the replay more as the kernel
     #   grows: 1024 cache reads of one buffer replayed in 3.7 s and built in 1.9 s, 1500 in 8.4 s and 4.4 s. MetaSchedule's
     #   own traces: at most 74 instructions in the quick fill's records, 95 in a CUDA float16 matmul's sketch
-    max_fuses: int = 20  # Fuse instructions: a fused loop is named after the loops it fuses, so a trace that splits a loop and
-    #   fuses it back, again and again, doubles the name each time (25 times: a 2 KB trace replayed in 2 s and 2.4 GiB, 50
-    #   times: past 8 GiB). MetaSchedule's own: at most 6 on a CPU, 7 in a CUDA tensor-core matmul's sketch (ARCHITECTURE §8)
+    max_loop_names: int = 1 << 22  # characters of the loop names the replay makes, as :func:`loop_name_chars` counts them: a
+    #   fused loop is named after the loops it fuses, so a trace that splits a loop and fuses it back multiplies the name
+    #   (in two, 25 times: a 2 KB trace replayed in 2 s and 2.4 GiB; in 64, 5 times: a 6 KB trace past 6 GiB). MetaSchedule's
+    #   own: at most 11,125 in a CPU registry's records and trials, 45,999 in CUDA float16 matmul samples (ARCHITECTURE §8)
     max_splits: int = 256  # Split instructions: a chain of splits nests loops, and replaying 1000 of them took 8.7 s, 2000 55 s
     max_unrolled_statements: int = 1 << 17  # the kernel's lane-statements after TVM's unrolling (:func:`unrolled_code`)
     max_straight_line: int = 1 << 16  # of those, in one run of code without a loop. LLVM's time grows faster than the run:
@@ -65,23 +65,59 @@ _UNROLL_KEYS = ("pragma_auto_unroll_max_step", "meta_schedule.unroll_explicit", 
 
 
 def check_trace_size(trace_text: str, limits: ScheduleLimits) -> None:
-    """Refuse a trace before replaying it where its instructions, or those whose replay grows faster than the trace
-    (``Fuse``, ``Split``: see :class:`ScheduleLimits`), are too many, or where it holds an object graph TVM would load
-    unchecked (``ValueError``: :func:`schedhub.registry.check_object_graphs`; such a graph crashed the process)."""
-    count = trace_instructions(trace_text)
-    if count is None:
-        raise ValueError("the trace is not JSON")
-    if count > limits.max_trace_instructions:
-        raise ScheduleTooCostly(f"trace has {count} instructions, over the limit of {limits.max_trace_instructions}")
-    parsed = json.loads(trace_text)
+    """Refuse a trace before replaying it where its instructions, its ``Split`` instructions or the loop names it makes
+    (:func:`loop_name_chars`), whose replay grows faster than the trace, are too many (see :class:`ScheduleLimits`), or
+    where it holds an object graph TVM would load unchecked (``ValueError``: :func:`schedhub.registry.check_object_graphs`;
+    such a graph crashed the process)."""
+    try:
+        parsed = json.loads(trace_text)
+    except (ValueError, RecursionError):
+        raise ValueError("the trace is not JSON") from None
+    instructions = parsed[0] if isinstance(parsed, list) and parsed and isinstance(parsed[0], list) else []
+    if len(instructions) > limits.max_trace_instructions:
+        raise ScheduleTooCostly(f"trace has {len(instructions)} instructions, over the limit of {limits.max_trace_instructions}")
     try:
         check_object_graphs(parsed)  # records were checked when parsed; a job's or a caller's trace text may not have been
     except InvalidRecord as exc:
         raise ValueError(str(exc)) from None
-    kinds = Counter(inst[0] for inst in parsed[0] if isinstance(inst, list) and inst and isinstance(inst[0], str)) if count else Counter()
-    for kind, most in (("Fuse", limits.max_fuses), ("Split", limits.max_splits)):
-        if kinds[kind] > most:
-            raise ScheduleTooCostly(f"trace has {kinds[kind]} {kind} instructions, over the limit of {most}")
+    splits = sum(1 for inst in instructions if isinstance(inst, list) and inst and inst[0] == "Split")
+    if splits > limits.max_splits:
+        raise ScheduleTooCostly(f"trace has {splits} Split instructions, over the limit of {limits.max_splits}")
+    names = loop_name_chars(instructions)
+    if names > limits.max_loop_names:
+        raise ScheduleTooCostly(f"trace makes loop names of about {names:,} characters, over the limit of {limits.max_loop_names:,}")
+
+
+_LOOP_SPLITS = frozenset({"Split", "LoopPartition"})  # each part named '<name>_<i>'
+_LOOP_FUSES = frozenset({"Fuse", "Merge"})  # named '<name1>_<name2>_…_fused' (Merge: at most as long)
+_LOOP_NAME = 16  # a loop name of the workload, or of a block's new loops (ax0, …)
+
+
+def loop_name_chars(instructions: list[Any]) -> int:
+    """About how many characters of loop names replaying a trace's ``instructions`` makes, never fewer. TVM names a
+    split loop's parts after it and a fused loop after every loop it fuses, so splitting a loop into k and fusing the
+    parts back multiplies its name by k. A loop that comes from any other instruction (``GetLoops``, …) may be one made
+    before: it is counted at the longest name made so far."""
+    length: dict[str, int] = {}
+    longest = total = _LOOP_NAME
+
+    def of(loop: Any) -> int:
+        return length.get(loop, longest) if isinstance(loop, str) else longest
+
+    for inst in instructions:
+        if not (isinstance(inst, list) and len(inst) >= 4 and isinstance(inst[1], list) and isinstance(inst[3], list)):
+            continue
+        kind, inputs, outputs = inst[0], inst[1], inst[3]
+        if kind in _LOOP_SPLITS and inputs:
+            made = [of(inputs[0]) + 1 + len(str(i)) for i in range(len(outputs))]
+        elif kind in _LOOP_FUSES:
+            made = [sum(of(loop) + 1 for loop in inputs) + len("fused")] * len(outputs)
+        else:
+            made = []
+        length.update((name, chars) for name, chars in zip(outputs, made or [longest] * len(outputs)) if isinstance(name, str))
+        total += sum(made)
+        longest = max([longest, *made])
+    return total
 
 
 def check_scheduled(mod: tvm.IRModule, limits: ScheduleLimits) -> None:

@@ -3,6 +3,7 @@ takes, and the MetaSchedule database contract (read-your-writes, one environment
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 import time
@@ -17,7 +18,7 @@ from tvm.s_tir import meta_schedule as ms
 
 from schedhub.hooks import RegistryDatabase, ScheduleLimits, ScheduleTooCostly, use, workload_identity
 from schedhub.hooks.costmodel import Kernels
-from schedhub.hooks.guard import check_scheduled, check_trace_size, nested_statements, unrolled_code
+from schedhub.hooks.guard import check_scheduled, check_trace_size, loop_name_chars, nested_statements, unrolled_code
 from schedhub.hooks.identity import workload_module
 from schedhub.hooks.session import HookSession
 from schedhub.registry import InvalidRecord, LocalRegistry, Principal, Record, RegistryClient, ServerThread, check_object_graphs
@@ -68,17 +69,19 @@ def schedule_record(model: dict, build: str, secs: float) -> Record:
     return Record(model["identity"], trace_text(sch.trace), [secs])
 
 
-def split_again(times: int, fuse_back: bool = True) -> str:
-    """A trace of the matmul that splits its first loop in two and fuses the halves back, ``times`` times (each fused
-    loop is named after both halves: the name doubles), or with ``fuse_back=False`` splits the inner half again each time."""
+def split_again(times: int, fuse_back: bool = True, parts: int = 2) -> str:
+    """A trace of the matmul that splits its first loop in ``parts`` and fuses them back, ``times`` times (each fused
+    loop is named after all its parts: the name grows ``parts``-fold), or with ``fuse_back=False`` splits the inner
+    part again each time."""
     insts: list = [["GetSBlock", [], ["matmul", "main"], ["b0"]], ["GetLoops", ["b0"], [], ["l1", "l2", "l3"]]]
-    loop = "l1"
-    for t in range(times):
-        outer, inner, fused = f"l{4 + 3 * t}", f"l{5 + 3 * t}", f"l{6 + 3 * t}"
-        insts.append(["Split", [loop, 2 if fuse_back else 1, "None"], [True, False], [outer, inner]])
+    loop, names = "l1", iter(f"l{n}" for n in itertools.count(4))
+    for _ in range(times):
+        split = [next(names) for _ in range(parts)]
+        factors = [2] if fuse_back and parts == 2 else [1] * (parts - 1)
+        insts.append(["Split", [loop, *factors, "None"], [True, False], split])
         if fuse_back:
-            insts.append(["Fuse", [outer, inner], [1], [fused]])
-        loop = fused if fuse_back else inner
+            insts.append(["Fuse", split, [1], [fused := next(names)]])
+        loop = fused if fuse_back else split[-1]
     return json.dumps([insts, []])
 
 
@@ -181,13 +184,17 @@ def test_the_guard_counts_the_code_tvms_unrolling_hands_llvm_and_bounds_it(model
 
 
 def test_a_trace_whose_replay_grows_faster_than_it_is_refused_before_it_is_replayed() -> None:
-    """Splitting a loop and fusing it back doubles the loop's name each time; a chain of splits nests loops, and replaying
-    2000 of them took 55 s; every stage a trace adds makes the next instruction cost more. MetaSchedule's own traces fuse at
-    most 6 times on a CPU, split at most 8 times, and hold at most 74 instructions."""
-    check_trace_size(split_again(20), ScheduleLimits())
-    check_trace_size(split_again(256, fuse_back=False), ScheduleLimits())
-    with pytest.raises(ScheduleTooCostly, match="21 Fuse instructions"):
-        check_trace_size(split_again(21), ScheduleLimits())
+    """Splitting a loop in k and fusing the parts back multiplies the loop's name by k each time (in two, 25 times: 2.3 s
+    and 1.3 GiB; in 64, 5 times: a 6 KB trace past 6 GiB); a chain of splits nests loops, and replaying 2000 of them took
+    55 s; every stage a trace adds makes the next instruction cost more. MetaSchedule's own traces split at most 8 times,
+    hold at most 74 instructions on a CPU, and make loop names of at most 46,000 characters as counted (CUDA samples)."""
+    cuda_samples = json.loads((Path(__file__).parent / "data" / "cuda_matmul_trace.json").read_text())["trace"]
+    for legit in (split_again(15), split_again(256, fuse_back=False), json.dumps(cuda_samples)):
+        check_trace_size(legit, ScheduleLimits())
+    assert loop_name_chars(json.loads(split_again(3, parts=64))[0]) > 64**3  # a name 64 times longer after each fuse
+    for bomb in (split_again(16), split_again(5, parts=64)):
+        with pytest.raises(ScheduleTooCostly, match="loop names"):
+            check_trace_size(bomb, ScheduleLimits())
     with pytest.raises(ScheduleTooCostly, match="257 Split instructions"):
         check_trace_size(split_again(257, fuse_back=False), ScheduleLimits())
     with pytest.raises(ScheduleTooCostly, match="1025 instructions"):  # 1024 cache reads of one buffer replayed in 3.7 s
