@@ -49,7 +49,11 @@ class ScheduleLimits:
     #   fused loop is named after the loops it fuses, so a trace that splits a loop and fuses it back multiplies the name
     #   (in two, 25 times: a 2 KB trace replayed in 2 s and 2.4 GiB; in 64, 5 times: a 6 KB trace past 6 GiB). MetaSchedule's
     #   own: at most 11,125 in a CPU registry's records and trials, 45,999 in CUDA float16 matmul samples (ARCHITECTURE §8)
-    max_splits: int = 256  # Split instructions: a chain of splits nests loops, and replaying 1000 of them took 8.7 s, 2000 55 s
+    max_split_loops: int = 512  # loops the trace's Split (and LoopPartition) instructions make, a Split in k making k: a chain
+    #   of splits nests loops, and replaying 1000 of them took 8.7 s, 2000 55 s; one Split in 8,000 crashed the replaying
+    #   process (a segmentation fault). MetaSchedule's own: at most 24 on a CPU, 39 in CUDA samples (parts of 4 and 5)
+    max_loop_depth: int = 256  # loops nested in the scheduled kernel: TVM's build crashed on 4,000 (3,000 built in 0.2 s);
+    #   MetaSchedule's own: at most 21 in a CPU registry's records
     max_unrolled_statements: int = 1 << 17  # the kernel's lane-statements after TVM's unrolling (:func:`unrolled_code`)
     max_straight_line: int = 1 << 16  # of those, in one run of code without a loop. LLVM's time grows faster than the run:
     #   4096 unrolled copies of a 64-lane store built in 44 s, 8192 in 195 s, 1024 auto-unrolled 1.6 s (ARCHITECTURE §8). MetaSchedule's
@@ -65,8 +69,8 @@ _UNROLL_KEYS = ("pragma_auto_unroll_max_step", "meta_schedule.unroll_explicit", 
 
 
 def check_trace_size(trace_text: str, limits: ScheduleLimits) -> None:
-    """Refuse a trace before replaying it where its instructions, its ``Split`` instructions or the loop names it makes
-    (:func:`loop_name_chars`), whose replay grows faster than the trace, are too many (see :class:`ScheduleLimits`), or
+    """Refuse a trace before replaying it where its instructions, the loops its ``Split`` instructions make or the loop
+    names it makes (:func:`loop_name_chars`), whose replay grows faster than the trace, are too many (see :class:`ScheduleLimits`), or
     where it holds an object graph TVM would load unchecked (``ValueError``: :func:`schedhub.registry.check_object_graphs`;
     such a graph crashed the process)."""
     try:
@@ -80,9 +84,10 @@ def check_trace_size(trace_text: str, limits: ScheduleLimits) -> None:
         check_object_graphs(parsed)  # records were checked when parsed; a job's or a caller's trace text may not have been
     except InvalidRecord as exc:
         raise ValueError(str(exc)) from None
-    splits = sum(1 for inst in instructions if isinstance(inst, list) and inst and inst[0] == "Split")
-    if splits > limits.max_splits:
-        raise ScheduleTooCostly(f"trace has {splits} Split instructions, over the limit of {limits.max_splits}")
+    split_loops = sum(len(inst[3]) for inst in instructions
+                      if isinstance(inst, list) and len(inst) >= 4 and inst[0] in _LOOP_SPLITS and isinstance(inst[3], list))  # fmt: skip
+    if split_loops > limits.max_split_loops:
+        raise ScheduleTooCostly(f"trace splits {split_loops} loops, over the limit of {limits.max_split_loops}")
     names = loop_name_chars(instructions)
     if names > limits.max_loop_names:
         raise ScheduleTooCostly(f"trace makes loop names of about {names:,} characters, over the limit of {limits.max_loop_names:,}")
@@ -130,12 +135,15 @@ def check_scheduled(mod: tvm.IRModule, limits: ScheduleLimits) -> None:
 def _walk(root: Any, limits: ScheduleLimits) -> None:
     extents: dict[tuple[int, str], set[int]] = {}  # (launch, thread axis): the extents bound to it
     launches = itertools.count()  # numbers the launches (not id(): a freed node's id is reused)
-    stack: list[tuple[Any, int, int | None]] = [(root, 1, None)]  # (node, vector lanes, launch)
+    stack: list[tuple[Any, int, int | None, int]] = [(root, 1, None, 0)]  # (node, vector lanes, launch, loops around it)
     while stack:
-        node, lanes, launch = stack.pop()
+        node, lanes, launch, depth = stack.pop()
         if node is None:
             continue
         if isinstance(node, tirx.For):
+            depth += 1
+            if depth > limits.max_loop_depth:
+                raise ScheduleTooCostly(f"loops nested {depth} deep, over the limit of {limits.max_loop_depth}")
             _check_annotations(node.annotations, limits)
             if node.kind == tirx.ForKind.VECTORIZED:
                 if not isinstance(node.extent, tirx.IntImm):  # a trace replayed on a symbolic size (a dynamic batch)
@@ -148,11 +156,11 @@ def _walk(root: Any, limits: ScheduleLimits) -> None:
                 if isinstance(node.extent, tirx.IntImm):
                     axis = str(node.thread_binding.thread_tag)
                     _bind(extents.setdefault((launch, axis), set()), axis, node.extent.value)
-            stack.append((node.body, lanes, launch))
+            stack.append((node.body, lanes, launch, depth))
             continue
         if isinstance(node, s_tir.SBlock):
             _check_annotations(node.annotations, limits)
-        stack.extend((s, lanes, launch) for s in nested_statements(node) or [])
+        stack.extend((s, lanes, launch, depth) for s in nested_statements(node) or [])
     code = unrolled_code(root)
     if code.total > limits.max_unrolled_statements:
         raise ScheduleTooCostly(f"unrolling would hand LLVM {code.total} lane-statements, over the limit of {limits.max_unrolled_statements}")

@@ -195,10 +195,29 @@ def test_a_trace_whose_replay_grows_faster_than_it_is_refused_before_it_is_repla
     for bomb in (split_again(16), split_again(5, parts=64)):
         with pytest.raises(ScheduleTooCostly, match="loop names"):
             check_trace_size(bomb, ScheduleLimits())
-    with pytest.raises(ScheduleTooCostly, match="257 Split instructions"):
+    with pytest.raises(ScheduleTooCostly, match="splits 514 loops"):
         check_trace_size(split_again(257, fuse_back=False), ScheduleLimits())
+    with pytest.raises(ScheduleTooCostly, match="splits 8000 loops"):  # one Split in 8,000 crashed the replay (a segmentation fault)
+        check_trace_size(split_again(1, fuse_back=False, parts=8000), ScheduleLimits())
     with pytest.raises(ScheduleTooCostly, match="1025 instructions"):  # 1024 cache reads of one buffer replayed in 3.7 s
         check_trace_size(json.dumps([[["GetSBlock", [], ["matmul", "main"], ["b0"]]] * 1025, []]), ScheduleLimits())
+
+
+def test_a_kernel_nested_deeper_than_tvms_build_survives_is_refused_before_it_is_built() -> None:
+    """TVM's build crashed (a segmentation fault) on loops nested 4,000 deep, which a trace can make within its other
+    bounds (a loop given unit loops one instruction at a time); MetaSchedule's own nest at most 21 deep on a CPU."""
+    a = te.placeholder((64,), name="A")
+    func = te.create_prim_func([a, te.compute((64,), lambda i: a[i] + 1.0, name="B")])
+    for units, refused in ((255, False), (256, True)):
+        sch = tvm.s_tir.Schedule(func)
+        for _ in range(units):
+            sch.add_unit_loop(sch.get_sblock("B"))
+        check_trace_size(trace_text(sch.trace), ScheduleLimits())  # the trace alone is within its bounds
+        if refused:
+            with pytest.raises(ScheduleTooCostly, match="nested 257 deep"):
+                check_scheduled(sch.mod, ScheduleLimits())
+        else:
+            check_scheduled(sch.mod, ScheduleLimits())
 
 
 @pytest.fixture
