@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -58,6 +59,9 @@ class ScheduleLimits:
     max_straight_line: int = 1 << 16  # of those, in one run of code without a loop. LLVM's time grows faster than the run:
     #   4096 unrolled copies of a 64-lane store built in 44 s, 8192 in 195 s, 1024 auto-unrolled 1.6 s (ARCHITECTURE §8). MetaSchedule's
     #   own schedules stay near half of it (a CPU's 512 auto-unrolled steps of 64 lanes, and a reduction's init beside them)
+    max_scratch_ratio: float = 16.0  # bytes of the kernel's own buffers over its arguments': a 2 KB trace that padded a cache of
+    #   1,024 integers to 2^30 allocated 4 GiB and ran 5.9 s a call
+    min_scratch_bytes: int = 64 << 20  # the kernel's own buffers are allowed this much whatever its arguments
     max_auto_unroll: int = 4096  # pragma_auto_unroll_max_step / meta_schedule.unroll_* values
     max_vector_lanes: int = 64  # product of vectorized extents around a statement: MetaSchedule's own most on a CPU
     #   (ParallelizeVectorizeUnroll's max_vectorize_extent). A transfer's recorded vectorization can grow past it: a
@@ -125,11 +129,38 @@ def loop_name_chars(instructions: list[Any]) -> int:
     return total
 
 
-def check_scheduled(mod: tvm.IRModule, limits: ScheduleLimits) -> None:
-    """Refuse a scheduled kernel whose lowering would blow up (see the module docstring)."""
+def check_scheduled(mod: tvm.IRModule, limits: ScheduleLimits, unscheduled: tvm.IRModule | None = None) -> None:
+    """Refuse a scheduled kernel whose lowering would blow up, or whose buffers of its own would: more bytes than
+    ``max_scratch_ratio`` times its arguments' or the ``unscheduled`` kernel's own (a layout padded far past its data
+    allocates and fills it on every call; see the module docstring)."""
+    before = sum(allocated_bytes(f.body) for _, f in unscheduled.functions_items() if isinstance(f, tirx.PrimFunc)) if unscheduled else 0
     for _, func in mod.functions_items():
         if isinstance(func, tirx.PrimFunc):
             _walk(func.body, limits)
+            own, arguments = allocated_bytes(func.body), sum(b for b in map(buffer_bytes, func.params) if b is not None)
+            most = max(limits.max_scratch_ratio * max(arguments, before), limits.min_scratch_bytes)
+            if own > most:
+                raise ScheduleTooCostly(f"buffers of {own:,} bytes of its own, over the limit of {int(most):,} ({limits.max_scratch_ratio:g}× "
+                                        f"its arguments' {arguments:,} or the unscheduled kernel's own {before:,})")  # fmt: skip
+
+
+def buffer_bytes(buffer: Any) -> int | None:
+    """A buffer's (or a buffer parameter's) size in bytes; None where its shape is not static or it has none."""
+    shape = getattr(buffer, "shape", None)
+    if shape is None or not all(isinstance(d, (int, tirx.IntImm)) for d in shape):
+        return None
+    return math.prod(int(d) for d in shape) * max(1, buffer.dtype.bits * buffer.dtype.lanes // 8)
+
+
+def allocated_bytes(root: Any) -> int:
+    """The bytes of the buffers a kernel's blocks allocate (those of static shape)."""
+    total, stack = 0, [root]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, s_tir.SBlock):
+            total += sum(b for b in map(buffer_bytes, node.alloc_buffers) if b is not None)
+        stack.extend(nested_statements(node) or [])
+    return total
 
 
 def _walk(root: Any, limits: ScheduleLimits) -> None:

@@ -116,7 +116,7 @@ def sketch_replayed(normalized: tvm.IRModule, sketched: list[Any], decided: dict
         sch.enter_postproc()
         if not all(p.apply(sch) for p in postprocs):
             return None
-        check_scheduled(sch.mod, limits)
+        check_scheduled(sch.mod, limits, normalized)
     except (*TVM_ERRORS, ValueError):  # ScheduleTooCostly is a ValueError, as is a vectorized symbolic loop
         return None
     return sch
@@ -177,7 +177,7 @@ def replay_within(mod: tvm.IRModule, trace_text: str, limits: ScheduleLimits) ->
     (:class:`.guard.ScheduleTooCostly`); raises TVM's error when it does not fit ``mod``."""
     check_trace_size(trace_text, limits)
     sch = replay_schedule(mod, json.loads(trace_text))
-    check_scheduled(sch.mod, limits)
+    check_scheduled(sch.mod, limits, mod)
     return sch
 
 

@@ -360,7 +360,7 @@ class HookSession:
         try:
             out = padded_dispatch(normalized, recorded, replayed)
             if out is not None:
-                check_scheduled(out, self.limits)
+                check_scheduled(out, self.limits, normalized)
             return out
         except Exception as exc:  # TVM's errors, a trace that lists other blocks, ScheduleTooCostly, JSON the plain replay let pass
             log.debug("schedhub: %s not padded on %s: %s", record.trace_id, record.identity.op, str(exc)[:200])

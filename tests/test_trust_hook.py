@@ -22,7 +22,7 @@ from schedhub.hooks.guard import check_scheduled, check_trace_size, loop_name_ch
 from schedhub.hooks.identity import workload_module
 from schedhub.hooks.session import HookSession
 from schedhub.registry import InvalidRecord, LocalRegistry, Principal, Record, RegistryClient, ServerThread, check_object_graphs
-from schedhub.hooks.msdb import replay_schedule, trace_text
+from schedhub.hooks.msdb import replay_schedule, replay_within, trace_text
 
 from .conftest import store_unchecked
 
@@ -218,6 +218,22 @@ def test_a_kernel_nested_deeper_than_tvms_build_survives_is_refused_before_it_is
                 check_scheduled(sch.mod, ScheduleLimits())
         else:
             check_scheduled(sch.mod, ScheduleLimits())
+
+
+def test_a_kernel_whose_own_buffers_dwarf_its_data_is_refused_before_it_is_built() -> None:
+    """A 2 KB trace padded a cache of 1,024 integers to 2^30: its kernel allocated 4 GiB and ran 5.9 s a call, within every
+    other bound. MetaSchedule's own allocate at most 1.47 times their arguments (a padded convolution's input copy)."""
+    a = te.placeholder((1024,), "int32", name="A")
+    func = te.create_prim_func([a, te.compute((1024,), lambda i: a[i] + 1, name="B")])
+    for padded_to, refused in ((1 << 12, False), (1 << 25, True)):  # 16 KiB, 128 MiB
+        sch = tvm.s_tir.Schedule(func)
+        cache = sch.cache_read(sch.get_sblock("B"), 0, "global")
+        sch.transform_layout(cache, ("write", 0), lambda i: (i // padded_to, i % padded_to), pad_value=0)
+        if refused:
+            with pytest.raises(ScheduleTooCostly, match="134,217,728 bytes of its own"):
+                replay_within(tvm.IRModule({"main": func}), trace_text(sch.trace), ScheduleLimits())
+        else:
+            replay_within(tvm.IRModule({"main": func}), trace_text(sch.trace), ScheduleLimits())
 
 
 @pytest.fixture
