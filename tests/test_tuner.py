@@ -139,6 +139,24 @@ def test_a_registry_trace_is_also_measured_postprocessed_here_and_a_seed_is_not(
     assert seeded.warm_started == 1
 
 
+def test_verification_quarantines_a_correct_record_far_slower_than_the_default_schedule(ray_address: str) -> None:
+    """A record that pads a cache of 1,024 integers to 16 MiB computes right and stays within the hook's bounds, but
+    fills 16 MiB on every call: verification times it beside the unscheduled kernel and quarantines it."""
+    from schedhub.tuner.verify import verify_job
+
+    a = te.placeholder((1024,), "int32", name="A")
+    func = te.create_prim_func([a, te.compute((1024,), lambda i: a[i] + 1, name="B")])
+    identity = workload_identity(func, TARGET, "add_one")
+    verdicts = {}
+    for name, padded_to in (("cached", 1024), ("padded", 1 << 22)):
+        sch = tvm.s_tir.Schedule(workload_module(identity.workload))
+        cache = sch.cache_read(sch.get_sblock("B"), 0, "global")
+        sch.transform_layout(cache, ("write", 0), lambda i: (i // padded_to, i % padded_to), pad_value=0)
+        verdicts[name] = verify_job({"identity": identity.to_dict(), "trace": trace_text(sch.trace)})
+    assert verdicts["cached"]["run_secs"] and "matches" in verdicts["cached"]["reason"], verdicts
+    assert verdicts["padded"]["run_secs"] is None and "slower than the default schedule" in verdicts["padded"]["reason"]
+
+
 def test_a_trace_of_another_structure_is_skipped_not_fatal(ray_address: str) -> None:
     a, b = te.placeholder((64, 64), name="A"), te.placeholder((64,), name="b")
     c = te.compute((64, 64), lambda i, j: a[i, j] + b[j], name="bias_add")

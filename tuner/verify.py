@@ -6,7 +6,8 @@ compute wrong or fail at launch: the hook's launch checks), builds it and the ta
 default schedule as CPU tasks, and times both in one measurement task that holds the device,
 checking the output against the unscheduled kernel's on the same random inputs. The verdict goes
 back with the ack; the registry marks the record verified, or refuses it (far slower than
-claimed) or quarantines it (does not replay, build, run or match) and names its pusher.
+claimed) or quarantines it (does not replay, build, run or match, or is far slower than the
+default schedule beside it) and names its pusher.
 """
 
 from __future__ import annotations
@@ -18,6 +19,13 @@ from schedhub.registry import Identity
 from . import cluster, tvm_env
 from .backends import Timeline
 from .kernels import FINAL_TIMING
+
+
+#: A record re-measured this many times slower than the target's default schedule, timed beside it (and by more than
+#: SLOWER_BY_AT_LEAST), is quarantined: a compile that served it would have done better without the registry (a 2 KB
+#: trace padding a cache of 1,024 integers to 16 MiB runs correctly, within the hook's bounds, 1.2 million times slower)
+SLOWER_THAN_DEFAULT = 2.0
+SLOWER_BY_AT_LEAST = 10e-6  # seconds: a kernel of a few hundred nanoseconds doubles with one more copy, harmlessly
 
 
 def verify_job(job: dict[str, Any], timing: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -44,5 +52,9 @@ def verify_job(job: dict[str, Any], timing: dict[str, Any] | None = None) -> dic
     if not result["run_secs"]:
         return {"run_secs": None, "reason": result["error"] or "did not run"}
     untuned_secs = sum(untuned["run_secs"]) / len(untuned["run_secs"])
-    return {"run_secs": result["run_secs"], "reason": f"output matches the unscheduled kernel's; {default_name(identity.target)}: {untuned_secs * 1e6:.3g} µs side by side"}
+    secs = sum(result["run_secs"]) / len(result["run_secs"])
+    side_by_side_note = f"{default_name(identity.target)}: {untuned_secs * 1e6:.3g} µs side by side"
+    if secs > SLOWER_THAN_DEFAULT * untuned_secs and secs - untuned_secs > SLOWER_BY_AT_LEAST:  # correct, and worse than no record
+        return {"run_secs": None, "reason": f"{secs / untuned_secs:.3g}× slower than the default schedule ({secs * 1e6:.3g} µs; {side_by_side_note})"}
+    return {"run_secs": result["run_secs"], "reason": f"output matches the unscheduled kernel's; {side_by_side_note}"}
 
