@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -144,23 +143,47 @@ def check_scheduled(mod: tvm.IRModule, limits: ScheduleLimits, unscheduled: tvm.
                                         f"its arguments' {arguments:,} or the unscheduled kernel's own {before:,})")  # fmt: skip
 
 
-def buffer_bytes(buffer: Any) -> int | None:
-    """A buffer's (or a buffer parameter's) size in bytes; None where its shape is not static or it has none."""
+def buffer_bytes(buffer: Any, aligned: list[tuple[int, int, int]] = ()) -> int | None:
+    """A buffer's (or a buffer parameter's) size in bytes, its rows padded as ``aligned`` asks (``storage_align``'s
+    (axis, factor, offset): the axis's stride made ``offset`` modulo ``factor``, as TVM lays it out); None where its
+    shape is not static or it has none."""
     shape = getattr(buffer, "shape", None)
     if shape is None or not all(isinstance(d, (int, tirx.IntImm)) for d in shape):
         return None
-    return math.prod(int(d) for d in shape) * max(1, buffer.dtype.bits * buffer.dtype.lanes // 8)
+    elements = 1
+    for axis in reversed(range(len(shape))):
+        for factor, offset in ((f, o) for a, f, o in aligned if a == axis and f > 0):
+            elements += (offset - elements) % factor
+        elements *= int(shape[axis])
+    return elements * max(1, buffer.dtype.bits * buffer.dtype.lanes // 8)
 
 
 def allocated_bytes(root: Any) -> int:
-    """The bytes of the buffers a kernel's blocks allocate (those of static shape)."""
-    total, stack = 0, [root]
+    """The bytes of the buffers a kernel's blocks allocate (those of static shape), rows padded as the blocks that
+    write them align them (``buffer_dim_align``: a 132-byte trace aligned a cache's rows to 2^28 elements, whose 16
+    rows then indexed past 32 bits and computed NaN)."""
+    allocated: list[Any] = []
+    aligned: list[tuple[Any, tuple[int, int, int]]] = []  # (buffer, (axis, factor, offset))
+    stack = [root]
     while stack:
         node = stack.pop()
         if isinstance(node, s_tir.SBlock):
-            total += sum(b for b in map(buffer_bytes, node.alloc_buffers) if b is not None)
+            allocated += node.alloc_buffers
+            for index, axis, factor, offset in _dim_aligns(node):
+                if 0 <= index < len(node.writes):
+                    aligned.append((node.writes[index].source, (axis, factor, offset)))
         stack.extend(nested_statements(node) or [])
-    return total
+    sizes = (buffer_bytes(b, [align for other, align in aligned if other.same_as(b)]) for b in allocated)
+    return sum(size for size in sizes if size is not None)
+
+
+def _dim_aligns(block: Any) -> list[tuple[int, int, int, int]]:
+    """A block's ``buffer_dim_align`` annotation: (write buffer index, axis, factor, offset) each."""
+    value = block.annotations.get("buffer_dim_align") if block.annotations is not None else None
+    try:
+        return [(int(i), int(a), int(f), int(o)) for i, a, f, o in (value or [])]
+    except (TypeError, ValueError):
+        return []
 
 
 def _walk(root: Any, limits: ScheduleLimits) -> None:

@@ -222,7 +222,8 @@ def test_a_kernel_nested_deeper_than_tvms_build_survives_is_refused_before_it_is
 
 def test_a_kernel_whose_own_buffers_dwarf_its_data_is_refused_before_it_is_built() -> None:
     """A 2 KB trace padded a cache of 1,024 integers to 2^30: its kernel allocated 4 GiB and ran 5.9 s a call, within every
-    other bound. MetaSchedule's own allocate at most 1.47 times their arguments (a padded convolution's input copy)."""
+    other bound; rows aligned far apart did as much (storage_align). MetaSchedule's own allocate at most 1.47 times their
+    arguments on a CPU (a padded convolution's input copy), twice in CUDA tensor-core samples (their rows aligned)."""
     a = te.placeholder((1024,), "int32", name="A")
     func = te.create_prim_func([a, te.compute((1024,), lambda i: a[i] + 1, name="B")])
     for padded_to, refused in ((1 << 12, False), (1 << 25, True)):  # 16 KiB, 128 MiB
@@ -231,6 +232,17 @@ def test_a_kernel_whose_own_buffers_dwarf_its_data_is_refused_before_it_is_built
         sch.transform_layout(cache, ("write", 0), lambda i: (i // padded_to, i % padded_to), pad_value=0)
         if refused:
             with pytest.raises(ScheduleTooCostly, match="134,217,728 bytes of its own"):
+                replay_within(tvm.IRModule({"main": func}), trace_text(sch.trace), ScheduleLimits())
+        else:
+            replay_within(tvm.IRModule({"main": func}), trace_text(sch.trace), ScheduleLimits())
+    # A 132-byte trace aligned a cache's rows to 2^28 elements: its 16 rows indexed past 32 bits, and the kernel computed NaN.
+    b = te.placeholder((16, 64), name="B")
+    func = te.create_prim_func([b, te.compute((16, 64), lambda i, j: b[i, j] + 1.0, name="C")])
+    for factor, refused in ((64, False), (1 << 28, True)):
+        sch = tvm.s_tir.Schedule(func)
+        sch.storage_align(sch.cache_read(sch.get_sblock("C"), 0, "global"), 0, axis=0, factor=factor, offset=1)
+        if refused:
+            with pytest.raises(ScheduleTooCostly, match="17,179,869,248 bytes of its own"):
                 replay_within(tvm.IRModule({"main": func}), trace_text(sch.trace), ScheduleLimits())
         else:
             replay_within(tvm.IRModule({"main": func}), trace_text(sch.trace), ScheduleLimits())
