@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import tvm
 from tvm import s_tir, tirx
 
-from schedhub.registry import InvalidRecord, check_object_graphs
+from schedhub.registry import InvalidRecord, check_annotations, check_instruction_kinds, check_object_graphs
 
 
 class ScheduleTooCostly(ValueError):
@@ -74,8 +74,9 @@ _UNROLL_KEYS = ("pragma_auto_unroll_max_step", "meta_schedule.unroll_explicit", 
 def check_trace_size(trace_text: str, limits: ScheduleLimits) -> None:
     """Refuse a trace before replaying it where its instructions, the loops its ``Split`` instructions make or the loop
     names it makes (:func:`loop_name_chars`), whose replay grows faster than the trace, are too many (see :class:`ScheduleLimits`), or
-    where it holds an object graph TVM would load unchecked (``ValueError``: :func:`schedhub.registry.check_object_graphs`;
-    such a graph crashed the process)."""
+    where it holds what no record may (``ValueError``: an annotation that is no schedule hint, an instruction that changes
+    what the kernel computes, an object graph TVM would load unchecked, which crashed the process: see
+    :func:`schedhub.registry.check_object_graphs`)."""
     try:
         parsed = json.loads(trace_text)
     except (ValueError, RecursionError):
@@ -83,8 +84,10 @@ def check_trace_size(trace_text: str, limits: ScheduleLimits) -> None:
     instructions = parsed[0] if isinstance(parsed, list) and parsed and isinstance(parsed[0], list) else []
     if len(instructions) > limits.max_trace_instructions:
         raise ScheduleTooCostly(f"trace has {len(instructions)} instructions, over the limit of {limits.max_trace_instructions}")
-    try:
-        check_object_graphs(parsed)  # records were checked when parsed; a job's or a caller's trace text may not have been
+    try:  # records were checked when parsed; a job's or a caller's trace text may not have been
+        check_annotations(parsed)
+        check_instruction_kinds(parsed)
+        check_object_graphs(parsed)
     except InvalidRecord as exc:
         raise ValueError(str(exc)) from None
     split_loops = sum(len(inst[3]) for inst in instructions

@@ -281,6 +281,24 @@ def check_annotations(trace: list[Any]) -> None:
                                     f"({', '.join(_ANNOTATION_PREFIXES)}…, {', '.join(sorted(_ANNOTATION_KEYS))}) are allowed")
 
 
+# -- instructions that change what a kernel computes ---------------------------------------------------------
+#
+# Schedule primitives keep what a kernel computes, except the unsafe ones, which MetaSchedule never emits:
+# ``UnsafeSetDType`` gives a buffer another element type (a float32 accumulator in float16 computes close to
+# right), ``UnsafeHideBufferAccess`` and ``AnnotateBufferAccess`` change the accesses TVM's checks see.
+
+_UNSAFE_INSTRUCTIONS = frozenset({"UnsafeSetDType", "UnsafeHideBufferAccess", "AnnotateBufferAccess"})
+
+
+def check_instruction_kinds(trace: list[Any]) -> None:
+    """Refuse a trace (MetaSchedule's JSON) holding an instruction that may change what the kernel computes."""
+    instructions = trace[0] if trace and isinstance(trace[0], list) else []
+    unsafe = {inst[0] for inst in instructions if isinstance(inst, list) and inst and inst[0] in _UNSAFE_INSTRUCTIONS}
+    if unsafe:
+        raise InvalidRecord(f"field 'trace' holds {', '.join(sorted(unsafe))}: an instruction that may change what the kernel "
+                            "computes, which MetaSchedule never emits")
+
+
 # -- object graphs inside a trace ----------------------------------------------------------------------
 #
 # Some instructions carry a TVM object as a string: ``TransformLayout`` and ``TransformBlockLayout`` an IndexMap

@@ -23,7 +23,7 @@ import msgpack
 
 from ._errors import InvalidRecord, KeyMismatch, PayloadTooLarge
 from ._keys import SCHEMA_VERSION, is_key, record_key, structure_key, target_kind, workload_key
-from ._limits import MAX_INT, check_annotations, check_kind, check_number, check_object_graphs, check_op, check_text, check_workload_source, signature_args_info
+from ._limits import MAX_INT, check_annotations, check_instruction_kinds, check_kind, check_number, check_object_graphs, check_op, check_text, check_workload_source, signature_args_info
 
 MAX_RECORD_BYTES = 1 << 20  # one encoded record
 MAX_TEXT_CHARS = 512 << 10  # workload text, trace text
@@ -116,7 +116,7 @@ def measured_secs(value: Any, name: str) -> float:
 
 def trace_field(obj: dict[str, Any]) -> str:
     """``obj["trace"]``: the JSON text of a MetaSchedule trace (``Trace.as_json()``), bounded, annotating only schedule
-    hints, holding no object graph TVM would load unchecked."""
+    hints, holding no instruction that changes what the kernel computes and no object graph TVM would load unchecked."""
     trace = _text(obj, "trace", MAX_TEXT_CHARS)
     try:
         parsed = json.loads(trace)
@@ -125,6 +125,7 @@ def trace_field(obj: dict[str, Any]) -> str:
     if not isinstance(parsed, list):
         raise InvalidRecord("field 'trace' must be a JSON list (MetaSchedule Trace.as_json())")
     check_annotations(parsed)
+    check_instruction_kinds(parsed)
     check_object_graphs(parsed)
     return trace
 

@@ -140,3 +140,13 @@ def test_a_trace_may_annotate_only_schedule_hints(key: object) -> None:
     hostile = [*hint, ["Annotate", ["b0", '"define void @f() { ret void }"'], [key], []]]
     with pytest.raises(InvalidRecord, match="only schedule hints"):
         Record.from_obj(_with(trace=json.dumps([hostile, []])))
+
+
+@pytest.mark.parametrize("kind", ["UnsafeSetDType", "UnsafeHideBufferAccess", "AnnotateBufferAccess"])
+def test_a_trace_may_not_change_what_the_kernel_computes(kind: str) -> None:
+    """Schedule primitives keep what a kernel computes, except these, which MetaSchedule never emits (a float32 accumulator
+    set to float16 computes close to right; hidden accesses escape TVM's checks)."""
+    start = [["GetSBlock", [], ["matmul", "main"], ["b0"]]]
+    Record.from_obj(_with(trace=json.dumps([[*start, ["StorageAlign", ["b0"], [0, 0, 32, 8], []]], []])))
+    with pytest.raises(InvalidRecord, match=f"holds {kind}"):
+        Record.from_obj(_with(trace=json.dumps([[*start, [kind, ["b0"], [0, "float16"], []]], []])))
