@@ -602,24 +602,30 @@ def test_a_measured_compile_also_times_a_transfer_postprocessed_again_at_the_ker
 
 
 def test_a_measured_compile_refuses_a_candidate_whose_outputs_differ_from_the_default_schedules(tmp_path: Path) -> None:
-    """A record whose schedule changes the kernel's results (here its intermediate stored as float16, an unsafe
-    primitive a hostile pusher may use) is refused by a measured compile, and remembered refused: the kernel
-    gets the candidate that agrees, although the ranking put the other first (far faster for its work at home)."""
+    """A schedule that changes the kernel's results (its intermediate stored as float16) fails a measured compile's check
+    of its outputs against the default schedule's. No record reaches a compile with it any more: the registry refuses the
+    unsafe primitive on every read, so the record is left out, complained about and quarantined, and the kernel gets the
+    candidate that agrees, although the ranking had put the other first (far faster for its work at home)."""
     host = tvm.target.Target({"kind": "llvm", "mcpu": host_cpu(), "num-cores": 2})
     identity = next(k.identity for k in kernels(export(4), host) if k.identity.op == "fused_matmul_add_relu")
-    sch = tvm.s_tir.Schedule(workload_module(identity.workload))
+    kernel = normalize_mod(workload_module(identity.workload))
+    sch = tvm.s_tir.Schedule(kernel)
     sch.unsafe_set_dtype(sch.get_sblock("matmul"), 0, "float16")
+    default, halved = measure.build_all([kernel, sch.mod], host, 2)
+    bench = measure.KernelBench(default, identity.args_info, host)
+    assert bench.time(halved).secs is None and "differs from TVM's default schedule" in bench.time(halved).error
+    assert (bench.time(default).secs or 0) > 0
     wrong = Record(identity, json.dumps(plain_json(sch.trace.as_json()), separators=(",", ":")), [1e-9], {"tuner": "hostile"})
     right = split_record(next(k.identity for k in kernels(export(8), host) if k.identity.op == identity.op), 4)  # another neighbour
     with LocalRegistry(tmp_path / "store", sync=False) as reg:
-        reg.put_many([wrong, right])
-        for cache in ("cache", "cache"):  # the second compile reads the refusal from the cache
-            with use(reg, host, cache=tmp_path / cache, measure=60, repostprocess=False) as session:  # the two records alone
-                ex = tvm.compile(export(16), host)
-            served = next(k for k in session.report.kernels if k.op == identity.op)
-            assert served.outcome == "transfer" and served.detail == f"shape:{right.trace_id}:{identity.op}"
-            assert served.measured[wrong.trace_id] is None and served.measured[right.trace_id] > 0
-        assert session.cache.misses == 0
+        reg.put_many([wrong, right])  # stored as a registry without today's checks would have kept it
+        with use(reg, host, cache=tmp_path / "cache", measure=60, repostprocess=False) as session:  # the two records alone
+            ex = tvm.compile(export(16), host)
+        served = next(k for k in session.report.kernels if k.op == identity.op)
+        assert served.outcome == "transfer" and served.detail == f"shape:{right.trace_id}:{identity.op}"
+        assert wrong.trace_id not in served.measured, served.measured
+        assert [p for p in session.report.problems if wrong.trace_id in p and "UnsafeSetDType" in p]
+        assert [q["trace_id"] for q in reg.quarantined()] == [wrong.trace_id]
     x = np.random.default_rng(10).standard_normal((16, 64)).astype("float32")
     np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)
 
