@@ -4,8 +4,10 @@ A trace is data from someone else. Replaying it is cheap, but what it asks for m
 180-byte trace that unrolls every loop of a matmul turned a 0.2 s compile into 44 s and 665 MiB.
 So the hook measures the scheduled kernel before handing it to TVM: the code TVM's unrolling
 hands LLVM (:func:`unrolled_code`: every store once per unrolled copy and per vector lane, in
-all and in one run without a loop), how far LLVM is asked to unroll, how wide vectors get. A
-record past a bound is refused (and complained about), and the kernel falls back.
+all and in one run without a loop), how far LLVM is asked to unroll, how wide vectors get, how
+deep loops nest, how much memory the kernel allocates itself. Before the replay, the trace itself
+is bounded where its replay grows faster than it (:func:`check_trace_size`). A record past a bound
+is refused (and complained about), and the kernel falls back.
 
 A GPU kernel is also refused where one launch binds a thread axis to loops of different extents
 (:class:`InconsistentLaunch`): TVM launches the largest and guards none of the others, so the threads
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -146,7 +149,7 @@ def check_scheduled(mod: tvm.IRModule, limits: ScheduleLimits, unscheduled: tvm.
                                         f"its arguments' {arguments:,} or the unscheduled kernel's own {before:,})")  # fmt: skip
 
 
-def buffer_bytes(buffer: Any, aligned: list[tuple[int, int, int]] = ()) -> int | None:
+def buffer_bytes(buffer: Any, aligned: Sequence[tuple[int, int, int]] = ()) -> int | None:
     """A buffer's (or a buffer parameter's) size in bytes, its rows padded as ``aligned`` asks (``storage_align``'s
     (axis, factor, offset): the axis's stride made ``offset`` modulo ``factor``, as TVM lays it out); None where its
     shape is not static or it has none."""

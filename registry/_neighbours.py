@@ -110,7 +110,6 @@ class Candidate:
     distance: float
 
 
-
 def served_candidates(near: dict[str, list[tuple[bytes, dict[str, Any], str, float]]],
                       refused: list[RefusedRecord] | None = None) -> dict[str, list[Candidate]]:  # fmt: skip
     """Each missed key's candidates from (record bytes, status, relation, distance) items, in order; a record
