@@ -51,6 +51,7 @@ from .threads import usable_cpus, warn_idle_cores
 
 log = logging.getLogger("schedhub")
 
+MAX_REFUSED_NAMED = 8  # records left out at lookups that a session names and complains about; the rest are counted
 HIT, TRANSFER, MISS, FALLBACK, OFFLINE = "hit", "transfer", "miss", "fallback", "offline"  # and SYNTHESIZED
 DEFAULT_CANDIDATES = 4  # neighbours asked for per missed key
 LAUNCHES_CHECKED = "GPU launches checked: threads bound consistently, within the block's limits"  # in the kernel cache's key of
@@ -163,6 +164,7 @@ class HookSession:
         self._calls: dict[str, int] = {}  # kernel key: call sites in the module being compiled
         self._served_secs: dict[str, float] = {}  # kernel key: seconds per call of the transfer it served (measured or estimated)
         self._refused_keys: set[str] = set()
+        self._refused_named = 0  # records left out at a lookup that this session named and complained about
         self._targets_checked: set[str] = set()
 
     @property
@@ -229,10 +231,20 @@ class HookSession:
         for identity in wanted:
             self._records[identity.key] = found.get(identity.key, [])
             self._candidates[identity.key] = [c for c in near.get(identity.key, []) if c.record.identity.structure == identity.structure]
-        for item in dict.fromkeys(refused):
+        self._left_out(list(dict.fromkeys(refused)))
+
+    def _left_out(self, refused: list[RefusedRecord]) -> None:
+        """Say which records the registry answered that this version's checks refuse, and complain about them (the
+        registry checks each and takes it out of service): the first :data:`MAX_REFUSED_NAMED` a session meets, so
+        a registry full of them costs a compile a bounded number of requests; the rest are counted."""
+        for n, item in enumerate(refused):
+            if self._refused_named >= MAX_REFUSED_NAMED:
+                self._say(f"{len(refused) - n} more records left out, not named; the last: {refused[-1].reason[:200]}")
+                return
+            self._refused_named += 1
             self._say(f"record {item.trace_id or '(unnamed)'} of key {item.key[:16] or '(unnamed)'} left out: {item.reason}")
             if item.key and item.trace_id:
-                self._complain(item.key, item.trace_id, item.reason)  # the registry checks it and takes it out of service
+                self._complain(item.key, item.trace_id, item.reason)
 
     def count_calls(self, kernels: list[tuple[Identity, int]]) -> None:
         """How often the module being compiled calls each kernel (identity, call sites; a kernel under two

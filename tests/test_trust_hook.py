@@ -20,11 +20,11 @@ from schedhub.hooks import RegistryDatabase, ScheduleLimits, ScheduleTooCostly, 
 from schedhub.hooks.costmodel import Kernels
 from schedhub.hooks.guard import check_scheduled, check_trace_size, loop_name_chars, nested_statements, unrolled_code
 from schedhub.hooks.identity import workload_module
-from schedhub.hooks.session import HookSession
+from schedhub.hooks.session import MAX_REFUSED_NAMED, HookSession
 from schedhub.registry import InvalidRecord, LocalRegistry, Principal, Record, RegistryClient, ServerThread, check_object_graphs
 from schedhub.hooks.msdb import replay_schedule, replay_within, trace_text
 
-from .conftest import store_unchecked
+from .conftest import make_record, store_unchecked
 
 CPU = tvm.target.Target({"kind": "llvm", "num-cores": 1})
 
@@ -340,6 +340,22 @@ def test_a_stored_record_that_a_newer_check_refuses_costs_a_compile_only_itself_
         assert (kernel.outcome, kernel.detail) == ("hit", good.trace_id)
         assert [p for p in session.report.problems if "left out" in p and doomed.trace_id in p and "object graph" in p]
         assert [q["trace_id"] for q in reg.quarantined()] == [doomed.trace_id] and reg.lookup([good.key], refused=(left := [])) and not left
+
+
+def test_a_registry_full_of_refused_records_costs_a_compile_a_bounded_number_of_complaints(tmp_path: Path) -> None:
+    """Each record a lookup leaves out is named and complained about, up to MAX_REFUSED_NAMED a session; the rest are
+    counted in one line, so a registry (or a hostile server) answering thousands of them cannot cost a compile thousands
+    of requests."""
+    records = [make_record(w, 1e-3) for w in range(MAX_REFUSED_NAMED + 4)]
+    with LocalRegistry(tmp_path / "store", sync=False) as reg:
+        reg.put_many(records)
+        for record in records:
+            store_unchecked(tmp_path / "store", record)
+        session = HookSession(reg)
+        session.prefetch([r.identity for r in records])
+        named = [p for p in session.report.problems if "left out:" in p]
+        assert len(named) == MAX_REFUSED_NAMED and session.report.problems[-1].startswith("4 more records left out")
+        assert len(reg.quarantined()) == MAX_REFUSED_NAMED  # one complaint each, each quarantined on the registry's check
 
 
 def test_the_database_reads_its_own_writes(server: ServerThread, model: dict) -> None:
