@@ -8,7 +8,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from schedhub.registry import NotFound, Record, Registry, task_label
+from schedhub.registry import NotFound, Record, RefusedRecord, Registry, task_label
 
 from .common import labelled, open_registry, out, registry_option, reports_errors, target_filter_option
 
@@ -84,11 +84,16 @@ def show(key: str, registry: str, token: str | None, as_json: bool, workload: bo
     """Show the records of one key, best first. KEY is the full key or a unique prefix of at least 8 characters."""
     reg = open_registry(registry, token, readonly=True)
     full = resolve_key(reg, key)
-    records: list[Record] = reg.get(full)
-    if not records:
+    refused: list[RefusedRecord] = []
+    records: list[Record] = reg.get(full, refused)
+    if not records and not refused:
         raise NotFound(f"no records for key {full}")
     if as_json:
         return _dump([r.to_dict() for r in records])
+    for item in refused:  # stored before one of this version's checks existed: what an admin may quarantine
+        out.print(f"left out {item.trace_id}: {item.reason}", markup=False, highlight=False)
+    if not records:
+        return
     ident = records[0].identity
     out.print(full, style="bold")
     out.print(f"op {ident.op}\ntarget {ident.target}\ncompiler {ident.fingerprint}")

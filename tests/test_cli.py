@@ -62,6 +62,8 @@ def test_pull_and_push_leave_out_a_stored_record_that_a_newer_check_refuses_and_
     assert sorted(_split(tmp_path / "out.msgpack")) == sorted(r.to_bytes() for r in recs if r is not recs[1])
     out = run("push", str(tmp_path / "served"), "--registry", server.url, "--token", TOKEN)
     assert "pushed 3 records" in out and "left out 1 records of the stores that this schedhub's checks refuse" in out
+    out = run("show", recs[1].key, "--registry", server.url)  # what an admin may quarantine, with why
+    assert f"left out {recs[1].trace_id}: field 'trace' holds an object graph" in out
 
 
 def _split(path: Path) -> list[bytes]:
