@@ -54,10 +54,12 @@ def c_compiler_available() -> bool:
 
 
 class Linked(NamedTuple):
-    """What one build linked: objects, and of those, compiled in this build (the rest were cached)."""
+    """What one build linked: objects, and of those, compiled in this build (the rest were cached); and the kernels
+    whose scheduled code TVM could not build (left in the module, with why: the caller must not build them either)."""
 
     linked: int
     compiled: int
+    unbuildable: tuple[tuple[tvm.ir.GlobalVar, Exception], ...] = ()
 
 
 class ObjectCache:
@@ -73,7 +75,7 @@ class ObjectCache:
         self.workers = workers or usable_cpus()
         self.linked = self.compiled = 0
         self._pool: ThreadPoolExecutor | None = None
-        self._started: dict[str, Future[bool]] = {}  # file id → compiling (True: the object was written)
+        self._started: dict[str, Future[Exception | None]] = {}  # file id → compiling (None once the object is written)
         self.failed = Untold()  # an object that could not be compiled or written, and why
 
     @staticmethod
@@ -113,7 +115,9 @@ class ObjectCache:
             wanted[gv] = self.file_id(object_id, build)
             funcs.setdefault(wanted[gv], func)
         compiling = {f: self._compiling(f, func, target) for f, func in funcs.items()}
-        built = {f for f, future in compiling.items() if future is not None and future.result()}
+        failed = {f: future.result() for f, future in compiling.items() if future is not None and future.result() is not None}
+        built = {f for f, future in compiling.items() if future is not None and f not in failed}
+        unbuildable = tuple((gv, failed[f]) for gv, f in wanted.items() if isinstance(failed.get(f), TVM_ERRORS))
         for f in compiling:
             self._started.pop(f, None)
         libraries = {f: tvm.runtime.load_static_library(str(self._path(f)), [self.symbol(f)]) for f in funcs if compiling[f] is None or f in built}
@@ -121,8 +125,8 @@ class ObjectCache:
             mark_used(self._path(f))
         symbols = {gv: self.symbol(f) for gv, f in wanted.items() if f in libraries}
         if not symbols:
-            return mod, Linked(0, 0)
-        done = Linked(len(libraries), len(built))
+            return mod, Linked(0, 0, unbuildable)
+        done = Linked(len(libraries), len(built), unbuildable)
         self.linked += done.linked
         self.compiled += done.compiled
         out = _CallsToSymbols(symbols, mod).run()
@@ -137,7 +141,7 @@ class ObjectCache:
         """Wait for every compile started so far: a kernel timed here must not share the CPUs with LLVM (the
         hook starts compiles only between kernels, so none starts while it times one)."""
         for future in list(self._started.values()):
-            future.exception()  # waits; a compile that failed is reported by link()
+            future.result()  # waits; a compile that failed is reported by link()
 
     def close(self) -> None:
         """Finish the compiles started and not linked (a build that failed after starting them): their objects serve the next build."""
@@ -149,8 +153,10 @@ class ObjectCache:
     def _path(self, file_id: str) -> Path:
         return self.root / f"{file_id}.o"
 
-    def _compiling(self, file_id: str, func: tirx.PrimFunc, target: tvm.target.Target) -> Future[bool] | None:
-        """The compile of ``file_id``'s object, started now if it is neither cached nor started; None when it is cached."""
+    def _compiling(self, file_id: str, func: tirx.PrimFunc, target: tvm.target.Target) -> Future[Exception | None] | None:
+        """The compile of ``file_id``'s object, started now if it is neither cached nor started; None when it is cached.
+        Its result is None once the object is written, else what failed: an ``OSError`` (the object could not be
+        written: the model's own build compiles the kernel) or TVM's error (the scheduled kernel does not build)."""
         if file_id in self._started:
             return self._started[file_id]
         if _is_object(self._path(file_id)):
@@ -159,14 +165,16 @@ class ObjectCache:
         settings = {"opt_level": ctx.opt_level, "config": dict(ctx.config), "required_pass": list(ctx.required_pass),
                     "disabled_pass": list(ctx.disabled_pass)}  # fmt: skip
 
-        def compile_one() -> bool:
+        def compile_one() -> Exception | None:
             try:
                 with tvm.transform.PassContext(**settings), target:
                     self._compile(func, self.symbol(file_id), target, self._path(file_id))
-            except (OSError, *TVM_ERRORS) as exc:
+            except OSError as exc:
                 self.failed.note(exc)
-                return False  # that kernel is built in the model's own module, as without the cache
-            return True
+                return exc  # that kernel is built in the model's own module, as without the cache
+            except TVM_ERRORS as exc:
+                return exc
+            return None
 
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="schedhub-objects")

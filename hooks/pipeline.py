@@ -120,6 +120,7 @@ def apply_records(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRM
             for name, value in attrs.items():
                 new = new.with_attr(name, value)
             updates[gv] = new.with_attr(IS_SCHEDULED, True)
+            session.originals[gv.name_hint] = func
             if objects is not None:  # its machine code compiles while the next kernels are looked up and replayed
                 objects.start(updates[gv], target)
     if not updates:
@@ -139,7 +140,7 @@ def link_objects(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRMo
     mod, done = session.objects.link(mod, target)
     session.report.linked += done.linked
     session.report.objects_compiled += done.compiled
-    return mod
+    return session.unbuildable(mod, done.unbuildable) if done.unbuildable else mod
 
 
 def apply_database(mod: tvm.IRModule) -> tvm.IRModule:

@@ -165,6 +165,8 @@ class HookSession:
         self._served_secs: dict[str, float] = {}  # kernel key: seconds per call of the transfer it served (measured or estimated)
         self._refused_keys: set[str] = set()
         self._refused_named = 0  # records left out at a lookup that this session named and complained about
+        self._served_objects: dict[str, tuple[Record, tuple[str, ...]]] = {}  # a scheduled kernel's OBJECT_ID: its record, cache parts
+        self.originals: dict[str, tirx.PrimFunc] = {}  # this compile's kernels the apply pass scheduled, as they were, by name
         self._targets_checked: set[str] = set()
 
     @property
@@ -178,6 +180,7 @@ class HookSession:
         self._budget = Budget(self.measure)
         self._calls.clear()  # what orders this compile's misses: this compile's module and what it serves
         self._served_secs.clear()
+        self.originals.clear()
 
     def end_compile(self) -> None:
         self.flush_misses()
@@ -363,7 +366,29 @@ class HookSession:
             self.cache.put("scheduled", parts, {"module": to_json_graph_str(mod), "retiled": tiles.rederived, "blind": tiles.blind})
         # The same name identifies the kernel's machine code (.objects): one per kernel, trace and bounds.
         out = mod.clone()
-        out.update_func(out.get_global_var("main"), mod["main"].with_attr(OBJECT_ID, KernelCache.name("object", *parts)))
+        object_id = KernelCache.name("object", *parts)
+        out.update_func(out.get_global_var("main"), mod["main"].with_attr(OBJECT_ID, object_id))
+        self._served_objects[object_id] = (record, parts)
+        return out
+
+    def unbuildable(self, mod: tvm.IRModule, failures: tuple[tuple[tvm.ir.GlobalVar, Exception], ...]) -> tvm.IRModule:
+        """``mod`` with each scheduled kernel that TVM could not build (``failures``: its GlobalVar and TVM's error) as
+        it was before the apply pass, so the model's build does not fail on it: its record is refused, complained
+        about and remembered (the kernel cache keeps the error), and the kernel reported as a fallback."""
+        out = mod.clone()
+        for gv, exc in failures:
+            scheduled, original = mod[gv], self.originals.get(gv.name_hint)
+            served = self._served_objects.get(str(scheduled.attrs[OBJECT_ID])) if scheduled.attrs is not None and OBJECT_ID in scheduled.attrs else None
+            if original is None or served is None:
+                continue  # not scheduled by this session: the build fails as it would without schedhub
+            record, parts = served
+            out.update_func(gv, original)
+            reason = f"the scheduled kernel does not build: {exc.__class__.__name__}: {str(exc)[:1000]}"
+            self.cache.put("scheduled", parts, {"error": reason})
+            self._refuse(record, ReplayFailed(reason))
+            for kernel in self.report.kernels:
+                if kernel.key == parts[0] and kernel.outcome != FALLBACK:
+                    kernel.outcome, kernel.detail, kernel.measured = FALLBACK, record.trace_id, {}
         return out
 
     def _padded(self, normalized: tvm.IRModule, record: Record, recorded: list[Any], replayed: tvm.s_tir.Schedule) -> tvm.IRModule | None:

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 import tvm
 from tvm import te, tirx
@@ -324,6 +325,32 @@ def test_an_object_graph_in_a_trace_is_loaded_by_tvm_only_when_it_is_a_small_ind
             with pytest.raises(InvalidRecord, match="object graph"):
                 alice.put(Record(identity, text, [1e-3]))
             assert alice.get(identity.key) == [], name
+
+
+def test_a_record_whose_kernel_does_not_build_falls_back_and_the_compile_goes_on(tmp_path: Path, model: dict) -> None:
+    """One allowed annotation (``software_pipeline_stage`` without its order) replays within every bound, but TVM cannot
+    build the kernel: the user's compile failed with it ("Order of the software pipeline is not defined"). The kernel's
+    object, compiled on its own, fails first: the kernel goes back to its unscheduled form, the record is refused and
+    complained about, and the next compile on this machine refuses it from the kernel cache."""
+    sch = tvm.s_tir.Schedule(model["kernel"])
+    sch.annotate(sch.get_loops(sch.get_sblock("matmul"))[0], "software_pipeline_stage", [0, 0, 0])
+    broken = Record(model["identity"], trace_text(sch.trace), [1e-6])
+    x = np.random.default_rng(5).standard_normal((128, 512)).astype("float32")
+    w = np.random.default_rng(6).standard_normal((512, 512)).astype("float32")
+    with LocalRegistry(tmp_path / "store", sync=False) as reg:
+        reg.put(broken)
+        for again in (False, True):
+            with use(reg, CPU, cache=tmp_path / "cache") as session:
+                ex = tvm.compile(model["mod"], CPU)
+            (kernel,) = session.report.kernels
+            assert kernel.outcome == "fallback" and (again or kernel.detail == broken.trace_id)
+            assert [p for p in session.report.problems if "does not build" in p and "software pipeline" in p]
+            assert session.report.objects_compiled == 0 and session.report.linked == 0
+        (entry,) = reg.get(broken.key)
+        assert entry.served.complaints == 1  # one complainant, its verification queued
+    vm = tvm.relax.VirtualMachine(ex, tvm.cpu())
+    out = vm["forward"](tvm.runtime.tensor(x), tvm.runtime.tensor(w)).numpy()
+    np.testing.assert_allclose(out, x @ w, rtol=1e-4, atol=1e-3)
 
 
 def test_a_stored_record_that_a_newer_check_refuses_costs_a_compile_only_itself_and_is_taken_out(tmp_path: Path, model: dict) -> None:
