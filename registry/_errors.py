@@ -85,3 +85,8 @@ def error_for_status(status: int, message: str) -> RegistryError:
     if status >= 500:
         return RegistryUnavailable(f"registry error {status}: {message}")
     return BY_STATUS.get(status, RegistryError)(message)
+
+
+#: What reading a stored record, trial or status raises when this version's checks refuse it (it was stored before a
+#: check existed, or a hostile server sent it): the reader leaves that one value out and goes on
+REFUSED_ON_READ: tuple[type[RegistryError], ...] = (InvalidRecord, PayloadTooLarge)

@@ -21,7 +21,7 @@ from typing import Any
 
 import msgpack
 
-from ._errors import InvalidRecord, KeyMismatch, PayloadTooLarge
+from ._errors import REFUSED_ON_READ, InvalidRecord, KeyMismatch, PayloadTooLarge
 from ._keys import SCHEMA_VERSION, is_key, record_key, structure_key, target_kind, workload_key
 from ._limits import MAX_INT, check_annotations, check_instruction_kinds, check_kind, check_number, check_object_graphs, check_op, check_text, check_workload_source, signature_args_info
 
@@ -339,7 +339,7 @@ def served_records(entries: Iterable[tuple[bytes, dict[str, Any]]], refused: lis
     for data, status in entries:
         try:
             records.append(served_record(data, status))
-        except (InvalidRecord, PayloadTooLarge) as exc:
+        except REFUSED_ON_READ as exc:
             if refused is not None:
                 refused.append(RefusedRecord(_named_key(data), _short(status.get("tid") if isinstance(status, dict) else ""), str(exc)[:300]))
     return records

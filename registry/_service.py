@@ -14,7 +14,7 @@ from typing import Any
 
 import lmdb
 
-from ._errors import InvalidRecord, PayloadTooLarge
+from ._errors import REFUSED_ON_READ
 from ._queue import DEFAULT_MAX_ATTEMPTS, DEFAULT_TOLERANCE, TUNE, Lease, MissQueue
 from ._models import CostModelEntry, CostModelStore
 from ._neighbours import Candidate, Probe, served_candidates
@@ -141,7 +141,7 @@ class LocalRegistry:
                 return None
             try:
                 record = Record.from_bytes(found[0])
-            except (InvalidRecord, PayloadTooLarge) as exc:
+            except REFUSED_ON_READ as exc:
                 self.store.quarantine(key, trace_id, f"fails the registry's checks: {str(exc)[:300]}", txn=t)
                 return {**status, "quarantined": True}
             job = self.queue.enqueue_verify(record, status["by"], f"complaint by {who}: {reason}", txn=t)

@@ -21,7 +21,7 @@ from typing import Any
 
 import lmdb
 
-from ._errors import InvalidRecord, NotFound, PayloadTooLarge, RegistryError
+from ._errors import REFUSED_ON_READ, NotFound, RegistryError
 from ._keys import SCHEMA_VERSION, target_digest, target_kind
 from ._neighbours import Probe, dims_of
 from ._records import Identity, Record, keeps_default_schedule, packb, unpackb
@@ -85,7 +85,7 @@ def _stored_record(data: bytes) -> Record | None:
     rebuilding an index on open must not fail on a record that every read already leaves out."""
     try:
         return Record.from_bytes(data)
-    except (InvalidRecord, PayloadTooLarge):
+    except REFUSED_ON_READ:
         return None
 
 
@@ -93,7 +93,7 @@ def _stored_identity(data: bytes) -> Identity | None:
     """A stored record's identity (its trace not read), or None as for :func:`_stored_record`."""
     try:
         return Identity.from_obj(unpackb(data))
-    except (InvalidRecord, PayloadTooLarge):
+    except REFUSED_ON_READ:
         return None
 
 

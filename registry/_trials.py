@@ -20,7 +20,7 @@ from typing import Any
 
 import lmdb
 
-from ._errors import Forbidden, InvalidRecord, PayloadTooLarge
+from ._errors import REFUSED_ON_READ, Forbidden, InvalidRecord, PayloadTooLarge
 from ._keys import target_digest
 from ._limits import parse_each
 from ._records import Identity, measured_secs, packb, trace_field, unpackb
@@ -104,7 +104,7 @@ class TrialLog:
 def _readable_trial(item: Any) -> Trial | None:
     try:
         return Trial.from_obj(item)
-    except InvalidRecord:
+    except REFUSED_ON_READ:
         return None
 
 
@@ -115,7 +115,7 @@ def stored_logs(entries: Iterable[Any]) -> list[TrialLog]:
     for entry in entries:
         try:
             logs.append(TrialLog.from_stored(entry))
-        except (InvalidRecord, PayloadTooLarge):
+        except REFUSED_ON_READ:
             continue
     return logs
 
