@@ -97,7 +97,7 @@ class ObjectCache:
     def start(self, func: tirx.PrimFunc, target: tvm.target.Target) -> None:
         """Begin compiling the object of a scheduled kernel (marked with ``OBJECT_ID``, as it will be
         in the module :meth:`link` gets, under the current pass configuration) unless it is cached."""
-        object_id = _object_id(func)
+        object_id = object_id_of(func)
         if object_id is not None and not has_reshape_pattern(func):
             self._compiling(self.file_id(object_id, self.build_id(target)), func, target)
 
@@ -109,15 +109,15 @@ class ObjectCache:
         wanted: dict[tvm.ir.GlobalVar, str] = {}
         funcs: dict[str, tirx.PrimFunc] = {}
         for gv, func in mod.functions_items():
-            object_id = _object_id(func)
+            object_id = object_id_of(func)
             if object_id is None or gv not in plain or has_reshape_pattern(func):
                 continue
             wanted[gv] = self.file_id(object_id, build)
             funcs.setdefault(wanted[gv], func)
         compiling = {f: self._compiling(f, func, target) for f, func in funcs.items()}
-        failed = {f: future.result() for f, future in compiling.items() if future is not None and future.result() is not None}
-        built = {f for f, future in compiling.items() if future is not None and f not in failed}
-        unbuildable = tuple((gv, failed[f]) for gv, f in wanted.items() if isinstance(failed.get(f), TVM_ERRORS))
+        outcomes = {f: future.result() for f, future in compiling.items() if future is not None}  # None: written
+        built = {f for f, failure in outcomes.items() if failure is None}
+        unbuildable = tuple((gv, outcomes[f]) for gv, f in wanted.items() if isinstance(outcomes.get(f), TVM_ERRORS))
         for f in compiling:
             self._started.pop(f, None)
         libraries = {f: tvm.runtime.load_static_library(str(self._path(f)), [self.symbol(f)]) for f in funcs if compiling[f] is None or f in built}
@@ -189,7 +189,7 @@ class ObjectCache:
             lib.write_to_file(tmp)
 
 
-def _object_id(func: Any) -> str | None:
+def object_id_of(func: Any) -> str | None:
     """The scheduled-kernel cache name a PrimFunc carries (``OBJECT_ID``), or None."""
     if not isinstance(func, tirx.PrimFunc) or func.attrs is None:
         return None

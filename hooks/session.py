@@ -40,7 +40,7 @@ from .identity import as_module, compiler_fingerprint, plain_json, workload_iden
 from .defaults import default_contends, default_schedule
 from .measure import TIMING, Budget, KernelBench, Timing, build_all, first_equal, machine, runs_here
 from .msdb import normalize_mod, postprocessed_here, replay_launchable, repostprocesses, trace_text, tuning_record
-from .objects import OBJECT_ID, ObjectCache
+from .objects import OBJECT_ID, ObjectCache, object_id_of
 from .padding import PADDED, padded_dispatch
 from .recompute import RELOCATED, relocated
 from .costmodel import WIDTH, CostModel, features, flops
@@ -165,7 +165,7 @@ class HookSession:
         self._served_secs: dict[str, float] = {}  # kernel key: seconds per call of the transfer it served (measured or estimated)
         self._refused_keys: set[str] = set()
         self._refused_named = 0  # records left out at a lookup that this session named and complained about
-        self._served_objects: dict[str, tuple[Record, tuple[str, ...]]] = {}  # a scheduled kernel's OBJECT_ID: its record, cache parts
+        self._served_objects: dict[str, tuple[Record, tuple[str, ...]]] = {}  # this compile's scheduled kernels by OBJECT_ID: record, cache parts
         self.originals: dict[str, tirx.PrimFunc] = {}  # this compile's kernels the apply pass scheduled, as they were, by name
         self._targets_checked: set[str] = set()
 
@@ -181,6 +181,7 @@ class HookSession:
         self._calls.clear()  # what orders this compile's misses: this compile's module and what it serves
         self._served_secs.clear()
         self.originals.clear()
+        self._served_objects.clear()
 
     def end_compile(self) -> None:
         self.flush_misses()
@@ -377,8 +378,7 @@ class HookSession:
         about and remembered (the kernel cache keeps the error), and the kernel reported as a fallback."""
         out = mod.clone()
         for gv, exc in failures:
-            scheduled, original = mod[gv], self.originals.get(gv.name_hint)
-            served = self._served_objects.get(str(scheduled.attrs[OBJECT_ID])) if scheduled.attrs is not None and OBJECT_ID in scheduled.attrs else None
+            original, served = self.originals.get(gv.name_hint), self._served_objects.get(object_id_of(mod[gv]) or "")
             if original is None or served is None:
                 continue  # not scheduled by this session: the build fails as it would without schedhub
             record, parts = served
