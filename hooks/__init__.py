@@ -102,6 +102,7 @@ def use(
     install()
     cache_dir: str | os.PathLike[str] | None = None  # this block's own cache, bounded when it ends
     objects: ObjectCache | None = None
+    owned = not isinstance(registry, HookSession)  # a session made here is this block's to close
     if isinstance(registry, HookSession):
         session, opened = registry, False
         reg = session.registry
@@ -123,6 +124,8 @@ def use(
         ACTIVE.reset(token)
         if objects is not None:
             objects.close()
+        if owned:
+            session.lowerings.close()
         if opened:
             reg.close()
         if cache_dir is not None and (session.cache.writes or (objects is not None and objects.compiled)):

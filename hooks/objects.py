@@ -161,9 +161,7 @@ class ObjectCache:
             return self._started[file_id]
         if _is_object(self._path(file_id)):
             return None
-        ctx = tvm.transform.PassContext.current()  # thread-local: the compile thread enters the same configuration
-        settings = {"opt_level": ctx.opt_level, "config": dict(ctx.config), "required_pass": list(ctx.required_pass),
-                    "disabled_pass": list(ctx.disabled_pass)}  # fmt: skip
+        settings = pass_settings()
 
         def compile_one() -> Exception | None:
             try:
@@ -187,6 +185,13 @@ class ObjectCache:
         lib = tvm.tirx.build(tvm.IRModule({symbol: func}), target=target)
         with atomic_file(path) as tmp:  # TVM writes an object file for the ".o" suffix
             lib.write_to_file(tmp)
+
+
+def pass_settings() -> dict[str, Any]:
+    """The current pass configuration as ``tvm.transform.PassContext``'s arguments: it is thread-local, so work moved
+    to another thread enters the same configuration."""
+    ctx = tvm.transform.PassContext.current()
+    return {"opt_level": ctx.opt_level, "config": dict(ctx.config), "required_pass": list(ctx.required_pass), "disabled_pass": list(ctx.disabled_pass)}
 
 
 def object_id_of(func: Any) -> str | None:

@@ -123,6 +123,8 @@ def apply_records(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRM
             session.originals[gv.name_hint] = func
             if objects is not None:  # its machine code compiles while the next kernels are looked up and replayed
                 objects.start(updates[gv], target)
+            else:  # or it is lowered alone, in the same way (:func:`check_lowering`)
+                session.lowerings.start(updates[gv], target)
     if not updates:
         return mod
     out = mod.clone()
@@ -143,6 +145,16 @@ def link_objects(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRMo
     return session.unbuildable(mod, done.unbuildable) if done.unbuildable else mod
 
 
+@tvm.transform.module_pass(opt_level=0, name="SchedhubCheckLowering")
+def check_lowering(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+    """Scheduled kernels left to the model's build (not linked): each that TVM cannot lower goes back to its unscheduled form."""
+    session, target = ACTIVE.get(), tvm.target.Target.current(allow_none=True)
+    if session is None or target is None:
+        return mod
+    failures = session.lowerings.failures(mod, target)
+    return session.unbuildable(mod, failures) if failures else mod
+
+
 def apply_database(mod: tvm.IRModule) -> tvm.IRModule:
     """Fuse, then (with a database in scope) prefetch every kernel and apply the database's records:
     the session's through :func:`apply_records`, another MetaSchedule database through TVM's pass."""
@@ -150,7 +162,7 @@ def apply_database(mod: tvm.IRModule) -> tvm.IRModule:
     session = ACTIVE.get()
     if session is not None:
         session.begin_compile()
-        mod = link_objects(apply_records(prefetch(mod)))
+        mod = check_lowering(link_objects(apply_records(prefetch(mod))))
         session.end_compile()
     elif ms.Database.current() is not None:
         mod = relax.transform.MetaScheduleApplyDatabase()(mod)

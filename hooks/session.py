@@ -40,6 +40,7 @@ from .identity import as_module, compiler_fingerprint, plain_json, workload_iden
 from .defaults import default_contends, default_schedule
 from .measure import TIMING, Budget, KernelBench, Timing, build_all, first_equal, machine, runs_here
 from .msdb import normalize_mod, postprocessed_here, replay_launchable, repostprocesses, trace_text, tuning_record
+from .lowering import Lowerings
 from .objects import OBJECT_ID, ObjectCache, object_id_of
 from .padding import PADDED, padded_dispatch
 from .recompute import RELOCATED, relocated
@@ -146,6 +147,7 @@ class HookSession:
         self._budget = Budget(measure)
         self.build_workers = usable_cpus()  # candidates compiled at once
         self.cache = cache if cache is not None else KernelCache(default_dir())
+        self.lowerings = Lowerings(self.cache)  # scheduled kernels not built alone, lowered alone before the model's build
         self.report_misses = report_misses
         self.transfer = transfer
         self.trusts = trust_filter(trust)
@@ -608,6 +610,7 @@ class HookSession:
             kernel_bench = KernelBench(built[0], identity.args_info, target)
             if self.objects is not None:
                 self.objects.settle()  # no kernel object compiling beside the timing
+            self.lowerings.settle()  # nor lowering
             if default_untimed:
                 default_timing = Timing(kernel_bench.time_default())
                 self.cache.put("measured", default_parts, default_timing.to_dict())

@@ -39,14 +39,17 @@ def launch_bounds(executable: relax.VMExecutable) -> dict[str, int]:
     return {name: int(n) for n, name in re.findall(r"__launch_bounds__\((\d+)\) (\w+)_kernel\(", source)}
 
 
-def threads_record(identity: object, threads: int) -> Record:
-    """A CUDA schedule of an elementwise kernel: all loops fused, ``threads`` threads per block."""
+def threads_record(identity: object, threads: int, pipelined: bool = False) -> Record:
+    """A CUDA schedule of an elementwise kernel: all loops fused, ``threads`` threads per block; ``pipelined``: its
+    inner loop annotated as a software pipeline's stages without their order (allowed, but TVM cannot lower it)."""
     sch = tvm.s_tir.Schedule(workload_module(identity.workload))  # type: ignore[attr-defined]
     block = [b for b in re.findall(r'T\.sblock\("([^"]+)"\)', identity.workload) if b != "root"][0]  # type: ignore[attr-defined]
     fused = sch.fuse(*sch.get_loops(sch.get_sblock(block)))
-    bx, tx = sch.split(fused, [None, threads])
+    bx, tx, inner = sch.split(fused, [None, threads, 2])
     sch.bind(bx, "blockIdx.x")
     sch.bind(tx, "threadIdx.x")
+    if pipelined:
+        sch.annotate(inner, "software_pipeline_stage", [0])
     return Record(identity, trace_text(sch.trace), [1e-6])  # type: ignore[arg-type]
 
 
@@ -152,6 +155,30 @@ def test_a_cuda_record_past_the_blocks_thread_limit_is_never_served(tmp_path: Pa
     for claim, reason in ((record, "Unlaunchable"), (inconsistent, "InconsistentLaunch")):  # pushed claims, verified
         verdict = verify_job({"identity": claim.identity.to_dict(), "trace": claim.trace})
         assert verdict["run_secs"] is None and reason in verdict["reason"]
+
+
+def test_a_gpu_record_whose_kernel_tvm_cannot_lower_leaves_it_to_the_default_and_the_compile_goes_on(tmp_path: Path, mlp: dict) -> None:
+    """No kernel is built alone for a GPU, so a record that replays within every bound but fails TVM's lowering failed
+    the user's compile (on CUDA, VerifyGPUCode lowers each kernel at replay and refuses it; not on OpenCL, whose code TVM
+    also generates here). Each kernel scheduled and not built alone is lowered alone first: this one goes back to the
+    default schedule, its record refused and complained about, and the next compile refuses it from the kernel cache."""
+    opencl = tvm.target.Target({"kind": "opencl"})
+    kernels = {k.identity.op: k.identity for k in models.kernels(mlp["mod"], opencl)}
+    broken, good = threads_record(kernels["transpose"], 64, pipelined=True), threads_record(kernels["transpose"], 64)
+    with LocalRegistry(tmp_path / "reg") as reg:
+        reg.put(broken)
+        for again in (False, True):
+            with use(reg, opencl, cache=tmp_path / "cache") as session:
+                tvm.compile(mlp["mod"], opencl)
+            outcomes = {k.op: k.outcome for k in session.report.kernels}
+            assert outcomes["transpose"] == "fallback" and outcomes["transpose1"] in ("fallback", "miss")  # refused once tried
+            assert [p for p in session.report.problems if broken.trace_id in p and "software pipeline" in p]
+        (entry,) = reg.get(broken.key)
+        assert entry.served.complaints == 1
+        reg.put(good)  # the same schedule without the annotation lowers, and is served
+        with use(reg, opencl, cache=tmp_path / "cache") as session:
+            tvm.compile(mlp["mod"], opencl)
+        assert {k.op: k.outcome for k in session.report.kernels}["transpose"] == "hit"
 
 
 def test_the_report_says_how_many_misses_kept_the_default_because_it_beat_every_candidate() -> None:

@@ -327,11 +327,13 @@ def test_an_object_graph_in_a_trace_is_loaded_by_tvm_only_when_it_is_a_small_ind
             assert alice.get(identity.key) == [], name
 
 
-def test_a_record_whose_kernel_does_not_build_falls_back_and_the_compile_goes_on(tmp_path: Path, model: dict) -> None:
+@pytest.mark.parametrize("link", [True, False])
+def test_a_record_whose_kernel_does_not_build_falls_back_and_the_compile_goes_on(tmp_path: Path, model: dict, link: bool) -> None:
     """One allowed annotation (``software_pipeline_stage`` without its order) replays within every bound, but TVM cannot
     build the kernel: the user's compile failed with it ("Order of the software pipeline is not defined"). The kernel's
-    object, compiled on its own, fails first: the kernel goes back to its unscheduled form, the record is refused and
-    complained about, and the next compile on this machine refuses it from the kernel cache."""
+    object, compiled on its own, fails first, or without the object cache its lowering alone: the kernel goes back to
+    its unscheduled form, the record is refused and complained about, and the next compile on this machine refuses it
+    from the kernel cache."""
     sch = tvm.s_tir.Schedule(model["kernel"])
     sch.annotate(sch.get_loops(sch.get_sblock("matmul"))[0], "software_pipeline_stage", [0, 0, 0])
     broken = Record(model["identity"], trace_text(sch.trace), [1e-6])
@@ -340,7 +342,7 @@ def test_a_record_whose_kernel_does_not_build_falls_back_and_the_compile_goes_on
     with LocalRegistry(tmp_path / "store", sync=False) as reg:
         reg.put(broken)
         for again in (False, True):
-            with use(reg, CPU, cache=tmp_path / "cache") as session:
+            with use(reg, CPU, cache=tmp_path / "cache", link=link) as session:
                 ex = tvm.compile(model["mod"], CPU)
             (kernel,) = session.report.kernels
             assert kernel.outcome == "fallback" and (again or kernel.detail == broken.trace_id)
