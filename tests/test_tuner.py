@@ -157,6 +157,32 @@ def test_verification_quarantines_a_correct_record_far_slower_than_the_default_s
     assert verdicts["padded"]["run_secs"] is None and "slower than the default schedule" in verdicts["padded"]["reason"]
 
 
+def test_verification_quarantines_a_record_whose_kernel_takes_llvm_far_longer_to_build(ray_address: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A gather of 64 lanes unrolled 32 times is within every bound of the hook and computes right, but LLVM took 2.4 s
+    to build it for this target (128 lanes: 26.6 s) against 0.11 s without the unrolling; every compile that first
+    meets such a record pays it. Verification builds both beside each other and quarantines it; the same kernel
+    vectorized without the unrolling passes. (The bounds are lowered here to the test's size: 10x and 1 s.)"""
+    from schedhub.tuner import verify
+
+    monkeypatch.setattr(verify, "BUILD_SLOWER_THAN_DEFAULT", 10.0)
+    monkeypatch.setattr(verify, "BUILD_SECS_AT_LEAST", 1.0)
+    a = te.placeholder((64, 32), name="A")
+    func = te.create_prim_func([a, te.compute((32, 64), lambda c, j: a[j, c] * 2.0 + 1.0, name="B")])
+    identity = workload_identity(func, TARGET, "strided_scale")
+    verdicts = {}
+    for name, unrolled in (("vectorized", False), ("unrolled", True)):
+        sch = tvm.s_tir.Schedule(workload_module(identity.workload))
+        outer, lanes = sch.get_loops(sch.get_sblock("B"))
+        sch.vectorize(lanes)
+        if unrolled:
+            sch.annotate(outer, "pragma_auto_unroll_max_step", 32)
+            sch.annotate(outer, "pragma_unroll_explicit", 1)
+        check_scheduled(sch.mod, ScheduleLimits())  # within the hook's bounds
+        verdicts[name] = verify.verify_job({"identity": identity.to_dict(), "trace": trace_text(sch.trace)})
+    assert verdicts["vectorized"]["run_secs"] and "matches" in verdicts["vectorized"]["reason"], verdicts
+    assert verdicts["unrolled"]["run_secs"] is None and "to build" in verdicts["unrolled"]["reason"], verdicts
+
+
 def test_a_trace_of_another_structure_is_skipped_not_fatal(ray_address: str) -> None:
     a, b = te.placeholder((64, 64), name="A"), te.placeholder((64,), name="b")
     c = te.compute((64, 64), lambda i, j: a[i, j] + b[j], name="bias_add")

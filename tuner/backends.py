@@ -42,31 +42,22 @@ class RayBuilder(ms.builder.PyBuilder):
     unrolled candidates; MetaSchedule's LocalBuilder gives each 30 s).
     """
 
-    def __init__(self, artifact_root: str, timeline: Timeline, timeout_secs: float = 60.0) -> None:
+    def __init__(self, artifact_root: str, timeline: Timeline, timeout_secs: float = cluster.BUILD_TIMEOUT_SECS) -> None:
         super().__init__()
         self.artifact_root = artifact_root
         self.timeline = timeline
         self.timeout_secs = timeout_secs
 
     def build(self, build_inputs: list[ms.builder.BuilderInput]) -> list[ms.builder.BuilderResult]:
-        import ray
-
         refs = []
         for bi in build_inputs:
             text = target_text(bi.target)
             refs.append(cluster.submit("build", placed=cluster.placement("build", text), mod_json=tvm.ir.save_json(bi.mod), target_text=text))
         results = []
         for ref in refs:
-            try:
-                answer = cluster.result(ref, timeout=self.timeout_secs)
-            except ray.exceptions.GetTimeoutError:
-                ray.cancel(ref, force=True)
-                results.append(ms.builder.BuilderResult(None, f"build timed out after {self.timeout_secs:.0f} s"))
-                continue
-            except Exception as exc:  # the task itself died (after Ray's retries)
-                results.append(ms.builder.BuilderResult(None, f"build task lost: {exc}"))
-                continue
-            self.timeline.add("build", answer)
+            answer = cluster.build_result(ref, self.timeout_secs)
+            if "start" in answer:  # it ran (not timed out nor lost)
+                self.timeline.add("build", answer)
             if answer["artifact"] is None:
                 results.append(ms.builder.BuilderResult(None, answer["error"]))
             else:

@@ -281,3 +281,20 @@ def result(ref: Any, timeout: float | None = None) -> dict[str, Any]:
     import ray
 
     return unpackb(ray.get(ref, timeout=timeout))
+
+
+BUILD_TIMEOUT_SECS = 60.0  # LLVM can take practically forever on some unrolled kernels; MetaSchedule's LocalBuilder gives each 30 s
+
+
+def build_result(ref: Any, timeout: float = BUILD_TIMEOUT_SECS) -> dict[str, Any]:
+    """The answer of a ``"build"`` task (``{"artifact", "error", "start", "end", ...}``), or one without an artifact that
+    says why: still building ``timeout`` seconds after the wait began (the task is cancelled), or lost (after Ray's retries)."""
+    import ray
+
+    try:
+        return result(ref, timeout=timeout)
+    except ray.exceptions.GetTimeoutError:
+        ray.cancel(ref, force=True)
+        return {"artifact": None, "error": f"build timed out after {timeout:.0f} s"}
+    except Exception as exc:  # the task itself died
+        return {"artifact": None, "error": f"build task lost: {exc}"}

@@ -360,7 +360,9 @@ def side_by_side(identity: Identity, mod: Any, candidates: list[Any], timing: di
     target, the default's own build). The caller has checked that the cluster can build and time them
     (:func:`cluster.check_feasible`).
 
-    Returns one ``{"run_secs", "error"}`` per module, the default first (it must run).
+    A build still running :data:`cluster.BUILD_TIMEOUT_SECS` after the wait for it began is cancelled and fails.
+    Returns one ``{"run_secs", "error", "build_secs"}`` per module (``build_secs``: None where it was prebuilt or did
+    not come back), the default first (it must run).
     """
     import tvm
 
@@ -374,9 +376,9 @@ def side_by_side(identity: Identity, mod: Any, candidates: list[Any], timing: di
         given.append(None)
     refs = [None if artifact else cluster.submit("build", placed=cluster.placement("build", t), mod_json=tvm.ir.save_json(m), target_text=t)
             for (m, t), artifact in zip(builds, given)]  # fmt: skip
-    built = [{"artifact": artifact, "error": None} if ref is None else cluster.result(ref) for ref, artifact in zip(refs, given)]
-    for ref, b in zip(refs, built):
-        if ref is not None:
+    built = [{"artifact": artifact, "error": None} if ref is None else cluster.build_result(ref) for ref, artifact in zip(refs, given)]
+    for b in built:
+        if "start" in b:  # built now (not given, timed out nor lost)
             timeline.add("build", b)
     reference = built.pop() if host else built[0]
     if reference["artifact"] is None:
@@ -388,7 +390,8 @@ def side_by_side(identity: Identity, mod: Any, candidates: list[Any], timing: di
         timing=timing, reference=reference["artifact"], target_text=identity.target,
     ))  # fmt: skip
     timeline.add("measure", answer, len(built))
-    results = [r if b["artifact"] is not None else {**r, "error": b["error"]} for r, b in zip(answer["results"], built)]
+    results = [{**(r if b["artifact"] is not None else {**r, "error": b["error"]}), "build_secs": b["end"] - b["start"] if "start" in b else None}
+               for r, b in zip(answer["results"], built)]  # fmt: skip
     if not results[0]["run_secs"]:
         raise RuntimeError(f"{default_name(identity.target)} does not run: {results[0]['error']}")
     return results
