@@ -140,21 +140,24 @@ def test_a_registry_trace_is_also_measured_postprocessed_here_and_a_seed_is_not(
 
 
 def test_verification_quarantines_a_correct_record_far_slower_than_the_default_schedule(ray_address: str) -> None:
-    """A record that pads a cache of 1,024 integers to 16 MiB computes right and stays within the hook's bounds, but
-    fills 16 MiB on every call: verification times it beside the unscheduled kernel and quarantines it."""
+    """A record that pads a cache of 1,024 integers to 512 KiB computes right and stays within the hook's bounds, but
+    fills 512 KiB on every call: verification times it beside the unscheduled kernel and quarantines it. Padded to
+    16 MiB, one call (the output check's) took over 20x the default's: it is quarantined on that call, untimed (its
+    50 timed calls would hold the device from every other job)."""
     from schedhub.tuner.verify import verify_job
 
     a = te.placeholder((1024,), "int32", name="A")
     func = te.create_prim_func([a, te.compute((1024,), lambda i: a[i] + 1, name="B")])
     identity = workload_identity(func, TARGET, "add_one")
     verdicts = {}
-    for name, padded_to in (("cached", 1024), ("padded", 1 << 22)):
+    for name, padded_to in (("cached", 1024), ("padded", 1 << 17), ("padded far", 1 << 22)):
         sch = tvm.s_tir.Schedule(workload_module(identity.workload))
         cache = sch.cache_read(sch.get_sblock("B"), 0, "global")
         sch.transform_layout(cache, ("write", 0), lambda i: (i // padded_to, i % padded_to), pad_value=0)
         verdicts[name] = verify_job({"identity": identity.to_dict(), "trace": trace_text(sch.trace)})
     assert verdicts["cached"]["run_secs"] and "matches" in verdicts["cached"]["reason"], verdicts
-    assert verdicts["padded"]["run_secs"] is None and "slower than the default schedule" in verdicts["padded"]["reason"]
+    assert verdicts["padded"]["run_secs"] is None and "× slower than the default schedule (" in verdicts["padded"]["reason"], verdicts
+    assert verdicts["padded far"]["run_secs"] is None and "far slower than the default schedule, not timed" in verdicts["padded far"]["reason"], verdicts
 
 
 def test_verification_quarantines_a_record_whose_kernel_takes_llvm_far_longer_to_build(ray_address: str, monkeypatch: pytest.MonkeyPatch) -> None:

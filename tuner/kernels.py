@@ -23,6 +23,10 @@ TUNING_TIMING = {"number": 3, "repeat": 1, "min_repeat_ms": 40, "flush_cache": F
 #: Longer, repeated timing for the few candidates that will be published: the search's own short
 #: timings were seen to rise with the budget while re-measurement showed little real gain.
 FINAL_TIMING = {"number": 10, "repeat": 5, "min_repeat_ms": 100, "flush_cache": False}
+#: A timing's optional "untimed_past": a kernel whose checking call took more than that many times the first kernel's
+#: (and UNTIMED_MARGIN_SECS more) is not timed, so a catastrophically slow one costs the device one call, not 50
+UNTIMED = "far slower than the first kernel, not timed"  # the error of such a kernel, which also says "untimed_call_secs"
+UNTIMED_MARGIN_SECS = 0.01
 
 
 def final_timing(min_repeat_ms: int) -> dict[str, Any]:
@@ -139,7 +143,9 @@ def measure(
     target_text: str = '{"kind":"llvm"}',
 ) -> dict[str, Any]:  # fmt: skip
     """Time each built kernel on the device of ``target_text``; with ``reference`` (the unscheduled
-    kernel built for this CPU) check every output against the reference's on the same inputs first.
+    kernel built for this CPU) check every output against the reference's on the same inputs first, and
+    where ``timing`` says ``"untimed_past"``, time none whose checking call was that many times slower
+    than the first kernel's (:data:`UNTIMED`).
 
     Returns ``{"results": [{"run_secs": [...] | None, "error": str | None}], ...interval}``. The
     caller holds the device's measurement resource for the whole call.
@@ -154,15 +160,26 @@ def measure(
         arrays = random_arguments(args_info)
         tensors = [tvm.runtime.tensor(a, dev) for a in arrays]  # timing only: shared by every candidate
         expected = _run(tvm_env.load_library(reference, tmp), arrays, tvm.cpu(0)) if reference is not None else None
+        first_call: float | None = None  # seconds of the first kernel's checking call
         for artifact in artifacts:
             if artifact is None:
                 results.append({"run_secs": None, "error": "not built"})
                 continue
             try:
                 rt_mod = tvm_env.load_library(artifact, tmp)
-                if expected is not None and (problem := _mismatch(expected, _run(rt_mod, arrays, dev), rtol)):
-                    results.append({"run_secs": None, "error": problem})
-                    continue
+                if expected is not None:
+                    called = time.perf_counter()
+                    outputs = _run(rt_mod, arrays, dev)
+                    call_secs = time.perf_counter() - called
+                    if problem := _mismatch(expected, outputs, rtol):
+                        results.append({"run_secs": None, "error": problem})
+                        continue
+                    if first_call is None:
+                        first_call = call_secs
+                    elif (past := timing.get("untimed_past")) and call_secs > past * first_call + UNTIMED_MARGIN_SECS:
+                        results.append({"run_secs": None, "error": f"{UNTIMED}: one call took {call_secs:.3g} s, {call_secs / first_call:.3g}× the first kernel's",
+                                        "untimed_call_secs": call_secs})  # fmt: skip
+                        continue
                 evaluator = rt_mod.time_evaluator(
                     "main", dev, number=timing["number"], repeat=timing["repeat"], min_repeat_ms=timing["min_repeat_ms"],
                     f_preproc="cache_flush_cpu_non_first_arg" if timing.get("flush_cache") and dev.device_type == tvm.cpu(0).device_type else "",

@@ -26,6 +26,9 @@ from .kernels import FINAL_TIMING
 #: trace padding a cache of 1,024 integers to 16 MiB runs correctly, within the hook's bounds, 1.2 million times slower)
 SLOWER_THAN_DEFAULT = 2.0
 SLOWER_BY_AT_LEAST = 10e-6  # seconds: a kernel of a few hundred nanoseconds doubles with one more copy, harmlessly
+#: ... and one whose first (checking) call took this many times the default's is quarantined on that call, untimed: its
+#: 50 timed calls would hold the device from every other job (a single call is noisy, hence 10x the margin)
+UNTIMED_PAST = 10 * SLOWER_THAN_DEFAULT
 
 #: A record whose kernel takes this many times longer to build than the default schedule's, built beside it (and longer
 #: than BUILD_SECS_AT_LEAST), is quarantined: every compile that first meets it pays the build, and the hook's bounds
@@ -55,7 +58,11 @@ def verify_job(job: dict[str, Any], timing: dict[str, Any] | None = None) -> dic
         return {"run_secs": None, "reason": f"does not replay within bounds: {exc.__class__.__name__}: {str(exc).strip()[:500]}"}
     candidate = replayed.mod
     cluster.check_feasible(identity.target)  # after the replay: a record that does not replay needs no cluster
-    untuned, result = side_by_side(identity, mod, [candidate], timing or dict(FINAL_TIMING), Timeline(f"verify:{identity.key[:8]}"))
+    timing = {**(timing or FINAL_TIMING), "untimed_past": UNTIMED_PAST}
+    untuned, result = side_by_side(identity, mod, [candidate], timing, Timeline(f"verify:{identity.key[:8]}"))
+    if result.get("untimed_call_secs"):
+        return {"run_secs": None, "reason": f"far slower than the default schedule, not timed: one call took {result['untimed_call_secs']:.3g} s, over "
+                                            f"{UNTIMED_PAST:g}× the default's ({default_name(identity.target)}, called beside it)"}  # fmt: skip
     if not result["run_secs"]:
         return {"run_secs": None, "reason": result["error"] or "did not run"}
     build_secs, default_build_secs = result.get("build_secs"), untuned.get("build_secs")
