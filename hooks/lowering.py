@@ -15,28 +15,26 @@ the record as refused).
 
 from __future__ import annotations
 
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 
 import tvm
 from tvm import tirx
 from tvm_ffi import DLDeviceType
 
+from .background import KernelWork
 from .cache import KernelCache
 from .errors import TVM_ERRORS
-from .objects import ObjectCache, object_id_of, pass_settings
-from .threads import usable_cpus
+from .objects import ObjectCache, object_id_of
 
 LOWERED = "lowered"  # kernel-cache kind: a scheduled kernel that TVM's TIR pipeline lowered on this machine
 
 
-class Lowerings:
+class Lowerings(KernelWork[tuple[str, ...]]):
     """Scheduled kernels lowered alone, ``workers`` at a time (default: one per CPU); each once per machine (``cache``)."""
 
     def __init__(self, cache: KernelCache, workers: int | None = None) -> None:
+        super().__init__(workers, "schedhub-lowering")  # by cache parts: lowering (None once lowered, else TVM's error)
         self.cache = cache
-        self.workers = workers or usable_cpus()
-        self._pool: ThreadPoolExecutor | None = None
-        self._started: dict[tuple[str, ...], Future[Exception | None]] = {}  # cache parts → lowering (its error, or None)
 
     def start(self, func: tirx.PrimFunc, target: tvm.target.Target) -> None:
         """Begin lowering a scheduled kernel (marked with ``OBJECT_ID``) under the current pass configuration, unless it
@@ -62,38 +60,20 @@ class Lowerings:
                 del self._started[parts]
         return tuple(found)
 
-    def settle(self) -> None:
-        """Wait for every lowering started: a kernel timed here must not share the CPUs with them."""
-        for future in list(self._started.values()):
-            future.result()
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
-        self._started.clear()
-
     def _lowering(self, parts: tuple[str, ...], func: tirx.PrimFunc, target: tvm.target.Target) -> Future[Exception | None] | None:
         """The lowering of one scheduled kernel (``parts``: its cache name), started now unless started; None when it
         lowered on this machine before."""
-        if parts in self._started:
-            return self._started[parts]
-        if self.cache.get(LOWERED, *parts) is not None:
+        if parts not in self._started and self.cache.get(LOWERED, *parts) is not None:
             return None
-        settings = pass_settings()
 
         def lower() -> Exception | None:
             try:
-                with tvm.transform.PassContext(**settings), target:
-                    tvm.tirx.get_default_tir_pipeline(target)[0](bound(func, target))
+                tvm.tirx.get_default_tir_pipeline(target)[0](bound(func, target))
             except TVM_ERRORS as exc:
                 return exc
             return None
 
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="schedhub-lowering")
-        self._started[parts] = future = self._pool.submit(lower)
-        return future
+        return self._submit(parts, lower, target)
 
 
 def bound(func: tirx.PrimFunc, target: tvm.target.Target) -> tvm.IRModule:

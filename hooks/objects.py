@@ -19,7 +19,7 @@ turns them into views) and so does a kernel called with symbolic shape arguments
 from __future__ import annotations
 
 import os
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -27,9 +27,9 @@ import tvm
 from tvm import relax, tirx
 from tvm.relax.analysis import all_global_vars, has_reshape_pattern, post_order_visit
 
+from .background import KernelWork
 from .cache import KernelCache, Untold, atomic_file, mark_used
 from .errors import TVM_ERRORS
-from .threads import usable_cpus
 
 OBJECT_ID = "schedhub.object_id"  # PrimFunc attribute: the cache name of a scheduled kernel's machine code
 ELF_MAGIC = b"\x7fELF"
@@ -62,7 +62,7 @@ class Linked(NamedTuple):
     unbuildable: tuple[tuple[tvm.ir.GlobalVar, Exception], ...] = ()
 
 
-class ObjectCache:
+class ObjectCache(KernelWork[str]):
     """Object files of scheduled kernels under ``root``; counts what it linked and compiled.
 
     Missing objects are compiled in the background, ``workers`` at a time (default: one per CPU):
@@ -71,11 +71,9 @@ class ObjectCache:
     lookups and replays of the kernels after it; :meth:`link` waits for what it links."""
 
     def __init__(self, root: str | os.PathLike[str], workers: int | None = None) -> None:
+        super().__init__(workers, "schedhub-objects")  # by file id: compiling (None once the object is written)
         self.root = Path(root)
-        self.workers = workers or usable_cpus()
         self.linked = self.compiled = 0
-        self._pool: ThreadPoolExecutor | None = None
-        self._started: dict[str, Future[Exception | None]] = {}  # file id → compiling (None once the object is written)
         self.failed = Untold()  # an object that could not be compiled or written, and why
 
     @staticmethod
@@ -137,19 +135,6 @@ class ObjectCache:
         external = list((mod.attrs or {}).get("external_mods", []))
         return out.with_attr("external_mods", external + list(libraries.values())), done
 
-    def settle(self) -> None:
-        """Wait for every compile started so far: a kernel timed here must not share the CPUs with LLVM (the
-        hook starts compiles only between kernels, so none starts while it times one)."""
-        for future in list(self._started.values()):
-            future.result()  # waits; a compile that failed is reported by link()
-
-    def close(self) -> None:
-        """Finish the compiles started and not linked (a build that failed after starting them): their objects serve the next build."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
-        self._started.clear()
-
     def _path(self, file_id: str) -> Path:
         return self.root / f"{file_id}.o"
 
@@ -157,16 +142,12 @@ class ObjectCache:
         """The compile of ``file_id``'s object, started now if it is neither cached nor started; None when it is cached.
         Its result is None once the object is written, else what failed: an ``OSError`` (the object could not be
         written: the model's own build compiles the kernel) or TVM's error (the scheduled kernel does not build)."""
-        if file_id in self._started:
-            return self._started[file_id]
-        if _is_object(self._path(file_id)):
+        if file_id not in self._started and _is_object(self._path(file_id)):
             return None
-        settings = pass_settings()
 
         def compile_one() -> Exception | None:
             try:
-                with tvm.transform.PassContext(**settings), target:
-                    self._compile(func, self.symbol(file_id), target, self._path(file_id))
+                self._compile(func, self.symbol(file_id), target, self._path(file_id))
             except OSError as exc:
                 self.failed.note(exc)
                 return exc  # that kernel is built in the model's own module, as without the cache
@@ -174,10 +155,7 @@ class ObjectCache:
                 return exc
             return None
 
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="schedhub-objects")
-        self._started[file_id] = future = self._pool.submit(compile_one)
-        return future
+        return self._submit(file_id, compile_one, target)
 
     @staticmethod
     def _compile(func: tirx.PrimFunc, symbol: str, target: tvm.target.Target, path: Path) -> None:
@@ -185,13 +163,6 @@ class ObjectCache:
         lib = tvm.tirx.build(tvm.IRModule({symbol: func}), target=target)
         with atomic_file(path) as tmp:  # TVM writes an object file for the ".o" suffix
             lib.write_to_file(tmp)
-
-
-def pass_settings() -> dict[str, Any]:
-    """The current pass configuration as ``tvm.transform.PassContext``'s arguments: it is thread-local, so work moved
-    to another thread enters the same configuration."""
-    ctx = tvm.transform.PassContext.current()
-    return {"opt_level": ctx.opt_level, "config": dict(ctx.config), "required_pass": list(ctx.required_pass), "disabled_pass": list(ctx.disabled_pass)}
 
 
 def object_id_of(func: Any) -> str | None:
