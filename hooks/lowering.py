@@ -66,14 +66,16 @@ class Lowerings(KernelWork[tuple[str, ...]]):
         if parts not in self._started and self.cache.get(LOWERED, *parts) is not None:
             return None
 
-        def lower() -> Exception | None:
-            try:
-                tvm.tirx.get_default_tir_pipeline(target)[0](bound(func, target))
-            except TVM_ERRORS as exc:
-                return exc
-            return None
+        return self._submit(parts, lambda: lowering_error(func, target), target)
 
-        return self._submit(parts, lower, target)
+
+def lowering_error(func: tirx.PrimFunc, target: tvm.target.Target) -> Exception | None:
+    """TVM's error lowering ``func`` alone for ``target`` with the target's default TIR pipeline (no code generation), or None."""
+    try:
+        tvm.tirx.get_default_tir_pipeline(target)[0](bound(func, target))
+    except TVM_ERRORS as exc:
+        return exc
+    return None
 
 
 def bound(func: tirx.PrimFunc, target: tvm.target.Target) -> tvm.IRModule:

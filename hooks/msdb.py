@@ -26,6 +26,7 @@ from schedhub.registry import Record, RegistryError
 from .errors import TVM_ERRORS
 from .guard import InconsistentLaunch, ScheduleLimits, Unlaunchable, check_scheduled, check_trace_size
 from .identity import block_names, plain_json, target_from_text, workload_identity, workload_module
+from .lowering import lowering_error
 from .ranking import retiled
 
 
@@ -202,6 +203,8 @@ def check_launchable(sch: tvm.s_tir.Schedule, target: tvm.target.Target) -> None
     """Raise :class:`.guard.Unlaunchable` for a CUDA kernel past the target's per-block limits (threads, shared memory,
     vector width: MetaSchedule's ``VerifyGPUCode``). Such a kernel compiles and fails at launch; other targets pass."""
     if target.kind.name == "cuda" and not all(p.apply(sch) for p in postprocessors(target) if isinstance(p, ms.postproc.VerifyGPUCode)):
+        if (exc := lowering_error(sch.mod["main"], target)) is not None:  # VerifyGPUCode lowers it, and says False on an error too
+            raise Unlaunchable(f"the kernel does not lower for {target.kind.name}: {exc.__class__.__name__}: {str(exc).strip()[:500]}")
         raise Unlaunchable(f"the kernel is past {target.kind.name}'s per-block limits (threads, shared memory or vector width: VerifyGPUCode)")
 
 

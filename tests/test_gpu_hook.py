@@ -157,27 +157,29 @@ def test_a_cuda_record_past_the_blocks_thread_limit_is_never_served(tmp_path: Pa
         assert verdict["run_secs"] is None and reason in verdict["reason"]
 
 
-def test_a_gpu_record_whose_kernel_tvm_cannot_lower_leaves_it_to_the_default_and_the_compile_goes_on(tmp_path: Path, mlp: dict) -> None:
+@pytest.mark.parametrize("kind", ["opencl", "cuda"])
+def test_a_gpu_record_whose_kernel_tvm_cannot_lower_leaves_it_to_the_default_and_the_compile_goes_on(tmp_path: Path, mlp: dict, kind: str) -> None:
     """No kernel is built alone for a GPU, so a record that replays within every bound but fails TVM's lowering failed
-    the user's compile (on CUDA, VerifyGPUCode lowers each kernel at replay and refuses it; not on OpenCL, whose code TVM
-    also generates here). Each kernel scheduled and not built alone is lowered alone first: this one goes back to the
-    default schedule, its record refused and complained about, and the next compile refuses it from the kernel cache."""
-    opencl = tvm.target.Target({"kind": "opencl"})
-    kernels = {k.identity.op: k.identity for k in models.kernels(mlp["mod"], opencl)}
+    the user's compile on OpenCL (whose code TVM also generates here). Each kernel scheduled and not built alone is
+    lowered alone first: this one goes back to the default schedule, its record refused and complained about, and the
+    next compile refuses it from the kernel cache. On CUDA, VerifyGPUCode lowers each kernel at replay and refused it
+    as past the block's limits; the reason is now TVM's."""
+    gpu = CUDA if kind == "cuda" else tvm.target.Target({"kind": kind})
+    kernels = {k.identity.op: k.identity for k in models.kernels(mlp["mod"], gpu)}
     broken, good = threads_record(kernels["transpose"], 64, pipelined=True), threads_record(kernels["transpose"], 64)
     with LocalRegistry(tmp_path / "reg") as reg:
         reg.put(broken)
         for again in (False, True):
-            with use(reg, opencl, cache=tmp_path / "cache") as session:
-                tvm.compile(mlp["mod"], opencl)
+            with use(reg, gpu, cache=tmp_path / "cache") as session:
+                tvm.compile(mlp["mod"], gpu)
             outcomes = {k.op: k.outcome for k in session.report.kernels}
             assert outcomes["transpose"] == "fallback" and outcomes["transpose1"] in ("fallback", "miss")  # refused once tried
             assert [p for p in session.report.problems if broken.trace_id in p and "software pipeline" in p]
         (entry,) = reg.get(broken.key)
         assert entry.served.complaints == 1
         reg.put(good)  # the same schedule without the annotation lowers, and is served
-        with use(reg, opencl, cache=tmp_path / "cache") as session:
-            tvm.compile(mlp["mod"], opencl)
+        with use(reg, gpu, cache=tmp_path / "cache") as session:
+            tvm.compile(mlp["mod"], gpu)
         assert {k.op: k.outcome for k in session.report.kernels}["transpose"] == "hit"
 
 
