@@ -186,6 +186,22 @@ def test_verification_quarantines_a_record_whose_kernel_takes_llvm_far_longer_to
     assert verdicts["unrolled"]["run_secs"] is None and "to build" in verdicts["unrolled"]["reason"], verdicts
 
 
+def test_verification_quarantines_a_record_whose_trace_takes_long_to_replay() -> None:
+    """640 chained cache reads are within the hook's bounds (1,024 instructions) but replay in seconds, where
+    MetaSchedule's own records replay in milliseconds; every compile that meets the record would pay it, once for
+    every kernel it is a candidate of. Verification quarantines it on the replay, before it builds anything."""
+    from schedhub.tuner.verify import REPLAY_SECS_AT_MOST, verify_job
+
+    a = te.placeholder((64, 64), name="A")
+    identity = workload_identity(te.create_prim_func([a, te.compute((64, 64), lambda i, j: a[i, j] + 1.0, name="B")]), TARGET, "add_one")
+    sch = tvm.s_tir.Schedule(workload_module(identity.workload))
+    block = sch.get_sblock("B")
+    for _ in range(640):
+        block = sch.cache_read(block, 0, "global")
+    verdict = verify_job({"identity": identity.to_dict(), "trace": trace_text(sch.trace)})
+    assert verdict["run_secs"] is None and "to replay" in verdict["reason"] and REPLAY_SECS_AT_MOST == 1.0, verdict
+
+
 def test_a_trace_of_another_structure_is_skipped_not_fatal(ray_address: str) -> None:
     a, b = te.placeholder((64, 64), name="A"), te.placeholder((64,), name="b")
     c = te.compute((64, 64), lambda i, j: a[i, j] + b[j], name="bias_add")

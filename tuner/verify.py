@@ -12,6 +12,7 @@ default schedule beside it, to run or to build) and names its pusher.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from schedhub.registry import Identity
@@ -37,6 +38,12 @@ UNTIMED_PAST = 10 * SLOWER_THAN_DEFAULT
 BUILD_SLOWER_THAN_DEFAULT = 50.0
 BUILD_SECS_AT_LEAST = 5.0  # seconds
 
+#: A record whose trace takes longer than this to replay on its own workload is quarantined: every compile that first
+#: meets it pays the replay, once for each kernel it is a transfer candidate of, and the replay's cost grows with the
+#: square of a trace's length (500 chained cache reads, within the hook's bound of 1,024 instructions: 1.1 s; 1,000:
+#: 4 s). MetaSchedule's own 286 records of two registries replayed in at most 19 ms (median 6 ms) on this project's CPU.
+REPLAY_SECS_AT_MOST = 1.0
+
 
 def verify_job(job: dict[str, Any], timing: dict[str, Any] | None = None) -> dict[str, Any]:
     """The verdict on one verification job: ``{"run_secs": [...] | None, "reason": str}``."""
@@ -52,10 +59,14 @@ def verify_job(job: dict[str, Any], timing: dict[str, Any] | None = None) -> dic
         raise ToolchainMismatch(f"record {identity.key[:12]} was keyed under {identity.fingerprint!r}; this worker runs {compiler_fingerprint()!r}")
     mod = workload_module(identity.workload)
     try:
+        started = time.perf_counter()
         replayed = replay_within(mod, job["trace"], ScheduleLimits())
+        replay_secs = time.perf_counter() - started
         check_launchable(replayed, target_from_text(identity.target))  # a GPU kernel that would fail at launch
     except Exception as exc:  # ScheduleError, InternalError, ScheduleTooCostly, Unlaunchable…: the verdict, not a crash
         return {"run_secs": None, "reason": f"does not replay within bounds: {exc.__class__.__name__}: {str(exc).strip()[:500]}"}
+    if replay_secs > REPLAY_SECS_AT_MOST:
+        return {"run_secs": None, "reason": f"its trace took {replay_secs:.3g} s to replay (at most {REPLAY_SECS_AT_MOST:g} s: each compile that meets it pays that)"}
     candidate = replayed.mod
     cluster.check_feasible(identity.target)  # after the replay: a record that does not replay needs no cluster
     timing = {**(timing or FINAL_TIMING), "untimed_past": UNTIMED_PAST}
