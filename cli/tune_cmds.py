@@ -164,6 +164,8 @@ def job_logs(submission_id: str, address: str, follow: bool) -> None:
 @click.option("--concurrency", type=int, default=1, show_default=True, help="Jobs tuned at once by this worker.")
 @click.option("--lease-secs", type=float, default=120.0, show_default=True, help="Lease length; renewed every third of it.")
 @click.option("--poll-secs", type=float, default=5.0, show_default=True, help="Wait between polls of an empty queue.")
+@click.option("--max-job-secs", type=float, default=4 * 3600.0, show_default=True,
+              help="A job still running this long after it started is stopped and failed with why (it is retried up to the queue's attempts).")
 @click.option("--max-jobs", type=int, default=None, help="Stop after this many jobs.")
 @click.option("--until-idle", is_flag=True, help="Stop when the queue has nothing left to lease.")
 @click.option("--wait-for-registry", type=float, default=None, help="Seconds to wait for a registry that does not answer while "
@@ -179,7 +181,7 @@ def job_logs(submission_id: str, address: str, follow: bool) -> None:
 @ray_option
 @reports_errors
 def worker(registry: str, token: str | None, trials: int, trials_per_iter: int, seed: int, population: int, final_repeat_ms: int, concurrency: int, lease_secs: float, poll_secs: float,
-           max_jobs: int | None, until_idle: bool, wait_for_registry: float | None, name: str | None, first_pass: bool, device: str | None, ray_address: str | None,
+           max_job_secs: float, max_jobs: int | None, until_idle: bool, wait_for_registry: float | None, name: str | None, first_pass: bool, device: str | None, ray_address: str | None,
            num_cpus: int | None, num_gpus: int | None) -> None:  # fmt: skip
     """Lease jobs from the registry's queue (verifications of pushed claims first, then misses), run them on Ray, push and ack.
 
@@ -198,7 +200,8 @@ def worker(registry: str, token: str | None, trials: int, trials_per_iter: int, 
         details = " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in data.items())
         out.print(f"{kind} {details}", highlight=False, soft_wrap=True)
 
-    w = Worker(reg, options, name=name, concurrency=concurrency, lease_secs=lease_secs, poll_secs=poll_secs, on_event=event, device=device, first_pass=first_pass)
+    w = Worker(reg, options, name=name, concurrency=concurrency, lease_secs=lease_secs, poll_secs=poll_secs, on_event=event, device=device, first_pass=first_pass,
+               max_job_secs=max_job_secs)
     kinds = ", ".join(f"{kind} {device}" for kind, device in w.devices) or "no device it can time"
     passes = "first passes, then searches" if w.first_pass else "searches only"
     out.print(f"worker {w.name} ({kinds} jobs; {passes}) on ray {info['address']}; registry {registry}", highlight=False)

@@ -510,6 +510,17 @@ def test_a_job_that_does_not_parse_is_failed_with_the_reason_and_the_worker_goes
     assert job["state"] == PENDING and job["attempts"] == 1 and job["last_error"].startswith("malformed job:"), job
 
 
+def test_a_job_running_past_the_workers_bound_is_stopped_and_failed_with_why(ray_address: str, tmp_path: Path) -> None:
+    """A miss of a kernel too large to time (anyone who may report misses can queue one) would hold a worker for good:
+    its task is cancelled once it has run ``max_job_secs`` and the job goes back with why, its attempt counted."""
+    with LocalRegistry(tmp_path / "reg", sync=False) as reg:
+        reg.report_misses([matmul(64, 64, 64)])
+        stats = Worker(reg, TINY, name="w", poll_secs=0.1, device=TARGET["mcpu"], first_pass=False, max_job_secs=0.5).run(max_jobs=1)
+        job = reg.jobs()[0]
+    assert stats.failed == 1 and stats.done == 0 and not stats.results
+    assert job["state"] == PENDING and job["attempts"] == 1 and "ran past this worker's 0.5 s a job" in job["last_error"], job
+
+
 def test_a_result_the_registry_refuses_fails_its_job_with_the_reason_and_the_worker_goes_on(ray_address: str, tmp_path: Path) -> None:
     """A registry that answers 413 to the push (its body limit below a record) refuses it every time:
     the job goes back with why, not kept for a registry that will never take it, and the worker carries on."""

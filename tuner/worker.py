@@ -58,6 +58,7 @@ from .search import TuneOptions, TuneResult
 
 log = logging.getLogger("schedhub.tuner.worker")
 AWAY = (RegistryUnavailable, MalformedAnswer)  # down, restarting, or a proxy's page in its place: try again later
+MAX_JOB_SECS = 4 * 3600.0  # a job's task running longer is stopped: at the real budget (64 trials) a kernel took minutes
 
 
 @dataclass
@@ -78,6 +79,7 @@ class _Running:
     ref: Any
     renewed: float
     first_pass: bool = False
+    started: float = field(default_factory=time.time)
     answer: Any = None  # the task's result, once it ended and could not be delivered yet
 
 
@@ -88,12 +90,14 @@ class Worker:
         self, registry: Registry, options: TuneOptions, *, name: str | None = None, concurrency: int = 1,
         lease_secs: float = 120.0, poll_secs: float = 2.0, on_event: Callable[[str, dict[str, Any]], None] | None = None,
         tasks: tuple[str, ...] = (VERIFY, TUNE), device: str | None = None, devices: list[tuple[str, str]] | None = None,
-        first_pass: bool = True,
+        first_pass: bool = True, max_job_secs: float = MAX_JOB_SECS,
     ) -> None:  # fmt: skip
         """``device``: the CPU model CPU jobs must be for (default: this machine's). ``devices``: every
         (target kind, device model) to lease for (default: what the cluster can time, asked of it).
         ``first_pass``: give tune jobs with something to warm-start from a first pass before their search, when
-        the search measures more than a first pass would (at 8 trials the two took as long: bench/RESULTS.md)."""
+        the search measures more than a first pass would (at 8 trials the two took as long: bench/RESULTS.md).
+        ``max_job_secs``: a job's task still running that long after it started is cancelled and the job failed with
+        why (a hostile or mistaken miss of a kernel too large to time would otherwise hold the worker for good)."""
         from schedhub.hooks.identity import compiler_fingerprint
         from schedhub.hooks.measure import host_cpu
 
@@ -103,6 +107,7 @@ class Worker:
         self.concurrency = max(1, concurrency)
         self.lease_secs = lease_secs
         self.poll_secs = poll_secs
+        self.max_job_secs = max_job_secs
         self.fingerprint = compiler_fingerprint()
         self.tasks = tasks
         self.first_pass = first_pass and options.trials > options.first_pass().warm_measurements()
@@ -146,6 +151,7 @@ class Worker:
                     self._finish(held, stats)
             else:
                 time.sleep(self.poll_secs)
+            self._stop_overdue(stats)
             self._renew_due()
         self.release_all("worker stopped", stats)
         return stats
@@ -223,6 +229,18 @@ class Worker:
         first = may_first and bool(warm or seeds)
         options = self.options.first_pass() if first else self.options
         return first, submit_tuning(identity, options, warm, seeds, f"{identity.op}:{lease.key[:8]}")
+
+    def _stop_overdue(self, stats: WorkerStats) -> None:
+        """Cancel every task running past ``max_job_secs`` and fail its job with why (it is retried up to the queue's attempts)."""
+        import ray
+
+        now = time.time()
+        for key, run in list(self.running.items()):
+            if run.answer is None and now - run.started > self.max_job_secs:
+                ray.cancel(run.ref, force=True)
+                del self.running[key]
+                task = "first pass" if run.first_pass else run.lease.job.get("task", TUNE)
+                self._fail(key, run.lease.lease_id, f"{task} ran past this worker's {self.max_job_secs:g} s a job and was stopped", stats)
 
     def _renew_due(self) -> None:
         import ray
