@@ -100,7 +100,8 @@ class RateLimiter:
         self.count, self.window, self.callers = count, window, callers
         self._seen: OrderedDict[str, deque[float]] = OrderedDict()
 
-    def allow(self, caller: str) -> bool:
+    def allow(self, caller: str, events: int = 1) -> bool:
+        """Whether ``caller`` may have ``events`` more now (and if so, they are counted)."""
         now = time.monotonic()
         times = self._seen.pop(caller, None) or deque()
         while times and times[0] <= now - self.window:
@@ -108,7 +109,7 @@ class RateLimiter:
         self._seen[caller] = times
         while len(self._seen) > self.callers:
             self._seen.popitem(last=False)
-        if len(times) >= self.count:
+        if len(times) + events > self.count:
             return False
-        times.append(now)
+        times.extend([now] * events)
         return True

@@ -55,7 +55,7 @@ class RegistryApp:
     """Holds the open registry, the committer and counters for one serving process."""
 
     def __init__(self, root: str | os.PathLike[str], tokens: dict[str, str | Principal] | None, max_body: int, sync: bool,
-                 read_only: bool, body_timeout: float, complaints_per_minute: int) -> None:  # fmt: skip
+                 read_only: bool, body_timeout: float, complaints_per_minute: int, misses_per_minute: int) -> None:  # fmt: skip
         self.root = root
         self.tokens = as_principals(tokens)
         self.max_body = max_body
@@ -67,6 +67,7 @@ class RegistryApp:
         self.counters: Counter[str] = Counter()
         self.activity = _dashboard.Activity()
         self.complaints = RateLimiter(complaints_per_minute, 60.0)
+        self.misses = RateLimiter(misses_per_minute, 60.0)  # each reported miss adds demand, and a new one a queue job
         self.started = time.time()
 
     @asynccontextmanager
@@ -95,6 +96,10 @@ class RegistryApp:
         if not principal.can(role):
             raise Forbidden(f"token {principal.name!r} has role {principal.role!r}; this call needs {role!r} or above")
         return principal
+
+    def caller(self, request: Request, who: Principal) -> str:
+        """Whom a rate limit counts: the token's name, or without tokens (a loopback registry) the name and client address."""
+        return who.name if self.tokens else f"{who.name}@{request.client.host if request.client else '?'}"
 
     async def body(self, request: Request) -> Any:
         """The decoded body: size-limited, time-limited, nesting-limited, large ones decoded off the loop."""
@@ -168,13 +173,14 @@ def create_app(
     read_only: bool = False,
     body_timeout: float = DEFAULT_BODY_TIMEOUT,
     complaints_per_minute: int = 30,
+    misses_per_minute: int = 1200,
 ) -> Starlette:
     """The registry as an ASGI app over the store at ``root`` (opened when the app starts).
 
     ``tokens`` maps bearer token → :class:`Principal` (name and role; a plain name is an admin).
     None or empty lets anyone write, which the CLI only allows on a loopback address.
     """
-    state = RegistryApp(root, tokens, max_body, sync, read_only, body_timeout, complaints_per_minute)
+    state = RegistryApp(root, tokens, max_body, sync, read_only, body_timeout, complaints_per_minute, misses_per_minute)
 
     async def get_record(request: Request) -> Response:
         key = path_key(request)
@@ -283,7 +289,7 @@ def create_app(
         who = state.require(request, "read")
         body = await state.body(request)
         trace_id, reason = trace_id_field(body), bounded_text(body, "reason")
-        caller = who.name if state.tokens else f"{who.name}@{request.client.host if request.client else '?'}"
+        caller = state.caller(request, who)
         if not state.complaints.allow(caller):
             raise TooManyRequests(f"{caller!r} is over {state.complaints.count} complaints a minute; try again later")
         status = await state.write(lambda txn: state.reg.complain(key, trace_id, reason, caller, txn=txn))
@@ -307,9 +313,12 @@ def create_app(
         return reply(request, {"items": await run_in_threadpool(state.reg.quarantined, limit)})
 
     async def report_misses(request: Request) -> Response:
-        state.require(request, "read")
+        who = state.require(request, "read")
         body = await state.body(request)
         misses = await run_in_threadpool(parse_each, field(body, "misses", list), Identity.from_obj, "misses")
+        caller = state.caller(request, who)
+        if not state.misses.allow(caller, len(misses)):
+            raise TooManyRequests(f"{caller!r} is over {state.misses.count} reported misses a minute; try again later")
         results = await state.write(lambda txn: state.reg.report_misses(misses, txn=txn))
         state.counters["reported"] += len(misses)
         return reply(request, {"results": results})

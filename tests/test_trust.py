@@ -28,7 +28,7 @@ ROLES = {"admin-tok": Principal("root", "admin"), "alice-tok": Principal("alice"
 
 @pytest.fixture
 def srv(tmp_path: Path) -> Iterator[ServerThread]:
-    with ServerThread(tmp_path / "trust", tokens=ROLES, sync=False, complaints_per_minute=5, body_timeout=1.0, header_timeout=1.0) as s:
+    with ServerThread(tmp_path / "trust", tokens=ROLES, sync=False, complaints_per_minute=5, misses_per_minute=8, body_timeout=1.0, header_timeout=1.0) as s:
         yield s
 
 
@@ -134,6 +134,18 @@ def test_roles_bound_each_call(as_: dict[str, RegistryClient], srv: ServerThread
         assert anon.get(rec.key) == []  # reads stay open
         with pytest.raises(Exception, match="Bearer"):
             anon.report_misses([rec.identity])
+
+
+def test_reported_misses_are_rate_limited_per_caller(as_: dict[str, RegistryClient]) -> None:
+    """Each reported miss adds demand (the queue hands out the most demanded first) and a new one a job holding its
+    workload, so one token holder reporting without end would decide what the workers tune and fill the store."""
+    misses = [make_record(100 + i, 1e-3).identity for i in range(6)]
+    as_["reader"].report_misses(misses)
+    with pytest.raises(TooManyRequests, match="over 8 reported misses a minute"):
+        as_["reader"].report_misses(misses[:3])  # 9 > 8: nothing of it is queued
+    as_["reader"].report_misses(misses[:2])  # 8: within
+    assert [r["demand"] for r in as_["alice"].report_misses(misses[:1])] == [3]  # per caller
+    assert sum(job["demand"] for job in as_["root"].jobs()) == 6 + 2 + 1
 
 
 def test_complaints_are_rate_limited(as_: dict[str, RegistryClient]) -> None:
