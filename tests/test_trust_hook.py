@@ -17,7 +17,7 @@ from tvm import te, tirx
 from tvm.relax.frontend import nn
 from tvm.s_tir import meta_schedule as ms
 
-from schedhub.hooks import RegistryDatabase, ScheduleLimits, ScheduleTooCostly, use, workload_identity
+from schedhub.hooks import RegistryDatabase, RegistryFallbackWarning, ScheduleLimits, ScheduleTooCostly, use, workload_identity
 from schedhub.hooks.costmodel import Kernels
 from schedhub.hooks.guard import check_scheduled, check_trace_size, loop_name_chars, nested_statements, unrolled_code
 from schedhub.hooks.identity import workload_module
@@ -254,6 +254,15 @@ def server(tmp_path: Path) -> Iterator[ServerThread]:
     tokens = {"w": Principal("tuner", "worker"), "a": Principal("alice"), "r": Principal("reader", "read")}
     with ServerThread(tmp_path / "srv", tokens=tokens, sync=False) as srv:
         yield srv
+
+
+def test_a_compile_over_the_registrys_miss_rate_compiles_on_and_says_its_misses_went_unreported(tmp_path: Path, model: dict) -> None:
+    with ServerThread(tmp_path / "srv", tokens={"r": Principal("reader", "read")}, sync=False, misses_per_minute=0) as srv:
+        with RegistryClient(srv.url, token="r") as reader, pytest.warns(RegistryFallbackWarning, match="could not report 1 misses"):
+            with use(reader, CPU) as session:
+                tvm.compile(model["mod"], CPU)
+        assert [k.outcome for k in session.report.kernels] == ["miss"] and session.report.misses_reported == 0
+        assert [p for p in session.report.problems if "misses not reported" in p and "reported misses a minute" in p]
 
 
 def test_a_compile_takes_verified_records_unless_told_otherwise(server: ServerThread, model: dict) -> None:
