@@ -65,7 +65,6 @@ class Lowerings(KernelWork[tuple[str, ...]]):
         lowered on this machine before."""
         if parts not in self._started and self.cache.get(LOWERED, *parts) is not None:
             return None
-
         return self._submit(parts, lambda: lowering_error(func, target), target)
 
 
