@@ -68,7 +68,7 @@ OPENAPI: dict[str, Any] = {
         "/v1/records/{key}/quarantine": {"parameters": [_KEY], "post": _op("take a record out of service (admin)", "Complaint", auth=True)},
         "/v1/quarantine": {"get": _op("records out of service, with why and whose", params=["limit"])},
         "/v1/lookup": {"post": _op("records of many keys in one round trip; with probes, candidates of the same structure for keys that have none", "Lookup")},
-        "/v1/misses": {"post": _op("report workloads without records (read role; queued for tuning)", "MissBatch", auth=True)},
+        "/v1/misses": {"post": _op("report workloads without records (read role; queued for tuning; rate-limited per caller)", "MissBatch", auth=True)},
         "/v1/trials": {
             "get": _op("page through the measurement log: every trial tuners measured, per key and pusher (at most 200 a page)", params=["cursor", "limit", "verified", "log_target"]),
             "post": _op("push a tuning run's measured trials for one workload (push role; merged into your entry, newest 64 kept)", "TrialLog", auth=True),
