@@ -43,7 +43,7 @@ class Unlaunchable(ValueError):
 
 @dataclass(frozen=True)
 class ScheduleLimits:
-    """The bounds (MetaSchedule's own search stays inside them: unroll steps ≤ 512, lanes ≤ 64)."""
+    """The bounds (MetaSchedule's own search stays inside them: unroll steps ≤ 512, lanes ≤ 85)."""
 
     max_trace_instructions: int = 1024  # every instruction that adds a loop or a stage costs the replay more as the kernel
     #   grows: 1024 cache reads of one buffer replayed in 3.7 s and built in 1.9 s, 1500 in 8.4 s and 4.4 s. MetaSchedule's
@@ -65,10 +65,17 @@ class ScheduleLimits:
     #   1,024 integers to 2^30 allocated 4 GiB and ran 5.9 s a call
     min_scratch_bytes: int = 64 << 20  # the kernel's own buffers are allowed this much whatever its arguments
     max_auto_unroll: int = 4096  # pragma_auto_unroll_max_step / meta_schedule.unroll_* values
-    max_vector_lanes: int = 64  # product of vectorized extents around a statement: MetaSchedule's own most on a CPU
-    #   (ParallelizeVectorizeUnroll's max_vectorize_extent). A transfer's recorded vectorization can grow past it: a
-    #   ResNet-18 copy fused to 121 lanes (11 x 11 where the record had 7 x 7) and auto-unrolled 128 times took LLVM 84 s
-    #   to build; a copy of 64 lanes unrolled 128 times 1.3 s, of 81-121 lanes 11-25 s (ARCHITECTURE §8)
+    max_vector_lanes: int = 1024  # product of vectorized extents around a statement. One such vector costs LLVM little
+    #   (a copy of 255 lanes built in 0.10 s); copied by unrolling, one wider than WIDE_VECTOR_LANES costs it much more
+    #   than its lanes (below). MetaSchedule's own reach 85 on a CPU: ParallelizeVectorizeUnroll's max_vectorize_extent
+    #   (64) bounds a block's own loops, not a producer's copy fused at its compute location (17 x 5 lanes, built in 0.2 s)
+    max_wide_vector_code: int = 4096  # lane-statements in vectors wider than WIDE_VECTOR_LANES, every unrolled copy counted:
+    #   a copy of 85 lanes unrolled 32 times (2,720) built in 1.06 s, 128 times 23.9 s; of 255 lanes 32 times 4.3 s, 128
+    #   times 106 s; of 64 lanes 128 times 1.36 s. A transfer's recorded vectorization can grow past it: a ResNet-18 copy
+    #   fused to 121 lanes (11 x 11 where the record had 7 x 7) and auto-unrolled 128 times took LLVM 84 s (ARCHITECTURE §8)
+
+
+WIDE_VECTOR_LANES = 64  # a vector of more lanes than this is wide: LLVM's time for its unrolled copies grows fastest
 
 
 _UNROLL_KEYS = ("pragma_auto_unroll_max_step", "meta_schedule.unroll_explicit", "meta_schedule.unroll_implicit")
@@ -227,6 +234,9 @@ def _walk(root: Any, limits: ScheduleLimits) -> None:
     if code.longest_run > limits.max_straight_line:
         raise ScheduleTooCostly(f"unrolling would hand LLVM {code.longest_run} lane-statements without a loop between them, over the "
                                 f"limit of {limits.max_straight_line}")  # fmt: skip
+    if code.wide > limits.max_wide_vector_code:
+        raise ScheduleTooCostly(f"unrolling would hand LLVM {code.wide} lane-statements in vectors of over {WIDE_VECTOR_LANES} lanes, over "
+                                f"the limit of {limits.max_wide_vector_code}")  # fmt: skip
 
 
 class UnrolledCode(NamedTuple):
@@ -238,17 +248,19 @@ class UnrolledCode(NamedTuple):
     open_run: int  # lane-statements of the run of code without a loop that reaches the statement's edges
     longest_run: int  # the longest run closed inside (by a loop kept as a loop)
     total: int  # lane-statements in all
+    wide: int  # of those, in vectors of more than WIDE_VECTOR_LANES lanes
 
     def looped(self) -> UnrolledCode:
         """This, as the body of a loop kept as a loop."""
-        return UnrolledCode(self.steps, self.loops + 1, self.unrolled, 0, max(self.longest_run, self.open_run), self.total)
+        return UnrolledCode(self.steps, self.loops + 1, self.unrolled, 0, max(self.longest_run, self.open_run), self.total, self.wide)
 
     def repeated(self, copies: int) -> UnrolledCode:
         """This, as the body of a loop unrolled into ``copies``."""
-        return UnrolledCode(self.steps * copies, self.loops, self.unrolled + 1, self.open_run * copies, self.longest_run, self.total * copies)
+        return UnrolledCode(self.steps * copies, self.loops, self.unrolled + 1, self.open_run * copies, self.longest_run, self.total * copies,
+                            self.wide * copies)  # fmt: skip
 
 
-NOTHING = UnrolledCode(0, 0, 0, 0, 0, 0)
+NOTHING = UnrolledCode(0, 0, 0, 0, 0, 0, 0)
 AUTO_UNROLL_DEPTH = 8  # tir.UnrollLoop's auto_max_depth
 
 
@@ -278,7 +290,7 @@ def unrolled_code(root: Any) -> UnrolledCode:
         if node is None:
             sink.append(NOTHING)
         elif inside is None:  # a store or an evaluation: one step
-            sink.append(UnrolledCode(1, 0, 0, lanes, 0, lanes))
+            sink.append(UnrolledCode(1, 0, 0, lanes, 0, lanes, lanes if lanes > WIDE_VECTOR_LANES else 0))
         else:
             counted: list[UnrolledCode] = []
             stack.append((node, steps, lanes, sink, counted))
@@ -304,7 +316,7 @@ def _unrolled(node: Any, steps: int, kids: list[UnrolledCode]) -> UnrolledCode:
     # UnrollLoop counts each statement of a sequence (and a block's init and body) afresh; one branch of an `if` after the other
     depth = max if isinstance(node, (tirx.SeqStmt, s_tir.SBlock)) else sum
     return UnrolledCode(sum(k.steps for k in kids), depth(k.loops for k in kids), depth(k.unrolled for k in kids),
-                        sum(k.open_run for k in kids), max(k.longest_run for k in kids), sum(k.total for k in kids))  # fmt: skip
+                        sum(k.open_run for k in kids), max(k.longest_run for k in kids), sum(k.total for k in kids), sum(k.wide for k in kids))  # fmt: skip
 
 
 def _bind(seen: set[int], axis: str, extent: int) -> None:

@@ -93,6 +93,29 @@ def compile_secs(mod: tvm.IRModule, registry: object) -> tuple[float, HookSessio
     return time.perf_counter() - start, session
 
 
+def test_metaschedules_own_wide_vector_passes_and_many_unrolled_copies_of_one_are_refused() -> None:
+    """MetaSchedule vectorized a convolution's input copy, fused at its compute location, over 17 x 5 = 85 lanes (its
+    max_vectorize_extent of 64 bounds a block's own loops only). The guard refused that real record for its lanes; one
+    such vector costs LLVM little (0.2 s to build). Unrolled copies of wide vectors cost it far more than their lanes
+    (85 lanes unrolled 128 times: 23.9 s; 32 times: 1.06 s), and those are what is bounded."""
+    data = json.loads((Path(__file__).parent / "data" / "metaschedule_85_lanes.json").read_text())
+    sch = replay_within(workload_module(data["identity"]["workload"]), json.dumps(data["trace"]), ScheduleLimits())
+    assert "T.vectorized(T.int64(85))" in sch.mod.script()
+
+    def copy(copies: int) -> tvm.IRModule:
+        a = te.placeholder((copies, 17, 6), name="A")
+        scheduled = tvm.s_tir.Schedule(te.create_prim_func([a, te.compute((copies, 17, 5), lambda c, i, j: a[c, i, j] * 2.0, name="B")]))
+        c, i, j = scheduled.get_loops(scheduled.get_sblock("B"))
+        scheduled.vectorize(scheduled.fuse(i, j))
+        scheduled.annotate(c, "pragma_auto_unroll_max_step", copies)
+        scheduled.annotate(c, "pragma_unroll_explicit", 1)
+        return scheduled.mod
+
+    check_scheduled(copy(32), ScheduleLimits())
+    with pytest.raises(ScheduleTooCostly, match="lane-statements in vectors of over 64 lanes"):
+        check_scheduled(copy(128), ScheduleLimits())
+
+
 @pytest.mark.parametrize("build", ["bomb", "lanes bomb", "names bomb"])
 def test_a_compile_bomb_is_refused_and_reported_and_costs_no_more_than_a_fallback(tmp_path: Path, model: dict, build: str) -> None:
     """The lanes bomb passed the bounds that counted statements without their lanes: its kernel took LLVM 65 s. The names
