@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 import tvm
 from tvm import s_tir, tirx
 
-from schedhub.registry import InvalidRecord, check_annotations, check_instruction_kinds, check_object_graphs
+from schedhub.registry import InvalidRecord, check_trace_content
 
 
 class ScheduleTooCostly(ValueError):
@@ -95,9 +95,7 @@ def check_trace_size(trace_text: str, limits: ScheduleLimits) -> None:
     if len(instructions) > limits.max_trace_instructions:
         raise ScheduleTooCostly(f"trace has {len(instructions)} instructions, over the limit of {limits.max_trace_instructions}")
     try:  # records were checked when parsed; a job's or a caller's trace text may not have been
-        check_annotations(parsed)
-        check_instruction_kinds(parsed)
-        check_object_graphs(parsed)
+        check_trace_content(parsed)
     except InvalidRecord as exc:
         raise ValueError(str(exc)) from None
     split_loops = sum(len(inst[3]) for inst in instructions

@@ -38,7 +38,7 @@ from ._errors import (
     Unauthorized,
 )
 from ._keys import SCHEMA_VERSION, canonical_target, is_key, record_key, skeleton, structure_key, target_device, target_kind, workload_key
-from ._limits import check_annotations, check_instruction_kinds, check_kind, check_object_graphs, check_workload_source, dotted_name, signature_args_info
+from ._limits import check_annotations, check_instruction_kinds, check_kind, check_object_graphs, check_trace_content, check_workload_source, dotted_name, signature_args_info
 from ._models import MAX_TREE_DEPTH, CostModelEntry, Tree, Trees
 from ._neighbours import COMPILER, SHAPE, TARGET, Candidate, Probe, shape_distance
 from ._queue import DEAD, DONE, LEASED, PENDING, REFINE, TUNE, VERIFY, Lease, MissQueue, task_label, verify_job_id
@@ -71,7 +71,7 @@ def connect(spec: Registry | str | os.PathLike[str], **options: object) -> Regis
 __all__ = [
     "SCHEMA_VERSION", "record_key", "canonical_target", "is_key", "target_kind", "target_device",
     "skeleton", "structure_key", "workload_key", "Probe", "Candidate", "shape_distance", "COMPILER", "SHAPE", "TARGET",
-    "Record", "RefusedRecord", "Identity", "Served", "Trust", "trusted", "trust_filter", "parse_trust", "Trial", "TrialLog", "MAX_TRIALS_PER_ENTRY", "CostModelEntry", "Tree", "Trees", "MAX_TREE_DEPTH", "keeps_default_schedule", "trace_id", "trace_instructions", "packb", "unpackb", "signature_args_info", "check_workload_source", "check_annotations", "check_instruction_kinds", "check_object_graphs", "check_kind", "dotted_name",
+    "Record", "RefusedRecord", "Identity", "Served", "Trust", "trusted", "trust_filter", "parse_trust", "Trial", "TrialLog", "MAX_TRIALS_PER_ENTRY", "CostModelEntry", "Tree", "Trees", "MAX_TREE_DEPTH", "keeps_default_schedule", "trace_id", "trace_instructions", "packb", "unpackb", "signature_args_info", "check_workload_source", "check_annotations", "check_instruction_kinds", "check_object_graphs", "check_trace_content", "check_kind", "dotted_name",
     "Principal", "ROLES", "TUNE", "VERIFY", "REFINE", "task_label", "verify_job_id",
     "Store", "StoreFormatError", "MissQueue", "Lease", "KeyPage", "KeySummary", "PutResult",
     "PENDING", "LEASED", "DONE", "DEAD",

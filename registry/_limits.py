@@ -269,6 +269,15 @@ _ANNOTATION_PREFIXES = ("meta_schedule.", "software_pipeline_")
 _ANNOTATION_KEYS = frozenset({"pragma_auto_unroll_max_step", "pragma_unroll_explicit", "pragma_loop_partition_hint", "warp_execution"})
 
 
+def check_trace_content(trace: list[Any]) -> None:
+    """Every check of what a parsed trace may hold, whoever reads it (a record's field, a job's or a caller's trace):
+    only schedule hints annotated (:func:`check_annotations`), no instruction that changes what the kernel computes
+    (:func:`check_instruction_kinds`), no object graph TVM would load unchecked (:func:`check_object_graphs`)."""
+    check_annotations(trace)
+    check_instruction_kinds(trace)
+    check_object_graphs(trace)
+
+
 def check_annotations(trace: list[Any]) -> None:
     """Refuse a trace (MetaSchedule's JSON, ``[instructions, decisions]``) that annotates anything but a schedule hint."""
     instructions = trace[0] if trace and isinstance(trace[0], list) else []

@@ -23,7 +23,7 @@ import msgpack
 
 from ._errors import REFUSED_ON_READ, InvalidRecord, KeyMismatch, PayloadTooLarge
 from ._keys import SCHEMA_VERSION, is_key, record_key, structure_key, target_kind, workload_key
-from ._limits import MAX_INT, check_annotations, check_instruction_kinds, check_kind, check_number, check_object_graphs, check_op, check_text, check_workload_source, signature_args_info
+from ._limits import MAX_INT, check_kind, check_number, check_op, check_text, check_trace_content, check_workload_source, signature_args_info
 
 MAX_RECORD_BYTES = 1 << 20  # one encoded record
 MAX_TEXT_CHARS = 512 << 10  # workload text, trace text
@@ -124,9 +124,7 @@ def trace_field(obj: dict[str, Any]) -> str:
         raise InvalidRecord("field 'trace' must be the JSON text of a MetaSchedule trace") from None
     if not isinstance(parsed, list):
         raise InvalidRecord("field 'trace' must be a JSON list (MetaSchedule Trace.as_json())")
-    check_annotations(parsed)
-    check_instruction_kinds(parsed)
-    check_object_graphs(parsed)
+    check_trace_content(parsed)
     return trace
 
 
