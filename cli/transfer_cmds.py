@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from schedhub.registry import LocalRegistry, Record, RefusedRecord, Registry, Trust, parse_trust, trust_filter, trusted
+from schedhub.registry import LocalRegistry, Record, RefusedRecord, Registry, TooManyRequests, Trust, parse_trust, trust_filter, trusted
 
 from .common import open_registry, progress, registry_option, reports_errors, target_filter_option
 from .recordfiles import is_records_file, read_records, write_records
@@ -100,7 +100,10 @@ def push_records(reg: Registry, sources: list[Path], batch: int = 500, trust: Tr
     with progress("push") as bar:
         task = bar.add_task("push", total=None)
         for chunk in chunks((r for source in sources for r in records_of(source, trust, left_out)), batch):
-            kept += sum(r.kept for r in reg.put_many(chunk))
+            try:
+                kept += sum(r.kept for r in reg.put_many(chunk))
+            except TooManyRequests as exc:  # the registry's bound on claims awaiting verification: say what got there
+                raise TooManyRequests(f"{sent + exc.stored} records were pushed, then the registry refused the rest: {exc}") from None
             sent += len(chunk)
             bar.update(task, advance=len(chunk))
         for source in sources:

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 
 from ._answers import decode, listing, mapping, number, reading, text, typed
-from ._errors import MalformedAnswer, RegistryError, RegistryUnavailable, error_for_status
+from ._errors import MalformedAnswer, RegistryError, RegistryUnavailable, TooManyRequests, error_for_status
 from ._neighbours import RELATIONS, Candidate, Probe, served_candidates
 from ._queue import Lease
 from ._records import Identity, Record, RefusedRecord, packb, served_records
@@ -201,15 +201,18 @@ class RegistryClient:
         results: list[PutResult] = []
         batch: list[dict[str, Any]] = []
         size = 0
-        for record in records:
-            data = record.to_dict()
-            batch.append(data)
-            size += len(record.to_bytes())
-            if size >= PUSH_CHUNK_BYTES:
+        try:
+            for record in records:
+                data = record.to_dict()
+                batch.append(data)
+                size += len(record.to_bytes())
+                if size >= PUSH_CHUNK_BYTES:
+                    results += self._push(batch)
+                    batch, size = [], 0
+            if batch:
                 results += self._push(batch)
-                batch, size = [], 0
-        if batch:
-            results += self._push(batch)
+        except TooManyRequests as exc:  # a bound on the pusher's claims: the batches before it were stored
+            raise TooManyRequests(str(exc), stored=len(results)) from None
         return results
 
     def _push(self, batch: list[dict[str, Any]]) -> list[PutResult]:

@@ -50,6 +50,10 @@ class Forbidden(Unauthorized):
 class TooManyRequests(RegistryError):
     status = 429
 
+    def __init__(self, message: str = "", stored: int = 0) -> None:
+        super().__init__(message)
+        self.stored = stored  # records of a push in batches that were stored before a batch was refused
+
 
 class RequestTimeout(RegistryError):
     status = 408

@@ -56,13 +56,13 @@ OPENAPI: dict[str, Any] = {
         "/v1/stats": {"get": _op("store, queue and request counters")},
         "/v1/records": {
             "get": _op("page through keys changed after a cursor", params=["since", "limit", "op", "target", "include", "newest", "prefix"]),
-            "post": _op("push many records in one transaction", "RecordBatch", auth=True),
+            "post": _op("push many records in one transaction (a push token's new records are claims: 429 and nothing stored past its bound of claims awaiting verification)", "RecordBatch", auth=True),
         },
         "/v1/records/{key}": {
             "parameters": [_KEY],
             "get": _op("the key's records, best first"),
             "head": _op("does the key have records"),
-            "put": _op("push one record; the key must hash from its fields", "Record", "201", auth=True),
+            "put": _op("push one record; the key must hash from its fields (429 past the pusher's bound of claims awaiting verification)", "Record", "201", auth=True),
         },
         "/v1/records/{key}/complaints": {"parameters": [_KEY], "post": _op("report a record that failed here (read role; rate-limited); queues its verification", "Complaint", auth=True)},
         "/v1/records/{key}/quarantine": {"parameters": [_KEY], "post": _op("take a record out of service (admin)", "Complaint", auth=True)},

@@ -8,7 +8,15 @@ compile's misses costliest first, so its jobs come out in that order).
 
 Two tasks share the queue: ``tune`` (one job per missed key; its job id is the key) and
 ``verify`` (one job per pushed claim or complaint: replay, check and re-measure one record; its
-job id is :func:`verify_job_id`). Verification jobs are leased before tuning jobs.
+job id is :func:`verify_job_id`). Verification jobs are leased before tuning jobs, but not for ever:
+after :data:`VERIFY_STREAK` verification leases in a row, a tune job that suits the worker goes first.
+So a token holder who pushes claims by the thousand cannot stop every miss from being tuned.
+
+Each verification job belongs to its *requester* (the pusher of a claim, the caller behind a complaint),
+who has a count of jobs awaiting verification (pending or leased; :meth:`MissQueue.awaiting`). A job's
+*ordinal* is that count when it was queued, and pending verifications are leased by ordinal first, then
+by demand and age: everyone's first claim, then everyone's second, so one requester's backlog does not
+hold back another's. A registry bounds the count per pusher when it takes a push (``claim_limit``).
 
 A tune job goes through the queue in up to two stages. A worker's *first pass* measures what is
 cheap to try (the registry's transfers and the cost model's synthesized schedules), pushes the best
@@ -20,8 +28,8 @@ A lease belongs to the token that took it: renew, ack, fail and release need the
 the same holder, lease ids are never listed, and an expired lease is reported (and treated) as
 given back on every read, not only when the next worker leases.
 
-Index layout (``queue_idx``): ``V|P|R | inverted demand | seq | id`` for pending verify, tune and
-refine jobs and ``L | lease expiry (ms) | id`` for leased ones, so leasing and reclaiming are range scans.
+Index layout (``queue_idx``): ``V|P|R | rank | seq | id`` for pending verify, tune and refine jobs (a
+tune job's rank is its inverted demand, a verification's its ordinal, then its inverted demand: :func:`_rank`) and ``L | lease expiry (ms) | id`` for leased ones, so leasing and reclaiming are range scans.
 ``queue_state`` (``state | NUL | id``) and the per-state counts in ``meta`` make a listing by state and
 the counts cost their page, not the queue.
 """
@@ -42,7 +50,7 @@ import lmdb
 from ._errors import InvalidRecord, LeaseLost, NotFound
 from ._keys import target_device, target_kind
 from ._records import Identity, Record, packb, unpackb
-from ._store import QUEUE_STATES, Store, queue_state_row
+from ._store import QUEUE_ORDER, QUEUE_STATES, Store, add_count, queue_state_row, read_count
 
 PENDING, LEASED, DONE, DEAD = "pending", "leased", "done", "dead"
 STATES = (PENDING, LEASED, DONE, DEAD)
@@ -52,6 +60,9 @@ REFINE = "refine"  # the stage of a tune job whose first pass is pushed: a full 
 DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_TOLERANCE = 2.0  # a claim re-measured slower than this many times its claimed time is refused
 MAX_LEASE_SECS = 86400.0
+VERIFY_STREAK = 8  # verification leases in a row, after which a pending tune job that suits the worker goes first
+AWAITING = (PENDING, LEASED)  # the states in which a verification job counts against its requester
+_STREAK_ROW = b"queue:verify_streak"  # meta: verification leases since the last tune lease
 _PRIVATE = ("lease_id", "lease_holder")
 _SUMMARY_DROP = ("workload", "trace", "args_info")
 
@@ -59,6 +70,16 @@ _SUMMARY_DROP = ("workload", "trace", "args_info")
 def verify_job_id(key: str, trace_id: str) -> str:
     """The queue id of the verification of one record (64 hex characters, like a key)."""
     return hashlib.sha256(f"verify\0{key}\0{trace_id}".encode()).hexdigest()
+
+
+def awaiting_row(requester: str) -> bytes:
+    """The ``meta`` row counting a requester's verification jobs pending or leased."""
+    return b"queue_awaiting:" + requester.encode()
+
+
+def requester(job: dict[str, Any]) -> str:
+    """Whose a verification job is: its requester (a job queued before requesters were kept: its record's pusher)."""
+    return str(job.get("requester", job.get("pusher", "")))
 _U32, _U64 = struct.Struct(">I"), struct.Struct(">Q")
 
 
@@ -80,6 +101,28 @@ class MissQueue:
         self._jobs = store.dbs["queue"]
         self._idx = store.dbs["queue_idx"]
         self._states = store.dbs["queue_state"]
+        if not store.readonly:
+            self._index_order()
+
+    def _index_order(self) -> None:
+        """Rebuild ``queue_idx`` and the requesters' counts of a store from before verifications were ranked by
+        ordinal (once, on open; a job queued then has ordinal 0 and its record's pusher as requester)."""
+        with self.store.write() as t:
+            meta = self.store.dbs["meta"]
+            if t.get(QUEUE_ORDER, db=meta) is not None:
+                return
+            t.drop(self._idx, delete=False)
+            stale = t.cursor(db=meta)
+            while stale.set_range(awaiting_row("")) and stale.key().startswith(awaiting_row("")):
+                stale.delete()
+            for _, raw in t.cursor(db=self._jobs):
+                job = unpackb(raw)
+                index = self._index_key(job)
+                if index is not None:
+                    t.put(index, b"", db=self._idx)
+                if job.get("task") == VERIFY and job["state"] in AWAITING:
+                    add_count(t, meta, awaiting_row(requester(job)), +1)
+            t.put(QUEUE_ORDER, b"1", db=meta)
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -90,7 +133,7 @@ class MissQueue:
     def _index_key(self, job: dict[str, Any]) -> bytes | None:
         key = job["key"].encode()
         if job["state"] == PENDING:
-            return _pending_prefix(job) + _U32.pack(0xFFFFFFFF - min(job["demand"], 0xFFFFFFFF)) + _U64.pack(job["seq"]) + key
+            return _pending_prefix(job) + _U32.pack(_rank(job)) + _U64.pack(job["seq"]) + key
         if job["state"] == LEASED:
             return b"L" + _U64.pack(int(job["lease_expires"] * 1000)) + key
         return None
@@ -102,7 +145,10 @@ class MissQueue:
         if new_index is not None:
             txn.put(new_index, b"", db=self._idx)
         job_id = job["key"].encode()
-        self.store.move_queue_job(txn, job_id, self._stored_state(txn, job_id), job["state"])
+        stored = self._stored_state(txn, job_id)
+        if job.get("task") == VERIFY and (stored in AWAITING) != (job["state"] in AWAITING):
+            add_count(txn, self.store.dbs["meta"], awaiting_row(requester(job)), +1 if job["state"] in AWAITING else -1)
+        self.store.move_queue_job(txn, job_id, stored, job["state"])
         txn.put(job_id, packb(job), db=self._jobs)
 
     def _stored_state(self, txn: lmdb.Transaction, job_id: bytes) -> str | None:
@@ -177,9 +223,19 @@ class MissQueue:
             self._save(t, job, old)
             return {"key": job["key"], "state": job["state"], "demand": job["demand"]}
 
-    def enqueue_verify(self, record: Record, pushed_by: str, reason: str, *, txn: lmdb.Transaction | None = None) -> dict[str, Any]:
-        """Queue the verification of one stored record (a new claim, or a complaint about it)."""
+    def awaiting(self, who: str, txn: lmdb.Transaction | None = None) -> int:
+        """How many verification jobs of ``who`` (their requester) are pending or leased."""
+        if txn is not None:
+            return read_count(txn, self.store.dbs["meta"], awaiting_row(who))
+        with self.store.read() as t:
+            return read_count(t, self.store.dbs["meta"], awaiting_row(who))
+
+    def enqueue_verify(self, record: Record, pushed_by: str, reason: str, *, by: str | None = None,
+                       txn: lmdb.Transaction | None = None) -> dict[str, Any]:  # fmt: skip
+        """Queue the verification of one stored record (a new claim, or a complaint about it). ``pushed_by``:
+        the record's pusher (named if it is refused); ``by``: who asks (default the pusher; a complaint's caller)."""
         now = time.time()
+        by = pushed_by if by is None else by
         job_id = verify_job_id(record.key, record.trace_id)
         with self.store.write(txn) as t:
             job = self._get(t, job_id)
@@ -193,7 +249,7 @@ class MissQueue:
             ident = record.identity
             job = {
                 "key": job_id, "task": VERIFY, "record_key": record.key, "trace_id": record.trace_id, "trace": record.trace,
-                "claimed_secs": record.mean_secs, "pusher": pushed_by, "reason": reason[:1000],
+                "claimed_secs": record.mean_secs, "pusher": pushed_by, "reason": reason[:1000], "requester": by, "ordinal": self.awaiting(by, t),
                 "identity": ident.to_dict(), "op": ident.op, "fingerprint": ident.fingerprint, "target": ident.target,
                 "kind": target_kind(ident.target), "demand": 1, "state": PENDING, "attempts": 0, "first_seen": now,
                 "last_seen": now, "seq": self.store.next_seq(t, b"queue_seq"), "last_error": "",
@@ -207,8 +263,9 @@ class MissQueue:
         kind: str | None = None, device: str | None = None, tasks: tuple[str, ...] = (TUNE,), holder: str | None = None,
         txn: lmdb.Transaction | None = None,
     ) -> list[Lease]:
-        """Hand out up to ``max_jobs`` pending jobs (verifications first, then tune jobs awaiting their first
-        pass, then refine jobs; each most demanded first), reclaiming expired leases first.
+        """Hand out up to ``max_jobs`` pending jobs (verifications first, by ordinal, then tune jobs awaiting their
+        first pass, then refine jobs; each most demanded first), reclaiming expired leases first. After
+        :data:`VERIFY_STREAK` verification leases in a row the tune jobs go first, once.
 
         ``fingerprint``, ``kind`` and ``device`` restrict the jobs to those a worker can do: its
         compiler (a schedule found by another compiler lands under a key nobody asks for), its target
@@ -221,9 +278,14 @@ class MissQueue:
         lease_secs = min(lease_secs, MAX_LEASE_SECS)
         with self.store.write(txn) as t:
             self._reclaim_expired(t, now)
+            meta = self.store.dbs["meta"]
+            streak = before = read_count(t, meta, _STREAK_ROW)
+            lanes = ((b"V", VERIFY), (b"P", TUNE), (b"R", TUNE))
+            if streak >= VERIFY_STREAK:  # tuning's turn: verifications go after a suitable tune job, if one is pending
+                lanes = (*lanes[1:], lanes[0])
             taken: list[dict[str, Any]] = []
             cursor = t.cursor(db=self._idx)
-            for prefix, task in ((b"V", VERIFY), (b"P", TUNE), (b"R", TUNE)):
+            for prefix, task in lanes:
                 if task not in tasks or not cursor.set_range(prefix):
                     continue
                 for idx_key in cursor.iternext(values=False):
@@ -232,6 +294,9 @@ class MissQueue:
                     job = self._get(t, idx_key[13:].decode())
                     if _suits(job, fingerprint, kind, device):
                         taken.append(job)
+            for job in taken:
+                streak = streak + 1 if job.get("task") == VERIFY else 0
+            add_count(t, meta, _STREAK_ROW, streak - before)
             leases = []
             for job in taken:
                 lease_id = secrets.token_hex(16)
@@ -401,6 +466,14 @@ class MissQueue:
 def task_label(job: dict[str, Any]) -> str:
     """A job's task as listings show it: ``tune (refine)`` once its first pass is pushed and its search is left."""
     return job.get("task", TUNE) + (f" ({REFINE})" if job.get("stage") == REFINE else "")
+
+
+def _rank(job: dict[str, Any]) -> int:
+    """Where a pending job sorts in its lane (smaller first): a tune job by its demand, most first; a verification by
+    its ordinal (its requester's jobs awaiting before it), then its demand."""
+    if job.get("task") == VERIFY:
+        return (min(int(job.get("ordinal", 0)), 0xFFFF) << 16) | (0xFFFF - min(job["demand"], 0xFFFF))
+    return 0xFFFFFFFF - min(job["demand"], 0xFFFFFFFF)
 
 
 def _pending_prefix(job: dict[str, Any]) -> bytes:

@@ -47,6 +47,7 @@ MAX_PAGE = 1000
 MAX_SCAN = 10_000  # feed rows one listing reads: a filter that matches little answers a short page with more=true
 MAX_QUEUE_PAGE = 500
 MAX_TRIAL_PAGE = 200  # trial logs per page (each up to 64 traces)
+DEFAULT_CLAIMS_AWAITING = 256  # claims one pusher may have awaiting verification: each costs a worker a replay, builds and timings
 _OFF_LOOP_BYTES = 64 << 10  # bodies larger than this are decoded in a worker thread
 _TRACE_ID = re.compile(r"[0-9a-f]{16}")
 
@@ -55,7 +56,7 @@ class RegistryApp:
     """Holds the open registry, the committer and counters for one serving process."""
 
     def __init__(self, root: str | os.PathLike[str], tokens: dict[str, str | Principal] | None, max_body: int, sync: bool,
-                 read_only: bool, body_timeout: float, complaints_per_minute: int, misses_per_minute: int) -> None:  # fmt: skip
+                 read_only: bool, body_timeout: float, complaints_per_minute: int, misses_per_minute: int, claims_awaiting: int) -> None:  # fmt: skip
         self.root = root
         self.tokens = as_principals(tokens)
         self.max_body = max_body
@@ -68,6 +69,7 @@ class RegistryApp:
         self.activity = _dashboard.Activity()
         self.complaints = RateLimiter(complaints_per_minute, 60.0)
         self.misses = RateLimiter(misses_per_minute, 60.0)  # each reported miss adds demand, and a new one a queue job
+        self.claims_awaiting = claims_awaiting
         self.started = time.time()
 
     @asynccontextmanager
@@ -174,13 +176,16 @@ def create_app(
     body_timeout: float = DEFAULT_BODY_TIMEOUT,
     complaints_per_minute: int = 30,
     misses_per_minute: int = 1200,
+    claims_awaiting: int = DEFAULT_CLAIMS_AWAITING,
 ) -> Starlette:
     """The registry as an ASGI app over the store at ``root`` (opened when the app starts).
 
     ``tokens`` maps bearer token → :class:`Principal` (name and role; a plain name is an admin).
     None or empty lets anyone write, which the CLI only allows on a loopback address.
+    ``claims_awaiting``: the most claims one pusher may have awaiting verification; a push past it answers 429
+    and stores nothing.
     """
-    state = RegistryApp(root, tokens, max_body, sync, read_only, body_timeout, complaints_per_minute, misses_per_minute)
+    state = RegistryApp(root, tokens, max_body, sync, read_only, body_timeout, complaints_per_minute, misses_per_minute, claims_awaiting)
 
     async def get_record(request: Request) -> Response:
         key = path_key(request)
@@ -196,7 +201,7 @@ def create_app(
         key = path_key(request)
         who = state.require(request, "push")
         record = Record.from_obj(await state.body(request), expected_key=key)
-        result = (await state.write(lambda txn: state.reg.put_many([record], who.name, verified=who.trusted, txn=txn)))[0]
+        result = (await state.write(lambda txn: state.reg.put_many([record], who.name, verified=who.trusted, claim_limit=state.claims_awaiting, txn=txn)))[0]
         state.counters["puts"] += 1
         return reply(request, result.__dict__, 201 if result.kept else 200)
 
@@ -204,7 +209,7 @@ def create_app(
         who = state.require(request, "push")
         body = await state.body(request)
         records = await run_in_threadpool(parse_each, field(body, "records", list), Record.from_obj, "records")
-        results = await state.write(lambda txn: state.reg.put_many(records, who.name, verified=who.trusted, txn=txn))
+        results = await state.write(lambda txn: state.reg.put_many(records, who.name, verified=who.trusted, claim_limit=state.claims_awaiting, txn=txn))
         state.counters["puts"] += len(records)
         return reply(request, {"results": [r.__dict__ for r in results]})
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import lmdb
 
-from ._errors import REFUSED_ON_READ
+from ._errors import REFUSED_ON_READ, TooManyRequests
 from ._queue import DEFAULT_MAX_ATTEMPTS, DEFAULT_TOLERANCE, TUNE, Lease, MissQueue
 from ._models import CostModelEntry, CostModelStore
 from ._neighbours import Candidate, Probe, served_candidates
@@ -86,14 +86,16 @@ class LocalRegistry:
     def exists(self, key: str) -> bool:
         return self.store.exists(key)
 
-    def put_many(self, records: Iterable[Record], pushed_by: str = "", *, verified: bool = True,
+    def put_many(self, records: Iterable[Record], pushed_by: str = "", *, verified: bool = True, claim_limit: int | None = None,
                  txn: lmdb.Transaction | None = None) -> list[PutResult]:  # fmt: skip
         """Store records in one transaction; a pending miss for their key is done.
 
         ``verified``: the pusher vouches for the measurements (a local store's owner, a trusted
         worker). Otherwise each new record is a claim, and its verification is queued.
+        ``claim_limit``: the most claims the pusher may have awaiting verification; a push that would
+        queue more stores nothing and raises :class:`TooManyRequests` (a server's bound, not a local store's).
         """
-        return self._put_each(((r, pushed_by, verified, None) for r in records), txn)
+        return self._put_each(((r, pushed_by, verified, None) for r in records), txn, claim_limit)
 
     def mirror(self, records: Iterable[Record], *, txn: lmdb.Transaction | None = None) -> list[PutResult]:
         """Store records fetched from another registry (with their ``served`` status) as that registry
@@ -109,7 +111,8 @@ class LocalRegistry:
 
         return self._put_each(map(vouched, records), txn)
 
-    def _put_each(self, items: Iterable[tuple[Record, str, bool, tuple[str, float] | None]], txn: lmdb.Transaction | None) -> list[PutResult]:
+    def _put_each(self, items: Iterable[tuple[Record, str, bool, tuple[str, float] | None]], txn: lmdb.Transaction | None,
+                  claim_limit: int | None = None) -> list[PutResult]:  # fmt: skip
         """(record, pusher, verified, verifier) into the store in one transaction; claims queue their
         verification, and a pending miss of a key that got a record is done."""
         with self.store.write(txn) as t:
@@ -117,6 +120,9 @@ class LocalRegistry:
             for record, pushed_by, verified, verifier in items:
                 result = self.store.put(record, pushed_by, verified=verified, verifier=verifier, txn=t)
                 if result.needs_verification:
+                    if claim_limit is not None and self.queue.awaiting(pushed_by, t) >= claim_limit:
+                        raise TooManyRequests(f"this push would give {pushed_by!r} more than {claim_limit} claims awaiting verification, the most "
+                                              "this registry queues for one pusher; nothing of it was stored: push again once workers have verified them")
                     self.queue.enqueue_verify(record, pushed_by, "new claim", txn=t)
                 results.append(result)
             for key in {r.key for r in results}:
@@ -144,7 +150,7 @@ class LocalRegistry:
             except REFUSED_ON_READ as exc:
                 self.store.quarantine(key, trace_id, f"fails the registry's checks: {str(exc)[:300]}", txn=t)
                 return {**status, "quarantined": True}
-            job = self.queue.enqueue_verify(record, status["by"], f"complaint by {who}: {reason}", txn=t)
+            job = self.queue.enqueue_verify(record, status["by"], f"complaint by {who}: {reason}", by=who, txn=t)
             return {**status, "verify_job": job["key"]}
 
     def quarantine(self, key: str, trace_id: str, reason: str, *, txn: lmdb.Transaction | None = None) -> bool:

@@ -30,7 +30,8 @@ from ._trials import TRIALS_BY_TARGET, index_trial_targets
 DEFAULT_MAP_SIZE = int(os.environ.get("SCHEDHUB_MAP_SIZE", 64 << 30))
 DEFAULT_TOP_K = 8
 MAX_COMPLAINANTS = 32
-STORE_FORMAT = b"4"  # 2: op_feed and queue_state; 3: target_feed, trials_by_target, agg_rank; 4: target_feed by op too. Older formats are brought to 4 when opened writable
+STORE_FORMAT = b"5"  # 2: op_feed and queue_state; 3: target_feed, trials_by_target, agg_rank; 4: target_feed by op too; 5: verifications
+#                      queued by requester (queue_idx ranks them by ordinal). Older formats are brought to 5 when opened writable
 _SEQ = struct.Struct(">Q")
 _SEQ_MAX = 2**64 - 1
 _DB_NAMES = ("records", "by_op", "by_struct", "changes", "log", "meta", "quarantine", "queue", "queue_idx", "agg", "trials", "queue_state", "op_feed", "target_feed",
@@ -42,11 +43,13 @@ OP_FEED = b"index:op_feed"  # meta flag: every key is in op_feed (stores from be
 TARGET_FEED = b"index:target_feed"  # meta flag: every key is in target_feed, under its kind and its target
 OP_TARGET_FEED = b"index:op_target_feed"  # meta flag: every key is in target_feed under its op with its kind and with its target too
 AGG_RANK = b"index:agg_rank"  # meta flag: every aggregate row is ranked in agg_rank and each dimension's names are counted
+QUEUE_ORDER = b"index:queue_order"  # meta flag: queue_idx ranks verifications by ordinal and their requesters are counted (the queue rebuilds it)
 INDEXES = {OP_FEED: "op_feed", QUEUE_STATES: "queue_state", TARGET_FEED: "target_feed", OP_TARGET_FEED: "target_feed",
            TRIALS_BY_TARGET: "trials_by_target", AGG_RANK: "agg_rank"}  # fmt: skip
 #: What an upgrade rebuilds: the indexes a writer of that format did not keep (format 1 was written before by_struct and agg too).
-_REBUILT_ON_UPGRADE = {b"1": (STRUCTURE_INDEX, AGGREGATES, *INDEXES), b"2": (TARGET_FEED, OP_TARGET_FEED, TRIALS_BY_TARGET, AGG_RANK),
-                       b"3": (OP_TARGET_FEED,)}  # fmt: skip
+_REBUILT_ON_UPGRADE = {b"1": (STRUCTURE_INDEX, AGGREGATES, *INDEXES, QUEUE_ORDER),
+                       b"2": (TARGET_FEED, OP_TARGET_FEED, TRIALS_BY_TARGET, AGG_RANK, QUEUE_ORDER), b"3": (OP_TARGET_FEED, QUEUE_ORDER),
+                       b"4": (QUEUE_ORDER,)}  # fmt: skip
 _COUNT = struct.Struct(">q")
 #: Aggregate dimensions: keys per op / canonical target / compiler fingerprint, pushes per pusher,
 #: tuned-vs-default speedup per op of verified pushes (``speedup`` rows hold msgpack {n, log2_sum, best}).
@@ -262,14 +265,13 @@ class Store:
             return
         for state, delta in ((old, -1), (new, +1)):
             if state is not None:
-                _add_count(txn, self.dbs["meta"], queue_count_row(state), delta)
+                add_count(txn, self.dbs["meta"], queue_count_row(state), delta)
         if old is not None:
             txn.delete(queue_state_row(old, job_id), db=self.dbs["queue_state"])
         txn.put(queue_state_row(new, job_id), b"", db=self.dbs["queue_state"])
 
     def queue_count(self, txn: lmdb.Transaction, state: str) -> int:
-        raw = txn.get(queue_count_row(state), db=self.dbs["meta"])
-        return _COUNT.unpack(raw)[0] if raw else 0
+        return read_count(txn, self.dbs["meta"], queue_count_row(state))
 
     def indexed(self, txn: lmdb.Transaction, flag: bytes) -> bool:
         """Whether the index ``flag`` names (:data:`INDEXES`) is complete here (a read-only store from before it lacks it)."""
@@ -315,11 +317,11 @@ class Store:
         if new > 0:
             txn.put(_rank_row(dimension, new, name), b"", db=self.dbs["agg_rank"])
         if (old > 0) != (new > 0):
-            _add_count(txn, self.dbs["meta"], distinct_row(dimension), 1 if new > 0 else -1)
+            add_count(txn, self.dbs["meta"], distinct_row(dimension), 1 if new > 0 else -1)
 
     def _count(self, txn: lmdb.Transaction, dimension: str, name: str, delta: int) -> None:
         name = agg_name(name)
-        self._rerank(txn, dimension, name, *_add_count(txn, self.dbs["agg"], f"{dimension}\0{name}".encode(), delta))
+        self._rerank(txn, dimension, name, *add_count(txn, self.dbs["agg"], f"{dimension}\0{name}".encode(), delta))
 
     def _count_key(self, txn: lmdb.Transaction, value: dict[str, Any], delta: int) -> None:
         for dimension, name in zip(KEY_DIMENSIONS, (value["op"], value["target"], value.get("fp", ""))):
@@ -846,7 +848,13 @@ def queue_state_row(state: str, job_id: bytes) -> bytes:
     return state.encode() + b"\0" + job_id
 
 
-def _add_count(txn: lmdb.Transaction, db: Any, row: bytes, delta: int) -> tuple[int, int]:
+def read_count(txn: lmdb.Transaction, db: Any, row: bytes) -> int:
+    """The counter at ``row`` (0 where absent)."""
+    raw = txn.get(row, db=db)
+    return _COUNT.unpack(raw)[0] if raw else 0
+
+
+def add_count(txn: lmdb.Transaction, db: Any, row: bytes, delta: int) -> tuple[int, int]:
     """Add ``delta`` to the counter at ``row``; a counter that reaches zero is removed (absent reads as 0). Returns (before, after)."""
     raw = txn.get(row, db=db)
     before = _COUNT.unpack(raw)[0] if raw else 0

@@ -138,6 +138,20 @@ def test_only_an_admin_quarantines_and_the_list_names_the_pusher(tmp_path: Path)
         assert rec.trace_id in listing and "alice" in listing
 
 
+def test_push_past_the_registrys_bound_on_claims_says_how_many_got_there(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from schedhub.registry import Principal, _client
+
+    monkeypatch.setattr(_client, "PUSH_CHUNK_BYTES", 1)  # a request a record, as a large push is many requests
+    recs = [make_record(40 + w, 1e-3) for w in range(8)]
+    path = tmp_path / "claims.msgpack"
+    write_records(path, (r.to_bytes() for r in recs))
+    with ServerThread(tmp_path / "srv", tokens={"pub": Principal("alice")}, sync=False, claims_awaiting=5) as srv:
+        result = CliRunner().invoke(cli, ["push", str(path), "-r", srv.url, "--token", "pub"])
+        assert result.exit_code == 1
+        assert "5 records were pushed, then the registry refused the rest" in result.output and "claims awaiting verification" in result.output
+        assert len(LocalRegistry(tmp_path / "srv", readonly=True).lookup([r.key for r in recs])) == 5
+
+
 def _file(tmp_path: Path, rec: Record) -> list[str]:
     path = tmp_path / "one.msgpack"
     write_records(path, [rec.to_bytes()])

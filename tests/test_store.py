@@ -218,4 +218,36 @@ def test_an_older_format_store_is_upgraded_with_its_new_indexes_rebuilt(tmp_path
             assert txn.stat(reg.store.dbs["by_struct"])["entries"] == 6 and reg.stats()["coverage"]["targets"] == 2
         assert (unchecked.key in reg.lookup([unchecked.key], refused=(refused := []))) == (older != b"1") and len(refused) == (older == b"1")  # left out of reads
         with reg.store.read() as txn:
-            assert txn.get(b"format", db=reg.store.dbs["meta"]) == _store.STORE_FORMAT == b"4"
+            assert txn.get(b"format", db=reg.store.dbs["meta"]) == _store.STORE_FORMAT == b"5"
+
+
+def test_a_format_4_store_gets_its_pending_verifications_ranked_by_requester(tmp_path: Path) -> None:
+    """Format 4 ranked a pending verification by its demand alone and counted no requester's claims: on upgrade its
+    queue index is rebuilt (an index row left in the old layout would hand out a job twice) and the counts made."""
+    from schedhub.registry import _store
+
+    with LocalRegistry(tmp_path, sync=False) as reg:
+        claims = [make_record(10 + i, 1e-3) for i in range(3)]
+        reg.put_many(claims, "mallory", verified=False)
+        reg.put_many([make_record(20, 1e-3)], "alice", verified=False)
+        store = reg.store
+        with store.env.begin(write=True) as txn:  # what a format-4 writer leaves
+            txn.put(b"format", b"4", db=store.dbs["meta"])
+            txn.delete(_store.QUEUE_ORDER, db=store.dbs["meta"])
+            for row in [k for k, _ in txn.cursor(db=store.dbs["queue_idx"]) if k.startswith(b"V")]:
+                demand = unpackb(txn.get(row[13:], db=store.dbs["queue"]))["demand"]
+                txn.delete(row, db=store.dbs["queue_idx"])
+                txn.put(b"V" + struct.pack(">I", 0xFFFFFFFF - demand) + row[5:], b"", db=store.dbs["queue_idx"])
+            rows = txn.cursor(db=store.dbs["meta"])
+            while rows.set_range(b"queue_awaiting:") and rows.key().startswith(b"queue_awaiting:"):
+                rows.delete()
+            for job_id, raw in txn.cursor(db=store.dbs["queue"]):
+                job = unpackb(raw)
+                txn.put(job_id, packb({k: v for k, v in job.items() if k not in ("requester", "ordinal")}), db=store.dbs["queue"])
+    with LocalRegistry(tmp_path, sync=False) as reg:
+        assert reg.queue.awaiting("mallory") == 3 and reg.queue.awaiting("alice") == 1
+        leased = [lease.job["record_key"] for lease in reg.lease("w", max_jobs=10, lease_secs=60, tasks=("verify",))]
+        assert sorted(leased) == sorted(r.key for r in [*claims, make_record(20, 1e-3)])  # each once
+        assert reg.lease("w", max_jobs=10, lease_secs=60, tasks=("verify",)) == []
+        with reg.store.read() as txn:
+            assert txn.get(b"format", db=reg.store.dbs["meta"]) == b"5"

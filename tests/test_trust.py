@@ -160,6 +160,51 @@ def test_complaints_are_rate_limited(as_: dict[str, RegistryClient]) -> None:
     assert entry.served.complaints == 2  # one per complainant
 
 
+def test_a_pusher_holds_a_bounded_number_of_claims_awaiting_verification(tmp_path: Path) -> None:
+    """Every claim queues a verification that a worker leases before any tuning: without a bound one push token
+    could queue claims by the thousand and hold every worker. Past it a push answers 429 and stores nothing of
+    itself; a verdict makes room again; a worker's pushes (verified) and another pusher's claims are not held back."""
+    with ServerThread(tmp_path / "bounded", tokens=ROLES, sync=False, claims_awaiting=3) as s, clients_by_name(s.url, ROLES) as as_:
+        first = [make_record(200 + i, 1e-3) for i in range(2)]
+        as_["alice"].put_many(first)
+        more = [make_record(210 + i, 1e-3) for i in range(2)]
+        with pytest.raises(TooManyRequests, match="would give 'alice' more than 3 claims awaiting verification") as raised:
+            as_["alice"].put_many(more)  # the second would be the fourth: neither is stored
+        assert raised.value.stored == 0 and as_["reader"].lookup([r.key for r in more]) == {}
+        assert as_["alice"].put(more[0]).needs_verification  # the third
+        assert as_["alice"].put_many(first)[0].kept  # a claim already held is no new one
+        with pytest.raises(TooManyRequests):
+            as_["alice"].put(more[1])
+        as_["bob"].put(make_record(220, 1e-3))  # per pusher
+        assert all(r.verified for r in as_["w1"].put_many([make_record(230 + i, 1e-3) for i in range(5)]))  # verified: nothing to queue
+        jobs = [j for j in as_["root"].jobs("pending") if j["task"] == "verify"]
+        assert sorted(j["requester"] for j in jobs) == ["alice", "alice", "alice", "bob"]
+        lease = next(l for l in as_["w2"].lease("v", max_jobs=5, lease_secs=60, tasks=("verify",)) if l.job["requester"] == "alice")
+        as_["w2"].ack(lease.key, lease.lease_id, {"run_secs": [1e-3], "reason": ""})
+        assert as_["alice"].put(more[1]).needs_verification  # a verdict made room for one
+
+
+def test_verifications_are_leased_by_requester_in_turn_and_do_not_hold_tuning_back_for_ever(local: LocalRegistry) -> None:
+    """One pusher's backlog of claims goes in turn with another's (everyone's first, then everyone's second), and
+    after a streak of verifications a pending tune job goes first."""
+    from schedhub.registry import VERIFY_STREAK
+
+    flood = [make_record(300 + i, 1e-3) for i in range(VERIFY_STREAK + 4)]
+    local.put_many(flood, "mallory", verified=False)
+    late = make_record(400, 1e-3)
+    local.put_many([late], "alice", verified=False)
+    local.report_misses([make_record(500, 1e-3).identity])
+    assert local.queue.awaiting("mallory") == len(flood) and local.queue.awaiting("alice") == 1
+    order = []
+    while leases := local.lease("w", max_jobs=1, lease_secs=60, tasks=("tune", "verify")):
+        job = leases[0].job
+        order.append(job.get("record_key", job["key"]))
+    assert order[:2] == [flood[0].key, late.key]  # alice's first claim before mallory's second
+    assert order[VERIFY_STREAK] == make_record(500, 1e-3).key  # the tune job's turn: after VERIFY_STREAK verifications
+    assert order[VERIFY_STREAK + 1 :] == [r.key for r in flood[VERIFY_STREAK - 1 :]]
+    assert local.queue.awaiting("mallory") == len(flood)  # leased still awaits its verdict
+
+
 # -- 4. queue state -------------------------------------------------------------------------------
 
 
