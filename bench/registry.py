@@ -64,16 +64,55 @@ def target() -> Any:
     return tvm.target.Target({"kind": "llvm", "mcpu": "znver1", "num-cores": 2})
 
 
+def matmuls() -> Any:
+    """``workload(n, op=, fingerprint=)``: the identity fields (a dict) of the matmul of ``n`` rows, canonical as the hook
+    makes it (TVM prints one template; the rest are its text with the sentinel replaced), for this compiler or another."""
+    from schedhub.hooks.identity import args_info, canonical_workload, compiler_fingerprint, target_text
+
+    template, args_template = canonical_workload(matmul(SENTINEL)), json.dumps(args_info(matmul(SENTINEL)))
+    ours, tgt = compiler_fingerprint(), target_text(target())
+
+    def workload(n: int, op: str = "fused_matmul", fingerprint: str | None = None) -> dict[str, Any]:
+        text, fp = template.replace(str(SENTINEL), str(n)), fingerprint or ours
+        return {"key": record_key(fp, tgt, text), "schema": SCHEMA_VERSION, "fingerprint": fp, "target": tgt, "workload": text, "op": op,
+                "args_info": json.loads(args_template.replace(str(SENTINEL), str(n)))}  # fmt: skip
+
+    return workload
+
+
+def lease_ms(root: Path, unsuitable: int, rounds: int = 7) -> dict[str, Any]:
+    """A worker's lease with ``unsuitable`` pending jobs of a compiler it does not run (anyone may report a miss for
+    any fingerprint) queued before the one it can take: naming its compiler, kind and device, as `schedhub worker`
+    does (the queue reads the jobs of its fit), and naming no device (the queue reads every pending job). Medians."""
+    from schedhub.registry import Identity
+    from schedhub.registry._keys import target_device
+
+    workload = matmuls()
+    with LocalRegistry(root, sync=False) as reg:
+        for start in range(1, unsuitable + 1, 5000):
+            reg.report_misses([Identity.from_obj(workload(n, fingerprint="tvm=0.0")) for n in range(start, min(start + 5000, unsuitable + 1))])
+        ours = [Identity.from_obj(workload(n)) for n in range(1, 2 * rounds + 1)]
+        fingerprint, device = ours[0].fingerprint, target_device(ours[0].target)
+        out: dict[str, Any] = {"unsuitable_jobs": unsuitable}
+        for name, named in (("naming_device_ms", device), ("naming_no_device_ms", None)):
+            secs = []
+            for _ in range(rounds):
+                reg.report_misses([ours.pop()])
+                started = time.perf_counter()
+                leases = reg.lease("bench", 1, 60, fingerprint=fingerprint, kind="llvm", device=named)
+                secs.append(time.perf_counter() - started)
+                assert leases and leases[0].job["fingerprint"] == fingerprint, "the suitable job was not leased"
+            out[name] = summary_ms(secs)
+    return out
+
+
 def build_store(root: Path, records: int, own_ops: bool = False) -> float:
     """A schedhub store of ``records`` records over records/4 keys, all of one op or (``own_ops``) each key
     its own (as a pusher that names a new op with every record makes it); returns seconds to build."""
-    from schedhub.hooks.identity import args_info, canonical_workload, compiler_fingerprint, target_text
     from schedhub.hooks.msdb import plain_json
 
-    template = canonical_workload(matmul(SENTINEL))
-    args_template = json.dumps(args_info(matmul(SENTINEL)))
     traces = [json.dumps(plain_json(trace_of(matmul(SENTINEL), t).as_json()), separators=(",", ":")) for t in (4, 8, 16, 32)]
-    fp, tgt = compiler_fingerprint(), target_text(target())
+    workload = matmuls()
     rng = random.Random(0)
     start = time.perf_counter()
     with LocalRegistry(root, sync=False) as reg:
@@ -81,10 +120,7 @@ def build_store(root: Path, records: int, own_ops: bool = False) -> float:
         for base in range(0, records // RECORDS_PER_KEY, 5000):
             with store.write() as txn:
                 for n in range(base + 1, min(base + 5000, records // RECORDS_PER_KEY) + 1):
-                    text = template.replace(str(SENTINEL), str(n))
-                    obj = {"key": record_key(fp, tgt, text), "schema": SCHEMA_VERSION, "fingerprint": fp, "target": tgt,
-                           "workload": text, "op": f"fused_matmul_{n}" if own_ops else "fused_matmul", "args_info": json.loads(args_template.replace(str(SENTINEL), str(n))),
-                           "provenance": {"host_cpu": "znver1", "trials": 64}}  # fmt: skip
+                    obj = {**workload(n, op=f"fused_matmul_{n}" if own_ops else "fused_matmul"), "provenance": {"host_cpu": "znver1", "trials": 64}}
                     for trace in traces[:RECORDS_PER_KEY]:
                         store.put(Record.from_obj({**obj, "trace": trace, "run_secs": [rng.uniform(1e-5, 1e-3)]}), "bench", txn=txn)
         store.env.sync(True)
@@ -349,7 +385,8 @@ def main() -> None:
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait()
-    print(json.dumps({k: results[k] for k in ("http", "http_one_connection", "batch", "own_ops")}, indent=1), flush=True)
+    results["lease"] = lease_ms(args.workdir / "lease", 100_000 if args.quick else 1_000_000)
+    print(json.dumps({k: results[k] for k in ("http", "http_one_connection", "batch", "own_ops", "lease")}, indent=1), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1, default=str))
     shutil.rmtree(args.workdir, ignore_errors=True)

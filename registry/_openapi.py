@@ -56,22 +56,22 @@ OPENAPI: dict[str, Any] = {
         "/v1/stats": {"get": _op("store, queue and request counters")},
         "/v1/records": {
             "get": _op("page through keys changed after a cursor", params=["since", "limit", "op", "target", "include", "newest", "prefix"]),
-            "post": _op("push many records in one transaction (a push token's new records are claims: 429 and nothing stored past its bound of claims awaiting verification)", "RecordBatch", auth=True),
+            "post": _op("push many records in one transaction (a push token's new records are claims: 429 and nothing stored past its bound of verifications awaiting)", "RecordBatch", auth=True),
         },
         "/v1/records/{key}": {
             "parameters": [_KEY],
             "get": _op("the key's records, best first"),
             "head": _op("does the key have records"),
-            "put": _op("push one record; the key must hash from its fields (429 past the pusher's bound of claims awaiting verification)", "Record", "201", auth=True),
+            "put": _op("push one record; the key must hash from its fields (429 past the pusher's bound of verifications awaiting)", "Record", "201", auth=True),
         },
-        "/v1/records/{key}/complaints": {"parameters": [_KEY], "post": _op("report a record that failed here (read role; rate-limited); queues its verification", "Complaint", auth=True)},
+        "/v1/records/{key}/complaints": {"parameters": [_KEY], "post": _op("report a record that failed here (read role; rate-limited, and 429 past the caller's bound of verifications awaiting); queues its verification", "Complaint", auth=True)},
         "/v1/records/{key}/quarantine": {"parameters": [_KEY], "post": _op("take a record out of service (admin)", "Complaint", auth=True)},
         "/v1/quarantine": {"get": _op("records out of service, with why and whose", params=["limit"])},
         "/v1/lookup": {"post": _op("records of many keys in one round trip; with probes, candidates of the same structure for keys that have none", "Lookup")},
-        "/v1/misses": {"post": _op("report workloads without records (read role; queued for tuning; rate-limited per caller)", "MissBatch", auth=True)},
+        "/v1/misses": {"post": _op("report workloads without records (read role; queued for tuning; rate-limited per caller, and 429 past the caller's bound of jobs awaiting tuning)", "MissBatch", auth=True)},
         "/v1/trials": {
             "get": _op("page through the measurement log: every trial tuners measured, per key and pusher (at most 200 a page)", params=["cursor", "limit", "verified", "log_target"]),
-            "post": _op("push a tuning run's measured trials for one workload (push role; merged into your entry, newest 64 kept)", "TrialLog", auth=True),
+            "post": _op("push a tuning run's measured trials for one workload (push role; merged into your entry, newest 64 kept; 429 past your bound of unverified log bytes)", "TrialLog", auth=True),
         },
         "/v1/models": {
             "get": _op("the cost model served for a target, compiler and feature set (404: none)", params=["model_target", "model_compiler", "model_features"]),

@@ -29,8 +29,12 @@ the same holder, lease ids are never listed, and an expired lease is reported (a
 given back on every read, not only when the next worker leases.
 
 Index layout (``queue_idx``): ``V|P|R | rank | seq | id`` for pending verify, tune and refine jobs (a
-tune job's rank is its inverted demand, a verification's its ordinal, then its inverted demand: :func:`_rank`) and ``L | lease expiry (ms) | id`` for leased ones, so leasing and reclaiming are range scans.
-``queue_state`` (``state | NUL | id``) and the per-state counts in ``meta`` make a listing by state and
+tune job's rank is its inverted demand, a verification's its ordinal, then its inverted demand: :func:`_rank`)
+and ``L | lease expiry (ms) | id`` for leased ones, so leasing and reclaiming are range scans. ``queue_fit``
+holds each pending job's ``queue_idx`` row again with the job's *fit* after the lane (:func:`fit`: 8 bytes of a
+digest of its compiler fingerprint, target kind and device model), so a worker that names all three reads the
+jobs it can take and no others: a queue holding jobs for compilers or devices no worker has (anyone may report
+a miss for any fingerprint) costs its leases nothing. ``queue_state`` (``state | NUL | id``) and the per-state counts in ``meta`` make a listing by state and
 the counts cost their page, not the queue.
 """
 
@@ -47,10 +51,11 @@ from typing import Any
 
 import lmdb
 
-from ._errors import InvalidRecord, LeaseLost, NotFound
+from ._errors import InvalidRecord, LeaseLost, NotFound, TooManyRequests
 from ._keys import target_device, target_kind
 from ._records import Identity, Record, packb, unpackb
-from ._store import QUEUE_ORDER, QUEUE_STATES, Store, add_count, queue_state_row, read_count
+from ._counts import add_count, read_count
+from ._store import QUEUE_ORDER, QUEUE_STATES, Store, queue_state_row
 
 PENDING, LEASED, DONE, DEAD = "pending", "leased", "done", "dead"
 STATES = (PENDING, LEASED, DONE, DEAD)
@@ -72,13 +77,13 @@ def verify_job_id(key: str, trace_id: str) -> str:
     return hashlib.sha256(f"verify\0{key}\0{trace_id}".encode()).hexdigest()
 
 
-def awaiting_row(requester: str) -> bytes:
-    """The ``meta`` row counting a requester's verification jobs pending or leased."""
-    return b"queue_awaiting:" + requester.encode()
+def awaiting_row(task: str, requester: str) -> bytes:
+    """The ``meta`` row counting a requester's jobs of ``task`` pending or leased."""
+    return b"queue_awaiting:" + task.encode() + b"\0" + requester.encode()
 
 
 def requester(job: dict[str, Any]) -> str:
-    """Whose a verification job is: its requester (a job queued before requesters were kept: its record's pusher)."""
+    """Whose a job is: who queued it (a verification queued before requesters were kept: its record's pusher)."""
     return str(job.get("requester", job.get("pusher", "")))
 _U32, _U64 = struct.Struct(">I"), struct.Struct(">Q")
 
@@ -101,27 +106,31 @@ class MissQueue:
         self._jobs = store.dbs["queue"]
         self._idx = store.dbs["queue_idx"]
         self._states = store.dbs["queue_state"]
+        self._fit = store.dbs["queue_fit"]
         if not store.readonly:
             self._index_order()
 
     def _index_order(self) -> None:
-        """Rebuild ``queue_idx`` and the requesters' counts of a store from before verifications were ranked by
-        ordinal (once, on open; a job queued then has ordinal 0 and its record's pusher as requester)."""
+        """Rebuild ``queue_idx``, ``queue_fit`` and the requesters' counts of a store from before verifications were
+        ranked by ordinal (once, on open; a job queued then has ordinal 0 and its record's pusher as requester)."""
         with self.store.write() as t:
             meta = self.store.dbs["meta"]
             if t.get(QUEUE_ORDER, db=meta) is not None:
                 return
             t.drop(self._idx, delete=False)
+            t.drop(self._fit, delete=False)
             stale = t.cursor(db=meta)
-            while stale.set_range(awaiting_row("")) and stale.key().startswith(awaiting_row("")):
+            while stale.set_range(b"queue_awaiting:") and stale.key().startswith(b"queue_awaiting:"):
                 stale.delete()
             for _, raw in t.cursor(db=self._jobs):
                 job = unpackb(raw)
                 index = self._index_key(job)
                 if index is not None:
                     t.put(index, b"", db=self._idx)
-                if job.get("task") == VERIFY and job["state"] in AWAITING:
-                    add_count(t, meta, awaiting_row(requester(job)), +1)
+                if (fitting := _fit_row(job, index)) is not None:
+                    t.put(fitting, b"", db=self._fit)
+                if job["state"] in AWAITING:
+                    add_count(t, meta, awaiting_row(job.get("task", TUNE), requester(job)), +1)
             t.put(QUEUE_ORDER, b"1", db=meta)
 
     # -- helpers ---------------------------------------------------------------------------
@@ -142,12 +151,16 @@ class MissQueue:
         new_index = self._index_key(job)
         if old_index is not None and old_index != new_index:
             txn.delete(old_index, db=self._idx)
+            if (old_fit := _fit_row(job, old_index)) is not None:  # a job's fit never changes: its old row is its old index's
+                txn.delete(old_fit, db=self._fit)
         if new_index is not None:
             txn.put(new_index, b"", db=self._idx)
+            if (new_fit := _fit_row(job, new_index)) is not None:
+                txn.put(new_fit, b"", db=self._fit)
         job_id = job["key"].encode()
         stored = self._stored_state(txn, job_id)
-        if job.get("task") == VERIFY and (stored in AWAITING) != (job["state"] in AWAITING):
-            add_count(txn, self.store.dbs["meta"], awaiting_row(requester(job)), +1 if job["state"] in AWAITING else -1)
+        if (stored in AWAITING) != (job["state"] in AWAITING):
+            add_count(txn, self.store.dbs["meta"], awaiting_row(job.get("task", TUNE), requester(job)), +1 if job["state"] in AWAITING else -1)
         self.store.move_queue_job(txn, job_id, stored, job["state"])
         txn.put(job_id, packb(job), db=self._jobs)
 
@@ -200,15 +213,20 @@ class MissQueue:
 
     # -- operations ------------------------------------------------------------------------
 
-    def report(self, identity: Identity, count: int = 1, *, txn: lmdb.Transaction | None = None) -> dict[str, Any]:
-        """Record demand for a workload; the first report creates its job."""
+    def report(self, identity: Identity, count: int = 1, *, by: str = "", limit: int | None = None,
+               txn: lmdb.Transaction | None = None) -> dict[str, Any]:  # fmt: skip
+        """Record demand for a workload; the first report creates its job, ``by`` its requester, who may have at most
+        ``limit`` (None: any number of) tune jobs pending or leased: past it :class:`TooManyRequests`, nothing changed."""
         now = time.time()
         with self.store.write(txn) as t:
             has_records = t.get(identity.key.encode(), db=self.store.dbs["records"]) is not None
             job = self._get(t, identity.key)
             if job is None:
+                if limit is not None and not has_records and (waiting := self.awaiting(by, TUNE, t)) >= limit:
+                    raise TooManyRequests(f"{by!r} has {waiting} reported misses awaiting tuning, the most this registry queues for one "
+                                          "caller; nothing of this report was queued: report them again once workers have tuned some")
                 job = {
-                    **identity.to_dict(), "task": TUNE, "kind": target_kind(identity.target), "demand": 0,
+                    **identity.to_dict(), "task": TUNE, "kind": target_kind(identity.target), "demand": 0, "requester": by,
                     "state": DONE if has_records else PENDING, "attempts": 0, "first_seen": now,
                     "seq": self.store.next_seq(t, b"queue_seq"), "last_error": "",
                     "lease_id": "", "lease_owner": "", "lease_holder": "", "lease_expires": 0.0, "stage": "",
@@ -223,17 +241,19 @@ class MissQueue:
             self._save(t, job, old)
             return {"key": job["key"], "state": job["state"], "demand": job["demand"]}
 
-    def awaiting(self, who: str, txn: lmdb.Transaction | None = None) -> int:
-        """How many verification jobs of ``who`` (their requester) are pending or leased."""
+    def awaiting(self, who: str, task: str = VERIFY, txn: lmdb.Transaction | None = None) -> int:
+        """How many jobs of ``task`` that ``who`` queued (their requester) are pending or leased."""
         if txn is not None:
-            return read_count(txn, self.store.dbs["meta"], awaiting_row(who))
+            return read_count(txn, self.store.dbs["meta"], awaiting_row(task, who))
         with self.store.read() as t:
-            return read_count(t, self.store.dbs["meta"], awaiting_row(who))
+            return read_count(t, self.store.dbs["meta"], awaiting_row(task, who))
 
-    def enqueue_verify(self, record: Record, pushed_by: str, reason: str, *, by: str | None = None,
+    def enqueue_verify(self, record: Record, pushed_by: str, reason: str, *, by: str | None = None, limit: int | None = None,
                        txn: lmdb.Transaction | None = None) -> dict[str, Any]:  # fmt: skip
         """Queue the verification of one stored record (a new claim, or a complaint about it). ``pushed_by``:
-        the record's pusher (named if it is refused); ``by``: who asks (default the pusher; a complaint's caller)."""
+        the record's pusher (named if it is refused); ``by``: who asks (default the pusher; a complaint's caller),
+        who may have at most ``limit`` (None: any number of) verifications pending or leased: past it
+        :class:`TooManyRequests`, nothing queued."""
         now = time.time()
         by = pushed_by if by is None else by
         job_id = verify_job_id(record.key, record.trace_id)
@@ -245,11 +265,15 @@ class MissQueue:
                 job["last_seen"] = now
                 self._save(t, job, old)
                 return {"key": job_id, "state": job["state"], "demand": job["demand"]}
+            if limit is not None and self.awaiting(by, VERIFY, t) >= limit:
+                raise TooManyRequests(f"this request would give {by!r} more than {limit} records awaiting verification (claims it pushed, "
+                                      "records it complained about), the most this registry queues for one caller; nothing of it was "
+                                      "stored: send it again once workers have verified some")
             old = self._index_key(job) if job is not None else None
             ident = record.identity
             job = {
                 "key": job_id, "task": VERIFY, "record_key": record.key, "trace_id": record.trace_id, "trace": record.trace,
-                "claimed_secs": record.mean_secs, "pusher": pushed_by, "reason": reason[:1000], "requester": by, "ordinal": self.awaiting(by, t),
+                "claimed_secs": record.mean_secs, "pusher": pushed_by, "reason": reason[:1000], "requester": by, "ordinal": self.awaiting(by, VERIFY, t),
                 "identity": ident.to_dict(), "op": ident.op, "fingerprint": ident.fingerprint, "target": ident.target,
                 "kind": target_kind(ident.target), "demand": 1, "state": PENDING, "attempts": 0, "first_seen": now,
                 "last_seen": now, "seq": self.store.next_seq(t, b"queue_seq"), "last_error": "",
@@ -284,14 +308,13 @@ class MissQueue:
             if streak >= VERIFY_STREAK:  # tuning's turn: verifications go after a suitable tune job, if one is pending
                 lanes = (*lanes[1:], lanes[0])
             taken: list[dict[str, Any]] = []
-            cursor = t.cursor(db=self._idx)
             for prefix, task in lanes:
-                if task not in tasks or not cursor.set_range(prefix):
+                if task not in tasks:
                     continue
-                for idx_key in cursor.iternext(values=False):
-                    if not idx_key.startswith(prefix) or len(taken) >= max_jobs:
+                for job_id in self._pending(t, prefix, fingerprint, kind, device):
+                    if len(taken) >= max_jobs:
                         break
-                    job = self._get(t, idx_key[13:].decode())
+                    job = self._get(t, job_id)
                     if _suits(job, fingerprint, kind, device):
                         taken.append(job)
             for job in taken:
@@ -304,6 +327,30 @@ class MissQueue:
                                 lease_holder=holder or "", lease_expires=now + lease_secs)  # fmt: skip
                 leases.append(Lease(job["key"], lease_id, job["lease_expires"], self._view(job, now)))
             return leases
+
+    def _pending(self, txn: lmdb.Transaction, lane: bytes, fingerprint: str | None, kind: str | None, device: str | None) -> Iterator[str]:
+        """Ids of a lane's pending jobs in lease order: for a worker that names its compiler, kind and device, only
+        those of its fit and of its kind's generic target (``queue_fit``, two range scans merged); else every one."""
+        if fingerprint is None or kind is None or device is None:
+            cursor = txn.cursor(db=self._idx)
+            if cursor.set_range(lane):
+                for row in cursor.iternext(values=False):
+                    if not row.startswith(lane):
+                        return
+                    yield row[13:].decode()
+            return
+        prefixes = dict.fromkeys(lane + fit(fingerprint, kind, d) for d in (device, ""))
+
+        def rows(prefix: bytes) -> Iterator[bytes]:
+            cursor = txn.cursor(db=self._fit)
+            if cursor.set_range(prefix):
+                for row in cursor.iternext(values=False):
+                    if not row.startswith(prefix):
+                        return
+                    yield row[len(prefix) :]  # rank, seq, id: the order of queue_idx
+
+        for row in heapq.merge(*map(rows, prefixes)):
+            yield row[12:].decode()
 
     def _reclaim_expired(self, txn: lmdb.Transaction, now: float) -> None:
         cursor = txn.cursor(db=self._idx)
@@ -466,6 +513,18 @@ class MissQueue:
 def task_label(job: dict[str, Any]) -> str:
     """A job's task as listings show it: ``tune (refine)`` once its first pass is pushed and its search is left."""
     return job.get("task", TUNE) + (f" ({REFINE})" if job.get("stage") == REFINE else "")
+
+
+def fit(fingerprint: str, kind: str, device: str) -> bytes:
+    """Which workers can take a job, as 8 bytes: a digest of its compiler fingerprint, target kind and device model."""
+    return hashlib.sha256(f"{fingerprint}\0{kind}\0{device}".encode()).digest()[:8]
+
+
+def _fit_row(job: dict[str, Any], index: bytes | None) -> bytes | None:
+    """A job's ``queue_fit`` row for its ``queue_idx`` row ``index`` (pending jobs only; None for any other)."""
+    if index is None or index[:1] == b"L":
+        return None
+    return index[:1] + fit(job["fingerprint"], job["kind"], target_device(job["target"])) + index[1:]
 
 
 def _rank(job: dict[str, Any]) -> int:

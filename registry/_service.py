@@ -14,7 +14,7 @@ from typing import Any
 
 import lmdb
 
-from ._errors import REFUSED_ON_READ, TooManyRequests
+from ._errors import REFUSED_ON_READ
 from ._queue import DEFAULT_MAX_ATTEMPTS, DEFAULT_TOLERANCE, TUNE, Lease, MissQueue
 from ._models import CostModelEntry, CostModelStore
 from ._neighbours import Candidate, Probe, served_candidates
@@ -92,8 +92,8 @@ class LocalRegistry:
 
         ``verified``: the pusher vouches for the measurements (a local store's owner, a trusted
         worker). Otherwise each new record is a claim, and its verification is queued.
-        ``claim_limit``: the most claims the pusher may have awaiting verification; a push that would
-        queue more stores nothing and raises :class:`TooManyRequests` (a server's bound, not a local store's).
+        ``claim_limit``: the most verifications the pusher may have awaiting (its claims, its complaints); a push
+        that would queue more stores nothing and raises :class:`TooManyRequests` (a server's bound, not a local store's).
         """
         return self._put_each(((r, pushed_by, verified, None) for r in records), txn, claim_limit)
 
@@ -120,10 +120,7 @@ class LocalRegistry:
             for record, pushed_by, verified, verifier in items:
                 result = self.store.put(record, pushed_by, verified=verified, verifier=verifier, txn=t)
                 if result.needs_verification:
-                    if claim_limit is not None and self.queue.awaiting(pushed_by, t) >= claim_limit:
-                        raise TooManyRequests(f"this push would give {pushed_by!r} more than {claim_limit} claims awaiting verification, the most "
-                                              "this registry queues for one pusher; nothing of it was stored: push again once workers have verified them")
-                    self.queue.enqueue_verify(record, pushed_by, "new claim", txn=t)
+                    self.queue.enqueue_verify(record, pushed_by, "new claim", limit=claim_limit, txn=t)
                 results.append(result)
             for key in {r.key for r in results}:
                 self.queue.satisfy(key, txn=t)
@@ -132,13 +129,15 @@ class LocalRegistry:
     def put(self, record: Record, pushed_by: str = "", *, verified: bool = True) -> PutResult:
         return self.put_many([record], pushed_by, verified=verified)[0]
 
-    def complain(self, key: str, trace_id: str, reason: str, who: str = "local", *, txn: lmdb.Transaction | None = None) -> dict[str, Any] | None:
+    def complain(self, key: str, trace_id: str, reason: str, who: str = "local", *, limit: int | None = None,
+                 txn: lmdb.Transaction | None = None) -> dict[str, Any] | None:  # fmt: skip
         """A client saw a record fail (replay, build, bounds): noted, and its verification queued.
 
         The record stays in service until the verification confirms the failure (or an admin
         quarantines it); returns its status, None when the registry has no such record. A stored record
         that this registry's own checks refuse (stored before a check existed) needs no verification:
-        it is quarantined at once, on the registry's judgement, not the complainer's.
+        it is quarantined at once, on the registry's judgement, not the complainer's. ``limit``: the most
+        verifications the complainer may have awaiting (a server's bound; past it nothing is noted or queued).
         """
         with self.store.write(txn) as t:
             status = self.store.complain(key, trace_id, who, txn=t)
@@ -150,7 +149,7 @@ class LocalRegistry:
             except REFUSED_ON_READ as exc:
                 self.store.quarantine(key, trace_id, f"fails the registry's checks: {str(exc)[:300]}", txn=t)
                 return {**status, "quarantined": True}
-            job = self.queue.enqueue_verify(record, status["by"], f"complaint by {who}: {reason}", by=who, txn=t)
+            job = self.queue.enqueue_verify(record, status["by"], f"complaint by {who}: {reason}", by=who, limit=limit, txn=t)
             return {**status, "verify_job": job["key"]}
 
     def quarantine(self, key: str, trace_id: str, reason: str, *, txn: lmdb.Transaction | None = None) -> bool:
@@ -184,9 +183,11 @@ class LocalRegistry:
 
     # -- measurement log -------------------------------------------------------------------
 
-    def push_trials(self, log: TrialLog, pushed_by: str = "", *, verified: bool = True, txn: lmdb.Transaction | None = None) -> dict[str, Any]:
-        """Merge a tuner's measured trials into the log (``verified`` as for :meth:`put_many`)."""
-        return self.trial_store.put(log, pushed_by, verified=verified, txn=txn)
+    def push_trials(self, log: TrialLog, pushed_by: str = "", *, verified: bool = True, claimed_bytes: int | None = None,
+                    txn: lmdb.Transaction | None = None) -> dict[str, Any]:  # fmt: skip
+        """Merge a tuner's measured trials into the log (``verified`` as for :meth:`put_many`; ``claimed_bytes``: the most
+        bytes of unverified entries the pusher may have stored, a server's bound)."""
+        return self.trial_store.put(log, pushed_by, verified=verified, claimed_bytes=claimed_bytes, txn=txn)
 
     def trial_logs(self, after: str = "", limit: int = 100, *, verified_only: bool = False, target: str = "") -> tuple[list[TrialLog], str, bool]:
         """One page of the log (``target``: a canonical target's entries only): (entries, cursor of the next page, whether there is more)."""
@@ -208,9 +209,12 @@ class LocalRegistry:
 
     # -- queue -----------------------------------------------------------------------------
 
-    def report_misses(self, misses: Iterable[Identity], *, txn: lmdb.Transaction | None = None) -> list[dict[str, Any]]:
+    def report_misses(self, misses: Iterable[Identity], *, by: str = "", limit: int | None = None,
+                      txn: lmdb.Transaction | None = None) -> list[dict[str, Any]]:  # fmt: skip
+        """Queue (or add demand to) a tune job per missed workload, in one transaction. ``by``: who reports; ``limit``: the
+        most tune jobs they may have queued and not yet tuned (a server's bound): past it nothing is queued."""
         with self.store.write(txn) as t:
-            return [self.queue.report(m, txn=t) for m in misses]
+            return [self.queue.report(m, by=by, limit=limit, txn=t) for m in misses]
 
     def lease(
         self, worker: str, max_jobs: int = 1, lease_secs: float = 300.0, *, fingerprint: str | None = None,

@@ -22,20 +22,22 @@ from typing import Any
 import lmdb
 
 from ._errors import REFUSED_ON_READ, NotFound, RegistryError
+from ._counts import COUNT as _COUNT, add_count, read_count
 from ._keys import SCHEMA_VERSION, target_digest, target_kind
 from ._neighbours import Probe, dims_of
 from ._records import Identity, Record, keeps_default_schedule, packb, unpackb
-from ._trials import TRIALS_BY_TARGET, index_trial_targets
+from ._trials import TRIALS_BY_TARGET, TRIALS_CLAIMED, count_claimed_bytes, index_trial_targets
 
 DEFAULT_MAP_SIZE = int(os.environ.get("SCHEDHUB_MAP_SIZE", 64 << 30))
 DEFAULT_TOP_K = 8
 MAX_COMPLAINANTS = 32
 STORE_FORMAT = b"5"  # 2: op_feed and queue_state; 3: target_feed, trials_by_target, agg_rank; 4: target_feed by op too; 5: verifications
-#                      queued by requester (queue_idx ranks them by ordinal). Older formats are brought to 5 when opened writable
+#                      queued by requester (queue_idx ranks them by ordinal), queue_fit, what callers have waiting and each pusher's
+#                      bytes of unverified log counted. Older formats are brought to 5 when opened writable
 _SEQ = struct.Struct(">Q")
 _SEQ_MAX = 2**64 - 1
 _DB_NAMES = ("records", "by_op", "by_struct", "changes", "log", "meta", "quarantine", "queue", "queue_idx", "agg", "trials", "queue_state", "op_feed", "target_feed",
-             "trials_by_target", "agg_rank", "models")
+             "trials_by_target", "agg_rank", "models", "queue_fit")
 STRUCTURE_INDEX = b"index:by_struct"  # meta flag: every key is in by_struct (stores from before it get it on open)
 AGGREGATES = b"index:agg"  # meta flag: the aggregates cover every key and log entry (stores from before them get them on open)
 QUEUE_STATES = b"index:queue_state"  # meta flag: every job is in queue_state and counted (stores from before it get it on open)
@@ -43,14 +45,14 @@ OP_FEED = b"index:op_feed"  # meta flag: every key is in op_feed (stores from be
 TARGET_FEED = b"index:target_feed"  # meta flag: every key is in target_feed, under its kind and its target
 OP_TARGET_FEED = b"index:op_target_feed"  # meta flag: every key is in target_feed under its op with its kind and with its target too
 AGG_RANK = b"index:agg_rank"  # meta flag: every aggregate row is ranked in agg_rank and each dimension's names are counted
-QUEUE_ORDER = b"index:queue_order"  # meta flag: queue_idx ranks verifications by ordinal and their requesters are counted (the queue rebuilds it)
+QUEUE_ORDER = b"index:queue_order"  # meta flag: queue_idx ranks verifications by ordinal, their requesters are counted and every
+#                                     pending job is in queue_fit (the queue rebuilds them)
 INDEXES = {OP_FEED: "op_feed", QUEUE_STATES: "queue_state", TARGET_FEED: "target_feed", OP_TARGET_FEED: "target_feed",
            TRIALS_BY_TARGET: "trials_by_target", AGG_RANK: "agg_rank"}  # fmt: skip
 #: What an upgrade rebuilds: the indexes a writer of that format did not keep (format 1 was written before by_struct and agg too).
-_REBUILT_ON_UPGRADE = {b"1": (STRUCTURE_INDEX, AGGREGATES, *INDEXES, QUEUE_ORDER),
-                       b"2": (TARGET_FEED, OP_TARGET_FEED, TRIALS_BY_TARGET, AGG_RANK, QUEUE_ORDER), b"3": (OP_TARGET_FEED, QUEUE_ORDER),
-                       b"4": (QUEUE_ORDER,)}  # fmt: skip
-_COUNT = struct.Struct(">q")
+_REBUILT_ON_UPGRADE = {b"1": (STRUCTURE_INDEX, AGGREGATES, *INDEXES, QUEUE_ORDER, TRIALS_CLAIMED),
+                       b"2": (TARGET_FEED, OP_TARGET_FEED, TRIALS_BY_TARGET, AGG_RANK, QUEUE_ORDER, TRIALS_CLAIMED),
+                       b"3": (OP_TARGET_FEED, QUEUE_ORDER, TRIALS_CLAIMED), b"4": (QUEUE_ORDER, TRIALS_CLAIMED)}  # fmt: skip
 #: Aggregate dimensions: keys per op / canonical target / compiler fingerprint, pushes per pusher,
 #: tuned-vs-default speedup per op of verified pushes (``speedup`` rows hold msgpack {n, log2_sum, best}).
 KEY_DIMENSIONS = ("op", "target", "fingerprint")
@@ -212,6 +214,9 @@ class Store:
             if txn.get(TRIALS_BY_TARGET, db=self.dbs["meta"]) is None:
                 index_trial_targets(txn, self.dbs["trials"], self.dbs["trials_by_target"])
                 txn.put(TRIALS_BY_TARGET, b"1", db=self.dbs["meta"])
+            if txn.get(TRIALS_CLAIMED, db=self.dbs["meta"]) is None:
+                count_claimed_bytes(txn, self.dbs["trials"], self.dbs["meta"])
+                txn.put(TRIALS_CLAIMED, b"1", db=self.dbs["meta"])
             if txn.get(QUEUE_STATES, db=self.dbs["meta"]) is None:
                 self._index_queue_states(txn)
                 txn.put(QUEUE_STATES, b"1", db=self.dbs["meta"])
@@ -846,24 +851,6 @@ def _put_structure(txn: lmdb.Transaction, db: Any, key: str, value: dict[str, An
 def queue_state_row(state: str, job_id: bytes) -> bytes:
     """A job's row in the ``queue_state`` index: its stored state, NUL, its id (id order within a state)."""
     return state.encode() + b"\0" + job_id
-
-
-def read_count(txn: lmdb.Transaction, db: Any, row: bytes) -> int:
-    """The counter at ``row`` (0 where absent)."""
-    raw = txn.get(row, db=db)
-    return _COUNT.unpack(raw)[0] if raw else 0
-
-
-def add_count(txn: lmdb.Transaction, db: Any, row: bytes, delta: int) -> tuple[int, int]:
-    """Add ``delta`` to the counter at ``row``; a counter that reaches zero is removed (absent reads as 0). Returns (before, after)."""
-    raw = txn.get(row, db=db)
-    before = _COUNT.unpack(raw)[0] if raw else 0
-    count = before + delta
-    if count > 0:
-        txn.put(row, _COUNT.pack(count), db=db)
-    elif raw is not None:
-        txn.delete(row, db=db)
-    return before, max(count, 0)
 
 
 def agg_name(name: str) -> str:

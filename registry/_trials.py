@@ -20,7 +20,8 @@ from typing import Any
 
 import lmdb
 
-from ._errors import REFUSED_ON_READ, Forbidden, InvalidRecord, PayloadTooLarge
+from ._counts import add_count
+from ._errors import REFUSED_ON_READ, Forbidden, InvalidRecord, PayloadTooLarge, TooManyRequests
 from ._keys import target_digest
 from ._limits import parse_each
 from ._records import Identity, measured_secs, packb, trace_field, unpackb
@@ -32,6 +33,7 @@ MAX_PUSHERS_PER_KEY = 8
 MAX_CURSOR_CHARS = 1024  # hex of a log's database key (key, NUL, pusher name)
 MAX_PAGE_BYTES = 8 << 20  # a page stops early past this many bytes of entries
 TRIALS_BY_TARGET = b"index:trials_by_target"  # the store's meta flag: every trial log is in trials_by_target
+TRIALS_CLAIMED = b"index:trials_claimed"  # the store's meta flag: every pusher's bytes of unverified entries are counted
 MAX_PAGE_SCAN = 10_000  # entries a page reads, kept or not: a filter may match nothing in a large log
 
 
@@ -149,26 +151,44 @@ class TrialStore:
     def _index(self) -> Any:
         return self.store.dbs["trials_by_target"]
 
-    def put(self, log: TrialLog, pushed_by: str, *, verified: bool, txn: lmdb.Transaction | None = None) -> dict[str, Any]:
-        """Merge ``log`` into the pusher's entry for its key; returns ``{"key", "trials"}`` (the entry's count now)."""
+    def put(self, log: TrialLog, pushed_by: str, *, verified: bool, claimed_bytes: int | None = None,
+            txn: lmdb.Transaction | None = None) -> dict[str, Any]:  # fmt: skip
+        """Merge ``log`` into the pusher's entry for its key; returns ``{"key", "trials"}`` (the entry's count now).
+        ``claimed_bytes``: the most bytes of unverified entries the pusher may have stored in all keys (a server's
+        bound; None: any): past it :class:`TooManyRequests`, nothing changed."""
         name = pushed_by or "local"
         prefix, by_target = log.key.encode() + b"\0", target_digest(log.identity.target)  # a key has one target
         with self.store.write(txn) as t:
-            entries = {k: unpackb(v) for k, v in _prefixed(t, self._db, prefix)}
+            raw_entries = dict(_prefixed(t, self._db, prefix))
+            entries = {k: unpackb(v) for k, v in raw_entries.items()}
             mine = prefix + name.encode()
             old = TrialLog.from_stored(entries[mine]) if mine in entries else None
             if old is None and len(entries) >= MAX_PUSHERS_PER_KEY:
                 claims = sorted((v.get("at", 0.0), k) for k, v in entries.items() if not v.get("verified"))
                 if not verified or not claims:
                     raise Forbidden(f"key {log.key} already holds the trial logs of {MAX_PUSHERS_PER_KEY} pushers")
-                t.delete(claims[0][1], db=self._db)
-                t.delete(by_target + claims[0][1], db=self._index)
+                evicted = claims[0][1]
+                self._count_claimed(t, evicted[len(prefix) :], -len(raw_entries[evicted]))
+                t.delete(evicted, db=self._db)
+                t.delete(by_target + evicted, db=self._index)
             kept = old.trials if old is not None and old.verified == verified else []  # a change of trust starts the entry again
             trials = merged(kept, log.trials)
             stored = TrialLog(log.identity, trials, name, verified, time.time())
-            t.put(mine, packb(stored.to_dict()), db=self._db)
+            value = packb(stored.to_dict())
+            if mine in raw_entries and not entries[mine].get("verified"):
+                self._count_claimed(t, name.encode(), -len(raw_entries[mine]))
+            if not verified:
+                now = self._count_claimed(t, name.encode(), len(value))
+                if claimed_bytes is not None and now > claimed_bytes:
+                    raise TooManyRequests(f"this push would give {name!r} {now:,} bytes of unverified measurement log, over the "
+                                          f"{claimed_bytes:,} this registry keeps for one pusher; nothing of it was stored")
+            t.put(mine, value, db=self._db)
             t.put(by_target + mine, b"", db=self._index)
         return {"key": log.key, "trials": len(trials)}
+
+    def _count_claimed(self, txn: lmdb.Transaction, pusher: bytes, delta: int) -> int:
+        """Add ``delta`` to a pusher's bytes of unverified entries; returns the count now."""
+        return add_count(txn, self.store.dbs["meta"], claimed_row(pusher), delta)[1]
 
     def page(self, after: str = "", limit: int = 100, *, verified_only: bool = False, target: str = "") -> tuple[list[TrialLog], str, bool]:
         """Entries after the cursor ``after`` (hex, '' for the start), of canonical ``target`` only when
@@ -213,6 +233,21 @@ class TrialStore:
             if raw is not None:
                 yield bytes(db_key), bytes(raw)
             found = cursor.next()
+
+
+def claimed_row(pusher: bytes) -> bytes:
+    """The ``meta`` row counting a pusher's bytes of unverified log entries."""
+    return b"trials_claimed:" + pusher
+
+
+def count_claimed_bytes(txn: lmdb.Transaction, trials_db: Any, meta_db: Any) -> None:
+    """Count every pusher's bytes of unverified log entries (once, on open, for a store from before the counts)."""
+    stale = txn.cursor(db=meta_db)
+    while stale.set_range(claimed_row(b"")) and stale.key().startswith(claimed_row(b"")):
+        stale.delete()
+    for db_key, raw in txn.cursor(db=trials_db):
+        if not unpackb(raw).get("verified"):
+            add_count(txn, meta_db, claimed_row(db_key[db_key.index(b"\0") + 1 :]), len(raw))
 
 
 def index_trial_targets(txn: lmdb.Transaction, trials_db: Any, index_db: Any) -> None:

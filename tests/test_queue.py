@@ -59,6 +59,23 @@ def test_a_worker_leases_only_jobs_for_its_device_model_or_a_generic_one(local: 
         client.lease("zen", device="znver3\x00")  # control characters are refused like any other text field
 
 
+def test_a_worker_naming_its_compiler_kind_and_device_gets_its_jobs_and_its_kinds_generic_ones_most_demanded_first(local: LocalRegistry) -> None:
+    """Such a lease reads the queue's rows of the worker's fit and of its kind's generic target, merged in lease order, and
+    none of the jobs it cannot take, however many are queued before (here: another compiler's, more demanded)."""
+    from .conftest import FINGERPRINT
+
+    zen, generic = (canonical_target({"kind": "llvm", **({"mcpu": cpu} if cpu else {}), "keys": ["cpu"]}) for cpu in ("znver3", ""))
+    elsewhere = make_record(30, 1e-3, target=zen).identity
+    elsewhere = Identity.from_obj({**elsewhere.to_dict(), "fingerprint": "tvm=0.99", "key": record_key("tvm=0.99", zen, elsewhere.workload)})
+    ours = {(t, w): make_record(w, 1e-3, target=t).identity for t, w in ((zen, 31), (generic, 32), (zen, 33), (generic, 34))}
+    local.report_misses([elsewhere] * 9)
+    for demand, identity in zip((1, 3, 2, 1), ours.values()):
+        local.report_misses([identity] * demand)
+    leased = local.lease("zen", max_jobs=9, lease_secs=60, fingerprint=FINGERPRINT, kind="llvm", device="znver3")
+    assert [l.key for l in leased] == [ours[generic, 32].key, ours[zen, 33].key, ours[zen, 31].key, ours[generic, 34].key]  # by demand, then age
+    assert [j["key"] for j in local.jobs("pending")] == [elsewhere.key]
+
+
 def test_an_unacked_lease_comes_back_after_expiry(local: LocalRegistry) -> None:
     local.report_misses([miss(1)])
     first = local.lease("doomed-worker", lease_secs=0.2)[0]

@@ -222,15 +222,21 @@ def test_an_older_format_store_is_upgraded_with_its_new_indexes_rebuilt(tmp_path
 
 
 def test_a_format_4_store_gets_its_pending_verifications_ranked_by_requester(tmp_path: Path) -> None:
-    """Format 4 ranked a pending verification by its demand alone and counted no requester's claims: on upgrade its
-    queue index is rebuilt (an index row left in the old layout would hand out a job twice) and the counts made."""
-    from schedhub.registry import _store
+    """Format 4 ranked a pending verification by its demand alone, counted no requester's claims, kept no queue_fit and
+    counted no pusher's unverified log: on upgrade its queue indexes are rebuilt (an index row left in the old layout
+    would hand out a job twice, a job missing from queue_fit none) and the counts made."""
+    from schedhub.registry import Trial, TrialLog, _store
+    from schedhub.registry._counts import read_count
+    from schedhub.registry._trials import TRIALS_CLAIMED, claimed_row
 
     with LocalRegistry(tmp_path, sync=False) as reg:
         claims = [make_record(10 + i, 1e-3) for i in range(3)]
         reg.put_many(claims, "mallory", verified=False)
         reg.put_many([make_record(20, 1e-3)], "alice", verified=False)
+        reg.push_trials(TrialLog(claims[0].identity, [Trial(claims[0].trace, 1e-3)]), "mallory", verified=False)
         store = reg.store
+        with store.read() as txn:
+            logged = read_count(txn, store.dbs["meta"], claimed_row(b"mallory"))
         with store.env.begin(write=True) as txn:  # what a format-4 writer leaves
             txn.put(b"format", b"4", db=store.dbs["meta"])
             txn.delete(_store.QUEUE_ORDER, db=store.dbs["meta"])
@@ -238,15 +244,23 @@ def test_a_format_4_store_gets_its_pending_verifications_ranked_by_requester(tmp
                 demand = unpackb(txn.get(row[13:], db=store.dbs["queue"]))["demand"]
                 txn.delete(row, db=store.dbs["queue_idx"])
                 txn.put(b"V" + struct.pack(">I", 0xFFFFFFFF - demand) + row[5:], b"", db=store.dbs["queue_idx"])
+            txn.delete(TRIALS_CLAIMED, db=store.dbs["meta"])
             rows = txn.cursor(db=store.dbs["meta"])
-            while rows.set_range(b"queue_awaiting:") and rows.key().startswith(b"queue_awaiting:"):
-                rows.delete()
+            for counted in (b"queue_awaiting:", b"trials_claimed:"):
+                while rows.set_range(counted) and rows.key().startswith(counted):
+                    rows.delete()
+            txn.drop(store.dbs["queue_fit"], delete=False)
             for job_id, raw in txn.cursor(db=store.dbs["queue"]):
                 job = unpackb(raw)
                 txn.put(job_id, packb({k: v for k, v in job.items() if k not in ("requester", "ordinal")}), db=store.dbs["queue"])
     with LocalRegistry(tmp_path, sync=False) as reg:
         assert reg.queue.awaiting("mallory") == 3 and reg.queue.awaiting("alice") == 1
-        leased = [lease.job["record_key"] for lease in reg.lease("w", max_jobs=10, lease_secs=60, tasks=("verify",))]
+        with reg.store.read() as txn:
+            assert read_count(txn, reg.store.dbs["meta"], claimed_row(b"mallory")) == logged > 0  # bytes of unverified log, as pushed
+        from schedhub.registry._keys import target_device
+
+        fits = {"fingerprint": claims[0].identity.fingerprint, "kind": "llvm", "device": target_device(TARGET)}  # as a worker leases
+        leased = [lease.job["record_key"] for lease in reg.lease("w", max_jobs=10, lease_secs=60, tasks=("verify",), **fits)]
         assert sorted(leased) == sorted(r.key for r in [*claims, make_record(20, 1e-3)])  # each once
         assert reg.lease("w", max_jobs=10, lease_secs=60, tasks=("verify",)) == []
         with reg.store.read() as txn:

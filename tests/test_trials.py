@@ -156,3 +156,35 @@ def test_paging_stops_on_a_cursor_that_does_not_advance() -> None:
     pages = {"": ([log_of(6, range(1))], "aa", True), "aa": ([log_of(7, range(1))], "aa", True)}  # a hostile server's loop
     logs = list(islice(iter_pages(lambda after, limit, verified_only, target: pages[after], verified_only=False, page=10), 10))
     assert len(logs) == 2  # without the guard: 10, and without islice a hang
+
+
+def test_a_pusher_holds_a_bounded_number_of_bytes_of_unverified_log(tmp_path: Path) -> None:
+    """A key holds 8 pushers' entries of up to 2 MiB, but a pusher may name any number of keys: a push token could fill
+    the disk, and a full LMDB map fails every write for everyone. Its unverified entries are counted as stored (a merge
+    replaces its entry, a worker's eviction frees it) and bounded; a worker's entries are not."""
+    from schedhub.registry import TooManyRequests
+    from schedhub.registry._counts import read_count
+    from schedhub.registry._trials import claimed_row
+
+    def claimed(reg: LocalRegistry, who: bytes) -> int:
+        with reg.store.read() as txn:
+            return read_count(txn, reg.store.dbs["meta"], claimed_row(who))
+
+    with LocalRegistry(tmp_path / "local", sync=False) as local:
+        local.push_trials(log_of(1, range(2)), "alice", verified=False)
+        one = claimed(local, b"alice")
+        local.push_trials(log_of(1, range(2, 4)), "alice", verified=False)  # merged into its entry: counted once, at its new size
+        with local.store.read() as txn:
+            assert claimed(local, b"alice") == len(txn.get(log_of(1, range(1)).key.encode() + b"\0alice", db=local.store.dbs["trials"])) > one
+        for i in range(MAX_PUSHERS_PER_KEY - 1):
+            local.push_trials(log_of(1, range(2)), f"p{i}", verified=False)
+        local.push_trials(log_of(1, range(2)), "w", verified=True)  # evicts the oldest claim: alice's
+        assert claimed(local, b"alice") == 0 and claimed(local, b"w") == 0
+    with ServerThread(tmp_path / "srv", tokens=TOKENS, sync=False, claimed_log_bytes=one * 3 // 2) as s, clients_by_name(s.url, TOKENS) as as_:
+        as_["alice"].push_trials(log_of(1, range(2)))
+        with pytest.raises(TooManyRequests, match="unverified measurement log"):
+            as_["alice"].push_trials(log_of(2, range(2)))
+        assert [log.key for log in as_["reader"].trial_logs()[0]] == [log_of(1, range(1)).key]  # nothing of it stored
+        as_["alice"].push_trials(log_of(1, range(1)))  # its own entry again: within
+        for w in range(2, 5):
+            as_["w1"].push_trials(log_of(w, range(2)))  # verified: not bounded

@@ -17,7 +17,7 @@ import pytest
 
 from schedhub.registry import (
     SCHEMA_VERSION, Forbidden, InvalidRecord, LeaseLost, LocalRegistry, Principal, Record, RefusedRecord, RegistryClient, RegistryError,
-    ServerThread, TooManyRequests, canonical_target, record_key,
+    ServerThread, TooManyRequests, canonical_target, record_key, verify_job_id,
 )  # fmt: skip
 
 from .conftest import clients_by_name, FINGERPRINT, make_record, store_unchecked
@@ -168,7 +168,7 @@ def test_a_pusher_holds_a_bounded_number_of_claims_awaiting_verification(tmp_pat
         first = [make_record(200 + i, 1e-3) for i in range(2)]
         as_["alice"].put_many(first)
         more = [make_record(210 + i, 1e-3) for i in range(2)]
-        with pytest.raises(TooManyRequests, match="would give 'alice' more than 3 claims awaiting verification") as raised:
+        with pytest.raises(TooManyRequests, match="would give 'alice' more than 3 records awaiting verification") as raised:
             as_["alice"].put_many(more)  # the second would be the fourth: neither is stored
         assert raised.value.stored == 0 and as_["reader"].lookup([r.key for r in more]) == {}
         assert as_["alice"].put(more[0]).needs_verification  # the third
@@ -182,6 +182,36 @@ def test_a_pusher_holds_a_bounded_number_of_claims_awaiting_verification(tmp_pat
         lease = next(l for l in as_["w2"].lease("v", max_jobs=5, lease_secs=60, tasks=("verify",)) if l.job["requester"] == "alice")
         as_["w2"].ack(lease.key, lease.lease_id, {"run_secs": [1e-3], "reason": ""})
         assert as_["alice"].put(more[1]).needs_verification  # a verdict made room for one
+
+
+def test_a_caller_holds_a_bounded_number_of_misses_awaiting_tuning_and_of_complaints_awaiting_verification(tmp_path: Path) -> None:
+    """A reported miss stores a job holding its workload (up to 512 KiB) and costs a worker a search; a complaint costs one a
+    verification. The rate limits bound how fast one caller asks; these bound how much work it may have waiting."""
+    with ServerThread(tmp_path / "bounded", tokens=ROLES, sync=False, misses_awaiting=3, claims_awaiting=2) as s, clients_by_name(s.url, ROLES) as as_:
+        misses = [make_record(600 + i, 1e-3).identity for i in range(5)]
+        as_["reader"].report_misses(misses[:3])
+        with pytest.raises(TooManyRequests, match="'reader' has 3 reported misses awaiting tuning"):
+            as_["reader"].report_misses(misses[3:4])
+        assert as_["reader"].report_misses(misses[:1])[0]["demand"] == 2  # demand for a job already queued is no new job
+        as_["alice"].report_misses(misses[3:4])  # per caller
+        (lease,) = as_["w1"].lease("t", max_jobs=1, lease_secs=60, tasks=("tune",))
+        assert lease.key == misses[0].key  # the most demanded
+        as_["w1"].put(make_record(600, 1e-3))
+        as_["w1"].ack(lease.key, lease.lease_id)
+        as_["reader"].report_misses(misses[4:])  # tuned: room for one
+        assert {j["key"] for j in as_["root"].jobs("pending")} == {m.key for m in misses[1:]}
+
+        records = [make_record(700 + i, 1e-3) for i in range(4)]
+        as_["w1"].put_many(records)
+        for rec in records[:2]:
+            as_["reader"].complain(rec.key, rec.trace_id, "fails here")
+        with pytest.raises(TooManyRequests, match="would give 'reader' more than 2 records awaiting verification"):
+            as_["reader"].complain(records[2].key, records[2].trace_id, "fails here")
+        (entry,) = as_["reader"].get(records[2].key)
+        assert entry.served.complaints == 0  # nothing of it noted
+        as_["alice"].complain(records[2].key, records[2].trace_id, "fails here")  # per caller
+        as_["reader"].complain(records[2].key, records[2].trace_id, "me too")  # its verification is queued already: no new job
+        assert as_["root"].job(verify_job_id(records[2].key, records[2].trace_id))["demand"] == 2
 
 
 def test_verifications_are_leased_by_requester_in_turn_and_do_not_hold_tuning_back_for_ever(local: LocalRegistry) -> None:
