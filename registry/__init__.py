@@ -44,7 +44,7 @@ from ._neighbours import COMPILER, SHAPE, TARGET, Candidate, Probe, shape_distan
 from ._queue import DEAD, DONE, LEASED, PENDING, REFINE, TUNE, VERIFY, VERIFY_STREAK, Lease, MissQueue, task_label, verify_job_id
 from ._records import Identity, Record, RefusedRecord, Served, keeps_default_schedule, packb, trace_id, trace_instructions, unpackb
 from ._serve import InsecureServerError, ServerThread, serve
-from ._server import create_app
+from ._server import CallerBounds, create_app
 from ._service import LocalRegistry
 from ._store import KeyPage, KeySummary, PutResult, Store, StoreFormatError
 from ._trials import MAX_TRIALS_PER_ENTRY, Trial, TrialLog
@@ -75,7 +75,7 @@ __all__ = [
     "Principal", "ROLES", "TUNE", "VERIFY", "VERIFY_STREAK", "REFINE", "task_label", "verify_job_id",
     "Store", "StoreFormatError", "MissQueue", "Lease", "KeyPage", "KeySummary", "PutResult",
     "PENDING", "LEASED", "DONE", "DEAD",
-    "LocalRegistry", "RegistryClient", "Registry", "connect", "create_app",
+    "LocalRegistry", "RegistryClient", "Registry", "connect", "create_app", "CallerBounds",
     "serve", "ServerThread", "load_tokens", "InsecureServerError",
     "RegistryError", "InvalidRecord", "KeyMismatch", "PayloadTooLarge", "NotFound", "MalformedAnswer",
     "Unauthorized", "Forbidden", "TooManyRequests", "RequestTimeout", "LeaseLost", "RegistryUnavailable",

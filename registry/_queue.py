@@ -12,11 +12,11 @@ job id is :func:`verify_job_id`). Verification jobs are leased before tuning job
 after :data:`VERIFY_STREAK` verification leases in a row, a tune job that suits the worker goes first.
 So a token holder who pushes claims by the thousand cannot stop every miss from being tuned.
 
-Each verification job belongs to its *requester* (the pusher of a claim, the caller behind a complaint),
-who has a count of jobs awaiting verification (pending or leased; :meth:`MissQueue.awaiting`). A job's
-*ordinal* is that count when it was queued, and pending verifications are leased by ordinal first, then
-by demand and age: everyone's first claim, then everyone's second, so one requester's backlog does not
-hold back another's. A registry bounds the count per pusher when it takes a push (``claim_limit``).
+Each job belongs to its *requester* (the first reporter of a miss, the pusher of a claim, the caller behind
+a complaint), who has a count of jobs of each task awaiting work (pending or leased; :meth:`MissQueue.awaiting`),
+which a server bounds (``limit``). A verification's *ordinal* is that count when it was queued, and pending
+verifications are leased by ordinal first, then by demand and age: everyone's first claim, then everyone's
+second, so one requester's backlog does not hold back another's.
 
 A tune job goes through the queue in up to two stages. A worker's *first pass* measures what is
 cheap to try (the registry's transfers and the cost model's synthesized schedules), pushes the best
@@ -34,8 +34,8 @@ and ``L | lease expiry (ms) | id`` for leased ones, so leasing and reclaiming ar
 holds each pending job's ``queue_idx`` row again with the job's *fit* after the lane (:func:`fit`: 8 bytes of a
 digest of its compiler fingerprint, target kind and device model), so a worker that names all three reads the
 jobs it can take and no others: a queue holding jobs for compilers or devices no worker has (anyone may report
-a miss for any fingerprint) costs its leases nothing. ``queue_state`` (``state | NUL | id``) and the per-state counts in ``meta`` make a listing by state and
-the counts cost their page, not the queue.
+a miss for any fingerprint) costs its leases nothing. ``queue_state`` (``state | NUL | id``) and the per-state
+counts in ``meta`` make a listing by state and the counts cost their page, not the queue.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_TOLERANCE = 2.0  # a claim re-measured slower than this many times its claimed time is refused
 MAX_LEASE_SECS = 86400.0
 VERIFY_STREAK = 8  # verification leases in a row, after which a pending tune job that suits the worker goes first
-AWAITING = (PENDING, LEASED)  # the states in which a verification job counts against its requester
+AWAITING = (PENDING, LEASED)  # the states in which a job counts against its requester
 _STREAK_ROW = b"queue:verify_streak"  # meta: verification leases since the last tune lease
 _PRIVATE = ("lease_id", "lease_holder")
 _SUMMARY_DROP = ("workload", "trace", "args_info")
@@ -85,6 +85,8 @@ def awaiting_row(task: str, requester: str) -> bytes:
 def requester(job: dict[str, Any]) -> str:
     """Whose a job is: who queued it (a verification queued before requesters were kept: its record's pusher)."""
     return str(job.get("requester", job.get("pusher", "")))
+
+
 _U32, _U64 = struct.Struct(">I"), struct.Struct(">Q")
 
 

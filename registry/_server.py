@@ -14,6 +14,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.applications import Starlette
@@ -47,9 +48,17 @@ MAX_PAGE = 1000
 MAX_SCAN = 10_000  # feed rows one listing reads: a filter that matches little answers a short page with more=true
 MAX_QUEUE_PAGE = 500
 MAX_TRIAL_PAGE = 200  # trial logs per page (each up to 64 traces)
-DEFAULT_CLAIMS_AWAITING = 256  # verifications one caller may have awaiting (claims, complaints): each costs a worker a replay, builds and timings
-DEFAULT_MISSES_AWAITING = 4096  # tune jobs one caller may have queued and not yet tuned: each holds its workload and a worker's search
-DEFAULT_CLAIMED_LOG_BYTES = 256 << 20  # bytes of unverified measurement log one pusher may have stored (an entry holds up to 2 MiB a key)
+
+
+@dataclass(frozen=True)
+class CallerBounds:
+    """What one caller (a token; without tokens, a name and address) may ask of a registry: 429 past any bound."""
+
+    complaints_per_minute: int = 30
+    misses_per_minute: int = 1200  # each reported miss adds demand, and a new one a queue job
+    claims_awaiting: int = 256  # verifications awaiting that it asked for (claims, complaints): each costs a worker a replay, builds, timings
+    misses_awaiting: int = 4096  # tune jobs its reports queued and not yet tuned: each holds its workload and costs a worker a search
+    claimed_log_bytes: int = 256 << 20  # bytes of unverified measurement log it stores (an entry holds up to 2 MiB a key, of any key)
 _OFF_LOOP_BYTES = 64 << 10  # bodies larger than this are decoded in a worker thread
 _TRACE_ID = re.compile(r"[0-9a-f]{16}")
 
@@ -58,7 +67,7 @@ class RegistryApp:
     """Holds the open registry, the committer and counters for one serving process."""
 
     def __init__(self, root: str | os.PathLike[str], tokens: dict[str, str | Principal] | None, max_body: int, sync: bool,
-                 read_only: bool, body_timeout: float, complaints_per_minute: int, misses_per_minute: int, claims_awaiting: int, misses_awaiting: int, claimed_log_bytes: int) -> None:  # fmt: skip
+                 read_only: bool, body_timeout: float, bounds: CallerBounds) -> None:  # fmt: skip
         self.root = root
         self.tokens = as_principals(tokens)
         self.max_body = max_body
@@ -69,11 +78,9 @@ class RegistryApp:
         self.committer: GroupCommitter | None = None
         self.counters: Counter[str] = Counter()
         self.activity = _dashboard.Activity()
-        self.complaints = RateLimiter(complaints_per_minute, 60.0)
-        self.misses = RateLimiter(misses_per_minute, 60.0)  # each reported miss adds demand, and a new one a queue job
-        self.claims_awaiting = claims_awaiting
-        self.misses_awaiting = misses_awaiting
-        self.claimed_log_bytes = claimed_log_bytes
+        self.bounds = bounds
+        self.complaints = RateLimiter(bounds.complaints_per_minute, 60.0)
+        self.misses = RateLimiter(bounds.misses_per_minute, 60.0)
         self.started = time.time()
 
     @asynccontextmanager
@@ -178,23 +185,15 @@ def create_app(
     sync: bool = True,
     read_only: bool = False,
     body_timeout: float = DEFAULT_BODY_TIMEOUT,
-    complaints_per_minute: int = 30,
-    misses_per_minute: int = 1200,
-    claims_awaiting: int = DEFAULT_CLAIMS_AWAITING,
-    misses_awaiting: int = DEFAULT_MISSES_AWAITING,
-    claimed_log_bytes: int = DEFAULT_CLAIMED_LOG_BYTES,
+    bounds: CallerBounds | None = None,
 ) -> Starlette:
     """The registry as an ASGI app over the store at ``root`` (opened when the app starts).
 
     ``tokens`` maps bearer token → :class:`Principal` (name and role; a plain name is an admin).
     None or empty lets anyone write, which the CLI only allows on a loopback address.
-    ``claims_awaiting``: the most verifications one caller may have awaiting (claims it pushed, records it complained
-    about); ``misses_awaiting``: the most tune jobs one caller's reports may have queued and not yet tuned;
-    ``claimed_log_bytes``: the most bytes of unverified measurement log one pusher may have stored. A request past
-    any answers 429 and changes nothing.
+    ``bounds``: each caller's rates and what it may have waiting (default: :class:`CallerBounds`' defaults).
     """
-    state = RegistryApp(root, tokens, max_body, sync, read_only, body_timeout, complaints_per_minute, misses_per_minute, claims_awaiting,
-                        misses_awaiting, claimed_log_bytes)
+    state = RegistryApp(root, tokens, max_body, sync, read_only, body_timeout, bounds or CallerBounds())
 
     async def get_record(request: Request) -> Response:
         key = path_key(request)
@@ -210,7 +209,7 @@ def create_app(
         key = path_key(request)
         who = state.require(request, "push")
         record = Record.from_obj(await state.body(request), expected_key=key)
-        result = (await state.write(lambda txn: state.reg.put_many([record], who.name, verified=who.trusted, claim_limit=state.claims_awaiting, txn=txn)))[0]
+        result = (await state.write(lambda txn: state.reg.put_many([record], who.name, verified=who.trusted, claim_limit=state.bounds.claims_awaiting, txn=txn)))[0]
         state.counters["puts"] += 1
         return reply(request, result.__dict__, 201 if result.kept else 200)
 
@@ -218,7 +217,7 @@ def create_app(
         who = state.require(request, "push")
         body = await state.body(request)
         records = await run_in_threadpool(parse_each, field(body, "records", list), Record.from_obj, "records")
-        results = await state.write(lambda txn: state.reg.put_many(records, who.name, verified=who.trusted, claim_limit=state.claims_awaiting, txn=txn))
+        results = await state.write(lambda txn: state.reg.put_many(records, who.name, verified=who.trusted, claim_limit=state.bounds.claims_awaiting, txn=txn))
         state.counters["puts"] += len(records)
         return reply(request, {"results": [r.__dict__ for r in results]})
 
@@ -306,7 +305,7 @@ def create_app(
         caller = state.caller(request, who)
         if not state.complaints.allow(caller):
             raise TooManyRequests(f"{caller!r} is over {state.complaints.count} complaints a minute; try again later")
-        status = await state.write(lambda txn: state.reg.complain(key, trace_id, reason, caller, limit=state.claims_awaiting, txn=txn))
+        status = await state.write(lambda txn: state.reg.complain(key, trace_id, reason, caller, limit=state.bounds.claims_awaiting, txn=txn))
         if status is None:
             raise NotFound(f"key {key} has no record with trace_id {trace_id}")
         state.counters["complaints"] += 1
@@ -333,14 +332,14 @@ def create_app(
         caller = state.caller(request, who)
         if not state.misses.allow(caller, len(misses)):
             raise TooManyRequests(f"{caller!r} is over {state.misses.count} reported misses a minute; try again later")
-        results = await state.write(lambda txn: state.reg.report_misses(misses, by=caller, limit=state.misses_awaiting, txn=txn))
+        results = await state.write(lambda txn: state.reg.report_misses(misses, by=caller, limit=state.bounds.misses_awaiting, txn=txn))
         state.counters["reported"] += len(misses)
         return reply(request, {"results": results})
 
     async def push_trials(request: Request) -> Response:
         who = state.require(request, "push")
         log = await run_in_threadpool(TrialLog.from_obj, await state.body(request))
-        result = await state.write(lambda txn: state.reg.push_trials(log, who.name, verified=who.trusted, claimed_bytes=state.claimed_log_bytes, txn=txn))
+        result = await state.write(lambda txn: state.reg.push_trials(log, who.name, verified=who.trusted, claimed_bytes=state.bounds.claimed_log_bytes, txn=txn))
         state.counters["trials"] += len(log.trials)
         return reply(request, result)
 

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from schedhub.cli.main import cli, main
 from schedhub.cli.recordfiles import write_records
-from schedhub.registry import LocalRegistry, Record, ServerThread
+from schedhub.registry import CallerBounds, LocalRegistry, Record, ServerThread
 
 from .conftest import TOKEN, make_record, store_unchecked
 
@@ -145,7 +145,7 @@ def test_push_past_the_registrys_bound_on_claims_says_how_many_got_there(tmp_pat
     recs = [make_record(40 + w, 1e-3) for w in range(8)]
     path = tmp_path / "claims.msgpack"
     write_records(path, (r.to_bytes() for r in recs))
-    with ServerThread(tmp_path / "srv", tokens={"pub": Principal("alice")}, sync=False, claims_awaiting=5) as srv:
+    with ServerThread(tmp_path / "srv", tokens={"pub": Principal("alice")}, sync=False, bounds=CallerBounds(claims_awaiting=5)) as srv:
         result = CliRunner().invoke(cli, ["push", str(path), "-r", srv.url, "--token", "pub"])
         assert result.exit_code == 1
         assert "5 records were pushed, then the registry refused the rest" in result.output and "records awaiting verification" in result.output

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from schedhub.registry import (
-    Forbidden, InvalidRecord, LocalRegistry, PayloadTooLarge, Principal, RegistryClient, ServerThread, Trial, TrialLog, packb, unpackb,
+    CallerBounds, Forbidden, InvalidRecord, LocalRegistry, PayloadTooLarge, Principal, RegistryClient, ServerThread, Trial, TrialLog, packb, unpackb,
 )  # fmt: skip
 from schedhub.registry._trials import MAX_PUSHERS_PER_KEY, MAX_TRIALS_PER_ENTRY, MAX_TRIALS_PER_PUSH, iter_pages
 
@@ -180,7 +180,7 @@ def test_a_pusher_holds_a_bounded_number_of_bytes_of_unverified_log(tmp_path: Pa
             local.push_trials(log_of(1, range(2)), f"p{i}", verified=False)
         local.push_trials(log_of(1, range(2)), "w", verified=True)  # evicts the oldest claim: alice's
         assert claimed(local, b"alice") == 0 and claimed(local, b"w") == 0
-    with ServerThread(tmp_path / "srv", tokens=TOKENS, sync=False, claimed_log_bytes=one * 3 // 2) as s, clients_by_name(s.url, TOKENS) as as_:
+    with ServerThread(tmp_path / "srv", tokens=TOKENS, sync=False, bounds=CallerBounds(claimed_log_bytes=one * 3 // 2)) as s, clients_by_name(s.url, TOKENS) as as_:
         as_["alice"].push_trials(log_of(1, range(2)))
         with pytest.raises(TooManyRequests, match="unverified measurement log"):
             as_["alice"].push_trials(log_of(2, range(2)))

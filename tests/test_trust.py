@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from schedhub.registry import (
-    SCHEMA_VERSION, Forbidden, InvalidRecord, LeaseLost, LocalRegistry, Principal, Record, RefusedRecord, RegistryClient, RegistryError,
+    SCHEMA_VERSION, CallerBounds, Forbidden, InvalidRecord, LeaseLost, LocalRegistry, Principal, Record, RefusedRecord, RegistryClient, RegistryError,
     ServerThread, TooManyRequests, canonical_target, record_key, verify_job_id,
 )  # fmt: skip
 
@@ -28,7 +28,7 @@ ROLES = {"admin-tok": Principal("root", "admin"), "alice-tok": Principal("alice"
 
 @pytest.fixture
 def srv(tmp_path: Path) -> Iterator[ServerThread]:
-    with ServerThread(tmp_path / "trust", tokens=ROLES, sync=False, complaints_per_minute=5, misses_per_minute=8, body_timeout=1.0, header_timeout=1.0) as s:
+    with ServerThread(tmp_path / "trust", tokens=ROLES, sync=False, bounds=CallerBounds(complaints_per_minute=5, misses_per_minute=8), body_timeout=1.0, header_timeout=1.0) as s:
         yield s
 
 
@@ -164,7 +164,7 @@ def test_a_pusher_holds_a_bounded_number_of_claims_awaiting_verification(tmp_pat
     """Every claim queues a verification that a worker leases before any tuning: without a bound one push token
     could queue claims by the thousand and hold every worker. Past it a push answers 429 and stores nothing of
     itself; a verdict makes room again; a worker's pushes (verified) and another pusher's claims are not held back."""
-    with ServerThread(tmp_path / "bounded", tokens=ROLES, sync=False, claims_awaiting=3) as s, clients_by_name(s.url, ROLES) as as_:
+    with ServerThread(tmp_path / "bounded", tokens=ROLES, sync=False, bounds=CallerBounds(claims_awaiting=3)) as s, clients_by_name(s.url, ROLES) as as_:
         first = [make_record(200 + i, 1e-3) for i in range(2)]
         as_["alice"].put_many(first)
         more = [make_record(210 + i, 1e-3) for i in range(2)]
@@ -187,7 +187,7 @@ def test_a_pusher_holds_a_bounded_number_of_claims_awaiting_verification(tmp_pat
 def test_a_caller_holds_a_bounded_number_of_misses_awaiting_tuning_and_of_complaints_awaiting_verification(tmp_path: Path) -> None:
     """A reported miss stores a job holding its workload (up to 512 KiB) and costs a worker a search; a complaint costs one a
     verification. The rate limits bound how fast one caller asks; these bound how much work it may have waiting."""
-    with ServerThread(tmp_path / "bounded", tokens=ROLES, sync=False, misses_awaiting=3, claims_awaiting=2) as s, clients_by_name(s.url, ROLES) as as_:
+    with ServerThread(tmp_path / "bounded", tokens=ROLES, sync=False, bounds=CallerBounds(misses_awaiting=3, claims_awaiting=2)) as s, clients_by_name(s.url, ROLES) as as_:
         misses = [make_record(600 + i, 1e-3).identity for i in range(5)]
         as_["reader"].report_misses(misses[:3])
         with pytest.raises(TooManyRequests, match="'reader' has 3 reported misses awaiting tuning"):

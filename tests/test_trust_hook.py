@@ -22,7 +22,7 @@ from schedhub.hooks.costmodel import Kernels
 from schedhub.hooks.guard import check_scheduled, check_trace_size, loop_name_chars, nested_statements, unrolled_code
 from schedhub.hooks.identity import workload_module
 from schedhub.hooks.session import MAX_REFUSED_NAMED, HookSession
-from schedhub.registry import InvalidRecord, LocalRegistry, Principal, Record, RegistryClient, ServerThread, check_object_graphs
+from schedhub.registry import CallerBounds, InvalidRecord, LocalRegistry, Principal, Record, RegistryClient, ServerThread, check_object_graphs
 from schedhub.hooks.msdb import replay_schedule, replay_within, trace_text
 
 from .conftest import make_record, store_unchecked
@@ -280,7 +280,7 @@ def server(tmp_path: Path) -> Iterator[ServerThread]:
 
 
 def test_a_compile_over_the_registrys_miss_rate_compiles_on_and_says_its_misses_went_unreported(tmp_path: Path, model: dict) -> None:
-    with ServerThread(tmp_path / "srv", tokens={"r": Principal("reader", "read")}, sync=False, misses_per_minute=0) as srv:
+    with ServerThread(tmp_path / "srv", tokens={"r": Principal("reader", "read")}, sync=False, bounds=CallerBounds(misses_per_minute=0)) as srv:
         with RegistryClient(srv.url, token="r") as reader, pytest.warns(RegistryFallbackWarning, match="could not report 1 misses"):
             with use(reader, CPU) as session:
                 tvm.compile(model["mod"], CPU)
