@@ -33,6 +33,7 @@ from ._errors import (
     PayloadTooLarge,
     RegistryError,
     RegistryUnavailable,
+    StoreFull,
     RequestTimeout,
     TooManyRequests,
     Unauthorized,
@@ -78,5 +79,5 @@ __all__ = [
     "LocalRegistry", "RegistryClient", "Registry", "connect", "create_app", "CallerBounds",
     "serve", "ServerThread", "load_tokens", "InsecureServerError",
     "RegistryError", "InvalidRecord", "KeyMismatch", "PayloadTooLarge", "NotFound", "MalformedAnswer",
-    "Unauthorized", "Forbidden", "TooManyRequests", "RequestTimeout", "LeaseLost", "RegistryUnavailable",
+    "Unauthorized", "Forbidden", "TooManyRequests", "RequestTimeout", "LeaseLost", "RegistryUnavailable", "StoreFull",
 ]  # fmt: skip

@@ -11,6 +11,7 @@
     ├── RequestTimeout         a body that did not arrive in time (408)
     ├── LeaseLost              ack/fail/renew with a lease that expired or was re-leased (409)
     ├── RegistryUnavailable    the registry could not be reached, answered 5xx, or too slowly
+    │   └── StoreFull          the store's LMDB map is full: no write succeeds until its operator gives it room (507)
     └── MalformedAnswer        a client got an answer that is not the registry's (a hostile or wrong server)
 """
 
@@ -65,6 +66,10 @@ class LeaseLost(RegistryError):
 
 class RegistryUnavailable(RegistryError):
     status = 503
+
+
+class StoreFull(RegistryUnavailable):
+    status = 507
 
 
 class MalformedAnswer(RegistryError):

@@ -27,10 +27,12 @@ class LocalRegistry:
     """Records, miss queue and statistics of one store root."""
 
     def __init__(self, root: str | os.PathLike[str], *, readonly: bool = False, sync: bool = True, top_k: int | None = None,
-                 max_attempts: int = DEFAULT_MAX_ATTEMPTS, tolerance: float = DEFAULT_TOLERANCE) -> None:  # fmt: skip
+                 max_attempts: int = DEFAULT_MAX_ATTEMPTS, tolerance: float = DEFAULT_TOLERANCE, map_size: int | None = None) -> None:  # fmt: skip
         kwargs: dict[str, Any] = {"readonly": readonly, "sync": sync}
         if top_k is not None:
             kwargs["top_k"] = top_k
+        if map_size is not None:  # default: SCHEDHUB_MAP_SIZE, else 64 GiB (the first handle on a path in a process sets it)
+            kwargs["map_size"] = map_size
         self.store = Store(root, **kwargs)
         self.queue = MissQueue(self.store, max_attempts, tolerance)
         self.trial_store = TrialStore(self.store)

@@ -21,7 +21,7 @@ from typing import Any
 
 import lmdb
 
-from ._errors import REFUSED_ON_READ, NotFound, RegistryError
+from ._errors import REFUSED_ON_READ, NotFound, RegistryError, StoreFull
 from ._counts import COUNT as _COUNT, add_count, read_count
 from ._keys import SCHEMA_VERSION, target_digest, target_kind
 from ._neighbours import Probe, dims_of
@@ -409,11 +409,16 @@ class Store:
         """Use ``txn`` when given, else a new write transaction committed on success."""
         if self.readonly:
             raise RegistryError(f"the store at {self.root} is open read-only")
-        if txn is not None:
-            yield txn
-            return
-        with self.env.begin(write=True) as own:
-            yield own
+        try:
+            if txn is not None:
+                yield txn
+                return
+            with self.env.begin(write=True) as own:
+                yield own
+        except lmdb.MapFullError:  # every write fails until the operator acts: say what to do, not LMDB's advice to a programmer
+            raise StoreFull(f"the registry's store is full (its LMDB map holds {self.env.info()['map_size']:,} bytes): nothing was "
+                            "written; its operator must give it room (SCHEDHUB_MAP_SIZE, in bytes, read when a process opens it, and "
+                            "the disk space behind it)") from None
 
     @contextmanager
     def read(self) -> Iterator[lmdb.Transaction]:

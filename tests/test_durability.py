@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+import pytest
 
 from schedhub.registry import LocalRegistry
 
@@ -117,3 +118,24 @@ def test_four_pushing_processes_lose_nothing_and_keep_the_true_top_k(tmp_path: P
     for key, pushed in claimed.items():
         best = sorted(pushed, key=lambda p: p[1])[:TOP_K]
         assert [t for t, _ in records[key]] == [t for t, _ in best]
+
+
+def test_a_full_store_refuses_writes_with_what_to_do_and_still_serves_reads(tmp_path: Path) -> None:
+    """A full LMDB map fails every write. Locally and over HTTP that is StoreFull (507, a kind of unavailability, so a
+    compile falls back), naming the remedy; nothing of the failed write is kept, and reads go on."""
+    from schedhub.registry import RegistryClient, RegistryUnavailable, ServerThread, StoreFull
+
+    from .conftest import make_record
+
+    with LocalRegistry(tmp_path / "full", sync=False, map_size=1 << 20) as local:  # the server shares this environment
+        kept = []
+        with pytest.raises(StoreFull, match=r"store is full .*\(SCHEDHUB_MAP_SIZE"):
+            for i in range(10_000):
+                batch = [make_record(1000 + 10 * i + j, 1e-3) for j in range(10)]
+                local.put_many(batch)
+                kept += batch
+        assert kept and len(local.lookup([r.key for r in kept + batch])) == len(kept)  # the failed batch left nothing
+        with ServerThread(tmp_path / "full", sync=False) as srv, RegistryClient(srv.url, timeout=10) as client:
+            with pytest.raises(RegistryUnavailable, match="507: the registry's store is full"):
+                client.put_many(batch)
+            assert client.get(kept[0].key)[0].trace_id == kept[0].trace_id
