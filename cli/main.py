@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
-from schedhub.registry import load_tokens, serve as serve_registry
+from schedhub.registry import CallerBounds, load_tokens, serve as serve_registry
 
 from .argfiles import ArgFileError, expand
 from .common import DEFAULT_REGISTRY, EXIT_ERROR, console, labelled, reports_errors
@@ -15,6 +18,14 @@ from .profile_cmd import profile
 from .inspect_cmds import ls, quarantine, quarantined_cmd, queue, requeue, show, stats
 from .transfer_cmds import export_cmd, pull, push
 from .tune_cmds import demo, jobs_group, submit, tune, worker
+
+
+def caller_bound_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """One option per :class:`CallerBounds` field (``--claims-awaiting`` …), its default and help the field's."""
+    for bound in reversed(dataclasses.fields(CallerBounds)):
+        command = click.option(f"--{bound.name.replace('_', '-')}", bound.name, default=bound.default, show_default=True,
+                               type=click.IntRange(min=0), help=bound.metadata["help"])(command)  # fmt: skip
+    return command
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
@@ -35,12 +46,13 @@ def cli() -> None:
 @click.option("--read-only", is_flag=True, help="Refuse every write.")
 @click.option("--no-sync", is_flag=True, help="Skip fsync on commit (faster; a power loss may drop recent writes).")
 @click.option("--max-body", default=16 << 20, show_default=True, help="Largest request body in bytes.")
+@caller_bound_options
 @reports_errors
-def serve(root: Path, host: str, port: int, token_file: str | None, read_only: bool, no_sync: bool, max_body: int) -> None:
+def serve(root: Path, host: str, port: int, token_file: str | None, read_only: bool, no_sync: bool, max_body: int, **bounds: int) -> None:
     """Serve a registry over HTTP (msgpack for programs, JSON for people, / for a dashboard)."""
     tokens = load_tokens(token_file)
     mode = "read-only" if read_only else f"{len(tokens)} token(s)" if tokens else "open writes: loopback only"
-    serve_registry(root, host, port, tokens=tokens, read_only=read_only, sync=not no_sync, max_body=max_body,
+    serve_registry(root, host, port, tokens=tokens, read_only=read_only, sync=not no_sync, max_body=max_body, bounds=CallerBounds(**bounds),
                    announce=lambda url: console.print(f"schedhub registry at {root} on {url} ({mode})", highlight=False, soft_wrap=True))  # fmt: skip
 
 

@@ -14,7 +14,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field as bound
 from typing import Any
 
 from starlette.applications import Starlette
@@ -54,11 +54,14 @@ MAX_TRIAL_PAGE = 200  # trial logs per page (each up to 64 traces)
 class CallerBounds:
     """What one caller (a token; without tokens, a name and address) may ask of a registry: 429 past any bound."""
 
-    complaints_per_minute: int = 30
-    misses_per_minute: int = 1200  # each reported miss adds demand, and a new one a queue job
-    claims_awaiting: int = 256  # verifications awaiting that it asked for (claims, complaints): each costs a worker a replay, builds, timings
-    misses_awaiting: int = 4096  # tune jobs its reports queued and not yet tuned: each holds its workload and costs a worker a search
-    claimed_log_bytes: int = 256 << 20  # bytes of unverified measurement log it stores (an entry holds up to 2 MiB a key, of any key)
+    complaints_per_minute: int = bound(default=30, metadata={"help": "Complaints a minute per caller (each queues a verification)."})
+    misses_per_minute: int = bound(default=1200, metadata={"help": "Reported misses a minute per caller (each adds demand; a new one, a job)."})
+    claims_awaiting: int = bound(default=256, metadata={
+        "help": "Verifications a caller may have waiting (claims it pushed, records it complained about): each costs a worker a replay, builds, timings."})
+    misses_awaiting: int = bound(default=4096, metadata={
+        "help": "Tune jobs a caller's miss reports may have queued and not yet tuned: each holds its workload and costs a worker a search."})
+    claimed_log_bytes: int = bound(default=256 << 20, metadata={
+        "help": "Bytes of unverified measurement log a pusher may store, over all keys (an entry holds up to 2 MiB)."})
 _OFF_LOOP_BYTES = 64 << 10  # bodies larger than this are decoded in a worker thread
 _TRACE_ID = re.compile(r"[0-9a-f]{16}")
 

@@ -174,9 +174,32 @@ def test_a_url_with_a_path_is_told_to_use_the_servers_root(server: ServerThread)
         assert result.exit_code == 1 and "root URL" in result.output, result.output
 
 
-def _serve(root: Path, port: int) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "schedhub.cli.main", "serve", "--root", str(root), "--port", str(port)],
+def _serve(root: Path, port: int, *options: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "schedhub.cli.main", "serve", "--root", str(root), "--port", str(port), *options],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+
+
+def test_serve_takes_each_callers_bounds_as_options(tmp_path: Path) -> None:
+    import re
+
+    from schedhub.registry import RegistryClient, TooManyRequests
+
+    served = _serve(tmp_path / "a", 0, "--misses-awaiting", "1")
+    try:
+        url = re.search(r"http://127\.0\.0\.1:\d+", served.stdout.readline()).group(0)
+        with RegistryClient(url, timeout=10) as client:
+            for _ in range(100):
+                try:
+                    client.stats()
+                    break
+                except Exception:
+                    __import__("time").sleep(0.1)
+            client.report_misses([make_record(1, 1e-3).identity])
+            with pytest.raises(TooManyRequests, match="1 reported misses awaiting tuning"):
+                client.report_misses([make_record(2, 1e-3).identity])
+    finally:
+        served.terminate()
+        served.wait(timeout=30)
 
 
 def test_serve_names_its_real_port_and_refuses_a_busy_one_before_starting(tmp_path: Path) -> None:
