@@ -421,7 +421,7 @@ def test_worker_killed_mid_tuning_loses_nothing_and_the_job_completes_once(ray_a
         output, _ = survivor.communicate(timeout=240)
         assert survivor.returncode == 0, output
         job = client.jobs()[0]
-        assert job["state"] == "done" and job["attempts"] == 2, job
+        assert job["state"] == "done" and job["attempts"] == 2, f"{job['state']}, attempt {job['attempts']}: {job['last_error']!r}\n{output[-4000:]}"
         assert "expired" not in job["last_error"]
         records = client.get(ident.key)
         assert records and all(r.provenance["job"].endswith(ident.key[:8]) for r in records)
