@@ -24,7 +24,8 @@ TUNING_TIMING = {"number": 3, "repeat": 1, "min_repeat_ms": 40, "flush_cache": F
 #: timings were seen to rise with the budget while re-measurement showed little real gain.
 FINAL_TIMING = {"number": 10, "repeat": 5, "min_repeat_ms": 100, "flush_cache": False}
 #: A timing's optional "untimed_past": a kernel whose checking call took more than that many times the first kernel's
-#: (and UNTIMED_MARGIN_SECS more) is not timed, so a catastrophically slow one costs the device one call, not 50
+#: (and "untimed_margin_secs" more, default UNTIMED_MARGIN_SECS) is not timed, so a catastrophically slow one costs the
+#: device one call, not 50
 UNTIMED = "far slower than the first kernel, not timed"  # the error of such a kernel, which also says "untimed_call_secs"
 UNTIMED_MARGIN_SECS = 0.01
 
@@ -176,7 +177,7 @@ def measure(
                         continue
                     if first_call is None:
                         first_call = call_secs
-                    elif (past := timing.get("untimed_past")) and call_secs > past * first_call + UNTIMED_MARGIN_SECS:
+                    elif (past := timing.get("untimed_past")) and call_secs > past * first_call + timing.get("untimed_margin_secs", UNTIMED_MARGIN_SECS):
                         results.append({"run_secs": None, "error": f"{UNTIMED}: one call took {call_secs:.3g} s, {call_secs / first_call:.3g}× the first kernel's",
                                         "untimed_call_secs": call_secs})  # fmt: skip
                         continue

@@ -19,7 +19,7 @@ from schedhub.registry import Identity
 
 from . import cluster, tvm_env
 from .backends import Timeline
-from .kernels import FINAL_TIMING
+from .kernels import FINAL_TIMING, UNTIMED_MARGIN_SECS
 
 
 #: A record re-measured this many times slower than the target's default schedule, timed beside it (and by more than
@@ -69,7 +69,7 @@ def verify_job(job: dict[str, Any], timing: dict[str, Any] | None = None) -> dic
         return {"run_secs": None, "reason": f"its trace took {replay_secs:.3g} s to replay (at most {REPLAY_SECS_AT_MOST:g} s: each compile that meets it pays that)"}
     candidate = replayed.mod
     cluster.check_feasible(identity.target)  # after the replay: a record that does not replay needs no cluster
-    timing = {**(timing or FINAL_TIMING), "untimed_past": UNTIMED_PAST}
+    timing = {**(timing or FINAL_TIMING), "untimed_past": UNTIMED_PAST, "untimed_margin_secs": UNTIMED_MARGIN_SECS}
     untuned, result = side_by_side(identity, mod, [candidate], timing, Timeline(f"verify:{identity.key[:8]}"))
     if result.get("untimed_call_secs"):
         return {"run_secs": None, "reason": f"far slower than the default schedule, not timed: one call took {result['untimed_call_secs']:.3g} s, over "
