@@ -505,6 +505,31 @@ class CorruptJobs(LocalRegistry):
         return [dataclasses.replace(lease, job={**lease.job, "workload": "def main(:"}) for lease in super().lease(*args, **kwargs)]
 
 
+class SlowLookups(LocalRegistry):
+    """A registry whose lookups take ``delay`` seconds (a busy server far away): a job's warm start asks one."""
+
+    delay = 0.0
+
+    def lookup_with_candidates(self, *args: Any, **kwargs: Any) -> Any:
+        time.sleep(self.delay)
+        return super().lookup_with_candidates(*args, **kwargs)
+
+
+def test_a_lease_is_renewed_from_when_it_was_taken_not_from_when_its_warm_start_ended(ray_address: str, tmp_path: Path) -> None:
+    """A warm start that takes most of a lease (here 2.4 s of a 3 s one) must not let the lease expire: the worker
+    renews it as soon as the warm start is done. Before, the first renewal came a third of a lease after the warm
+    start, past the expiry, and the job was lost and leased again."""
+    with SlowLookups(tmp_path / "reg", sync=False) as reg:
+        reg.report_misses([matmul(32, 32, 48)])
+        reg.delay = 2.4
+        events: list[str] = []
+        stats = Worker(reg, TINY, name="w", poll_secs=0.1, device=TARGET["mcpu"], first_pass=False, lease_secs=3.0,
+                       on_event=lambda kind, info: events.append(kind)).run(max_jobs=1)  # fmt: skip
+        job = reg.jobs()[0]
+    assert "lost" not in events and stats.lost == 0 and stats.done == 1, events
+    assert job["state"] == "done" and job["attempts"] == 1, job
+
+
 def test_a_job_that_does_not_parse_is_failed_with_the_reason_and_the_worker_goes_on(ray_address: str, tmp_path: Path) -> None:
     with CorruptJobs(tmp_path / "reg", sync=False) as reg:
         reg.report_misses([matmul(32, 32, 32)])

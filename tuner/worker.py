@@ -182,6 +182,7 @@ class Worker:
         if room <= 0:
             return 0
         leases: list[Lease] = []
+        leased_at = time.time()  # a lease runs from here, not from when its warm start is done
         try:
             for kind, device in self.devices:
                 if len(leases) < room:
@@ -206,10 +207,11 @@ class Worker:
             except AWAY as exc:  # away between the lease and the warm start: the lease expires, the job comes back
                 self._away(exc)
                 continue
-            self.running[lease.key] = _Running(lease, identity, ref, time.time(), first)
+            self.running[lease.key] = _Running(lease, identity, ref, leased_at, first)
             started += 1
             task = "first-pass" if first else lease.job.get("task", TUNE)
             self.on_event("leased", {"key": lease.key, "task": task, "op": identity.op, "attempt": lease.job.get("attempts")})
+            self._renew_due()  # a warm start (lookups, seeding) may take a third of a lease or more: this one's included
         return started
 
     def _away(self, exc: RegistryError) -> None:
