@@ -26,3 +26,10 @@ def add_count(txn: lmdb.Transaction, db: Any, row: bytes, delta: int) -> tuple[i
     elif raw is not None:
         txn.delete(row, db=db)
     return before, max(count, 0)
+
+
+def drop_counts(txn: lmdb.Transaction, db: Any, prefix: bytes) -> None:
+    """Remove every counter whose row starts with ``prefix`` (before counting them all again)."""
+    rows = txn.cursor(db=db)
+    while rows.set_range(prefix) and rows.key().startswith(prefix):
+        rows.delete()

@@ -54,7 +54,7 @@ import lmdb
 from ._errors import InvalidRecord, LeaseLost, NotFound, TooManyRequests
 from ._keys import target_device, target_kind
 from ._records import Identity, Record, packb, unpackb
-from ._counts import add_count, read_count
+from ._counts import add_count, drop_counts, read_count
 from ._store import QUEUE_ORDER, QUEUE_STATES, Store, queue_state_row
 
 PENDING, LEASED, DONE, DEAD = "pending", "leased", "done", "dead"
@@ -77,9 +77,12 @@ def verify_job_id(key: str, trace_id: str) -> str:
     return hashlib.sha256(f"verify\0{key}\0{trace_id}".encode()).hexdigest()
 
 
+_AWAITING_ROWS = b"queue_awaiting:"  # the prefix of every requester's counts in ``meta``
+
+
 def awaiting_row(task: str, requester: str) -> bytes:
     """The ``meta`` row counting a requester's jobs of ``task`` pending or leased."""
-    return b"queue_awaiting:" + task.encode() + b"\0" + requester.encode()
+    return _AWAITING_ROWS + task.encode() + b"\0" + requester.encode()
 
 
 def requester(job: dict[str, Any]) -> str:
@@ -121,9 +124,7 @@ class MissQueue:
                 return
             t.drop(self._idx, delete=False)
             t.drop(self._fit, delete=False)
-            stale = t.cursor(db=meta)
-            while stale.set_range(b"queue_awaiting:") and stale.key().startswith(b"queue_awaiting:"):
-                stale.delete()
+            drop_counts(t, meta, _AWAITING_ROWS)
             for _, raw in t.cursor(db=self._jobs):
                 job = unpackb(raw)
                 index = self._index_key(job)
@@ -334,25 +335,20 @@ class MissQueue:
         """Ids of a lane's pending jobs in lease order: for a worker that names its compiler, kind and device, only
         those of its fit and of its kind's generic target (``queue_fit``, two range scans merged); else every one."""
         if fingerprint is None or kind is None or device is None:
-            cursor = txn.cursor(db=self._idx)
-            if cursor.set_range(lane):
-                for row in cursor.iternext(values=False):
-                    if not row.startswith(lane):
-                        return
-                    yield row[13:].decode()
-            return
-        prefixes = dict.fromkeys(lane + fit(fingerprint, kind, d) for d in (device, ""))
+            db, prefixes = self._idx, [lane]
+        else:
+            db, prefixes = self._fit, list(dict.fromkeys(lane + fit(fingerprint, kind, d) for d in (device, "")))
 
         def rows(prefix: bytes) -> Iterator[bytes]:
-            cursor = txn.cursor(db=self._fit)
+            cursor = txn.cursor(db=db)
             if cursor.set_range(prefix):
                 for row in cursor.iternext(values=False):
                     if not row.startswith(prefix):
                         return
-                    yield row[len(prefix) :]  # rank, seq, id: the order of queue_idx
+                    yield row[len(prefix) :]  # rank, seq, id: the order of queue_idx in both
 
         for row in heapq.merge(*map(rows, prefixes)):
-            yield row[12:].decode()
+            yield row[_U32.size + _U64.size :].decode()
 
     def _reclaim_expired(self, txn: lmdb.Transaction, now: float) -> None:
         cursor = txn.cursor(db=self._idx)

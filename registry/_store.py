@@ -22,7 +22,7 @@ from typing import Any
 import lmdb
 
 from ._errors import REFUSED_ON_READ, NotFound, RegistryError, StoreFull
-from ._counts import COUNT as _COUNT, add_count, read_count
+from ._counts import COUNT as _COUNT, add_count, drop_counts, read_count
 from ._keys import SCHEMA_VERSION, target_digest, target_kind
 from ._neighbours import Probe, dims_of
 from ._records import Identity, Record, keeps_default_schedule, packb, unpackb
@@ -253,9 +253,7 @@ class Store:
     def _index_queue_states(self, txn: lmdb.Transaction) -> None:
         """Index and count every queue job by its stored state (once, on open, for a store from before it)."""
         txn.drop(self.dbs["queue_state"], delete=False)
-        stale = txn.cursor(db=self.dbs["meta"])
-        while stale.set_range(queue_count_row("")) and stale.key().startswith(queue_count_row("")):
-            stale.delete()
+        drop_counts(txn, self.dbs["meta"], queue_count_row(""))
         counts: dict[str, int] = {}
         for raw_key, raw in txn.cursor(db=self.dbs["queue"]):
             state = unpackb(raw)["state"]
@@ -796,7 +794,7 @@ class Store:
         """Distinct ops, targets and compiler fingerprints among the keys in service (kept counts; an old read-only store counts them)."""
         with self.read() as txn:
             if self.indexed(txn, AGG_RANK):
-                return {f"{d}s": _COUNT.unpack(txn.get(distinct_row(d), db=self.dbs["meta"]) or _COUNT.pack(0))[0] for d in KEY_DIMENSIONS}
+                return {f"{d}s": read_count(txn, self.dbs["meta"], distinct_row(d)) for d in KEY_DIMENSIONS}
         counted = self.aggregates()
         return {f"{d}s": len(counted[d]) for d in KEY_DIMENSIONS}
 

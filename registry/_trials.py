@@ -20,7 +20,7 @@ from typing import Any
 
 import lmdb
 
-from ._counts import add_count
+from ._counts import add_count, drop_counts
 from ._errors import REFUSED_ON_READ, Forbidden, InvalidRecord, PayloadTooLarge, TooManyRequests
 from ._keys import target_digest
 from ._limits import parse_each
@@ -242,9 +242,7 @@ def claimed_row(pusher: bytes) -> bytes:
 
 def count_claimed_bytes(txn: lmdb.Transaction, trials_db: Any, meta_db: Any) -> None:
     """Count every pusher's bytes of unverified log entries (once, on open, for a store from before the counts)."""
-    stale = txn.cursor(db=meta_db)
-    while stale.set_range(claimed_row(b"")) and stale.key().startswith(claimed_row(b"")):
-        stale.delete()
+    drop_counts(txn, meta_db, claimed_row(b""))
     for db_key, raw in txn.cursor(db=trials_db):
         if not unpackb(raw).get("verified"):
             add_count(txn, meta_db, claimed_row(db_key[db_key.index(b"\0") + 1 :]), len(raw))
