@@ -55,9 +55,10 @@ from ._errors import InvalidRecord, LeaseLost, NotFound, TooManyRequests
 from ._keys import target_device, target_kind
 from ._records import Identity, Record, packb, unpackb
 from ._counts import add_count, drop_counts, read_count
+from ._history import ENDED, JOB
 from ._store import QUEUE_ORDER, QUEUE_STATES, Store, queue_state_row
 
-PENDING, LEASED, DONE, DEAD = "pending", "leased", "done", "dead"
+PENDING, LEASED, DONE, DEAD = "pending", "leased", *ENDED
 STATES = (PENDING, LEASED, DONE, DEAD)
 TUNE, VERIFY = "tune", "verify"
 TASKS = (TUNE, VERIFY)
@@ -68,7 +69,7 @@ MAX_LEASE_SECS = 86400.0
 VERIFY_STREAK = 8  # verification leases in a row, after which a pending tune job that suits the worker goes first
 AWAITING = (PENDING, LEASED)  # the states in which a job counts against its requester
 _STREAK_ROW = b"queue:verify_streak"  # meta: verification leases since the last tune lease
-_PRIVATE = ("lease_id", "lease_holder")
+_PRIVATE = ("lease_id", "lease_holder", "kept")
 _SUMMARY_DROP = ("workload", "trace", "args_info")
 
 
@@ -165,7 +166,13 @@ class MissQueue:
         if (stored in AWAITING) != (job["state"] in AWAITING):
             add_count(txn, self.store.dbs["meta"], awaiting_row(job.get("task", TUNE), requester(job)), +1 if job["state"] in AWAITING else -1)
         self.store.move_queue_job(txn, job_id, stored, job["state"])
-        txn.put(job_id, packb(job), db=self._jobs)
+        if stored in ENDED and job["state"] not in ENDED:  # back at work: no longer its requester's history
+            self.store.unkeep(txn, job)
+        if job["state"] in ENDED and stored not in ENDED:  # ended: kept in its requester's history, within its budget
+            job["ended_at"] = time.time()
+            self.store.keep(txn, requester(job), JOB, job_id, job)
+        else:
+            txn.put(job_id, packb(job), db=self._jobs)
 
     def _stored_state(self, txn: lmdb.Transaction, job_id: bytes) -> str | None:
         """The state a job is stored (and indexed) in; None for a job not stored yet."""

@@ -28,6 +28,7 @@ from . import _dashboard
 from ._auth import RateLimiter, Principal, as_principals, authenticate
 from ._commit import GroupCommitter
 from ._errors import Forbidden, InvalidRecord, NotFound, PayloadTooLarge, RegistryError, RequestTimeout, TooManyRequests, Unauthorized
+from ._history import DEFAULT_KEPT_BYTES
 from ._keys import is_key
 from ._neighbours import Probe
 from ._limits import MAX_CURSOR, MAX_SECS, MAX_TARGET_QUERY, check_number, check_op, check_text, parse_each, query_int, query_target
@@ -62,6 +63,9 @@ class CallerBounds:
         "help": "Tune jobs a caller's miss reports may have queued and not yet tuned: each holds its workload and costs a worker a search."})
     claimed_log_bytes: int = bound(default=256 << 20, metadata={
         "help": "Bytes of unverified measurement log a pusher may store, over all keys (an entry holds up to 2 MiB)."})
+    kept_bytes: int = bound(default=DEFAULT_KEPT_BYTES, metadata={
+        "help": "Bytes of a caller's ended work kept for the record (finished and dead jobs it asked for, its records taken out "
+                "of service): past it, its oldest go."})
 _OFF_LOOP_BYTES = 64 << 10  # bodies larger than this are decoded in a worker thread
 _TRACE_ID = re.compile(r"[0-9a-f]{16}")
 
@@ -88,7 +92,7 @@ class RegistryApp:
 
     @asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
-        self.registry = LocalRegistry(self.root, sync=self.sync, readonly=self.read_only)
+        self.registry = LocalRegistry(self.root, sync=self.sync, readonly=self.read_only, kept_bytes=self.bounds.kept_bytes)
         self.committer = None if self.read_only else GroupCommitter(self.registry.store.env)
         try:
             yield

@@ -15,6 +15,7 @@ from typing import Any
 import lmdb
 
 from ._errors import REFUSED_ON_READ
+from ._history import DEFAULT_KEPT_BYTES
 from ._queue import DEFAULT_MAX_ATTEMPTS, DEFAULT_TOLERANCE, TUNE, Lease, MissQueue
 from ._models import CostModelEntry, CostModelStore
 from ._neighbours import Candidate, Probe, served_candidates
@@ -27,8 +28,10 @@ class LocalRegistry:
     """Records, miss queue and statistics of one store root."""
 
     def __init__(self, root: str | os.PathLike[str], *, readonly: bool = False, sync: bool = True, top_k: int | None = None,
-                 max_attempts: int = DEFAULT_MAX_ATTEMPTS, tolerance: float = DEFAULT_TOLERANCE, map_size: int | None = None) -> None:  # fmt: skip
-        kwargs: dict[str, Any] = {"readonly": readonly, "sync": sync}
+                 max_attempts: int = DEFAULT_MAX_ATTEMPTS, tolerance: float = DEFAULT_TOLERANCE, map_size: int | None = None,
+                 kept_bytes: int = DEFAULT_KEPT_BYTES) -> None:  # fmt: skip
+        """``kept_bytes``: how much of each caller's ended work (jobs, records taken out of service) is kept; past it, its oldest go."""
+        kwargs: dict[str, Any] = {"readonly": readonly, "sync": sync, "kept_bytes": kept_bytes}
         if top_k is not None:
             kwargs["top_k"] = top_k
         if map_size is not None:  # default: SCHEDHUB_MAP_SIZE, else 64 GiB (the first handle on a path in a process sets it)

@@ -23,6 +23,7 @@ import lmdb
 
 from ._errors import REFUSED_ON_READ, NotFound, RegistryError, StoreFull
 from ._counts import COUNT as _COUNT, add_count, drop_counts, read_count
+from ._history import DEFAULT_KEPT_BYTES, ENDED, JOB, KEPT_INDEX, OUT_OF_SERVICE, forget_all, keep, kept_row, unkeep
 from ._keys import SCHEMA_VERSION, target_digest, target_kind
 from ._neighbours import Probe, dims_of
 from ._records import Identity, Record, keeps_default_schedule, packb, unpackb
@@ -31,13 +32,14 @@ from ._trials import TRIALS_BY_TARGET, TRIALS_CLAIMED, count_claimed_bytes, inde
 DEFAULT_MAP_SIZE = int(os.environ.get("SCHEDHUB_MAP_SIZE", 64 << 30))
 DEFAULT_TOP_K = 8
 MAX_COMPLAINANTS = 32
-STORE_FORMAT = b"5"  # 2: op_feed and queue_state; 3: target_feed, trials_by_target, agg_rank; 4: target_feed by op too; 5: verifications
+STORE_FORMAT = b"6"  # 2: op_feed and queue_state; 3: target_feed, trials_by_target, agg_rank; 4: target_feed by op too; 5: verifications
 #                      queued by requester (queue_idx ranks them by ordinal), queue_fit, what callers have waiting and each pusher's
-#                      bytes of unverified log counted. Older formats are brought to 5 when opened writable
+#                      bytes of unverified log counted; 6: each caller's ended work kept within a budget (``kept``). Older formats
+#                      are brought to 6 when opened writable
 _SEQ = struct.Struct(">Q")
 _SEQ_MAX = 2**64 - 1
 _DB_NAMES = ("records", "by_op", "by_struct", "changes", "log", "meta", "quarantine", "queue", "queue_idx", "agg", "trials", "queue_state", "op_feed", "target_feed",
-             "trials_by_target", "agg_rank", "models", "queue_fit")
+             "trials_by_target", "agg_rank", "models", "queue_fit", "kept")
 STRUCTURE_INDEX = b"index:by_struct"  # meta flag: every key is in by_struct (stores from before it get it on open)
 AGGREGATES = b"index:agg"  # meta flag: the aggregates cover every key and log entry (stores from before them get them on open)
 QUEUE_STATES = b"index:queue_state"  # meta flag: every job is in queue_state and counted (stores from before it get it on open)
@@ -50,9 +52,10 @@ QUEUE_ORDER = b"index:queue_order"  # meta flag: queue_idx ranks verifications b
 INDEXES = {OP_FEED: "op_feed", QUEUE_STATES: "queue_state", TARGET_FEED: "target_feed", OP_TARGET_FEED: "target_feed",
            TRIALS_BY_TARGET: "trials_by_target", AGG_RANK: "agg_rank"}  # fmt: skip
 #: What an upgrade rebuilds: the indexes a writer of that format did not keep (format 1 was written before by_struct and agg too).
-_REBUILT_ON_UPGRADE = {b"1": (STRUCTURE_INDEX, AGGREGATES, *INDEXES, QUEUE_ORDER, TRIALS_CLAIMED),
-                       b"2": (TARGET_FEED, OP_TARGET_FEED, TRIALS_BY_TARGET, AGG_RANK, QUEUE_ORDER, TRIALS_CLAIMED),
-                       b"3": (OP_TARGET_FEED, QUEUE_ORDER, TRIALS_CLAIMED), b"4": (QUEUE_ORDER, TRIALS_CLAIMED)}  # fmt: skip
+_REBUILT_ON_UPGRADE = {b"1": (STRUCTURE_INDEX, AGGREGATES, *INDEXES, QUEUE_ORDER, TRIALS_CLAIMED, KEPT_INDEX),
+                       b"2": (TARGET_FEED, OP_TARGET_FEED, TRIALS_BY_TARGET, AGG_RANK, QUEUE_ORDER, TRIALS_CLAIMED, KEPT_INDEX),
+                       b"3": (OP_TARGET_FEED, QUEUE_ORDER, TRIALS_CLAIMED, KEPT_INDEX), b"4": (QUEUE_ORDER, TRIALS_CLAIMED, KEPT_INDEX),
+                       b"5": (KEPT_INDEX,)}  # fmt: skip
 #: Aggregate dimensions: keys per op / canonical target / compiler fingerprint, pushes per pusher,
 #: tuned-vs-default speedup per op of verified pushes (``speedup`` rows hold msgpack {n, log2_sum, best}).
 KEY_DIMENSIONS = ("op", "target", "fingerprint")
@@ -171,9 +174,11 @@ class Store:
         top_k: int = DEFAULT_TOP_K,
         per_pusher: int | None = None,
         sync: bool = True,
+        kept_bytes: int = DEFAULT_KEPT_BYTES,
     ) -> None:
         self.root = Path(root)
         self.top_k = top_k
+        self.kept_bytes = kept_bytes  # of each caller's ended work (jobs, records out of service): see _history
         self.per_pusher = per_pusher if per_pusher is not None else max(1, top_k // 4)
         self.readonly = readonly
         if not readonly:
@@ -220,6 +225,9 @@ class Store:
             if txn.get(QUEUE_STATES, db=self.dbs["meta"]) is None:
                 self._index_queue_states(txn)
                 txn.put(QUEUE_STATES, b"1", db=self.dbs["meta"])
+            if txn.get(KEPT_INDEX, db=self.dbs["meta"]) is None:
+                self._index_kept(txn)
+                txn.put(KEPT_INDEX, b"1", db=self.dbs["meta"])
 
     def _index_structures(self, txn: lmdb.Transaction) -> None:
         """Put every key in the structure index (once, on open, for a store from before it or upgraded from format 1)."""
@@ -272,6 +280,47 @@ class Store:
         if old is not None:
             txn.delete(queue_state_row(old, job_id), db=self.dbs["queue_state"])
         txn.put(queue_state_row(new, job_id), b"", db=self.dbs["queue_state"])
+
+    def _index_kept(self, txn: lmdb.Transaction) -> None:
+        """Keep every ended job and record out of service under its owner, oldest first, within the budget (once, on open,
+        for a store from before ``kept``): a job's age is when it was last reported or queued, a record's when it went out."""
+        forget_all(txn, self.dbs)
+        ended: list[tuple[float, str, bytes, bytes, dict[str, Any]]] = []
+        for job_id, raw in txn.cursor(db=self.dbs["queue"]):
+            job = unpackb(raw)
+            if job["state"] in ENDED:
+                owner = str(job.get("requester", job.get("pusher", "")))
+                ended.append((job.get("ended_at", job.get("last_seen", job.get("first_seen", 0.0))), owner, JOB, job_id, job))
+        for row, raw in txn.cursor(db=self.dbs["quarantine"]):
+            item = unpackb(raw)
+            ended.append((item["at"], item.get("by", ""), OUT_OF_SERVICE, row, item))
+        for _, owner, kind, item_id, value in sorted(ended, key=lambda e: e[0]):
+            self.keep(txn, owner, kind, item_id, value)
+
+    def keep(self, txn: lmdb.Transaction, owner: str, kind: bytes, item_id: bytes, value: dict[str, Any]) -> None:
+        """Store ``value`` (an ended job, a record out of service) as ``owner``'s, kept within the owner's budget
+        (:attr:`kept_bytes`; its oldest kept items go, this one too if it alone is past it)."""
+        value.pop("kept", None)
+        size = len(packb(value))
+        value["kept"] = kept_row(owner, self.next_seq(txn, b"kept_seq"), kind, item_id)
+        txn.put(item_id, packb(value), db=self.dbs["queue" if kind == JOB else "quarantine"])
+        keep(txn, self.dbs, value["kept"], size, self.kept_bytes, self._drop_kept)
+
+    def unkeep(self, txn: lmdb.Transaction, value: dict[str, Any]) -> None:
+        """``value`` (a job requeued, a record quarantined again) is no longer kept as ended work."""
+        if (row := value.pop("kept", None)) is not None:
+            unkeep(txn, self.dbs, row)
+
+    def _drop_kept(self, txn: lmdb.Transaction, kind: bytes, item_id: bytes) -> None:
+        if kind == OUT_OF_SERVICE:
+            txn.delete(item_id, db=self.dbs["quarantine"])
+            return
+        raw = txn.get(item_id, db=self.dbs["queue"])
+        if raw is not None:
+            state = unpackb(raw)["state"]
+            add_count(txn, self.dbs["meta"], queue_count_row(state), -1)
+            txn.delete(queue_state_row(state, item_id), db=self.dbs["queue_state"])
+            txn.delete(item_id, db=self.dbs["queue"])
 
     def queue_count(self, txn: lmdb.Transaction, state: str) -> int:
         return read_count(txn, self.dbs["meta"], queue_count_row(state))
@@ -608,8 +657,10 @@ class Store:
 
     def _remove(self, txn: lmdb.Transaction, key: str, value: dict[str, Any], hit: dict[str, Any], reason: str) -> None:
         value["entries"] = [e for e in value["entries"] if e is not hit]
-        record = {"rec": hit["rec"], "reason": reason, "by": hit.get("by", ""), "at": time.time()}
-        txn.put(f"{key}:{hit['tid']}".encode(), packb(record), db=self.dbs["quarantine"])
+        row = f"{key}:{hit['tid']}".encode()
+        if (before := txn.get(row, db=self.dbs["quarantine"])) is not None:  # out of service once before: kept once, as of now
+            self.unkeep(txn, unpackb(before))
+        self.keep(txn, hit.get("by", ""), OUT_OF_SERVICE, row, {"rec": hit["rec"], "reason": reason, "by": hit.get("by", ""), "at": time.time()})
         self._save(txn, key, value)
 
     def quarantine(self, key: str, trace_id: str, reason: str, *, txn: lmdb.Transaction | None = None) -> bool:

@@ -218,7 +218,7 @@ def test_an_older_format_store_is_upgraded_with_its_new_indexes_rebuilt(tmp_path
             assert txn.stat(reg.store.dbs["by_struct"])["entries"] == 6 and reg.stats()["coverage"]["targets"] == 2
         assert (unchecked.key in reg.lookup([unchecked.key], refused=(refused := []))) == (older != b"1") and len(refused) == (older == b"1")  # left out of reads
         with reg.store.read() as txn:
-            assert txn.get(b"format", db=reg.store.dbs["meta"]) == _store.STORE_FORMAT == b"5"
+            assert txn.get(b"format", db=reg.store.dbs["meta"]) == _store.STORE_FORMAT == b"6"
 
 
 def test_a_format_4_store_gets_its_pending_verifications_ranked_by_requester(tmp_path: Path) -> None:
@@ -264,4 +264,4 @@ def test_a_format_4_store_gets_its_pending_verifications_ranked_by_requester(tmp
         assert sorted(leased) == sorted(r.key for r in [*claims, make_record(20, 1e-3)])  # each once
         assert reg.lease("w", max_jobs=10, lease_secs=60, tasks=("verify",)) == []
         with reg.store.read() as txn:
-            assert txn.get(b"format", db=reg.store.dbs["meta"]) == b"5"
+            assert txn.get(b"format", db=reg.store.dbs["meta"]) == b"6"

@@ -1,0 +1,106 @@
+"""What the registry keeps of a caller's ended work (dead and done jobs, records out of service): a budget per caller."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from schedhub.registry import DEAD, PENDING, LocalRegistry, NotFound, packb, unpackb
+from schedhub.registry._history import KEPT_INDEX, forget_all, kept_bytes
+
+from .conftest import make_record
+
+
+def miss(workload: int):
+    return make_record(workload, 1e-3).identity
+
+
+def kill(reg: LocalRegistry, workloads: list[int], by: str) -> None:
+    """Report each workload's miss as ``by`` and fail its one attempt: a dead job each, oldest first."""
+    for w in workloads:
+        reg.report_misses([miss(w)], by=by)
+        lease = reg.lease("w")[0]
+        assert reg.fail(lease.key, lease.lease_id, f"ScheduleError: {w}") == DEAD
+
+
+def held(reg: LocalRegistry, owner: str) -> int:
+    with reg.store.read() as txn:
+        return kept_bytes(txn, reg.store.dbs, owner)
+
+
+def stored(reg: LocalRegistry, state: str) -> set[str]:
+    return {job["key"] for job in reg.jobs(state)}
+
+
+def test_a_callers_dead_jobs_are_kept_within_its_budget_newest_first_and_nobody_elses_go(tmp_path: Path) -> None:
+    """A reader whose misses die as fast as workers fail them would fill the store with their workloads: past its budget
+    its oldest ended jobs go (and only its own); a job that goes back to work leaves the history it was counted in."""
+    with LocalRegistry(tmp_path, sync=False, max_attempts=1) as reg:
+        kill(reg, [100], "alice")
+        one_job = held(reg, "alice")
+        assert one_job > 0
+        reg.store.kept_bytes = 3 * one_job + one_job // 2  # room for three of mallory's (the same size as alice's)
+        kill(reg, list(range(1, 9)), "mallory")
+        newest = {miss(w).key for w in (6, 7, 8)}
+        assert stored(reg, DEAD) == newest | {miss(100).key}
+        assert 2 * one_job < (mallorys := held(reg, "mallory")) <= reg.store.kept_bytes and held(reg, "alice") == one_job
+        assert reg.queue.counts()[DEAD] == 4
+        with pytest.raises(NotFound):
+            reg.job(miss(1).key)
+        assert reg.job(miss(6).key)["last_error"] == "ScheduleError: 6"  # what happened is still there for the kept ones
+        assert reg.report_misses([miss(1)], by="mallory")[0]["state"] == PENDING  # a dropped job is a new miss again
+
+        reg.requeue(miss(6).key)  # back at work: no longer history
+        assert held(reg, "mallory") == mallorys * 2 // 3 and reg.job(miss(6).key)["state"] == PENDING
+        assert "kept" not in reg.job(miss(7).key)  # the row is the store's business
+
+
+def test_a_pushers_records_taken_out_of_service_are_kept_within_the_same_budget(tmp_path: Path) -> None:
+    """A pusher whose claims fail, at the workers' pace, leaves a record out of service each: its oldest go past its budget,
+    another pusher's stay, and a record taken out twice is kept once."""
+    with LocalRegistry(tmp_path, sync=False) as reg:
+        bob = make_record(50, 1e-3)
+        reg.put_many([bob], "bob", verified=True)
+        reg.quarantine(bob.key, bob.trace_id, "does not match the reference")
+        claims = [make_record(w, 1e-3) for w in range(1, 7)]
+        reg.put_many(claims, "mallory", verified=True)
+        reg.quarantine(claims[0].key, claims[0].trace_id, "first")
+        one_record = held(reg, "mallory")
+        reg.put_many([claims[0]], "mallory", verified=True)  # pushed again and taken out again
+        reg.quarantine(claims[0].key, claims[0].trace_id, "later")  # as long a reason: as many bytes
+        assert held(reg, "mallory") == one_record
+        reg.store.kept_bytes = 2 * one_record + one_record // 2
+        for claim in claims[1:]:
+            reg.quarantine(claim.key, claim.trace_id, "does not match the reference")
+        out = {(item["by"], item["key"]) for item in reg.quarantined()}
+        assert out == {("bob", bob.key), *(("mallory", c.key) for c in claims[-2:])}
+        assert one_record < held(reg, "mallory") <= reg.store.kept_bytes
+
+
+def test_a_format_5_store_gets_each_callers_ended_work_kept_and_trimmed_on_open(tmp_path: Path) -> None:
+    with LocalRegistry(tmp_path, sync=False, max_attempts=1) as reg:
+        kill(reg, [1, 2, 3, 4], "mallory")
+        claim = make_record(9, 1e-3)
+        reg.put_many([claim], "mallory", verified=True)
+        reg.quarantine(claim.key, claim.trace_id, "bad")
+        one_job = held(reg, "mallory") // 5
+        store = reg.store
+        with store.env.begin(write=True) as txn:  # what a format-5 writer leaves
+            txn.put(b"format", b"5", db=store.dbs["meta"])
+            txn.delete(KEPT_INDEX, db=store.dbs["meta"])
+            forget_all(txn, store.dbs)
+            for db in ("queue", "quarantine"):
+                for item_id, raw in list(txn.cursor(db=store.dbs[db])):
+                    value = unpackb(raw)
+                    value.pop("kept"), value.pop("ended_at", None)
+                    txn.put(item_id, packb(value), db=store.dbs[db])
+    with LocalRegistry(tmp_path, sync=False, kept_bytes=3 * one_job) as reg:
+        assert stored(reg, DEAD) == {miss(w).key for w in (3, 4)} and [q["key"] for q in reg.quarantined()] == [claim.key]
+        assert 0 < held(reg, "mallory") <= 3 * one_job
+        reg.requeue(miss(4).key)
+        reg.requeue(miss(3).key)
+        with reg.store.read() as txn:
+            assert txn.get(b"format", db=reg.store.dbs["meta"]) == b"6"
+            assert [row for row, _ in txn.cursor(db=reg.store.dbs["kept"])] == [unpackb(txn.get(f"{claim.key}:{claim.trace_id}".encode(),
+                                                                                                     db=reg.store.dbs["quarantine"]))["kept"]]
