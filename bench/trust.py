@@ -1,7 +1,7 @@
 """The hostile review's attacks, re-run for figures: what each cost before (the review's numbers,
 quoted) and what it costs now, on a real server on 127.0.0.1.
 
-    python -m bench trust [--quick] [--out FILE]
+    python -m bench.trust [--quick] [--only SECTION ...] [--out FILE]
 
 Writes JSON (``bench/results/<mode>/trust.json``) and prints the table the README and the issue
 quote. ``--quick`` fuzzes 1,000 cases instead of 10,000+ and opens 300 slowloris connections, not 900.
@@ -219,6 +219,32 @@ def queue_abuse(tmp: Path) -> dict[str, Any]:
     return {"attempts": attempts, "accepted": accepted, "lease_id_listed": lease.lease_id in listed, "expired_lease_reads_as": shown}
 
 
+def history(tmp: Path, jobs: int, workload_bytes: int = 256 << 10) -> dict[str, Any]:
+    """A read token's misses that die as fast as a worker fails them, each with a large workload: the store's bytes and the
+    dead jobs kept, with no budget on a caller's ended work and with the default one (``--kept-bytes``)."""
+    from schedhub.registry import CallerBounds
+
+    default = CallerBounds().kept_bytes
+    out: dict[str, Any] = {"jobs": jobs, "workload_bytes": workload_bytes, "budget_bytes": default}
+    for name, budget in (("unbounded", 1 << 60), ("budget", default)):
+        root, fail_secs = tmp / f"history-{name}", []
+        with ServerThread(root, tokens=TOKENS, sync=False, bounds=CallerBounds(kept_bytes=budget)) as srv, \
+                RegistryClient(srv.url, token="r") as reader, RegistryClient(srv.url, token="w") as worker:  # fmt: skip
+            for n in range(jobs):
+                text = f"@T.prim_func\ndef main(arg0: T.Buffer(({n + 1}, 64), 'float32')): pass\n# {'x' * workload_bytes}\n"
+                ident = _record(n).identity
+                reader.report_misses([Identity.from_obj(ident.to_dict() | {"workload": text, "key": record_key(ident.fingerprint, ident.target, text)})])
+                while leases := worker.lease("bench", lease_secs=60):
+                    started = time.perf_counter()
+                    worker.fail(leases[0].key, leases[0].lease_id, "ScheduleError: bench")
+                    fail_secs.append(time.perf_counter() - started)
+        with LocalRegistry(root, readonly=True) as reg:
+            info, page = reg.store.env.info(), reg.store.env.stat()["psize"]
+            out[name] = {"store_mib": round((info["last_pgno"] + 1) * page / 2**20, 1), "dead_jobs_kept": reg.queue.counts()["dead"],
+                         "fail_ms": round(statistics.median(fail_secs) * 1e3, 2)}  # fmt: skip
+    return out
+
+
 def fuzzing(tmp: Path, examples: int) -> dict[str, Any]:
     with ServerThread(tmp / "fuzz", tokens={fuzz.TOKEN: Principal("fuzzer", "admin")}, sync=False) as srv:
         run = fuzz.fuzz(srv.url, examples)
@@ -371,7 +397,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="schedhub-trust-") as tmp_dir:
         tmp = Path(tmp_dir)
         for name, fn in (("poisoning", lambda: poisoning(tmp)), ("ownership", lambda: ownership(tmp)), ("compile_bomb", lambda: compile_bomb(tmp, 5)),
-                         ("stall", lambda: stall(tmp)), ("queue", lambda: queue_abuse(tmp)),
+                         ("stall", lambda: stall(tmp)), ("queue", lambda: queue_abuse(tmp)), ("history", lambda: history(tmp, 300 if args.quick else 1000)),
                          ("fuzz", lambda: fuzzing(tmp, 45 if args.quick else 480)), ("timeouts", lambda: timeouts(tmp, 300 if args.quick else 900)),
                          ("ray", ray_exposure), ("durability", lambda: durability(tmp, 8, 200 if args.quick else 1000, 5 if args.quick else 20))):  # fmt: skip
             if args.only and name not in args.only:
