@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from schedhub.registry import CallerBounds, load_tokens, serve as serve_registry
+from schedhub.registry import CallerBounds, TokenFile, load_tokens, serve as serve_registry
 
 from .argfiles import ArgFileError, expand
 from .common import DEFAULT_REGISTRY, EXIT_ERROR, console, labelled, reports_errors
@@ -50,8 +50,9 @@ def cli() -> None:
 @reports_errors
 def serve(root: Path, host: str, port: int, token_file: str | None, read_only: bool, no_sync: bool, max_body: int, **bounds: int) -> None:
     """Serve a registry over HTTP (msgpack for programs, JSON for people, / for a dashboard)."""
-    tokens = load_tokens(token_file)
-    mode = "read-only" if read_only else f"{len(tokens)} token(s)" if tokens else "open writes: loopback only"
+    tokens = TokenFile(token_file) if token_file else load_tokens()  # a token file is read again when it changes
+    count = len(tokens.tokens if isinstance(tokens, TokenFile) else tokens)
+    mode = "read-only" if read_only else f"{count} token(s)" + (f", {token_file} read again when it changes" if token_file else "") if count or token_file else "open writes: loopback only"
     serve_registry(root, host, port, tokens=tokens, read_only=read_only, sync=not no_sync, max_body=max_body, bounds=CallerBounds(**bounds),
                    announce=lambda url: console.print(f"schedhub registry at {root} on {url} ({mode})", highlight=False, soft_wrap=True))  # fmt: skip
 

@@ -21,7 +21,7 @@ import os
 import re
 from typing import Union
 
-from ._auth import ROLES, Principal, load_tokens
+from ._auth import ROLES, Principal, TokenFile, load_tokens
 from ._client import RegistryClient
 from ._errors import (
     Forbidden,
@@ -73,7 +73,7 @@ __all__ = [
     "SCHEMA_VERSION", "record_key", "canonical_target", "is_key", "target_kind", "target_device",
     "skeleton", "structure_key", "workload_key", "Probe", "Candidate", "shape_distance", "COMPILER", "SHAPE", "TARGET",
     "Record", "RefusedRecord", "Identity", "Served", "Trust", "trusted", "trust_filter", "parse_trust", "Trial", "TrialLog", "MAX_TRIALS_PER_ENTRY", "CostModelEntry", "Tree", "Trees", "MAX_TREE_DEPTH", "keeps_default_schedule", "trace_id", "trace_instructions", "packb", "unpackb", "signature_args_info", "check_workload_source", "check_annotations", "check_instruction_kinds", "check_object_graphs", "check_trace_content", "check_kind", "dotted_name",
-    "Principal", "ROLES", "TUNE", "VERIFY", "VERIFY_STREAK", "REFINE", "task_label", "verify_job_id",
+    "Principal", "TokenFile", "ROLES", "TUNE", "VERIFY", "VERIFY_STREAK", "REFINE", "task_label", "verify_job_id",
     "Store", "StoreFormatError", "MissQueue", "Lease", "KeyPage", "KeySummary", "PutResult",
     "PENDING", "LEASED", "DONE", "DEAD",
     "LocalRegistry", "RegistryClient", "Registry", "connect", "create_app", "CallerBounds",

@@ -11,6 +11,7 @@ Roles, each including the ones before it:
 from __future__ import annotations
 
 import hmac
+import logging
 import os
 import time
 from collections import OrderedDict, deque
@@ -52,9 +53,10 @@ def as_principals(tokens: dict[str, str | Principal] | None) -> dict[str, Princi
     return {tok: p if isinstance(p, Principal) else Principal(p, "admin") for tok, p in (tokens or {}).items()}
 
 
-def authenticate(tokens: dict[str, Principal], header: str) -> Principal:
-    """The principal behind an ``Authorization: Bearer …`` header (timing-safe comparison)."""
-    if not tokens:
+def authenticate(tokens: dict[str, Principal], header: str, *, open_registry: bool | None = None) -> Principal:
+    """The principal behind an ``Authorization: Bearer …`` header (timing-safe comparison). An open registry
+    (``open_registry``; by default: one without tokens) lets anyone in as :data:`ANONYMOUS`."""
+    if open_registry if open_registry is not None else not tokens:
         return ANONYMOUS
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
@@ -91,6 +93,42 @@ def load_tokens(token_file: str | os.PathLike[str] | None = None, env: dict[str,
             except RegistryError as exc:
                 raise RegistryError(f"{token_file}:{n}: {exc}") from None
     return tokens
+
+
+class TokenFile:
+    """The tokens of a token file and ``$SCHEDHUB_TOKEN`` (:func:`load_tokens`), read again when the file changes (its
+    size, time or inode; looked at most every ``check_secs``): revoking a token is deleting its line, no restart. An
+    edit that does not parse, or a file gone, leaves the tokens in force and is logged once; a file left without
+    tokens accepts none (a server given a token file is never open to anyone)."""
+
+    def __init__(self, path: str | os.PathLike[str], env: dict[str, str] | None = None, check_secs: float = 1.0) -> None:
+        self.path, self.env, self.check_secs = Path(path), env, check_secs
+        self._stamp = self._stat()
+        self._tokens = load_tokens(self.path, env)
+        self._checked = time.monotonic()
+
+    def _stat(self) -> tuple[int, int, int] | None:
+        try:
+            found = self.path.stat()
+        except OSError:
+            return None
+        return found.st_mtime_ns, found.st_size, found.st_ino
+
+    @property
+    def tokens(self) -> dict[str, Principal]:
+        """The tokens in force now."""
+        if time.monotonic() - self._checked >= self.check_secs:
+            self._checked = time.monotonic()
+            stamp = self._stat()
+            if stamp != self._stamp:
+                self._stamp = stamp  # a bad edit is reported once, and read again when it changes
+                try:
+                    self._tokens = load_tokens(self.path, self.env)
+                    logging.getLogger("schedhub.registry").warning("%s changed: %d token(s) in force", self.path, len(self._tokens))
+                except (OSError, UnicodeError, RegistryError) as exc:
+                    logging.getLogger("schedhub.registry").error("%s changed and was not taken, the %d token(s) before stay in force: %s",
+                                                                 self.path, len(self._tokens), exc)  # fmt: skip
+        return self._tokens
 
 
 class RateLimiter:

@@ -13,7 +13,7 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from ._auth import TOKEN_ENV, Principal
+from ._auth import TOKEN_ENV, Principal, TokenFile
 from ._errors import RegistryError
 from ._server import create_app
 
@@ -86,7 +86,7 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def check_exposure(host: str, tokens: dict[str, str | Principal], read_only: bool) -> None:
+def check_exposure(host: str, tokens: dict[str, str | Principal] | TokenFile, read_only: bool) -> None:
     if not tokens and not read_only and not is_loopback(host):
         raise InsecureServerError(
             f"refusing to serve writable on {host} without a token: set {TOKEN_ENV}, pass --token-file, or --read-only"
@@ -106,7 +106,7 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(root: str | os.PathLike[str], host: str = "127.0.0.1", port: int = 8470, *, tokens: dict[str, str | Principal] | None = None,
+def serve(root: str | os.PathLike[str], host: str = "127.0.0.1", port: int = 8470, *, tokens: dict[str, str | Principal] | TokenFile | None = None,
           read_only: bool = False, log_level: str = "info", announce: Callable[[str], None] | None = None, **app_options: Any) -> None:  # fmt: skip
     """Serve the store at ``root`` until interrupted; ``announce`` gets the real URL once the port is bound."""
     tokens = tokens or {}

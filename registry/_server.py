@@ -25,7 +25,7 @@ from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
 from . import _dashboard
-from ._auth import RateLimiter, Principal, as_principals, authenticate
+from ._auth import RateLimiter, Principal, TokenFile, as_principals, authenticate
 from ._commit import GroupCommitter
 from ._errors import Forbidden, InvalidRecord, NotFound, PayloadTooLarge, RegistryError, RequestTimeout, TooManyRequests, Unauthorized
 from ._history import DEFAULT_KEPT_BYTES
@@ -73,10 +73,12 @@ _TRACE_ID = re.compile(r"[0-9a-f]{16}")
 class RegistryApp:
     """Holds the open registry, the committer and counters for one serving process."""
 
-    def __init__(self, root: str | os.PathLike[str], tokens: dict[str, str | Principal] | None, max_body: int, sync: bool,
+    def __init__(self, root: str | os.PathLike[str], tokens: dict[str, str | Principal] | TokenFile | None, max_body: int, sync: bool,
                  read_only: bool, body_timeout: float, bounds: CallerBounds) -> None:  # fmt: skip
         self.root = root
-        self.tokens = as_principals(tokens)
+        self._token_file = tokens if isinstance(tokens, TokenFile) else None
+        self._tokens = {} if isinstance(tokens, TokenFile) else as_principals(tokens)
+        self.open = self._token_file is None and not self._tokens  # anyone may write (loopback only: see serve())
         self.max_body = max_body
         self.body_timeout = body_timeout
         self.sync = sync
@@ -108,18 +110,23 @@ class RegistryApp:
         assert self.registry is not None, "the app is not started (lifespan)"
         return self.registry
 
+    @property
+    def tokens(self) -> dict[str, Principal]:
+        """The tokens in force (a token file's as it is now)."""
+        return self._token_file.tokens if self._token_file is not None else self._tokens
+
     def require(self, request: Request, role: str) -> Principal:
         """The caller behind the bearer token, if its role allows ``role``; every such call writes."""
         if self.read_only or self.committer is None:
             raise Unauthorized("this registry is read-only")
-        principal = authenticate(self.tokens, request.headers.get("authorization", ""))
+        principal = authenticate(self.tokens, request.headers.get("authorization", ""), open_registry=self.open)
         if not principal.can(role):
             raise Forbidden(f"token {principal.name!r} has role {principal.role!r}; this call needs {role!r} or above")
         return principal
 
     def caller(self, request: Request, who: Principal) -> str:
         """Whom a rate limit counts: the token's name, or without tokens (a loopback registry) the name and client address."""
-        return who.name if self.tokens else f"{who.name}@{request.client.host if request.client else '?'}"
+        return f"{who.name}@{request.client.host if request.client else '?'}" if self.open else who.name
 
     async def body(self, request: Request) -> Any:
         """The decoded body: size-limited, time-limited, nesting-limited, large ones decoded off the loop."""
@@ -187,7 +194,7 @@ def served_body(entries: list[tuple[bytes, dict[str, Any]]]) -> dict[str, Any]:
 def create_app(
     root: str | os.PathLike[str],
     *,
-    tokens: dict[str, str | Principal] | None = None,
+    tokens: dict[str, str | Principal] | TokenFile | None = None,
     max_body: int = DEFAULT_MAX_BODY,
     sync: bool = True,
     read_only: bool = False,
@@ -196,8 +203,9 @@ def create_app(
 ) -> Starlette:
     """The registry as an ASGI app over the store at ``root`` (opened when the app starts).
 
-    ``tokens`` maps bearer token → :class:`Principal` (name and role; a plain name is an admin).
-    None or empty lets anyone write, which the CLI only allows on a loopback address.
+    ``tokens`` maps bearer token → :class:`Principal` (name and role; a plain name is an admin), or is a
+    :class:`TokenFile`, read again when it changes. None or empty lets anyone write, which the CLI only allows on a
+    loopback address.
     ``bounds``: each caller's rates and what it may have waiting (default: :class:`CallerBounds`' defaults).
     """
     state = RegistryApp(root, tokens, max_body, sync, read_only, body_timeout, bounds or CallerBounds())

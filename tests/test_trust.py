@@ -136,6 +136,29 @@ def test_roles_bound_each_call(as_: dict[str, RegistryClient], srv: ServerThread
             anon.report_misses([rec.identity])
 
 
+def test_a_token_deleted_from_the_token_file_is_refused_without_a_restart(tmp_path: Path) -> None:
+    """Revoking a token is deleting its line: the server reads the file again when it changes. An edit that does not parse
+    leaves the tokens in force; a file left without tokens accepts none, and never opens the registry to anyone."""
+    from schedhub.registry import TokenFile, Unauthorized
+
+    path = tmp_path / "tokens"
+    path.write_text("alice alice-tok push\nroot admin-tok admin\n")
+    with ServerThread(tmp_path / "reg", tokens=TokenFile(path, env={}, check_secs=0), sync=False) as srv, \
+            clients_by_name(srv.url, {"alice-tok": Principal("alice"), "bob-tok": Principal("bob"), "": Principal("anonymous")}) as as_:  # fmt: skip
+        assert as_["alice"].put(make_record(1, 1e-3)).kept
+        path.write_text("bob bob-tok push\nroot admin-tok admin\n")
+        with pytest.raises(Unauthorized, match="not accepted"):
+            as_["alice"].put(make_record(2, 1e-3))
+        assert as_["bob"].put(make_record(3, 1e-3)).kept
+        path.write_text("bob bob-tok push\nthis line has four words\n")  # does not parse: the tokens before stay
+        assert as_["bob"].put(make_record(4, 1e-3)).kept
+        path.write_text("# everyone revoked\n")
+        for who in ("bob", "anonymous"):
+            with pytest.raises(Unauthorized):
+                as_[who].put(make_record(5, 1e-3))
+        assert as_["anonymous"].get(make_record(3, 1e-3).key)  # reads stay open
+
+
 def test_reported_misses_are_rate_limited_per_caller(as_: dict[str, RegistryClient]) -> None:
     """Each reported miss adds demand (the queue hands out the most demanded first) and a new one a job holding its
     workload, so one token holder reporting without end would decide what the workers tune and fill the store."""
