@@ -15,11 +15,13 @@ import os
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
 from ._answers import decode, listing, mapping, number, reading, text, typed
 from ._errors import MalformedAnswer, RegistryError, RegistryUnavailable, TooManyRequests, error_for_status
+from ._forget import FORGOTTEN
 from ._neighbours import RELATIONS, Candidate, Probe, served_candidates
 from ._queue import Lease
 from ._records import Identity, Record, RefusedRecord, packb, served_records
@@ -237,6 +239,12 @@ class RegistryClient:
     def quarantine(self, key: str, trace_id: str, reason: str) -> bool:
         """Take a record out of service (needs an admin token)."""
         return self._call("POST", f"/v1/records/{key}/quarantine", {"trace_id": trace_id, "reason": reason}, allow_404=True) is not None
+
+    def forget(self, name: str, *, verified: bool = False) -> dict[str, int]:
+        """Take out what caller ``name`` left behind (needs an admin token): see ``LocalRegistry.forget``."""
+        answer = self._call("POST", f"/v1/callers/{quote(name, safe='')}/forget", {"verified": verified})
+        with reading("POST /v1/callers/…/forget"):
+            return {kind: int(number(mapping(answer, "answer")[kind], kind)) for kind in FORGOTTEN}
 
     def quarantined(self, limit: int = 100) -> list[dict[str, Any]]:
         answer = self._call("GET", "/v1/quarantine", params={"limit": limit})

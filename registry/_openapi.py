@@ -67,6 +67,9 @@ OPENAPI: dict[str, Any] = {
         "/v1/records/{key}/complaints": {"parameters": [_KEY], "post": _op("report a record that failed here (read role; rate-limited, and 429 past the caller's bound of verifications awaiting); queues its verification", "Complaint", auth=True)},
         "/v1/records/{key}/quarantine": {"parameters": [_KEY], "post": _op("take a record out of service (admin)", "Complaint", auth=True)},
         "/v1/quarantine": {"get": _op("records out of service, with why and whose", params=["limit"])},
+        "/v1/callers/{name}/forget": {"parameters": [{"name": "name", "in": "path", "required": True, "schema": {"type": "string", "minLength": 1, "maxLength": 128}}],
+                                      "post": _op("take out what a caller left behind, after revoking its token (admin): its claims (with verified: its "
+                                                  "verified records too), the queue jobs it asked for, its measurement log, its ended work", "Forget", auth=True)},
         "/v1/lookup": {"post": _op("records of many keys in one round trip; with probes, candidates of the same structure for keys that have none", "Lookup")},
         "/v1/misses": {"post": _op("report workloads without records (read role; queued for tuning; rate-limited per caller, and 429 past the caller's bound of jobs awaiting tuning)", "MissBatch", auth=True)},
         "/v1/trials": {
@@ -119,6 +122,7 @@ OPENAPI: dict[str, Any] = {
                     "workload": {"type": "string", "pattern": "^[0-9a-f]{64}$"}, "target": {"type": "string", "maxLength": 4096},
                     "dims": {"type": "array", "maxItems": 256, "description": "each argument's dimensions; 0: a symbolic size, which any size matches",
                              "items": {"type": "array", "maxItems": 16, "items": {"type": "integer", "minimum": 0, "maximum": 2147483647}}}}}}}},
+            "Forget": {"type": "object", "properties": {"verified": {"type": "boolean"}}},
             "Complaint": {"type": "object", "required": ["trace_id"], "properties": {"trace_id": {"type": "string", "pattern": "^[0-9a-f]{16}$"}, "reason": {"type": "string"}}},
             "LeaseRequest": {"type": "object", "required": ["worker"], "properties": {
                 "worker": {"type": "string"}, "max_jobs": {"type": "integer", "minimum": 1, "maximum": 100},

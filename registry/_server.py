@@ -8,6 +8,7 @@ size-limited; malformed input is a 4xx with a message, never a 500.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import re
 import time
@@ -25,9 +26,10 @@ from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
 from . import _dashboard
-from ._auth import RateLimiter, Principal, TokenFile, as_principals, authenticate
+from ._auth import MAX_NAME, RateLimiter, Principal, TokenFile, as_principals, authenticate
 from ._commit import GroupCommitter
 from ._errors import Forbidden, InvalidRecord, NotFound, PayloadTooLarge, RegistryError, RequestTimeout, TooManyRequests, Unauthorized
+from ._forget import FORGOTTEN
 from ._history import DEFAULT_KEPT_BYTES
 from ._keys import is_key
 from ._neighbours import Probe
@@ -336,6 +338,19 @@ def create_app(
             raise NotFound(f"key {key} has no record with trace_id {trace_id}")
         return reply(request, {"key": key, "trace_id": trace_id, "quarantined": True})
 
+    async def forget_caller(request: Request) -> Response:
+        who = state.require(request, "admin")
+        name = check_text(request.path_params["name"], "name")
+        if not 0 < len(name) <= MAX_NAME:
+            raise InvalidRecord(f"a caller's name is 1 to {MAX_NAME} characters")
+        verified = field(await state.body(request), "verified", bool, False)
+        steps = await run_in_threadpool(lambda: list(state.reg.forget_steps(name, verified=verified)))  # the reads: off the loop
+        counts = dict.fromkeys(FORGOTTEN, 0)
+        for step in steps:  # a commit each, so other writes go on between them
+            await state.write(lambda txn, step=step: step(txn, counts))
+        logging.getLogger("schedhub.registry").warning("%s forgot %s: %s", who.name, name, counts)
+        return reply(request, {"name": name, "verified": verified, **counts})
+
     async def list_quarantine(request: Request) -> Response:
         limit = query_int(request.query_params.get("limit"), "limit", 100, 1, MAX_QUEUE_PAGE)
         return reply(request, {"items": await run_in_threadpool(state.reg.quarantined, limit)})
@@ -492,6 +507,7 @@ def create_app(
         Route("/v1/records/{key}/complaints", complain, methods=["POST"]),
         Route("/v1/records/{key}/quarantine", quarantine, methods=["POST"]),
         Route("/v1/quarantine", list_quarantine, methods=["GET"]),
+        Route("/v1/callers/{name}/forget", forget_caller, methods=["POST"]),
         Route("/v1/lookup", lookup, methods=["POST"]),
         Route("/v1/misses", report_misses, methods=["POST"]),
         Route("/v1/trials", list_trials, methods=["GET"]),

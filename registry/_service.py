@@ -15,6 +15,7 @@ from typing import Any
 import lmdb
 
 from ._errors import REFUSED_ON_READ
+from ._forget import Step, forget, forget_steps
 from ._history import DEFAULT_KEPT_BYTES
 from ._queue import DEFAULT_MAX_ATTEMPTS, DEFAULT_TOLERANCE, TUNE, Lease, MissQueue
 from ._models import CostModelEntry, CostModelStore
@@ -160,6 +161,16 @@ class LocalRegistry:
     def quarantine(self, key: str, trace_id: str, reason: str, *, txn: lmdb.Transaction | None = None) -> bool:
         """Take a record out of service (an admin's decision; the next miss report re-queues its key)."""
         return self.store.quarantine(key, trace_id, reason, txn=txn)
+
+    def forget(self, name: str, *, verified: bool = False) -> dict[str, int]:
+        """Take out what caller ``name`` left behind (an admin's step after revoking its token): its claims (with
+        ``verified``, its verified records too), the queue jobs it asked for, its measurement log and its ended work,
+        a short write transaction at a time. How many of each went."""
+        return forget(self.store, self.queue, self.trial_store, name, verified=verified)
+
+    def forget_steps(self, name: str, *, verified: bool = False) -> Iterator[Step]:
+        """:meth:`forget`'s write transactions, for a server to commit one at a time between other writes."""
+        return forget_steps(self.store, self.queue, self.trial_store, name, verified=verified)
 
     def quarantined(self, limit: int = 100) -> list[dict[str, Any]]:
         return self.store.quarantined(limit)

@@ -13,7 +13,7 @@ import os
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -304,23 +304,28 @@ class Store:
         size = len(packb(value))
         value["kept"] = kept_row(owner, self.next_seq(txn, b"kept_seq"), kind, item_id)
         txn.put(item_id, packb(value), db=self.dbs["queue" if kind == JOB else "quarantine"])
-        keep(txn, self.dbs, value["kept"], size, self.kept_bytes, self._drop_kept)
+        keep(txn, self.dbs, value["kept"], size, self.kept_bytes, self.drop_kept)
 
     def unkeep(self, txn: lmdb.Transaction, value: dict[str, Any]) -> None:
         """``value`` (a job requeued, a record quarantined again) is no longer kept as ended work."""
         if (row := value.pop("kept", None)) is not None:
             unkeep(txn, self.dbs, row)
 
-    def _drop_kept(self, txn: lmdb.Transaction, kind: bytes, item_id: bytes) -> None:
+    def drop_kept(self, txn: lmdb.Transaction, kind: bytes, item_id: bytes) -> None:
+        """Delete a kept item (its ``kept`` row is the caller's business)."""
         if kind == OUT_OF_SERVICE:
             txn.delete(item_id, db=self.dbs["quarantine"])
-            return
-        raw = txn.get(item_id, db=self.dbs["queue"])
+        else:
+            self.drop_queue_job(txn, item_id)
+
+    def drop_queue_job(self, txn: lmdb.Transaction, job_id: bytes) -> None:
+        """Delete a queue job and its ``queue_state`` row and count (its lease and requester indexes are the queue's business)."""
+        raw = txn.get(job_id, db=self.dbs["queue"])
         if raw is not None:
             state = unpackb(raw)["state"]
             add_count(txn, self.dbs["meta"], queue_count_row(state), -1)
-            txn.delete(queue_state_row(state, item_id), db=self.dbs["queue_state"])
-            txn.delete(item_id, db=self.dbs["queue"])
+            txn.delete(queue_state_row(state, job_id), db=self.dbs["queue_state"])
+            txn.delete(job_id, db=self.dbs["queue"])
 
     def queue_count(self, txn: lmdb.Transaction, state: str) -> int:
         return read_count(txn, self.dbs["meta"], queue_count_row(state))
@@ -662,6 +667,17 @@ class Store:
             self.unkeep(txn, unpackb(before))
         self.keep(txn, hit.get("by", ""), OUT_OF_SERVICE, row, {"rec": hit["rec"], "reason": reason, "by": hit.get("by", ""), "at": time.time()})
         self._save(txn, key, value)
+
+    def withdraw(self, txn: lmdb.Transaction, key: str, which: Callable[[dict[str, Any]], bool]) -> int:
+        """Delete a key's entries that ``which`` picks (not to quarantine: an admin forgetting a caller); how many went."""
+        value = self._load(txn, key)
+        if value is None:
+            return 0
+        kept = [e for e in value["entries"] if not which(e)]
+        gone, value["entries"] = len(value["entries"]) - len(kept), kept
+        if gone:
+            self._save(txn, key, value)
+        return gone
 
     def quarantine(self, key: str, trace_id: str, reason: str, *, txn: lmdb.Transaction | None = None) -> bool:
         """Move one record out of service (an admin's decision); False if it was not there."""

@@ -186,6 +186,21 @@ class TrialStore:
             t.put(by_target + mine, b"", db=self._index)
         return {"key": log.key, "trials": len(trials)}
 
+    def drop(self, db_key: bytes, *, txn: lmdb.Transaction | None = None) -> bool:
+        """Delete one pusher's entry of one key (``db_key``: key, NUL, pusher name) and its index row and count."""
+        with self.store.write(txn) as t:
+            raw = t.get(db_key, db=self._db)
+            if raw is None:
+                return False
+            entry = unpackb(raw)
+            if not entry.get("verified"):
+                self._count_claimed(t, db_key[db_key.index(b"\0") + 1 :], -len(raw))
+            identity = entry.get("identity")
+            if isinstance(identity, dict) and isinstance(identity.get("target"), str):
+                t.delete(target_digest(identity["target"]) + db_key, db=self._index)
+            t.delete(db_key, db=self._db)
+            return True
+
     def _count_claimed(self, txn: lmdb.Transaction, pusher: bytes, delta: int) -> int:
         """Add ``delta`` to a pusher's bytes of unverified entries; returns the count now."""
         return add_count(txn, self.store.dbs["meta"], claimed_row(pusher), delta)[1]

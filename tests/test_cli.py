@@ -136,6 +136,9 @@ def test_only_an_admin_quarantines_and_the_list_names_the_pusher(tmp_path: Path)
         assert "quarantined" in run("quarantine", rec.key[:12], rec.trace_id, "-r", srv.url, "--token", "adm", "--reason", "bad")
         listing = run("quarantined", "-r", srv.url)
         assert rec.trace_id in listing and "alice" in listing
+        assert CliRunner().invoke(cli, ["forget", "alice", "-r", srv.url, "--token", "pub"]).exit_code == 1
+        assert "forgot alice: 0 records, 1 jobs, 0 trial logs, 1 kept" in run("forget", "alice", "-r", srv.url, "--token", "adm")
+        assert "alice" not in run("quarantined", "-r", srv.url)
 
 
 def test_push_past_the_registrys_bound_on_claims_says_how_many_got_there(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -159,6 +159,41 @@ def test_a_token_deleted_from_the_token_file_is_refused_without_a_restart(tmp_pa
         assert as_["anonymous"].get(make_record(3, 1e-3).key)  # reads stay open
 
 
+def test_an_admin_forgets_what_a_revoked_caller_left_behind_and_nothing_of_anyone_elses(as_: dict[str, RegistryClient], tmp_path: Path) -> None:
+    """After revoking a token, its claims, the jobs it asked for, its measurement log and its ended work can be taken out;
+    its verified records only when asked; another caller's records, jobs and logs stay as they were."""
+    from schedhub.registry import Trial, TrialLog
+    from schedhub.registry._history import kept_bytes
+    from schedhub.registry._trials import claimed_row
+    from schedhub.registry._counts import read_count
+
+    shared, own, bad = make_record(1, 1e-3), make_record(2, 1e-3), make_record(3, 1e-3)
+    as_["w1"].put(shared)  # verified, w1's
+    as_["alice"].put_many([make_record(1, 2e-3, variant=1), own, bad])  # three claims, one beside w1's record
+    as_["alice"].report_misses([make_record(4, 1e-3).identity, make_record(5, 1e-3).identity])
+    as_["alice"].push_trials(TrialLog(own.identity, [Trial(own.trace, 1e-3)]))
+    as_["root"].quarantine(bad.key, bad.trace_id, "bad")  # out of service: alice's ended work
+    as_["bob"].put(make_record(6, 1e-3))
+    as_["bob"].report_misses([make_record(7, 1e-3).identity])
+    as_["bob"].push_trials(TrialLog(own.identity, [Trial(own.trace, 2e-3)]))
+    before = {"jobs": as_["root"].jobs(), "bob": as_["bob"].get(make_record(6, 1e-3).key)}
+
+    with pytest.raises(Forbidden):
+        as_["w1"].forget("alice")
+    gone = as_["root"].forget("alice")
+    assert gone == {"records": 2, "jobs": 5, "trial_logs": 1, "kept": 1}  # 2 claims in service; 3 verifications, 2 misses
+    assert [r.served.pushed_by for r in as_["root"].get(shared.key)] == ["w1"] and as_["root"].get(own.key) == []
+    assert {j["key"] for j in as_["root"].jobs()} == {j["key"] for j in before["jobs"] if j["requester"] != "alice"} != set()
+    assert as_["root"].get(make_record(6, 1e-3).key) == before["bob"]
+    assert [log.pushed_by for log in as_["root"].trial_logs()[0]] == ["bob"]
+    assert as_["root"].quarantined() == []
+    with LocalRegistry(tmp_path / "trust", sync=False) as reg, reg.store.read() as txn:
+        assert reg.queue.awaiting("alice") == reg.queue.awaiting("alice", "tune") == 0 < reg.queue.awaiting("bob")
+        assert read_count(txn, reg.store.dbs["meta"], claimed_row(b"alice")) == kept_bytes(txn, reg.store.dbs, "alice") == 0
+    assert as_["root"].forget("w1") == {"records": 0, "jobs": 0, "trial_logs": 0, "kept": 0}  # a verified record stays unless asked
+    assert as_["root"].forget("w1", verified=True)["records"] == 1 and as_["root"].get(shared.key) == []
+
+
 def test_reported_misses_are_rate_limited_per_caller(as_: dict[str, RegistryClient]) -> None:
     """Each reported miss adds demand (the queue hands out the most demanded first) and a new one a job holding its
     workload, so one token holder reporting without end would decide what the workers tune and fill the store."""
