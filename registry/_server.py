@@ -39,6 +39,7 @@ from ._openapi import OPENAPI
 from ._queue import DONE, PENDING, REFINE, STATES, TASKS, TUNE
 from ._records import Identity, Record, run_secs_field
 from ._service import LocalRegistry
+from ._store import PutResult
 from ._trials import TrialLog
 from ._wire import ERROR_HEADER, RawRecord, check_length, decode_body, encode_body, field, wants_msgpack
 
@@ -65,6 +66,8 @@ class CallerBounds:
         "help": "Tune jobs a caller's miss reports may have queued and not yet tuned: each holds its workload and costs a worker a search."})
     claimed_log_bytes: int = bound(default=256 << 20, metadata={
         "help": "Bytes of unverified measurement log a pusher may store, over all keys (an entry holds up to 2 MiB)."})
+    records_bytes: int = bound(default=1 << 30, metadata={
+        "help": "Bytes of records in service a pusher may own (its claims and its verified records; a worker's and an admin's are not bounded)."})
     kept_bytes: int = bound(default=DEFAULT_KEPT_BYTES, metadata={
         "help": "Bytes of a caller's ended work kept for the record (finished and dead jobs it asked for, its records taken out "
                 "of service): past it, its oldest go."})
@@ -155,6 +158,13 @@ class RegistryApp:
         assert self.committer is not None
         return await asyncio.wrap_future(self.committer.submit(fn))
 
+    async def push(self, records: list[Record], who: Principal) -> list[PutResult]:
+        """Store ``records`` as ``who``'s push, within its bounds: claims awaiting verification, bytes of records in
+        service (a trusted pusher's are not bounded)."""
+        bytes_limit = None if who.trusted else self.bounds.records_bytes
+        return await self.write(lambda txn: self.reg.put_many(records, who.name, verified=who.trusted, claim_limit=self.bounds.claims_awaiting,
+                                                              bytes_limit=bytes_limit, txn=txn))  # fmt: skip
+
 
 def reply(request: Request, obj: Any, status: int = 200) -> Response:
     as_msgpack = wants_msgpack(request.headers.get("accept", ""))
@@ -226,7 +236,7 @@ def create_app(
         key = path_key(request)
         who = state.require(request, "push")
         record = Record.from_obj(await state.body(request), expected_key=key)
-        result = (await state.write(lambda txn: state.reg.put_many([record], who.name, verified=who.trusted, claim_limit=state.bounds.claims_awaiting, txn=txn)))[0]
+        result = (await state.push([record], who))[0]
         state.counters["puts"] += 1
         return reply(request, result.__dict__, 201 if result.kept else 200)
 
@@ -234,7 +244,7 @@ def create_app(
         who = state.require(request, "push")
         body = await state.body(request)
         records = await run_in_threadpool(parse_each, field(body, "records", list), Record.from_obj, "records")
-        results = await state.write(lambda txn: state.reg.put_many(records, who.name, verified=who.trusted, claim_limit=state.bounds.claims_awaiting, txn=txn))
+        results = await state.push(records, who)
         state.counters["puts"] += len(records)
         return reply(request, {"results": [r.__dict__ for r in results]})
 

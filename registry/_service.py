@@ -14,7 +14,7 @@ from typing import Any
 
 import lmdb
 
-from ._errors import REFUSED_ON_READ
+from ._errors import REFUSED_ON_READ, TooManyRequests
 from ._forget import Step, forget, forget_steps
 from ._history import DEFAULT_KEPT_BYTES
 from ._queue import DEFAULT_MAX_ATTEMPTS, DEFAULT_TOLERANCE, TUNE, Lease, MissQueue
@@ -93,15 +93,17 @@ class LocalRegistry:
         return self.store.exists(key)
 
     def put_many(self, records: Iterable[Record], pushed_by: str = "", *, verified: bool = True, claim_limit: int | None = None,
-                 txn: lmdb.Transaction | None = None) -> list[PutResult]:  # fmt: skip
+                 bytes_limit: int | None = None, txn: lmdb.Transaction | None = None) -> list[PutResult]:  # fmt: skip
         """Store records in one transaction; a pending miss for their key is done.
 
         ``verified``: the pusher vouches for the measurements (a local store's owner, a trusted
         worker). Otherwise each new record is a claim, and its verification is queued.
         ``claim_limit``: the most verifications the pusher may have awaiting (its claims, its complaints); a push
         that would queue more stores nothing and raises :class:`TooManyRequests` (a server's bound, not a local store's).
+        ``bytes_limit``: the most bytes of records in service the pusher may own; a push that would grow them past it
+        stores nothing and raises :class:`TooManyRequests` too.
         """
-        return self._put_each(((r, pushed_by, verified, None) for r in records), txn, claim_limit)
+        return self._put_each(((r, pushed_by, verified, None) for r in records), txn, claim_limit, bytes_limit)
 
     def mirror(self, records: Iterable[Record], *, txn: lmdb.Transaction | None = None) -> list[PutResult]:
         """Store records fetched from another registry (with their ``served`` status) as that registry
@@ -118,13 +120,18 @@ class LocalRegistry:
         return self._put_each(map(vouched, records), txn)
 
     def _put_each(self, items: Iterable[tuple[Record, str, bool, tuple[str, float] | None]], txn: lmdb.Transaction | None,
-                  claim_limit: int | None = None) -> list[PutResult]:  # fmt: skip
+                  claim_limit: int | None = None, bytes_limit: int | None = None) -> list[PutResult]:  # fmt: skip
         """(record, pusher, verified, verifier) into the store in one transaction; claims queue their
         verification, and a pending miss of a key that got a record is done."""
         with self.store.write(txn) as t:
             results = []
             for record, pushed_by, verified, verifier in items:
+                owned = self.store.owned_bytes(t, pushed_by)
                 result = self.store.put(record, pushed_by, verified=verified, verifier=verifier, txn=t)
+                if bytes_limit is not None and (now := self.store.owned_bytes(t, pushed_by)) > max(owned, bytes_limit):
+                    raise TooManyRequests(f"this push would give {pushed_by!r} {now:,} bytes of records in service, over the {bytes_limit:,} "
+                                          "this registry keeps for one pusher; nothing of it was stored (an admin may raise the bound "
+                                          "or take records out)")
                 if result.needs_verification:
                     self.queue.enqueue_verify(record, pushed_by, "new claim", limit=claim_limit, txn=t)
                 results.append(result)

@@ -13,6 +13,7 @@ import os
 import struct
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -34,7 +35,8 @@ DEFAULT_TOP_K = 8
 MAX_COMPLAINANTS = 32
 STORE_FORMAT = b"6"  # 2: op_feed and queue_state; 3: target_feed, trials_by_target, agg_rank; 4: target_feed by op too; 5: verifications
 #                      queued by requester (queue_idx ranks them by ordinal), queue_fit, what callers have waiting and each pusher's
-#                      bytes of unverified log counted; 6: each caller's ended work kept within a budget (``kept``). Older formats
+#                      bytes of unverified log counted; 6: each caller's ended work kept within a budget (``kept``) and each
+#                      pusher's bytes of records in service counted. Older formats
 #                      are brought to 6 when opened writable
 _SEQ = struct.Struct(">Q")
 _SEQ_MAX = 2**64 - 1
@@ -47,15 +49,16 @@ OP_FEED = b"index:op_feed"  # meta flag: every key is in op_feed (stores from be
 TARGET_FEED = b"index:target_feed"  # meta flag: every key is in target_feed, under its kind and its target
 OP_TARGET_FEED = b"index:op_target_feed"  # meta flag: every key is in target_feed under its op with its kind and with its target too
 AGG_RANK = b"index:agg_rank"  # meta flag: every aggregate row is ranked in agg_rank and each dimension's names are counted
+RECORDS_OWNED = b"index:records_owned"  # meta flag: each pusher's bytes of records in service are counted (owned_row)
 QUEUE_ORDER = b"index:queue_order"  # meta flag: queue_idx ranks verifications by ordinal, their requesters are counted and every
 #                                     pending job is in queue_fit (the queue rebuilds them)
 INDEXES = {OP_FEED: "op_feed", QUEUE_STATES: "queue_state", TARGET_FEED: "target_feed", OP_TARGET_FEED: "target_feed",
            TRIALS_BY_TARGET: "trials_by_target", AGG_RANK: "agg_rank"}  # fmt: skip
 #: What an upgrade rebuilds: the indexes a writer of that format did not keep (format 1 was written before by_struct and agg too).
-_REBUILT_ON_UPGRADE = {b"1": (STRUCTURE_INDEX, AGGREGATES, *INDEXES, QUEUE_ORDER, TRIALS_CLAIMED, KEPT_INDEX),
-                       b"2": (TARGET_FEED, OP_TARGET_FEED, TRIALS_BY_TARGET, AGG_RANK, QUEUE_ORDER, TRIALS_CLAIMED, KEPT_INDEX),
-                       b"3": (OP_TARGET_FEED, QUEUE_ORDER, TRIALS_CLAIMED, KEPT_INDEX), b"4": (QUEUE_ORDER, TRIALS_CLAIMED, KEPT_INDEX),
-                       b"5": (KEPT_INDEX,)}  # fmt: skip
+_REBUILT_ON_UPGRADE = {b"1": (STRUCTURE_INDEX, AGGREGATES, *INDEXES, QUEUE_ORDER, TRIALS_CLAIMED, KEPT_INDEX, RECORDS_OWNED),
+                       b"2": (TARGET_FEED, OP_TARGET_FEED, TRIALS_BY_TARGET, AGG_RANK, QUEUE_ORDER, TRIALS_CLAIMED, KEPT_INDEX, RECORDS_OWNED),
+                       b"3": (OP_TARGET_FEED, QUEUE_ORDER, TRIALS_CLAIMED, KEPT_INDEX, RECORDS_OWNED),
+                       b"4": (QUEUE_ORDER, TRIALS_CLAIMED, KEPT_INDEX, RECORDS_OWNED), b"5": (KEPT_INDEX, RECORDS_OWNED)}  # fmt: skip
 #: Aggregate dimensions: keys per op / canonical target / compiler fingerprint, pushes per pusher,
 #: tuned-vs-default speedup per op of verified pushes (``speedup`` rows hold msgpack {n, log2_sum, best}).
 KEY_DIMENSIONS = ("op", "target", "fingerprint")
@@ -228,6 +231,9 @@ class Store:
             if txn.get(KEPT_INDEX, db=self.dbs["meta"]) is None:
                 self._index_kept(txn)
                 txn.put(KEPT_INDEX, b"1", db=self.dbs["meta"])
+            if txn.get(RECORDS_OWNED, db=self.dbs["meta"]) is None:
+                self._count_owned(txn)
+                txn.put(RECORDS_OWNED, b"1", db=self.dbs["meta"])
 
     def _index_structures(self, txn: lmdb.Transaction) -> None:
         """Put every key in the structure index (once, on open, for a store from before it or upgraded from format 1)."""
@@ -539,6 +545,7 @@ class Store:
             if "st" not in value:  # new, or stored before the structure index
                 _describe(value, record.identity)
             entries: list[dict[str, Any]] = value["entries"]
+            owned = _owned(entries)
             mine = next((e for e in entries if e["tid"] == record.trace_id), None)
             changed, new_claim = False, False
             if mine is None:
@@ -561,6 +568,7 @@ class Store:
             del entries[self.top_k :]
             kept = any(e is mine for e in entries)
             if changed:
+                self._own(t, owned, _owned(entries))
                 self._save(t, key, value)
             self._log(t, record, pushed_by, now, verified=verified)
             best = entries[0] if entries else mine
@@ -582,6 +590,22 @@ class Store:
             if "st" in value:
                 txn.delete(_structure_index(value["st"], key), db=self.dbs["by_struct"])
             txn.delete(key.encode(), db=self.dbs["records"])
+
+    def _own(self, txn: lmdb.Transaction, before: Counter[str], after: Counter[str]) -> None:
+        """Keep each pusher's count of the bytes of its records in service (``owned_bytes``) in step with a key's change."""
+        for owner in before.keys() | after.keys():
+            if after[owner] != before[owner]:
+                add_count(txn, self.dbs["meta"], owned_row(owner), after[owner] - before[owner])
+
+    def owned_bytes(self, txn: lmdb.Transaction, owner: str) -> int:
+        """The bytes of ``owner``'s records in service (claims and verified records it pushed first)."""
+        return read_count(txn, self.dbs["meta"], owned_row(owner))
+
+    def _count_owned(self, txn: lmdb.Transaction) -> None:
+        """Count every pusher's bytes of records in service (once, on open, for a store from before the counts)."""
+        drop_counts(txn, self.dbs["meta"], owned_row(""))
+        for _, raw in txn.cursor(db=self.dbs["records"]):
+            self._own(txn, Counter(), _owned(unpackb(raw)["entries"]))
 
     def _touch(self, txn: lmdb.Transaction, key: str, value: dict[str, Any]) -> None:
         """Move the key to the head of the change feed and keep the op index."""
@@ -661,6 +685,7 @@ class Store:
             return outcome
 
     def _remove(self, txn: lmdb.Transaction, key: str, value: dict[str, Any], hit: dict[str, Any], reason: str) -> None:
+        self._own(txn, _owned([hit]), Counter())
         value["entries"] = [e for e in value["entries"] if e is not hit]
         row = f"{key}:{hit['tid']}".encode()
         if (before := txn.get(row, db=self.dbs["quarantine"])) is not None:  # out of service once before: kept once, as of now
@@ -674,8 +699,9 @@ class Store:
         if value is None:
             return 0
         kept = [e for e in value["entries"] if not which(e)]
-        gone, value["entries"] = len(value["entries"]) - len(kept), kept
+        gone, owned, value["entries"] = len(value["entries"]) - len(kept), _owned(value["entries"]), kept
         if gone:
+            self._own(txn, owned, _owned(kept))
             self._save(txn, key, value)
         return gone
 
@@ -916,6 +942,19 @@ def _describe(value: dict[str, Any], identity: Identity) -> None:
 def _put_structure(txn: lmdb.Transaction, db: Any, key: str, value: dict[str, Any]) -> None:
     meta = {"t": value["target"], "w": value["wid"], "d": value["dims"]}
     txn.put(_structure_index(value["st"], key), packb(meta), db=db)
+
+
+def owned_row(owner: str) -> bytes:
+    """The ``meta`` row counting the bytes of a pusher's records in service."""
+    return b"records_owned:" + owner.encode()
+
+
+def _owned(entries: list[dict[str, Any]]) -> Counter[str]:
+    """The bytes of a key's entries by owner."""
+    owned: Counter[str] = Counter()
+    for entry in entries:
+        owned[entry.get("by", "")] += len(entry["rec"])
+    return owned
 
 
 def queue_state_row(state: str, job_id: bytes) -> bytes:

@@ -8,6 +8,7 @@ import pytest
 
 from schedhub.registry import DEAD, PENDING, LocalRegistry, NotFound, packb, unpackb
 from schedhub.registry._history import KEPT_INDEX, forget_all, kept_bytes
+from schedhub.registry._store import RECORDS_OWNED, owned_row
 
 from .conftest import make_record
 
@@ -78,7 +79,7 @@ def test_a_pushers_records_taken_out_of_service_are_kept_within_the_same_budget(
         assert one_record < held(reg, "mallory") <= reg.store.kept_bytes
 
 
-def test_a_format_5_store_gets_each_callers_ended_work_kept_and_trimmed_on_open(tmp_path: Path) -> None:
+def test_a_format_5_store_gets_each_callers_ended_work_kept_and_trimmed_and_its_records_counted_on_open(tmp_path: Path) -> None:
     with LocalRegistry(tmp_path, sync=False, max_attempts=1) as reg:
         kill(reg, [1, 2, 3, 4], "mallory")
         claim = make_record(9, 1e-3)
@@ -86,18 +87,25 @@ def test_a_format_5_store_gets_each_callers_ended_work_kept_and_trimmed_on_open(
         reg.quarantine(claim.key, claim.trace_id, "bad")
         one_job = held(reg, "mallory") // 5
         store = reg.store
+        reg.put_many([make_record(20, 1e-3)], "alice", verified=False)
+        with store.read() as txn:
+            owned = store.owned_bytes(txn, "alice")
         with store.env.begin(write=True) as txn:  # what a format-5 writer leaves
             txn.put(b"format", b"5", db=store.dbs["meta"])
             txn.delete(KEPT_INDEX, db=store.dbs["meta"])
+            txn.delete(RECORDS_OWNED, db=store.dbs["meta"])
+            txn.delete(owned_row("alice"), db=store.dbs["meta"])
             forget_all(txn, store.dbs)
             for db in ("queue", "quarantine"):
                 for item_id, raw in list(txn.cursor(db=store.dbs[db])):
                     value = unpackb(raw)
-                    value.pop("kept"), value.pop("ended_at", None)
+                    value.pop("kept", None), value.pop("ended_at", None)
                     txn.put(item_id, packb(value), db=store.dbs[db])
     with LocalRegistry(tmp_path, sync=False, kept_bytes=3 * one_job) as reg:
         assert stored(reg, DEAD) == {miss(w).key for w in (3, 4)} and [q["key"] for q in reg.quarantined()] == [claim.key]
         assert 0 < held(reg, "mallory") <= 3 * one_job
+        with reg.store.read() as txn:
+            assert reg.store.owned_bytes(txn, "alice") == owned > 0  # each pusher's records in service counted again
         reg.requeue(miss(4).key)
         reg.requeue(miss(3).key)
         with reg.store.read() as txn:

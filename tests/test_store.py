@@ -265,3 +265,31 @@ def test_a_format_4_store_gets_its_pending_verifications_ranked_by_requester(tmp
         assert reg.lease("w", max_jobs=10, lease_secs=60, tasks=("verify",)) == []
         with reg.store.read() as txn:
             assert txn.get(b"format", db=reg.store.dbs["meta"]) == b"6"
+
+
+def test_each_pushers_bytes_of_records_in_service_are_counted_through_every_way_in_and_out(tmp_path: Path) -> None:
+    """The count a pusher's bound is checked against: kept in step with pushes, a pusher's claims past its share, evictions
+    from the top-k, a faster re-push, quarantine and withdrawal, and equal to a count from scratch."""
+    from collections import Counter
+
+    def counted(reg: LocalRegistry) -> dict[str, int]:
+        with reg.store.read() as txn:
+            return {who: reg.store.owned_bytes(txn, who) for who in ("alice", "bob", "w") if reg.store.owned_bytes(txn, who)}
+
+    def recount(reg: LocalRegistry) -> dict[str, int]:
+        owned: Counter[str] = Counter()
+        with reg.store.read() as txn:
+            for _, raw in txn.cursor(db=reg.store.dbs["records"]):
+                for entry in unpackb(raw)["entries"]:
+                    owned[entry["by"]] += len(entry["rec"])
+        return dict(owned)
+
+    with LocalRegistry(tmp_path, sync=False, top_k=3) as reg:
+        reg.put_many([make_record(1, t * 1e-3, variant=v) for v, t in enumerate((5, 4, 3))], "alice", verified=False)  # past her share of 1 claim a key
+        reg.put_many([make_record(1, t * 1e-3, variant=10 + v) for v, t in enumerate((2, 1, 0.5))], "w", verified=True)  # evicts
+        reg.put_many([make_record(2, 1e-3), make_record(3, 1e-3)], "bob", verified=False)
+        reg.put_many([make_record(2, 0.5e-3)], "bob", verified=False)  # faster: replaces its bytes
+        assert counted(reg) == recount(reg) and set(counted(reg)) == {"w", "bob"}
+        reg.quarantine(make_record(2, 1e-3).key, make_record(2, 1e-3).trace_id, "bad")
+        reg.forget("w", verified=True)
+        assert counted(reg) == recount(reg) == {"bob": len(make_record(3, 1e-3).to_bytes())}

@@ -194,6 +194,27 @@ def test_an_admin_forgets_what_a_revoked_caller_left_behind_and_nothing_of_anyon
     assert as_["root"].forget("w1", verified=True)["records"] == 1 and as_["root"].get(shared.key) == []
 
 
+def test_a_pusher_owns_a_bounded_number_of_bytes_of_records_in_service(tmp_path: Path) -> None:
+    """Claims that verify stay in service, so a push token could fill the store at the workers' pace (a workload may hold
+    512 KiB): a pusher's records in service are bounded in bytes; a push past it stores nothing; a record that leaves
+    service frees its room; a worker's pushes are not bounded."""
+    one = len(make_record(1, 1e-3).to_bytes())
+    with ServerThread(tmp_path / "reg", tokens=ROLES, sync=False, bounds=CallerBounds(records_bytes=3 * one + one // 2)) as srv, \
+            clients_by_name(srv.url, ROLES) as as_:  # fmt: skip
+        as_["alice"].put_many([make_record(w, 1e-3) for w in (1, 2)])
+        with pytest.raises(TooManyRequests, match="bytes of records in service"):
+            as_["alice"].put_many([make_record(w, 1e-3) for w in (3, 4)])  # one would fit, two do not: neither is stored
+        assert as_["alice"].get(make_record(3, 1e-3).key) == []
+        as_["alice"].put(make_record(3, 1e-3))
+        with pytest.raises(TooManyRequests):
+            as_["alice"].put(make_record(4, 1e-3))
+        assert as_["alice"].put(make_record(3, 1e-3)).kept  # the same record again adds nothing: taken
+        as_["root"].quarantine(make_record(1, 1e-3).key, make_record(1, 1e-3).trace_id, "bad")
+        assert as_["alice"].put(make_record(4, 1e-3)).kept
+        as_["w1"].put_many([make_record(w, 1e-3) for w in range(10, 20)])
+        assert len(as_["bob"].lookup([make_record(w, 1e-3).key for w in range(10, 20)])) == 10
+
+
 def test_reported_misses_are_rate_limited_per_caller(as_: dict[str, RegistryClient]) -> None:
     """Each reported miss adds demand (the queue hands out the most demanded first) and a new one a job holding its
     workload, so one token holder reporting without end would decide what the workers tune and fill the store."""
