@@ -245,6 +245,49 @@ def history(tmp: Path, jobs: int, workload_bytes: int = 256 << 10) -> dict[str, 
     return out
 
 
+def forgetting(tmp: Path, records: int, claims: int) -> dict[str, Any]:
+    """An admin forgets a caller with ``claims`` claims (each with its verification queued) in a store of ``records``
+    other records, while another pusher pushes one record at a time: the forget's time and the pushes' latencies,
+    against the same pushes with nothing else going on, with the forget taken out 500 items a commit (as served) and
+    in one commit."""
+    from schedhub.registry import _forget
+
+    out: dict[str, Any] = {"records": records, "claims": claims}
+    for name, batch in (("batched", _forget.BATCH), ("one_commit", 1 << 30)):
+        root = tmp / f"forget-{name}"
+        with LocalRegistry(root, sync=False) as reg:
+            for start in range(0, records, 5000):
+                reg.put_many([_record(n) for n in range(start, min(start + 5000, records))], "bob", verified=True)
+            reg.put_many([_record(records + n) for n in range(claims)], "alice", verified=False)
+        with ServerThread(root, tokens=TOKENS, sync=True) as srv, RegistryClient(srv.url, token="admin") as admin, \
+                RegistryClient(srv.url, token="w") as pusher:  # fmt: skip
+            fresh = iter(range(records + claims, records + claims + 100_000))
+
+            def push_while(work: Callable[[], Any]) -> tuple[list[float], float]:
+                done, secs = threading.Event(), []
+                runner = threading.Thread(target=lambda: (work(), done.set()))
+                started = time.perf_counter()
+                runner.start()
+                while not done.is_set() or not secs:
+                    t = time.perf_counter()
+                    pusher.put(_record(next(fresh)))
+                    secs.append(time.perf_counter() - t)
+                runner.join()
+                return secs, time.perf_counter() - started
+
+            alone, _ = push_while(lambda: time.sleep(3))
+            _forget.BATCH, saved = batch, _forget.BATCH
+            try:
+                gone: dict[str, int] = {}
+                during, wall = push_while(lambda: gone.update(admin.forget("alice")))
+            finally:
+                _forget.BATCH = saved
+        out[name] = {"forget_secs": round(wall, 2), "gone": gone, "push_alone_p50_ms": round(percentile(alone, 50) * 1e3, 2),
+                     "push_during_p50_ms": round(percentile(during, 50) * 1e3, 2), "push_during_max_ms": round(max(during) * 1e3, 1),
+                     "pushes_during": len(during)}  # fmt: skip
+    return out
+
+
 def fuzzing(tmp: Path, examples: int) -> dict[str, Any]:
     with ServerThread(tmp / "fuzz", tokens={fuzz.TOKEN: Principal("fuzzer", "admin")}, sync=False) as srv:
         run = fuzz.fuzz(srv.url, examples)
@@ -398,6 +441,7 @@ def main() -> None:
         tmp = Path(tmp_dir)
         for name, fn in (("poisoning", lambda: poisoning(tmp)), ("ownership", lambda: ownership(tmp)), ("compile_bomb", lambda: compile_bomb(tmp, 5)),
                          ("stall", lambda: stall(tmp)), ("queue", lambda: queue_abuse(tmp)), ("history", lambda: history(tmp, 300 if args.quick else 1000)),
+                         ("forget", lambda: forgetting(tmp, 20_000 if args.quick else 100_000, 5_000 if args.quick else 20_000)),
                          ("fuzz", lambda: fuzzing(tmp, 45 if args.quick else 480)), ("timeouts", lambda: timeouts(tmp, 300 if args.quick else 900)),
                          ("ray", ray_exposure), ("durability", lambda: durability(tmp, 8, 200 if args.quick else 1000, 5 if args.quick else 20))):  # fmt: skip
             if args.only and name not in args.only:
