@@ -35,7 +35,7 @@ def forget_steps(store: Store, queue: MissQueue, trials: TrialStore, name: str, 
         yield lambda txn, counts, keys=mine[start : start + BATCH]: _take_records(store, txn, keys, name, verified, counts)
     jobs = _scan(store, "queue", lambda job_id, raw: requester(unpackb(raw)) == name)
     for start in range(0, len(jobs), BATCH):
-        yield lambda txn, counts, ids=jobs[start : start + BATCH]: _count(counts, "jobs", sum(queue.drop(i.decode(), requester=name, txn=txn) for i in ids))
+        yield lambda txn, counts, ids=jobs[start : start + BATCH]: _count(counts, "jobs", sum(queue.drop(i.decode(), of=name, txn=txn) for i in ids))
     logs = _scan(store, "trials", lambda db_key, raw: db_key.split(b"\0", 1)[-1] == name.encode())
     for start in range(0, len(logs), BATCH):
         yield lambda txn, counts, rows=logs[start : start + BATCH]: _count(counts, "trial_logs", sum(trials.drop(row, txn=txn) for row in rows))

@@ -91,7 +91,6 @@ def requester(job: dict[str, Any]) -> str:
     return str(job.get("requester", job.get("pusher", "")))
 
 
-_requester = requester  # for methods with a parameter of that name
 _U32, _U64 = struct.Struct(">I"), struct.Struct(">Q")
 
 
@@ -423,19 +422,19 @@ class MissQueue:
                 raise NotFound(f"no queue job for key {key}")
             self._set_state(t, job, PENDING, attempts=0, stage="")
 
-    def drop(self, key: str, *, requester: str | None = None, txn: lmdb.Transaction | None = None) -> bool:
-        """Delete a job whatever its state, if it is ``requester``'s when named (an admin forgetting its requester;
+    def drop(self, key: str, *, of: str | None = None, txn: lmdb.Transaction | None = None) -> bool:
+        """Delete a job whatever its state, if it is requester ``of``'s when named (an admin forgetting its requester;
         a worker holding its lease finds it gone); whether it was there."""
         with self.store.write(txn) as t:
             job = self._get(t, key)
-            if job is None or (requester is not None and requester != _requester(job)):
+            if job is None or (of is not None and of != requester(job)):
                 return False
             if (index := self._index_key(job)) is not None:
                 t.delete(index, db=self._idx)
                 if (fitting := _fit_row(job, index)) is not None:
                     t.delete(fitting, db=self._fit)
             if job["state"] in AWAITING:
-                add_count(t, self.store.dbs["meta"], awaiting_row(job.get("task", TUNE), _requester(job)), -1)
+                add_count(t, self.store.dbs["meta"], awaiting_row(job.get("task", TUNE), requester(job)), -1)
             self.store.unkeep(t, job)
             self.store.drop_queue_job(t, key.encode())
             return True
