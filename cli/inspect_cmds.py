@@ -193,6 +193,29 @@ def forget(name: str, registry: str, token: str | None, verified: bool) -> None:
     click.echo(f"forgot {name}: " + ", ".join(f"{count} {kind.replace('_', ' ')}" for kind, count in gone.items()))
 
 
+@click.command()
+@registry_option
+@reports_errors
+def callers(registry: str, token: str | None) -> None:
+    """Who holds what here: each caller's records in service, claims and misses awaiting work, unverified
+    measurement log and kept history (what its bounds are checked against), by name."""
+    reg = open_registry(registry, token, readonly=True)
+    table = Table("caller", "records", "claims awaiting", "misses awaiting", "unverified log", "kept history")
+    after, more = "", True
+    while more:
+        page, more = reg.callers(after, 500)
+        for item in page:
+            table.add_row(item["name"] or "(local)", _mib(item["records_bytes"]), str(item["claims_awaiting"]), str(item["misses_awaiting"]),
+                          _mib(item["claimed_log_bytes"]), _mib(item["kept_bytes"]))  # fmt: skip
+        after = page[-1]["name"] if page else after
+        more = more and bool(page)
+    out.print(table)
+
+
+def _mib(count: int) -> str:
+    return f"{count / 2**20:,.2f} MiB"
+
+
 @click.command("quarantined")
 @registry_option
 @reports_errors

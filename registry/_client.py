@@ -28,6 +28,7 @@ from ._records import Identity, Record, RefusedRecord, packb, served_records
 from ._store import KeySummary, PutResult
 from ._models import CostModelEntry
 from ._trials import MAX_CURSOR_CHARS, TrialLog, iter_pages, stored_logs
+from ._usage import USAGE
 from ._wire import ERROR_HEADER, MSGPACK
 
 LOOKUP_CHUNK = 4096
@@ -239,6 +240,13 @@ class RegistryClient:
     def quarantine(self, key: str, trace_id: str, reason: str) -> bool:
         """Take a record out of service (needs an admin token)."""
         return self._call("POST", f"/v1/records/{key}/quarantine", {"trace_id": trace_id, "reason": reason}, allow_404=True) is not None
+
+    def callers(self, after: str = "", limit: int = 100) -> tuple[list[dict[str, Any]], bool]:
+        """One page of callers and what each holds: see ``LocalRegistry.callers``."""
+        answer = mapping(self._call("GET", "/v1/callers", params={"after": after, "limit": limit}), "answer")
+        with reading("GET /v1/callers"):
+            items = [mapping(item, "item") for item in listing(answer["items"], "items")]
+            return [{"name": text(item["name"], "name"), **{count: int(number(item[count], count)) for count in USAGE}} for item in items], answer["more"] is True
 
     def forget(self, name: str, *, verified: bool = False) -> dict[str, int]:
         """Take out what caller ``name`` left behind (needs an admin token): see ``LocalRegistry.forget``."""

@@ -21,6 +21,8 @@ _QUERY = {
     "model_compiler": {"type": "string", "maxLength": 4096, "description": "the compiler fingerprint the model's features come from"},
     "model_features": {"type": "string", "maxLength": 256, "description": "the feature set's name"},
     "log_target": {"type": "string", "pattern": "^\\{", "maxLength": 4096, "description": "a canonical target (JSON text): only its logs"},
+    "caller_after": {"type": "string", "maxLength": 128, "description": "'next' of the previous page: callers after this name"},
+    "page_limit": {"type": "integer", "minimum": 1, "maximum": 500},
 }
 
 
@@ -31,7 +33,7 @@ def _op(summary: str, body: str | None = None, ok: str = "200", auth: bool = Fal
     if auth:
         op["security"] = [{"bearer": []}]
     if params:
-        op["parameters"] = [{"name": p.removeprefix("log_").removeprefix("model_"), "in": "query", "required": p.startswith("model_"), "schema": _QUERY[p]} for p in params]
+        op["parameters"] = [{"name": p.removeprefix("log_").removeprefix("model_").removeprefix("caller_").removeprefix("page_"), "in": "query", "required": p.startswith("model_"), "schema": _QUERY[p]} for p in params]
     return op
 
 
@@ -67,6 +69,7 @@ OPENAPI: dict[str, Any] = {
         "/v1/records/{key}/complaints": {"parameters": [_KEY], "post": _op("report a record that failed here (read role; rate-limited, and 429 past the caller's bound of verifications awaiting); queues its verification", "Complaint", auth=True)},
         "/v1/records/{key}/quarantine": {"parameters": [_KEY], "post": _op("take a record out of service (admin)", "Complaint", auth=True)},
         "/v1/quarantine": {"get": _op("records out of service, with why and whose", params=["limit"])},
+        "/v1/callers": {"get": _op("callers that hold anything here, by name, with what each holds (the counts its bounds are checked against) and the bounds", params=["caller_after", "page_limit"])},
         "/v1/callers/{name}/forget": {"parameters": [{"name": "name", "in": "path", "required": True, "schema": {"type": "string", "minLength": 1, "maxLength": 128}}],
                                       "post": _op("take out what a caller left behind, after revoking its token (admin): its claims (with verified: its "
                                                   "verified records too), the queue jobs it asked for, its measurement log, its ended work", "Forget", auth=True)},

@@ -8,6 +8,7 @@ size-limited; malformed input is a 4xx with a message, never a 500.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import re
@@ -361,6 +362,15 @@ def create_app(
         logging.getLogger("schedhub.registry").warning("%s forgot %s: %s", who.name, name, counts)
         return reply(request, {"name": name, "verified": verified, **counts})
 
+    async def list_callers(request: Request) -> Response:
+        q = request.query_params
+        after = check_text(q.get("after", ""), "after")
+        if len(after) > MAX_NAME:
+            raise InvalidRecord(f"query parameter 'after' is a caller's name: at most {MAX_NAME} characters")
+        limit = query_int(q.get("limit"), "limit", 100, 1, MAX_QUEUE_PAGE)
+        items, more = await run_in_threadpool(state.reg.callers, after, limit)
+        return reply(request, {"items": items, "more": more, "next": items[-1]["name"] if items else after, "bounds": dataclasses.asdict(state.bounds)})
+
     async def list_quarantine(request: Request) -> Response:
         limit = query_int(request.query_params.get("limit"), "limit", 100, 1, MAX_QUEUE_PAGE)
         return reply(request, {"items": await run_in_threadpool(state.reg.quarantined, limit)})
@@ -517,6 +527,7 @@ def create_app(
         Route("/v1/records/{key}/complaints", complain, methods=["POST"]),
         Route("/v1/records/{key}/quarantine", quarantine, methods=["POST"]),
         Route("/v1/quarantine", list_quarantine, methods=["GET"]),
+        Route("/v1/callers", list_callers, methods=["GET"]),
         Route("/v1/callers/{name}/forget", forget_caller, methods=["POST"]),
         Route("/v1/lookup", lookup, methods=["POST"]),
         Route("/v1/misses", report_misses, methods=["POST"]),

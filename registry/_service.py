@@ -23,6 +23,7 @@ from ._neighbours import Candidate, Probe, served_candidates
 from ._records import Identity, Record, RefusedRecord, served_records
 from ._store import KeyPage, KeySummary, PutResult, Store
 from ._trials import TrialLog, TrialStore, iter_pages
+from ._usage import usage_page
 
 
 class LocalRegistry:
@@ -178,6 +179,11 @@ class LocalRegistry:
     def forget_steps(self, name: str, *, verified: bool = False) -> Iterator[Step]:
         """:meth:`forget`'s write transactions, for a server to commit one at a time between other writes."""
         return forget_steps(self.store, self.queue, self.trial_store, name, verified=verified)
+
+    def callers(self, after: str = "", limit: int = 100) -> tuple[list[dict[str, Any]], bool]:
+        """Callers after ``after`` (by name) that hold anything here, with what they hold (:data:`USAGE`); and whether more follow."""
+        with self.store.read() as txn:
+            return usage_page(txn, self.store.dbs["meta"], after, limit)
 
     def quarantined(self, limit: int = 100) -> list[dict[str, Any]]:
         return self.store.quarantined(limit)

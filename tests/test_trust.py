@@ -215,6 +215,28 @@ def test_a_pusher_owns_a_bounded_number_of_bytes_of_records_in_service(tmp_path:
         assert len(as_["bob"].lookup([make_record(w, 1e-3).key for w in range(10, 20)])) == 10
 
 
+def test_what_each_caller_holds_is_listed_by_name_a_page_at_a_time(as_: dict[str, RegistryClient], srv: ServerThread) -> None:
+    """The counts each caller's bounds are checked against, for an operator looking for who fills the registry."""
+    from schedhub.registry import Trial, TrialLog
+
+    claims = [make_record(w, 1e-3) for w in (1, 2)]
+    as_["alice"].put_many(claims)
+    as_["root"].quarantine(claims[0].key, claims[0].trace_id, "bad")
+    as_["reader"].report_misses([make_record(w, 1e-3).identity for w in (3, 4, 5)])
+    as_["bob"].push_trials(TrialLog(claims[1].identity, [Trial(claims[1].trace, 1e-3)]))
+    as_["w1"].put(make_record(6, 1e-3))
+    first, more = as_["reader"].callers(limit=2)
+    assert [c["name"] for c in first] == ["alice", "bob"] and more
+    rest, more = as_["reader"].callers(after="bob", limit=2)
+    assert [c["name"] for c in rest] == ["reader", "w1"] and not more
+    alice, bob, reader, w1 = *first, *rest
+    assert alice["records_bytes"] == len(claims[1].to_bytes()) and alice["claims_awaiting"] == 2 and alice["kept_bytes"] > 0
+    assert reader["misses_awaiting"] == 3 and bob["claimed_log_bytes"] > 0 and w1["records_bytes"] == len(make_record(6, 1e-3).to_bytes())
+    assert alice["misses_awaiting"] == bob["records_bytes"] == w1["claimed_log_bytes"] == 0
+    assert httpx.get(f"{srv.url}/v1/callers").json()["bounds"]["records_bytes"] == CallerBounds().records_bytes
+    assert httpx.get(f"{srv.url}/v1/callers", params={"after": "x" * 129}).status_code == 400
+
+
 def test_reported_misses_are_rate_limited_per_caller(as_: dict[str, RegistryClient]) -> None:
     """Each reported miss adds demand (the queue hands out the most demanded first) and a new one a job holding its
     workload, so one token holder reporting without end would decide what the workers tune and fill the store."""

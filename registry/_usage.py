@@ -1,0 +1,53 @@
+"""What each caller holds in a registry: the counts its bounds are checked against, a page of callers at a time.
+
+Each count is a row in ``meta`` under a prefix and the caller's name, so a page merges one range scan per
+prefix from the cursor on and reads each listed caller's counts: it costs its page, not the registry.
+The names of the counts are the names of the server's bounds (``CallerBounds``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import lmdb
+
+from ._counts import read_count
+from ._history import kept_bytes_row
+from ._queue import TUNE, VERIFY, awaiting_row
+from ._store import owned_row
+from ._trials import claimed_row
+
+#: A count's name → the ``meta`` row of a caller's count (from its name, as bytes).
+USAGE: dict[str, Callable[[bytes], bytes]] = {
+    "records_bytes": lambda name: owned_row(name.decode()),
+    "claims_awaiting": lambda name: awaiting_row(VERIFY, name.decode()),
+    "misses_awaiting": lambda name: awaiting_row(TUNE, name.decode()),
+    "claimed_log_bytes": claimed_row,
+    "kept_bytes": lambda name: kept_bytes_row(name.decode()),
+}
+
+
+def usage_page(txn: lmdb.Transaction, meta: Any, after: str = "", limit: int = 100) -> tuple[list[dict[str, Any]], bool]:
+    """Callers after ``after`` (by name) that hold anything, at most ``limit``, each with every count; and whether more follow."""
+    names: set[bytes] = set()
+    more = False
+    start = after.encode()
+    for row_of in USAGE.values():
+        prefix = row_of(b"")
+        rows = txn.cursor(db=meta)
+        found = rows.set_range(prefix + start)
+        taken = 0
+        while found and rows.key().startswith(prefix):
+            name = bytes(rows.key()[len(prefix) :])
+            if name != start or not after:
+                if taken == limit:
+                    more = True
+                    break
+                names.add(name)
+                taken += 1
+            found = rows.next()
+    listed = sorted(names)
+    more = more or len(listed) > limit
+    return [{"name": name.decode(), **{count: read_count(txn, meta, row_of(name)) for count, row_of in USAGE.items()}}
+            for name in listed[:limit]], more  # fmt: skip
