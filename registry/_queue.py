@@ -201,8 +201,8 @@ class MissQueue:
     def _leased_job(self, txn: lmdb.Transaction, key: str, lease_id: str, holder: str | None) -> dict[str, Any]:
         """The job under a lease its caller still holds: same lease id, same holder, not expired."""
         job = self._get(txn, key)
-        if job is None:
-            raise NotFound(f"no queue job for key {key}")
+        if job is None:  # taken out (an admin forgot its requester, or its history was trimmed): nobody holds it
+            raise LeaseLost(f"lease {lease_id[:8]}… on {key[:12]}…: the job is gone (an admin took it out); drop this work")
         held = (
             job["state"] == LEASED and secrets.compare_digest(job["lease_id"].encode(), lease_id.encode())
             and (holder is None or secrets.compare_digest(job.get("lease_holder", "").encode(), holder.encode()))

@@ -177,6 +177,8 @@ def test_an_admin_forgets_what_a_revoked_caller_left_behind_and_nothing_of_anyon
     as_["bob"].report_misses([make_record(7, 1e-3).identity])
     as_["bob"].push_trials(TrialLog(own.identity, [Trial(own.trace, 2e-3)]))
     before = {"jobs": as_["root"].jobs(), "bob": as_["bob"].get(make_record(6, 1e-3).key)}
+    held = as_["w2"].lease("w2", max_jobs=10, lease_secs=60, tasks=("tune",))
+    assert {lease.job["requester"] for lease in held} == {"alice", "bob"}
 
     with pytest.raises(Forbidden):
         as_["w1"].forget("alice")
@@ -190,6 +192,12 @@ def test_an_admin_forgets_what_a_revoked_caller_left_behind_and_nothing_of_anyon
     with LocalRegistry(tmp_path / "trust", sync=False) as reg, reg.store.read() as txn:
         assert reg.queue.awaiting("alice") == reg.queue.awaiting("alice", "tune") == 0 < reg.queue.awaiting("bob")
         assert read_count(txn, reg.store.dbs["meta"], claimed_row(b"alice")) == kept_bytes(txn, reg.store.dbs, "alice") == 0
+    for lease in held:  # a worker tuning one of alice's misses is told to drop it, as if its lease were lost
+        if lease.job["requester"] == "alice":
+            with pytest.raises(LeaseLost, match="gone"):
+                as_["w2"].renew(lease.key, lease.lease_id, 60)
+        else:
+            as_["w2"].ack(lease.key, lease.lease_id)
     assert as_["root"].forget("w1") == {"records": 0, "jobs": 0, "trial_logs": 0, "kept": 0}  # a verified record stays unless asked
     assert as_["root"].forget("w1", verified=True)["records"] == 1 and as_["root"].get(shared.key) == []
 
