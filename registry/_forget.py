@@ -21,15 +21,16 @@ from ._store import Store
 from ._trials import TrialStore
 
 BATCH = 500  # items a write transaction takes out
-FORGOTTEN = ("records", "jobs", "trial_logs", "kept")
+FORGOTTEN = ("records", "complaints", "jobs", "trial_logs", "kept")
 
 #: One write transaction's share of the work: given the transaction, it adds what it took out to the counts.
 Step = Callable[[lmdb.Transaction, dict[str, int]], None]
 
 
 def forget_steps(store: Store, queue: MissQueue, trials: TrialStore, name: str, *, verified: bool = False) -> Iterator[Step]:
-    """The steps that take out ``name``'s records (its claims; with ``verified`` its verified records too), the
-    queue jobs it asked for (miss reports, claims' verifications, complaints), its measurement log and its ended work."""
+    """The steps that take out ``name``'s records (its claims; with ``verified`` its verified records too) and its
+    complaints, the queue jobs it asked for (miss reports, claims' verifications, complaints), its measurement log
+    and its ended work."""
     mine = _records_of(store, name, verified)
     for start in range(0, len(mine), BATCH):
         yield lambda txn, counts, keys=mine[start : start + BATCH]: _take_records(store, txn, keys, name, verified, counts)
@@ -67,9 +68,12 @@ def _is_mine(entry: dict[str, Any], name: str, verified: bool) -> bool:
 
 
 def _records_of(store: Store, name: str, verified: bool) -> list[bytes]:
-    return _scan(store, "records", lambda _, raw: any(_is_mine(e, name, verified) for e in unpackb(raw)["entries"]))
+    """Keys with an entry of ``name``'s to take out, or one it complained about."""
+    return _scan(store, "records", lambda _, raw: any(_is_mine(e, name, verified) or name in e.get("complaints", []) for e in unpackb(raw)["entries"]))
 
 
 def _take_records(store: Store, txn: lmdb.Transaction, keys: list[bytes], name: str, verified: bool, counts: dict[str, int]) -> None:
     for key in keys:
-        counts["records"] += store.withdraw(txn, key.decode(), lambda entry: _is_mine(entry, name, verified))
+        records, complaints = store.withdraw(txn, key.decode(), lambda entry: _is_mine(entry, name, verified), complainant=name)
+        counts["records"] += records
+        counts["complaints"] += complaints

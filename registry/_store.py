@@ -693,17 +693,25 @@ class Store:
         self.keep(txn, hit.get("by", ""), OUT_OF_SERVICE, row, {"rec": hit["rec"], "reason": reason, "by": hit.get("by", ""), "at": time.time()})
         self._save(txn, key, value)
 
-    def withdraw(self, txn: lmdb.Transaction, key: str, which: Callable[[dict[str, Any]], bool]) -> int:
-        """Delete a key's entries that ``which`` picks (not to quarantine: an admin forgetting a caller); how many went."""
+    def withdraw(self, txn: lmdb.Transaction, key: str, which: Callable[[dict[str, Any]], bool], complainant: str = "") -> tuple[int, int]:
+        """Delete a key's entries that ``which`` picks, and ``complainant``'s complaints about the others (an admin
+        forgetting a caller; nothing is quarantined); how many entries and complaints went."""
         value = self._load(txn, key)
         if value is None:
-            return 0
+            return 0, 0
         kept = [e for e in value["entries"] if not which(e)]
         gone, owned, value["entries"] = len(value["entries"]) - len(kept), _owned(value["entries"]), kept
+        unsaid = 0
+        for entry in kept:
+            if complainant and complainant in entry.get("complaints", []):
+                entry["complaints"].remove(complainant)
+                unsaid += 1
         if gone:
             self._own(txn, owned, _owned(kept))
             self._save(txn, key, value)
-        return gone
+        elif unsaid:  # the feed does not move: what is served did not change
+            txn.put(key.encode(), packb(value), db=self.dbs["records"])
+        return gone, unsaid
 
     def quarantine(self, key: str, trace_id: str, reason: str, *, txn: lmdb.Transaction | None = None) -> bool:
         """Move one record out of service (an admin's decision); False if it was not there."""

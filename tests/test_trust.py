@@ -176,6 +176,8 @@ def test_an_admin_forgets_what_a_revoked_caller_left_behind_and_nothing_of_anyon
     as_["bob"].put(make_record(6, 1e-3))
     as_["bob"].report_misses([make_record(7, 1e-3).identity])
     as_["bob"].push_trials(TrialLog(own.identity, [Trial(own.trace, 2e-3)]))
+    as_["alice"].complain(shared.key, shared.trace_id, "did not replay here")  # a complaint: noted on w1's record, verification queued
+    assert as_["bob"].get(shared.key)[0].served.complaints == 1
     before = {"jobs": as_["root"].jobs(), "bob": as_["bob"].get(make_record(6, 1e-3).key)}
     held = as_["w2"].lease("w2", max_jobs=10, lease_secs=60, tasks=("tune",))
     assert {lease.job["requester"] for lease in held} == {"alice", "bob"}
@@ -183,8 +185,8 @@ def test_an_admin_forgets_what_a_revoked_caller_left_behind_and_nothing_of_anyon
     with pytest.raises(Forbidden):
         as_["w1"].forget("alice")
     gone = as_["root"].forget("alice")
-    assert gone == {"records": 2, "jobs": 5, "trial_logs": 1, "kept": 1}  # 2 claims in service; 3 verifications, 2 misses
-    assert [r.served.pushed_by for r in as_["root"].get(shared.key)] == ["w1"] and as_["root"].get(own.key) == []
+    assert gone == {"records": 2, "complaints": 1, "jobs": 6, "trial_logs": 1, "kept": 1}  # 2 claims in service; 3 claims and 1 complaint verifying, 2 misses
+    assert [(r.served.pushed_by, r.served.complaints) for r in as_["root"].get(shared.key)] == [("w1", 0)] and as_["root"].get(own.key) == []
     assert {j["key"] for j in as_["root"].jobs()} == {j["key"] for j in before["jobs"] if j["requester"] != "alice"} != set()
     assert as_["root"].get(make_record(6, 1e-3).key) == before["bob"]
     assert [log.pushed_by for log in as_["root"].trial_logs()[0]] == ["bob"]
@@ -198,7 +200,7 @@ def test_an_admin_forgets_what_a_revoked_caller_left_behind_and_nothing_of_anyon
                 as_["w2"].renew(lease.key, lease.lease_id, 60)
         else:
             as_["w2"].ack(lease.key, lease.lease_id)
-    assert as_["root"].forget("w1") == {"records": 0, "jobs": 0, "trial_logs": 0, "kept": 0}  # a verified record stays unless asked
+    assert as_["root"].forget("w1") == dict.fromkeys(("records", "complaints", "jobs", "trial_logs", "kept"), 0)  # a verified record stays unless asked
     assert as_["root"].forget("w1", verified=True)["records"] == 1 and as_["root"].get(shared.key) == []
 
 
