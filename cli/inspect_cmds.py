@@ -187,8 +187,8 @@ def quarantine(key: str, trace_id: str, registry: str, token: str | None, reason
 @click.option("--verified", is_flag=True, help="Its verified records too (a worker measured them; others may be served them now).")
 @reports_errors
 def forget(name: str, registry: str, token: str | None, verified: bool) -> None:
-    """Take out what caller NAME left behind, once its token is revoked (admin): its claims, the queue jobs it asked
-    for, its measurement log and its ended work."""
+    """Take out what caller NAME left behind, once its token is revoked (admin): its claims and complaints, the queue
+    jobs it asked for, its measurement log and its ended work."""
     gone = open_registry(registry, token).forget(name, verified=verified)
     click.echo(f"forgot {name}: " + ", ".join(f"{count} {kind.replace('_', ' ')}" for kind, count in gone.items()))
 

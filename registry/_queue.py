@@ -424,7 +424,7 @@ class MissQueue:
 
     def drop(self, key: str, *, of: str | None = None, txn: lmdb.Transaction | None = None) -> bool:
         """Delete a job whatever its state, if it is requester ``of``'s when named (an admin forgetting its requester;
-        a worker holding its lease finds it gone); whether it was there."""
+        a worker holding its lease is told it is lost); whether it was there."""
         with self.store.write(txn) as t:
             job = self._get(t, key)
             if job is None or (of is not None and of != requester(job)):
