@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import click
 from rich.table import Table
 
-from schedhub.registry import NotFound, Record, RefusedRecord, Registry, task_label
+from schedhub.registry import LocalRegistry, NotFound, Record, RefusedRecord, Registry, task_label
 
-from .common import labelled, open_registry, out, registry_option, reports_errors, target_filter_option
+from .common import DEFAULT_REGISTRY, labelled, open_registry, out, registry_option, reports_errors, target_filter_option
 
 
 def _dump(obj: Any) -> None:
@@ -191,6 +192,20 @@ def forget(name: str, registry: str, token: str | None, verified: bool) -> None:
     jobs it asked for, its measurement log and its ended work."""
     gone = open_registry(registry, token).forget(name, verified=verified)
     click.echo(f"forgot {name}: " + ", ".join(f"{count} {kind.replace('_', ' ')}" for kind, count in gone.items()))
+
+
+@click.command()
+@click.argument("folder", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--root", default=DEFAULT_REGISTRY, show_default=True, type=click.Path(file_okay=False, path_type=Path),
+              help="The store to back up (a running server's --root: it goes on serving meanwhile).")
+@reports_errors
+def backup(folder: Path, root: Path) -> None:
+    """Copy the whole store (records, queue, logs, models) into FOLDER (new or empty), compacted: a consistent snapshot
+    taken while the registry goes on writing. To restore, serve or open FOLDER as the store's root."""
+    with LocalRegistry(root, readonly=True) as reg:
+        size, stats = reg.backup(folder), reg.stats()
+    click.echo(f"backed up {stats['keys']:,} keys, {stats['measurements']:,} measurements and {stats['trial_logs']:,} trial logs "
+               f"to {folder}: {size / 2**20:,.1f} MiB (the store's file: {stats['bytes_used'] / 2**20:,.1f} MiB in use)")
 
 
 @click.command()

@@ -180,6 +180,10 @@ class LocalRegistry:
         """:meth:`forget`'s write transactions, for a server to commit one at a time between other writes."""
         return forget_steps(self.store, self.queue, self.trial_store, name, verified=verified)
 
+    def backup(self, folder: str | os.PathLike[str]) -> int:
+        """A compacted, consistent copy of the whole store in ``folder`` (new or empty), taken while writers go on; its bytes."""
+        return self.store.backup(folder)
+
     def callers(self, after: str = "", limit: int = 100) -> tuple[list[dict[str, Any]], bool]:
         """Callers after ``after`` (by name) that hold anything here, with what they hold (:data:`USAGE`); and whether more follow."""
         with self.store.read() as txn:

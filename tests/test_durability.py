@@ -139,3 +139,56 @@ def test_a_full_store_refuses_writes_with_what_to_do_and_still_serves_reads(tmp_
             with pytest.raises(RegistryUnavailable, match="507: the registry's store is full"):
                 client.put_many(batch)
             assert client.get(kept[0].key)[0].trace_id == kept[0].trace_id
+
+
+def test_a_backup_taken_while_a_server_writes_is_a_whole_compacted_store(tmp_path: Path) -> None:
+    """`schedhub backup` copies a live store in one read transaction: the copy opens as a store with everything of one
+    moment (records, queue, log) while pushes go on, leaves out the pages freed by what was taken out, and refuses to
+    write over a store."""
+    import threading
+
+    from click.testing import CliRunner
+
+    from schedhub.cli.main import cli
+    from schedhub.registry import RegistryClient, ServerThread
+
+    from .conftest import make_record
+
+    src = tmp_path / "src"
+    with LocalRegistry(src, sync=False) as reg:
+        reg.put_many([make_record(w, 1e-3) for w in range(2000)], "mallory", verified=False)  # claims, each verification queued
+        reg.report_misses([make_record(5000, 1e-3).identity], by="reader")
+        reg.forget("mallory")  # their pages are free now
+        reg.put_many([make_record(w, 1e-3) for w in range(3000, 3010)], "alice", verified=True)
+    with ServerThread(src, tokens={TOKEN: "admin"}, sync=False) as srv, RegistryClient(srv.url, token=TOKEN) as client:
+        stop, pushed = threading.Event(), []
+
+        def push() -> None:
+            while not stop.is_set():
+                record = make_record(4000 + len(pushed), 1e-3)
+                client.put(record)
+                pushed.append(record.key)
+
+        pusher = threading.Thread(target=push)
+        pusher.start()
+        try:
+            while len(pushed) < 5:
+                time.sleep(0.01)
+            result = CliRunner().invoke(cli, ["backup", str(tmp_path / "copy"), "--root", str(src)], catch_exceptions=False)
+            during = len(pushed)
+            time.sleep(0.2)
+        finally:
+            stop.set()
+            pusher.join()
+        assert result.exit_code == 0, result.output
+        assert len(pushed) > during  # pushes went on past the copy
+        again = CliRunner().invoke(cli, ["backup", str(tmp_path / "copy"), "--root", str(src)])
+        assert again.exit_code == 1 and "already holds a store" in again.output
+    with LocalRegistry(tmp_path / "copy", sync=False) as copy:
+        keys = {summary.key for summary in copy.store.page(limit=10_000).items}
+        alices = {make_record(w, 1e-3).key for w in range(3000, 3010)}
+        copied = keys - alices
+        assert alices <= keys and len(copied) >= 5 and copied == set(pushed[: len(copied)])  # one moment: the pushes up to it
+        assert [j["key"] for j in copy.jobs()] == [make_record(5000, 1e-3).identity.key]
+        assert copy.stats()["measurements"] == 2000 + len(keys)  # the log of every push, mallory's too
+    assert (tmp_path / "copy" / "data.mdb").stat().st_size < (src / "data.mdb").stat().st_size / 2
