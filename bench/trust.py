@@ -16,7 +16,7 @@ import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -245,46 +245,60 @@ def history(tmp: Path, jobs: int, workload_bytes: int = 256 << 10) -> dict[str, 
     return out
 
 
+def _pushes_while(pusher: RegistryClient, fresh: Iterator[int], work: Callable[[], Any]) -> tuple[list[float], float]:
+    """Push one new record at a time until ``work`` (on a thread) is done: each push's seconds, and the work's."""
+    done, secs = threading.Event(), []
+    runner = threading.Thread(target=lambda: (work(), done.set()))
+    started = time.perf_counter()
+    runner.start()
+    while not done.is_set() or not secs:
+        t = time.perf_counter()
+        pusher.put(_record(next(fresh)))
+        secs.append(time.perf_counter() - t)
+    runner.join()
+    return secs, time.perf_counter() - started
+
+
+def _latencies(alone: list[float], during: list[float]) -> dict[str, Any]:
+    return {"push_alone_p50_ms": round(percentile(alone, 50) * 1e3, 2), "push_during_p50_ms": round(percentile(during, 50) * 1e3, 2),
+            "push_during_max_ms": round(max(during) * 1e3, 1), "pushes_during": len(during)}  # fmt: skip
+
+
+def _filled(root: Path, records: int, claims: int) -> None:
+    with LocalRegistry(root, sync=False) as reg:
+        for start in range(0, records, 5000):
+            reg.put_many([_record(n) for n in range(start, min(start + 5000, records))], "bob", verified=True)
+        reg.put_many([_record(records + n) for n in range(claims)], "alice", verified=False)
+
+
 def forgetting(tmp: Path, records: int, claims: int) -> dict[str, Any]:
     """An admin forgets a caller with ``claims`` claims (each with its verification queued) in a store of ``records``
     other records, while another pusher pushes one record at a time: the forget's time and the pushes' latencies,
     against the same pushes with nothing else going on, with the forget taken out 500 items a commit (as served) and
-    in one commit."""
+    in one commit. Then (batched) `schedhub backup`'s copy of that live store, the pushes going on."""
     from schedhub.registry import _forget
 
     out: dict[str, Any] = {"records": records, "claims": claims}
     for name, batch in (("batched", _forget.BATCH), ("one_commit", 1 << 30)):
         root = tmp / f"forget-{name}"
-        with LocalRegistry(root, sync=False) as reg:
-            for start in range(0, records, 5000):
-                reg.put_many([_record(n) for n in range(start, min(start + 5000, records))], "bob", verified=True)
-            reg.put_many([_record(records + n) for n in range(claims)], "alice", verified=False)
+        _filled(root, records, claims)
         with ServerThread(root, tokens=TOKENS, sync=True) as srv, RegistryClient(srv.url, token="admin") as admin, \
                 RegistryClient(srv.url, token="w") as pusher:  # fmt: skip
             fresh = iter(range(records + claims, records + claims + 100_000))
-
-            def push_while(work: Callable[[], Any]) -> tuple[list[float], float]:
-                done, secs = threading.Event(), []
-                runner = threading.Thread(target=lambda: (work(), done.set()))
-                started = time.perf_counter()
-                runner.start()
-                while not done.is_set() or not secs:
-                    t = time.perf_counter()
-                    pusher.put(_record(next(fresh)))
-                    secs.append(time.perf_counter() - t)
-                runner.join()
-                return secs, time.perf_counter() - started
-
-            alone, _ = push_while(lambda: time.sleep(3))
+            alone, _ = _pushes_while(pusher, fresh, lambda: time.sleep(3))
             _forget.BATCH, saved = batch, _forget.BATCH
             try:
                 gone: dict[str, int] = {}
-                during, wall = push_while(lambda: gone.update(admin.forget("alice")))
+                during, wall = _pushes_while(pusher, fresh, lambda: gone.update(admin.forget("alice")))
             finally:
                 _forget.BATCH = saved
-        out[name] = {"forget_secs": round(wall, 2), "gone": gone, "push_alone_p50_ms": round(percentile(alone, 50) * 1e3, 2),
-                     "push_during_p50_ms": round(percentile(during, 50) * 1e3, 2), "push_during_max_ms": round(max(during) * 1e3, 1),
-                     "pushes_during": len(during)}  # fmt: skip
+            out[name] = {"forget_secs": round(wall, 2), "gone": gone, **_latencies(alone, during)}
+            if name == "batched":
+                with LocalRegistry(root, readonly=True) as reg:
+                    copied: list[int] = []
+                    during, wall = _pushes_while(pusher, fresh, lambda: copied.append(reg.backup(tmp / "backup")))
+                    out["backup"] = {"secs": round(wall, 2), "copy_mib": round(copied[0] / 2**20, 1),
+                                     "store_file_mib": round((root / "data.mdb").stat().st_size / 2**20, 1), **_latencies(alone, during)}  # fmt: skip
     return out
 
 
