@@ -224,7 +224,7 @@ def callers(registry: str, token: str | None) -> None:
                           _mib(item["claimed_log_bytes"]), _mib(item["kept_bytes"]))  # fmt: skip
         after = page[-1]["name"] if page else after
         more = more and bool(page)
-    out.print(table)
+    out.print(table if table.rows else "no caller holds anything here")
 
 
 def _mib(count: int) -> str:
