@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -184,24 +185,30 @@ def _serve(root: Path, port: int, *options: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
 
 
-def test_serve_takes_each_callers_bounds_as_options(tmp_path: Path) -> None:
+def test_serve_takes_each_callers_bounds_as_options_and_reads_its_token_file_again_when_it_changes(tmp_path: Path) -> None:
     import re
 
-    from schedhub.registry import RegistryClient, TooManyRequests
+    from schedhub.registry import RegistryClient, TooManyRequests, Unauthorized
 
-    served = _serve(tmp_path / "a", 0, "--misses-awaiting", "1")
+    tokens = tmp_path / "tokens"
+    tokens.write_text("alice alice-tok read\n")
+    served = _serve(tmp_path / "a", 0, "--misses-awaiting", "1", "--token-file", str(tokens))
     try:
         url = re.search(r"http://127\.0\.0\.1:\d+", served.stdout.readline()).group(0)
-        with RegistryClient(url, timeout=10) as client:
+        with RegistryClient(url, token="alice-tok", timeout=10) as client:
             for _ in range(100):
                 try:
                     client.stats()
                     break
                 except Exception:
-                    __import__("time").sleep(0.1)
+                    time.sleep(0.1)
             client.report_misses([make_record(1, 1e-3).identity])
             with pytest.raises(TooManyRequests, match="1 reported misses awaiting tuning"):
                 client.report_misses([make_record(2, 1e-3).identity])
+            tokens.write_text("# alice revoked\n")
+            time.sleep(1.2)  # the server looks at its token file at most once a second
+            with pytest.raises(Unauthorized):
+                client.report_misses([make_record(1, 1e-3).identity])
     finally:
         served.terminate()
         served.wait(timeout=30)
