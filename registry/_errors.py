@@ -9,7 +9,7 @@
     │   └── Forbidden          a valid token whose role does not allow the call (403)
     ├── TooManyRequests        over a rate limit, e.g. complaints (429)
     ├── RequestTimeout         a body that did not arrive in time (408)
-    ├── LeaseLost              ack/fail/renew with a lease that expired or was re-leased (409)
+    ├── LeaseLost              ack/fail/renew with a lease that expired, was re-leased, or whose job is gone (409)
     ├── RegistryUnavailable    the registry could not be reached, answered 5xx, or too slowly
     │   └── StoreFull          the store's LMDB map is full: no write succeeds until its operator gives it room (507)
     └── MalformedAnswer        a client got an answer that is not the registry's (a hostile or wrong server)
