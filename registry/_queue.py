@@ -419,7 +419,8 @@ class MissQueue:
         with self.store.write(txn) as t:
             job = self._get(t, key)
             if job is None:
-                raise NotFound(f"no queue job for key {key}")
+                raise NotFound(f"no queue job for key {key}: never queued, or an ended job its requester's history no longer keeps "
+                               "(the next miss report of it queues it again)")
             self._set_state(t, job, PENDING, attempts=0, stage="")
 
     def drop(self, key: str, *, of: str | None = None, txn: lmdb.Transaction | None = None) -> bool:

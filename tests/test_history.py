@@ -49,6 +49,8 @@ def test_a_callers_dead_jobs_are_kept_within_its_budget_newest_first_and_nobody_
         assert reg.queue.counts()[DEAD] == 4
         with pytest.raises(NotFound):
             reg.job(miss(1).key)
+        with pytest.raises(NotFound, match="history no longer keeps"):
+            reg.requeue(miss(1).key)
         assert reg.job(miss(6).key)["last_error"] == "ScheduleError: 6"  # what happened is still there for the kept ones
         assert reg.report_misses([miss(1)], by="mallory")[0]["state"] == PENDING  # a dropped job is a new miss again
 
