@@ -213,18 +213,23 @@ def backup(folder: Path, root: Path) -> None:
 @reports_errors
 def callers(registry: str, token: str | None) -> None:
     """Who holds what here: each caller's records in service, claims and misses awaiting work, unverified
-    measurement log and kept history (what its bounds are checked against), by name."""
+    measurement log and kept history (what its bounds are checked against), who holds the most bytes first."""
     reg = open_registry(registry, token, readonly=True)
-    table = Table("caller", "records", "claims awaiting", "misses awaiting", "unverified log", "kept history")
+    held: list[dict[str, Any]] = []
     after, more = "", True
     while more:
         page, more = reg.callers(after, 500)
-        for item in page:
-            table.add_row(item["name"] or "(local)", _mib(item["records_bytes"]), str(item["claims_awaiting"]), str(item["misses_awaiting"]),
-                          _mib(item["claimed_log_bytes"]), _mib(item["kept_bytes"]))  # fmt: skip
+        held += page
         after = page[-1]["name"] if page else after
         more = more and bool(page)
-    out.print(table if table.rows else "no caller holds anything here")
+    if not held:
+        out.print("no caller holds anything here")
+        return
+    table = Table("caller", "records", "claims awaiting", "misses awaiting", "unverified log", "kept history")
+    for item in sorted(held, key=lambda c: (-(c["records_bytes"] + c["claimed_log_bytes"] + c["kept_bytes"]), c["name"])):
+        table.add_row(item["name"] or "(local)", _mib(item["records_bytes"]), str(item["claims_awaiting"]), str(item["misses_awaiting"]),
+                      _mib(item["claimed_log_bytes"]), _mib(item["kept_bytes"]))  # fmt: skip
+    out.print(table)
 
 
 def _mib(count: int) -> str:
