@@ -205,35 +205,22 @@ class Store:
                 txn.put(b"format", STORE_FORMAT, db=self.dbs["meta"])
             elif found != STORE_FORMAT:
                 raise StoreFormatError(f"{self.root} holds store format {found!r}; this schedhub reads {STORE_FORMAT!r} and upgrades {tuple(_REBUILT_ON_UPGRADE)!r}")
-            if txn.get(STRUCTURE_INDEX, db=self.dbs["meta"]) is None:
-                self._index_structures(txn)
-                txn.put(STRUCTURE_INDEX, b"1", db=self.dbs["meta"])
-            if txn.get(AGGREGATES, db=self.dbs["meta"]) is None:
-                self._aggregate_all(txn)
-                txn.put(AGGREGATES, b"1", db=self.dbs["meta"])
-                txn.delete(AGG_RANK, db=self.dbs["meta"])
-            if txn.get(AGG_RANK, db=self.dbs["meta"]) is None:
-                self._rank_all(txn)
-                txn.put(AGG_RANK, b"1", db=self.dbs["meta"])
-            if any(txn.get(flag, db=self.dbs["meta"]) is None for flag in (OP_FEED, TARGET_FEED, OP_TARGET_FEED)):
-                self._index_feeds(txn)
-                for flag in (OP_FEED, TARGET_FEED, OP_TARGET_FEED):
-                    txn.put(flag, b"1", db=self.dbs["meta"])
-            if txn.get(TRIALS_BY_TARGET, db=self.dbs["meta"]) is None:
-                index_trial_targets(txn, self.dbs["trials"], self.dbs["trials_by_target"])
-                txn.put(TRIALS_BY_TARGET, b"1", db=self.dbs["meta"])
-            if txn.get(TRIALS_CLAIMED, db=self.dbs["meta"]) is None:
-                count_claimed_bytes(txn, self.dbs["trials"], self.dbs["meta"])
-                txn.put(TRIALS_CLAIMED, b"1", db=self.dbs["meta"])
-            if txn.get(QUEUE_STATES, db=self.dbs["meta"]) is None:
-                self._index_queue_states(txn)
-                txn.put(QUEUE_STATES, b"1", db=self.dbs["meta"])
-            if txn.get(KEPT_INDEX, db=self.dbs["meta"]) is None:
-                self._index_kept(txn)
-                txn.put(KEPT_INDEX, b"1", db=self.dbs["meta"])
-            if txn.get(RECORDS_OWNED, db=self.dbs["meta"]) is None:
-                self._count_owned(txn)
-                txn.put(RECORDS_OWNED, b"1", db=self.dbs["meta"])
+            rebuilds: tuple[tuple[tuple[bytes, ...], Callable[[lmdb.Transaction], None]], ...] = (  # in this order: each may read the ones before
+                ((STRUCTURE_INDEX,), self._index_structures),
+                ((AGGREGATES,), self._aggregate_all),
+                ((AGG_RANK,), self._rank_all),
+                ((OP_FEED, TARGET_FEED, OP_TARGET_FEED), self._index_feeds),
+                ((TRIALS_BY_TARGET,), lambda t: index_trial_targets(t, self.dbs["trials"], self.dbs["trials_by_target"])),
+                ((TRIALS_CLAIMED,), lambda t: count_claimed_bytes(t, self.dbs["trials"], self.dbs["meta"])),
+                ((QUEUE_STATES,), self._index_queue_states),
+                ((KEPT_INDEX,), self._index_kept),
+                ((RECORDS_OWNED,), self._count_owned),
+            )
+            for flags, rebuild in rebuilds:
+                if any(txn.get(flag, db=self.dbs["meta"]) is None for flag in flags):
+                    rebuild(txn)
+                    for flag in flags:
+                        txn.put(flag, b"1", db=self.dbs["meta"])
 
     def _index_structures(self, txn: lmdb.Transaction) -> None:
         """Put every key in the structure index (once, on open, for a store from before it or upgraded from format 1)."""
@@ -341,8 +328,10 @@ class Store:
         return self.dbs[INDEXES[flag]] is not None and txn.get(flag, db=self.dbs["meta"]) is not None
 
     def _aggregate_all(self, txn: lmdb.Transaction) -> None:
-        """Build the aggregates from every key and log entry (once, on open, for a store from before them)."""
+        """Build the aggregates from every key and log entry (once, on open, for a store from before them); their ranking is
+        built again after them."""
         txn.drop(self.dbs["agg"], delete=False)
+        txn.delete(AGG_RANK, db=self.dbs["meta"])
         for raw_key, raw in txn.cursor(db=self.dbs["records"]):
             value = unpackb(raw)
             if not value["entries"]:
