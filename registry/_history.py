@@ -29,6 +29,11 @@ _SEQ = struct.Struct(">Q")
 Dropper = Callable[[lmdb.Transaction, bytes, bytes], None]
 
 
+def requester(job: dict[str, Any]) -> str:
+    """Whose a job is: who queued it (a verification queued before requesters were kept: its record's pusher)."""
+    return str(job.get("requester", job.get("pusher", "")))
+
+
 def kept_bytes_row(owner: str) -> bytes:
     """The ``meta`` row counting the bytes kept of ``owner``'s ended work."""
     return _KEPT_BYTES + owner.encode()

@@ -55,7 +55,7 @@ from ._errors import InvalidRecord, LeaseLost, NotFound, TooManyRequests
 from ._keys import target_device, target_kind
 from ._records import Identity, Record, packb, unpackb
 from ._counts import add_count, drop_counts, read_count
-from ._history import ENDED, JOB
+from ._history import ENDED, JOB, requester
 from ._store import QUEUE_ORDER, QUEUE_STATES, Store, queue_state_row
 
 PENDING, LEASED, DONE, DEAD = "pending", "leased", *ENDED
@@ -84,11 +84,6 @@ _AWAITING_ROWS = b"queue_awaiting:"  # the prefix of every requester's counts in
 def awaiting_row(task: str, requester: str) -> bytes:
     """The ``meta`` row counting a requester's jobs of ``task`` pending or leased."""
     return _AWAITING_ROWS + task.encode() + b"\0" + requester.encode()
-
-
-def requester(job: dict[str, Any]) -> str:
-    """Whose a job is: who queued it (a verification queued before requesters were kept: its record's pusher)."""
-    return str(job.get("requester", job.get("pusher", "")))
 
 
 _U32, _U64 = struct.Struct(">I"), struct.Struct(">Q")
@@ -154,9 +149,7 @@ class MissQueue:
     def _save(self, txn: lmdb.Transaction, job: dict[str, Any], old_index: bytes | None) -> None:
         new_index = self._index_key(job)
         if old_index is not None and old_index != new_index:
-            txn.delete(old_index, db=self._idx)
-            if (old_fit := _fit_row(job, old_index)) is not None:  # a job's fit never changes: its old row is its old index's
-                txn.delete(old_fit, db=self._fit)
+            self._unindex(txn, job, old_index)
         if new_index is not None:
             txn.put(new_index, b"", db=self._idx)
             if (new_fit := _fit_row(job, new_index)) is not None:
@@ -173,6 +166,12 @@ class MissQueue:
             self.store.keep(txn, requester(job), JOB, job_id, job)
         else:
             txn.put(job_id, packb(job), db=self._jobs)
+
+    def _unindex(self, txn: lmdb.Transaction, job: dict[str, Any], index: bytes) -> None:
+        """Delete a job's ``queue_idx`` row ``index`` and its ``queue_fit`` row (a job's fit never changes: the row is the index's)."""
+        txn.delete(index, db=self._idx)
+        if (fitting := _fit_row(job, index)) is not None:
+            txn.delete(fitting, db=self._fit)
 
     def _stored_state(self, txn: lmdb.Transaction, job_id: bytes) -> str | None:
         """The state a job is stored (and indexed) in; None for a job not stored yet."""
@@ -431,9 +430,7 @@ class MissQueue:
             if job is None or (of is not None and of != requester(job)):
                 return False
             if (index := self._index_key(job)) is not None:
-                t.delete(index, db=self._idx)
-                if (fitting := _fit_row(job, index)) is not None:
-                    t.delete(fitting, db=self._fit)
+                self._unindex(t, job, index)
             if job["state"] in AWAITING:
                 add_count(t, self.store.dbs["meta"], awaiting_row(job.get("task", TUNE), requester(job)), -1)
             self.store.unkeep(t, job)

@@ -127,7 +127,7 @@ class LocalRegistry:
         with self.store.write(txn) as t:
             results = []
             for record, pushed_by, verified, verifier in items:
-                owned = self.store.owned_bytes(t, pushed_by)
+                owned = self.store.owned_bytes(t, pushed_by) if bytes_limit is not None else 0
                 result = self.store.put(record, pushed_by, verified=verified, verifier=verifier, txn=t)
                 if bytes_limit is not None and (now := self.store.owned_bytes(t, pushed_by)) > max(owned, bytes_limit):
                     raise TooManyRequests(f"this push would give {pushed_by!r} {now:,} bytes of records in service, over the {bytes_limit:,} "

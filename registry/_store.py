@@ -24,7 +24,7 @@ import lmdb
 
 from ._errors import REFUSED_ON_READ, NotFound, RegistryError, StoreFull
 from ._counts import COUNT as _COUNT, add_count, drop_counts, read_count
-from ._history import DEFAULT_KEPT_BYTES, ENDED, JOB, KEPT_INDEX, OUT_OF_SERVICE, forget_all, keep, kept_row, unkeep
+from ._history import DEFAULT_KEPT_BYTES, ENDED, JOB, KEPT_INDEX, OUT_OF_SERVICE, forget_all, keep, kept_row, requester, unkeep
 from ._keys import SCHEMA_VERSION, target_digest, target_kind
 from ._neighbours import Probe, dims_of
 from ._records import Identity, Record, keeps_default_schedule, packb, unpackb
@@ -282,8 +282,7 @@ class Store:
         for job_id, raw in txn.cursor(db=self.dbs["queue"]):
             job = unpackb(raw)
             if job["state"] in ENDED:
-                owner = str(job.get("requester", job.get("pusher", "")))
-                ended.append((job.get("ended_at", job.get("last_seen", job.get("first_seen", 0.0))), owner, JOB, job_id, job))
+                ended.append((job.get("ended_at", job.get("last_seen", job.get("first_seen", 0.0))), requester(job), JOB, job_id, job))
         for row, raw in txn.cursor(db=self.dbs["quarantine"]):
             item = unpackb(raw)
             ended.append((item["at"], item.get("by", ""), OUT_OF_SERVICE, row, item))
@@ -293,11 +292,10 @@ class Store:
     def keep(self, txn: lmdb.Transaction, owner: str, kind: bytes, item_id: bytes, value: dict[str, Any]) -> None:
         """Store ``value`` (an ended job, a record out of service) as ``owner``'s, kept within the owner's budget
         (:attr:`kept_bytes`; its oldest kept items go, this one too if it alone is past it)."""
-        value.pop("kept", None)
-        size = len(packb(value))
         value["kept"] = kept_row(owner, self.next_seq(txn, b"kept_seq"), kind, item_id)
-        txn.put(item_id, packb(value), db=self.dbs["queue" if kind == JOB else "quarantine"])
-        keep(txn, self.dbs, value["kept"], size, self.kept_bytes, self.drop_kept)
+        packed = packb(value)
+        txn.put(item_id, packed, db=self.dbs["queue" if kind == JOB else "quarantine"])
+        keep(txn, self.dbs, value["kept"], len(packed), self.kept_bytes, self.drop_kept)
 
     def unkeep(self, txn: lmdb.Transaction, value: dict[str, Any]) -> None:
         """``value`` (a job requeued, a record quarantined again) is no longer kept as ended work."""
