@@ -151,9 +151,10 @@ def stats_rows(stats: dict[str, Any]) -> list[tuple[str, str]]:
 @reports_errors
 def queue(registry: str, token: str | None, state: str | None) -> None:
     """Jobs in the miss queue."""
-    table = Table("key", "task", "op", "state", "demand", "attempts", "last error")
+    table = Table("key", "task", "op", "state", "callers", "demand", "attempts", "last error")
     for job in open_registry(registry, token, readonly=True).jobs(state):
-        table.add_row(job["key"], task_label(job), job["op"], job["state"], str(job["demand"]), str(job["attempts"]), job["last_error"][:60])
+        table.add_row(job["key"], task_label(job), job["op"], job["state"], str(job.get("callers", "")), str(job["demand"]), str(job["attempts"]),
+                      job["last_error"][:60])  # fmt: skip
     out.print(table)
 
 

@@ -150,8 +150,9 @@ def render(stats: dict[str, Any], data: dict[str, Any], activity: list[tuple[int
     out.append(timeline(activity))
     out.append("<h2>Queue</h2><div class=cards>" + "".join(f'<div class=card><b id="queue-{e(s)}">{n:,}</b>{e(s)}</div>' for s, n in queue.items()) + "</div>")
     wanted = [[e(task_label(j)), e(j.get("op", "")), e(target_label(j.get("target", ""))), f"{j.get('demand', 0):,}",
-               e(_ago(j.get("first_seen"), now)), f"<code>{e(j['key'])}</code>"] for j in data["wanted"]]  # fmt: skip
-    out.append("<h3>Next to be leased</h3>" + table(["task", "op", "target", "demand", "waiting", "key"], wanted, "wanted"))
+               f"{j['callers']:,}" if isinstance(j.get("callers"), int) else "–", e(_ago(j.get("first_seen"), now)), f"<code>{e(j['key'])}</code>"]
+              for j in data["wanted"]]  # fmt: skip
+    out.append("<h3>Next to be leased</h3>" + table(["task", "op", "target", "demand", "callers", "waiting", "key"], wanted, "wanted"))
     recent = []
     for ev in data["recent"]:
         what = ev.get("event", "push" + (" (verified)" if ev.get("verified") else " (claim)"))

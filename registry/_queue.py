@@ -3,8 +3,12 @@
 One job per key (reports of a known key raise its demand). Workers lease jobs; a lease that is
 neither acked nor renewed expires and the job returns to the queue, so a killed worker loses
 nothing. Failures are retried up to ``max_attempts`` leases, then the job is dead with its last
-error. Pending jobs are served most-demanded first, then oldest first (the compile hook reports a
-compile's misses costliest first, so its jobs come out in that order).
+error. Pending tune jobs are served asked for by the most callers first, then most demanded, then
+oldest first (the compile hook reports a compile's misses costliest first, so its jobs come out in
+that order). Callers come before demand because demand is one caller's to raise: a token that
+reports its own misses again and again, within its rate limit, would otherwise put them ahead of
+kernels that several of its colleagues wait for. A job remembers who asked as digests of their
+names (:func:`caller_tag`, at most :data:`MAX_CALLERS`; the count is public, the names are not).
 
 Two tasks share the queue: ``tune`` (one job per missed key; its job id is the key) and
 ``verify`` (one job per pushed claim or complaint: replay, check and re-measure one record; its
@@ -29,7 +33,7 @@ the same holder, lease ids are never listed, and an expired lease is reported (a
 given back on every read, not only when the next worker leases.
 
 Index layout (``queue_idx``): ``V|P|R | rank | seq | id`` for pending verify, tune and refine jobs (a
-tune job's rank is its inverted demand, a verification's its ordinal, then its inverted demand: :func:`_rank`)
+tune job's rank is its inverted callers and demand, a verification's its ordinal, then its inverted demand: :func:`_rank`)
 and ``L | lease expiry (ms) | id`` for leased ones, so leasing and reclaiming are range scans. ``queue_fit``
 holds each pending job's ``queue_idx`` row again with the job's *fit* after the lane (:func:`fit`: 8 bytes of a
 digest of its compiler fingerprint, target kind and device model), so a worker that names all three reads the
@@ -69,7 +73,8 @@ MAX_LEASE_SECS = 86400.0
 VERIFY_STREAK = 8  # verification leases in a row, after which a pending tune job that suits the worker goes first
 AWAITING = (PENDING, LEASED)  # the states in which a job counts against its requester
 _STREAK_ROW = b"queue:verify_streak"  # meta: verification leases since the last tune lease
-_PRIVATE = ("lease_id", "lease_holder", "kept")
+_PRIVATE = ("lease_id", "lease_holder", "kept", "asked_by")
+MAX_CALLERS = 64  # distinct callers a job remembers asking for it (its count stops there: past any job's but the most wanted's)
 _SUMMARY_DROP = ("workload", "trace", "args_info")
 
 
@@ -79,6 +84,16 @@ def verify_job_id(key: str, trace_id: str) -> str:
 
 
 _AWAITING_ROWS = b"queue_awaiting:"  # the prefix of every requester's counts in ``meta``
+
+
+def caller_tag(name: str) -> str:
+    """How a job remembers that ``name`` asked for it: 16 hex digits of a digest (a job's callers are counted, not listed)."""
+    return hashlib.sha256(name.encode()).hexdigest()[:16]
+
+
+def callers(job: dict[str, Any]) -> int:
+    """How many distinct callers asked for a job (its requester alone, for a job queued before they were counted)."""
+    return len(job.get("asked_by") or ()) or 1
 
 
 def awaiting_row(task: str, requester: str) -> bytes:
@@ -113,7 +128,8 @@ class MissQueue:
 
     def _index_order(self) -> None:
         """Rebuild ``queue_idx``, ``queue_fit`` and the requesters' counts of a store from before verifications were
-        ranked by ordinal (once, on open; a job queued then has ordinal 0 and its record's pusher as requester)."""
+        ranked by ordinal and tune jobs by callers (once, on open; a verification queued then has ordinal 0 and its
+        record's pusher as requester, a tune job its requester as its one caller)."""
         with self.store.write() as t:
             meta = self.store.dbs["meta"]
             if t.get(QUEUE_ORDER, db=meta) is not None:
@@ -215,6 +231,8 @@ class MissQueue:
         """A job as callers see it: no lease id, and an expired lease shown as given back."""
         out = {k: v for k, v in job.items() if k not in _PRIVATE and not (summary and k in _SUMMARY_DROP)}
         out.setdefault("task", TUNE)
+        if out["task"] == TUNE:
+            out["callers"] = callers(job)
         if job["state"] == LEASED and job["lease_expires"] < now:
             out["state"] = DEAD if job["attempts"] >= self.max_attempts else PENDING
             out["last_error"] = f"lease held by {job['lease_owner']!r} expired (attempt {job['attempts']})"
@@ -235,7 +253,7 @@ class MissQueue:
                     raise TooManyRequests(f"{by!r} has {waiting} reported misses awaiting tuning, the most this registry queues for one "
                                           "caller; nothing of this report was queued: report them again once workers have tuned some")
                 job = {
-                    **identity.to_dict(), "task": TUNE, "kind": target_kind(identity.target), "demand": 0, "requester": by,
+                    **identity.to_dict(), "task": TUNE, "kind": target_kind(identity.target), "demand": 0, "requester": by, "asked_by": [],
                     "state": DONE if has_records else PENDING, "attempts": 0, "first_seen": now,
                     "seq": self.store.next_seq(t, b"queue_seq"), "last_error": "",
                     "lease_id": "", "lease_owner": "", "lease_holder": "", "lease_expires": 0.0, "stage": "",
@@ -247,8 +265,11 @@ class MissQueue:
                     job.update(state=PENDING, attempts=0, stage="")
             job["demand"] += max(1, count)
             job["last_seen"] = now
+            asked_by = job.setdefault("asked_by", [caller_tag(requester(job))])
+            if (tag := caller_tag(by)) not in asked_by and len(asked_by) < MAX_CALLERS:
+                asked_by.append(tag)
             self._save(t, job, old)
-            return {"key": job["key"], "state": job["state"], "demand": job["demand"]}
+            return {"key": job["key"], "state": job["state"], "demand": job["demand"], "callers": callers(job)}
 
     def awaiting(self, who: str, task: str = VERIFY, txn: lmdb.Transaction | None = None) -> int:
         """How many jobs of ``task`` that ``who`` queued (their requester) are pending or leased."""
@@ -548,11 +569,11 @@ def _fit_row(job: dict[str, Any], index: bytes | None) -> bytes | None:
 
 
 def _rank(job: dict[str, Any]) -> int:
-    """Where a pending job sorts in its lane (smaller first): a tune job by its demand, most first; a verification by
-    its ordinal (its requester's jobs awaiting before it), then its demand."""
+    """Where a pending job sorts in its lane (smaller first): a tune job by its callers, then its demand, most first; a
+    verification by its ordinal (its requester's jobs awaiting before it), then its demand."""
     if job.get("task") == VERIFY:
         return (min(int(job.get("ordinal", 0)), 0xFFFF) << 16) | (0xFFFF - min(job["demand"], 0xFFFF))
-    return 0xFFFFFFFF - min(job["demand"], 0xFFFFFFFF)
+    return 0xFFFFFFFF - ((min(callers(job), 0xFFF) << 20) | min(job["demand"], 0xFFFFF))
 
 
 def _pending_prefix(job: dict[str, Any]) -> bytes:

@@ -54,6 +54,8 @@ def test_the_dashboard_shows_what_the_stats_say(tmp_path: Path, browser: webdriv
         admin.report_misses(missed + missed[:2])  # two of them in demand twice
         first = admin.lease("a worker", 1)[0]  # the most demanded: its first pass pushed, its search left for after every other first pass
         assert first.key == missed[0].key and admin.ack(first.key, first.lease_id, refine=True) == REFINE
+        with RegistryClient(srv.url, token="pusher-token") as pusher:
+            pusher.report_misses([missed[5]])  # asked for by a second caller
         admin.lookup([make_record(w, 1e-4).key for w in (1, 2, 3)] + [m.key for m in missed])
         stats = httpx.get(f"{srv.url}/v1/stats").json()
 
@@ -69,13 +71,14 @@ def test_the_dashboard_shows_what_the_stats_say(tmp_path: Path, browser: webdriv
         assert number("quarantined") == stats["quarantined"] == 1 and number("measurements") == stats["measurements"]
         assert all(number(f"queue-{state}") == n for state, n in stats["queue"].items()) and number("queue-pending") == 6 + 1  # six misses, one claim to verify
         assert number("lookups-hits") == stats["since_start"]["hits"] == 3 and number("lookups-misses") == stats["since_start"]["misses"] == 6
-        assert number("misses-reported") == 8
+        assert number("misses-reported") == 9
         assert len(browser.find_elements(By.CSS_SELECTOR, "#chart-ops rect")) == 7
         assert len(browser.find_elements(By.CSS_SELECTOR, "#chart-speedups rect")) == 7  # the claim's speedup is not among them
         assert len(browser.find_elements(By.CSS_SELECTOR, "#chart-lookups rect")) == 3
         wanted = [[td.text for td in row.find_elements(By.TAG_NAME, "td")] for row in browser.find_elements(By.CSS_SELECTOR, "#wanted tr")[1:]]
         assert [w[0] for w in wanted] == ["verify"] + ["tune"] * 5 + ["tune (refine)"]  # lease order: first passes before searches,
-        assert [w[3] for w in wanted[1:3]] == ["2", "1"] and wanted[-1][3] == "2"  # then most demand first
+        assert [w[4] for w in wanted[1:4]] == ["2", "1", "1"] and [w[3] for w in wanted[1:4]] == ["2", "2", "1"]  # then most callers,
+        assert wanted[1][-1] == missed[5].key and wanted[-1][3] == "2"  # then most demand first
         assert "<img src=x onerror=alert(1)>" in browser.find_element(By.ID, "quarantine").text  # text, not an element
         assert browser.find_elements(By.CSS_SELECTOR, "img, script") == []
         assert "mallory <script>" in browser.find_element(By.ID, "recent").text

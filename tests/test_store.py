@@ -218,7 +218,7 @@ def test_an_older_format_store_is_upgraded_with_its_new_indexes_rebuilt(tmp_path
             assert txn.stat(reg.store.dbs["by_struct"])["entries"] == 6 and reg.stats()["coverage"]["targets"] == 2
         assert (unchecked.key in reg.lookup([unchecked.key], refused=(refused := []))) == (older != b"1") and len(refused) == (older == b"1")  # left out of reads
         with reg.store.read() as txn:
-            assert txn.get(b"format", db=reg.store.dbs["meta"]) == _store.STORE_FORMAT == b"6"
+            assert txn.get(b"format", db=reg.store.dbs["meta"]) == _store.STORE_FORMAT == b"7"
 
 
 def test_a_format_4_store_gets_its_pending_verifications_ranked_by_requester(tmp_path: Path) -> None:
@@ -264,7 +264,35 @@ def test_a_format_4_store_gets_its_pending_verifications_ranked_by_requester(tmp
         assert sorted(leased) == sorted(r.key for r in [*claims, make_record(20, 1e-3)])  # each once
         assert reg.lease("w", max_jobs=10, lease_secs=60, tasks=("verify",)) == []
         with reg.store.read() as txn:
-            assert txn.get(b"format", db=reg.store.dbs["meta"]) == b"6"
+            assert txn.get(b"format", db=reg.store.dbs["meta"]) == b"7"
+
+
+def test_a_format_6_store_gets_its_pending_tune_jobs_ranked_by_callers(tmp_path: Path) -> None:
+    """Format 6 ranked a pending tune job by its demand alone: on upgrade the queue's order is rebuilt, so a job queued before
+    it and one queued after sort by the same rule (the older job's requester is its one caller)."""
+    from schedhub.registry import _store
+
+    older, newer = (make_record(30 + i, 1e-3).identity for i in range(2))
+    with LocalRegistry(tmp_path, sync=False) as reg:
+        reg.report_misses([older] * 5, by="ci")
+        store = reg.store
+        with store.env.begin(write=True) as txn:  # what a format-6 writer leaves
+            txn.put(b"format", b"6", db=store.dbs["meta"])
+            job = unpackb(txn.get(older.key.encode(), db=store.dbs["queue"]))
+            del job["asked_by"]
+            txn.put(older.key.encode(), packb(job), db=store.dbs["queue"])
+            for db in ("queue_idx", "queue_fit"):
+                rows = [row for row, _ in txn.cursor(db=store.dbs[db])]
+                for row in rows:
+                    txn.delete(row, db=store.dbs[db])
+                    at = len(row) - 64 - 12  # rank, seq, key at the row's end
+                    txn.put(row[:at] + struct.pack(">I", 0xFFFFFFFF - 5) + row[at + 4 :], b"", db=store.dbs[db])
+    with LocalRegistry(tmp_path, sync=False) as reg:
+        reg.report_misses([newer], by="alice")
+        assert {job["key"]: job["callers"] for job in reg.jobs("pending")} == {older.key: 1, newer.key: 1}
+        assert [lease.key for lease in reg.lease("w", max_jobs=2, lease_secs=60)] == [older.key, newer.key]  # then by demand
+        with reg.store.read() as txn:
+            assert txn.get(b"format", db=reg.store.dbs["meta"]) == _store.STORE_FORMAT
 
 
 def test_each_pushers_bytes_of_records_in_service_are_counted_through_every_way_in_and_out(tmp_path: Path) -> None:

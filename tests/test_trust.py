@@ -259,6 +259,20 @@ def test_reported_misses_are_rate_limited_per_caller(as_: dict[str, RegistryClie
     assert sum(job["demand"] for job in as_["root"].jobs()) == 6 + 2 + 1
 
 
+def test_a_miss_two_callers_wait_for_is_tuned_before_one_that_one_caller_reports_again_and_again(as_: dict[str, RegistryClient]) -> None:
+    """Demand is one caller's to raise (within its rate limit): the queue hands out what the most callers asked for first,
+    then the most demanded, so one token cannot put its own misses ahead of what its colleagues wait for."""
+    pushed, shared, plain = (make_record(300 + i, 1e-3).identity for i in range(3))
+    as_["reader"].report_misses([pushed] * 6 + [plain])
+    assert [r["callers"] for r in as_["alice"].report_misses([shared, plain])] == [1, 2]
+    assert [r["callers"] for r in as_["bob"].report_misses([shared, shared])] == [2, 2]  # a caller counts once
+    jobs = {job["key"]: job for job in as_["root"].jobs("pending")}
+    assert [(jobs[m.key]["callers"], jobs[m.key]["demand"]) for m in (pushed, shared, plain)] == [(1, 6), (2, 3), (2, 2)]
+    assert "asked_by" not in jobs[shared.key]  # who asked is counted, not listed
+    leased = [lease.key for lease in as_["w1"].lease("t", max_jobs=3, lease_secs=60, tasks=("tune",))]
+    assert leased == [shared.key, plain.key, pushed.key]  # most callers, then most demand
+
+
 def test_complaints_are_rate_limited(as_: dict[str, RegistryClient]) -> None:
     rec = make_record(4, 1e-3)
     as_["w1"].put(rec)
