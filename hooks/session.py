@@ -660,8 +660,8 @@ class HookSession:
 
     def flush_misses(self) -> None:
         """Report buffered misses in one request (skipped when offline or disabled), the kernel that costs the
-        compiled module the most time first (:meth:`miss_cost`): the registry's queue hands out jobs of equal
-        demand in the order they were first reported, so a worker's first passes speed the module up soonest."""
+        compiled module the most time first (:meth:`miss_cost`): the registry's queue hands out one caller's jobs
+        in the order they were first reported, so a worker's first passes speed the module up soonest."""
         if not self._pending_misses or not self.report_misses or self.offline:
             return
         misses = sorted((m for m in self._pending_misses.values() if tunable(m)), key=self.miss_cost, reverse=True)

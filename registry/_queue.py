@@ -3,12 +3,20 @@
 One job per key (reports of a known key raise its demand). Workers lease jobs; a lease that is
 neither acked nor renewed expires and the job returns to the queue, so a killed worker loses
 nothing. Failures are retried up to ``max_attempts`` leases, then the job is dead with its last
-error. Pending tune jobs are served asked for by the most callers first, then most demanded, then
-oldest first (the compile hook reports a compile's misses costliest first, so its jobs come out in
-that order). Callers come before demand because demand is one caller's to raise: a token that
-reports its own misses again and again, within its rate limit, would otherwise put them ahead of
-kernels that several of its colleagues wait for. A job remembers who asked as digests of their
-names (:func:`caller_tag`, at most :data:`MAX_CALLERS`; the count is public, the names are not).
+error.
+
+Pending tune jobs are served asked for by the most callers first, then by *turn*, then most
+demanded, then oldest first. Callers come first because a kernel several colleagues wait for helps
+the most. Turns take the requesters in rotation (start-time fair queuing): a job's turn is one past
+the later of its requester's last turn and the turn of the last tune job leased (the queue's clock),
+so a requester's jobs keep the order it reported them in (the compile hook reports a compile's
+misses costliest first) while another requester's first miss waits behind one of theirs, not all:
+a token whose compiles miss by the thousand (a CI run of a new model) cannot hold back everyone
+else's misses until its last is tuned, and one that was idle starts at the clock, not ahead of it.
+Demand comes last because it is one caller's to raise: a token that reports its own misses again
+and again, within its rate limit, would otherwise put them ahead of everyone else's. A job
+remembers who asked as digests of their names (:func:`caller_tag`, at most :data:`MAX_CALLERS`;
+the count is public, the names are not).
 
 Two tasks share the queue: ``tune`` (one job per missed key; its job id is the key) and
 ``verify`` (one job per pushed claim or complaint: replay, check and re-measure one record; its
@@ -32,8 +40,9 @@ A lease belongs to the token that took it: renew, ack, fail and release need the
 the same holder, lease ids are never listed, and an expired lease is reported (and treated) as
 given back on every read, not only when the next worker leases.
 
-Index layout (``queue_idx``): ``V|P|R | rank | seq | id`` for pending verify, tune and refine jobs (a
-tune job's rank is its inverted callers and demand, a verification's its ordinal, then its inverted demand: :func:`_rank`)
+Index layout (``queue_idx``): ``V|P|R | rank (8 bytes) | seq | id`` for pending verify, tune and refine jobs (a
+tune job's rank is its inverted callers, its turn and its inverted demand, a verification's its ordinal, then its
+inverted demand: :func:`_rank`)
 and ``L | lease expiry (ms) | id`` for leased ones, so leasing and reclaiming are range scans. ``queue_fit``
 holds each pending job's ``queue_idx`` row again with the job's *fit* after the lane (:func:`fit`: 8 bytes of a
 digest of its compiler fingerprint, target kind and device model), so a worker that names all three reads the
@@ -58,7 +67,7 @@ import lmdb
 from ._errors import InvalidRecord, LeaseLost, NotFound, TooManyRequests
 from ._keys import target_device, target_kind
 from ._records import Identity, Record, packb, unpackb
-from ._counts import add_count, drop_counts, read_count
+from ._counts import COUNT, add_count, drop_counts, read_count
 from ._history import ENDED, JOB, requester
 from ._store import QUEUE_ORDER, QUEUE_STATES, Store, queue_state_row
 
@@ -101,7 +110,15 @@ def awaiting_row(task: str, requester: str) -> bytes:
     return _AWAITING_ROWS + task.encode() + b"\0" + requester.encode()
 
 
-_U32, _U64 = struct.Struct(">I"), struct.Struct(">Q")
+_U64 = struct.Struct(">Q")
+_TURN_ROWS = b"queue_turn:"  # meta: the prefix of each requester's last tune job turn
+_CLOCK_ROW = b"queue:clock"  # meta: the turn of the last tune job leased
+MAX_TURN = 2**44 - 1  # what a rank holds of a turn (a million jobs a day for 48,000 years)
+
+
+def turn_row(requester: str) -> bytes:
+    """The ``meta`` row holding the turn a requester's latest tune job was given."""
+    return _TURN_ROWS + requester.encode()
 
 
 @dataclass(frozen=True)
@@ -128,8 +145,9 @@ class MissQueue:
 
     def _index_order(self) -> None:
         """Rebuild ``queue_idx``, ``queue_fit`` and the requesters' counts of a store from before verifications were
-        ranked by ordinal and tune jobs by callers (once, on open; a verification queued then has ordinal 0 and its
-        record's pusher as requester, a tune job its requester as its one caller)."""
+        ranked by ordinal and tune jobs by callers and turn (once, on open; a verification queued then has ordinal 0 and its
+        record's pusher as requester, a tune job its requester as its one caller and its place among its requester's jobs
+        awaiting work, oldest first, as its turn)."""
         with self.store.write() as t:
             meta = self.store.dbs["meta"]
             if t.get(QUEUE_ORDER, db=meta) is not None:
@@ -137,6 +155,7 @@ class MissQueue:
             t.drop(self._idx, delete=False)
             t.drop(self._fit, delete=False)
             drop_counts(t, meta, _AWAITING_ROWS)
+            self._take_turns(t)
             for _, raw in t.cursor(db=self._jobs):
                 job = unpackb(raw)
                 index = self._index_key(job)
@@ -148,6 +167,22 @@ class MissQueue:
                     add_count(t, meta, awaiting_row(job.get("task", TUNE), requester(job)), +1)
             t.put(QUEUE_ORDER, b"1", db=meta)
 
+    def _take_turns(self, txn: lmdb.Transaction) -> None:
+        """Give each tune job awaiting work that has no turn (queued before tune jobs had one) its turn after its requester's
+        jobs queued before it, oldest first."""
+        waiting = [job for _, raw in txn.cursor(db=self._jobs)
+                   if (job := unpackb(raw)).get("task", TUNE) == TUNE and job["state"] in AWAITING and "turn" not in job]  # fmt: skip
+        for job in sorted(waiting, key=lambda j: j["seq"]):
+            job["turn"] = self._next_turn(txn, requester(job))
+            txn.put(job["key"].encode(), packb(job), db=self._jobs)
+
+    def _next_turn(self, txn: lmdb.Transaction, who: str) -> int:
+        """The turn of a tune job ``who`` queues now: one past the later of its last turn and the queue's clock."""
+        meta = self.store.dbs["meta"]
+        turn = min(max(read_count(txn, meta, turn_row(who)), read_count(txn, meta, _CLOCK_ROW)) + 1, MAX_TURN)
+        txn.put(turn_row(who), COUNT.pack(turn), db=meta)
+        return turn
+
     # -- helpers ---------------------------------------------------------------------------
 
     def _get(self, txn: lmdb.Transaction, key: str) -> dict[str, Any] | None:
@@ -157,12 +192,16 @@ class MissQueue:
     def _index_key(self, job: dict[str, Any]) -> bytes | None:
         key = job["key"].encode()
         if job["state"] == PENDING:
-            return _pending_prefix(job) + _U32.pack(_rank(job)) + _U64.pack(job["seq"]) + key
+            return _pending_prefix(job) + _U64.pack(_rank(job)) + _U64.pack(job["seq"]) + key
         if job["state"] == LEASED:
             return b"L" + _U64.pack(int(job["lease_expires"] * 1000)) + key
         return None
 
     def _save(self, txn: lmdb.Transaction, job: dict[str, Any], old_index: bytes | None) -> None:
+        job_id = job["key"].encode()
+        stored = self._stored_state(txn, job_id)
+        if job.get("task", TUNE) == TUNE and job["state"] in AWAITING and stored not in AWAITING:  # queued, or back at work
+            job["turn"] = self._next_turn(txn, requester(job))
         new_index = self._index_key(job)
         if old_index is not None and old_index != new_index:
             self._unindex(txn, job, old_index)
@@ -170,8 +209,6 @@ class MissQueue:
             txn.put(new_index, b"", db=self._idx)
             if (new_fit := _fit_row(job, new_index)) is not None:
                 txn.put(new_fit, b"", db=self._fit)
-        job_id = job["key"].encode()
-        stored = self._stored_state(txn, job_id)
         if (stored in AWAITING) != (job["state"] in AWAITING):
             add_count(txn, self.store.dbs["meta"], awaiting_row(job.get("task", TUNE), requester(job)), +1 if job["state"] in AWAITING else -1)
         self.store.move_queue_job(txn, job_id, stored, job["state"])
@@ -318,7 +355,7 @@ class MissQueue:
         txn: lmdb.Transaction | None = None,
     ) -> list[Lease]:
         """Hand out up to ``max_jobs`` pending jobs (verifications first, by ordinal, then tune jobs awaiting their
-        first pass, then refine jobs; each most demanded first), reclaiming expired leases first. After
+        first pass, then refine jobs; tune jobs by callers, turn and demand), reclaiming expired leases first. After
         :data:`VERIFY_STREAK` verification leases in a row the tune jobs go first, once.
 
         ``fingerprint``, ``kind`` and ``device`` restrict the jobs to those a worker can do: its
@@ -350,6 +387,8 @@ class MissQueue:
             for job in taken:
                 streak = streak + 1 if job.get("task") == VERIFY else 0
             add_count(t, meta, _STREAK_ROW, streak - before)
+            if (turn := max((job.get("turn", 0) for job in taken if job.get("task", TUNE) == TUNE), default=0)) > read_count(t, meta, _CLOCK_ROW):
+                t.put(_CLOCK_ROW, COUNT.pack(turn), db=meta)  # the clock: a requester queueing from now on starts here
             leases = []
             for job in taken:
                 lease_id = secrets.token_hex(16)
@@ -375,7 +414,7 @@ class MissQueue:
                     yield row[len(prefix) :]  # rank, seq, id: the order of queue_idx in both
 
         for row in heapq.merge(*map(rows, prefixes)):
-            yield row[_U32.size + _U64.size :].decode()
+            yield row[2 * _U64.size :].decode()
 
     def _reclaim_expired(self, txn: lmdb.Transaction, now: float) -> None:
         cursor = txn.cursor(db=self._idx)
@@ -520,7 +559,7 @@ class MissQueue:
         return out
 
     def most_wanted(self, limit: int = 10) -> list[dict[str, Any]]:
-        """Pending jobs in lease order (verifications, first passes, refinements; each by demand, then age): a range scan."""
+        """Pending jobs in lease order (verifications, first passes, refinements; each in its rank): a range scan."""
         out: list[dict[str, Any]] = []
         with self.store.read() as t:
             cursor = t.cursor(db=self._idx)
@@ -530,7 +569,7 @@ class MissQueue:
                 for index, _ in cursor:
                     if not index.startswith(prefix) or len(out) >= limit:
                         break
-                    job = self._get(t, index[1 + _U32.size + _U64.size :].decode())
+                    job = self._get(t, index[1 + 2 * _U64.size :].decode())
                     if job is not None:
                         out.append(self._view(job, time.time(), summary=True))
         return out
@@ -569,11 +608,11 @@ def _fit_row(job: dict[str, Any], index: bytes | None) -> bytes | None:
 
 
 def _rank(job: dict[str, Any]) -> int:
-    """Where a pending job sorts in its lane (smaller first): a tune job by its callers, then its demand, most first; a
-    verification by its ordinal (its requester's jobs awaiting before it), then its demand."""
+    """Where a pending job sorts in its lane (smaller first): a tune job by its callers, most first, then its turn, then its
+    demand, most first; a verification by its ordinal (its requester's jobs awaiting before it), then its demand."""
     if job.get("task") == VERIFY:
         return (min(int(job.get("ordinal", 0)), 0xFFFF) << 16) | (0xFFFF - min(job["demand"], 0xFFFF))
-    return 0xFFFFFFFF - ((min(callers(job), 0xFFF) << 20) | min(job["demand"], 0xFFFFF))
+    return ((0xFF - min(callers(job), 0xFF)) << 56) | (min(int(job.get("turn", 0)), MAX_TURN) << 12) | (0xFFF - min(job["demand"], 0xFFF))
 
 
 def _pending_prefix(job: dict[str, Any]) -> bytes:

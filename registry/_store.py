@@ -36,8 +36,8 @@ MAX_COMPLAINANTS = 32
 STORE_FORMAT = b"7"  # 2: op_feed and queue_state; 3: target_feed, trials_by_target, agg_rank; 4: target_feed by op too; 5: verifications
 #                      queued by requester (queue_idx ranks them by ordinal), queue_fit, what callers have waiting and each pusher's
 #                      bytes of unverified log counted; 6: each caller's ended work kept within a budget (``kept``) and each
-#                      pusher's bytes of records in service counted; 7: queue_idx ranks tune jobs by their distinct callers
-#                      before their demand. Older formats are brought to 7 when opened writable
+#                      pusher's bytes of records in service counted; 7: queue_idx ranks tune jobs by their distinct callers,
+#                      then their requesters' turns, then their demand (8-byte ranks). Older formats are brought to 7 when opened writable
 _SEQ = struct.Struct(">Q")
 _SEQ_MAX = 2**64 - 1
 _DB_NAMES = ("records", "by_op", "by_struct", "changes", "log", "meta", "quarantine", "queue", "queue_idx", "agg", "trials", "queue_state", "op_feed", "target_feed",
@@ -50,8 +50,8 @@ TARGET_FEED = b"index:target_feed"  # meta flag: every key is in target_feed, un
 OP_TARGET_FEED = b"index:op_target_feed"  # meta flag: every key is in target_feed under its op with its kind and with its target too
 AGG_RANK = b"index:agg_rank"  # meta flag: every aggregate row is ranked in agg_rank and each dimension's names are counted
 RECORDS_OWNED = b"index:records_owned"  # meta flag: each pusher's bytes of records in service are counted (owned_row)
-QUEUE_ORDER = b"index:queue_order"  # meta flag: queue_idx ranks verifications by ordinal and tune jobs by callers, requesters'
-#                                     jobs are counted and every pending job is in queue_fit (the queue rebuilds them)
+QUEUE_ORDER = b"index:queue_order"  # meta flag: queue_idx ranks verifications by ordinal and tune jobs by callers and turn,
+#                                     requesters' jobs are counted and every pending job is in queue_fit (the queue rebuilds them)
 INDEXES = {OP_FEED: "op_feed", QUEUE_STATES: "queue_state", TARGET_FEED: "target_feed", OP_TARGET_FEED: "target_feed",
            TRIALS_BY_TARGET: "trials_by_target", AGG_RANK: "agg_rank"}  # fmt: skip
 #: What an upgrade rebuilds: the indexes a writer of that format did not keep (format 1 was written before by_struct and agg too).

@@ -341,7 +341,7 @@ class Uneven(nn.Module):
 
 
 def test_a_compile_queues_its_misses_costliest_first_counting_every_call(tmp_path: Path) -> None:
-    """The queue hands out jobs of equal demand oldest first, so a worker's first passes follow the order the
+    """The queue hands out one caller's jobs in the order they were first reported, so a worker's first passes follow the order the
     misses were reported: the costliest kernel of the module first (calls × its work on the default schedule)."""
     from schedhub.registry import LocalRegistry
 

@@ -24,12 +24,22 @@ def test_a_key_reported_twice_is_one_job_with_demand_two(local: LocalRegistry) -
     assert jobs[miss(1).key]["demand"] == 2 and jobs[miss(2).key]["demand"] == 1
 
 
-def test_most_demanded_job_is_leased_first(local: LocalRegistry) -> None:
+def test_a_callers_jobs_go_in_the_order_it_reported_them(local: LocalRegistry) -> None:
+    """The compile hook reports a compile's misses costliest first: one caller's demand does not reorder them."""
     local.report_misses([miss(1), miss(2), miss(2), miss(3)])
-    leases = local.lease("w", max_jobs=3, lease_secs=60)
-    assert leases[0].key == miss(2).key
-    assert [l.key for l in leases[1:]] == [miss(1).key, miss(3).key]  # then oldest first
+    assert [l.key for l in local.lease("w", max_jobs=3, lease_secs=60)] == [miss(1).key, miss(2).key, miss(3).key]
     assert local.lease("w", 5) == []
+
+
+def test_callers_take_turns_and_the_most_demanded_of_a_turn_goes_first(local: LocalRegistry) -> None:
+    """A caller's backlog (a CI run whose compiles missed a new model's every kernel) holds another caller's misses back by
+    one of its own each, not all of them; a caller that starts reporting later starts at the queue's clock, not ahead."""
+    ci, dev = [miss(10 + i) for i in range(5)], [miss(20 + i) for i in range(2)]
+    local.report_misses(ci * 2, by="ci")  # demand 2 each
+    local.report_misses(dev, by="dev")
+    assert [l.key for l in local.lease("w", max_jobs=4, lease_secs=60)] == [ci[0].key, dev[0].key, ci[1].key, dev[1].key]
+    local.report_misses([miss(30)], by="late")
+    assert [l.key for l in local.lease("w", max_jobs=4, lease_secs=60)] == [ci[2].key, miss(30).key, ci[3].key, ci[4].key]
 
 
 def test_a_worker_leases_only_jobs_for_its_compiler_and_target_kind(local: LocalRegistry, client) -> None:
@@ -69,8 +79,8 @@ def test_a_worker_naming_its_compiler_kind_and_device_gets_its_jobs_and_its_kind
     elsewhere = Identity.from_obj({**elsewhere.to_dict(), "fingerprint": "tvm=0.99", "key": record_key("tvm=0.99", zen, elsewhere.workload)})
     ours = {(t, w): make_record(w, 1e-3, target=t).identity for t, w in ((zen, 31), (generic, 32), (zen, 33), (generic, 34))}
     local.report_misses([elsewhere] * 9)
-    for demand, identity in zip((1, 3, 2, 1), ours.values()):
-        local.report_misses([identity] * demand)
+    for caller, (demand, identity) in enumerate(zip((1, 3, 2, 1), ours.values())):
+        local.report_misses([identity] * demand, by=f"caller{caller}")  # each its caller's first: one turn
     leased = local.lease("zen", max_jobs=9, lease_secs=60, fingerprint=FINGERPRINT, kind="llvm", device="znver3")
     assert [l.key for l in leased] == [ours[generic, 32].key, ours[zen, 33].key, ours[zen, 31].key, ours[generic, 34].key]  # by demand, then age
     assert [j["key"] for j in local.jobs("pending")] == [elsewhere.key]

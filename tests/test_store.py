@@ -12,6 +12,10 @@ from schedhub.registry import LocalRegistry, Record, RegistryError, Store, Store
 from .conftest import TARGET, make_record, store_unchecked
 
 
+def miss(workload: int):  # type: ignore[no-untyped-def]
+    return make_record(workload, 1e-3).identity
+
+
 def test_top_k_keeps_the_fastest_best_first(tmp_path: Path) -> None:
     with LocalRegistry(tmp_path, sync=False, top_k=3) as reg:
         times = [5.0, 1.0, 4.0, 2.0, 6.0]
@@ -241,9 +245,9 @@ def test_a_format_4_store_gets_its_pending_verifications_ranked_by_requester(tmp
             txn.put(b"format", b"4", db=store.dbs["meta"])
             txn.delete(_store.QUEUE_ORDER, db=store.dbs["meta"])
             for row in [k for k, _ in txn.cursor(db=store.dbs["queue_idx"]) if k.startswith(b"V")]:
-                demand = unpackb(txn.get(row[13:], db=store.dbs["queue"]))["demand"]
-                txn.delete(row, db=store.dbs["queue_idx"])
-                txn.put(b"V" + struct.pack(">I", 0xFFFFFFFF - demand) + row[5:], b"", db=store.dbs["queue_idx"])
+                demand = unpackb(txn.get(row[17:], db=store.dbs["queue"]))["demand"]
+                txn.delete(row, db=store.dbs["queue_idx"])  # format 4's row: a 4-byte rank, the demand's
+                txn.put(b"V" + struct.pack(">I", 0xFFFFFFFF - demand) + row[9:], b"", db=store.dbs["queue_idx"])
             txn.delete(TRIALS_CLAIMED, db=store.dbs["meta"])
             rows = txn.cursor(db=store.dbs["meta"])
             for counted in (b"queue_awaiting:", b"trials_claimed:"):
@@ -267,30 +271,32 @@ def test_a_format_4_store_gets_its_pending_verifications_ranked_by_requester(tmp
             assert txn.get(b"format", db=reg.store.dbs["meta"]) == b"7"
 
 
-def test_a_format_6_store_gets_its_pending_tune_jobs_ranked_by_callers(tmp_path: Path) -> None:
-    """Format 6 ranked a pending tune job by its demand alone: on upgrade the queue's order is rebuilt, so a job queued before
-    it and one queued after sort by the same rule (the older job's requester is its one caller)."""
+def test_a_format_6_store_gets_its_pending_tune_jobs_ranked_by_callers_and_turns(tmp_path: Path) -> None:
+    """Format 6 ranked a pending tune job by its demand alone, in a 4-byte rank: on upgrade each job gets its turn among
+    its requester's (oldest first) and the queue's order is rebuilt, so jobs queued before it and after sort by one rule."""
     from schedhub.registry import _store
 
-    older, newer = (make_record(30 + i, 1e-3).identity for i in range(2))
+    ci, dev, late = [miss(30 + i) for i in range(3)], miss(40), miss(41)
     with LocalRegistry(tmp_path, sync=False) as reg:
-        reg.report_misses([older] * 5, by="ci")
+        reg.report_misses(ci * 2, by="ci")  # demand 2 each
+        reg.report_misses([dev], by="dev")
         store = reg.store
         with store.env.begin(write=True) as txn:  # what a format-6 writer leaves
             txn.put(b"format", b"6", db=store.dbs["meta"])
-            job = unpackb(txn.get(older.key.encode(), db=store.dbs["queue"]))
-            del job["asked_by"]
-            txn.put(older.key.encode(), packb(job), db=store.dbs["queue"])
             for db in ("queue_idx", "queue_fit"):
-                rows = [row for row, _ in txn.cursor(db=store.dbs[db])]
-                for row in rows:
-                    txn.delete(row, db=store.dbs[db])
-                    at = len(row) - 64 - 12  # rank, seq, key at the row's end
-                    txn.put(row[:at] + struct.pack(">I", 0xFFFFFFFF - 5) + row[at + 4 :], b"", db=store.dbs[db])
+                txn.drop(store.dbs[db], delete=False)
+            for job_id, raw in list(txn.cursor(db=store.dbs["queue"])):
+                job = {k: v for k, v in unpackb(raw).items() if k not in ("asked_by", "turn")}
+                txn.put(job_id, packb(job), db=store.dbs["queue"])
+                txn.put(b"P" + struct.pack(">I", 0xFFFFFFFF - job["demand"]) + struct.pack(">Q", job["seq"]) + job_id, b"", db=store.dbs["queue_idx"])
+            rows = txn.cursor(db=store.dbs["meta"])
+            while rows.set_range(b"queue_turn:") and rows.key().startswith(b"queue_turn:"):
+                rows.delete()
     with LocalRegistry(tmp_path, sync=False) as reg:
-        reg.report_misses([newer], by="alice")
-        assert {job["key"]: job["callers"] for job in reg.jobs("pending")} == {older.key: 1, newer.key: 1}
-        assert [lease.key for lease in reg.lease("w", max_jobs=2, lease_secs=60)] == [older.key, newer.key]  # then by demand
+        reg.report_misses([late], by="late")
+        assert sorted(job["callers"] for job in reg.jobs("pending")) == [1] * 5  # a job queued before counts its requester
+        leased = [lease.key for lease in reg.lease("w", max_jobs=5, lease_secs=60)]
+        assert leased == [ci[0].key, dev.key, late.key, ci[1].key, ci[2].key]  # each requester's first, the most demanded of them first
         with reg.store.read() as txn:
             assert txn.get(b"format", db=reg.store.dbs["meta"]) == _store.STORE_FORMAT
 
