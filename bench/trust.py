@@ -245,6 +245,39 @@ def history(tmp: Path, jobs: int, workload_bytes: int = 256 << 10) -> dict[str, 
     return out
 
 
+def turns(tmp: Path, backlog: int, own: int = 5) -> dict[str, Any]:
+    """One read token (a CI run) reports ``backlog`` misses twice over (its bound of misses awaiting tuning), then another
+    (a developer) reports ``own``; a worker leases and acks one job at a time: at which lease each of the developer's
+    jobs came out, and what a report and a lease cost with that queue."""
+    from schedhub.registry import CallerBounds
+
+    tokens = {"ci": Principal("ci", "read"), "dev": Principal("dev", "read"), "w": Principal("tuner", "worker")}
+    bounds = CallerBounds(misses_per_minute=10**6, misses_awaiting=backlog)
+    with ServerThread(tmp / "turns", tokens=tokens, sync=False, bounds=bounds) as srv, RegistryClient(srv.url, token="ci") as ci, \
+            RegistryClient(srv.url, token="dev") as dev, RegistryClient(srv.url, token="w") as worker:  # fmt: skip
+        theirs = [_record(n).identity for n in range(backlog)]
+        report_secs = []
+        for again in range(2):
+            for start in range(0, backlog, 500):
+                started = time.perf_counter()
+                ci.report_misses(theirs[start : start + 500])
+                report_secs.append((time.perf_counter() - started) / len(theirs[start : start + 500]))
+        mine = {_record(backlog + n).identity.key for n in range(own)}
+        dev.report_misses([_record(backlog + n).identity for n in range(own)])
+        positions, lease_secs = [], []
+        for position in range(1, backlog + own + 1):
+            started = time.perf_counter()
+            (lease,) = worker.lease("bench", lease_secs=60, tasks=("tune",))
+            worker.ack(lease.key, lease.lease_id)
+            lease_secs.append(time.perf_counter() - started)
+            if lease.key in mine:
+                positions.append(position)
+                if len(positions) == own:
+                    break
+    return {"backlog": backlog, "own": own, "own_leased_at": positions, "report_ms_per_miss": round(statistics.median(report_secs) * 1e3, 3),
+            "lease_and_ack_ms": round(statistics.median(lease_secs) * 1e3, 2)}  # fmt: skip
+
+
 def _pushes_while(pusher: RegistryClient, fresh: Iterator[int], work: Callable[[], Any]) -> tuple[list[float], float]:
     """Push one new record at a time until ``work`` (on a thread) is done: each push's seconds, and the work's."""
     done, secs = threading.Event(), []
@@ -455,6 +488,7 @@ def main() -> None:
         tmp = Path(tmp_dir)
         for name, fn in (("poisoning", lambda: poisoning(tmp)), ("ownership", lambda: ownership(tmp)), ("compile_bomb", lambda: compile_bomb(tmp, 5)),
                          ("stall", lambda: stall(tmp)), ("queue", lambda: queue_abuse(tmp)), ("history", lambda: history(tmp, 300 if args.quick else 1000)),
+                         ("turns", lambda: turns(tmp, 4096)),
                          ("forget", lambda: forgetting(tmp, 20_000 if args.quick else 100_000, 5_000 if args.quick else 20_000)),
                          ("fuzz", lambda: fuzzing(tmp, 45 if args.quick else 480)), ("timeouts", lambda: timeouts(tmp, 300 if args.quick else 900)),
                          ("ray", ray_exposure), ("durability", lambda: durability(tmp, 8, 200 if args.quick else 1000, 5 if args.quick else 20))):  # fmt: skip
