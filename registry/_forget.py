@@ -21,7 +21,7 @@ from ._store import Store
 from ._trials import TrialStore
 
 BATCH = 500  # items a write transaction takes out
-FORGOTTEN = ("records", "complaints", "jobs", "trial_logs", "kept")
+FORGOTTEN = ("records", "complaints", "jobs", "jobs_handed_over", "trial_logs", "kept")
 
 #: One write transaction's share of the work: given the transaction, it adds what it took out to the counts.
 Step = Callable[[lmdb.Transaction, dict[str, int]], None]
@@ -29,14 +29,14 @@ Step = Callable[[lmdb.Transaction, dict[str, int]], None]
 
 def forget_steps(store: Store, queue: MissQueue, trials: TrialStore, name: str, *, verified: bool = False) -> Iterator[Step]:
     """The steps that take out ``name``'s records (its claims; with ``verified`` its verified records too) and its
-    complaints, the queue jobs it asked for (miss reports, claims' verifications, complaints), its measurement log
-    and its ended work."""
+    complaints, the queue jobs it asked for (miss reports, claims' verifications, complaints; a miss that others
+    reported too passes to the next of them), its measurement log and its ended work."""
     mine = _records_of(store, name, verified)
     for start in range(0, len(mine), BATCH):
         yield lambda txn, counts, keys=mine[start : start + BATCH]: _take_records(store, txn, keys, name, verified, counts)
-    jobs = _scan(store, "queue", lambda job_id, raw: requester(unpackb(raw)) == name)
+    jobs = _scan(store, "queue", lambda job_id, raw: requester(job := unpackb(raw)) == name or name in job.get("asked_by", ()))
     for start in range(0, len(jobs), BATCH):
-        yield lambda txn, counts, ids=jobs[start : start + BATCH]: _count(counts, "jobs", sum(queue.drop(i.decode(), of=name, txn=txn) for i in ids))
+        yield lambda txn, counts, ids=jobs[start : start + BATCH]: _hand_over(queue, txn, ids, name, counts)
     logs = _scan(store, "trials", lambda db_key, raw: db_key.split(b"\0", 1)[-1] == name.encode())
     for start in range(0, len(logs), BATCH):
         yield lambda txn, counts, rows=logs[start : start + BATCH]: _count(counts, "trial_logs", sum(trials.drop(row, txn=txn) for row in rows))
@@ -50,6 +50,13 @@ def forget(store: Store, queue: MissQueue, trials: TrialStore, name: str, *, ver
         with store.write() as txn:
             step(txn, counts)
     return counts
+
+
+def _hand_over(queue: MissQueue, txn: lmdb.Transaction, ids: list[bytes], name: str, counts: dict[str, int]) -> None:
+    for job_id in ids:
+        outcome = queue.hand_over(job_id.decode(), name, txn=txn)
+        counts["jobs"] += outcome == "dropped"
+        counts["jobs_handed_over"] += outcome == "handed over"
 
 
 def _count(counts: dict[str, int], kind: str, taken: int) -> None:

@@ -15,8 +15,9 @@ a token whose compiles miss by the thousand (a CI run of a new model) cannot hol
 else's misses until its last is tuned, and one that was idle starts at the clock, not ahead of it.
 Demand comes last because it is one caller's to raise: a token that reports its own misses again
 and again, within its rate limit, would otherwise put them ahead of everyone else's. A job
-remembers who asked as digests of their names (:func:`caller_tag`, at most :data:`MAX_CALLERS`;
-the count is public, the names are not).
+remembers who asked (``asked_by``, at most :data:`MAX_CALLERS` names; the count is public, the
+names are not), so a job whose requester is forgotten passes to the next caller who asked
+(:meth:`MissQueue.hand_over`) instead of leaving with it.
 
 Two tasks share the queue: ``tune`` (one job per missed key; its job id is the key) and
 ``verify`` (one job per pushed claim or complaint: replay, check and re-measure one record; its
@@ -93,11 +94,6 @@ def verify_job_id(key: str, trace_id: str) -> str:
 
 
 _AWAITING_ROWS = b"queue_awaiting:"  # the prefix of every requester's counts in ``meta``
-
-
-def caller_tag(name: str) -> str:
-    """How a job remembers that ``name`` asked for it: 16 hex digits of a digest (a job's callers are counted, not listed)."""
-    return hashlib.sha256(name.encode()).hexdigest()[:16]
 
 
 def callers(job: dict[str, Any]) -> int:
@@ -302,9 +298,9 @@ class MissQueue:
                     job.update(state=PENDING, attempts=0, stage="")
             job["demand"] += max(1, count)
             job["last_seen"] = now
-            asked_by = job.setdefault("asked_by", [caller_tag(requester(job))])
-            if (tag := caller_tag(by)) not in asked_by and len(asked_by) < MAX_CALLERS:
-                asked_by.append(tag)
+            asked_by = job.setdefault("asked_by", [requester(job)])
+            if by not in asked_by and len(asked_by) < MAX_CALLERS:
+                asked_by.append(by)
             self._save(t, job, old)
             return {"key": job["key"], "state": job["state"], "demand": job["demand"], "callers": callers(job)}
 
@@ -481,6 +477,32 @@ class MissQueue:
                 raise NotFound(f"no queue job for key {key}: never queued, or an ended job its requester's history no longer keeps "
                                "(the next miss report of it queues it again)")
             self._set_state(t, job, PENDING, attempts=0, stage="")
+
+    def hand_over(self, key: str, of: str, *, txn: lmdb.Transaction | None = None) -> str:
+        """Take caller ``of`` (being forgotten) out of a job: a tune job awaiting work that others asked for too passes to the
+        next of them, its turn kept ('handed over'); any other job of its requester's is dropped ('dropped'); one it only
+        asked for counts it no more ('left'); '' where ``of`` had no part in it."""
+        with self.store.write(txn) as t:
+            job = self._get(t, key)
+            if job is None:
+                return ""
+            others = [name for name in job.get("asked_by", ()) if name != of]
+            if requester(job) != of:
+                if len(others) == len(job.get("asked_by", ())):
+                    return ""
+                old = self._index_key(job)
+                job["asked_by"] = others
+                self._save(t, job, old)
+                return "left"
+            if job.get("task", TUNE) != TUNE or job["state"] not in AWAITING or not others:
+                return "dropped" if self.drop(key, of=of, txn=t) else ""
+            old = self._index_key(job)
+            meta = self.store.dbs["meta"]
+            add_count(t, meta, awaiting_row(TUNE, of), -1)
+            add_count(t, meta, awaiting_row(TUNE, others[0]), +1)
+            job.update(requester=others[0], asked_by=others)
+            self._save(t, job, old)
+            return "handed over"
 
     def drop(self, key: str, *, of: str | None = None, txn: lmdb.Transaction | None = None) -> bool:
         """Delete a job whatever its state, if it is requester ``of``'s when named (an admin forgetting its requester;

@@ -138,7 +138,7 @@ def test_only_an_admin_quarantines_and_the_list_names_the_pusher(tmp_path: Path)
         listing = run("quarantined", "-r", srv.url)
         assert rec.trace_id in listing and "alice" in listing
         assert CliRunner().invoke(cli, ["forget", "alice", "-r", srv.url, "--token", "pub"]).exit_code == 1
-        assert "forgot alice: 0 records, 0 complaints, 1 jobs, 0 trial logs, 1 kept" in run("forget", "alice", "-r", srv.url, "--token", "adm")
+        assert "forgot alice: 0 records, 0 complaints, 1 jobs, 0 jobs handed over, 0 trial logs, 1 kept" in run("forget", "alice", "-r", srv.url, "--token", "adm")
         assert "alice" not in run("quarantined", "-r", srv.url)
         run("push", *_file(tmp_path, make_record(4, 1e-3)), "--registry", srv.url, "--token", "pub")
         for w in (5, 6):
