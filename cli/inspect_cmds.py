@@ -9,7 +9,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from schedhub.registry import LocalRegistry, NotFound, Record, RefusedRecord, Registry, task_label
+from schedhub.registry import LocalRegistry, NotFound, Record, RefusedRecord, Registry, by_bytes_held, size_text, task_label
 
 from .common import DEFAULT_REGISTRY, labelled, open_registry, out, registry_option, reports_errors, target_filter_option
 
@@ -227,14 +227,10 @@ def callers(registry: str, token: str | None) -> None:
         out.print("no caller holds anything here")
         return
     table = Table("caller", "records", "claims awaiting", "misses awaiting", "unverified log", "kept history")
-    for item in sorted(held, key=lambda c: (-(c["records_bytes"] + c["claimed_log_bytes"] + c["kept_bytes"]), c["name"])):
-        table.add_row(item["name"] or "(local)", _mib(item["records_bytes"]), str(item["claims_awaiting"]), str(item["misses_awaiting"]),
-                      _mib(item["claimed_log_bytes"]), _mib(item["kept_bytes"]))  # fmt: skip
+    for item in sorted(held, key=by_bytes_held):
+        table.add_row(item["name"] or "(local)", size_text(item["records_bytes"]), str(item["claims_awaiting"]), str(item["misses_awaiting"]),
+                      size_text(item["claimed_log_bytes"]), size_text(item["kept_bytes"]))  # fmt: skip
     out.print(table)
-
-
-def _mib(count: int) -> str:
-    return f"{count / 2**20:,.2f} MiB"
 
 
 @click.command("quarantined")

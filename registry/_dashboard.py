@@ -16,6 +16,7 @@ from typing import Any
 
 from ._keys import target_kind
 from ._queue import task_label
+from ._usage import size_text
 
 BUCKET_SECS = 600  # lookup activity in 10-minute buckets
 BUCKETS = 144  # the last 24 hours
@@ -164,5 +165,10 @@ def render(stats: dict[str, Any], data: dict[str, Any], activity: list[tuple[int
     quarantined = [[e(_ago(q["at"], now)), e(q["by"] or "local"), e(q["reason"][:160]), f"<code>{e(q['key'])}</code>"] for q in data["quarantined"]]
     out.append("<h3>Quarantine and complaints</h3>" + table(["ago", "pushed by", "reason", "key"], quarantined, "quarantine"))
     out.append(f"<p><span id=complaints>{since_start.get('complaints', 0):,}</span> complaints since the server started.</p></div></div>")
+    held = [[e(c["name"] or "local"), size_text(c["records_bytes"]), f"{c['claims_awaiting']:,}", f"{c['misses_awaiting']:,}", size_text(c["claimed_log_bytes"]),
+             size_text(c["kept_bytes"])] for c in data["callers"]]  # fmt: skip
+    out.append("<h2>Callers holding the most</h2>" + table(["caller", "records in service", "claims awaiting", "misses awaiting", "unverified log",
+                                                            "kept history"], held, "callers"))  # fmt: skip
+    out.append("<p>Of the first 1,000 callers by name; <code>schedhub callers</code> lists them all.</p>" if data["more_callers"] else "")
     out.append("</body></html>")
     return "".join(out)

@@ -23,7 +23,7 @@ from ._neighbours import Candidate, Probe, served_candidates
 from ._records import Identity, Record, RefusedRecord, served_records
 from ._store import KeyPage, KeySummary, PutResult, Store
 from ._trials import TrialLog, TrialStore, iter_pages
-from ._usage import usage_page
+from ._usage import largest, usage_page
 
 
 class LocalRegistry:
@@ -282,7 +282,10 @@ class LocalRegistry:
         return {**self.store.stats(), "queue": self.queue.counts()}
 
     def dashboard_data(self, recent: int = 20, top: int | None = None) -> dict[str, Any]:
-        """What the dashboard shows beside the stats: aggregates (each dimension's ``top``), the newest log entries, the most wanted jobs, quarantine."""
-        return {"aggregates": self.store.aggregates(top), "recent": self.store.recent_log(recent),
-                "wanted": self.queue.most_wanted(recent), "quarantined": self.store.quarantined(recent)}  # fmt: skip
+        """What the dashboard shows beside the stats: aggregates (each dimension's ``top``), the newest log entries, the most wanted jobs, quarantine,
+        the callers holding the most bytes."""
+        with self.store.read() as txn:
+            callers, more = largest(txn, self.store.dbs["meta"], top or recent)
+        return {"aggregates": self.store.aggregates(top), "recent": self.store.recent_log(recent), "wanted": self.queue.most_wanted(recent),
+                "quarantined": self.store.quarantined(recent), "callers": callers, "more_callers": more}  # fmt: skip
 

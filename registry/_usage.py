@@ -51,3 +51,33 @@ def usage_page(txn: lmdb.Transaction, meta: Any, after: str = "", limit: int = 1
     more = more or len(listed) > limit
     return [{"name": name.decode(), **{count: read_count(txn, meta, row_of(name)) for count, row_of in USAGE.items()}}
             for name in listed[:limit]], more  # fmt: skip
+
+
+HELD_BYTES = ("records_bytes", "claimed_log_bytes", "kept_bytes")  # the counts that are bytes of the store
+
+
+def size_text(count: int) -> str:
+    """Bytes as listings show them: in the largest unit of which there is at least one."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if count >= size:
+            return f"{count / size:,.2f} {unit}"
+    return f"{count:,} B"
+
+
+def by_bytes_held(item: dict[str, Any]) -> tuple[int, str]:
+    """The order of callers by what they hold, most bytes of the store first (then by name)."""
+    return -sum(item[count] for count in HELD_BYTES), item["name"]
+
+
+def largest(txn: lmdb.Transaction, meta: Any, top: int, scan: int = 1000) -> tuple[list[dict[str, Any]], bool]:
+    """The ``top`` callers holding the most bytes among the first ``scan`` by name (:func:`usage_page`'s pages); and
+    whether callers past ``scan`` were left unread (a registry's callers are its tokens' names: few)."""
+    held: list[dict[str, Any]] = []
+    after, more = "", True
+    while more and len(held) < scan:
+        page, more = usage_page(txn, meta, after, min(500, scan - len(held)))
+        held += page
+        after = page[-1]["name"] if page else after
+        more = more and bool(page)
+    return sorted(held, key=by_bytes_held)[:top], more
+

@@ -82,6 +82,11 @@ def test_the_dashboard_shows_what_the_stats_say(tmp_path: Path, browser: webdriv
         assert "<img src=x onerror=alert(1)>" in browser.find_element(By.ID, "quarantine").text  # text, not an element
         assert browser.find_elements(By.CSS_SELECTOR, "img, script") == []
         assert "mallory <script>" in browser.find_element(By.ID, "recent").text
+        holders = [[td.text for td in row.find_elements(By.TAG_NAME, "td")] for row in browser.find_elements(By.CSS_SELECTOR, "#callers tr")[1:]]
+        listed = {item["name"]: item for item in httpx.get(f"{srv.url}/v1/callers").json()["items"]}
+        assert [h[0] for h in holders] == ["admin-tester", "mallory <script>"]  # most bytes held first; a name is text
+        assert holders[0][1] == f"{listed['admin-tester']['records_bytes'] / 2**10:,.2f} KiB" and holders[0][3] == "6"  # records; misses awaiting
+        assert holders[1][2] == "1" and holders[1][5] == f"{listed['mallory <script>']['kept_bytes']} B" != "0 B"  # a claim awaiting; one quarantined
         SCREENSHOT.parent.mkdir(exist_ok=True)
         browser.save_screenshot(str(SCREENSHOT))
     assert SCREENSHOT.stat().st_size > 10_000
