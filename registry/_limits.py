@@ -320,8 +320,17 @@ def check_instruction_kinds(trace: list[Any]) -> None:
 MAX_GRAPH_NODES = 1024
 MAX_GRAPH_DEPTH = 64
 _GRAPH_LITERALS = {"int": int, "float": float, "bool": bool, "ffi.String": str}
-_GRAPH_OBJECTS = frozenset({"ir.PrimType", "ir.Var", "ir.IntImm", "tirx.IndexMap"} | {f"prim.{op}" for op in (
+_GRAPH_OBJECTS = frozenset({"ir.PrimType", "ir.Var", "ir.IntImm", "ir.FloatImm", "tirx.IndexMap"} | {f"prim.{op}" for op in (
     "Add", "Sub", "Mul", "Div", "Mod", "FloorDiv", "FloorMod", "Min", "Max")})  # fmt: skip
+#: Fields a graph writes inline, not as a node's index, by object type ("" any): a type's dtype (short text), a float
+#: constant's value (a pad value: ``transform_layout(..., pad_value=0.0)``).
+_INLINE_FIELDS: dict[tuple[str, str], Callable[[Any], bool]] = {("", "dtype"): lambda v: isinstance(v, str) and len(v) <= 32,
+                                                                ("ir.FloatImm", "value"): lambda v: type(v) is float}  # fmt: skip
+
+
+def _inline(kind: str, field: str, value: Any) -> bool:
+    check = _INLINE_FIELDS.get((kind, field)) or _INLINE_FIELDS.get(("", field))
+    return check is not None and check(value)
 
 
 def check_object_graphs(trace: list[Any]) -> None:
@@ -359,8 +368,8 @@ def _graph_problem(text: str) -> str | None:
             refs = []
         elif kind == "ffi.Array" and isinstance(data, list):
             refs = data
-        elif kind in _GRAPH_OBJECTS and isinstance(data, dict):  # fields name nodes, but a type's dtype is inline text
-            refs = [v for k, v in data.items() if not (k == "dtype" and isinstance(v, str) and len(v) <= 32)]
+        elif kind in _GRAPH_OBJECTS and isinstance(data, dict):  # fields name nodes, but a few are written inline
+            refs = [v for k, v in data.items() if not _inline(kind, k, v)]
         else:
             return f"node {index} is a {str(kind)[:40]!r}, not part of an IndexMap"
         if not all(type(r) is int and 0 <= r < index for r in refs):

@@ -343,12 +343,19 @@ def test_an_object_graph_in_a_trace_is_loaded_by_tvm_only_when_it_is_a_small_ind
         "names a later node": graph_changed(lambda graph: graph["nodes"][3]["data"].update(name=len(graph["nodes"]) - 1)),
         "a chain 100 deep": graph_changed(lambda graph: chain(graph, 100)),
         "another object": graph_changed(lambda graph: graph["nodes"].__setitem__(0, {"type": "ir.GlobalVar", "data": {}})),
+        "an integer written as a float": graph_changed(lambda graph: next(n for n in graph["nodes"] if n["type"] == "ir.IntImm")["data"].update(value=4.0)),  # only a float's value is inline
     }
     shallow = graph_changed(lambda graph: chain(graph, 20))
-    for text in (legit, shallow):
+    a60 = te.placeholder((60, 64), name="A")
+    func60 = te.create_prim_func([a60, te.compute((60, 64), lambda i, j: a60[i, j] + 1.0, name="B")])
+    sch = tvm.s_tir.Schedule(func60)
+    sch.transform_layout(sch.get_sblock("B"), ("write", 0), lambda i, j: (i // 16, j, i % 16), pad_value=0.0)  # 60 rows padded to 64
+    padded = trace_text(sch.trace)
+    for text in (legit, shallow, padded):
         check_object_graphs(json.loads(text))
         check_trace_size(text, ScheduleLimits())
     replay_schedule(tvm.IRModule({"main": func}), json.loads(shallow))  # what the checks let through, TVM loads
+    replay_schedule(tvm.IRModule({"main": func60}), json.loads(padded))
     with RegistryClient(server.url, token="a") as alice:
         identity = workload_identity(func, CPU, "B")
         for name, text in hostile.items():
