@@ -148,9 +148,18 @@ def stats_rows(stats: dict[str, Any]) -> list[tuple[str, str]]:
 @click.command()
 @registry_option
 @click.option("--state", type=click.Choice(["pending", "leased", "done", "dead"]), default=None)
+@click.option("--next", "upcoming", type=click.IntRange(1, 100_000), default=None, metavar="N",
+              help="The next N pending jobs in the order they are handed out (most callers first, then the callers' turns).")
 @reports_errors
-def queue(registry: str, token: str | None, state: str | None) -> None:
-    """Jobs in the miss queue."""
+def queue(registry: str, token: str | None, state: str | None, upcoming: int | None) -> None:
+    """Jobs in the miss queue (by job id; --next: in the order workers get them)."""
+    if upcoming is not None:
+        table = Table("#", "key", "task", "op", "requester", "callers", "demand")
+        for place, job in enumerate(open_registry(registry, token, readonly=True).jobs_in_lease_order(upcoming), 1):
+            table.add_row(str(place), job["key"], task_label(job), job["op"], job.get("requester") or "(local)", str(job.get("callers", "")),
+                          str(job["demand"]))  # fmt: skip
+        out.print(table)
+        return
     table = Table("key", "task", "op", "state", "callers", "demand", "attempts", "last error")
     for job in open_registry(registry, token, readonly=True).jobs(state):
         table.add_row(job["key"], task_label(job), job["op"], job["state"], str(job.get("callers", "")), str(job["demand"]), str(job["attempts"]),

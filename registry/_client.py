@@ -377,6 +377,24 @@ class RegistryClient:
         with reading(f"GET /v1/queue/{key}"):
             return mapping(answer, "answer")
 
+    def jobs_in_lease_order(self, limit: int = 1000) -> list[dict[str, Any]]:
+        """The first ``limit`` pending jobs in the order the queue hands them out, paged through the server's limit."""
+        out: list[dict[str, Any]] = []
+        after = ""
+        while len(out) < limit:
+            answer = self._call("GET", "/v1/queue", params=_params(order="lease", limit=min(500, limit - len(out)), after=after))
+            with reading("GET /v1/queue?order=lease"):
+                answer = mapping(answer, "answer")
+                page = [mapping(job, "job") for job in listing(answer["jobs"], "jobs")]
+                following = answer.get("next")
+                if following is not None and (text(following, "next") == after or not page):
+                    raise ValueError(f"a page whose 'next' {following!r:.80} does not move on would page forever")
+            out += page
+            if not following:
+                return out
+            after = following
+        return out
+
     def jobs(self, state: str | None = None, limit: int = 1000, after: str = "") -> list[dict[str, Any]]:
         """Job summaries, paged through the server's 500-a-request limit."""
         out: list[dict[str, Any]] = []

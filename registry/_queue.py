@@ -581,20 +581,28 @@ class MissQueue:
         return out
 
     def most_wanted(self, limit: int = 10) -> list[dict[str, Any]]:
-        """Pending jobs in lease order (verifications, first passes, refinements; each in its rank): a range scan."""
+        """The first ``limit`` pending jobs in lease order (:meth:`in_lease_order`)."""
+        return self.in_lease_order(limit)[0]
+
+    def in_lease_order(self, limit: int, after: bytes = b"") -> tuple[list[dict[str, Any]], bytes | None]:
+        """Pending jobs in the order the queue hands them out (verifications, first passes, refinements; each in its rank),
+        after the one whose index row is ``after``: at most ``limit``, and the row to go on after (None at the end). A
+        worker's own order leaves out what it cannot take and lets a tune job go first after a run of verifications."""
         out: list[dict[str, Any]] = []
+        last: bytes | None = None
         with self.store.read() as t:
             cursor = t.cursor(db=self._idx)
-            for prefix in (b"V", b"P", b"R"):
-                if not cursor.set_range(prefix):
-                    continue
-                for index, _ in cursor:
-                    if not index.startswith(prefix) or len(out) >= limit:
-                        break
-                    job = self._get(t, index[1 + 2 * _U64.size :].decode())
-                    if job is not None:
+            lanes = (b"V", b"P", b"R")
+            for lane in lanes[lanes.index(after[:1]) if after else 0 :]:
+                found = cursor.set_range(after + b"\0" if after[:1] == lane else lane)
+                while found and cursor.key().startswith(lane):
+                    if len(out) == limit:
+                        return out, last
+                    last = bytes(cursor.key())
+                    if (job := self._get(t, last[1 + 2 * _U64.size :].decode())) is not None:
                         out.append(self._view(job, time.time(), summary=True))
-        return out
+                    found = cursor.next()
+        return out, None
 
     def counts(self) -> dict[str, int]:
         """Jobs per state as callers see them: the stored counts, expired leases moved to what they became."""
@@ -610,6 +618,18 @@ class MissQueue:
                 counts[LEASED] -= 1
                 counts[view["state"]] += 1
             return counts
+
+
+def lease_order_cursor(text: str) -> bytes:
+    """A cursor of :meth:`MissQueue.in_lease_order` from its text (the hex of a pending job's index row); raises
+    InvalidRecord for anything else."""
+    try:
+        row = bytes.fromhex(text)
+    except ValueError:
+        row = b""
+    if len(row) != 1 + 2 * _U64.size + 64 or row[:1] not in (b"V", b"P", b"R") or not all(c in b"0123456789abcdef" for c in row[-64:]):
+        raise InvalidRecord("'after' must be the 'next' of an earlier page in lease order")
+    return row
 
 
 def task_label(job: dict[str, Any]) -> str:

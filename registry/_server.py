@@ -480,6 +480,13 @@ def create_app(
             raise InvalidRecord(f"'state' must be one of {', '.join(STATES)}")
         limit = query_int(q.get("limit"), "limit", 100, 1, MAX_QUEUE_PAGE)
         after = q.get("after") or ""
+        if q.get("order", "id") not in ("id", "lease"):
+            raise InvalidRecord("'order' is 'id' (every state, by job id) or 'lease' (pending jobs in the order they are handed out)")
+        if q.get("order") == "lease":
+            if state_filter not in (None, "pending"):
+                raise InvalidRecord("order=lease lists pending jobs only")
+            page, following = await run_in_threadpool(state.reg.lease_order_page, limit, after)
+            return reply(request, {"jobs": page, "next": following})
         if after and not is_key(after):
             raise InvalidRecord("'after' must be a job id (64 hex characters)")
         jobs = await run_in_threadpool(state.reg.jobs, state_filter, limit, after)

@@ -17,7 +17,7 @@ import lmdb
 from ._errors import REFUSED_ON_READ, TooManyRequests
 from ._forget import Step, forget, forget_steps
 from ._history import DEFAULT_KEPT_BYTES
-from ._queue import DEFAULT_MAX_ATTEMPTS, DEFAULT_TOLERANCE, TUNE, Lease, MissQueue
+from ._queue import DEFAULT_MAX_ATTEMPTS, DEFAULT_TOLERANCE, TUNE, Lease, MissQueue, lease_order_cursor
 from ._models import CostModelEntry, CostModelStore
 from ._neighbours import Candidate, Probe, served_candidates
 from ._records import Identity, Record, RefusedRecord, served_records
@@ -277,6 +277,15 @@ class LocalRegistry:
 
     def jobs(self, state: str | None = None, limit: int = 1000, after: str = "") -> list[dict[str, Any]]:
         return self.queue.jobs(state, limit, after)
+
+    def lease_order_page(self, limit: int = 100, after: str = "") -> tuple[list[dict[str, Any]], str | None]:
+        """Pending jobs in the order the queue hands them out, after cursor ``after``: a page, and the cursor to go on from."""
+        jobs, last = self.queue.in_lease_order(limit, lease_order_cursor(after) if after else b"")
+        return jobs, last.hex() if last is not None else None
+
+    def jobs_in_lease_order(self, limit: int = 1000) -> list[dict[str, Any]]:
+        """The first ``limit`` pending jobs in the order the queue hands them out."""
+        return self.lease_order_page(limit)[0]
 
     def stats(self) -> dict[str, Any]:
         return {**self.store.stats(), "queue": self.queue.counts()}

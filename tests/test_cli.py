@@ -255,6 +255,15 @@ def test_listings_print_whole_keys_and_short_curves_when_piped(tmp_path: Path) -
     assert "llvm znver5 x2" in listing
 
 
+def test_queue_next_lists_pending_jobs_in_the_order_workers_get_them(tmp_path: Path) -> None:
+    ci, dev = [make_record(10 + i, 1e-3).identity for i in range(3)], make_record(20, 1e-3).identity
+    with LocalRegistry(tmp_path) as reg:
+        reg.report_misses(ci, by="ci")
+        reg.report_misses([dev], by="dev")
+    cells = [[cell.strip() for cell in line.split("│")[1:-1]] for line in run("queue", "--next", "3", "-r", str(tmp_path)).splitlines()]
+    assert [(row[0], row[1], row[4]) for row in cells if row] == [("1", ci[0].key, "ci"), ("2", dev.key, "dev"), ("3", ci[1].key, "ci")]
+
+
 def test_pull_into_a_store_carries_the_measurement_log_and_push_from_a_store_sends_it(server: ServerThread, tmp_path: Path) -> None:
     """The log trains the hook's cost model (synthesis): a store pulled for offline use has it, as pushed."""
     from schedhub.registry import RegistryClient, Trial, TrialLog

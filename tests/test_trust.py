@@ -278,6 +278,28 @@ def test_a_miss_two_callers_wait_for_is_tuned_before_one_that_one_caller_reports
     assert leased == [shared.key, plain.key, pushed.key]  # most callers, then most demand
 
 
+def test_pending_jobs_are_listed_in_the_order_workers_get_them_a_page_at_a_time(srv: ServerThread, as_: dict[str, RegistryClient]) -> None:
+    """What a caller sees of when its misses come up: verifications first, then the callers' turns, as the leases go."""
+    ci, dev, claim = [make_record(400 + i, 1e-3).identity for i in range(4)], [make_record(410 + i, 1e-3).identity for i in range(2)], make_record(420, 1e-3)
+    as_["reader"].report_misses(ci)
+    as_["alice"].report_misses(dev)
+    as_["bob"].put(claim)  # a claim: its verification goes first
+    expected = [verify_job_id(claim.key, claim.trace_id), ci[0].key, dev[0].key, ci[1].key, dev[1].key, ci[2].key, ci[3].key]
+    assert [job["key"] for job in as_["root"].jobs_in_lease_order()] == expected
+    paged, after = [], ""
+    while True:
+        page = httpx.get(f"{srv.url}/v1/queue", params={"order": "lease", "limit": 2, **({"after": after} if after else {})}).json()
+        paged += [job["key"] for job in page["jobs"]]
+        if not (after := page["next"]):
+            break
+    assert paged == expected
+    for bad in ({"order": "lease", "after": "zz"}, {"order": "lease", "after": "56" + "00" * 16 + "zz" * 32}, {"order": "fastest"},
+                {"order": "lease", "state": "dead"}):  # fmt: skip
+        assert httpx.get(f"{srv.url}/v1/queue", params=bad).status_code == 400, bad
+    leased = as_["w1"].lease("t", max_jobs=10, lease_secs=60, tasks=("verify", "tune"))
+    assert [lease.key for lease in leased] == expected
+
+
 def test_complaints_are_rate_limited(as_: dict[str, RegistryClient]) -> None:
     rec = make_record(4, 1e-3)
     as_["w1"].put(rec)
