@@ -136,7 +136,7 @@ def stats_rows(stats: dict[str, Any]) -> list[tuple[str, str]]:
                              f"{stats.get('cost_models', 0):,} cost models served"),
             ("quarantined", f"{stats.get('quarantined', 0):,}"),
             ("queue", ", ".join(f"{queue.get(s, 0):,} {s}" for s in ("pending", "leased", "done", "dead"))),
-            ("store", f"{stats.get('bytes_used', 0) / 1e6:,.1f} MB of {stats.get('map_size', 0) / 2**30:,.0f} GiB mapped at {stats.get('root', '?')}"),
+            ("store", f"{stats.get('bytes_used', 0) / 1e6:,.1f} MB of {stats.get('map_size', 0) / 2**30:,.0f} GiB mapped" + (f" at {stats['root']}" if "root" in stats else "")),
             ("change feed", f"cursor {stats.get('cursor', 0):,}")]  # fmt: skip
     if "uptime_secs" in stats:
         since = stats.get("since_start") or {}

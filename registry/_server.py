@@ -497,8 +497,9 @@ def create_app(
 
     async def stats(request: Request) -> Response:
         committer = state.committer
+        local = await run_in_threadpool(state.reg.stats)
         return reply(request, {
-            **(await run_in_threadpool(state.reg.stats)),
+            **{k: v for k, v in local.items() if k != "root"},  # where the store lives on the server (a home folder, a user name) is not a caller's business
             "since_start": dict(state.counters),
             "uptime_secs": time.time() - state.started,
             "commits": {"batches": committer.batches, "writes": committer.writes} if committer else None,

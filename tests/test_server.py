@@ -119,6 +119,14 @@ def test_malformed_listing_queries_are_400(server: ServerThread, query: dict[str
     assert r.status_code == 400 and next(iter(query)) in r.json()["message"]
 
 
+def test_the_stats_do_not_say_where_the_store_lives(server: ServerThread, tmp_path: Path) -> None:
+    """A public answer: the store's path (a home folder, a user name) is the server's business."""
+    answer = httpx.get(f"{server.url}/v1/stats").json()
+    assert "root" not in answer and "keys" in answer
+    with LocalRegistry(tmp_path / "local") as reg:
+        assert reg.stats()["root"] == str(tmp_path / "local")  # the operator's own view keeps it
+
+
 def test_queue_over_http(client: RegistryClient) -> None:
     miss = make_record(1, 1e-3).identity
     assert [r["demand"] for r in client.report_misses([miss, miss])] == [1, 2]
