@@ -480,15 +480,15 @@ class MissQueue:
 
     def hand_over(self, key: str, of: str, *, txn: lmdb.Transaction | None = None) -> str:
         """Take caller ``of`` (being forgotten) out of a job: a tune job awaiting work that others asked for too passes to the
-        next of them, its turn kept ('handed over'); any other job of its requester's is dropped ('dropped'); one it only
-        asked for counts it no more ('left'); '' where ``of`` had no part in it."""
+        next of them, its turn kept ('handed over'); any other job of its requester's is dropped ('dropped'); one awaiting
+        work that it only asked for counts it no more ('left'); '' where ``of`` had no part in it."""
         with self.store.write(txn) as t:
             job = self._get(t, key)
             if job is None:
                 return ""
             others = [name for name in job.get("asked_by", ()) if name != of]
             if requester(job) != of:
-                if len(others) == len(job.get("asked_by", ())):
+                if len(others) == len(job.get("asked_by", ())) or job["state"] not in AWAITING:  # an ended job is its requester's history
                     return ""
                 old = self._index_key(job)
                 job["asked_by"] = others
