@@ -9,7 +9,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from schedhub.registry import LocalRegistry, NotFound, Record, RefusedRecord, Registry, by_bytes_held, size_text, task_label
+from schedhub.registry import LocalRegistry, NotFound, Record, RefusedRecord, Registry, by_bytes_held, every_caller, size_text, task_label
 
 from .common import DEFAULT_REGISTRY, labelled, open_registry, out, registry_option, reports_errors, target_filter_option
 
@@ -224,14 +224,7 @@ def backup(folder: Path, root: Path) -> None:
 def callers(registry: str, token: str | None) -> None:
     """Who holds what here: each caller's records in service, claims and misses awaiting work, unverified
     measurement log and kept history (what its bounds are checked against), who holds the most bytes first."""
-    reg = open_registry(registry, token, readonly=True)
-    held: list[dict[str, Any]] = []
-    after, more = "", True
-    while more:
-        page, more = reg.callers(after, 500)
-        held += page
-        after = page[-1]["name"] if page else after
-        more = more and bool(page)
+    held, _ = every_caller(open_registry(registry, token, readonly=True).callers)
     if not held:
         out.print("no caller holds anything here")
         return

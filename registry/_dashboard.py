@@ -16,7 +16,7 @@ from typing import Any
 
 from ._keys import target_kind
 from ._queue import task_label
-from ._usage import size_text
+from ._usage import SCANNED_CALLERS, size_text
 
 BUCKET_SECS = 600  # lookup activity in 10-minute buckets
 BUCKETS = 144  # the last 24 hours
@@ -169,6 +169,6 @@ def render(stats: dict[str, Any], data: dict[str, Any], activity: list[tuple[int
              size_text(c["kept_bytes"])] for c in data["callers"]]  # fmt: skip
     out.append("<h2>Callers holding the most</h2>" + table(["caller", "records in service", "claims awaiting", "misses awaiting", "unverified log",
                                                             "kept history"], held, "callers"))  # fmt: skip
-    out.append("<p>Of the first 1,000 callers by name; <code>schedhub callers</code> lists them all.</p>" if data["more_callers"] else "")
+    out.append(f"<p>Of the first {SCANNED_CALLERS:,} callers by name; <code>schedhub callers</code> lists them all.</p>" if data["more_callers"] else "")
     out.append("</body></html>")
     return "".join(out)

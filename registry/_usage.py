@@ -69,15 +69,23 @@ def by_bytes_held(item: dict[str, Any]) -> tuple[int, str]:
     return -sum(item[count] for count in HELD_BYTES), item["name"]
 
 
-def largest(txn: lmdb.Transaction, meta: Any, top: int, scan: int = 1000) -> tuple[list[dict[str, Any]], bool]:
-    """The ``top`` callers holding the most bytes among the first ``scan`` by name (:func:`usage_page`'s pages); and
-    whether callers past ``scan`` were left unread (a registry's callers are its tokens' names: few)."""
+def every_caller(page: Callable[[str, int], tuple[list[dict[str, Any]], bool]], most: int | None = None) -> tuple[list[dict[str, Any]], bool]:
+    """Callers read a page at a time through ``page(after, limit)`` (:func:`usage_page`, a client's ``callers``), at most
+    ``most`` (None: every one); and whether callers were left unread."""
     held: list[dict[str, Any]] = []
     after, more = "", True
-    while more and len(held) < scan:
-        page, more = usage_page(txn, meta, after, min(500, scan - len(held)))
-        held += page
-        after = page[-1]["name"] if page else after
-        more = more and bool(page)
-    return sorted(held, key=by_bytes_held)[:top], more
+    while more and (most is None or len(held) < most):
+        listed, more = page(after, 500 if most is None else min(500, most - len(held)))
+        held += listed
+        after = listed[-1]["name"] if listed else after
+        more = more and bool(listed)
+    return held, more
 
+
+SCANNED_CALLERS = 1000  # callers the dashboard reads (a registry's callers are its tokens' names: few)
+
+
+def largest(txn: lmdb.Transaction, meta: Any, top: int) -> tuple[list[dict[str, Any]], bool]:
+    """The ``top`` callers holding the most bytes among the first :data:`SCANNED_CALLERS` by name; and whether there were more."""
+    held, more = every_caller(lambda after, limit: usage_page(txn, meta, after, limit), SCANNED_CALLERS)
+    return sorted(held, key=by_bytes_held)[:top], more
