@@ -21,6 +21,7 @@ from ._store import Store
 from ._trials import TrialStore
 
 BATCH = 500  # items a write transaction takes out
+SCAN_ROWS = 10_000  # rows a read transaction looks at
 FORGOTTEN = ("records", "complaints", "jobs", "jobs_handed_over", "trial_logs", "kept")
 
 #: One write transaction's share of the work: given the transaction, it adds what it took out to the counts.
@@ -64,10 +65,27 @@ def _count(counts: dict[str, int], kind: str, taken: int) -> None:
 
 
 def _scan(store: Store, db: str, matches: Callable[[bytes, bytes], bool]) -> list[bytes]:
+    """The keys of ``db`` whose rows match, read :data:`SCAN_ROWS` rows a read transaction: a reader holds the pages it
+    sees from reuse, so one transaction over a large store would let the file grow under the writes meanwhile."""
     if store.dbs[db] is None:  # a read-only store from before it
         return []
-    with store.read() as txn:
-        return [bytes(k) for k, raw in txn.cursor(db=store.dbs[db]) if matches(bytes(k), bytes(raw))]
+    found: list[bytes] = []
+    after: bytes | None = None
+    while True:
+        with store.read() as txn:
+            cursor = txn.cursor(db=store.dbs[db])
+            more = cursor.set_range(after) if after is not None else cursor.first()
+            if more and after is not None and cursor.key() == after:
+                more = cursor.next()
+            for _ in range(SCAN_ROWS):
+                if not more:
+                    return found
+                key = bytes(cursor.key())
+                if matches(key, bytes(cursor.value())):
+                    found.append(key)
+                after, more = key, cursor.next()
+            if not more:
+                return found
 
 
 def _is_mine(entry: dict[str, Any], name: str, verified: bool) -> bool:

@@ -114,3 +114,18 @@ def test_a_format_5_store_gets_each_callers_ended_work_kept_and_trimmed_and_its_
             assert txn.get(b"format", db=reg.store.dbs["meta"]) == b"7"
             assert [row for row, _ in txn.cursor(db=reg.store.dbs["kept"])] == [unpackb(txn.get(f"{claim.key}:{claim.trace_id}".encode(),
                                                                                                      db=reg.store.dbs["quarantine"]))["kept"]]
+
+
+def test_forget_finds_a_callers_work_a_few_rows_a_read_transaction(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader holds the pages it sees from reuse: forget reads the store in short read transactions, and finds every
+    row of the caller's across their edges."""
+    from schedhub.registry import _forget
+
+    monkeypatch.setattr(_forget, "SCAN_ROWS", 3)
+    with LocalRegistry(tmp_path, sync=False) as reg:
+        reg.put_many([make_record(w, 1e-3) for w in range(0, 20, 2)], "alice", verified=False)
+        reg.put_many([make_record(w, 1e-3) for w in range(1, 20, 2)], "bob", verified=False)
+        reg.report_misses([make_record(w, 1e-3).identity for w in range(100, 107)], by="alice")
+        gone = reg.forget("alice")
+        assert (gone["records"], gone["jobs"]) == (10, 10 + 7)  # her claims, their verifications, her misses
+        assert {r.served.pushed_by for s in reg.summaries() for r in reg.get(s.key)} == {"bob"} and len(reg.summaries()) == 10
