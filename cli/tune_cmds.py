@@ -197,7 +197,7 @@ def worker(registry: str, token: str | None, trials: int, trials_per_iter: int, 
         signal.signal(signum, lambda sig, _frame: stopping.append(sig))
 
     def event(kind: str, data: dict[str, Any]) -> None:
-        details = " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in data.items())
+        details = " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in data.items() if v != "")  # an empty field says nothing
         out.print(f"{kind} {details}", highlight=False, soft_wrap=True)
 
     w = Worker(reg, options, name=name, concurrency=concurrency, lease_secs=lease_secs, poll_secs=poll_secs, on_event=event, device=device, first_pass=first_pass,
