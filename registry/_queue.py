@@ -299,7 +299,7 @@ class MissQueue:
             job["demand"] += max(1, count)
             job["last_seen"] = now
             asked_by = job.setdefault("asked_by", [requester(job)])
-            if by not in asked_by and len(asked_by) < MAX_CALLERS:
+            if by not in asked_by and len(asked_by) < MAX_CALLERS and job["state"] in AWAITING:  # an ended job is history, its size counted
                 asked_by.append(by)
             self._save(t, job, old)
             return {"key": job["key"], "state": job["state"], "demand": job["demand"], "callers": callers(job)}

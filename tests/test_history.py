@@ -129,3 +129,16 @@ def test_forget_finds_a_callers_work_a_few_rows_a_read_transaction(tmp_path: Pat
         gone = reg.forget("alice")
         assert (gone["records"], gone["jobs"]) == (10, 10 + 7)  # her claims, their verifications, her misses
         assert {r.served.pushed_by for s in reg.summaries() for r in reg.get(s.key)} == {"bob"} and len(reg.summaries()) == 10
+
+
+def test_other_callers_reporting_an_ended_job_do_not_grow_the_history_it_is_counted_in(tmp_path: Path) -> None:
+    """A dead job is its requester's history, its size counted when it ended: a report of it names no new caller in it."""
+    with LocalRegistry(tmp_path, sync=False, max_attempts=1) as reg:
+        kill(reg, [100], "alice")
+        counted = held(reg, "alice")
+        with reg.store.read() as txn:
+            size = len(txn.get(miss(100).key.encode(), db=reg.store.dbs["queue"]))
+        for caller in ("bob", "carol", "x" * 128):
+            assert reg.report_misses([miss(100)], by=caller)[0]["callers"] == 1
+        with reg.store.read() as txn:
+            assert len(txn.get(miss(100).key.encode(), db=reg.store.dbs["queue"])) <= size + 16 and held(reg, "alice") == counted  # demand's digits
