@@ -15,7 +15,7 @@ from typing import Any
 import lmdb
 
 from ._history import trim
-from ._queue import MissQueue, requester
+from ._queue import MissQueue, requester, turn_row
 from ._records import unpackb
 from ._store import Store
 from ._trials import TrialStore
@@ -42,6 +42,7 @@ def forget_steps(store: Store, queue: MissQueue, trials: TrialStore, name: str, 
     for start in range(0, len(logs), BATCH):
         yield lambda txn, counts, rows=logs[start : start + BATCH]: _count(counts, "trial_logs", sum(trials.drop(row, txn=txn) for row in rows))
     yield lambda txn, counts: _count(counts, "kept", trim(txn, store.dbs, name, 0, store.drop_kept))
+    yield lambda txn, counts: txn.delete(turn_row(name), db=store.dbs["meta"])  # its place in the queue's rotation
 
 
 def forget(store: Store, queue: MissQueue, trials: TrialStore, name: str, *, verified: bool = False) -> dict[str, int]:

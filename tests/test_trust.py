@@ -167,6 +167,7 @@ def test_an_admin_forgets_what_a_revoked_caller_left_behind_and_nothing_of_anyon
     from schedhub.registry._history import kept_bytes
     from schedhub.registry._trials import claimed_row
     from schedhub.registry._counts import read_count
+    from schedhub.registry._queue import turn_row
 
     shared, own, bad = make_record(1, 1e-3), make_record(2, 1e-3), make_record(3, 1e-3)
     as_["w1"].put(shared)  # verified, w1's
@@ -199,6 +200,7 @@ def test_an_admin_forgets_what_a_revoked_caller_left_behind_and_nothing_of_anyon
     with LocalRegistry(tmp_path / "trust", sync=False) as reg, reg.store.read() as txn:
         assert reg.queue.awaiting("alice") == reg.queue.awaiting("alice", "tune") == 0 < reg.queue.awaiting("bob")
         assert read_count(txn, reg.store.dbs["meta"], claimed_row(b"alice")) == kept_bytes(txn, reg.store.dbs, "alice") == 0
+        assert read_count(txn, reg.store.dbs["meta"], turn_row("alice")) == 0 < read_count(txn, reg.store.dbs["meta"], turn_row("bob"))
     for lease in held:  # a worker tuning one of alice's misses is told to drop it, as if its lease were lost
         if lease.job["requester"] == "alice" and lease.key != make_record(4, 1e-3).key:
             with pytest.raises(LeaseLost, match="gone"):
