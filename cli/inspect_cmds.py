@@ -149,7 +149,7 @@ def stats_rows(stats: dict[str, Any]) -> list[tuple[str, str]]:
 @registry_option
 @click.option("--state", type=click.Choice(["pending", "leased", "done", "dead"]), default=None)
 @click.option("--next", "upcoming", type=click.IntRange(1, 100_000), default=None, metavar="N",
-              help="The next N pending jobs in the order they are handed out (most callers first, then the callers' turns).")
+              help="The next N pending jobs in the order they are handed out (the callers' turns, then most callers, then most demand).")
 @reports_errors
 def queue(registry: str, token: str | None, state: str | None, upcoming: int | None) -> None:
     """Jobs in the miss queue (by job id; --next: in the order workers get them)."""

@@ -5,19 +5,20 @@ neither acked nor renewed expires and the job returns to the queue, so a killed 
 nothing. Failures are retried up to ``max_attempts`` leases, then the job is dead with its last
 error.
 
-Pending tune jobs are served asked for by the most callers first, then by *turn*, then most
-demanded, then oldest first. Callers come first because a kernel several colleagues wait for helps
-the most. Turns take the requesters in rotation (start-time fair queuing): a job's turn is one past
-the later of its requester's last turn and the turn of the last tune job leased (the queue's clock),
-so a requester's jobs keep the order it reported them in (the compile hook reports a compile's
-misses costliest first) while another requester's first miss waits behind one of theirs, not all:
-a token whose compiles miss by the thousand (a CI run of a new model) cannot hold back everyone
-else's misses until its last is tuned, and one that was idle starts at the clock, not ahead of it.
-Demand comes last because it is one caller's to raise: a token that reports its own misses again
-and again, within its rate limit, would otherwise put them ahead of everyone else's. A job
-remembers who asked (``asked_by``, at most :data:`MAX_CALLERS` names; the count is public, the
-names are not), so a job whose requester is forgotten passes to the next caller who asked
-(:meth:`MissQueue.hand_over`) instead of leaving with it.
+Pending tune jobs are served by *turn*, then asked for by the most callers, then most demanded,
+then oldest first. Turns take the callers in rotation (start-time fair queuing): each caller who
+asks for a job spends a turn on it, one past the later of its last turn and the turn of the last
+tune job leased (the queue's clock), and the job is served at the earliest turn spent on it. So a
+caller's jobs keep the order it reported them in (the compile hook reports a compile's misses
+costliest first); another caller's first miss waits behind one of theirs, not all (a token whose
+compiles miss by the thousand, a CI run of a new model, cannot hold back everyone else's misses
+until its last is tuned); a caller that was idle starts at the clock, not ahead of it; a kernel
+several callers want comes up at the first of their turns; and no set of tokens can put their jobs
+ahead of everyone's, only spend their own turns. Demand comes last because it is one caller's to
+raise: a token that reports its own misses again and again, within its rate limit, would otherwise
+put them ahead of everyone else's. A job remembers who asked (``asked_by``, at most
+:data:`MAX_CALLERS` names; the count is public, the names are not), so a job whose requester is
+forgotten passes to the next caller who asked (:meth:`MissQueue.hand_over`) instead of leaving with it.
 
 Two tasks share the queue: ``tune`` (one job per missed key; its job id is the key) and
 ``verify`` (one job per pushed claim or complaint: replay, check and re-measure one record; its
@@ -42,7 +43,7 @@ the same holder, lease ids are never listed, and an expired lease is reported (a
 given back on every read, not only when the next worker leases.
 
 Index layout (``queue_idx``): ``V|P|R | rank (8 bytes) | seq | id`` for pending verify, tune and refine jobs (a
-tune job's rank is its inverted callers, its turn and its inverted demand, a verification's its ordinal, then its
+tune job's rank is its turn, its inverted callers and its inverted demand, a verification's its ordinal, then its
 inverted demand: :func:`_rank`)
 and ``L | lease expiry (ms) | id`` for leased ones, so leasing and reclaiming are range scans. ``queue_fit``
 holds each pending job's ``queue_idx`` row again with the job's *fit* after the lane (:func:`fit`: 8 bytes of a
@@ -141,7 +142,7 @@ class MissQueue:
 
     def _index_order(self) -> None:
         """Rebuild ``queue_idx``, ``queue_fit`` and the requesters' counts of a store from before verifications were
-        ranked by ordinal and tune jobs by callers and turn (once, on open; a verification queued then has ordinal 0 and its
+        ranked by ordinal and tune jobs by turn and callers (once, on open; a verification queued then has ordinal 0 and its
         record's pusher as requester, a tune job its requester as its one caller and its place among its requester's jobs
         awaiting work, oldest first, as its turn)."""
         with self.store.write() as t:
@@ -301,6 +302,8 @@ class MissQueue:
             asked_by = job.setdefault("asked_by", [requester(job)])
             if by not in asked_by and len(asked_by) < MAX_CALLERS and job["state"] in AWAITING:  # an ended job is history, its size counted
                 asked_by.append(by)
+                if "turn" in job and self._stored_state(t, job["key"].encode()) in AWAITING:  # joining the rotation: it comes up at the first turn spent on it
+                    job["turn"] = min(job["turn"], self._next_turn(t, by))
             self._save(t, job, old)
             return {"key": job["key"], "state": job["state"], "demand": job["demand"], "callers": callers(job)}
 
@@ -351,7 +354,7 @@ class MissQueue:
         txn: lmdb.Transaction | None = None,
     ) -> list[Lease]:
         """Hand out up to ``max_jobs`` pending jobs (verifications first, by ordinal, then tune jobs awaiting their
-        first pass, then refine jobs; tune jobs by callers, turn and demand), reclaiming expired leases first. After
+        first pass, then refine jobs; tune jobs by turn, callers and demand), reclaiming expired leases first. After
         :data:`VERIFY_STREAK` verification leases in a row the tune jobs go first, once.
 
         ``fingerprint``, ``kind`` and ``device`` restrict the jobs to those a worker can do: its
@@ -650,11 +653,11 @@ def _fit_row(job: dict[str, Any], index: bytes | None) -> bytes | None:
 
 
 def _rank(job: dict[str, Any]) -> int:
-    """Where a pending job sorts in its lane (smaller first): a tune job by its callers, most first, then its turn, then its
-    demand, most first; a verification by its ordinal (its requester's jobs awaiting before it), then its demand."""
+    """Where a pending job sorts in its lane (smaller first): a tune job by its turn, then its callers and its demand, most
+    first; a verification by its ordinal (its requester's jobs awaiting before it), then its demand."""
     if job.get("task") == VERIFY:
         return (min(int(job.get("ordinal", 0)), 0xFFFF) << 16) | (0xFFFF - min(job["demand"], 0xFFFF))
-    return ((0xFF - min(callers(job), 0xFF)) << 56) | (min(int(job.get("turn", 0)), MAX_TURN) << 12) | (0xFFF - min(job["demand"], 0xFFF))
+    return (min(int(job.get("turn", 0)), MAX_TURN) << 20) | ((0xFF - min(callers(job), 0xFF)) << 12) | (0xFFF - min(job["demand"], 0xFFF))
 
 
 def _pending_prefix(job: dict[str, Any]) -> bytes:

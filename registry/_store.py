@@ -36,8 +36,8 @@ MAX_COMPLAINANTS = 32
 STORE_FORMAT = b"7"  # 2: op_feed and queue_state; 3: target_feed, trials_by_target, agg_rank; 4: target_feed by op too; 5: verifications
 #                      queued by requester (queue_idx ranks them by ordinal), queue_fit, what callers have waiting and each pusher's
 #                      bytes of unverified log counted; 6: each caller's ended work kept within a budget (``kept``) and each
-#                      pusher's bytes of records in service counted; 7: queue_idx ranks tune jobs by their distinct callers,
-#                      then their requesters' turns, then their demand (8-byte ranks). Older formats are brought to 7 when opened writable
+#                      pusher's bytes of records in service counted; 7: queue_idx ranks tune jobs by the callers' turns,
+#                      then their distinct callers, then their demand (8-byte ranks). Older formats are brought to 7 when opened writable
 _SEQ = struct.Struct(">Q")
 _SEQ_MAX = 2**64 - 1
 _DB_NAMES = ("records", "by_op", "by_struct", "changes", "log", "meta", "quarantine", "queue", "queue_idx", "agg", "trials", "queue_state", "op_feed", "target_feed",

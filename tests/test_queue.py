@@ -42,6 +42,15 @@ def test_callers_take_turns_and_the_most_demanded_of_a_turn_goes_first(local: Lo
     assert [l.key for l in local.lease("w", max_jobs=4, lease_secs=60)] == [ci[2].key, miss(30).key, ci[3].key, ci[4].key]
 
 
+def test_a_miss_another_caller_asks_for_comes_up_at_its_first_turn(local: LocalRegistry) -> None:
+    """A developer's compile misses a kernel that a CI run queued last of four: it comes up at the developer's first turn,
+    not behind the CI's other three."""
+    ci = [miss(40 + i) for i in range(4)]
+    local.report_misses(ci, by="ci")
+    local.report_misses([ci[3]], by="dev")
+    assert [l.key for l in local.lease("w", max_jobs=4, lease_secs=60)] == [ci[3].key, ci[0].key, ci[1].key, ci[2].key]
+
+
 def test_a_worker_leases_only_jobs_for_its_compiler_and_target_kind(local: LocalRegistry, client) -> None:
     from .conftest import FINGERPRINT, TARGET
 

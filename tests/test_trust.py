@@ -267,17 +267,28 @@ def test_reported_misses_are_rate_limited_per_caller(as_: dict[str, RegistryClie
 
 
 def test_a_miss_two_callers_wait_for_is_tuned_before_one_that_one_caller_reports_again_and_again(as_: dict[str, RegistryClient]) -> None:
-    """Demand is one caller's to raise (within its rate limit): the queue hands out what the most callers asked for first,
-    then the most demanded, so one token cannot put its own misses ahead of what its colleagues wait for."""
+    """Demand is one caller's to raise (within its rate limit): within a turn the queue hands out what the most callers asked
+    for first, then the most demanded, so one token cannot put its own misses ahead of what its colleagues wait for."""
     pushed, shared, plain = (make_record(300 + i, 1e-3).identity for i in range(3))
-    as_["reader"].report_misses([pushed] * 6 + [plain])
-    assert [r["callers"] for r in as_["alice"].report_misses([shared, plain])] == [1, 2]
+    as_["reader"].report_misses([pushed] * 6 + [plain])  # the reader's turns 1 and 2
+    assert [r["callers"] for r in as_["alice"].report_misses([shared, plain])] == [1, 2]  # alice's 1 and 2
     assert [r["callers"] for r in as_["bob"].report_misses([shared, shared])] == [2, 2]  # a caller counts once
     jobs = {job["key"]: job for job in as_["root"].jobs("pending")}
     assert [(jobs[m.key]["callers"], jobs[m.key]["demand"]) for m in (pushed, shared, plain)] == [(1, 6), (2, 3), (2, 2)]
-    assert "asked_by" not in jobs[shared.key]  # who asked is counted, not listed
+    assert "asked_by" not in jobs[shared.key] and "turn" in jobs[shared.key]  # who asked is counted, not listed
     leased = [lease.key for lease in as_["w1"].lease("t", max_jobs=3, lease_secs=60, tasks=("tune",))]
-    assert leased == [shared.key, plain.key, pushed.key]  # most callers, then most demand
+    assert leased == [shared.key, pushed.key, plain.key]  # the first turn: most callers, then most demand; then the second
+
+
+def test_tokens_that_ask_for_the_same_misses_take_their_own_turns_not_everyones(as_: dict[str, RegistryClient]) -> None:
+    """A kernel several callers want comes up at the first turn any of them spent on it, but asking together buys no more:
+    two tokens reporting the same backlog hold another caller's misses back by one job each, as one token would."""
+    backlog, own = [make_record(500 + i, 1e-3).identity for i in range(5)], [make_record(520 + i, 1e-3).identity for i in range(2)]
+    as_["alice"].report_misses(backlog)
+    as_["bob"].report_misses(backlog)
+    as_["reader"].report_misses(own)
+    leased = [lease.key for lease in as_["w1"].lease("t", max_jobs=7, lease_secs=60, tasks=("tune",))]
+    assert leased == [backlog[0].key, own[0].key, backlog[1].key, own[1].key, *(m.key for m in backlog[2:])]
 
 
 def test_pending_jobs_are_listed_in_the_order_workers_get_them_a_page_at_a_time(srv: ServerThread, as_: dict[str, RegistryClient]) -> None:
