@@ -135,7 +135,7 @@ def render(stats: dict[str, Any], data: dict[str, Any], activity: list[tuple[int
     queue = stats["queue"]
     totals = Counter({k: since_start.get(k, 0) for k in ("hits", "misses", "transfers")})
     out = [f"<!doctype html><html lang=en><head><meta charset=utf-8><title>schedhub registry</title><style>{STYLE}</style></head><body>",
-           f"<h1>schedhub registry</h1><div class=muted>store <code>{e(stats['root'])}</code>; change cursor "
+           f"<h1>schedhub registry</h1><div class=muted>change cursor "
            f"<span id=cursor>{stats['cursor']}</span>; API <a href='/openapi.json'>/openapi.json</a>, figures <a href='/v1/stats'>/v1/stats</a></div>",
            "<h2>Coverage</h2><div class=cards>"]  # fmt: skip
     out += [f'<div class=card><b id="{ident}">{value:,}</b>{e(label)}</div>' for ident, value, label in cards]

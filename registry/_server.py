@@ -76,6 +76,11 @@ _OFF_LOOP_BYTES = 64 << 10  # bodies larger than this are decoded in a worker th
 _TRACE_ID = re.compile(r"[0-9a-f]{16}")
 
 
+def public_stats(reg: LocalRegistry) -> dict[str, Any]:
+    """The store's figures as anyone may read them: not where the store lives on the server (a home folder names its user)."""
+    return {k: v for k, v in reg.stats().items() if k != "root"}
+
+
 class RegistryApp:
     """Holds the open registry, the committer and counters for one serving process."""
 
@@ -497,9 +502,8 @@ def create_app(
 
     async def stats(request: Request) -> Response:
         committer = state.committer
-        local = await run_in_threadpool(state.reg.stats)
         return reply(request, {
-            **{k: v for k, v in local.items() if k != "root"},  # where the store lives on the server (a home folder, a user name) is not a caller's business
+            **(await run_in_threadpool(public_stats, state.reg)),
             "since_start": dict(state.counters),
             "uptime_secs": time.time() - state.started,
             "commits": {"batches": committer.batches, "writes": committer.writes} if committer else None,
@@ -514,7 +518,7 @@ def create_app(
 
     async def dashboard(request: Request) -> Response:
         def render() -> str:
-            return _dashboard.render(state.reg.stats(), state.reg.dashboard_data(top=_dashboard.TOP), state.activity.series(), dict(state.counters))
+            return _dashboard.render(public_stats(state.reg), state.reg.dashboard_data(top=_dashboard.TOP), state.activity.series(), dict(state.counters))
 
         return HTMLResponse(await run_in_threadpool(render))
 

@@ -81,6 +81,7 @@ def test_the_dashboard_shows_what_the_stats_say(tmp_path: Path, browser: webdriv
         assert wanted[1][-1] == missed[5].key and wanted[-1][3] == "2"  # then most demand first
         assert "<img src=x onerror=alert(1)>" in browser.find_element(By.ID, "quarantine").text  # text, not an element
         assert browser.find_elements(By.CSS_SELECTOR, "img, script") == []
+        assert str(tmp_path) not in browser.page_source  # where the store lives is the server's business
         assert "mallory <script>" in browser.find_element(By.ID, "recent").text
         holders = [[td.text for td in row.find_elements(By.TAG_NAME, "td")] for row in browser.find_elements(By.CSS_SELECTOR, "#callers tr")[1:]]
         listed = {item["name"]: item for item in httpx.get(f"{srv.url}/v1/callers").json()["items"]}
