@@ -108,6 +108,8 @@ def awaiting_row(task: str, requester: str) -> bytes:
 
 
 _U64 = struct.Struct(">Q")
+_LANES = ((b"V", VERIFY), (b"P", TUNE), (b"R", TUNE))  # queue_idx's pending lanes in lease order: verifications, first passes, refinements
+_LANE_PREFIXES = tuple(prefix for prefix, _ in _LANES)
 _TURN_ROWS = b"queue_turn:"  # meta: the prefix of each requester's last tune job turn
 _CLOCK_ROW = b"queue:clock"  # meta: the turn of the last tune job leased
 MAX_TURN = 2**44 - 1  # what a rank holds of a turn (a million jobs a day for 48,000 years)
@@ -292,9 +294,10 @@ class MissQueue:
                     "seq": self.store.next_seq(t, b"queue_seq"), "last_error": "",
                     "lease_id": "", "lease_owner": "", "lease_holder": "", "lease_expires": 0.0, "stage": "",
                 }  # fmt: skip
-                old = None
+                old, joinable = None, False
             else:
                 old = self._index_key(job)
+                joinable = job["state"] in AWAITING  # in the rotation already: a new caller spends a turn on it
                 if job["state"] == DONE and not has_records:  # its records were quarantined
                     job.update(state=PENDING, attempts=0, stage="")
             job["demand"] += max(1, count)
@@ -302,8 +305,8 @@ class MissQueue:
             asked_by = job.setdefault("asked_by", [requester(job)])
             if by not in asked_by and len(asked_by) < MAX_CALLERS and job["state"] in AWAITING:  # an ended job is history, its size counted
                 asked_by.append(by)
-                if "turn" in job and self._stored_state(t, job["key"].encode()) in AWAITING:  # joining the rotation: it comes up at the first turn spent on it
-                    job["turn"] = min(job["turn"], self._next_turn(t, by))
+                if joinable:  # it comes up at the first turn spent on it
+                    job["turn"] = min(job.get("turn", MAX_TURN), self._next_turn(t, by))
             self._save(t, job, old)
             return {"key": job["key"], "state": job["state"], "demand": job["demand"], "callers": callers(job)}
 
@@ -370,7 +373,7 @@ class MissQueue:
             self._reclaim_expired(t, now)
             meta = self.store.dbs["meta"]
             streak = before = read_count(t, meta, _STREAK_ROW)
-            lanes = ((b"V", VERIFY), (b"P", TUNE), (b"R", TUNE))
+            lanes = _LANES
             if streak >= VERIFY_STREAK:  # tuning's turn: verifications go after a suitable tune job, if one is pending
                 lanes = (*lanes[1:], lanes[0])
             taken: list[dict[str, Any]] = []
@@ -595,8 +598,7 @@ class MissQueue:
         last: bytes | None = None
         with self.store.read() as t:
             cursor = t.cursor(db=self._idx)
-            lanes = (b"V", b"P", b"R")
-            for lane in lanes[lanes.index(after[:1]) if after else 0 :]:
+            for lane in _LANE_PREFIXES[_LANE_PREFIXES.index(after[:1]) if after else 0 :]:
                 found = cursor.set_range(after + b"\0" if after[:1] == lane else lane)
                 while found and cursor.key().startswith(lane):
                     if len(out) == limit:
@@ -630,7 +632,7 @@ def lease_order_cursor(text: str) -> bytes:
         row = bytes.fromhex(text)
     except ValueError:
         row = b""
-    if len(row) != 1 + 2 * _U64.size + 64 or row[:1] not in (b"V", b"P", b"R") or not all(c in b"0123456789abcdef" for c in row[-64:]):
+    if len(row) != 1 + 2 * _U64.size + 64 or row[:1] not in _LANE_PREFIXES or not all(c in b"0123456789abcdef" for c in row[-64:]):
         raise InvalidRecord("'after' must be the 'next' of an earlier page in lease order")
     return row
 

@@ -50,7 +50,7 @@ TARGET_FEED = b"index:target_feed"  # meta flag: every key is in target_feed, un
 OP_TARGET_FEED = b"index:op_target_feed"  # meta flag: every key is in target_feed under its op with its kind and with its target too
 AGG_RANK = b"index:agg_rank"  # meta flag: every aggregate row is ranked in agg_rank and each dimension's names are counted
 RECORDS_OWNED = b"index:records_owned"  # meta flag: each pusher's bytes of records in service are counted (owned_row)
-QUEUE_ORDER = b"index:queue_order"  # meta flag: queue_idx ranks verifications by ordinal and tune jobs by callers and turn,
+QUEUE_ORDER = b"index:queue_order"  # meta flag: queue_idx ranks verifications by ordinal and tune jobs by turn and callers,
 #                                     requesters' jobs are counted and every pending job is in queue_fit (the queue rebuilds them)
 INDEXES = {OP_FEED: "op_feed", QUEUE_STATES: "queue_state", TARGET_FEED: "target_feed", OP_TARGET_FEED: "target_feed",
            TRIALS_BY_TARGET: "trials_by_target", AGG_RANK: "agg_rank"}  # fmt: skip
