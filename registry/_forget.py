@@ -71,22 +71,19 @@ def _scan(store: Store, db: str, matches: Callable[[bytes, bytes], bool]) -> lis
     if store.dbs[db] is None:  # a read-only store from before it
         return []
     found: list[bytes] = []
-    after: bytes | None = None
+    start = b""
     while True:
         with store.read() as txn:
             cursor = txn.cursor(db=store.dbs[db])
-            more = cursor.set_range(after) if after is not None else cursor.first()
-            if more and after is not None and cursor.key() == after:
-                more = cursor.next()
+            more = cursor.set_range(start)
             for _ in range(SCAN_ROWS):
                 if not more:
                     return found
                 key = bytes(cursor.key())
                 if matches(key, bytes(cursor.value())):
                     found.append(key)
-                after, more = key, cursor.next()
-            if not more:
-                return found
+                more = cursor.next()
+            start = key + b"\0"  # the first key after it
 
 
 def _is_mine(entry: dict[str, Any], name: str, verified: bool) -> bool:
