@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 from urllib.parse import quote
 
@@ -379,32 +379,23 @@ class RegistryClient:
 
     def jobs_in_lease_order(self, limit: int = 1000) -> list[dict[str, Any]]:
         """The first ``limit`` pending jobs in the order the queue hands them out, paged through the server's limit."""
-        out: list[dict[str, Any]] = []
-        after = ""
-        while len(out) < limit:
-            answer = self._call("GET", "/v1/queue", params=_params(order="lease", limit=min(500, limit - len(out)), after=after))
-            with reading("GET /v1/queue?order=lease"):
-                answer = mapping(answer, "answer")
-                page = [mapping(job, "job") for job in listing(answer["jobs"], "jobs")]
-                following = answer.get("next")
-                if following is not None and (text(following, "next") == after or not page):
-                    raise ValueError(f"a page whose 'next' {following!r:.80} does not move on would page forever")
-            out += page
-            if not following:
-                return out
-            after = following
-        return out
+        return self._queue_pages(limit, "", lambda following, after: following != after, order="lease")
 
     def jobs(self, state: str | None = None, limit: int = 1000, after: str = "") -> list[dict[str, Any]]:
         """Job summaries, paged through the server's 500-a-request limit."""
+        return self._queue_pages(limit, after, lambda following, after: following > after, state=state)
+
+    def _queue_pages(self, limit: int, after: str, moves_on: Callable[[str, str], bool], **params: Any) -> list[dict[str, Any]]:
+        """Pages of ``GET /v1/queue`` with ``params`` until ``limit`` jobs or the last page; a 'next' that does not move on
+        from the cursor before it (``moves_on``: a job id must grow, a lease-order cursor must change) is refused."""
         out: list[dict[str, Any]] = []
         while len(out) < limit:
-            answer = self._call("GET", "/v1/queue", params=_params(state=state, limit=min(500, limit - len(out)), after=after))
+            answer = self._call("GET", "/v1/queue", params=_params(**params, limit=min(500, limit - len(out)), after=after))
             with reading("GET /v1/queue"):
                 answer = mapping(answer, "answer")
                 page = [mapping(job, "job") for job in listing(answer["jobs"], "jobs")]
                 following = answer.get("next")
-                if following is not None and (text(following, "next") <= after or not page):
+                if following is not None and (not moves_on(text(following, "next"), after) or not page):
                     raise ValueError(f"a page whose 'next' {following!r:.80} does not follow {after!r:.80} would page forever")
             out += page
             if not following:

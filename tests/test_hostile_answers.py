@@ -89,6 +89,7 @@ def calls(records: list[Record], missed: Record, lease: Lease) -> dict[str, Call
         "report_misses": lambda c: c.report_misses([missed.identity]),
         "job": lambda c: c.job(lease.key),
         "jobs": lambda c: c.jobs(),
+        "jobs_in_lease_order": lambda c: c.jobs_in_lease_order(),
         "lease": lambda c: c.lease("w"),
         "renew": lambda c: c.renew(lease.key, lease.lease_id),
         "fail": lambda c: c.fail(lease.key, lease.lease_id, "a test"),
@@ -109,7 +110,7 @@ def captured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tup
                 RegistryClient(srv.url, token="w-tok", transport=recorder) as worker:  # fmt: skip
             admin.put_many(records)
             admin.quarantine(records[1].key, records[1].trace_id, "a test")
-            admin.report_misses([missed.identity])
+            admin.report_misses([missed.identity, make_record(4, 1e-3).identity])  # one to lease, one left pending
             lease = next(lease for lease in worker.lease("w", max_jobs=8) if lease.key == missed.key)
             answers = {}
             for name, call in calls(records, missed, lease).items():
