@@ -28,6 +28,7 @@ import httpx
 
 from schedhub.registry import SCHEMA_VERSION, LocalRegistry, Record, record_key
 
+from . import serverload
 from .report import environment
 from .stats import percentile, summary, summary_ms
 
@@ -385,6 +386,10 @@ def main() -> None:
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait()
+    if shutil.which("wrk"):  # the server under concurrent load from a client that is not the bottleneck (a Python client was)
+        results["server_load"] = serverload.summarized(serverload.measure(["worktree"], rounds=1 if args.quick else 3, seconds=5.0)["worktree"])
+    else:
+        print("bench.registry: wrk is not installed (apt-get install wrk): the server-load figures are left out", flush=True)
     results["lease"] = lease_ms(args.workdir / "lease", 100_000 if args.quick else 1_000_000)
     print(json.dumps({k: results[k] for k in ("http", "http_one_connection", "batch", "own_ops", "lease")}, indent=1), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)

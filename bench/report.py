@@ -96,6 +96,9 @@ def figures(data: dict[str, Any]) -> Iterator[tuple[str, dict[str, float]]]:
         yield "registry: HTTP GET p50 ms, one connection", registry["http_one_connection"]["p50_ms"]
         yield "registry: HTTP GET/s, 16 threads", registry["http"]["requests_per_s"]
         yield "registry: batch lookup of 50 keys ms", registry["batch"]["lookup_50_ms"]
+    for kind, what in (("get", "GET/s"), ("lookup20", "20-key lookups/s")):
+        if kind in registry.get("server_load", {}):
+            yield f"registry: {what} under wrk, 16 connections", registry["server_load"][kind]["rps"]
 
 
 def comparisons(data: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -554,6 +557,12 @@ def _registry(d: dict[str, Any] | None) -> list[str]:
     lines += ["", f"HTTP on loopback ({int(h['store_records']):,}-record store): {fmt(h['requests_per_s'])} GET/s with 16 client threads; "
               f"one connection p50 {fmt(one['p50_ms'])} ms; a batch lookup of 50 keys {fmt(d['batch']['lookup_50_ms'])} ms "
               f"against {fmt(d['batch']['sequential_50_gets_ms'])} ms for 50 sequential GETs.", ""]  # fmt: skip
+    if d.get("server_load"):
+        load = d["server_load"]
+        lines += [f"The server under concurrent load (`bench.serverload`: wrk, one thread pinned to a core, 16 connections, msgpack, "
+                  f"2,000 keys of one ~2 KB record): `GET /v1/records/{{key}}` {fmt(load['get']['rps'])} req/s (p99 {fmt(load['get']['p99_ms'])} ms), "
+                  f"a 20-key `POST /v1/lookup` {fmt(load['lookup20']['rps'])} req/s (p99 {fmt(load['lookup20']['p99_ms'])} ms). "
+                  "`python -m bench.serverload --against REV` serves an older revision beside this one.", ""]  # fmt: skip
     if d.get("dashboard"):
         listed = any("op_page_ms" in v for v in d["dashboard"].values())
         lines += ["The dashboard (`GET /`) and the public listings by store size (ms per request, one client)"

@@ -44,7 +44,7 @@ def unpackb(data: bytes) -> Any:
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise InvalidRecord("expected msgpack bytes")
     try:
-        return msgpack.unpackb(bytes(data), raw=False, strict_map_key=True, ext_hook=_no_ext)
+        return msgpack.unpackb(data, raw=False, strict_map_key=True, ext_hook=_no_ext)
     except InvalidRecord:
         raise
     except (ValueError, TypeError, msgpack.UnpackException) as exc:  # ExtraData, OutOfData, …

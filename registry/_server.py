@@ -14,15 +14,15 @@ import os
 import re
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field as bound
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
@@ -73,7 +73,18 @@ class CallerBounds:
         "help": "Bytes of a caller's ended work kept for the record (finished and dead jobs it asked for, its records taken out "
                 "of service): past it, its oldest go."})
 _OFF_LOOP_BYTES = 64 << 10  # bodies larger than this are decoded in a worker thread
+#: Reads answered on the event loop: up to this many keys whose stored values hold up to this many bytes in all. A hop
+#: to the thread pool costs a small read more than the read itself (2.4-3.9x fewer requests/s, bench.serverload); a
+#: large read done on the loop holds every other request back (a /healthz waited seconds behind a few lookups).
+ON_LOOP_KEYS = 64
+ON_LOOP_BYTES = 256 << 10
+#: JSON answers over this many bytes of records are encoded in a worker thread (decoding each record to render it
+#: as JSON costs ~1 ms per 10 KB); msgpack answers carry records as they are stored, encoded on the loop up to
+#: :data:`MAX_ANSWER_BYTES`' share below.
+JSON_ON_LOOP_BYTES = 64 << 10
+MSGPACK_ON_LOOP_BYTES = 4 << 20
 _TRACE_ID = re.compile(r"[0-9a-f]{16}")
+T = TypeVar("T")
 
 
 def public_stats(reg: LocalRegistry) -> dict[str, Any]:
@@ -85,7 +96,7 @@ class RegistryApp:
     """Holds the open registry, the committer and counters for one serving process."""
 
     def __init__(self, root: str | os.PathLike[str], tokens: dict[str, str | Principal] | TokenFile | None, max_body: int, sync: bool,
-                 read_only: bool, body_timeout: float, bounds: CallerBounds) -> None:  # fmt: skip
+                 read_only: bool, body_timeout: float | None, bounds: CallerBounds) -> None:  # fmt: skip
         self.root = root
         self._token_file = tokens if isinstance(tokens, TokenFile) else None
         self._tokens = {} if isinstance(tokens, TokenFile) else as_principals(tokens)
@@ -142,10 +153,10 @@ class RegistryApp:
     async def body(self, request: Request) -> Any:
         """The decoded body: size-limited, time-limited, nesting-limited, large ones decoded off the loop."""
         check_length(request.headers.get("content-length"), self.max_body)
-        try:
-            data = await asyncio.wait_for(self._read(request), self.body_timeout)
-        except asyncio.TimeoutError:
-            raise RequestTimeout(f"the request body did not arrive within {self.body_timeout:g} s") from None
+        if self.body_timeout is None:  # the HTTP protocol keeps the deadline (_serve.DeadlineProtocol)
+            data = await self._read(request)
+        else:
+            data = await within(self.body_timeout, self._read(request), f"the request body did not arrive within {self.body_timeout:g} s")
         content_type = request.headers.get("content-type", "")
         if len(data) > _OFF_LOOP_BYTES:
             return await run_in_threadpool(decode_body, data, content_type)
@@ -153,11 +164,14 @@ class RegistryApp:
 
     async def _read(self, request: Request) -> bytes:
         chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > self.max_body:
-                raise PayloadTooLarge(f"body is over the limit of {self.max_body} bytes")
-            chunks.append(chunk)
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > self.max_body:
+                    raise PayloadTooLarge(f"body is over the limit of {self.max_body} bytes")
+                chunks.append(chunk)
+        except ClientDisconnect:  # gone before its body came (the protocol's deadline closes such a connection)
+            raise RequestTimeout("the client went away before its request body arrived") from None
         return b"".join(chunks)
 
     async def write(self, fn: Callable[..., Any]) -> Any:
@@ -172,11 +186,52 @@ class RegistryApp:
                                                               bytes_limit=bytes_limit, txn=txn))  # fmt: skip
 
 
+async def within(seconds: float, awaitable: Awaitable[T], message: str) -> T:
+    """``await awaitable``, raising :class:`RequestTimeout` with ``message`` past ``seconds``. One timer handle that
+    cancels this task: every request with a body pays it (asyncio.wait_for makes a task, asyncio.timeout costs 1.5x)."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    expired = False
+
+    def expire() -> None:
+        nonlocal expired
+        expired = True
+        task.cancel()
+
+    handle = loop.call_at(loop.time() + seconds, expire)
+    try:
+        return await awaitable
+    except asyncio.CancelledError:
+        if expired and task.uncancel() == 0:
+            raise RequestTimeout(message) from None
+        raise
+    finally:
+        handle.cancel()
+
+
 def reply(request: Request, obj: Any, status: int = 200) -> Response:
     as_msgpack = wants_msgpack(request.headers.get("accept", ""))
+    return _response(encode_body(obj, as_msgpack), as_msgpack, obj, status)
+
+
+async def reply_records(request: Request, obj: Any, record_bytes: int) -> Response:
+    """:func:`reply` for an answer holding ``record_bytes`` of stored records: encoded in a worker thread where that is
+    large for its format (JSON renders every record; msgpack copies them), so one answer stalls no other request."""
+    as_msgpack = wants_msgpack(request.headers.get("accept", ""))
+    if record_bytes > (MSGPACK_ON_LOOP_BYTES if as_msgpack else JSON_ON_LOOP_BYTES):
+        return _response(await run_in_threadpool(encode_body, obj, as_msgpack), as_msgpack, obj, 200)
+    return _response(encode_body(obj, as_msgpack), as_msgpack, obj, 200)
+
+
+def _response(body: bytes, as_msgpack: bool, obj: Any, status: int) -> Response:
     media = "application/msgpack" if as_msgpack else "application/json"
     headers = {ERROR_HEADER: obj["error"]} if status >= 400 and isinstance(obj, dict) and "error" in obj else None
-    return Response(encode_body(obj, as_msgpack), status_code=status, media_type=media, headers=headers)
+    return Response(body, status_code=status, media_type=media, headers=headers)
+
+
+def entries_bytes(entries: list[tuple[bytes, dict[str, Any]]]) -> int:
+    return sum(len(b) for b, _ in entries)
 
 
 def path_key(request: Request) -> str:
@@ -209,6 +264,32 @@ def served_body(entries: list[tuple[bytes, dict[str, Any]]]) -> dict[str, Any]:
     return {"records": [RawRecord(b) for b, _ in entries], "entries": [s for _, s in entries]}
 
 
+def lookup_answer(found: dict[str, list[tuple[bytes, dict[str, Any]]]], missing: list[str],
+                  near: dict[str, list[tuple[bytes, dict[str, Any], str, float]]]) -> tuple[dict[str, Any], int]:  # fmt: skip
+    """A lookup's answer and the bytes of records it holds: keys past :data:`MAX_ANSWER_BYTES` are listed under
+    'truncated' (the first key always fits); candidates are a best effort, left out past it."""
+    records: dict[str, list[tuple[bytes, dict[str, Any]]]] = {}
+    truncated: list[str] = []
+    size = 0
+    for key, entries in found.items():
+        size += entries_bytes(entries)
+        if size > MAX_ANSWER_BYTES and records:
+            truncated.append(key)
+        else:
+            records[key] = entries
+    candidates: dict[str, list[dict[str, Any]]] = {}
+    for key, items in near.items():
+        size += sum(len(b) for b, *_ in items)
+        if size > MAX_ANSWER_BYTES:
+            break
+        candidates[key] = [{"record": RawRecord(b), "entry": st, "relation": rel, "distance": d} for b, st, rel, d in items]
+    return {
+        "records": {k: [RawRecord(b) for b, _ in v] for k, v in records.items()},
+        "entries": {k: [s for _, s in v] for k, v in records.items()},
+        "missing": missing, "truncated": truncated, "candidates": candidates,
+    }, size  # fmt: skip
+
+
 def create_app(
     root: str | os.PathLike[str],
     *,
@@ -216,7 +297,7 @@ def create_app(
     max_body: int = DEFAULT_MAX_BODY,
     sync: bool = True,
     read_only: bool = False,
-    body_timeout: float = DEFAULT_BODY_TIMEOUT,
+    body_timeout: float | None = DEFAULT_BODY_TIMEOUT,
     bounds: CallerBounds | None = None,
 ) -> Starlette:
     """The registry as an ASGI app over the store at ``root`` (opened when the app starts).
@@ -225,18 +306,26 @@ def create_app(
     :class:`TokenFile`, read again when it changes. None or empty lets anyone write, which the CLI only allows on a
     loopback address.
     ``bounds``: each caller's rates and what it may have waiting (default: :class:`CallerBounds`' defaults).
+    ``body_timeout``: seconds for a request body to arrive (408 past it); None where the HTTP server keeps that deadline
+    (:func:`.server_config`'s protocol, as ``serve`` and ``ServerThread`` run the app).
     """
     state = RegistryApp(root, tokens, max_body, sync, read_only, body_timeout, bounds or CallerBounds())
 
+    async def read_entries(keys: list[str], top: int | None = None) -> dict[str, list[tuple[bytes, dict[str, Any]]]]:
+        """The keys' entries: read on the loop when they are few and small, else in a worker thread."""
+        if len(keys) <= ON_LOOP_KEYS and (found := state.reg.lookup_entries_within(keys, top, ON_LOOP_BYTES)) is not None:
+            return found
+        return await run_in_threadpool(state.reg.lookup_entries, keys, top)
+
     async def get_record(request: Request) -> Response:
         key = path_key(request)
-        entries = (await run_in_threadpool(state.reg.lookup_entries, [key])).get(key, [])
+        entries = (await read_entries([key])).get(key, [])
         state.counters["hits" if entries else "misses"] += 1
         if request.method == "HEAD":
             return Response(status_code=200) if entries else Response(status_code=404, headers={ERROR_HEADER: "NotFound"})
         if not entries:
             raise NotFound(f"no records for key {key}")
-        return reply(request, {"key": key, **served_body(entries)})
+        return await reply_records(request, {"key": key, **served_body(entries)}, entries_bytes(entries))
 
     async def put_record(request: Request) -> Response:
         key = path_key(request)
@@ -267,12 +356,12 @@ def create_app(
         if prefix and not re.fullmatch(r"[0-9a-f]{8,64}", prefix):
             raise InvalidRecord("query parameter 'prefix' must be 8 to 64 lowercase hex characters")
 
-        def page_of() -> dict[str, Any]:
+        def page_of() -> tuple[dict[str, Any], int]:
             found = state.reg.page(op, target, since, limit, newest=newest == "1", prefix=prefix, scan=MAX_SCAN)
             page, more = found.items, found.more
             bodies: dict[str, dict[str, Any]] = {}
+            size = 0
             if q.get("include") == "records":  # key by key, and no further than MAX_ANSWER_BYTES past the first
-                size = 0
                 for i, summary in enumerate(page):
                     entries = state.reg.lookup_entries([summary.key]).get(summary.key, [])
                     size += sum(len(b) for b, _ in entries)
@@ -282,9 +371,9 @@ def create_app(
                     bodies[summary.key] = served_body(entries)
             items = [s.to_dict() | bodies.get(s.key, {}) for s in page]
             cut = len(page) < len(found.items)
-            return {"items": items, "next": page[-1].seq if cut else found.next, "more": more}
+            return {"items": items, "next": page[-1].seq if cut else found.next, "more": more}, size
 
-        return reply(request, await run_in_threadpool(page_of))
+        return await reply_records(request, *await run_in_threadpool(page_of))
 
     async def lookup(request: Request) -> Response:
         body = await state.body(request)
@@ -296,39 +385,18 @@ def create_app(
         raw_probes = field(body, "probes", list, [])
         if len(raw_probes) > MAX_LOOKUP_KEYS:
             raise InvalidRecord(f"'probes' must be at most {MAX_LOOKUP_KEYS} probes")
-        probes = {p.key: p for p in await run_in_threadpool(parse_each, raw_probes, Probe.from_obj, "probes")}
+        parsing = (lambda: parse_each(raw_probes, Probe.from_obj, "probes"))
+        probes = {p.key: p for p in (await run_in_threadpool(parsing) if len(raw_probes) > ON_LOOP_KEYS else parsing())}
         unique = list(dict.fromkeys(keys))
-
-        def answer() -> dict[str, Any]:
-            found = state.reg.lookup_entries(unique, top)
-            records: dict[str, Any] = {}
-            truncated: list[str] = []
-            size = 0
-            for key, entries in found.items():
-                size += sum(len(b) for b, _ in entries)
-                if size > MAX_ANSWER_BYTES and records:
-                    truncated.append(key)
-                else:
-                    records[key] = entries
-            missing = [k for k in unique if k not in found]
-            wanted = [probes[k] for k in missing if k in probes]
-            candidates: dict[str, list[dict[str, Any]]] = {}
-            for key, items in (state.reg.neighbours(wanted, per_key) if wanted and per_key else {}).items():
-                size += sum(len(b) for b, *_ in items)
-                if size > MAX_ANSWER_BYTES:
-                    break  # candidates are a best effort: the rest of the keys go without
-                candidates[key] = [{"record": RawRecord(b), "entry": st, "relation": rel, "distance": d} for b, st, rel, d in items]
-            return {
-                "records": {k: [RawRecord(b) for b, _ in v] for k, v in records.items()},
-                "entries": {k: [s for _, s in v] for k, v in records.items()},
-                "missing": missing, "truncated": truncated, "candidates": candidates,
-            }  # fmt: skip
-
-        result = await run_in_threadpool(answer)
+        found = await read_entries(unique, top)
+        missing = [k for k in unique if k not in found]
+        wanted = [probes[k] for k in missing if k in probes]
+        near = await run_in_threadpool(state.reg.neighbours, wanted, per_key) if wanted and per_key else {}
+        result, size = lookup_answer(found, missing, near)
         counts = {"hits": len(result["records"]) + len(result["truncated"]), "misses": len(result["missing"]), "transfers": len(result["candidates"])}
         state.counters.update(counts)
         state.activity.add(**counts)
-        return reply(request, result)
+        return await reply_records(request, result, size)
 
     async def complain(request: Request) -> Response:
         key = path_key(request)

@@ -68,6 +68,10 @@ class LocalRegistry:
         """(canonical bytes, status) of the best ``top`` records of every key that has some."""
         return self.store.entries_many(keys, top)
 
+    def lookup_entries_within(self, keys: list[str], top: int | None, max_bytes: int) -> dict[str, list[tuple[bytes, dict[str, Any]]]] | None:
+        """:meth:`lookup_entries`, or None where the keys' stored values hold more than ``max_bytes``."""
+        return self.store.entries_within(keys, top, max_bytes)
+
     def lookup_raw(self, keys: list[str]) -> dict[str, list[bytes]]:
         return self.store.get_many(keys)
 

@@ -23,6 +23,7 @@ from typing import Any
 import lmdb
 
 from ._errors import REFUSED_ON_READ, NotFound, RegistryError, StoreFull
+from ._decoded import DecodedValues
 from ._counts import COUNT as _COUNT, add_count, drop_counts, read_count
 from ._history import DEFAULT_KEPT_BYTES, ENDED, JOB, KEPT_INDEX, OUT_OF_SERVICE, forget_all, keep, kept_row, requester, unkeep
 from ._keys import SCHEMA_VERSION, target_digest, target_kind
@@ -109,6 +110,12 @@ def _stored_identity(data: bytes) -> Identity | None:
         return None
 
 
+def served_entries(value: bytes) -> list[tuple[bytes, dict[str, Any]]]:
+    """A key's stored value as (canonical bytes, status) of its entries, best first."""
+    decoded = unpackb(value)
+    return [(e["rec"], entry_status(e)) for e in decoded["entries"]] if decoded else []
+
+
 def entry_status(entry: dict[str, Any]) -> dict[str, Any]:
     """The public part of an entry's bookkeeping (who pushed it, who verified it)."""
     return {"tid": entry["tid"], "by": entry.get("by", ""), "vby": entry.get("vby", ""),
@@ -191,6 +198,7 @@ class Store:
             raise NotFound(f"no schedhub store at {self.root} (data.mdb missing)")
         self._shared = _SharedEnv.acquire(self.root, map_size=map_size, readonly=readonly, sync=sync)
         self.env, self.dbs = self._shared.env, self._shared.dbs
+        self._decoded: DecodedValues[list[tuple[bytes, dict[str, Any]]]] = DecodedValues(served_entries)  # reads skip decoding what they decoded before
         if not readonly:
             self._check_format()
 
@@ -499,12 +507,31 @@ class Store:
 
     def entries_many(self, keys: list[str], top: int | None = None) -> dict[str, list[tuple[bytes, dict[str, Any]]]]:
         """For every key that has records: (canonical bytes, status) of its best ``top``, best first."""
-        found: dict[str, list[tuple[bytes, dict[str, Any]]]] = {}
+        found = self.entries_within(keys, top, None)
+        assert found is not None
+        return found
+
+    def entries_within(self, keys: list[str], top: int | None, max_bytes: int | None) -> dict[str, list[tuple[bytes, dict[str, Any]]]] | None:
+        """:meth:`entries_many`, or None without decoding anything where the keys' stored values hold more than
+        ``max_bytes`` in all: a server answers small reads where they are cheapest and takes large ones where they
+        stall no one. The sizes are read in the same read transaction (a value is copied out before its size is known:
+        a memcpy, up to a few ms for the largest a key holds)."""
         with self.read() as txn:
+            stored: list[tuple[str, Any]] = []
+            size = 0
             for key in keys:
-                value = self._load(txn, key)
-                if value:
-                    found[key] = [(e["rec"], entry_status(e)) for e in value["entries"][:top]]
+                raw = txn.get(key.encode(), db=self.dbs["records"])
+                if raw is None:
+                    continue
+                size += len(raw)
+                if max_bytes is not None and size > max_bytes:
+                    return None
+                stored.append((key, raw))
+            found: dict[str, list[tuple[bytes, dict[str, Any]]]] = {}
+            for key, raw in stored:
+                entries = self._decoded.get(key, raw)
+                if entries:
+                    found[key] = entries[:top]
         return found
 
     def exists(self, key: str) -> bool:

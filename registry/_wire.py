@@ -7,23 +7,33 @@ client gets exactly the bytes that were stored; JSON answers show them as object
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any
+
+import msgpack
 
 from ._errors import InvalidRecord, PayloadTooLarge
 from ._limits import MAX_DEPTH, check_depth
-from ._records import packb, unpackb
+from ._records import unpackb
 
 MSGPACK = "application/msgpack"
 ERROR_HEADER = "x-schedhub-error"  # names the error class of an error answer (a HEAD answer has no body)
 _MSGPACK_TYPES = (MSGPACK, "application/x-msgpack", "application/vnd.msgpack")
 
 
-@dataclass(frozen=True)
 class RawRecord:
-    """A stored record's canonical bytes, rendered per the answer's format."""
+    """A stored record's canonical bytes, rendered per the answer's format (a plain slotted class: an answer makes
+    one per record, and a frozen dataclass's constructor costs several times as much)."""
 
-    data: bytes
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RawRecord) and other.data == self.data
+
+    def __hash__(self) -> int:
+        return hash(self.data)
 
 
 def wants_msgpack(accept: str) -> bool:
@@ -50,19 +60,53 @@ def decode_body(body: bytes, content_type: str) -> Any:
 
 
 def encode_body(obj: Any, msgpack_out: bool) -> bytes:
+    """An answer in msgpack (records as their stored bytes, in one pass: an answer's map order carries no meaning,
+    so it is not sorted as a record's canonical bytes are) or JSON (records decoded to render them)."""
     if msgpack_out:
-        return packb(_render(obj, True))
-    return json.dumps(_render(obj, False), separators=(",", ":")).encode()
+        return msgpack.packb(obj, use_bin_type=True, default=_stored_bytes)
+    out: list[str] = []
+    _json_parts(obj, out)
+    return "".join(out).encode()
 
 
-def _render(obj: Any, msgpack_out: bool) -> Any:
+def _stored_bytes(obj: Any) -> bytes:
     if isinstance(obj, RawRecord):
-        return obj.data if msgpack_out else unpackb(obj.data)
-    if isinstance(obj, dict):
-        return {k: _render(v, msgpack_out) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_render(v, msgpack_out) for v in obj]
-    return obj
+        return obj.data
+    raise TypeError(f"an answer cannot hold a {type(obj).__name__}")
+
+
+def _json_parts(obj: Any, out: list[str]) -> None:
+    """``obj`` as JSON text appended to ``out`` a record at a time: json.dumps holds the GIL for the whole of what it is
+    given, so one call on a large answer stalls every other thread (the server's event loop among them) for as long;
+    a record at a time, the loop gets its turn between records."""
+    if isinstance(obj, RawRecord):
+        out.append(_dumps(unpackb(obj.data)))
+    elif isinstance(obj, dict) and _holds_records(obj):
+        out.append("{")
+        for n, (k, v) in enumerate(obj.items()):
+            out.append(f"{',' if n else ''}{_dumps(str(k))}:")
+            _json_parts(v, out)
+        out.append("}")
+    elif isinstance(obj, (list, tuple)) and _holds_records(obj):
+        out.append("[")
+        for n, v in enumerate(obj):
+            if n:
+                out.append(",")
+            _json_parts(v, out)
+        out.append("]")
+    else:
+        out.append(_dumps(obj))
+
+
+def _holds_records(obj: Any) -> bool:
+    if isinstance(obj, RawRecord):
+        return True
+    values = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ()
+    return any(_holds_records(v) for v in values)
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"))
 
 
 def check_length(declared: str | None, limit: int) -> None:

@@ -327,3 +327,29 @@ def test_each_pushers_bytes_of_records_in_service_are_counted_through_every_way_
         reg.quarantine(make_record(2, 1e-3).key, make_record(2, 1e-3).trace_id, "bad")
         reg.forget("w", verified=True)
         assert counted(reg) == recount(reg) == {"bob": len(make_record(3, 1e-3).to_bytes())}
+
+
+def test_decoded_values_are_reused_only_while_the_stored_bytes_are_the_same() -> None:
+    from schedhub.registry._decoded import DecodedValues
+
+    decoded: list[bytes] = []
+    values = DecodedValues(lambda data: decoded.append(data) or data.upper(), max_values=2)
+    assert values.get("a", b"x") == b"X" and values.get("a", memoryview(b"x")) == b"X"
+    assert decoded == [b"x"]  # the second read found the same bytes
+    assert values.get("a", b"y") == b"Y" and decoded == [b"x", b"y"]  # rewritten: decoded again
+    values.get("b", b"z")
+    values.get("c", b"w")  # past two values the oldest goes
+    values.get("a", b"y")
+    assert decoded == [b"x", b"y", b"z", b"w", b"y"]
+
+
+def test_a_read_after_a_write_by_another_handle_sees_the_new_entries(tmp_path: Path) -> None:
+    """Reads keep decoded values: a value rewritten elsewhere (another process's handle writes the same file) is read anew."""
+    first = make_record(1, 2e-3)
+    with LocalRegistry(tmp_path / "s", sync=False) as reader:
+        reader.put(first)
+        assert [r.trace_id for r in reader.lookup([first.key])[first.key]] == [first.trace_id]
+        better = make_record(1, 1e-3, variant=1)
+        with LocalRegistry(tmp_path / "s", sync=False) as writer:
+            writer.put(better)
+        assert [r.trace_id for r in reader.lookup([first.key])[first.key]] == [better.trace_id, first.trace_id]

@@ -8,7 +8,7 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -551,6 +551,66 @@ def test_a_large_lookup_is_paged_and_does_not_stall_other_requests(srv: ServerTh
         prober.join()
     assert all(len(f) == 10 and all(len(v) == 8 for v in f.values()) for f in found)
     assert worst[0] < 1.0, f"/healthz waited {worst[0]:.2f} s behind the lookups"  # the review saw 9 s
+
+
+def _worst_healthz_during(srv: ServerThread, work: Callable[[], object]) -> float:
+    """The longest /healthz took while ``work`` ran beside it."""
+    stop, worst = threading.Event(), [0.0]
+
+    def probe() -> None:
+        with httpx.Client(base_url=srv.url, timeout=30) as http:
+            while not stop.is_set():
+                start = time.perf_counter()
+                http.get("/healthz")
+                worst[0] = max(worst[0], time.perf_counter() - start)
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    try:
+        work()
+    finally:
+        stop.set()
+        prober.join()
+    return worst[0]
+
+
+def _long_trace_record(workload: int, variant: int, instructions: int = 8000) -> Record:
+    """A record of ~470 KB, most of it its trace: JSON text that a JSON answer escapes quote by quote."""
+    insts = [["GetSBlock", [], ["matmul", "main"], ["b0"]]] + [["Split", [f"l{i}", "None", 4 + variant], [], [f"l{i}a", f"l{i}b"]] for i in range(instructions)]
+    return Record.from_obj(make_record(workload, 1e-3 * (variant + 1)).to_dict() | {"trace": json.dumps([insts, []])})
+
+
+@pytest.mark.slow  # ~13 s; on this machine kind 79b1ba9 kept /healthz under 0.5 s too (0.23-0.33 s), so it does not tell them apart here
+def test_json_lookups_of_large_distinct_keys_do_not_stall_other_requests(srv: ServerThread, as_: dict[str, RegistryClient]) -> None:
+    """A JSON answer renders every record: encoded off the event loop once large (on it, /healthz waited 5.4 s)."""
+    records = [_long_trace_record(w, v) for w in range(100, 116) for v in range(8)]
+    for w in range(16):
+        as_["w1"].put_many(records[w * 8 : (w + 1) * 8])
+    keys = list(dict.fromkeys(r.key for r in records))
+    groups = [keys[i:] + keys[:i] for i in range(0, 16, 4)]  # each from another key on: ~32 MiB of records an answer, the rest truncated
+
+    def json_lookup(group: list[str]) -> bytes:  # parsed after the timing: the server shares this process's GIL
+        return httpx.post(f"{srv.url}/v1/lookup", json={"keys": group}, timeout=60).content
+
+    bodies: list[bytes] = []
+    worst = _worst_healthz_during(srv, lambda: bodies.extend(ThreadPoolExecutor(4).map(json_lookup, groups)))
+    answers = [json.loads(b) for b in bodies]
+    assert all(a["records"] and a["truncated"] and len(a["records"]) + len(a["truncated"]) == 16 for a in answers)
+    assert worst < 0.5, f"/healthz waited {worst:.2f} s behind 4 JSON lookups"
+
+
+def test_many_small_lookups_answered_on_the_loop_agree_with_large_ones(as_: dict[str, RegistryClient]) -> None:
+    """The read path answers small reads on the event loop and large ones in a thread: both give the same records."""
+    small = [make_record(w, 1e-3) for w in range(200, 210)]
+    large = [_big_record(w, v, 60_000) for w in range(210, 215) for v in range(8)]  # 5 keys x ~480 KB: past the loop's share
+    as_["w1"].put_many(small)
+    for w in range(5):
+        as_["w1"].put_many(large[w * 8 : (w + 1) * 8])
+    keys = [r.key for r in small] + list(dict.fromkeys(r.key for r in large))
+    each = {k: v for key in keys for k, v in as_["reader"].lookup([key]).items()}
+    whole = as_["reader"].lookup(keys)
+    assert {k: [r.trace_id for r in v] for k, v in whole.items()} == {k: [r.trace_id for r in v] for k, v in each.items()}
+    assert len(whole) == 15 and all(len(whole[r.key]) == 8 for r in large)
 
 
 # -- 6. read timeouts ----------------------------------------------------------------------------
