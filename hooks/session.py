@@ -39,7 +39,7 @@ from .guard import ScheduleLimits, check_scheduled
 from .identity import as_module, compiler_fingerprint, plain_json, workload_identity
 from .defaults import default_contends, default_schedule
 from .measure import TIMING, Budget, KernelBench, Timing, build_all, first_equal, machine, runs_here
-from .msdb import normalize_mod, postprocessed_here, replay_launchable, repostprocesses, trace_text, tuning_record
+from .msdb import normalize_mod, postprocessed_here, replay_launchable, repostprocesses, trace_text
 from .lowering import Lowerings
 from .objects import OBJECT_ID, ObjectCache, object_id_of
 from .padding import PADDED, padded_dispatch
@@ -55,6 +55,7 @@ log = logging.getLogger("schedhub")
 MAX_REFUSED_NAMED = 8  # records left out at lookups that a session names and complains about; the rest are counted
 HIT, TRANSFER, MISS, FALLBACK, OFFLINE = "hit", "transfer", "miss", "fallback", "offline"  # and SYNTHESIZED
 DEFAULT_CANDIDATES = 4  # neighbours asked for per missed key
+OWN_COMMITS_KEPT = 8  # a process's own commits read back per key: its best, as the registry keeps a key's best 8
 LAUNCHES_CHECKED = "GPU launches checked: threads bound consistently, within the block's limits"  # in the kernel cache's key of
 #   every schedule: schedules cached before the checks (:func:`.msdb.replay_launchable`) are worked out again
 
@@ -161,7 +162,7 @@ class HookSession:
         self._candidates: dict[str, list[Candidate]] = {}  # neighbours of missed keys, nearest first
         self._flops: dict[str, float] = {}  # kernel key: TVM's FLOP estimate (a cost model's feature)
         self._retiled: dict[tuple[str, str], Retiling] = {}  # (kernel key, trace id): tile sizes re-derived on replay
-        self._committed: dict[str, list[Record]] = {}  # what this process committed: read back at once
+        self._committed: dict[str, dict[str, Record]] = {}  # key: trace id: this process's best commit of it, read back at once
         self._pending_misses: dict[str, Identity] = {}
         self._calls: dict[str, int] = {}  # kernel key: call sites in the module being compiled
         self._served_secs: dict[str, float] = {}  # kernel key: seconds per call of the transfer it served (measured or estimated)
@@ -265,30 +266,33 @@ class HookSession:
         return dict(self._records)
 
     def records(self, identity: Identity) -> list[Record]:
-        """The records this session would serve for ``identity``, best first (its own commits included)."""
+        """The records this session would serve for ``identity``: the registry's in its order; with this process's own
+        commits of the key, all of them best first by mean time, a trace once at its best."""
         self.prefetch([identity])
         served = [r for r in self._records.get(identity.key, []) if self.trusts(r)]
-        own = self._committed.get(identity.key, [])
-        if not own:
-            return served
-        mine = {r.trace_id for r in own}
-        return sorted(own, key=lambda r: r.mean_secs) + [r for r in served if r.trace_id not in mine]
+        own = self._committed.get(identity.key)
+        return best_first([*own.values(), *served]) if own else served
 
     def committed(self, record: Record) -> None:
-        """A record this process stored: served from now on, whatever the registry's cache said."""
-        own = [r for r in self._committed.get(record.key, []) if r.trace_id != record.trace_id]
-        self._committed[record.key] = sorted([*own, record], key=lambda r: r.mean_secs)
+        """A record this process stored: served from now on, whatever the registry's cache said; a trace committed
+        again keeps its best time, and a key keeps its :data:`OWN_COMMITS_KEPT` best traces."""
+        own = self._committed.setdefault(record.key, {})
+        kept = own.get(record.trace_id)
+        if kept is not None and kept.mean_secs <= record.mean_secs:
+            return
+        own[record.trace_id] = record
+        if len(own) > OWN_COMMITS_KEPT:
+            del own[max(own.values(), key=lambda r: r.mean_secs).trace_id]
 
-    # -- the query TVM makes -----------------------------------------------------------------
+    def own_commits(self) -> list[Record]:
+        """What this process committed and keeps (:meth:`committed`), every key's best first."""
+        return [r for own in self._committed.values() for r in best_first(list(own.values()))]
 
-    def best_tuning_record(self, mod: tvm.IRModule, target: tvm.target.Target, op: str | None) -> Any:
-        """The best record that replays on ``mod`` within the bounds as a TuningRecord, or None (a miss, reported later)."""
-        identity = self.identity(mod, target, op)
-        return self._serve(identity, lambda record, args_info: self._replay(record, mod, identity.key, args_info))
+    # -- what the compile's apply pass asks -----------------------------------------------------
 
     def scheduled(self, func: tirx.PrimFunc, target: tvm.target.Target, op: str | None) -> tvm.IRModule | None:
-        """What :meth:`best_tuning_record` serves, applied: the kernel in MetaSchedule's normalized
-        module with the trace replayed (from the per-machine cache when it was replayed before), or None."""
+        """The kernel in MetaSchedule's normalized module scheduled by the best record that applies (a hit), else by a
+        transfer, with the trace replayed (from the per-machine cache when it was replayed before); None for a miss."""
         identity = self.identity(func, target, op)
         normalized = normalize_mod(func)
         static = not identity.symbolic  # a symbolic size (a dynamic batch) cannot be measured: its transfers are ranked only,
@@ -323,12 +327,6 @@ class HookSession:
         kept = transferred or KeptDefault("", {})
         self._note(identity, FALLBACK if identity.key in self._refused_keys else MISS, kept.detail, kept.measured)
         return None
-
-    def _replay(self, record: Record, mod: tvm.IRModule, key: str, args_info: list[Any] | None = None) -> Any:
-        """``record`` as a TuningRecord on ``mod``, checked against the bounds before and after replay; raises if it does not apply."""
-        tr = tuning_record(record, mod, args_info, self.limits)
-        self._retiled[(key, record.trace_id)] = retiled(json.loads(record.trace), tr.trace)
-        return tr
 
     def _schedule(self, record: Record, normalized: tvm.IRModule, identity: Identity, target: tvm.target.Target) -> tvm.IRModule:
         """``normalized`` with ``record``'s trace replayed once and checked against the bounds, or
@@ -634,7 +632,7 @@ class HookSession:
         log.warning("schedhub: a record for %s was refused and reported: %s", record.identity.op, reason[:200])
         self._refused_keys.add(record.key)
         self._records[record.key] = [r for r in self._records.get(record.key, []) if r.trace_id != record.trace_id]
-        self._committed[record.key] = [r for r in self._committed.get(record.key, []) if r.trace_id != record.trace_id]
+        self._committed.get(record.key, {}).pop(record.trace_id, None)
         self._complain(record.key, record.trace_id, reason)
 
     def _complain(self, key: str, trace_id: str, reason: str) -> None:
@@ -702,6 +700,15 @@ class HookSession:
 #: kernel left to TVM's default schedule: unscheduled CPU convolutions ran at 1–2 GFLOPS (``schedhub profile``),
 #: MobileNet-V2's classifier-weight transpose (1.3M elements) in 1.2 ms; it only orders misses.
 UNTUNED_SPEED = 1e9
+
+
+def best_first(records: list[Record]) -> list[Record]:
+    """``records`` fastest first by mean time, each trace once, at its best time."""
+    best: dict[str, Record] = {}
+    for record in records:
+        if record.trace_id not in best or record.mean_secs < best[record.trace_id].mean_secs:
+            best[record.trace_id] = record
+    return sorted(best.values(), key=lambda r: r.mean_secs)
 
 
 def transferred_secs(identity: Identity, record: Record) -> float:
