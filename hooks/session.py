@@ -151,6 +151,7 @@ class HookSession:
         self.lowerings = Lowerings(self.cache)  # scheduled kernels not built alone, lowered alone before the model's build
         self.report_misses = report_misses
         self.transfer = transfer
+        self.trust = trust
         self.trusts = trust_filter(trust)
         accepts = trusted(trust)
         self.log_model = LogModel(registry, self.cache, lambda entry: accepts(entry.verified, entry.pushed_by), verified_only=trust == "verified")
@@ -226,7 +227,7 @@ class HookSession:
         refused: list[RefusedRecord] = []
         try:
             if self.transfer:
-                found, near = self.registry.lookup_with_candidates(wanted, per_key=DEFAULT_CANDIDATES, refused=refused)
+                found, near = self.registry.lookup_with_candidates(wanted, per_key=DEFAULT_CANDIDATES, refused=refused, trust=self.trust)
             else:
                 found, near = self.registry.lookup([i.key for i in wanted], refused=refused), {}
         except RegistryError as exc:

@@ -28,6 +28,7 @@ from ._records import Identity, Record, RefusedRecord, packb, served_records
 from ._store import KeySummary, PutResult
 from ._models import CostModelEntry
 from ._trials import MAX_CURSOR_CHARS, TrialLog, iter_pages, stored_logs
+from ._trust import Trust, trust_wire
 from ._usage import USAGE
 from ._wire import ERROR_HEADER, MSGPACK
 
@@ -151,15 +152,16 @@ class RegistryClient:
         return self._lookup(list(dict.fromkeys(keys)), top, {}, 0)[0]
 
     def lookup_with_candidates(self, identities: list[Identity], top: int | None = None, per_key: int = 4,
-                               refused: list[RefusedRecord] | None = None) -> tuple[dict[str, list[Record]], dict[str, list[Candidate]]]:  # fmt: skip
-        """Records of every key that has some and, for each key that has none, candidates to transfer
-        (a record this version refuses is left out and appended to ``refused``)."""
+                               refused: list[RefusedRecord] | None = None, trust: Trust = "any") -> tuple[dict[str, list[Record]], dict[str, list[Candidate]]]:  # fmt: skip
+        """Records of every key that has some and, for each key that has none ``trust`` accepts, candidates to
+        transfer that it accepts, chosen by the server (a record this version refuses is left out and appended to
+        ``refused``)."""
         probes = {i.key: Probe.of(i) for i in identities}
-        found, near = self._lookup(list(probes), top, probes, per_key)
+        found, near = self._lookup(list(probes), top, probes, per_key, trust)
         with reading("POST /v1/lookup"):
             return _records_by_key(found, refused), served_candidates(near, refused)
 
-    def _lookup(self, keys: list[str], top: int | None, probes: dict[str, Probe], per_key: int) -> tuple[
+    def _lookup(self, keys: list[str], top: int | None, probes: dict[str, Probe], per_key: int, trust: Trust = "any") -> tuple[
             dict[str, list[tuple[bytes, dict[str, Any]]]], dict[str, list[tuple[bytes, dict[str, Any], str, float]]]]:  # fmt: skip
         found: dict[str, list[tuple[bytes, dict[str, Any]]]] = {}
         near: dict[str, list[tuple[bytes, dict[str, Any], str, float]]] = {}
@@ -168,7 +170,7 @@ class RegistryClient:
             chunk, pending = pending[:LOOKUP_CHUNK], pending[LOOKUP_CHUNK:]
             body: dict[str, Any] = {"keys": chunk, "top": top or 8}
             if probes and per_key > 0:
-                body.update(probes=[probes[k].to_dict() for k in chunk], candidates=per_key)
+                body.update(probes=[probes[k].to_dict() for k in chunk], candidates=per_key, trust=trust_wire(trust))
             answer = self._call("POST", "/v1/lookup", body)
             asked = set(chunk)
             with reading("POST /v1/lookup"):
@@ -178,7 +180,7 @@ class RegistryClient:
                     if key in asked:  # a key nobody asked for is not taken from a server
                         found[key] = _entries(listing(raws, key), listing(entries[key], key))
                 for key, items in mapping(answer.get("candidates") or {}, "candidates").items():
-                    if key in asked and key not in found:
+                    if key in asked:  # a key whose records this trust does not serve has candidates too
                         near[key] = [_candidate(item) for item in listing(items, key)]
                 truncated = [k for k in listing(answer.get("truncated", []), "truncated") if text(k, "truncated") in asked and k not in found]
                 if truncated and not any(k in found for k in chunk):

@@ -122,6 +122,9 @@ OPENAPI: dict[str, Any] = {
                 "keys": {"type": "array", "items": {"type": "string", "pattern": "^[0-9a-f]{64}$"}, "maxItems": 4096},
                 "top": {"type": "integer", "minimum": 1, "maximum": 64},
                 "candidates": {"type": "integer", "minimum": 0, "maximum": 8},
+                "trust": {"description": "whose records the caller serves: candidates are chosen among them, and a key with none of them gets candidates (absent: any)",
+                          "oneOf": [{"type": "string", "enum": ["verified", "any"]},
+                                    {"type": "array", "maxItems": 64, "items": {"type": "string", "minLength": 1, "maxLength": 128}}]},
                 "probes": {"type": "array", "maxItems": 4096, "items": {"type": "object", "required": ["key", "structure", "workload", "target", "dims"], "properties": {
                     "key": {"type": "string", "pattern": "^[0-9a-f]{64}$"}, "structure": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
                     "workload": {"type": "string", "pattern": "^[0-9a-f]{64}$"}, "target": {"type": "string", "maxLength": 4096},

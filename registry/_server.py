@@ -42,6 +42,7 @@ from ._records import Identity, Record, run_secs_field
 from ._service import LocalRegistry
 from ._store import PutResult
 from ._trials import TrialLog
+from ._trust import trust_of_request, trusted
 from ._wire import ERROR_HEADER, RawRecord, check_length, decode_body, encode_body, field, wants_msgpack
 
 DEFAULT_MAX_BODY = 16 << 20
@@ -387,11 +388,16 @@ def create_app(
             raise InvalidRecord(f"'probes' must be at most {MAX_LOOKUP_KEYS} probes")
         parsing = (lambda: parse_each(raw_probes, Probe.from_obj, "probes"))
         probes = {p.key: p for p in (await run_in_threadpool(parsing) if len(raw_probes) > ON_LOOP_KEYS else parsing())}
+        try:
+            accepts = trusted(trust_of_request(body.get("trust") if isinstance(body, dict) else None))
+        except ValueError as exc:
+            raise InvalidRecord(str(exc)) from None
         unique = list(dict.fromkeys(keys))
         found = await read_entries(unique, top)
         missing = [k for k in unique if k not in found]
-        wanted = [probes[k] for k in missing if k in probes]
-        near = await run_in_threadpool(state.reg.neighbours, wanted, per_key) if wanted and per_key else {}
+        unserved = [k for k in unique if not any(accepts(bool(st.get("vby")), st.get("by", "")) for _, st in found.get(k, []))]
+        wanted = [probes[k] for k in unserved if k in probes]  # keys with nothing this caller serves get candidates it would
+        near = await run_in_threadpool(state.reg.neighbours, wanted, per_key, accepts) if wanted and per_key else {}
         result, size = lookup_answer(found, missing, near)
         counts = {"hits": len(result["records"]) + len(result["truncated"]), "misses": len(result["missing"]), "transfers": len(result["candidates"])}
         state.counters.update(counts)

@@ -23,6 +23,7 @@ from ._neighbours import Candidate, Probe, served_candidates
 from ._records import Identity, Record, RefusedRecord, served_records
 from ._store import KeyPage, KeySummary, PutResult, Store
 from ._trials import TrialLog, TrialStore, iter_pages
+from ._trust import Accepts, Trust, trust_filter, trusted
 from ._usage import largest, usage_page
 
 
@@ -81,17 +82,19 @@ class LocalRegistry:
         found = ((k, served_records(v, refused)) for k, v in self.store.entries_many(keys, top).items())
         return {k: records for k, records in found if records}
 
-    def neighbours(self, probes: list[Probe], per_key: int = 4) -> dict[str, list[tuple[bytes, dict[str, Any], str, float]]]:
-        """(record bytes, status, relation, distance) of each probe's nearest neighbours, nearest first."""
-        return self.store.neighbours(probes, per_key)
+    def neighbours(self, probes: list[Probe], per_key: int = 4, accepts: Accepts | None = None) -> dict[str, list[tuple[bytes, dict[str, Any], str, float]]]:
+        """(record bytes, status, relation, distance) of each probe's nearest neighbours that ``accepts``, nearest first."""
+        return self.store.neighbours(probes, per_key, accepts)
 
     def lookup_with_candidates(self, identities: list[Identity], top: int | None = None, per_key: int = 4,
-                               refused: list[RefusedRecord] | None = None) -> tuple[dict[str, list[Record]], dict[str, list[Candidate]]]:  # fmt: skip
-        """Records of every key that has some and, for each key that has none, candidates to transfer
-        (a stored record this version refuses is left out and appended to ``refused``)."""
+                               refused: list[RefusedRecord] | None = None, trust: Trust = "any") -> tuple[dict[str, list[Record]], dict[str, list[Candidate]]]:  # fmt: skip
+        """Records of every key that has some and, for each key that has none ``trust`` accepts, candidates to
+        transfer that it accepts (a stored record this version refuses is left out and appended to ``refused``)."""
         found = self.lookup([i.key for i in identities], top, refused)
-        probes = [Probe.of(i) for i in identities if i.key not in found]
-        near = self.neighbours(probes, per_key) if probes and per_key > 0 else {}
+        accepts = trusted(trust)
+        served = trust_filter(trust)
+        probes = [Probe.of(i) for i in identities if not any(served(r) for r in found.get(i.key, []))]
+        near = self.neighbours(probes, per_key, accepts) if probes and per_key > 0 else {}
         return found, served_candidates(near, refused)
 
     def exists(self, key: str) -> bool:

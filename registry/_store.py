@@ -28,6 +28,7 @@ from ._counts import COUNT as _COUNT, add_count, drop_counts, read_count
 from ._history import DEFAULT_KEPT_BYTES, ENDED, JOB, KEPT_INDEX, OUT_OF_SERVICE, forget_all, keep, kept_row, requester, unkeep
 from ._keys import SCHEMA_VERSION, target_digest, target_kind
 from ._neighbours import Probe, dims_of
+from ._trust import Accepts
 from ._records import Identity, Record, keeps_default_schedule, packb, unpackb
 from ._trials import TRIALS_BY_TARGET, TRIALS_CLAIMED, count_claimed_bytes, index_trial_targets
 
@@ -751,8 +752,10 @@ class Store:
 
     # -- neighbours ------------------------------------------------------------------------
 
-    def neighbours(self, probes: list[Probe], per_key: int = 4) -> dict[str, list[tuple[bytes, dict[str, Any], str, float]]]:
-        """For each probe, the best entry of up to ``per_key`` keys of its structure, nearest first.
+    def neighbours(self, probes: list[Probe], per_key: int = 4, accepts: Accepts | None = None) -> dict[str, list[tuple[bytes, dict[str, Any], str, float]]]:
+        """For each probe, the best entry that ``accepts`` (the caller's trust: verified, pushed by; default every
+        entry) of up to ``per_key`` keys of its structure, nearest first: a claim the caller would not serve never
+        takes a candidate's place.
 
         Each item is (record bytes, status, relation, distance); see :mod:`._neighbours` for the
         order. At most MAX_NEIGHBOUR_SCAN index rows are read per probe and MAX_REQUEST_SCAN per
@@ -783,7 +786,8 @@ class Store:
                 picked = []
                 for (_, distance, relation), key in ranked[: per_key * NEIGHBOUR_LOADS_PER_PICK]:
                     value = self._load(txn, key)
-                    best = next((e for e in (value or {}).get("entries", []) if not keeps_default_schedule(unpackb(e["rec"])["trace"])), None)
+                    best = next((e for e in (value or {}).get("entries", []) if (accepts is None or accepts(bool(e.get("vby")), e.get("by", "")))
+                                 and not keeps_default_schedule(unpackb(e["rec"])["trace"])), None)  # fmt: skip
                     if best is not None:  # a key whose records all keep the default schedule has nothing to transfer
                         picked.append((best["rec"], entry_status(best), relation, distance))
                     if len(picked) >= per_key:

@@ -13,9 +13,10 @@ from typing import Union
 from ._records import Record
 
 Trust = Union[str, Collection[str]]
+Accepts = Callable[[bool, str], bool]  # (verified, pushed by) -> served
 
 
-def trusted(trust: Trust) -> Callable[[bool, str], bool]:
+def trusted(trust: Trust) -> Accepts:
     """Whether a reader with ``trust`` accepts what a pusher pushed (verified or not, pushed by that name)."""
     if trust == "any":
         return lambda verified, pushed_by: True
@@ -31,6 +32,23 @@ def trust_filter(trust: Trust) -> Callable[[Record], bool]:
     """Which records a reader accepts (a record without a registry status is the reader's own)."""
     accepts = trusted(trust)
     return lambda r: r.served is None or accepts(r.served.verified, r.served.pushed_by)
+
+
+def trust_wire(trust: Trust) -> str | list[str]:
+    """``trust`` as a lookup request carries it."""
+    return trust if isinstance(trust, str) else sorted(trust)
+
+
+def trust_of_request(value: object) -> Trust:
+    """The trust a lookup request states (absent: ``any``, what a client older than the field was answered); raises
+    ValueError for anything but 'verified', 'any' or up to 64 pusher names."""
+    if value is None:
+        return "any"
+    if value in ("verified", "any"):
+        return value  # type: ignore[return-value]
+    if isinstance(value, list) and len(value) <= 64 and all(isinstance(n, str) and 0 < len(n) <= 128 for n in value):
+        return frozenset(value)
+    raise ValueError("'trust' must be 'verified', 'any' or a list of up to 64 pusher names")
 
 
 def parse_trust(text: str) -> Trust:

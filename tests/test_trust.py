@@ -509,6 +509,30 @@ def test_hostile_inputs_answer_4xx_never_5xx(srv: ServerThread, as_: dict[str, R
     assert stats["keys"] == 0 and stats["trial_logs"] == 0  # none of it was stored
 
 
+def test_claims_never_take_a_verified_transfer_from_a_default_trust_client(as_: dict[str, RegistryClient]) -> None:
+    """One push token's claims, on the missed key itself and at the four nearest shapes, left a verified transfer out
+    of the answer (the hook then dropped the claims: a plain miss). Candidates are chosen by the caller's trust."""
+    from .test_transfer import record as shaped  # same structure at another number of rows
+
+    wanted, verified = shaped(32), shaped(256)
+    as_["w1"].put(verified)  # a worker's: verified
+    as_["alice"].put_many([shaped(32, secs=1e-9), *(shaped(rows) for rows in (30, 31, 33, 34))])  # claims: the key itself and nearer shapes
+    for trust in ("verified", ["bob"]):
+        found, near = as_["reader"].lookup_with_candidates([wanted.identity], per_key=4, trust=trust)
+        assert [r.served.pushed_by for r in found[wanted.key]] == ["alice"]  # the claim is answered, as it is
+        assert [(c.record.key, c.record.served.verified) for c in near[wanted.key]] == [(verified.key, True)]
+    found, near = as_["reader"].lookup_with_candidates([wanted.identity], per_key=4, trust="any")
+    assert wanted.key in found and wanted.key not in near  # a caller that serves claims has its record
+    found, near = as_["reader"].lookup_with_candidates([shaped(64).identity], per_key=4, trust=["alice"])
+    assert [c.record.identity.args_info[0][2][0] for c in near[shaped(64).key]] == [34, 33, 32, 31]  # alice's claims serve alice's readers
+
+
+def test_a_lookup_states_a_trust_the_server_understands(srv: ServerThread) -> None:
+    for trust in ("everyone", ["x"] * 65, [""], [1], {"a": 1}):
+        answer = httpx.post(f"{srv.url}/v1/lookup", json={"keys": [], "trust": trust})
+        assert answer.status_code == 400 and "'trust' must be" in answer.json()["message"]
+
+
 # -- 3. one request cannot stall the others -------------------------------------------------------
 
 
