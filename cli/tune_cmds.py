@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 from typing import Any
 
@@ -58,16 +59,36 @@ def work_options(f: Any) -> Any:
     )(f)  # fmt: skip
 
 
+def network_options(f: Any) -> Any:
+    """Tuning a network where its time goes (``--until``): :mod:`.tune_network`."""
+    f = click.option("--max-minutes", type=click.FloatRange(min=0, min_open=True), default=None, help="With --until: stop after this many minutes.")(f)
+    f = click.option("--max-trials", type=click.IntRange(min=1), default=None,
+                     help="With --until: stop after this many trials in all (default: --trials times the kernels).")(f)
+    f = click.option("--round-trials", type=click.IntRange(1, 1024), default=16, show_default=True, help="With --until: trials a round gives one kernel.")(f)
+    f = click.option("--policy", type=click.Choice(["gradient", "even"]), default="gradient", show_default=True,
+                     help="With --until: which kernel each round goes to: where tuning is expected to lower the network's latency most "
+                          "(calls x how fast its best time falls), or evenly.")(f)  # fmt: skip
+    return click.option("--until", "until_text", default=None, metavar="pytorch|MS",
+                        help="Tune the network in rounds, each to the kernel where it is expected to gain most, until its estimated "
+                             "latency beats PyTorch's (one PyTorch model, timed in a process of its own) or MS milliseconds, "
+                             "or the budget (--max-trials, --max-minutes) is spent.")(f)  # fmt: skip
+
+
 @click.command()
 @registry_option
 @work_options
+@network_options
 @click.option("--dry-run", is_flag=True, help="List the workloads and stop.")
 @ray_option
 @reports_errors
 def tune(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: tuple[str, ...], target: str, trials: int, trials_per_iter: int,
-         seed: int, population: int, final_repeat_ms: int, concurrency: int, retune: bool, dry_run: bool, ray_address: str | None, num_cpus: int | None, num_gpus: int | None) -> None:  # fmt: skip
-    """Tune every kernel of the given models and push the results (resumable: tuned keys are skipped)."""
+         seed: int, population: int, final_repeat_ms: int, concurrency: int, retune: bool, until_text: str | None, policy: str, round_trials: int,
+         max_trials: int | None, max_minutes: float | None, dry_run: bool, ray_address: str | None, num_cpus: int | None, num_gpus: int | None) -> None:  # fmt: skip
+    """Tune every kernel of the given models and push the results (resumable: tuned keys are skipped); with --until, tune
+    the network in rounds where its time goes until it beats a reference."""
     from schedhub.tuner import cluster, plan
+
+    from . import tune_network
     from schedhub.tuner.dispatch import tune_many
 
     options = _options(trials, trials_per_iter, seed, population, final_repeat_ms)
@@ -79,8 +100,13 @@ def tune(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: 
         for p in planned:
             out.print(f"{p.kernel.identity.key[:16]}  {p.kernel.identity.op:<40} {', '.join(p.models)}")
         return
+    until = tune_network.parse_until(until_text) if until_text is not None else None
     reg = open_registry(registry, token)
     cluster.start(ray_address, num_cpus, num_gpus)
+    if until is not None:
+        threads = int(tgt.get("num-cores") or num_cpus or 0) or os.cpu_count() or 1
+        tune_network.run(reg, refs, planned, options, until, policy, round_trials, max_trials, max_minutes, threads)
+        return
     with progress("tuning", total=len(planned)) as bar:
         task = bar.add_task("tuning", total=len(planned))
         summary = tune_many(reg, [p.kernel.identity for p in planned], options, concurrency=concurrency, retune=retune,

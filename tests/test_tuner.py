@@ -648,6 +648,22 @@ def test_tune_cli_pushes_every_kernel_and_resumes(ray_address: str, tmp_path: Pa
     assert again.returncode == 0 and "tuned 0, skipped 4" in again.stdout, again.stdout + again.stderr
 
 
+def test_tune_until_gives_each_kernel_a_round_then_where_it_gains_most_within_the_budget(ray_address: str, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    cmd = [sys.executable, "-m", "schedhub.cli.main", "tune", "-r", str(store), "--model", '{"name": "mlp", "features": 32, "hidden": 32, "batch": 2}',
+           "--target", '{"kind": "llvm", "mcpu": "znver1", "num-cores": 2}', "--until", "0.00001", "--round-trials", "2", "--max-trials", "8",
+           "--trials-per-iter", "2", *QUICK_FLAGS, "--ray-address", ray_address]  # fmt: skip
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=400, env={**os.environ, "COLUMNS": "200"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    rounds = [line.split() for line in done.stdout.splitlines() if line.startswith("round")]
+    ops = [r[6] for r in rounds]
+    assert "2 kernels;" in done.stderr  # fc1 and fc2 are one 32→32 kernel, called twice
+    assert len(rounds) == 4 and len(set(ops[:2])) == 2 and "×2" in rounds[0]  # each a round, the most called first; then on
+    assert "stopped: 8 trials spent (the budget: 8)" in done.stdout and "network" in rounds[-1]
+    with LocalRegistry(store, readonly=True) as reg:
+        assert len(reg.summaries()) == 2  # every round's result pushed
+
+
 def test_the_logged_sample_keeps_the_fastest_and_a_spread_of_the_rest_slowest_first() -> None:
     trials = [SimpleNamespace(run_secs=[float((i * 37) % 101 + 1)]) for i in range(101)]  # 1..101 s in a scrambled order
     logged = search.log_sample(trials)

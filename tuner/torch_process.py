@@ -84,6 +84,11 @@ class TorchProcess:
         self._ask(cmd="load", name=name, factory=factory, dir=str(folder), shape=shape)
         return np.load(folder / "out.npy", allow_pickle=False)
 
+    def load_module(self, factory: str, input_shapes: list[list[int]], threads: int) -> None:
+        """Build a PyTorch module from ``factory`` (``pkg.mod:function``, called with no arguments; eval mode) with random
+        inputs of ``input_shapes``, on ``threads`` threads: the model a user brought, to time as it is."""
+        self._ask(cmd="load_module", factory=factory, shapes=input_shapes, threads=threads)
+
     def time_network(self, repeat: int = 3, min_secs: float = 0.1) -> float:
         """Median seconds per forward pass of the loaded network."""
         return float(self._ask(cmd="time", repeat=repeat, min_secs=min_secs)["secs"])
@@ -122,7 +127,7 @@ def _timed_forward(net: Any, x: Any, device: str) -> Any:
 
     def run() -> None:
         with torch.inference_mode():
-            net(x)
+            net(*x) if isinstance(x, tuple) else net(x)
         if device == "cuda":
             torch.cuda.synchronize()
 
@@ -163,6 +168,12 @@ def _serve(device: str = "cpu") -> None:
                 net, x = loaded_net, torch.from_numpy(np.load(folder / "x.npy", allow_pickle=False)).to(device)
                 np.save(folder / "out.npy", _forward(net, x))
                 answer: dict[str, Any] = {"ok": True}
+            elif request["cmd"] == "load_module":
+                torch.set_num_threads(int(request["threads"]))
+                module, _, function = request["factory"].partition(":")
+                net = getattr(importlib.import_module(module), function)().eval().to(device)
+                x = tuple(torch.randn(*shape, device=device) for shape in request["shapes"])
+                answer = {"ok": True}
             elif request["cmd"] == "time":
                 samples = baselines.time_callable(_timed_forward(net, x, device), request["repeat"], request["min_secs"])
                 answer = {"secs": statistics.median(samples)}

@@ -1,0 +1,60 @@
+"""``schedhub tune --until …``: a network tuned where its time goes until it beats a reference (tuner.network)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from .common import console, out
+
+
+def parse_until(text: str) -> str | float:
+    """``pytorch`` or a latency in milliseconds (returned in seconds)."""
+    if text.strip().lower() == "pytorch":
+        return "pytorch"
+    try:
+        ms = float(text)
+    except ValueError:
+        raise click.BadParameter(f"--until takes 'pytorch' or a latency in milliseconds, not {text!r}") from None
+    if not 0 < ms < 1e7:
+        raise click.BadParameter("--until's latency must be a positive number of milliseconds")
+    return ms / 1e3
+
+
+def pytorch_secs(refs: list[Any], threads: int) -> float:
+    """The one PyTorch model's latency, timed in a process of its own that never imports TVM, on ``threads`` threads."""
+    from schedhub.tuner.torch_process import TorchProcess
+
+    if len(refs) != 1 or refs[0].source != "torch":
+        raise click.BadParameter("--until pytorch needs exactly one PyTorch model (a mapping {\"torch\": \"pkg.mod:factory\", \"inputs\": …}); "
+                                 "for other models state a latency in milliseconds")  # fmt: skip
+    with TorchProcess() as torch_proc:
+        torch_proc.load_module(refs[0].name, list(refs[0].inputs.values()), threads)
+        return torch_proc.time_network(repeat=5, min_secs=0.2)
+
+
+def run(reg: Any, refs: list[Any], planned: list[Any], options: Any, until: str | float, policy_name: str, round_trials: int,
+        max_trials: int | None, max_minutes: float | None, threads: int) -> None:  # fmt: skip
+    from schedhub.tuner.allocation import POLICIES, Goal
+    from schedhub.tuner.network import Round, tune_network
+
+    reference = pytorch_secs(refs, threads) if until == "pytorch" else float(until)
+    label = "PyTorch" if until == "pytorch" else "the goal"
+    kernels = [(p.kernel.identity, p.kernel.calls) for p in planned]
+    goal = Goal(latency_secs=reference, max_trials=max_trials if max_trials is not None else options.trials * len(kernels),
+                max_secs=max_minutes * 60 if max_minutes else None)  # fmt: skip
+    console.print(f"{len(kernels)} kernels; {label}: {reference * 1e3:.3f} ms; budget {goal.max_trials} trials"
+                  + (f", {max_minutes:g} min" if max_minutes else "") + f"; policy {policy_name}, {round_trials} trials a round")
+
+    def said(r: Round) -> None:
+        estimate = f"{r.network_secs * 1e3:.3f} ms ({reference / r.network_secs:.2f}× {label})" if r.network_secs else "not yet timed in full"
+        best = r.kernel.best_secs
+        out.print(f"round {r.number:>3}  {r.trials_spent:>5} trials  {r.elapsed_secs / 60:5.1f} min  {r.kernel.op:<36} "
+                  f"{(best or 0) * 1e6:10.1f} µs ×{r.kernel.calls}  network {estimate}", highlight=False)
+
+    state = tune_network(reg, kernels, options, POLICIES[policy_name], goal, round_trials=round_trials, on_round=said)
+    final = state.network_secs
+    verdict = f"{final * 1e3:.3f} ms, {reference / final:.2f}× {label}" if final else "not every kernel was timed"
+    out.print(f"stopped: {state.stopped_because}; the network's estimate {verdict} (Σ calls × each kernel's best; "
+              "`schedhub profile` and the bench time the compiled network)", highlight=False, soft_wrap=True)

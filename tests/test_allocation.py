@@ -1,0 +1,60 @@
+"""Where a network's tuning rounds go (tuner.allocation): scripted kernels, no tuning."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from schedhub.tuner.allocation import EvenPolicy, Goal, GradientPolicy, KernelTuning, network_secs
+
+
+def kernel(name: str, calls: int, *rounds: tuple[int, float], default: float | None = None) -> KernelTuning:
+    return KernelTuning(name, name, calls, default, list(rounds))
+
+
+def test_every_kernel_gets_a_first_round_the_most_called_first() -> None:
+    kernels = [kernel("a", 1), kernel("b", 8), kernel("c", 2, (16, 1e-3), default=2e-3)]
+    policy = GradientPolicy()
+    assert policy.pick(kernels).key == "b"
+    assert policy.expected_gain(kernels[0]) == math.inf
+
+
+def test_the_next_round_goes_to_the_largest_expected_gain() -> None:
+    slow_improving = kernel("slow", 1, (16, 5e-3), default=1e-2)  # 5 ms a call, halved by its first round
+    many_calls_default_wins = kernel("called", 4, (16, 1e-4), default=1e-4)  # nothing beat its default
+    improved = kernel("improved", 1, (16, 1e-3), default=2e-3)
+    kernels = [improved, many_calls_default_wins, slow_improving]
+    policy = GradientPolicy()
+    gains = {k.key: policy.expected_gain(k) for k in kernels}
+    assert gains["slow"] == pytest.approx(1 * (0.2 * 5e-3 / 16 + 0.8 * 5e-3 / 16))
+    assert gains["called"] == pytest.approx(4 * 0.8 * 1e-4 / 16)  # no backward gradient: the default still won
+    assert policy.pick(kernels).key == "slow"
+    assert EvenPolicy().pick([kernel("x", 1, (32, 1.0)), kernel("y", 9, (16, 1e-9))]).key == "y"
+
+
+def test_a_kernel_that_stops_improving_loses_its_turn() -> None:
+    flat = kernel("flat", 2, (16, 1e-3), (32, 1e-3), (48, 1e-3), (64, 1e-3), default=3e-3)
+    moving = kernel("moving", 2, (16, 1e-3), (32, 0.8e-3), default=1.2e-3)
+    policy = GradientPolicy()
+    assert policy.expected_gain(flat) < policy.expected_gain(moving)
+    assert policy.pick([flat, moving]).key == "moving"
+
+
+def test_a_round_records_the_best_known_and_a_default_that_wins_counts() -> None:
+    k = kernel("k", 3)
+    k.record(16, None, 2e-3)  # nothing beat the default: the round still counts
+    assert k.rounds == [(16, 2e-3)] and k.best_secs == 2e-3
+    k.record(16, 1e-3, 2.1e-3)
+    k.record(16, 1.5e-3, 2e-3)  # a worse round never raises the best
+    assert k.rounds[-1] == (48, 1e-3) and network_secs([k]) == pytest.approx(3e-3)
+    assert network_secs([k, kernel("untimed", 1)]) is None
+
+
+def test_the_goal_stops_at_the_latency_or_the_budget() -> None:
+    kernels = [kernel("a", 2, (16, 1e-3)), kernel("b", 1, (32, 2e-3))]  # estimate 4 ms, 48 trials
+    assert Goal(latency_secs=4e-3, max_trials=1000).reached(kernels, 0.0).startswith("the network's estimated latency")
+    assert Goal(latency_secs=3.9e-3, max_trials=1000).reached(kernels, 0.0) is None
+    assert "48 trials" in Goal(latency_secs=1e-3, max_trials=48).reached(kernels, 0.0)
+    assert "min spent" in Goal(max_secs=60).reached(kernels, 61.0)
+    assert Goal(latency_secs=1.0, max_trials=10).reached([kernel("a", 1)], 0.0) is None  # nothing timed yet: no estimate

@@ -1,0 +1,73 @@
+"""Tuning a network where its time goes: rounds of trials, each to the kernel a policy picks, until a goal is met.
+
+Each round is one tuning job on the Ray cluster (``round_trials`` trials), warm-started from the registry, where the
+kernel's earlier rounds left their best: a kernel's rounds continue one search. Its result is pushed at once, so a
+run that stops (a goal, a budget, a killed driver) leaves everything it found in the registry; a run started again
+begins from those records (its kernels' first rounds time them again).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+from schedhub.registry import Identity, Registry
+
+from . import cluster
+from .allocation import Goal, KernelTuning, Policy, network_secs
+from .dispatch import push_result, start_tuning
+from .search import TuneOptions, TuneResult
+
+
+@dataclass(frozen=True)
+class Round:
+    """One round as it ended: which kernel, its result, and the network's estimate after it."""
+
+    number: int
+    kernel: KernelTuning
+    result: TuneResult
+    network_secs: float | None
+    trials_spent: int
+    elapsed_secs: float
+
+
+@dataclass
+class NetworkTuning:
+    kernels: list[KernelTuning]
+    rounds: list[Round] = field(default_factory=list)
+    stopped_because: str = ""
+
+    @property
+    def network_secs(self) -> float | None:
+        return network_secs(self.kernels)
+
+    @property
+    def trials(self) -> int:
+        return sum(k.trials for k in self.kernels)
+
+
+def tune_network(registry: Registry, kernels: Sequence[tuple[Identity, int]], options: TuneOptions, policy: Policy, goal: Goal, *,
+                 round_trials: int = 16, pushed_by: str = "", on_round: Callable[[Round], None] | None = None) -> NetworkTuning:  # fmt: skip
+    """Tune ``kernels`` ((identity, calls per forward pass) each) in rounds of ``round_trials`` trials, each round to
+    the kernel ``policy`` picks, until ``goal`` is reached. ``goal`` must bound the trials or the time."""
+    if goal.max_trials is None and goal.max_secs is None:
+        raise ValueError("a network's tuning needs a budget: trials or minutes (a latency goal alone may never be met)")
+    if round_trials < 1:
+        raise ValueError("a round needs at least one trial")
+    state = NetworkTuning([KernelTuning(identity.key, identity.op, max(1, calls)) for identity, calls in kernels])
+    by_key = {identity.key: identity for identity, _ in kernels}
+    options = replace(options, trials=round_trials, trials_per_iter=min(options.trials_per_iter, round_trials))
+    started = time.monotonic()
+    while (why := goal.reached(state.kernels, time.monotonic() - started)) is None:
+        kernel = policy.pick(state.kernels)
+        identity = by_key[kernel.key]
+        result = TuneResult.from_dict(cluster.result(start_tuning(registry, identity, options, f"{identity.op}:{identity.key[:8]}")))
+        push_result(registry, result, pushed_by)
+        kernel.record(round_trials, result.best_secs, result.untuned_secs)
+        done = Round(len(state.rounds) + 1, kernel, result, state.network_secs, state.trials, time.monotonic() - started)
+        state.rounds.append(done)
+        if on_round is not None:
+            on_round(done)
+    state.stopped_because = why
+    return state
