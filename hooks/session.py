@@ -82,7 +82,7 @@ class KernelOutcome:
     op: str
     key: str
     outcome: str  # hit | transfer | synthesized | miss | fallback (a record failed to replay) | offline
-    detail: str = ""  # hit: the trace id; transfer, synthesized: "relation:trace id:source op"; miss: "default:…" where the default beat every candidate timed
+    detail: str = ""  # hit: the trace id ("default:" before it where the record says nothing beat the default schedule); transfer, synthesized: "relation:trace id:source op"; miss: "default:…" where the default beat every candidate timed
     measured: dict[str, float | None] = field(default_factory=dict)  # candidates timed here: trace id → seconds (None: refused)
 
 
@@ -106,6 +106,11 @@ class CompileReport:
         return self.count(HIT)
 
     @property
+    def default_hits(self) -> int:
+        """Hits whose record says nothing beat the target's default schedule: the kernel keeps it (a result, not a speedup)."""
+        return sum(k.outcome == HIT and k.detail.startswith("default:") for k in self.kernels)
+
+    @property
     def transfers(self) -> int:
         return self.count(TRANSFER)
 
@@ -126,8 +131,11 @@ class CompileReport:
         linked += f"; {self.model_ranked} kernels' transfers ranked by {self.ranked_by}" if self.ranked_by else ""
         synthesized = f", {self.synthesized} synthesized" if self.synthesized else ""
         kept = sum(k.outcome == MISS and k.detail.startswith("default:") for k in self.kernels)
+        if offline := self.count(OFFLINE):  # not "misses" as if the registry had answered: it did not
+            linked = f"; the registry could not be reached: {offline} kernels kept TVM's default schedules, unreported" + linked
         linked += f"; {kept} misses kept the default schedule, faster than every candidate timed" if kept else ""
-        return (f"schedhub: {len(self.kernels)} kernels: {self.hits} hits, {self.transfers} transfers{synthesized}, {self.misses} misses, {self.fallbacks} fallbacks "
+        hits = f"{self.hits} hits ({self.default_hits} of them keep the default schedule: nothing beat it)" if self.default_hits else f"{self.hits} hits"
+        return (f"schedhub: {len(self.kernels)} kernels: {hits}, {self.transfers} transfers{synthesized}, {self.count(MISS)} misses, {self.fallbacks} fallbacks "
                 f"({self.lookups} lookups in {self.lookup_secs * 1e3:.1f} ms, {self.misses_reported} misses reported){linked}")  # fmt: skip
 
 
@@ -319,7 +327,7 @@ class HookSession:
             except Exception as exc:  # TVM raises ScheduleError, InternalError, ValueError… on a bad trace
                 self._refuse(record, exc)
                 continue
-            self._note(identity, HIT, record.trace_id)
+            self._note(identity, HIT, f"default:{record.trace_id}" if keeps_default_schedule(record.trace) else record.trace_id)
             return out
         self._pending_misses[identity.key] = identity  # a transfer too: the exact schedule is still to tune
         transferred = self._transfer(identity, apply, bench, kernel) if transfers else None

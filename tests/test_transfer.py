@@ -391,14 +391,19 @@ def test_a_default_schedule_record_is_never_transferred(tmp_path: Path, registry
     default schedule under another name (seen serving a 52 ms kernel where the next candidate took 13 ms)."""
     with LocalRegistry(tmp_path, sync=False) as reg:
         reg.put_many([r for s in registry.summaries() for r in registry.get(s.key)])
-        for k in kernels(export(8), CPU):  # nearer to batch 16 than the batch-4 records
-            if "matmul" in k.identity.op:
-                reg.put(default_schedule_record(k.identity))
+        defaults = [k for k in kernels(export(8), CPU) if "matmul" in k.identity.op]  # nearer to batch 16 than the batch-4 records
+        for k in defaults:
+            reg.put(default_schedule_record(k.identity))
         with use(reg, CPU, link=False) as session:
             ex = tvm.compile(export(16), CPU)
         transfers = [k for k in session.report.kernels if k.outcome == "transfer"]
         batch_4 = {r.trace_id for s in registry.summaries() for r in registry.get(s.key)}
         assert len(transfers) == 2 and all(k.detail.split(":")[1] in batch_4 for k in transfers)
+        with use(reg, CPU, link=False) as session:
+            tvm.compile(export(8), CPU)  # the default records' own keys: hits that keep the default schedule
+        hits, kept = session.report.hits, len(defaults)
+        assert session.report.default_hits == kept and 0 < kept <= hits
+        assert f"{hits} hits ({kept} of them keep the default schedule: nothing beat it)" in session.report.summary()
     x = np.random.default_rng(7).standard_normal((16, 64)).astype("float32")
     np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)
 
