@@ -70,6 +70,10 @@ class CallerBounds:
         "help": "Bytes of unverified measurement log a pusher may store, over all keys (an entry holds up to 2 MiB)."})
     records_bytes: int = bound(default=1 << 30, metadata={
         "help": "Bytes of records in service a pusher may own (its claims and its verified records; a worker's and an admin's are not bounded)."})
+    unverified_percent: int = bound(default=75, metadata={
+        "help": "Percent of the store's map (its file's size) past which callers that are not workers or admins may add nothing: their "
+                "misses, claims, complaints and unverified logs answer 429, and the rest of the map is kept for verified records "
+                "(every caller's own bounds times enough callers would fill any map)."})
     kept_bytes: int = bound(default=DEFAULT_KEPT_BYTES, metadata={
         "help": "Bytes of a caller's ended work kept for the record (finished and dead jobs it asked for, its records taken out "
                 "of service): past it, its oldest go."})
@@ -179,9 +183,20 @@ class RegistryApp:
         assert self.committer is not None
         return await asyncio.wrap_future(self.committer.submit(fn))
 
+    def check_share(self, who: Principal) -> None:
+        """Refuse what an untrusted caller would add once the store has grown past its share of the map."""
+        if who.trusted:
+            return
+        filled = self.reg.store.filled()
+        if filled * 100 > self.bounds.unverified_percent:
+            raise TooManyRequests(f"the registry's store is {filled:.0%} full: past {self.bounds.unverified_percent}% it keeps the rest "
+                                  "for verified records, and takes no more misses, claims, complaints or unverified logs (its "
+                                  "operator can give it a larger map: SCHEDHUB_MAP_SIZE)")  # fmt: skip
+
     async def push(self, records: list[Record], who: Principal) -> list[PutResult]:
         """Store ``records`` as ``who``'s push, within its bounds: claims awaiting verification, bytes of records in
-        service (a trusted pusher's are not bounded)."""
+        service (a trusted pusher's are not bounded), the store's share for unverified data."""
+        self.check_share(who)
         bytes_limit = None if who.trusted else self.bounds.records_bytes
         return await self.write(lambda txn: self.reg.put_many(records, who.name, verified=who.trusted, claim_limit=self.bounds.claims_awaiting,
                                                               bytes_limit=bytes_limit, txn=txn))  # fmt: skip
@@ -410,6 +425,7 @@ def create_app(
         body = await state.body(request)
         trace_id, reason = trace_id_field(body), bounded_text(body, "reason")
         caller = state.caller(request, who)
+        state.check_share(who)
         if not state.complaints.allow(caller):
             raise TooManyRequests(f"{caller!r} is over {state.complaints.count} complaints a minute; try again later")
         status = await state.write(lambda txn: state.reg.complain(key, trace_id, reason, caller, limit=state.bounds.claims_awaiting, txn=txn))
@@ -459,6 +475,7 @@ def create_app(
         body = await state.body(request)
         misses = await run_in_threadpool(parse_each, field(body, "misses", list), Identity.from_obj, "misses")
         caller = state.caller(request, who)
+        state.check_share(who)
         if not state.misses.allow(caller, len(misses)):
             raise TooManyRequests(f"{caller!r} is over {state.misses.count} reported misses a minute; try again later")
         results = await state.write(lambda txn: state.reg.report_misses(misses, by=caller, limit=state.bounds.misses_awaiting, txn=txn))
@@ -468,6 +485,7 @@ def create_app(
     async def push_trials(request: Request) -> Response:
         who = state.require(request, "push")
         log = await run_in_threadpool(TrialLog.from_obj, await state.body(request))
+        state.check_share(who)
         result = await state.write(lambda txn: state.reg.push_trials(log, who.name, verified=who.trusted, claimed_bytes=state.bounds.claimed_log_bytes, txn=txn))
         state.counters["trials"] += len(log.trials)
         return reply(request, result)

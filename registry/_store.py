@@ -535,6 +535,12 @@ class Store:
                     found[key] = entries[:top]
         return found
 
+    def filled(self) -> float:
+        """How much of its LMDB map the store's file has grown to (0..1): pages freed inside it are reused, but the
+        file never shrinks, so this is the high-water mark."""
+        info = self.env.info()
+        return (info["last_pgno"] + 1) * self.env.stat()["psize"] / info["map_size"]
+
     def exists(self, key: str) -> bool:
         with self.read() as txn:
             return txn.get(key.encode(), db=self.dbs["records"]) is not None

@@ -533,6 +533,29 @@ def test_a_lookup_states_a_trust_the_server_understands(srv: ServerThread) -> No
         assert answer.status_code == 400 and "'trust' must be" in answer.json()["message"]
 
 
+def test_untrusted_callers_cannot_fill_the_store_whatever_their_number(tmp_path: Path) -> None:
+    """Each caller's bounds hold, but 20 tokens' worth of them filled a 64 GiB map. Past its share of the map (here 50%
+    of 4 MiB) no untrusted caller adds anything, and a worker's verified records still go in."""
+    from .test_transfer import record as shaped
+
+    roles = {"a-tok": Principal("a"), "b-tok": Principal("b"), "w-tok": Principal("w", "worker")}
+    with (LocalRegistry(tmp_path / "small", map_size=4 << 20, sync=False),  # the first handle in a process sizes the map
+          ServerThread(tmp_path / "small", tokens=roles, sync=False, bounds=CallerBounds(unverified_percent=50)) as s, clients_by_name(s.url, roles) as by):
+        refused, n = None, 0
+        while refused is None and n < 200:
+            big = _big_record(10_000 + n, 0, 60_000)
+            try:
+                by["a" if n % 2 else "b"].put(big)  # two tokens, each well within its own bounds
+            except TooManyRequests as exc:
+                refused = exc
+            n += 1
+        assert refused is not None and "keeps the rest" in str(refused) and n > 10
+        with pytest.raises(TooManyRequests, match="keeps the rest"):
+            by["a"].report_misses([shaped(7).identity])
+        by["w"].put(shaped(8))  # the workers' share is left
+        assert by["w"].get(shaped(8).key)
+
+
 # -- 3. one request cannot stall the others -------------------------------------------------------
 
 
