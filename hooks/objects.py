@@ -5,7 +5,9 @@ kernels (unrolled, vectorized loops: on ResNet-18 about 3× the plain build's co
 hook. So each kernel the session scheduled is compiled on its own, once, under a symbol of its own
 (in the background from the moment its schedule is known: on a first compile, codegen runs while
 the hook looks up and replays the kernels after it), and kept as an object file beside the kernel cache (``<cache>/objects/<id>.o``; the id is the
-scheduled-kernel cache name: the kernel's key, the trace and the bounds). In the build the Relax
+scheduled-kernel cache name: the kernel's key, the trace and the bounds), with the SHA-256 of its bytes beside it
+(``<id>.o.sha256``): an object that does not match it (overwritten, truncated) is compiled again before it is
+linked, where a damaged one made every later load of the model fail. In the build the Relax
 call of such a kernel becomes a call of that symbol (``call_dps_packed``), its PrimFunc leaves the
 module, and the object rides in the module's ``external_mods`` as a static library, which TVM links
 when the executable is first loaded or exported (``Executable.jit`` / ``export_library``: a C
@@ -18,6 +20,7 @@ turns them into views) and so does a kernel called with symbolic shape arguments
 
 from __future__ import annotations
 
+import hashlib
 import os
 from concurrent.futures import Future
 from pathlib import Path
@@ -121,6 +124,7 @@ class ObjectCache(KernelWork[str]):
         libraries = {f: tvm.runtime.load_static_library(str(self._path(f)), [self.symbol(f)]) for f in funcs if compiling[f] is None or f in built}
         for f in libraries:
             mark_used(self._path(f))
+            mark_used(digest_path(self._path(f)))  # pruned apart, the object would be compiled again
         symbols = {gv: self.symbol(f) for gv, f in wanted.items() if f in libraries}
         if not symbols:
             return mod, Linked(0, 0, unbuildable)
@@ -142,7 +146,7 @@ class ObjectCache(KernelWork[str]):
         """The compile of ``file_id``'s object, started now if it is neither cached nor started; None when it is cached.
         Its result is None once the object is written, else what failed: an ``OSError`` (the object could not be
         written: the model's own build compiles the kernel) or TVM's error (the scheduled kernel does not build)."""
-        if file_id not in self._started and _is_object(self._path(file_id)):
+        if file_id not in self._started and intact(self._path(file_id)):
             return None
 
         def compile_one() -> Exception | None:
@@ -163,6 +167,9 @@ class ObjectCache(KernelWork[str]):
         lib = tvm.tirx.build(tvm.IRModule({symbol: func}), target=target)
         with atomic_file(path) as tmp:  # TVM writes an object file for the ".o" suffix
             lib.write_to_file(tmp)
+            digest = hashlib.sha256(Path(tmp).read_bytes()).hexdigest()
+        with atomic_file(digest_path(path)) as tmp:
+            Path(tmp).write_text(digest)
 
 
 def object_id_of(func: Any) -> str | None:
@@ -173,10 +180,16 @@ def object_id_of(func: Any) -> str | None:
     return None if object_id is None else str(object_id)
 
 
-def _is_object(path: Path) -> bool:
+def digest_path(path: Path) -> Path:
+    """Where the SHA-256 of an object file's bytes is kept."""
+    return path.with_name(path.name + ".sha256")
+
+
+def intact(path: Path) -> bool:
+    """Whether ``path`` holds an object file whose bytes match the digest written with it."""
     try:
-        with path.open("rb") as f:
-            return f.read(4) == ELF_MAGIC
+        data = path.read_bytes()
+        return data[:4] == ELF_MAGIC and digest_path(path).read_text().strip() == hashlib.sha256(data).hexdigest()
     except OSError:
         return False
 

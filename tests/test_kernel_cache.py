@@ -104,11 +104,15 @@ def test_scheduled_kernels_are_compiled_once_per_machine_and_linked(tmp_path: Pa
     ex.export_library(str(tmp_path / "model.so"))  # the objects go into an exported library too
     np.testing.assert_allclose(forward(tvm.runtime.load_module(str(tmp_path / "model.so")), x), reference(x), rtol=1e-4, atol=1e-4)
 
-    damaged = sorted((cache / "objects").glob("*.o"))[0]
-    damaged.write_bytes(b"not an object")
+    damaged = sorted((cache / "objects").glob("*.o"))
+    damaged[0].write_bytes(b"not an object")
+    damaged[1].write_bytes(damaged[1].read_bytes()[: len(damaged[1].read_bytes()) // 2])  # an ELF file cut short
+    overwritten = bytearray(damaged[2].read_bytes())
+    overwritten[len(overwritten) // 2] ^= 0xFF
+    damaged[2].write_bytes(bytes(overwritten))  # one byte of its code changed
     with use(registry, CPU, cache=cache) as third:
         ex = tvm.compile(export(4), CPU)
-    assert third.objects is not None and (third.objects.compiled, third.objects.linked) == (1, 4)
+    assert third.objects is not None and (third.objects.compiled, third.objects.linked) == (3, 4)
     np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)
 
     with use(registry, CPU, cache=cache, link=False) as unlinked:
