@@ -58,7 +58,12 @@ class ScheduleLimits:
     max_loop_depth: int = 256  # loops nested in the scheduled kernel: TVM's build crashed on 4,000 (3,000 built in 0.2 s);
     #   MetaSchedule's own: at most 21 in a CPU registry's records
     max_unrolled_statements: int = 1 << 17  # the kernel's lane-statements after TVM's unrolling (:func:`unrolled_code`)
-    max_straight_line: int = 1 << 16  # of those, in one run of code without a loop. LLVM's time grows faster than the run:
+    max_straight_statements: int = 1 << 12  # statements (a vector's lanes once) in one run of code without a loop. Scalar
+    #   statements cost LLVM far more than the lanes of a vector: a matmul at batch 3 unrolled whole, 49,152 statements
+    #   of one lane each (within the lane bound below), took a compile 68 s against 0.47 s. Unrolled scalar matmuls here:
+    #   4,096 statements built in 0.36 s, 8,192 in 0.48 s, 16,384 in 1.0-1.6 s. MetaSchedule's own runs stay within its
+    #   unroll steps (at most 512 on a CPU, 1024 on a GPU), a block's init beside them
+    max_straight_line: int = 1 << 16  # lane-statements in one run of code without a loop. LLVM's time grows faster than the run:
     #   4096 unrolled copies of a 64-lane store built in 44 s, 8192 in 195 s, 1024 auto-unrolled 1.6 s (ARCHITECTURE §8). MetaSchedule's
     #   own schedules stay near half of it (a CPU's 512 auto-unrolled steps of 64 lanes, and a reduction's init beside them)
     max_scratch_ratio: float = 16.0  # bytes of the kernel's own buffers over its arguments': a 2 KB trace that padded a cache of
@@ -229,6 +234,9 @@ def _walk(root: Any, limits: ScheduleLimits) -> None:
     code = unrolled_code(root)
     if code.total > limits.max_unrolled_statements:
         raise ScheduleTooCostly(f"unrolling would hand LLVM {code.total} lane-statements, over the limit of {limits.max_unrolled_statements}")
+    if code.longest_statements > limits.max_straight_statements:
+        raise ScheduleTooCostly(f"unrolling would hand LLVM {code.longest_statements} statements without a loop between them, over the "
+                                f"limit of {limits.max_straight_statements}")  # fmt: skip
     if code.longest_run > limits.max_straight_line:
         raise ScheduleTooCostly(f"unrolling would hand LLVM {code.longest_run} lane-statements without a loop between them, over the "
                                 f"limit of {limits.max_straight_line}")  # fmt: skip
@@ -247,15 +255,18 @@ class UnrolledCode(NamedTuple):
     longest_run: int  # the longest run closed inside (by a loop kept as a loop)
     total: int  # lane-statements in all
     wide: int  # of those, in vectors of more than WIDE_VECTOR_LANES lanes
+    open_statements: int = 0  # statements (a vector once) of the run that reaches the statement's edges
+    longest_statements: int = 0  # the most of them in a run closed inside
 
     def looped(self) -> UnrolledCode:
         """This, as the body of a loop kept as a loop."""
-        return UnrolledCode(self.steps, self.loops + 1, self.unrolled, 0, max(self.longest_run, self.open_run), self.total, self.wide)
+        return UnrolledCode(self.steps, self.loops + 1, self.unrolled, 0, max(self.longest_run, self.open_run), self.total, self.wide,
+                            0, max(self.longest_statements, self.open_statements))  # fmt: skip
 
     def repeated(self, copies: int) -> UnrolledCode:
         """This, as the body of a loop unrolled into ``copies``."""
         return UnrolledCode(self.steps * copies, self.loops, self.unrolled + 1, self.open_run * copies, self.longest_run, self.total * copies,
-                            self.wide * copies)  # fmt: skip
+                            self.wide * copies, self.open_statements * copies, self.longest_statements)  # fmt: skip
 
 
 NOTHING = UnrolledCode(0, 0, 0, 0, 0, 0, 0)
@@ -288,13 +299,13 @@ def unrolled_code(root: Any) -> UnrolledCode:
         if node is None:
             sink.append(NOTHING)
         elif inside is None:  # a store or an evaluation: one step
-            sink.append(UnrolledCode(1, 0, 0, lanes, 0, lanes, lanes if lanes > WIDE_VECTOR_LANES else 0))
+            sink.append(UnrolledCode(1, 0, 0, lanes, 0, lanes, lanes if lanes > WIDE_VECTOR_LANES else 0, 1, 0))
         else:
             counted: list[UnrolledCode] = []
             stack.append((node, steps, lanes, sink, counted))
             stack.extend((s, steps, inner, counted, None) for s in reversed(inside))
     (code,) = done
-    return code._replace(longest_run=max(code.longest_run, code.open_run))
+    return code._replace(longest_run=max(code.longest_run, code.open_run), longest_statements=max(code.longest_statements, code.open_statements))
 
 
 def _unrolled(node: Any, steps: int, kids: list[UnrolledCode]) -> UnrolledCode:
@@ -314,7 +325,8 @@ def _unrolled(node: Any, steps: int, kids: list[UnrolledCode]) -> UnrolledCode:
     # UnrollLoop counts each statement of a sequence (and a block's init and body) afresh; one branch of an `if` after the other
     depth = max if isinstance(node, (tirx.SeqStmt, s_tir.SBlock)) else sum
     return UnrolledCode(sum(k.steps for k in kids), depth(k.loops for k in kids), depth(k.unrolled for k in kids),
-                        sum(k.open_run for k in kids), max(k.longest_run for k in kids), sum(k.total for k in kids), sum(k.wide for k in kids))  # fmt: skip
+                        sum(k.open_run for k in kids), max(k.longest_run for k in kids), sum(k.total for k in kids), sum(k.wide for k in kids),
+                        sum(k.open_statements for k in kids), max(k.longest_statements for k in kids))  # fmt: skip
 
 
 def _bind(seen: set[int], axis: str, extent: int) -> None:

@@ -116,6 +116,33 @@ def test_metaschedules_own_wide_vector_passes_and_many_unrolled_copies_of_one_ar
         check_scheduled(copy(128), ScheduleLimits())
 
 
+def test_a_whole_unroll_of_a_small_matmul_is_refused_and_metaschedules_own_unrolling_passes() -> None:
+    """A 160-byte trace that unrolled a matmul at batch 3 whole handed LLVM 49,152 one-lane statements in one run, within
+    the lane bound, and a compile took 68 s instead of 0.47 s: statements without a loop are bounded too."""
+    def matmul(m: int, n: int, k: int) -> tvm.s_tir.Schedule:
+        a, b = te.placeholder((m, k), name="A"), te.placeholder((k, n), name="B")
+        r = te.reduce_axis((0, k), name="k")
+        return tvm.s_tir.Schedule(te.create_prim_func([a, b, te.compute((m, n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="matmul")]))
+
+    bomb = matmul(3, 64, 128)  # 24,576 multiply-adds, each with its init: 49,152 statements
+    for loop in bomb.get_loops(bomb.get_sblock("matmul")):
+        bomb.unroll(loop)
+    code = unrolled_code(bomb.mod["main"].body)
+    assert code.longest_statements >= 49_152 and code.longest_run <= ScheduleLimits().max_straight_line
+    with pytest.raises(ScheduleTooCostly, match="statements without a loop between them"):
+        check_scheduled(bomb.mod, ScheduleLimits())
+    own = matmul(128, 512, 512)  # what MetaSchedule's CPU rules do: tiles, a 64-lane vector, 512 unroll steps
+    i, j, k = own.get_loops(own.get_sblock("matmul"))
+    i0, i1 = own.split(i, [None, 8])
+    j0, j1 = own.split(j, [None, 64])
+    k0, k1 = own.split(k, [None, 8])
+    own.reorder(i0, j0, k0, i1, k1, j1)
+    own.vectorize(j1)
+    own.annotate(i0, "pragma_auto_unroll_max_step", 512)
+    own.annotate(i0, "pragma_unroll_explicit", 1)
+    check_scheduled(own.mod, ScheduleLimits())
+
+
 @pytest.mark.parametrize("build", ["bomb", "lanes bomb", "names bomb"])
 def test_a_compile_bomb_is_refused_and_reported_and_costs_no_more_than_a_fallback(tmp_path: Path, model: dict, build: str) -> None:
     """The lanes bomb passed the bounds that counted statements without their lanes: its kernel took LLVM 65 s. The names
