@@ -39,9 +39,11 @@ _tvm_gpu_default: Callable[[tvm.target.Target], tvm.transform.Pass] | None = Non
 
 
 def fusion_passes() -> tvm.transform.Pass:
-    """The zero pipeline's passes before MetaScheduleApplyDatabase (same passes as task extraction)."""
+    """The zero pipeline's passes before MetaScheduleApplyDatabase (same passes as task extraction), after BatchNorm is
+    folded into the convolution before it: ``torch.export`` keeps them apart, and a model must have one set of keys
+    whether a user imported it with ``from_exported_program`` or ``schedhub tune`` did (``plan.from_torch_export``)."""
     return tvm.transform.Sequential([
-        relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant(),
+        relax.transform.FoldBatchnormToConv2D(), relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant(),
         relax.transform.FuseOps(), relax.transform.FuseTIR(),
     ])  # fmt: skip
 

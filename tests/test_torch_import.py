@@ -24,3 +24,25 @@ def test_batch_norm_is_folded_into_the_convolution_and_the_output_kept() -> None
     got = relax.VirtualMachine(tvm.compile(mod, target), tvm.cpu())["main"](tvm.runtime.tensor(x))
     got = (got[0] if not hasattr(got, "numpy") else got).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_model_imported_as_users_do_gets_the_keys_schedhub_tune_tuned(tmp_path) -> None:
+    """A user imports with ``from_exported_program(torch.export.export(...))``; ``schedhub tune`` and ``profile`` import
+    through ``plan.from_torch_export``, which folds BatchNorm. The hook's fusion folds it too: one model, one set of keys."""
+    from tvm.relax.frontend.torch import from_exported_program
+
+    from schedhub.hooks import use
+
+    ref = plan.parse_model('{"torch": "tests.torch_factories:conv_bn", "inputs": {"x": [1, 3, 16, 16]}}')
+    target = tvm.target.Target(plan.resolve_target("host"))
+    tuned_keys = {k.identity.key for k in kernels(plan.load(ref), target)}
+    x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype("float32")
+    users = from_exported_program(torch.export.export(conv_bn().eval(), (torch.from_numpy(x),)))
+    assert {k.identity.key for k in kernels(users, target)} == tuned_keys
+    with use(tmp_path / "store", target, report_misses=False) as session:
+        ex = tvm.compile(users, target)
+    assert {k.key for k in session.report.kernels} == tuned_keys
+    with torch.no_grad():
+        want = conv_bn().eval()(torch.from_numpy(x)).numpy()
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x))
+    np.testing.assert_allclose((got[0] if not hasattr(got, "numpy") else got).numpy(), want, rtol=1e-4, atol=1e-4)
