@@ -239,6 +239,8 @@ def worker(registry: str, token: str | None, trials: int, trials_per_iter: int, 
         cluster.stop()
     out.print(f"worker done: {stats.done} tuned, {stats.first_passes} first passes, {stats.verified} verified, {stats.failed} failed, {stats.lost} lost, "
               f"{stats.released} released", highlight=False)  # fmt: skip
+    for line in w.left_behind():
+        console.print(labelled("left", line))
 
 
 @click.command()

@@ -33,6 +33,7 @@ from .pipeline import ACTIVE, install, schedhub_pipeline
 from .guard import ScheduleLimits, ScheduleTooCostly
 from .objects import ObjectCache, c_compiler_available
 from .session import CompileReport, HookSession, KernelOutcome, RegistryFallbackWarning
+from .measure import host_target
 from .threads import IdleCoresWarning, runtime_threads
 
 DEFAULT_TIMEOUT = 2.0
@@ -133,6 +134,6 @@ def use(
 
 
 __all__ = [
-    "use", "schedhub_pipeline", "KernelCache", "RegistryDatabase", "HookSession", "CompileReport", "KernelOutcome",
+    "use", "host_target", "schedhub_pipeline", "KernelCache", "RegistryDatabase", "HookSession", "CompileReport", "KernelOutcome",
     "RegistryFallbackWarning", "IdleCoresWarning", "runtime_threads", "ScheduleLimits", "ScheduleTooCostly", "Trust", "workload_identity", "canonical_workload", "target_text", "compiler_fingerprint",
 ]  # fmt: skip

@@ -408,6 +408,21 @@ def wait_for_line(proc: subprocess.Popen, prefix: str, timeout: float) -> str:
     raise AssertionError(f"no {prefix!r} line from the worker; it printed:\n{''.join(seen)}")
 
 
+def test_a_worker_that_cannot_time_a_job_says_which_and_why(ray_address: str, tmp_path: Path) -> None:
+    """A compile for another CPU model queued jobs; a worker here exited '0 tuned' and said nothing of them."""
+    a, b = te.placeholder((16, 16), name="A"), te.placeholder((16, 16), name="B")
+    r = te.reduce_axis((0, 16), name="k")
+    func = te.create_prim_func([a, b, te.compute((16, 16), lambda i, j: te.sum(a[i, r] * b[j, r], axis=r), name="matmul")])
+    elsewhere = workload_identity(func, {**TARGET, "mcpu": "skylake"}, "matmul_nt")
+    with ServerThread(tmp_path / "reg", tokens={TOKEN: "tuners"}, sync=False) as srv, RegistryClient(srv.url, token=TOKEN) as client:
+        client.report_misses([elsewhere])
+        worker = start_worker(srv.url, ray_address, "--until-idle")
+        out, _ = worker.communicate(timeout=180)
+        assert worker.returncode == 0 and "worker done: 0 tuned" in out, out
+        assert f"1 pending jobs for llvm skylake; this worker times {TARGET['mcpu']}" in out, out
+        assert client.jobs()[0]["state"] == "pending"
+
+
 def test_worker_killed_mid_tuning_loses_nothing_and_the_job_completes_once(ray_address: str, tmp_path: Path) -> None:
     root = tmp_path / "reg"
     ident = matmul(64, 64, 128)

@@ -67,11 +67,9 @@ def load_library(data: bytes, directory: str) -> Any:
 
 def host_target(cores: int | None = None) -> dict[str, Any]:
     """This machine's CPU as a target dict (``mcpu: native`` silently means generic x86-64)."""
-    import tvm
+    from schedhub.hooks.measure import host_target as hooks_host_target
 
-    from schedhub.hooks.threads import usable_cpus
-
-    return {"kind": "llvm", "mcpu": str(tvm.target.codegen.llvm_get_system_cpu()), "num-cores": int(cores or usable_cpus())}
+    return hooks_host_target(cores)
 
 
 def compiles_cuda() -> bool:

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from schedhub.registry import (
+    PENDING,
     REFINE,
     TUNE,
     VERIFY,
@@ -50,6 +51,7 @@ from schedhub.registry import (
     Registry,
     RegistryError,
     RegistryUnavailable,
+    target_device,
 )
 
 from . import cluster
@@ -155,6 +157,28 @@ class Worker:
             self._renew_due()
         self.release_all("worker stopped", stats)
         return stats
+
+    def left_behind(self, limit: int = 1000) -> list[str]:
+        """Why the pending jobs this worker cannot take stay pending: one line per (why, target), with how many (of the
+        first ``limit`` pending). A compile for another CPU model queues jobs only a worker on that model can time."""
+        try:
+            pending = self.registry.jobs(PENDING, limit)
+        except RegistryError:
+            return []
+        reasons: dict[str, int] = {}
+        timed = {kind: device for kind, device in self.devices}
+        for job in pending:
+            kind, device = str(job.get("kind", "")), target_device(str(job.get("target", "")))
+            if job.get("fingerprint") != self.fingerprint:
+                why = f"tuned under another compiler ({str(job.get('fingerprint'))[:60]}); this worker runs {self.fingerprint[:60]}"
+            elif kind not in timed:
+                why = f"for {kind}, which this worker's cluster cannot time"
+            elif device not in ("", timed[kind]):
+                why = f"for {kind} {device}; this worker times {timed[kind]}: run a worker on such a machine, or compile for this one's CPU"
+            else:
+                continue
+            reasons[why] = reasons.get(why, 0) + 1
+        return [f"{count} pending jobs {why}" for why, count in reasons.items()]
 
     def release_all(self, reason: str, stats: WorkerStats | None = None) -> None:
         """Give every held lease back now (pending again, the attempt not counted) and cancel its task."""
