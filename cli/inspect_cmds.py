@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -62,14 +63,23 @@ def target_summary(target: str) -> str:
 
 
 def resolve_key(reg: Registry, key: str) -> str:
-    """A full key from a unique prefix of at least 8 hex characters."""
+    """A full key of records from a unique prefix of at least 8 hex characters."""
+    return _unique(key, lambda prefix: [s.key for s in reg.summaries(prefix=prefix, limit=2)])
+
+
+def resolve_job_key(reg: Registry, key: str) -> str:
+    """A full queue job key (records or not) from a unique prefix of at least 8 hex characters."""
+    return _unique(key, lambda prefix: [j["key"] for j in reg.jobs(None, 2, prefix) if j["key"].startswith(prefix)])
+
+
+def _unique(key: str, starting_with: Callable[[str], list[str]]) -> str:
     if len(key) == 64:
         return key
     if len(key) < 8:
         raise NotFound("give at least 8 characters of the key")
     if not all(c in "0123456789abcdef" for c in key.lower()):
         raise NotFound(f"{key!r} is not a key: keys are hex")
-    matches = [s.key for s in reg.summaries(prefix=key.lower(), limit=2)]
+    matches = starting_with(key.lower())
     if len(matches) != 1:
         raise NotFound(f"no key starts with {key!r}" if not matches else f"more than one key starts with {key!r}: give more characters")
     return matches[0]
@@ -172,9 +182,11 @@ def queue(registry: str, token: str | None, state: str | None, upcoming: int | N
 @registry_option
 @reports_errors
 def requeue(key: str, registry: str, token: str | None) -> None:
-    """Put a dead (or done) queue job back to pending."""
-    open_registry(registry, token).requeue(key)
-    click.echo(f"requeued {key}")
+    """Put a dead (or done) queue job back to pending. KEY is the full key or a unique prefix of at least 8 characters."""
+    reg = open_registry(registry, token)
+    full = resolve_job_key(reg, key)
+    reg.requeue(full)
+    click.echo(f"requeued {full}")
 
 
 @click.command()
@@ -240,7 +252,11 @@ def callers(registry: str, token: str | None) -> None:
 @reports_errors
 def quarantined_cmd(registry: str, token: str | None) -> None:
     """Records out of service: quarantined by an admin, refused or failed by a verifying worker, and whose they were."""
+    items = open_registry(registry, token, readonly=True).quarantined()
+    if not items:
+        out.print("nothing is quarantined: every record is in service")
+        return
     table = Table("key", "trace", "pushed by", "reason")
-    for item in open_registry(registry, token, readonly=True).quarantined():
+    for item in items:
         table.add_row(item["key"][:16], item["trace_id"], item["by"], item["reason"][:100])
     out.print(table)

@@ -10,7 +10,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from .common import console, labelled, open_registry, out, progress, registry_option, reports_errors
+from .common import EXIT_UNAVAILABLE, console, labelled, open_registry, out, progress, registry_option, reports_errors
 
 
 def ray_option(f: Any) -> Any:
@@ -147,7 +147,11 @@ def submit(registry: str, token: str | None, model_specs: tuple[str, ...], sweep
             "--population", str(population), "--final-repeat-ms", str(final_repeat_ms), "--concurrency", str(concurrency), *(a for m in model_specs for a in ("--model", m)), *(a for s in sweep for a in ("--sweep", s))]  # fmt: skip
     if retune:
         args.append("--retune")
-    sub = jobs.submit(address, args, work, attempt=attempt, python=python, env={"SCHEDHUB_TOKEN": token} if token else None)
+    try:
+        sub = jobs.submit(address, args, work, attempt=attempt, python=python, env={"SCHEDHUB_TOKEN": token} if token else None)
+    except jobs.ClusterNotReady as exc:
+        console.print(labelled("error:", exc))
+        raise SystemExit(EXIT_UNAVAILABLE) from None
     verb = "submitted" if sub.created else "already submitted"
     out.print(f"{verb} {sub.submission_id} ({sub.status})", highlight=False)
     if follow:
@@ -268,4 +272,5 @@ def demo(trials: int, registry_dir: str | None, device: str, ray_address: str | 
     for row in demo_run.render(report):
         table.add_row(*row)
     out.print(table)
-    out.print(f"demo finished in {report.seconds:.0f} s; registry kept at {report.registry}", highlight=False)
+    kept = f"; registry kept at {report.registry}" if registry_dir is not None else ""
+    out.print(f"demo finished in {report.seconds:.0f} s{kept}", highlight=False)

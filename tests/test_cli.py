@@ -402,3 +402,18 @@ def test_what_records_and_errors_carry_is_printed_as_text_never_as_markup(tmp_pa
     with pytest.raises(SystemExit):
         main(["ls", f"@{tmp_path}/[/]missing.yaml"])
     assert "[/]missing.yaml" in capsys.readouterr().err
+
+
+def test_requeue_takes_the_key_prefix_ls_prints_and_an_empty_quarantine_says_so(tmp_path: Path) -> None:
+    missed = [make_record(30 + i, 1e-3).identity for i in range(3)]
+    with LocalRegistry(tmp_path) as reg:
+        reg.report_misses(missed)
+        while leases := reg.lease("w", 3, 60):  # failed until the queue gives them up
+            for lease in leases:
+                reg.fail(lease.key, lease.lease_id, "boom")
+        assert {j["state"] for j in reg.jobs()} == {"dead"}
+    assert f"requeued {missed[1].key}" in run("requeue", missed[1].key[:16], "-r", str(tmp_path))
+    assert "no key starts with" in run("requeue", "0000000000000000", "-r", str(tmp_path), ok=False)
+    with LocalRegistry(tmp_path, readonly=True) as reg:
+        assert reg.job(missed[1].key)["state"] == "pending"
+    assert "nothing is quarantined" in run("quarantined", "-r", str(tmp_path))

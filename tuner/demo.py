@@ -71,7 +71,18 @@ def _numpy_mlp(weights: dict[str, np.ndarray]) -> Callable[[np.ndarray], np.ndar
 
 def run(trials: int = 32, registry_dir: str | None = None, ray_address: str | None = None, say: Callable[[str], None] = print,
         on_queue: Callable[[int, int], None] | None = None, device: str = "cpu") -> DemoReport:  # fmt: skip
-    """Run the demo on ``device`` (``"cpu"`` or ``"cuda"``); ``on_queue(done, total)`` follows the background tuning."""
+    """Run the demo on ``device`` (``"cpu"`` or ``"cuda"``); ``on_queue(done, total)`` follows the background tuning.
+    Without ``registry_dir`` the registry lives in a temporary folder, removed when the demo ends."""
+    if registry_dir is not None:
+        return _run_demo(trials, registry_dir, ray_address, say, on_queue, device)
+    with tempfile.TemporaryDirectory(prefix="schedhub-demo-") as scratch:
+        report = _run_demo(trials, scratch, ray_address, say, on_queue, device)
+    say(f"the demo's registry ({scratch}) was removed: pass --registry-dir to keep one")
+    return report
+
+
+def _run_demo(trials: int, registry_dir: str, ray_address: str | None, say: Callable[[str], None], on_queue: Callable[[int, int], None] | None,
+              device: str) -> DemoReport:  # fmt: skip
     import tvm
 
     from schedhub import hooks
@@ -80,7 +91,7 @@ def run(trials: int = 32, registry_dir: str | None = None, ray_address: str | No
     run_kernels_on_usable_cpus()  # before a kernel runs: the target's cores, not half of them
     started = time.time()
     target = device_target(device)
-    report = DemoReport(registry=registry_dir or tempfile.mkdtemp(prefix="schedhub-demo-"), default=default_label(target_text(target)))
+    report = DemoReport(registry=registry_dir, default=default_label(target_text(target)))
     mod, weights, input_shape = models.export_with_weights(DEMO_MODEL, **DEMO_SHAPE)
     x = np.random.default_rng(1).standard_normal(input_shape).astype("float32")
     token = secrets.token_hex(16)

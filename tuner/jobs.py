@@ -14,10 +14,18 @@ import hashlib
 import json
 import shlex
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from .cluster import configure_environment
+
+
+class ClusterNotReady(RuntimeError):
+    """The cluster's job agent did not come up in time (a head node just started, or a loaded machine)."""
+
+
+AGENT_WAIT_SECS = 90.0  # a head node's job agent comes up seconds after the node does; longer on a loaded machine
 
 
 @dataclass(frozen=True)
@@ -39,19 +47,29 @@ def _client(address: str) -> Any:
     return JobSubmissionClient(address)
 
 
-def submit(address: str, tune_args: list[str], work: dict[str, Any], *, attempt: int = 1, python: str | None = None, env: dict[str, str] | None = None) -> Submission:
-    """Start ``schedhub tune TUNE_ARGS`` as a Ray Job, once per distinct ``work``."""
+def submit(address: str, tune_args: list[str], work: dict[str, Any], *, attempt: int = 1, python: str | None = None, env: dict[str, str] | None = None,
+           agent_wait_secs: float = AGENT_WAIT_SECS) -> Submission:  # fmt: skip
+    """Start ``schedhub tune TUNE_ARGS`` as a Ray Job, once per distinct ``work``; while the cluster's job agent is not
+    up yet, asked again every 2 s for ``agent_wait_secs``, then :class:`ClusterNotReady`."""
     client = _client(address)
     job_id = submission_id(work, attempt)
     entrypoint = shlex.join([python or sys.executable, "-m", "schedhub.cli.main", "tune", *tune_args])
-    try:
-        client.submit_job(entrypoint=entrypoint, submission_id=job_id, runtime_env={"env_vars": dict(env or {})} if env else None,
-                          metadata={"schedhub": "tune"})  # fmt: skip
-    except RuntimeError as exc:
-        if "already exists" not in str(exc):
-            raise
-        return Submission(job_id, False, str(client.get_job_status(job_id)))
-    return Submission(job_id, True, str(client.get_job_status(job_id)))
+    deadline = time.monotonic() + agent_wait_secs
+    while True:
+        try:
+            client.submit_job(entrypoint=entrypoint, submission_id=job_id, runtime_env={"env_vars": dict(env or {})} if env else None,
+                              metadata={"schedhub": "tune"})  # fmt: skip
+        except RuntimeError as exc:
+            if "already exists" in str(exc):
+                return Submission(job_id, False, str(client.get_job_status(job_id)))
+            if "No available agent" not in str(exc):
+                raise
+            if time.monotonic() > deadline:  # Ray asks to "try again later": that is done here, then said in one line
+                raise ClusterNotReady(f"the Ray cluster at {address} has no job agent up after {agent_wait_secs:g} s; try again once its head "
+                                      "node is fully started (ray status)") from None  # fmt: skip
+            time.sleep(2.0)
+            continue
+        return Submission(job_id, True, str(client.get_job_status(job_id)))
 
 
 def status(address: str, job_id: str) -> dict[str, Any]:
