@@ -1,6 +1,6 @@
 """schemathesis over a registry's /openapi.json: valid and invalid cases for every operation, sent
 with a token so they reach validation behind the auth checks. Used by tests/test_fuzz.py and by
-``python -m bench.trust``; a 5xx answer is a failure.
+``python -m bench.studies.trust``; a 5xx answer is a failure.
 """
 
 from __future__ import annotations

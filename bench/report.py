@@ -411,7 +411,7 @@ def _transfer(d: dict[str, Any] | None, drawn: dict[str, str], judged: dict[str,
 
 
 def _rejudged(ranked: list[tuple[str, dict[str, Any]]], judged: dict[str, Any] | None, started: str | None) -> str:
-    """Merge the rankings ``python -m bench.ranking`` judged later on the same measurements (``ranking.json``
+    """Merge the rankings ``python -m bench.studies.ranking`` judged later on the same measurements (``ranking.json``
     of the transfer run that started at ``started``) into ``ranked``; returns a sentence saying so, or ""."""
     if not judged or started is None or judged.get("started") != started:
         return ""
@@ -424,7 +424,7 @@ def _rejudged(ranked: list[tuple[str, dict[str, Any]]], judged: dict[str, Any] |
                 added.add(name)
     if not added:
         return ""
-    return f"Judged later by `python -m bench.ranking --source-store DIR` on this run's measurements: {', '.join(sorted(added))}."
+    return f"Judged later by `python -m bench.studies.ranking --source-store DIR` on this run's measurements: {', '.join(sorted(added))}."
 
 
 def _cost_model_sentence(results: dict[str, Any] | None) -> str:

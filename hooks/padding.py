@@ -34,7 +34,7 @@ from .msdb import postprocessing_starts, sketch
 
 PADDED = "re-derived loops padded to their recorded tiles"  # in the kernel cache's key of every schedule, with whether they were
 MAX_TILE = 1024  # the largest product of recorded inner tiles a symbolic loop is padded to
-MAX_STATIC_PADDING = 1.5  # the most rows padding may add to a static loop's, as a share of its own (bench.dynamic's static
+MAX_STATIC_PADDING = 1.5  # the most rows padding may add to a static loop's, as a share of its own (bench.studies.dynamic's static
 #                           exports from records at batch 64 and sequence 128: padding 16 rows to 32 made the MLP 1.57x
 #                           slower than TVM's refit, 100 to 104 and 128 made the BERT layer 6.7x faster)
 VECTOR = 16  # lanes a padded copy's innermost loop is vectorized by, where its extent divides

@@ -18,10 +18,10 @@ at 4×4 pixels ran at 66 GFLOPS; replayed at 6×6, 5). So the hook serves, in or
 
 Step 3 decides only between candidates that re-derive as many tiles, some tuned with a loop of extent 1 and
 others with it larger (the MLP tuned at batch 1 and at 64). Judged on every candidate measured at 8 held-out
-shapes, each on two registries (``bench.ranking --held-out``), it changed none of the 213 kernels' fit-ranking
+shapes, each on two registries (``bench.studies.ranking --held-out``), it changed none of the 213 kernels' fit-ranking
 picks. What it changes is which candidates a
 served model ranks (step 4 competes only within steps 1-3): at batch 16 the model had ranked the MLP's
-batch-1 records with its batch-64 ones and run it 1.055x the fit ranking's latency (``bench.growth --family
+batch-1 records with its batch-64 ones and run it 1.055x the fit ranking's latency (``bench.studies.growth --family
 transformers``, 3 runs); now the batch-64 records are its only contenders and it is the fit ranking's pick.
 
 Where the registry serves a cost model for the kernel's target (trained by a worker on the measurement log,
@@ -38,10 +38,10 @@ through the hook, from a registry that had tuned ResNet-18 and MobileNet-V2 at o
 through torch.export picked 1.19x the fit ranking's kernel time on the quick bench's registry. Asked only
 where its layer was tuned at two shapes (none of the one-shape registry's kernels, 15 of ResNet-18's and
 28 of MobileNet-V2's on the two-shape one), it ran them 0.89x and 0.94x the fit ranking's latency and
-matched it on the one-shape registry (``python -m bench.growth``, ``decides``). Without a served model
+matched it on the one-shape registry (``python -m bench.studies.growth``, ``decides``). Without a served model
 the compile does not train one (14-29 s).
 
-bench/ (``python -m bench.ranking``) judges this against nearest-first and the others on
+bench/ (``python -m bench.studies.ranking``) judges this against nearest-first and the others on
 measured candidates.
 """
 

@@ -44,7 +44,7 @@ MAX_LOG_TRIALS = 4096  # trials of the log a model trains on
 MIN_TRAINING = 32  # fewer usable trials: no model
 MAX_SIBLINGS = 2  # other targets tried for a log that tops up a target's own
 SERVED_ALONE = 512  # logged trials a served model learned from for it to serve synthesis where a sibling's log could top up a
-#                     small own log (a model of 79 own trials synthesized 1.26x slower schedules than one topped up: bench.sibling)
+#                     small own log (a model of 79 own trials synthesized 1.26x slower schedules than one topped up: bench.studies.sibling)
 
 
 def check_sample_count(samples: object) -> int:
@@ -103,7 +103,7 @@ class LogModel:
     first. The model only chooses which samples are timed here, and a sibling's log ranks schedules
     about as well as an own one of its size, so more of it helps: with a 79-trial own log of a
     transformer's matmuls, ResNet-18's synthesized schedules ran 1.26x slower than with the sibling's
-    683 trials alone, and 0.77x the small log's time topped up (``python -m bench.sibling --small-own``).
+    683 trials alone, and 0.77x the small log's time topped up (``python -m bench.studies.sibling --small-own``).
     ``top_up=False`` keeps a target that has a model of its own to it (borrowing only where its log
     trains none): what the bench compares against.
 

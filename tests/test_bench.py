@@ -248,9 +248,9 @@ def test_the_tuner_report_splits_each_search_by_phase_where_the_run_recorded_it(
 
 
 def test_pooled_rankings_are_judged_against_fit_network_by_network_on_fully_recorded_kernels() -> None:
-    """``bench.ranking --pool``: each ranking's pick recomputed from what recorded runs kept; a kernel missing an
+    """``bench.studies.ranking --pool``: each ranking's pick recomputed from what recorded runs kept; a kernel missing an
     attribute some ranking reads is left out for all of them."""
-    from bench import ranking
+    from bench.studies import ranking
 
     def candidate(us: float, order: int, gflops: float, predicted: float, retiled: int) -> dict:
         return {"tid": f"t{order}", "us": us, "relation": "shape", "order": order, "distance": float(order), "source_gflops": gflops,
@@ -271,7 +271,7 @@ def test_pooled_rankings_are_judged_against_fit_network_by_network_on_fully_reco
 
 
 def test_how_soon_an_order_of_first_passes_closes_the_gap_is_read_off_its_curve() -> None:
-    from bench.miss_order import closing, summarize
+    from bench.studies.miss_order import closing, summarize
 
     points = [(0.0, 10.0), (10.0, 6.0), (30.0, 2.0)]  # 8 ms to gain: half in the first 10 s, the rest by 30 s
     figures = closing(points)
@@ -285,7 +285,7 @@ def test_how_soon_an_order_of_first_passes_closes_the_gap_is_read_off_its_curve(
 
 
 def test_a_budget_study_summarizes_each_configuration_by_its_median_run() -> None:
-    from bench.budget import _summary
+    from bench.studies.budget import _summary
 
     def row(ranked: float, budget: float, measured: int) -> dict:
         timing = {"ranked": {"median": ranked}, "costliest 5 s": {"median": budget}, "all measured": {"median": 4.0}}
@@ -299,7 +299,7 @@ def test_a_budget_study_summarizes_each_configuration_by_its_median_run() -> Non
 
 
 def test_a_growth_study_compares_each_registry_to_the_tuned_bar_and_the_two_to_each_other() -> None:
-    from bench.growth import ONE, TUNED, TWO, summarize
+    from bench.studies.growth import ONE, TUNED, TWO, summarize
 
     def row(ranked_one: float, ranked_two: float) -> dict:
         ratios = {f"ranked, {ONE}": ranked_one, f"ranked, {TWO}": ranked_two, f"fit, {ONE}": 2.0, f"fit, {TWO}": 2.0,
@@ -314,7 +314,7 @@ def test_a_growth_study_compares_each_registry_to_the_tuned_bar_and_the_two_to_e
 
 
 def test_a_served_model_study_summarizes_the_models_latency_over_the_fit_rankings_and_the_compile_seconds() -> None:
-    from bench.served_model import _summary
+    from bench.studies.served_model import _summary
 
     def row(over: float, model_secs: float) -> dict:
         return {"network": "net", "model_over_fit": over, "picked_differently": 3, "compile_secs": {"default": 1.0, "fit": 4.0, "model": model_secs}}
@@ -325,7 +325,7 @@ def test_a_served_model_study_summarizes_the_models_latency_over_the_fit_ranking
 
 
 def test_a_dynamic_shape_study_summarizes_each_size_over_runs() -> None:
-    from bench.dynamic import _summary
+    from bench.studies.dynamic import _summary
 
     def row(size: int, dynamic_ms: float) -> dict:
         timing = {"static": {"median": 2.0}, "dynamic": {"median": dynamic_ms}, "default": {"median": 80.0}}
@@ -339,8 +339,8 @@ def test_a_dynamic_shape_study_summarizes_each_size_over_runs() -> None:
 
 
 def test_a_side_by_side_study_summarizes_each_network_over_runs() -> None:
-    from bench import postprocessing, relocation
-    from bench.side_by_side import over_tuned, summary
+    from bench.studies import postprocessing, relocation
+    from bench.studies.side_by_side import over_tuned, summary
 
     def row(seq: int, relocated_ms: float) -> dict:
         timing = {"relocated": {"median": relocated_ms}, "recorded": {"median": 10.0}}
@@ -380,7 +380,7 @@ def test_outputs_further_apart_than_the_tolerance_stop_a_bench() -> None:
 
 
 def test_a_growth_study_refuses_the_registries_of_another_family(tmp_path: Path) -> None:
-    from bench.growth import _claim
+    from bench.studies.growth import _claim
 
     (tmp_path / "old" / "one").mkdir(parents=True)  # filled before families: the convnets
     _claim(tmp_path / "old", "convnets")

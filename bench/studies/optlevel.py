@@ -7,7 +7,7 @@ reports, per level, the build seconds against level 3's and what its picks (each
 that level) cost when built at level 3, against level 3's own picks. Not part of ``bench all``: the
 answer (docs/ARCHITECTURE.md §8) is why ``hooks.measure`` builds at the target's own level.
 
-    python -m bench.optlevel [--network resnet18] [--shape '{"batch": 2, "image": 96}'] [--samples 8]
+    python -m bench.studies.optlevel [--network resnet18] [--shape '{"batch": 2, "image": 96}'] [--samples 8]
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ registry, whose code this machine still runs (so the fill measures here). The he
 Each is timed side by side with the default schedules and PyTorch (in its own process). Not part of
 ``bench all``; the figures are in docs/ARCHITECTURE.md §8.
 
-    python -m bench.sibling [--sibling '{"kind": "llvm", "mcpu": "x86-64-v3"}'] [--own] [--small-own] [--rounds 5] [--out FILE]
+    python -m bench.studies.sibling [--sibling '{"kind": "llvm", "mcpu": "x86-64-v3"}'] [--own] [--small-own] [--rounds 5] [--out FILE]
 """
 
 from __future__ import annotations
@@ -35,11 +35,11 @@ from schedhub.registry import LocalRegistry
 from schedhub.tuner import cluster, models, tvm_env
 from schedhub.tuner.torch_process import TorchProcess
 
-from .models import MODES as MODEL_MODES
-from .models import TORCH_TWINS, network_input, time_side_by_side
-from .stats import ratio
-from .transfer import MODES as TRANSFER_MODES
-from .transfer import QUICK_CONVNETS, REPO, compile_and_load, fill
+from ..models import MODES as MODEL_MODES
+from ..models import TORCH_TWINS, network_input, time_side_by_side
+from ..stats import ratio
+from ..transfer import MODES as TRANSFER_MODES
+from ..transfer import QUICK_CONVNETS, REPO, compile_and_load, fill
 
 SOURCE = {name: TRANSFER_MODES["quick"]["source"][name] for name in ("resnet18", "mobilenetv2")}
 MEASURE_SECS = 600

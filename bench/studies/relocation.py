@@ -10,7 +10,7 @@ interleaved rounds (outputs compared).
 The registry: ``--source-store DIR`` (filled there as ``bench.transfer --quick`` fills it when empty: the BERT
 layer tuned at sequence 32). Not part of ``bench all``.
 
-    python -m bench.relocation --source-store DIR [--runs 3] [--rounds 5] [--out FILE]
+    python -m bench.studies.relocation --source-store DIR [--runs 3] [--rounds 5] [--out FILE]
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .side_by_side import study
-from .stats import store_study_main
+from ..stats import store_study_main
 
 #: held-out (network, shape): the quick fill tuned the BERT layer at batch 1, sequence 32 and the MLP at batch 1
 HELD_OUT: list[tuple[str, dict[str, int]]] = [

@@ -17,7 +17,7 @@ Per network and run: latency by configuration (and the model's over the fit rank
 transfers served, and on how many kernels the two rankings picked differently. ``--runs`` repeats 2-3.
 Not part of ``bench all``.
 
-    python -m bench.served_model --source-store DIR [--runs 3] [--rounds 5] [--out FILE]
+    python -m bench.studies.served_model --source-store DIR [--runs 3] [--rounds 5] [--out FILE]
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ from typing import Any
 from schedhub.registry import LocalRegistry
 from schedhub.tuner import cluster, models, tvm_env
 
-from .models import check_agreement, network_input, time_side_by_side
-from .stats import store_study_main
-from .transfer import MODES, RELAX, compile_and_load, fill
+from ..models import check_agreement, network_input, time_side_by_side
+from ..stats import store_study_main
+from ..transfer import MODES, RELAX, compile_and_load, fill
 
 NETWORKS = [(name, shape) for name, shape, frontend in MODES["quick"]["held_out"] if frontend == RELAX]
 
@@ -79,7 +79,7 @@ def run(source_store: Path, runs: int, rounds: int) -> dict[str, Any]:
             canonical = target_text(target)
             if registry.cost_model(canonical, compiler_fingerprint(), FEATURES) is None:
                 started = time.perf_counter()
-                published = publish_cost_model(registry, canonical, cache=None, pushed_by="bench.served_model")
+                published = publish_cost_model(registry, canonical, cache=None, pushed_by="bench.studies.served_model")
                 out["published_here"] = {**asdict(published), "secs": time.perf_counter() - started}
             served = registry.cost_model(canonical, compiler_fingerprint(), FEATURES)
             if served is None:

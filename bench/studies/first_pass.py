@@ -4,7 +4,7 @@ A worker's first pass (``TuneOptions.first_pass``) measures a missed kernel's tr
 synthesized schedules and publishes the fastest. A transfer replays its record's postprocessing, decided for the
 record's own loop extents; with ``TuneOptions.repostprocess`` (the default) each transfer's sketch is also measured
 with the target's postprocessors applied again on the kernel (``hooks.msdb.postprocessed_here``), as a compile that
-measures does. Each held-out network (``bench.postprocessing``'s) gets its first passes with the twins and without,
+measures does. Each held-out network (``bench.studies.postprocessing``'s) gets its first passes with the twins and without,
 each into a copy of the registry of its own, and compiles from each copy (every kernel a hit); the two executables are
 timed side by side in interleaved rounds (outputs compared).
 
@@ -12,7 +12,7 @@ The registry: ``--source-store DIR`` (filled there as ``bench.transfer --quick``
 tuned at batch 1, 64 px). The synthesized seeds are drawn again in each first pass, so they differ between the two
 copies as between two workers. Not part of ``bench all``.
 
-    python -m bench.first_pass --source-store DIR [--runs 3] [--rounds 5] [--out FILE]
+    python -m bench.studies.first_pass --source-store DIR [--runs 3] [--rounds 5] [--out FILE]
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from schedhub.tuner import cluster, tvm_env
 
 from .postprocessing import HELD_OUT
 from .side_by_side import side_by_side, summary, tuned_copy
-from .stats import store_study_main
-from .transfer import MODES, quick_registry
+from ..stats import store_study_main
+from ..transfer import MODES, quick_registry
 
 CONFIGS = {"twins": True, "plain": False}  # label: TuneOptions.repostprocess of the first passes
 

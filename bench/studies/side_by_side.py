@@ -1,5 +1,5 @@
 """Studies that compile held-out networks through the hook with different ``hooks.use`` options and time the
-executables side by side (``bench.relocation``, ``bench.postprocessing``): one registry, several runs, a summary of
+executables side by side (``bench.studies.relocation``, ``bench.studies.postprocessing``): one registry, several runs, a summary of
 medians per network and shape."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from schedhub.registry import LocalRegistry
 from schedhub.tuner import cluster, models, tvm_env
 from schedhub.tuner.search import TuneOptions
 
-from .models import check_agreement, network_input, time_side_by_side
-from .stats import medians_by_cell, timings_and_compiles
-from .transfer import MODES, compile_and_load, quick_registry, tune_kernels
+from ..models import check_agreement, network_input, time_side_by_side
+from ..stats import medians_by_cell, timings_and_compiles
+from ..transfer import MODES, compile_and_load, quick_registry, tune_kernels
 
 Derived = Callable[[dict[str, Any]], dict[str, float]]  # a row's own figures (a ratio between two options, a count)
 

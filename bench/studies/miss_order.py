@@ -18,7 +18,7 @@ of the gap between the served network and the fully first-passed one were closed
 60 and 120 s, and the share left open on average over the whole run. The jobs' seconds are the same in both
 orders (measured once), so only the order differs. Not part of ``bench all``.
 
-    python -m bench.miss_order --source-store DIR [--runs 3] [--out FILE]
+    python -m bench.studies.miss_order --source-store DIR [--runs 3] [--out FILE]
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from typing import Any
 from schedhub.registry import LocalRegistry
 from schedhub.tuner import cluster, models, profile, tvm_env
 
-from .models import MODES as MODEL_MODES
-from .transfer import MODEL_WARM_UP, QUICK_CONVNETS, tune_kernels
+from ..models import MODES as MODEL_MODES
+from ..transfer import MODEL_WARM_UP, QUICK_CONVNETS, tune_kernels
 
 SHARES = (0.5, 0.8, 0.9)
 AFTER = (30.0, 60.0, 120.0)
@@ -65,7 +65,7 @@ def run(source_store: Path) -> dict[str, Any]:
                 with hooks.use(registry, target, cache=Path(tmp) / f"cache-{name}") as session:
                     tvm.compile(mod, target)
                 module_order = list(dict.fromkeys(k.key for k in session.report.kernels if k.key in by_key))
-                leases = registry.lease("bench.miss_order", max_jobs=len(by_key), lease_secs=3600)
+                leases = registry.lease("bench.studies.miss_order", max_jobs=len(by_key), lease_secs=3600)
                 reported = [lease.job["key"] for lease in leases]
                 for lease in leases:  # the first passes are run (and timed) here, one job at a time
                     registry.ack(lease.key, lease.lease_id)
@@ -150,7 +150,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     runs = [run(args.source_store) for _ in range(args.runs)]
-    results = {"command": f"python -m bench.miss_order --source-store DIR --runs {args.runs}", "summary": summarize(runs), "runs": runs}
+    results = {"command": f"python -m bench.studies.miss_order --source-store DIR --runs {args.runs}", "summary": summarize(runs), "runs": runs}
     print(json.dumps(results["summary"], indent=1))
     if args.out:
         args.out.write_text(json.dumps(results, indent=1))

@@ -1,6 +1,6 @@
 """Where a network's tuning trials go: the gradient policy against even budgets at the same total trials.
 
-    python -m bench.policy [--network resnet18 --image 64 --batch 1] [--per-kernel 12] [--round-trials 8]
+    python -m bench.studies.policy [--network resnet18 --image 64 --batch 1] [--per-kernel 12] [--round-trials 8]
 
 Each policy tunes the network into a registry of its own (``tuner.network.tune_network``: rounds of
 ``--round-trials``, warm-started from that registry), with the same options, seed and total trials (``--per-kernel``
@@ -28,9 +28,9 @@ from schedhub.tuner.network import tune_network
 from schedhub.tuner.search import TuneOptions
 from schedhub.tuner.torch_process import TorchProcess
 
-from .models import TORCH_TWINS, check_agreement, network_input, time_side_by_side
-from .report import REPO, environment
-from .stats import ratio
+from ..models import TORCH_TWINS, check_agreement, network_input, time_side_by_side
+from ..report import REPO, environment
+from ..stats import ratio
 
 OPTIONS = TuneOptions(trials=8, trials_per_iter=8, population=64, genetic_iters=1, publish=2, final_timing={"number": 3, "repeat": 3, "min_repeat_ms": 20})
 
@@ -48,7 +48,7 @@ def compiled(mod: Any, target: Any, store: Path | None) -> tuple[Any, str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.policy", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m bench.studies.policy", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--network", default="resnet18")
     parser.add_argument("--image", type=int, default=64)
     parser.add_argument("--batch", type=int, default=1)
@@ -66,7 +66,7 @@ def main() -> None:
     mod, weights, input_shape = models.export_with_weights(args.network, batch=args.batch, **shape)
     kernels = models.kernels(mod, target)
     budget = args.per_kernel * len(kernels)
-    result: dict[str, Any] = {"command": "python -m bench.policy " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out"),
+    result: dict[str, Any] = {"command": "python -m bench.studies.policy " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out"),
                               "network": args.network, "shape": {"batch": args.batch, **shape}, "kernels": len(kernels), "budget_trials": budget,
                               "round_trials": args.round_trials, "policies": {}, "environment": environment()}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="schedhub-policy-") as tmp:

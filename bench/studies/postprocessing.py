@@ -14,7 +14,7 @@ tuned at batch 1, 64 px). Not part of ``bench all``.
 With ``--tuned`` each network is also tuned at its shape and compiled with no measuring (ranked), so every compile's
 time is also a ratio to the tuned network's: how far from tuned each compile lands.
 
-    python -m bench.postprocessing --source-store DIR [--tuned] [--runs 3] [--rounds 5] [--out FILE]
+    python -m bench.studies.postprocessing --source-store DIR [--tuned] [--runs 3] [--rounds 5] [--out FILE]
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 from schedhub.hooks.ranking import REPOSTPROCESSED
 
 from .side_by_side import study
-from .stats import store_study_main
+from ..stats import store_study_main
 
 #: held-out (network, shape): bench.transfer --quick's convnets (its fill tuned them at batch 1, 64 px)
 HELD_OUT: list[tuple[str, dict[str, int]]] = [

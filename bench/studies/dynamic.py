@@ -19,7 +19,7 @@ The registry: ``--source-store DIR`` (filled there as ``bench.transfer --quick``
 compile has an empty kernel cache; the executables are timed side by side in interleaved rounds. Not part
 of ``bench all``.
 
-    python -m bench.dynamic --source-store DIR [--no-padding] [--no-relocation] [--runs 3] [--rounds 5] [--out FILE]
+    python -m bench.studies.dynamic --source-store DIR [--no-padding] [--no-relocation] [--runs 3] [--rounds 5] [--out FILE]
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from typing import Any
 from schedhub.registry import LocalRegistry
 from schedhub.tuner import models, tvm_env
 
-from .models import check_agreement, network_input, time_side_by_side
-from .stats import medians_by_cell, store_study_main, timings_and_compiles
-from .transfer import compile_and_load, quick_registry
+from ..models import check_agreement, network_input, time_side_by_side
+from ..stats import medians_by_cell, store_study_main, timings_and_compiles
+from ..transfer import compile_and_load, quick_registry
 
 #: (network, its symbolic dimension, the sizes it is run at)
 CASES = [("mlp", "batch", [1, 7, 16, 64]), ("bert_layer", "seq", [8, 17, 64, 100])]

@@ -20,7 +20,7 @@ Per network and run: latency by configuration, the share of the gain of measurin
 budget got, compile seconds and kernels measured. ``--runs`` repeats the whole (fresh caches).
 Not part of ``bench all``.
 
-    python -m bench.budget --source-store DIR [--budgets 5,10] [--synthesize 64] [--runs 3] [--rounds 5] [--out FILE]
+    python -m bench.studies.budget --source-store DIR [--budgets 5,10] [--synthesize 64] [--runs 3] [--rounds 5] [--out FILE]
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ from typing import Any
 from schedhub.registry import LocalRegistry
 from schedhub.tuner import models, tvm_env
 
-from .models import check_agreement, network_input, time_side_by_side
-from .stats import study_arguments, write_study
-from .transfer import MODEL_WARM_UP, QUICK_CONVNETS, compile_and_load
+from ..models import check_agreement, network_input, time_side_by_side
+from ..stats import study_arguments, write_study
+from ..transfer import MODEL_WARM_UP, QUICK_CONVNETS, compile_and_load
 
 ALL = 600.0  # seconds: every candidate of every kernel measured
 ORDERS = ("costliest", "module")

@@ -1,7 +1,7 @@
 """The hostile review's attacks, re-run for figures: what each cost before (the review's numbers,
 quoted) and what it costs now, on a real server on 127.0.0.1.
 
-    python -m bench.trust [--quick] [--only SECTION ...] [--out FILE]
+    python -m bench.studies.trust [--quick] [--only SECTION ...] [--out FILE]
 
 Writes JSON (``bench/results/<mode>/trust.json``) and prints the table the README and the issue
 quote. ``--quick`` fuzzes 1,000 cases instead of 10,000+ and opens 300 slowloris connections, not 900.
@@ -34,8 +34,8 @@ from schedhub.registry import Identity, LocalRegistry, Principal, Record, Regist
 from schedhub.tuner import models
 from schedhub.hooks.msdb import trace_text
 
-from . import fuzz
-from .stats import percentile
+from .. import fuzz
+from ..stats import percentile
 
 CPU = tvm.target.Target({"kind": "llvm", "num-cores": 1})
 TOKENS = {"admin": Principal("root", "admin"), "alice": Principal("alice"), "w": Principal("tuner", "worker"), "r": Principal("reader", "read")}

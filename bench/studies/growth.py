@@ -22,7 +22,7 @@ rounds. Per network and run: latencies, each over ``tuned here``, and how many s
 the second shape's records. ``--stores DIR`` keeps the three registries (filled when absent: ~22 min on 2
 cores for the convnets). Not part of ``bench all``.
 
-    python -m bench.growth [--family convnets|transformers] [--stores DIR] [--runs 3] [--rounds 5] [--out FILE]
+    python -m bench.studies.growth [--family convnets|transformers] [--stores DIR] [--runs 3] [--rounds 5] [--out FILE]
 """
 
 from __future__ import annotations
@@ -40,10 +40,10 @@ from typing import Any
 from schedhub.registry import LocalRegistry
 from schedhub.tuner import cluster, models, tvm_env
 
-from .models import MODES as MODEL_MODES
-from .models import check_agreement, network_input, time_side_by_side
+from ..models import MODES as MODEL_MODES
+from ..models import check_agreement, network_input, time_side_by_side
 from .served_model import model_hidden
-from .transfer import QUICK_CONVNETS, compile_and_load, fill
+from ..transfer import QUICK_CONVNETS, compile_and_load, fill
 
 ONE, TWO, TUNED = "one shape", "two shapes", "tuned here"
 #: By family, the shapes (network → shape, batch 1 unless named) each registry is filled at: ``one shape``, what
@@ -161,7 +161,7 @@ def _claim(stores: Path, family: str) -> None:
     marker = stores / "family"
     held = marker.read_text().strip() if marker.exists() else ("convnets" if (stores / _folder(ONE)).exists() else family)
     if held != family:
-        raise SystemExit(f"bench.growth: {stores} holds the {held} registries, not the {family}: give each family a folder of its own")
+        raise SystemExit(f"bench.studies.growth: {stores} holds the {held} registries, not the {family}: give each family a folder of its own")
     marker.write_text(family)
 
 

@@ -1,7 +1,7 @@
 """Judge transfer rankings again on a recorded transfer run, without running it again.
 
-    python -m bench.ranking --source-store DIR [--results bench/results/quick/transfer.json] [--out FILE]
-    python -m bench.ranking --source-store DIR --held-out resnet18:batch=1,image=128 [--held-out …] [--out FILE]
+    python -m bench.studies.ranking --source-store DIR [--results bench/results/quick/transfer.json] [--out FILE]
+    python -m bench.studies.ranking --source-store DIR --held-out resnet18:batch=1,image=128 [--held-out …] [--out FILE]
 
 DIR is the registry the run transferred from (``bench.transfer --source-store DIR``). The cost model
 is trained on it as ``bench.transfer`` trains it; every held-out kernel's candidates are replayed on
@@ -15,7 +15,7 @@ candidate on this machine (``use(..., measure=)``, checked against the default s
 ranking's pick is looked up in those timings (``ranking_held_out.json``). Shapes chosen after a
 ranking was are the fair check of it.
 
-    python -m bench.ranking --pool RESULTS.json [RESULTS.json …] [--out FILE]
+    python -m bench.studies.ranking --pool RESULTS.json [RESULTS.json …] [--out FILE]
 
 With ``--pool``, no registry is needed: each ranking's pick is recomputed from the candidate attributes
 recorded runs kept beside their timings (``transfer.json``, ``ranking_held_out.json``), and judged against
@@ -36,8 +36,8 @@ from typing import Any
 from schedhub.registry import LocalRegistry
 from schedhub.tuner import tvm_env
 
-from . import transfer
-from .torch_export import RELAX
+from .. import transfer
+from ..torch_export import RELAX
 
 
 def rejudge(results: dict[str, Any], source_store: Path) -> dict[str, Any]:

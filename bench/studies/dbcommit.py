@@ -1,6 +1,6 @@
 """What a commit to RegistryDatabase costs MetaSchedule's search, beside MetaSchedule's own JSONDatabase.
 
-    python -m bench.dbcommit [--commits 5000]
+    python -m bench.studies.dbcommit [--commits 5000]
 
 Commits ``--commits`` distinct traces of one workload (as a search does) to a RegistryDatabase over a local store
 (sync off: the registry's own write is timed apart and taken out) and to a JSONDatabase; per commit: the median of
@@ -24,7 +24,7 @@ from tvm.s_tir import meta_schedule as ms
 from schedhub.hooks import HookSession, RegistryDatabase
 from schedhub.registry import LocalRegistry
 
-from .report import REPO, environment
+from ..report import REPO, environment
 
 TARGET = tvm.target.Target({"kind": "llvm", "mcpu": "znver1", "num-cores": 2})
 
@@ -83,7 +83,7 @@ def medians(samples: list[dict[str, float]]) -> dict[str, dict[str, float]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.dbcommit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m bench.studies.dbcommit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--commits", type=int, default=1000)
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "dbcommit.json")
     args = parser.parse_args()
@@ -99,7 +99,7 @@ def main() -> None:
         json_db = ms.database.JSONDatabase(work_dir=str(Path(tmp) / "json"))
         own = json_db.commit_workload(mod)  # a JSONDatabase takes records of workloads committed to it
         theirs = per_commit(json_db, [ms.database.TuningRecord(r.trace, own, r.run_secs, r.target, r.args_info) for r in recs])
-    result = {"command": f"python -m bench.dbcommit --commits {len(recs)}", "commits": len(recs),
+    result = {"command": f"python -m bench.studies.dbcommit --commits {len(recs)}", "commits": len(recs),
               "registry_database": medians(ours), "json_database": medians(theirs), "environment": environment()}  # fmt: skip
     print(json.dumps({k: result[k] for k in ("commits", "registry_database", "json_database")}, indent=1))
     args.out.parent.mkdir(parents=True, exist_ok=True)
