@@ -9,15 +9,24 @@ import pytest
 from schedhub.tuner.allocation import EvenPolicy, Goal, GradientPolicy, KernelTuning, network_secs
 
 
-def kernel(name: str, calls: int, *rounds: tuple[int, float], default: float | None = None) -> KernelTuning:
-    return KernelTuning(name, name, calls, default, list(rounds))
+def kernel(name: str, calls: int, *rounds: tuple[int, float], default: float | None = None, flops: float = 0.0) -> KernelTuning:
+    return KernelTuning(name, name, calls, default_secs=default, rounds=list(rounds), flops=flops)
 
 
-def test_every_kernel_gets_a_first_round_the_most_called_first() -> None:
-    kernels = [kernel("a", 1), kernel("b", 8), kernel("c", 2, (16, 1e-3), default=2e-3)]
+def test_every_kernel_that_matters_gets_a_first_round_the_costliest_first() -> None:
+    kernels = [kernel("a", 1, flops=4e6), kernel("b", 8, flops=1e6), kernel("c", 2, (16, 1e-3), default=2e-3, flops=1e6)]
     policy = GradientPolicy()
-    assert policy.pick(kernels).key == "b"
-    assert policy.expected_gain(kernels[0]) == math.inf
+    assert policy.pick(kernels).key == "b"  # 8 calls x 1 MFLOP before 1 call x 4 MFLOP
+    assert policy.expected_gain(kernels[0], kernels) == math.inf
+
+
+def test_a_kernel_of_negligible_work_waits_until_its_estimated_gain_is_the_largest() -> None:
+    conv = kernel("conv", 1, (8, 1e-3), default=4e-3, flops=2e8)  # 2e8 FLOP in 1 ms: 2e11 FLOP/s
+    reshape = kernel("reshape", 1, flops=1.0)  # TVM counts a kernel without arithmetic as 1 FLOP
+    policy = GradientPolicy()
+    assert policy.expected_gain(reshape, [conv, reshape]) == pytest.approx(0.8 * 1.0 / 2e11)
+    assert policy.pick([conv, reshape]).key == "conv"
+    assert network_secs([conv, reshape]) == pytest.approx(1e-3 + 1.0 / 2e11)  # estimated from the best speed shown
 
 
 def test_the_next_round_goes_to_the_largest_expected_gain() -> None:

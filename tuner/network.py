@@ -47,6 +47,17 @@ class NetworkTuning:
         return sum(k.trials for k in self.kernels)
 
 
+def workload_flops(identity: Identity) -> float:
+    """TVM's FLOP estimate of one call of the kernel (0 where it has none)."""
+    from schedhub.hooks.costmodel import flops
+    from schedhub.hooks.identity import workload_module
+
+    try:
+        return flops(workload_module(identity.workload))
+    except Exception:  # noqa: BLE001 (TVM's estimate fails on some kernels: then they are ordered by calls only)
+        return 0.0
+
+
 def tune_network(registry: Registry, kernels: Sequence[tuple[Identity, int]], options: TuneOptions, policy: Policy, goal: Goal, *,
                  round_trials: int = 16, pushed_by: str = "", on_round: Callable[[Round], None] | None = None) -> NetworkTuning:  # fmt: skip
     """Tune ``kernels`` ((identity, calls per forward pass) each) in rounds of ``round_trials`` trials, each round to
@@ -55,7 +66,7 @@ def tune_network(registry: Registry, kernels: Sequence[tuple[Identity, int]], op
         raise ValueError("a network's tuning needs a budget: trials or minutes (a latency goal alone may never be met)")
     if round_trials < 1:
         raise ValueError("a round needs at least one trial")
-    state = NetworkTuning([KernelTuning(identity.key, identity.op, max(1, calls)) for identity, calls in kernels])
+    state = NetworkTuning([KernelTuning(identity.key, identity.op, max(1, calls), flops=workload_flops(identity)) for identity, calls in kernels])
     by_key = {identity.key: identity for identity, _ in kernels}
     options = replace(options, trials=round_trials, trials_per_iter=min(options.trials_per_iter, round_trials))
     started = time.monotonic()
