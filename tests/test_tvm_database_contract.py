@@ -1,7 +1,7 @@
 """TVM's own database tests (tests/python/s_tir/meta_schedule/test_meta_schedule_database.py in apache/tvm, 24 cases)
 asked of RegistryDatabase: each case here is named after TVM's and checks what it checks, written for a database over a
 registry (a target in scope, a store in a folder). Where RegistryDatabase differs on purpose, the case says how and is
-an expected failure (strict: it must go on failing); README.md lists the differences."""
+an expected failure (strict: it must go on failing); docs/hook.md lists the differences."""
 
 from __future__ import annotations
 
