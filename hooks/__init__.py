@@ -32,9 +32,9 @@ from .identity import canonical_workload, compiler_fingerprint, target_text, wor
 from .pipeline import ACTIVE, install, schedhub_pipeline
 from .guard import ScheduleLimits, ScheduleTooCostly
 from .objects import ObjectCache, c_compiler_available
-from .session import CompileReport, HookSession, KernelOutcome, RegistryFallbackWarning
-from .measure import host_target
-from .threads import IdleCoresWarning, runtime_threads
+from .report import CompileReport, KernelOutcome, RegistryFallbackWarning
+from .session import HookSession
+from .threads import IdleCoresWarning, host_target, runtime_threads
 
 DEFAULT_TIMEOUT = 2.0
 ANSWER_DEADLINE = 5  # × timeout: the longest a registry may take to send one whole answer

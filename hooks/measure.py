@@ -47,14 +47,6 @@ def host_cpu() -> str:
     return str(tvm.target.codegen.llvm_get_system_cpu())
 
 
-def host_target(cores: int | None = None) -> dict[str, Any]:
-    """This machine's CPU as a target dict, its cores as ``num-cores`` (``mcpu: native`` silently means generic
-    x86-64, and a target naming another CPU strands every miss on workers that cannot time it)."""
-    from .threads import usable_cpus
-
-    return {"kind": "llvm", "mcpu": host_cpu(), "num-cores": int(cores or usable_cpus())}
-
-
 def gpu_archs() -> list[str]:
     """The architectures this machine's first CUDA GPU runs code built for (compute 9.0: ``sm_90`` and its
     arch-specific ``sm_90a``); none without a GPU or without TVM's CUDA runtime (which then builds source only)."""

@@ -13,10 +13,11 @@ import platform
 import re
 import warnings
 from collections.abc import Mapping
+from typing import Any
 
 import tvm
 
-from .measure import runs_here
+from .measure import host_cpu, runs_here
 
 
 def usable_cpus() -> int:
@@ -65,3 +66,9 @@ def warn_idle_cores(target: tvm.target.Target) -> str | None:
     if message is not None:
         warnings.warn(f"schedhub: {message}", IdleCoresWarning, stacklevel=3)
     return message
+
+
+def host_target(cores: int | None = None) -> dict[str, Any]:
+    """This machine's CPU as a target dict, its cores as ``num-cores`` (``mcpu: native`` silently means generic
+    x86-64, and a target naming another CPU strands every miss on workers that cannot time it)."""
+    return {"kind": "llvm", "mcpu": host_cpu(), "num-cores": int(cores or usable_cpus())}

@@ -22,7 +22,7 @@ from schedhub.hooks import target_text, use
 from schedhub.hooks.identity import plain_json, workload_module
 from schedhub.hooks.msdb import normalize_mod, postprocessors
 from schedhub.hooks.ranking import REPOSTPROCESSED
-from schedhub.hooks import measure, session as hook_session
+from schedhub.hooks import measure, session as hook_session, transfers as hook_transfers
 from schedhub.hooks.measure import host_cpu
 from schedhub.registry import (
     SCHEMA_VERSION, Candidate, CostModelEntry, Identity, InvalidRecord, LocalRegistry, Probe, Record, RegistryClient,
@@ -535,7 +535,8 @@ def test_a_measured_compile_keeps_a_contending_default_that_beats_every_candidat
         with use(reg, host, cache=tmp_path / "plain", measure=60) as plain:  # a CPU's unscheduled kernel does not contend
             tvm.compile(export(16), host)
         assert [k.outcome for k in plain.report.kernels if k.op == slow.identity.op] == ["transfer"]
-        monkeypatch.setattr(hook_session, "default_contends", lambda target: True)
+        monkeypatch.setattr(hook_session, "default_contends", lambda target: True)  # transfers served where they can be timed
+        monkeypatch.setattr(hook_transfers, "default_contends", lambda target: True)  # and timed against the default
         with use(reg, host, cache=tmp_path / "cache", measure=60, repostprocess=False) as session:  # the record alone against the default
             ex = tvm.compile(export(16), host)
         kept = [k for k in session.report.kernels if k.op == slow.identity.op]
@@ -560,7 +561,7 @@ def test_a_measured_compile_whose_default_cannot_be_scheduled_serves_the_ranking
     def failing(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
         raise RuntimeError("no default schedule for this kernel")
 
-    monkeypatch.setattr(hook_session, "default_schedule", failing)
+    monkeypatch.setattr(hook_transfers, "default_schedule", failing)
     with LocalRegistry(tmp_path / "store", sync=False) as reg:
         reg.put(record)
         with use(reg, host, cache=tmp_path / "cache", measure=60) as session:

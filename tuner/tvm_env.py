@@ -67,7 +67,7 @@ def load_library(data: bytes, directory: str) -> Any:
 
 def host_target(cores: int | None = None) -> dict[str, Any]:
     """This machine's CPU as a target dict (``mcpu: native`` silently means generic x86-64)."""
-    from schedhub.hooks.measure import host_target as hooks_host_target
+    from schedhub.hooks.threads import host_target as hooks_host_target
 
     return hooks_host_target(cores)
 

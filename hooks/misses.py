@@ -1,0 +1,85 @@
+"""Which misses a :class:`.session.HookSession` reports and in what order: buffered during a compile, reported in one
+request at its end, the kernel expected to cost the module most first. A part of the session: it reads its state."""
+
+from __future__ import annotations
+
+import warnings
+
+from schedhub.registry import (
+    Identity,
+    Record,
+    RegistryError,
+    keeps_default_schedule,
+    signature_args_info,
+)
+
+from .ranking import effort, speed, work
+from .report import RegistryFallbackWarning
+
+
+class MissReporting:
+    """:class:`.session.HookSession`'s miss reports (see the module's docstring)."""
+
+    def flush_misses(self) -> None:
+        """Report buffered misses in one request (skipped when offline or disabled), the kernel that costs the
+        compiled module the most time first (:meth:`miss_cost`): the registry's queue hands out one caller's jobs
+        in the order they were first reported, so a worker's first passes speed the module up soonest."""
+        if not self._pending_misses or not self.report_misses or self.offline:
+            return
+        misses = sorted((m for m in self._pending_misses.values() if tunable(m)), key=self.miss_cost, reverse=True)
+        skipped = len(self._pending_misses) - len(misses)
+        if skipped:  # dynamic shapes: nothing MetaSchedule could tune, and the registry refuses them
+            self.report.problems.append(f"{skipped} kernels with non-static arguments not reported")
+        self._pending_misses.clear()
+        if not misses:
+            return
+        try:
+            self.registry.report_misses(misses)
+            self.report.misses_reported += len(misses)
+        except RegistryError as exc:
+            self.report.problems.append(f"misses not reported: {exc}")
+            warnings.warn(f"schedhub could not report {len(misses)} misses: {exc}", RegistryFallbackWarning, stacklevel=2)
+
+    def measure_priority(self, identity: Identity) -> float:
+        """How much measuring a kernel's candidates may matter, before it is served: nothing for a hit, else the
+        seconds it is expected to cost one run of the module, its call sites times its work at the home speed
+        (:func:`.ranking.speed`) of its nearest trusted candidate, or, with none, at :data:`UNTUNED_SPEED` (a
+        kernel only synthesis can serve). A compile that measures serves its misses in this order, so a budget
+        that runs out has been spent where the module spends its time."""
+        if self.records(identity):
+            return 0.0
+        near = next((c.record for c in self._candidates.get(identity.key, []) if self.trusts(c.record) and not keeps_default_schedule(c.record.trace)), None)
+        return self._calls.get(identity.key, 1) * (transferred_secs(identity, near) if near else untuned_secs(identity))
+
+    def miss_cost(self, identity: Identity) -> float:
+        """Estimated seconds a missed kernel costs one run of the module compiled: its call sites times the
+        seconds per call of what it was served (the transfer's time measured here, or its record's speed on
+        its own workload applied to this kernel's work: :func:`.ranking.work`), or, for a kernel left to
+        TVM's default schedule, its work, data movement included (:func:`.ranking.effort`), at :data:`UNTUNED_SPEED`."""
+        secs = self._served_secs.get(identity.key)
+        return self._calls.get(identity.key, 1) * (untuned_secs(identity) if secs is None else secs)
+
+
+#: Work per second (:func:`.ranking.effort` units: about FLOP/s, or elements written per second) assumed of a
+#: kernel left to TVM's default schedule: unscheduled CPU convolutions ran at 1–2 GFLOPS (``schedhub profile``),
+#: MobileNet-V2's classifier-weight transpose (1.3M elements) in 1.2 ms; it only orders misses.
+UNTUNED_SPEED = 1e9
+
+
+def transferred_secs(identity: Identity, record: Record) -> float:
+    """Seconds per call ``record``'s schedule is expected to take on ``identity``'s kernel: the record's speed
+    on its own workload (:func:`.ranking.speed`) applied to this kernel's work."""
+    return work(identity.workload) / max(speed(work(record.identity.workload), record.mean_secs), 1.0)
+
+
+def untuned_secs(identity: Identity) -> float:
+    """Seconds per call assumed of ``identity``'s kernel on TVM's default schedule: its :func:`.ranking.effort` at :data:`UNTUNED_SPEED`."""
+    return effort(identity.workload) / UNTUNED_SPEED
+
+
+def tunable(identity: Identity) -> bool:
+    """Whether the registry can derive the kernel's arguments from its workload (static tensors)."""
+    try:
+        return signature_args_info(identity.workload) == identity.args_info
+    except RegistryError:
+        return False

@@ -1,0 +1,85 @@
+"""What a compile inside ``use(...)`` reports: each kernel's outcome (hit, transfer, synthesized, miss, fallback,
+offline) and the compile's lookups, problems and linked objects, with a one-line summary."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .ranking import SYNTHESIZED
+
+HIT, TRANSFER, MISS, FALLBACK, OFFLINE = "hit", "transfer", "miss", "fallback", "offline"  # and SYNTHESIZED
+
+
+@dataclass(frozen=True)
+class KeptDefault:
+    """A measured compile's verdict on a missed kernel: the target's default schedule (DLight's on a GPU) ran faster
+    than every candidate timed, so the kernel keeps it (``detail`` says by how much; ``measured``: the candidates' seconds)."""
+
+    detail: str
+    measured: dict[str, float | None]
+
+
+class RegistryFallbackWarning(UserWarning):
+    """The registry could not be used; kernels keep TVM's default schedules."""
+
+
+@dataclass
+class KernelOutcome:
+    op: str
+    key: str
+    outcome: str  # hit | transfer | synthesized | miss | fallback (a record failed to replay) | offline
+    detail: str = ""  # hit: the trace id ("default:" before it where the record says nothing beat the default schedule); transfer, synthesized: "relation:trace id:source op"; miss: "default:…" where the default beat every candidate timed
+    measured: dict[str, float | None] = field(default_factory=dict)  # candidates timed here: trace id → seconds (None: refused)
+
+
+@dataclass
+class CompileReport:
+    kernels: list[KernelOutcome] = field(default_factory=list)
+    lookups: int = 0  # registry round trips
+    lookup_secs: float = 0.0
+    misses_reported: int = 0
+    problems: list[str] = field(default_factory=list)
+    linked: int = 0  # scheduled kernels whose machine code came from this machine's object cache
+    objects_compiled: int = 0  # of those, compiled in this build (the rest were cached)
+    ranked_by: str = ""  # the cost model that ranked this compile's transfers ('': the fit ranking, hooks.ranking.rank_key)
+    model_ranked: int = 0  # kernels whose candidates it ranked (the rest: the fit ranking)
+
+    def count(self, outcome: str) -> int:
+        return sum(k.outcome == outcome for k in self.kernels)
+
+    @property
+    def hits(self) -> int:
+        return self.count(HIT)
+
+    @property
+    def default_hits(self) -> int:
+        """Hits whose record says nothing beat the target's default schedule: the kernel keeps it (a result, not a speedup)."""
+        return sum(k.outcome == HIT and k.detail.startswith("default:") for k in self.kernels)
+
+    @property
+    def transfers(self) -> int:
+        return self.count(TRANSFER)
+
+    @property
+    def synthesized(self) -> int:
+        return self.count(SYNTHESIZED)
+
+    @property
+    def misses(self) -> int:
+        return self.count(MISS) + self.count(OFFLINE)
+
+    @property
+    def fallbacks(self) -> int:
+        return self.count(FALLBACK)
+
+    def summary(self) -> str:
+        linked = f"; {self.linked} kernel objects linked ({self.objects_compiled} compiled now)" if self.linked else ""
+        linked += f"; {self.model_ranked} kernels' transfers ranked by {self.ranked_by}" if self.ranked_by else ""
+        synthesized = f", {self.synthesized} synthesized" if self.synthesized else ""
+        kept = sum(k.outcome == MISS and k.detail.startswith("default:") for k in self.kernels)
+        if offline := self.count(OFFLINE):  # not "misses" as if the registry had answered: it did not
+            linked = f"; the registry could not be reached: {offline} kernels kept TVM's default schedules, unreported" + linked
+        linked += f"; {kept} misses kept the default schedule, faster than every candidate timed" if kept else ""
+        hits = f"{self.hits} hits ({self.default_hits} of them keep the default schedule: nothing beat it)" if self.default_hits else f"{self.hits} hits"
+        return (f"schedhub: {len(self.kernels)} kernels: {hits}, {self.transfers} transfers{synthesized}, {self.count(MISS)} misses, {self.fallbacks} fallbacks "
+                f"({self.lookups} lookups in {self.lookup_secs * 1e3:.1f} ms, {self.misses_reported} misses reported){linked}")  # fmt: skip
