@@ -244,6 +244,7 @@ def time_side_by_side(executables: dict[str, Any], x: np.ndarray, rounds: int, p
     samples: dict[str, list[float]] = {k: [] for k in timers}
     for _ in range(rounds):
         for k, timer in timers.items():
+            baselines.spin_down()  # the last one's pool (TVM's, PyTorch's in its process) idle: on 2 cores a spinning pool starves the next
             samples[k].append(timer() * 1e3)
     return {k: summary(v) for k, v in samples.items()}, errors
 

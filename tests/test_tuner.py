@@ -408,6 +408,28 @@ def wait_for_line(proc: subprocess.Popen, prefix: str, timeout: float) -> str:
     raise AssertionError(f"no {prefix!r} line from the worker; it printed:\n{''.join(seen)}")
 
 
+def test_a_search_started_from_the_registrys_log_model_measures_other_candidates_than_a_cold_one(ray_address: str, tmp_path: Path) -> None:
+    """The log of a neighbour shape trains the search's cost model before its first round: with one search thread and
+    a fixed seed, the candidates a cold search measures are fixed, and the warm one measures others."""
+    from schedhub.tuner.dispatch import push_result
+    from schedhub.tuner.logmodel import model_log, pretrained
+
+    with LocalRegistry(tmp_path / "reg", sync=False) as reg:
+        neighbour = TuneResult.from_dict(cluster.result(tune(matmul(32, 64, 128), tiny(trials=16, trials_per_iter=16, search_threads=1))))
+        push_result(reg, neighbour)
+        wanted = matmul(64, 64, 128)
+        groups = model_log(reg, wanted)
+    assert len(groups) == 1 and len(groups[0][1]) >= 8 and groups[0][0] == neighbour.identity.workload
+    assert pretrained(groups, tvm.target.Target(TARGET)) is not None
+    options = tiny(trials=4, trials_per_iter=4, search_threads=1, seed=3, warm_start=0, synthesize=0, publish=1)
+    runs = {}
+    for name, opts in (("cold", options), ("cold again", options), ("warm", dataclasses.replace(options, warm_model=True))):
+        ref = cluster.submit("tune", identity=wanted.to_dict(), warm_traces=[], options=opts.__dict__, label=name, model_log=groups)
+        runs[name] = {trace_id(trace) for trace, _ in TuneResult.from_dict(cluster.result(ref)).measured}  # every candidate the search timed
+    assert runs["cold"] == runs["cold again"]  # the comparison means something: a cold search repeats itself
+    assert runs["warm"] != runs["cold"]
+
+
 def test_a_worker_that_cannot_time_a_job_says_which_and_why(ray_address: str, tmp_path: Path) -> None:
     """A compile for another CPU model queued jobs; a worker here exited '0 tuned' and said nothing of them."""
     a, b = te.placeholder((16, 16), name="A"), te.placeholder((16, 16), name="B")

@@ -16,6 +16,7 @@ from typing import Any
 from schedhub.registry import TARGET, Candidate, Identity, Record, RefusedRecord, Registry, RegistryError
 
 from . import cluster
+from .logmodel import model_log
 from .publish import Published, publish_cost_model
 from .search import SEEDS, TuneOptions, TuneResult
 
@@ -118,14 +119,16 @@ def warm_start(registry: Registry, identity: Identity, options: TuneOptions, see
     return _traces(own, near, options.warm_start), seeder.traces(identity, options.seeds, siblings)
 
 
-def submit_tuning(identity: Identity, options: TuneOptions, warm: list[str], seeds: list[str], label: str) -> Any:
-    """Submit one tuning job as a Ray task; returns its ObjectRef."""
-    return cluster.submit("tune", identity=identity.to_dict(), warm_traces=warm, seeds=seeds, options=asdict(options), label=label)
+def submit_tuning(identity: Identity, options: TuneOptions, warm: list[str], seeds: list[str], label: str, model: list[Any] | None = None) -> Any:
+    """Submit one tuning job as a Ray task (``model``: :func:`.logmodel.model_log`, its cost model's start); returns its ObjectRef."""
+    return cluster.submit("tune", identity=identity.to_dict(), warm_traces=warm, seeds=seeds, options=asdict(options), label=label, model_log=model or [])
 
 
 def start_tuning(registry: Registry, identity: Identity, options: TuneOptions, label: str, seeder: Seeder | None = None) -> Any:
-    """Submit one tuning job as a Ray task, warm-started from the registry's traces and ``seeder``'s; returns its ObjectRef."""
-    return submit_tuning(identity, options, *warm_start(registry, identity, options, seeder), label)
+    """Submit one tuning job as a Ray task, warm-started from the registry's traces and ``seeder``'s, and with
+    ``options.warm_model`` its cost model from the registry's log; returns its ObjectRef."""
+    model = model_log(registry, identity) if options.warm_model and options.trials > 0 else None
+    return submit_tuning(identity, options, *warm_start(registry, identity, options, seeder), label, model)
 
 
 def push_result(registry: Registry, result: TuneResult, pushed_by: str = "") -> None:

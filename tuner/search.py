@@ -53,6 +53,7 @@ class TuneOptions:
     synthesize: int = 64  # design-space samples ranked by the registry's log model; its best ``seeds`` are seeded too (0: none)
     seeds: int = SEEDS  # synthesized schedules measured before the search
     search_threads: int = 0  # MetaSchedule's own threads; 0: physical cores. With 1, a seed gives the same candidates every time
+    warm_model: bool = False  # start the search's cost model trained on the registry's verified log of this structure (logmodel.py)
     population: int = 512  # evolutionary search population (MetaSchedule's default); smaller is cheaper per trial
     genetic_iters: int = 4  # evolution rounds per batch of candidates (MetaSchedule's default)
     timing: dict[str, Any] = field(default_factory=lambda: dict(TUNING_TIMING))
@@ -123,19 +124,24 @@ class TuneResult:
         )  # fmt: skip
 
 
-def tune_job(identity: dict[str, Any], warm_traces: list[str], options: dict[str, Any], label: str, seeds: list[str] | None = None) -> dict[str, Any]:
+def tune_job(identity: dict[str, Any], warm_traces: list[str], options: dict[str, Any], label: str, seeds: list[str] | None = None,
+             model_log: list[Any] | None = None) -> dict[str, Any]:  # fmt: skip
     """:func:`tune_workload` with plain values in and out: the body of a Ray tuning task."""
-    return tune_workload(Identity(**identity), warm_traces, TuneOptions.from_dict(options), label, seeds).to_dict()
+    return tune_workload(Identity(**identity), warm_traces, TuneOptions.from_dict(options), label, seeds, model_log).to_dict()
 
 
-def tune_workload(identity: Identity, warm_traces: list[str], options: TuneOptions, label: str = "", seeds: list[str] | None = None) -> TuneResult:
+def tune_workload(identity: Identity, warm_traces: list[str], options: TuneOptions, label: str = "", seeds: list[str] | None = None,
+                  model_log: list[Any] | None = None) -> TuneResult:  # fmt: skip
     """Search schedules for one workload on the Ray cluster this process is connected to, measuring first
     ``warm_traces`` (the registry's, at most ``options.warm_start``) and ``seeds`` (synthesized, at most ``options.seeds``);
-    with no trials, only those (a first pass)."""
+    with no trials, only those (a first pass). ``model_log`` (:func:`.logmodel.model_log`), with ``options.warm_model``:
+    what the search's cost model is trained on before its first round."""
     from tvm.s_tir import meta_schedule as ms
 
     from schedhub.hooks.identity import compiler_fingerprint, target_from_text, workload_module
     from schedhub.hooks.msdb import trace_text, tuning_target
+
+    from .logmodel import pretrained
 
     tvm_env.prepare()
     if identity.fingerprint != compiler_fingerprint():
@@ -156,7 +162,9 @@ def tune_workload(identity: Identity, warm_traces: list[str], options: TuneOptio
         started, phases = time.time(), {}
         timeline.stage = "search"
         if options.trials > 0:
-            _, phases = profiled_tune_tir(mod, target, work_dir=work_dir, builder=builder, runner=runner, database=database, **search_settings(options))
+            cost_model = pretrained(model_log, target) if options.warm_model and model_log else None
+            _, phases = profiled_tune_tir(mod, target, work_dir=work_dir, builder=builder, runner=runner, database=database,
+                                          **search_settings(options, cost_model))  # fmt: skip
         search_secs = time.time() - started
         measured = [tr for tr in database.get_all_tuning_records() if mean_secs(tr) < _FAILED_SECS]
         curve = best_so_far([mean_secs(tr) for tr in measured])
@@ -220,7 +228,7 @@ def default_name(target_text: str) -> str:
     return "the unscheduled kernel" if default_label(target_text) == "untuned" else "DLight's schedule"
 
 
-def search_settings(options: TuneOptions) -> dict[str, Any]:
+def search_settings(options: TuneOptions, cost_model: Any = None) -> dict[str, Any]:
     """``ms.tune_tir`` keyword arguments for the search ``options`` ask for: budget, seed, threads, strategy.
 
     Seeds numpy's global generator too: until it has enough samples, MetaSchedule's XGBoost cost
@@ -235,7 +243,7 @@ def search_settings(options: TuneOptions) -> dict[str, Any]:
     strategy = ms.search_strategy.EvolutionarySearch(
         population_size=options.population, init_min_unmeasured=min(50, max(1, options.population // 2)), genetic_num_iters=options.genetic_iters,
     )  # fmt: skip
-    return {"max_trials_global": options.trials, "num_trials_per_iter": options.trials_per_iter, "cost_model": "xgb", "seed": options.seed,
+    return {"max_trials_global": options.trials, "num_trials_per_iter": options.trials_per_iter, "cost_model": cost_model or "xgb", "seed": options.seed,
             "num_tuning_cores": options.search_threads or "physical", "strategy": strategy}  # fmt: skip
 
 

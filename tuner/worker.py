@@ -56,6 +56,7 @@ from schedhub.registry import (
 
 from . import cluster
 from .dispatch import Seeder, publish_each, push_result, submit_tuning, warm_start
+from .logmodel import model_log
 from .search import TuneOptions, TuneResult
 
 log = logging.getLogger("schedhub.tuner.worker")
@@ -254,7 +255,8 @@ class Worker:
         warm, seeds = warm_start(self.registry, identity, self.options.first_pass() if may_first else self.options, self.seeder)
         first = may_first and bool(warm or seeds)
         options = self.options.first_pass() if first else self.options
-        return first, submit_tuning(identity, options, warm, seeds, f"{identity.op}:{lease.key[:8]}")
+        model = model_log(self.registry, identity) if options.warm_model and options.trials > 0 else None
+        return first, submit_tuning(identity, options, warm, seeds, f"{identity.op}:{lease.key[:8]}", model)
 
     def _stop_overdue(self, stats: WorkerStats) -> None:
         """Cancel every task running past ``max_job_secs`` and fail its job with why (it is retried up to the queue's attempts)."""

@@ -47,6 +47,27 @@ def compiled(mod: Any, target: Any, store: Path | None) -> tuple[Any, str]:
         return tvm.compile(mod, target), session.report.summary()
 
 
+def tune_each(stores: dict[str, Path], kernels: list[Any], budget: int, round_trials: int, result: dict[str, Any]) -> None:
+    """Each policy tunes the network into its own registry (``stores``), the same options, seed and budget."""
+    cluster.start()
+    try:
+        for name, store in stores.items():
+            started = time.time()
+            with LocalRegistry(store) as reg:
+                state = tune_network(reg, [(k.identity, k.calls) for k in kernels], replace(OPTIONS, seed=0), POLICIES[name],
+                                     Goal(max_trials=budget), round_trials=round_trials,
+                                     on_round=lambda r: print(f"{name} round {r.number}: {r.kernel.op} {r.trials_spent} trials, "
+                                                              f"network {(r.network_secs or 0) * 1e3:.3f} ms", flush=True))  # fmt: skip
+            result["policies"][name] = {
+                "wall_secs": time.time() - started, "trials": state.trials, "estimate_ms": (state.network_secs or 0) * 1e3,
+                "rounds": [{"kernel": r.kernel.op, "calls": r.kernel.calls, "trials": r.trials_spent, "elapsed_secs": r.elapsed_secs,
+                            "estimate_ms": (r.network_secs or 0) * 1e3} for r in state.rounds],
+                "per_kernel_trials": {k.op: k.trials for k in state.kernels},
+            }  # fmt: skip
+    finally:
+        cluster.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.studies.policy", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--network", default="resnet18")
@@ -56,6 +77,8 @@ def main() -> None:
     parser.add_argument("--round-trials", type=int, default=8)
     parser.add_argument("--policies", default="gradient,even")
     parser.add_argument("--rounds", type=int, default=7, help="timing rounds of the compiled networks")
+    parser.add_argument("--keep", type=Path, help="keep each policy's registry in DIR/<policy> (default: a temporary folder)")
+    parser.add_argument("--retime", action="store_true", help="with --keep: time the networks the kept registries serve, tuning nothing")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "studies" / "policy.json")
     args = parser.parse_args()
     import tvm
@@ -69,26 +92,15 @@ def main() -> None:
     result: dict[str, Any] = {"command": "python -m bench.studies.policy " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out"),
                               "network": args.network, "shape": {"batch": args.batch, **shape}, "kernels": len(kernels), "budget_trials": budget,
                               "round_trials": args.round_trials, "policies": {}, "environment": environment()}  # fmt: skip
+    if args.retime and not args.keep:
+        raise SystemExit("--retime times the registries --keep names")
     with tempfile.TemporaryDirectory(prefix="schedhub-policy-") as tmp:
-        cluster.start()
-        stores: dict[str, Path] = {}
-        try:
-            for name in args.policies.split(","):
-                stores[name] = Path(tmp) / name
-                started = time.time()
-                with LocalRegistry(stores[name]) as reg:
-                    state = tune_network(reg, [(k.identity, k.calls) for k in kernels], replace(OPTIONS, seed=0), POLICIES[name],
-                                         Goal(max_trials=budget), round_trials=args.round_trials,
-                                         on_round=lambda r: print(f"{name} round {r.number}: {r.kernel.op} {r.trials_spent} trials, "
-                                                                  f"network {(r.network_secs or 0) * 1e3:.3f} ms", flush=True))  # fmt: skip
-                result["policies"][name] = {
-                    "wall_secs": time.time() - started, "trials": state.trials, "estimate_ms": (state.network_secs or 0) * 1e3,
-                    "rounds": [{"kernel": r.kernel.op, "calls": r.kernel.calls, "trials": r.trials_spent, "elapsed_secs": r.elapsed_secs,
-                                "estimate_ms": (r.network_secs or 0) * 1e3} for r in state.rounds],
-                    "per_kernel_trials": {k.op: k.trials for k in state.kernels},
-                }  # fmt: skip
-        finally:
-            cluster.stop()
+        stores: dict[str, Path] = {name: (args.keep or Path(tmp)) / name for name in args.policies.split(",")}
+        if args.retime:
+            previous = json.loads(args.out.read_text())
+            result["policies"] = previous["policies"]
+        else:
+            tune_each(stores, kernels, budget, args.round_trials, result)
         executables, summaries = {}, {}
         for name, store in {"untuned": None, **stores}.items():
             executables[name], summaries[name] = compiled(mod, target, store)
