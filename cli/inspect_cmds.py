@@ -164,16 +164,16 @@ def stats_rows(stats: dict[str, Any]) -> list[tuple[str, str]]:
 def queue(registry: str, token: str | None, state: str | None, upcoming: int | None) -> None:
     """Jobs in the miss queue (by job id; --next: in the order workers get them)."""
     if upcoming is not None:
-        table = Table("#", "key", "task", "op", "requester", "callers", "demand")
+        table = Table("#", "key", "task", "op", "target", "requester", "callers", "demand")
         for place, job in enumerate(open_registry(registry, token, readonly=True).jobs_in_lease_order(upcoming), 1):
-            table.add_row(str(place), job["key"], task_label(job), job["op"], job.get("requester") or "(local)", str(job.get("callers", "")),
-                          str(job["demand"]))  # fmt: skip
+            table.add_row(str(place), job["key"], task_label(job), job["op"], target_summary(job.get("target", "")), job.get("requester") or "(local)",
+                          str(job.get("callers", "")), str(job["demand"]))  # fmt: skip
         out.print(table)
         return
-    table = Table("key", "task", "op", "state", "callers", "demand", "attempts", "last error")
+    table = Table("key", "task", "op", "target", "state", "callers", "demand", "attempts", "last error")  # a worker times one CPU model: say whose
     for job in open_registry(registry, token, readonly=True).jobs(state):
-        table.add_row(job["key"], task_label(job), job["op"], job["state"], str(job.get("callers", "")), str(job["demand"]), str(job["attempts"]),
-                      job["last_error"][:60])  # fmt: skip
+        table.add_row(job["key"], task_label(job), job["op"], target_summary(job.get("target", "")), job["state"], str(job.get("callers", "")),
+                      str(job["demand"]), str(job["attempts"]), job["last_error"][:60])  # fmt: skip
     out.print(table)
 
 

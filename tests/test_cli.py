@@ -249,6 +249,7 @@ def test_listings_print_whole_keys_and_short_curves_when_piped(tmp_path: Path) -
         reg.report_misses([make_record(6, 1e-3).identity])
     queue_out = run("queue", "-r", str(tmp_path))
     assert make_record(6, 1e-3).key in queue_out  # whole, copyable into show/requeue
+    assert "llvm znver5 x2" in queue_out  # whose CPU the job is for: a worker times only its own
     shown = run("show", rec.key, "-r", str(tmp_path))
     assert "<64 points, best 15.62 µs after 63>" in shown and len(shown.splitlines()) < 20
     listing = run("ls", "-r", str(tmp_path))
@@ -261,7 +262,7 @@ def test_queue_next_lists_pending_jobs_in_the_order_workers_get_them(tmp_path: P
         reg.report_misses(ci, by="ci")
         reg.report_misses([dev], by="dev")
     cells = [[cell.strip() for cell in line.split("│")[1:-1]] for line in run("queue", "--next", "3", "-r", str(tmp_path)).splitlines()]
-    assert [(row[0], row[1], row[4]) for row in cells if row] == [("1", ci[0].key, "ci"), ("2", dev.key, "dev"), ("3", ci[1].key, "ci")]
+    assert [(row[0], row[1], row[5]) for row in cells if row] == [("1", ci[0].key, "ci"), ("2", dev.key, "dev"), ("3", ci[1].key, "ci")]
 
 
 def test_pull_into_a_store_carries_the_measurement_log_and_push_from_a_store_sends_it(server: ServerThread, tmp_path: Path) -> None:
