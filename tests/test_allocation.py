@@ -17,16 +17,16 @@ def test_every_kernel_that_matters_gets_a_first_round_the_costliest_first() -> N
     kernels = [kernel("a", 1, flops=4e6), kernel("b", 8, flops=1e6), kernel("c", 2, (16, 1e-3), default=2e-3, flops=1e6)]
     policy = GradientPolicy()
     assert policy.pick(kernels).key == "b"  # 8 calls x 1 MFLOP before 1 call x 4 MFLOP
-    assert policy.expected_gain(kernels[0], kernels) == math.inf
+    assert policy.expected_gain(kernels[0]) == math.inf
 
 
-def test_a_kernel_of_negligible_work_waits_until_its_estimated_gain_is_the_largest() -> None:
-    conv = kernel("conv", 1, (8, 1e-3), default=4e-3, flops=2e8)  # 2e8 FLOP in 1 ms: 2e11 FLOP/s
-    reshape = kernel("reshape", 1, flops=1.0)  # TVM counts a kernel without arithmetic as 1 FLOP
-    policy = GradientPolicy()
-    assert policy.expected_gain(reshape, [conv, reshape]) == pytest.approx(0.8 * 1.0 / 2e11)
-    assert policy.pick([conv, reshape]).key == "conv"
-    assert network_secs([conv, reshape]) == pytest.approx(1e-3 + 1.0 / 2e11)  # estimated from the best speed shown
+def test_a_kernel_of_little_work_still_gets_its_first_round_before_any_second() -> None:
+    """Its FLOPs do not say what its default schedule costs: deferred, ResNet-18's 1x1 convolutions and classifier
+    stayed untuned and the network ran 1.27x slower than with even budgets."""
+    conv = kernel("conv", 1, (8, 1e-3), default=4e-3, flops=2e8)
+    small = kernel("small", 1, flops=1e5)
+    assert GradientPolicy().pick([conv, small]).key == "small"
+    assert network_secs([conv, small]) is None  # not timed yet: no estimate
 
 
 def test_the_next_round_goes_to_the_largest_expected_gain() -> None:
