@@ -48,7 +48,8 @@ from ._records import Identity, Record, RefusedRecord, Served, keeps_default_sch
 from ._serve import InsecureServerError, ServerThread, serve
 from ._server import CallerBounds, create_app
 from ._service import LocalRegistry
-from ._store import KeyPage, KeySummary, PutResult, Store, StoreFormatError
+from ._listing import KeyPage, KeySummary
+from ._store import PutResult, Store, StoreFormatError
 from ._trials import MAX_TRIALS_PER_ENTRY, Trial, TrialLog
 from ._trust import Trust, parse_trust, trust_filter, trusted
 

@@ -25,7 +25,8 @@ from ._forget import FORGOTTEN
 from ._neighbours import RELATIONS, Candidate, Probe, served_candidates
 from ._queue import Lease
 from ._records import Identity, Record, RefusedRecord, packb, served_records
-from ._store import KeySummary, PutResult
+from ._listing import KeySummary
+from ._store import PutResult
 from ._models import CostModelEntry
 from ._trials import MAX_CURSOR_CHARS, TrialLog, iter_pages, stored_logs
 from ._trust import Trust, trust_wire

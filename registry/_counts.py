@@ -8,6 +8,8 @@ from typing import Any
 import lmdb
 
 COUNT = struct.Struct(">q")
+SEQ = struct.Struct(">Q")  # sequence numbers and inverted weights in index rows (big-endian: they sort as numbers)
+SEQ_MAX = 2**64 - 1
 
 
 def read_count(txn: lmdb.Transaction, db: Any, row: bytes) -> int:

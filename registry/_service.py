@@ -21,7 +21,8 @@ from ._queue import DEFAULT_MAX_ATTEMPTS, DEFAULT_TOLERANCE, TUNE, Lease, MissQu
 from ._models import CostModelEntry, CostModelStore
 from ._neighbours import Candidate, Probe, served_candidates
 from ._records import Identity, Record, RefusedRecord, served_records
-from ._store import KeyPage, KeySummary, PutResult, Store
+from ._listing import KeyPage, KeySummary
+from ._store import PutResult, Store
 from ._trials import TrialLog, TrialStore, iter_pages
 from ._trust import Accepts, Trust, trust_filter, trusted
 from ._usage import largest, usage_page

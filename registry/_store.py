@@ -7,10 +7,7 @@ durable commit; without one it opens and commits its own.
 
 from __future__ import annotations
 
-import hashlib
-import math
 import os
-import struct
 import threading
 import time
 from collections import Counter
@@ -22,11 +19,13 @@ from typing import Any
 
 import lmdb
 
-from ._errors import REFUSED_ON_READ, NotFound, RegistryError, StoreFull
+from ._errors import NotFound, RegistryError, StoreFull
+from ._aggregates import AGG_RANK, KEY_DIMENSIONS, Aggregates, distinct_row, stored_identity
 from ._decoded import DecodedValues
-from ._counts import COUNT as _COUNT, add_count, drop_counts, read_count
+from ._listing import OP_FEED, OP_TARGET_FEED, TARGET_FEED, Listings, _op_feed_row, _target_feed_rows, rank
+from ._counts import COUNT as _COUNT, SEQ as _SEQ, add_count, drop_counts, read_count
 from ._history import DEFAULT_KEPT_BYTES, ENDED, JOB, KEPT_INDEX, OUT_OF_SERVICE, forget_all, keep, kept_row, requester, unkeep
-from ._keys import SCHEMA_VERSION, target_digest, target_kind
+from ._keys import SCHEMA_VERSION, target_kind
 from ._neighbours import Probe, dims_of
 from ._trust import Accepts
 from ._records import Identity, Record, keeps_default_schedule, packb, unpackb
@@ -40,17 +39,11 @@ STORE_FORMAT = b"7"  # 2: op_feed and queue_state; 3: target_feed, trials_by_tar
 #                      bytes of unverified log counted; 6: each caller's ended work kept within a budget (``kept``) and each
 #                      pusher's bytes of records in service counted; 7: queue_idx ranks tune jobs by the callers' turns,
 #                      then their distinct callers, then their demand (8-byte ranks). Older formats are brought to 7 when opened writable
-_SEQ = struct.Struct(">Q")
-_SEQ_MAX = 2**64 - 1
 _DB_NAMES = ("records", "by_op", "by_struct", "changes", "log", "meta", "quarantine", "queue", "queue_idx", "agg", "trials", "queue_state", "op_feed", "target_feed",
              "trials_by_target", "agg_rank", "models", "queue_fit", "kept")
 STRUCTURE_INDEX = b"index:by_struct"  # meta flag: every key is in by_struct (stores from before it get it on open)
 AGGREGATES = b"index:agg"  # meta flag: the aggregates cover every key and log entry (stores from before them get them on open)
 QUEUE_STATES = b"index:queue_state"  # meta flag: every job is in queue_state and counted (stores from before it get it on open)
-OP_FEED = b"index:op_feed"  # meta flag: every key is in op_feed (stores from before it get it on open)
-TARGET_FEED = b"index:target_feed"  # meta flag: every key is in target_feed, under its kind and its target
-OP_TARGET_FEED = b"index:op_target_feed"  # meta flag: every key is in target_feed under its op with its kind and with its target too
-AGG_RANK = b"index:agg_rank"  # meta flag: every aggregate row is ranked in agg_rank and each dimension's names are counted
 RECORDS_OWNED = b"index:records_owned"  # meta flag: each pusher's bytes of records in service are counted (owned_row)
 QUEUE_ORDER = b"index:queue_order"  # meta flag: queue_idx ranks verifications by ordinal and tune jobs by turn and callers,
 #                                     requesters' jobs are counted and every pending job is in queue_fit (the queue rebuilds them)
@@ -64,9 +57,6 @@ _REBUILT_ON_UPGRADE = {b"1": (STRUCTURE_INDEX, AGGREGATES, *INDEXES, QUEUE_ORDER
                        b"6": (QUEUE_ORDER,)}  # fmt: skip
 #: Aggregate dimensions: keys per op / canonical target / compiler fingerprint, pushes per pusher,
 #: tuned-vs-default speedup per op of verified pushes (``speedup`` rows hold msgpack {n, log2_sum, best}).
-KEY_DIMENSIONS = ("op", "target", "fingerprint")
-AGG_DIMENSIONS = (*KEY_DIMENSIONS, "pusher", "speedup")  # each ranked in agg_rank: by count, or a speedup's pushes (n)
-MAX_AGG_NAME = 300  # bytes of a name in an aggregate row's LMDB key (agg_name)
 MAX_NEIGHBOUR_SCAN = 4096  # index rows read for one probe
 MAX_REQUEST_SCAN = 65536  # index rows read for one neighbours call
 NEIGHBOUR_LOADS_PER_PICK = 4  # keys loaded per candidate wanted: default-schedule keys are skipped, but not without end
@@ -87,30 +77,6 @@ class PutResult:
     needs_verification: bool = False  # a new claim: a verification job was (or should be) queued
 
 
-def rank(entry: dict[str, Any]) -> tuple[int, float, str]:
-    """Serving order: verified entries first by their verified time, then claims by claimed time."""
-    if entry.get("vby"):
-        return (0, entry["vmean"], entry["tid"])
-    return (1, entry["mean"], entry["tid"])
-
-
-def _stored_record(data: bytes) -> Record | None:
-    """A stored record as this version reads it; None when its checks refuse it (stored before a check existed):
-    rebuilding an index on open must not fail on a record that every read already leaves out."""
-    try:
-        return Record.from_bytes(data)
-    except REFUSED_ON_READ:
-        return None
-
-
-def _stored_identity(data: bytes) -> Identity | None:
-    """A stored record's identity (its trace not read), or None as for :func:`_stored_record`."""
-    try:
-        return Identity.from_obj(unpackb(data))
-    except REFUSED_ON_READ:
-        return None
-
-
 def served_entries(value: bytes) -> list[tuple[bytes, dict[str, Any]]]:
     """A key's stored value as (canonical bytes, status) of its entries, best first."""
     decoded = unpackb(value)
@@ -121,21 +87,6 @@ def entry_status(entry: dict[str, Any]) -> dict[str, Any]:
     """The public part of an entry's bookkeeping (who pushed it, who verified it)."""
     return {"tid": entry["tid"], "by": entry.get("by", ""), "vby": entry.get("vby", ""),
             "vmean": entry.get("vmean", 0.0), "complaints": len(entry.get("complaints", []))}  # fmt: skip
-
-
-@dataclass(frozen=True)
-class KeySummary:
-    key: str
-    seq: int
-    op: str
-    kind: str
-    target: str
-    count: int
-    best_secs: float
-    verified: int = 0  # entries verified by a trusted worker
-
-    def to_dict(self) -> dict[str, Any]:
-        return self.__dict__.copy()
 
 
 class _SharedEnv:
@@ -174,7 +125,7 @@ class _SharedEnv:
                 self.env.close()
 
 
-class Store:
+class Store(Aggregates, Listings):
     """Records keyed by content address, kept best-first, at most ``top_k`` per key."""
 
     def __init__(
@@ -238,7 +189,7 @@ class Store:
         for raw_key, raw in txn.cursor(db=self.dbs["records"]):
             value = unpackb(raw)
             if value["entries"] and "st" not in value:
-                identity = _stored_identity(value["entries"][0]["rec"])
+                identity = stored_identity(value["entries"][0]["rec"])
                 if identity is None:  # refused on every read: a neighbour to nobody
                     continue
                 _describe(value, identity)
@@ -334,105 +285,6 @@ class Store:
     def indexed(self, txn: lmdb.Transaction, flag: bytes) -> bool:
         """Whether the index ``flag`` names (:data:`INDEXES`) is complete here (a read-only store from before it lacks it)."""
         return self.dbs[INDEXES[flag]] is not None and txn.get(flag, db=self.dbs["meta"]) is not None
-
-    def _aggregate_all(self, txn: lmdb.Transaction) -> None:
-        """Build the aggregates from every key and log entry (once, on open, for a store from before them); their ranking is
-        built again after them."""
-        txn.drop(self.dbs["agg"], delete=False)
-        txn.delete(AGG_RANK, db=self.dbs["meta"])
-        for raw_key, raw in txn.cursor(db=self.dbs["records"]):
-            value = unpackb(raw)
-            if not value["entries"]:
-                continue
-            if "fp" not in value:
-                identity = _stored_identity(value["entries"][0]["rec"])
-                value["fp"] = identity.fingerprint if identity else ""
-                txn.put(raw_key, packb(value), db=self.dbs["records"])
-            self._count_key(txn, value, +1)
-            for entry in value["entries"]:
-                record = _stored_record(entry["rec"]) if entry.get("vby") else None
-                if record is not None:
-                    self._add_speedup(txn, value["op"], record)
-        for _, raw in txn.cursor(db=self.dbs["log"]):
-            event = unpackb(raw)
-            if "event" not in event:  # a push (verdicts carry an event)
-                self._count(txn, "pusher", event.get("by") or "local", +1)
-
-    def _rank_all(self, txn: lmdb.Transaction) -> None:
-        """Rank every aggregate row and count each dimension's names (once, on open, for a store from before the ranking)."""
-        txn.drop(self.dbs["agg_rank"], delete=False)
-        for dimension in AGG_DIMENSIONS:
-            txn.delete(distinct_row(dimension), db=self.dbs["meta"])
-        for row, raw in txn.cursor(db=self.dbs["agg"]):
-            dimension, _, name = row.decode().partition("\0")
-            if dimension in AGG_DIMENSIONS:
-                self._rerank(txn, dimension, name, 0, _weight(dimension, raw))
-
-    def _rerank(self, txn: lmdb.Transaction, dimension: str, name: str, old: int, new: int) -> None:
-        """Move ``name``'s row in ``agg_rank`` from weight ``old`` to ``new`` (0: absent) and keep its dimension's count of names."""
-        if old == new:
-            return
-        if old > 0:
-            txn.delete(_rank_row(dimension, old, name), db=self.dbs["agg_rank"])
-        if new > 0:
-            txn.put(_rank_row(dimension, new, name), b"", db=self.dbs["agg_rank"])
-        if (old > 0) != (new > 0):
-            add_count(txn, self.dbs["meta"], distinct_row(dimension), 1 if new > 0 else -1)
-
-    def _count(self, txn: lmdb.Transaction, dimension: str, name: str, delta: int) -> None:
-        name = agg_name(name)
-        self._rerank(txn, dimension, name, *add_count(txn, self.dbs["agg"], f"{dimension}\0{name}".encode(), delta))
-
-    def _count_key(self, txn: lmdb.Transaction, value: dict[str, Any], delta: int) -> None:
-        for dimension, name in zip(KEY_DIMENSIONS, (value["op"], value["target"], value.get("fp", ""))):
-            self._count(txn, dimension, name, delta)
-
-    def _add_speedup(self, txn: lmdb.Transaction, op: str, record: Record) -> None:
-        """Count a pushed record's speedup over TVM's default schedule (the tuner's side-by-side re-timing)."""
-        untuned = record.provenance.get("untuned_secs")
-        if not isinstance(untuned, (int, float)) or not math.isfinite(untuned) or untuned <= 0:
-            return
-        speedup = untuned / record.mean_secs
-        row = f"speedup\0{op}".encode()
-        raw = txn.get(row, db=self.dbs["agg"])
-        agg = unpackb(raw) if raw else {"n": 0, "log2_sum": 0.0, "best": 0.0}
-        agg.update(n=agg["n"] + 1, log2_sum=agg["log2_sum"] + math.log2(speedup), best=max(agg["best"], speedup))
-        txn.put(row, packb(agg), db=self.dbs["agg"])
-        self._rerank(txn, "speedup", op, agg["n"] - 1, agg["n"])
-
-    def aggregates(self, top: int | None = None) -> dict[str, Any]:
-        """Keys per op, target and fingerprint, pushes per pusher, speedups per op (kept on every write):
-        every name, or each dimension's ``top`` heaviest (most keys or pushes; speedups: most pushes) from the ranking."""
-        out: dict[str, Any] = {d: {} for d in AGG_DIMENSIONS}
-        if self.dbs.get("agg") is None:  # an old store opened read-only
-            return out
-        with self.read() as txn:
-            if top is not None and self.indexed(txn, AGG_RANK):
-                ranked = (f"{d}\0{name}".encode() for d in AGG_DIMENSIONS for name in self._ranked(txn, d, top))
-                rows = ((row, txn.get(row, db=self.dbs["agg"])) for row in ranked)
-            else:
-                rows = iter(txn.cursor(db=self.dbs["agg"]))
-            for row, raw in rows:
-                dimension, _, name = row.decode().partition("\0")
-                if raw is None or dimension not in out:
-                    continue
-                if dimension == "speedup":
-                    agg = unpackb(raw)
-                    out["speedup"][name] = {"n": agg["n"], "geomean": 2 ** (agg["log2_sum"] / agg["n"]), "best": agg["best"]}
-                else:
-                    out[dimension][name] = _COUNT.unpack(raw)[0]
-        return out
-
-    def _ranked(self, txn: lmdb.Transaction, dimension: str, top: int) -> list[str]:
-        """The ``top`` heaviest names of ``dimension`` (ties by name)."""
-        head = dimension.encode() + b"\0"
-        cursor, names = txn.cursor(db=self.dbs["agg_rank"]), []
-        if cursor.set_range(head):
-            for row in cursor.iternext(values=False):
-                if not row.startswith(head) or len(names) >= top:
-                    break
-                names.append(row[len(head) + _SEQ.size :].decode())
-        return names
 
     def recent_log(self, limit: int = 20) -> list[dict[str, Any]]:
         """The newest entries of the measurement log, newest first."""
@@ -802,92 +654,6 @@ class Store:
                     found[probe.key] = picked
         return found
 
-    # -- listing ---------------------------------------------------------------------------
-
-    def summaries(self, op: str | None = None, target: str | None = None, since: int = 0, limit: int | None = None,
-                  *, newest: bool = False, prefix: str = "") -> list[KeySummary]:
-        """Keys changed after ``since`` (a change-feed cursor), oldest change first, filtered: :meth:`page`'s items."""
-        return self.page(op, target, since, limit, newest=newest, prefix=prefix).items
-
-    def page(self, op: str | None = None, target: str | None = None, since: int = 0, limit: int | None = None,
-             *, newest: bool = False, prefix: str = "", scan: int | None = None) -> KeyPage:
-        """One page of keys changed after ``since``, oldest change first, filtered; one short read transaction.
-
-        ``target`` is a kind (``llvm``) or a canonical target text; ``prefix`` (8 hex characters or
-        more, so its matches are few) keeps keys that start with it; ``newest`` answers the last
-        ``limit`` matching changes instead of the first (still oldest first). ``scan`` bounds the feed
-        rows read, as a server must (a filter may match nothing in a million keys): a page cut short
-        says ``more`` and its ``next`` is past every row it read. Page on with ``since`` = ``next``.
-        """
-        out: list[KeySummary] = []
-        position, more, read = since, False, 0
-        with self.read() as txn:
-            feed = self._feed_for(txn, op, target, prefix)
-            in_order = feed is not None
-            for seq, key in self._candidates(txn, feed, op, since, newest, prefix):
-                read += 1
-                value = self._load(txn, key)
-                if value is not None and value["seq"] > since and not (op and value["op"] != op) and not (target and target not in (value["kind"], value["target"])):
-                    out.append(KeySummary(key, value["seq"], value["op"], value["kind"], value["target"],
-                                          len(value["entries"]), rank(value["entries"][0])[1],
-                                          sum(bool(e.get("vby")) for e in value["entries"])))  # fmt: skip
-                if not in_order:
-                    continue
-                position = seq if not newest else max(position, seq)
-                if (limit is not None and len(out) >= limit) or (scan is not None and read >= scan):
-                    more = not newest  # the newest changes are the feed's end
-                    break
-        if in_order:
-            return KeyPage(out[::-1] if newest else out, position, more)
-        out.sort(key=lambda s: s.seq, reverse=newest)
-        more = limit is not None and len(out) > limit
-        out = out[:limit] if limit is not None else out
-        out = out[::-1] if newest else out
-        return KeyPage(out, max((s.seq for s in out), default=since), more)
-
-    def _feed_for(self, txn: lmdb.Transaction, op: str | None, target: str | None, prefix: str) -> tuple[str, bytes] | None:
-        """The feed (database, row head) whose rows are the filter's keys in change order, the narrowest first:
-        an op's with a target or kind, a canonical target's, an op's, a kind's, every key's. None: no such feed
-        (``prefix``, or an op in a read-only store from before the op feed), the candidates come unordered."""
-        if prefix:
-            return None
-        if op and target and self.indexed(txn, OP_TARGET_FEED):
-            return "target_feed", target_feed_head(target, op)
-        by_target = bool(target) and self.indexed(txn, TARGET_FEED)
-        if target and by_target and target.startswith("{"):
-            return "target_feed", target_feed_head(target)
-        if op:
-            return ("op_feed", f"{op}\0".encode()) if self.indexed(txn, OP_FEED) else None
-        return ("target_feed", target_feed_head(target)) if target and by_target else ("changes", b"")
-
-    def _candidates(self, txn: lmdb.Transaction, feed: tuple[str, bytes] | None, op: str | None, since: int, newest: bool,
-                    prefix: str) -> Iterator[tuple[int, str]]:  # fmt: skip
-        """(seq, key) from ``feed`` in seq order (newest first when ``newest``); without a feed, keys
-        starting with ``prefix``, or a read-only old store's keys of ``op``, unordered (seq 0)."""
-        if feed is None:
-            start, db = (prefix.encode(), "records") if prefix else (f"{op}\0".encode(), "by_op")
-            cursor = txn.cursor(db=self.dbs[db])
-            if cursor.set_range(start):
-                for k in cursor.iternext(values=False):
-                    if not k.startswith(start):
-                        return
-                    yield 0, k.decode() if prefix else k.rsplit(b"\0", 1)[1].decode()
-            return
-        db, head = feed
-        cursor = txn.cursor(db=self.dbs[db])
-        if newest:  # the feed's last row: just before the first row past it, else the last of all
-            positioned = (cursor.set_range(head + _SEQ.pack(_SEQ_MAX)) and cursor.prev()) or cursor.last()
-            rows = cursor.iterprev() if positioned else iter(())
-        else:
-            rows = cursor.iternext() if cursor.set_range(head + _SEQ.pack(since + 1)) else iter(())
-        for row, key in rows:
-            if not row.startswith(head):
-                return
-            seq = _SEQ.unpack(row[len(head) :])[0]
-            if newest and seq <= since:
-                return
-            yield seq, key.decode()
-
     def measurements(self, since: int = 0) -> Iterator[tuple[int, dict[str, Any]]]:
         """The append-only measurement log after sequence number ``since``."""
         with self.read() as txn:
@@ -941,35 +707,6 @@ class Store:
             return sum(len(unpackb(v)["entries"]) for _, v in txn.cursor(db=self.dbs["records"]))
 
 
-@dataclass(frozen=True)
-class KeyPage:
-    """A page of the change feed: its keys, the cursor to go on from, and whether more may follow."""
-
-    items: list[KeySummary]
-    next: int
-    more: bool
-
-
-def _op_feed_row(op: str, seq: int) -> bytes:
-    """A key's row in ``op_feed``: its op, NUL, its change-feed position (each op's keys in seq order)."""
-    return op.encode() + b"\0" + _SEQ.pack(seq)
-
-
-def target_feed_head(target: str, op: str = "") -> bytes:
-    """Where a target filter's keys are in ``target_feed``: a canonical target (JSON) by its digest, a kind by
-    name; with ``op``, that op's keys of the target or kind (capital tags, the op after)."""
-    tag, name = (b"t", target_digest(target)) if target.startswith("{") else (b"k", target.encode() + b"\0")
-    return (tag.upper() + name + op.encode() + b"\0") if op else tag + name
-
-
-def _target_feed_rows(value: dict[str, Any]) -> list[bytes]:
-    """A key's rows in ``target_feed``, each its filter's head then its change-feed position: under its kind and
-    its target, and under its op with each (so a filter by both reads only the keys that match)."""
-    heads = [target_feed_head(t) for t in (value["kind"], value["target"])]
-    heads += [target_feed_head(t, value["op"]) for t in (value["kind"], value["target"])]
-    return [head + _SEQ.pack(value["seq"]) for head in heads]
-
-
 def _op_index(op: str, kind: str, key: str) -> bytes:
     return f"{op}\0{kind}\0{key}".encode()
 
@@ -1004,29 +741,6 @@ def _owned(entries: list[dict[str, Any]]) -> Counter[str]:
 def queue_state_row(state: str, job_id: bytes) -> bytes:
     """A job's row in the ``queue_state`` index: its stored state, NUL, its id (id order within a state)."""
     return state.encode() + b"\0" + job_id
-
-
-def agg_name(name: str) -> str:
-    """``name`` as the aggregates hold it: as it is, or, past :data:`MAX_AGG_NAME` bytes (a canonical target
-    may be 4096 characters; an LMDB key at most 511 bytes), its start and a digest of the whole, still one name each."""
-    if len(name.encode()) <= MAX_AGG_NAME:
-        return name
-    return name.encode()[: MAX_AGG_NAME - 40].decode(errors="ignore") + "…" + hashlib.sha256(name.encode()).hexdigest()[:32]
-
-
-def _rank_row(dimension: str, weight: int, name: str) -> bytes:
-    """A name's row in ``agg_rank``: its dimension, NUL, its weight inverted (heaviest first), its name."""
-    return dimension.encode() + b"\0" + _SEQ.pack(_SEQ_MAX - weight) + name.encode()
-
-
-def _weight(dimension: str, raw: bytes) -> int:
-    """What ranks an aggregate row: its count, or a speedup's number of pushes."""
-    return int(unpackb(raw)["n"]) if dimension == "speedup" else _COUNT.unpack(raw)[0]
-
-
-def distinct_row(dimension: str) -> bytes:
-    """The ``meta`` row counting the names ``dimension`` has (ops with keys, pushers who pushed, ...)."""
-    return b"agg_distinct:" + dimension.encode()
 
 
 def queue_count_row(state: str) -> bytes:

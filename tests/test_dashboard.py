@@ -112,7 +112,7 @@ def test_a_store_from_before_the_aggregates_gets_them_when_opened(tmp_path: Path
 def test_the_dashboard_reads_each_rankings_top_and_kept_counts_not_every_name(tmp_path: Path) -> None:
     """Ops, targets, fingerprints and pushers grow with the store (a pusher may name a new op with every
     record): the dashboard reads each ranking's first rows and /v1/stats the kept counts of names."""
-    from schedhub.registry import _store
+    from schedhub.registry import _aggregates, _store
 
     long_target = canonical_target({"kind": "llvm", "mcpu": "znver5", "num-cores": 2, "keys": ["cpu"], "libs": ["x" * 60] * 60})
     with LocalRegistry(tmp_path, sync=False) as reg:
@@ -123,7 +123,7 @@ def test_the_dashboard_reads_each_rankings_top_and_kept_counts_not_every_name(tm
         for dimension, counts in everything.items():
             weight = (lambda kv: (-kv[1]["n"], kv[0])) if dimension == "speedup" else (lambda kv: (-kv[1], kv[0]))
             assert top[dimension] == dict(sorted(counts.items(), key=weight)[:3]), dimension
-        assert len(everything["target"]) == 2 and any(len(name.encode()) <= _store.MAX_AGG_NAME and "…" in name for name in everything["target"])
+        assert len(everything["target"]) == 2 and any(len(name.encode()) <= _aggregates.MAX_AGG_NAME and "…" in name for name in everything["target"])
         assert reg.stats()["coverage"] == {"ops": len(everything["op"]), "targets": 2, "fingerprints": 1}
         (lone,) = [s for s in reg.summaries() if s.target == long_target]
         reg.quarantine(lone.key, reg.get(lone.key)[0].trace_id, "a test")  # the target's last key leaves

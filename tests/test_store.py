@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from schedhub.registry import LocalRegistry, Record, RegistryError, Store, StoreFormatError, packb, unpackb
+from schedhub.registry import KeyPage, LocalRegistry, Record, RegistryError, Store, StoreFormatError, packb, unpackb
 
 from .conftest import TARGET, make_record, store_unchecked
 
@@ -134,9 +134,9 @@ def test_a_listing_reads_no_more_of_the_feed_than_its_page_or_its_scan_bound(loc
     assert local.summaries(op="fused_dense", limit=3, newest=True) == dense[-3:]
     assert local.summaries(op="fused_conv", limit=100, newest=True) == [s for s in feed if s.op == "fused_conv"]
     loaded.clear()  # an op of a kind or target no key of the op has: nothing read, not a page per scan bound
-    assert local.store.page(op="fused_dense", target="cuda", limit=1000, scan=7) == _store.KeyPage([], 0, False) and loaded == []
+    assert local.store.page(op="fused_dense", target="cuda", limit=1000, scan=7) == KeyPage([], 0, False) and loaded == []
     loaded.clear()
-    assert local.store.page(target="cuda", limit=1000, scan=7) == _store.KeyPage([], 0, False) and loaded == []  # no key of that kind
+    assert local.store.page(target="cuda", limit=1000, scan=7) == KeyPage([], 0, False) and loaded == []  # no key of that kind
     assert [s.key for s in local.store.page(target="llvm", since=feed[20].seq, limit=1000, scan=7).items] == [s.key for s in feed[21:28]]
     assert local.summaries(target=feed[0].target, since=feed[20].seq, limit=4) == feed[21:25]
     assert local.summaries(target=feed[0].target.replace("}", ', "x": 1}'), limit=4) == []
