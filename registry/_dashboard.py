@@ -114,6 +114,11 @@ def table(header: list[str], rows: list[list[str]], ident: str) -> str:
     return f'<table id="{e(ident)}"><tr>{head}</tr>{body}</table>'
 
 
+def _cut(total: int) -> str:
+    """A ranking's heading says when it shows only its first :data:`TOP` rows."""
+    return f" (the first {TOP} of {total:,})" if total > TOP else ""
+
+
 def _top(counts: dict[str, int], label: Any = str) -> list[tuple[str, float]]:
     return [(label(k), float(v)) for k, v in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:TOP]]
 
@@ -139,10 +144,12 @@ def render(stats: dict[str, Any], data: dict[str, Any], activity: list[tuple[int
            f"<span id=cursor>{stats['cursor']}</span>; API <a href='/openapi.json'>/openapi.json</a>, figures <a href='/v1/stats'>/v1/stats</a></div>",
            "<h2>Coverage</h2><div class=cards>"]  # fmt: skip
     out += [f'<div class=card><b id="{ident}">{value:,}</b>{e(label)}</div>' for ident, value, label in cards]
-    out.append("</div><div class=grid><div><h3>Keys per op</h3>" + bars(_top(agg["op"]), ident="chart-ops") + "</div>")
-    out.append("<div><h3>Keys per target</h3>" + bars(_top(agg["target"], target_label), ident="chart-targets") + "</div>")
-    out.append("<div><h3>Keys per compiler build</h3>" + bars(_top(agg["fingerprint"], lambda f: f[:28]), ident="chart-fingerprints") + "</div>")
-    out.append("<div><h3>Tuned vs TVM's default (geometric mean per op, verified pushes)</h3>"
+    out.append(f"</div><div class=grid><div><h3>Keys per op{_cut(cov['ops'])}</h3>" + bars(_top(agg["op"]), ident="chart-ops") + "</div>")
+    out.append(f"<div><h3>Keys per target{_cut(cov['targets'])}</h3>" + bars(_top(agg["target"], target_label), ident="chart-targets") + "</div>")
+    out.append(f"<div><h3>Keys per compiler build{_cut(cov['fingerprints'])}</h3>" + bars(_top(agg["fingerprint"]), ident="chart-fingerprints") + "</div>")
+    out.append(f"<div><h3>Tuned vs TVM's default: geometric mean of every verified push per op name{_cut(len(agg['speedup']))}</h3>"
+               "<p class=muted>an op name is a model's function name (two models' <code>conv2d1</code> may be different kernels), and "
+               "runners-up count too: not the speed a compile is served</p>"
                + bars([(op, s["geomean"]) for op, s in sorted(agg["speedup"].items(), key=lambda kv: -kv[1]["n"])[:TOP]], unit="×", log=True,
                       ident="chart-speedups") + "</div></div>")  # fmt: skip
     out.append(f"<h2>Compiles: lookups since the server started</h2><p><span id=lookups-hits>{totals['hits']:,}</span> keys found, "
