@@ -93,7 +93,8 @@ def push_records(reg: Registry, sources: list[Path], batch: int = 500, trust: Tr
     """Push every source's records in batches, then the measurement log of each source that is a store;
     of a store, only what ``trust`` accepts (a claim it holds is not the pusher's to vouch for: pushed with
     a worker's token it would come out verified), the rest counted in ``left_out`` ("records", "log").
-    Returns (records sent, records kept in a top-k, log entries sent)."""
+    Returns (records sent, records kept in a top-k, log entries sent). Into a local store, what a store held keeps
+    who pushed it and who verified it (as a pull keeps it), where a server names the pusher by the token."""
     left_out = left_out if left_out is not None else Counter()
     accepts = trusted(trust)
     sent = kept = logged = 0
@@ -101,7 +102,7 @@ def push_records(reg: Registry, sources: list[Path], batch: int = 500, trust: Tr
         task = bar.add_task("push", total=None)
         for chunk in chunks((r for source in sources for r in records_of(source, trust, left_out)), batch):
             try:
-                kept += sum(r.kept for r in reg.put_many(chunk))
+                kept += sum(r.kept for r in _put(reg, chunk))
             except TooManyRequests as exc:  # the registry's bound on claims awaiting verification: say what got there
                 raise TooManyRequests(f"{sent + exc.stored} records were pushed, then the registry refused the rest: {exc}") from None
             sent += len(chunk)
@@ -113,9 +114,22 @@ def push_records(reg: Registry, sources: list[Path], batch: int = 500, trust: Tr
                         if not accepts(entry.verified, entry.pushed_by):
                             left_out["log"] += 1
                             continue
-                        reg.push_trials(entry)  # the registry names the pusher (a server: by the token) and decides what is verified
+                        if isinstance(reg, LocalRegistry):  # a copy between stores keeps whose each entry is
+                            reg.push_trials(entry, entry.pushed_by, verified=entry.verified)
+                        else:
+                            reg.push_trials(entry)  # the registry names the pusher (a server: by the token) and decides what is verified
                         logged += 1
     return sent, kept, logged
+
+
+def _put(reg: Registry, records: list[Record]) -> list[Any]:
+    """``records`` into ``reg``: into a local store, a record read from a store with its status (pusher, verifier)
+    mirrored as it was; every other record pushed as the caller's."""
+    if not isinstance(reg, LocalRegistry):
+        return reg.put_many(records)
+    held = [r for r in records if r.served is not None]
+    plain = [r for r in records if r.served is None]
+    return (reg.mirror(held) if held else []) + (reg.put_many(plain) if plain else [])
 
 
 def copy_log(source: Registry, local: LocalRegistry, keys: set[str] | None) -> int:

@@ -327,6 +327,12 @@ def test_a_pulled_copy_keeps_who_vouched_for_each_record(tmp_path: Path) -> None
     assert "pushed 3 records" in run("push", str(mirror), "-r", str(tmp_path / "pushed-all"), "--trust", "any")
     with LocalRegistry(tmp_path / "pushed", readonly=True) as pushed_store:
         assert [e.identity.key for e in pushed_store.iter_trial_logs()] == [honest.key]
+        copied = pushed_store.get(honest.key)[0].served  # store to store: who pushed it and who verified it, kept
+        assert copied is not None and (copied.pushed_by, copied.verified_by) == ("w1", "w1")
+        assert [(e.pushed_by, e.verified) for e in pushed_store.iter_trial_logs()] == [("w1", True)]
+    with LocalRegistry(tmp_path / "pushed-all", readonly=True) as everything:
+        claim = everything.get(poison.key)
+        assert [(r.served.pushed_by, r.served.verified) for r in claim if r.trace_id == poison.trace_id] == [("alice", False)]  # still a claim
 
 
 def test_ls_shows_the_newest_keys_and_show_finds_any_key_by_prefix(server: ServerThread, client_records: list[Record], tmp_path: Path) -> None:
