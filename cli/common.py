@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import sys
+from importlib import metadata
 from collections.abc import Callable
 from functools import wraps
 from pathlib import Path
@@ -53,15 +56,58 @@ def _target_filter(ctx: click.Context, param: click.Parameter, spec: str | None)
     tag) as the canonical text TVM completes it to, so it matches the keys tuned for it (needs TVM)."""
     if spec is None or (spec != "host" and _is_kind(spec)):
         return spec
+    if spec == "host" and (known := _known_host_target()) is not None:
+        return known
     try:
         from schedhub.hooks.identity import target_text
         from schedhub.tuner.plan import resolve_target
     except ImportError:
         raise click.BadParameter("a target other than a kind (llvm, cuda) needs TVM: pip install 'schedhub[tvm]'") from None
     try:
-        return target_text(resolve_target(spec))
+        text = target_text(resolve_target(spec))
+        if spec == "host":
+            _remember_host_target(text)
+        return text
     except Exception as exc:  # TVM's parse errors, bad JSON
         raise click.BadParameter(f"{spec!r} is not a target: {str(exc).splitlines()[-1][:200] if str(exc) else type(exc).__name__}") from None
+
+
+def _host_target_file() -> Path:
+    """Where this machine's canonical host target is kept, under what decides it: the TVM release, the CPU (its
+    model and flags) and the cores this process may use. Resolving ``host`` otherwise imports TVM (about 3 s)."""
+    try:
+        tvm_version = metadata.version("apache-tvm")
+    except metadata.PackageNotFoundError:
+        tvm_version = ""
+    try:
+        cpu = next(block for block in Path("/proc/cpuinfo").read_text().split("\n\n") if block.strip())
+    except (OSError, StopIteration):
+        cpu = ""
+    cpu = "\n".join(line for line in cpu.splitlines() if line.split(":")[0].strip() in ("model name", "flags", "vendor_id", "cpu family", "model"))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    digest = hashlib.sha256(f"{tvm_version}\0{cpu}\0{cores}".encode()).hexdigest()[:24]
+    root = Path(os.environ.get("SCHEDHUB_CACHE_DIR") or Path.home() / ".cache" / "schedhub")
+    return root / f"host-target-{digest}.json"
+
+
+def _known_host_target() -> str | None:
+    try:
+        text = _host_target_file().read_text()
+        json.loads(text)
+        return text
+    except (OSError, ValueError):
+        return None
+
+
+def _remember_host_target(text: str) -> None:
+    path = _host_target_file()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # the next listing resolves it again
 
 
 def _is_kind(spec: str) -> bool:
