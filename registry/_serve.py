@@ -71,7 +71,8 @@ class DeadlineProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._disarm()
         super().on_headers_complete()
-        self._arm(self.body_timeout, self._body_too_slow)  # a request without a body completes at once, disarming it
+        if any(name in (b"content-length", b"transfer-encoding") for name, _ in self.headers):  # a GET has no body to wait for
+            self._arm(self.body_timeout, self._body_too_slow)
 
     def on_message_complete(self) -> None:
         self._disarm()

@@ -276,14 +276,25 @@ def lease_secs_field(body: Any, name: str = "lease_secs") -> float:
     return float(check_number(field(body, name, (int, float), 300.0), name, low=0.001, high=MAX_SECS))
 
 
-def served_body(entries: list[tuple[bytes, dict[str, Any]]]) -> dict[str, Any]:
-    return {"records": [RawRecord(b) for b, _ in entries], "entries": [s for _, s in entries]}
+def stored_as(request: Request) -> Callable[[bytes], Any]:
+    """How an answer holds a stored record: its bytes as they are in msgpack (packed as ``bin`` without a callback per
+    record), a :class:`RawRecord` that JSON renders."""
+    return _as_is if wants_msgpack(request.headers.get("accept", "")) else RawRecord
+
+
+def _as_is(data: bytes) -> bytes:
+    return data
+
+
+def served_body(entries: list[tuple[bytes, dict[str, Any]]], wrap: Callable[[bytes], Any] = RawRecord) -> dict[str, Any]:
+    return {"records": [wrap(b) for b, _ in entries], "entries": [s for _, s in entries]}
 
 
 def lookup_answer(found: dict[str, list[tuple[bytes, dict[str, Any]]]], missing: list[str],
-                  near: dict[str, list[tuple[bytes, dict[str, Any], str, float]]]) -> tuple[dict[str, Any], int]:  # fmt: skip
-    """A lookup's answer and the bytes of records it holds: keys past :data:`MAX_ANSWER_BYTES` are listed under
-    'truncated' (the first key always fits); candidates are a best effort, left out past it."""
+                  near: dict[str, list[tuple[bytes, dict[str, Any], str, float]]], wrap: Callable[[bytes], Any] = RawRecord) -> tuple[dict[str, Any], int]:  # fmt: skip
+    """A lookup's answer (each record as ``wrap`` makes it: :func:`stored_as`) and the bytes of records it holds: keys
+    past :data:`MAX_ANSWER_BYTES` are listed under 'truncated' (the first key always fits); candidates are a best
+    effort, left out past it."""
     records: dict[str, list[tuple[bytes, dict[str, Any]]]] = {}
     truncated: list[str] = []
     size = 0
@@ -298,9 +309,9 @@ def lookup_answer(found: dict[str, list[tuple[bytes, dict[str, Any]]]], missing:
         size += sum(len(b) for b, *_ in items)
         if size > MAX_ANSWER_BYTES:
             break
-        candidates[key] = [{"record": RawRecord(b), "entry": st, "relation": rel, "distance": d} for b, st, rel, d in items]
+        candidates[key] = [{"record": wrap(b), "entry": st, "relation": rel, "distance": d} for b, st, rel, d in items]
     return {
-        "records": {k: [RawRecord(b) for b, _ in v] for k, v in records.items()},
+        "records": {k: [wrap(b) for b, _ in v] for k, v in records.items()},
         "entries": {k: [s for _, s in v] for k, v in records.items()},
         "missing": missing, "truncated": truncated, "candidates": candidates,
     }, size  # fmt: skip
@@ -341,7 +352,7 @@ def create_app(
             return Response(status_code=200) if entries else Response(status_code=404, headers={ERROR_HEADER: "NotFound"})
         if not entries:
             raise NotFound(f"no records for key {key}")
-        return await reply_records(request, {"key": key, **served_body(entries)}, entries_bytes(entries))
+        return await reply_records(request, {"key": key, **served_body(entries, stored_as(request))}, entries_bytes(entries))
 
     async def put_record(request: Request) -> Response:
         key = path_key(request)
@@ -404,16 +415,18 @@ def create_app(
         parsing = (lambda: parse_each(raw_probes, Probe.from_obj, "probes"))
         probes = {p.key: p for p in (await run_in_threadpool(parsing) if len(raw_probes) > ON_LOOP_KEYS else parsing())}
         try:
-            accepts = trusted(trust_of_request(body.get("trust") if isinstance(body, dict) else None))
+            trust = trust_of_request(body.get("trust") if isinstance(body, dict) else None)
         except ValueError as exc:
             raise InvalidRecord(str(exc)) from None
         unique = list(dict.fromkeys(keys))
         found = await read_entries(unique, top)
         missing = [k for k in unique if k not in found]
-        unserved = [k for k in unique if not any(accepts(bool(st.get("vby")), st.get("by", "")) for _, st in found.get(k, []))]
-        wanted = [probes[k] for k in unserved if k in probes]  # keys with nothing this caller serves get candidates it would
-        near = await run_in_threadpool(state.reg.neighbours, wanted, per_key, accepts) if wanted and per_key else {}
-        result, size = lookup_answer(found, missing, near)
+        near: dict[str, list[tuple[bytes, dict[str, Any], str, float]]] = {}
+        if probes and per_key:  # keys with nothing this caller serves get candidates it would serve
+            accepts = trusted(trust)
+            wanted = [probes[k] for k in unique if k in probes and not any(accepts(bool(st.get("vby")), st.get("by", "")) for _, st in found.get(k, []))]
+            near = await run_in_threadpool(state.reg.neighbours, wanted, per_key, accepts) if wanted else {}
+        result, size = lookup_answer(found, missing, near, stored_as(request))
         counts = {"hits": len(result["records"]) + len(result["truncated"]), "misses": len(result["missing"]), "transfers": len(result["candidates"])}
         state.counters.update(counts)
         state.activity.add(**counts)
