@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+import math
 from typing import Any
 import lmdb
+from ._aggregates import stored_record
 from ._counts import SEQ as _SEQ, SEQ_MAX as _SEQ_MAX
 from ._keys import target_digest
 
@@ -70,6 +72,28 @@ def _target_feed_rows(value: dict[str, Any]) -> list[bytes]:
 
 class Listings:
     """:class:`._store.Store`'s listings (see the module's docstring)."""
+
+    def served_speedups(self, limit: int = 200) -> tuple[list[dict[str, Any]], int]:
+        """For each of the ``limit`` keys changed last whose served record (the first in serving order) is verified and
+        was timed beside the default schedule: its op, argument shapes and that record's speedup over the default
+        (the tuner's untimed figure over the verified time); and how many keys were read. What a compile of that
+        kernel is served, where an op's aggregate mixes every push, runners-up included, under a per-model name."""
+        page = self.page(limit=limit, newest=True)
+        out = []
+        with self.read() as txn:
+            for summary in page.items:
+                value = self._load(txn, summary.key)
+                entries = (value or {}).get("entries") or []
+                served = entries[0] if entries else None
+                if served is None or not served.get("vby") or not served.get("vmean"):
+                    continue
+                record = stored_record(served["rec"])
+                untuned = record.provenance.get("untuned_secs") if record is not None else None
+                if isinstance(untuned, (int, float)) and math.isfinite(untuned) and untuned > 0:
+                    first = record.identity.args_info[0] if record.identity.args_info else []
+                    shape = "x".join(map(str, first[2])) if len(first) > 2 and isinstance(first[2], list) else ""
+                    out.append({"key": summary.key, "op": value["op"], "shape": shape, "speedup": untuned / served["vmean"]})
+        return out, len(page.items)
 
     dbs: dict[str, Any]
 

@@ -303,6 +303,7 @@ class LocalRegistry:
         the callers holding the most bytes."""
         with self.store.read() as txn:
             callers, more = largest(txn, self.store.dbs["meta"], top or recent)
+        served, read = self.store.served_speedups()
         return {"aggregates": self.store.aggregates(top), "recent": self.store.recent_log(recent), "wanted": self.queue.most_wanted(recent),
-                "quarantined": self.store.quarantined(recent), "callers": callers, "more_callers": more}  # fmt: skip
+                "quarantined": self.store.quarantined(recent), "callers": callers, "more_callers": more, "served": served, "served_read": read}  # fmt: skip
 

@@ -75,7 +75,8 @@ def test_the_dashboard_shows_what_the_stats_say(tmp_path: Path, browser: webdriv
         assert number("lookups-hits") == stats["since_start"]["hits"] == 3 and number("lookups-misses") == stats["since_start"]["misses"] == 6
         assert number("misses-reported") == 9
         assert len(browser.find_elements(By.CSS_SELECTOR, "#chart-ops rect")) == 7
-        assert len(browser.find_elements(By.CSS_SELECTOR, "#chart-speedups rect")) == 7  # the claim's speedup is not among them
+        assert len(browser.find_elements(By.CSS_SELECTOR, "#chart-speedups rect")) == 12  # a bar a served key, the claim's not among them
+        assert "(the first 12 of 17)" in browser.page_source  # 17 keys serve a verified record: the cut is said
         assert len(browser.find_elements(By.CSS_SELECTOR, "#chart-lookups rect")) == 3
         wanted = [[td.text for td in row.find_elements(By.TAG_NAME, "td")] for row in browser.find_elements(By.CSS_SELECTOR, "#wanted tr")[1:]]
         assert [w[0] for w in wanted] == ["verify"] + ["tune"] * 5 + ["tune (refine)"]  # lease order: first passes before searches,
@@ -135,3 +136,20 @@ def test_the_dashboard_reads_each_rankings_top_and_kept_counts_not_every_name(tm
         expected = reg.store.aggregates()
     with LocalRegistry(tmp_path, sync=False) as reg:
         assert reg.store.aggregates(top=100) == expected and reg.stats()["coverage"]["ops"] == len(expected["op"])
+
+
+def test_the_served_speedup_is_each_keys_served_record_not_an_ops_every_push(tmp_path: Path) -> None:
+    """An op's aggregate averaged every verified push, runners-up included (12.4x shown where the served records gave
+    1x and 36.9x): the dashboard shows each key's served record, by op and shape."""
+    from schedhub.registry import _dashboard
+
+    with LocalRegistry(tmp_path, sync=False) as reg:
+        reg.put(tuned(50, 1e-4, 5e-3, op="fused_dense"))  # served: 50x
+        reg.put(tuned(50, 2.5e-3, 5e-3, variant=1, op="fused_dense"))  # a runner-up of the same key: 2x
+        reg.put(tuned(51, 1e-3, 1e-3, op="fused_dense"))  # another kernel under the same op name: 1x
+        data = reg.dashboard_data(top=_dashboard.TOP)
+        mean = 1.005  # make_record's run_secs: [secs, 1.01 secs]
+        assert sorted(s["speedup"] for s in data["served"]) == pytest.approx([1 / mean, 50 / mean])
+        assert data["aggregates"]["speedup"]["fused_dense"]["geomean"] == pytest.approx((50 * 2 * 1) ** (1 / 3) / mean)  # what it showed
+        page = _dashboard.render(reg.stats() | {"coverage": reg.store.stats()["coverage"]}, data, [], {})
+    assert f"fused_dense 50x64: {50 / mean:g}×" in page and f"fused_dense 51x64: {1 / mean:g}×" in page
