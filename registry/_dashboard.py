@@ -146,7 +146,8 @@ def render(stats: dict[str, Any], data: dict[str, Any], activity: list[tuple[int
     out += [f'<div class=card><b id="{ident}">{value:,}</b>{e(label)}</div>' for ident, value, label in cards]
     out.append(f"</div><div class=grid><div><h3>Keys per op{_cut(cov['ops'])}</h3>" + bars(_top(agg["op"]), ident="chart-ops") + "</div>")
     out.append(f"<div><h3>Keys per target{_cut(cov['targets'])}</h3>" + bars(_top(agg["target"], target_label), ident="chart-targets") + "</div>")
-    out.append(f"<div><h3>Keys per compiler build{_cut(cov['fingerprints'])}</h3>" + bars(_top(agg["fingerprint"]), ident="chart-fingerprints") + "</div>")
+    builds = [[f"<code>{e(name)}</code>", f"{int(count):,}"] for name, count in _top(agg["fingerprint"])]  # a fingerprint whole: a bar's label cuts it
+    out.append(f"<div><h3>Keys per compiler build{_cut(cov['fingerprints'])}</h3>" + table(["compiler build", "keys"], builds, "fingerprints-table") + "</div>")
     served = sorted(data["served"], key=lambda s: -s["speedup"])
     out.append(f"<div><h3>What a compile is served: each kernel's served record against TVM's default{_cut(len(served))}</h3>"
                f"<p class=muted>of the {data['served_read']:,} keys changed last, those whose served record is verified; one bar a key "

@@ -19,7 +19,7 @@ from selenium.webdriver.common.by import By
 
 from schedhub.registry import REFINE, LocalRegistry, Principal, Record, RegistryClient, ServerThread, canonical_target
 
-from .conftest import TOKEN, make_record
+from .conftest import FINGERPRINT, TOKEN, make_record
 
 #: docs/dashboard.png is tracked: a test run writes its screenshot there only when asked (SCHEDHUB_UPDATE_DOCS=1)
 DOCS_SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "dashboard.png"
@@ -153,3 +153,4 @@ def test_the_served_speedup_is_each_keys_served_record_not_an_ops_every_push(tmp
         assert data["aggregates"]["speedup"]["fused_dense"]["geomean"] == pytest.approx((50 * 2 * 1) ** (1 / 3) / mean)  # what it showed
         page = _dashboard.render(reg.stats() | {"coverage": reg.store.stats()["coverage"]}, data, [], {})
     assert f"fused_dense 50x64: {50 / mean:g}×" in page and f"fused_dense 51x64: {1 / mean:g}×" in page
+    assert f"<code>{FINGERPRINT}</code>" in page  # the compiler build whole, where a bar's label cut it at 28 characters
