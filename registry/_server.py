@@ -42,7 +42,7 @@ from ._records import Identity, Record, run_secs_field
 from ._service import LocalRegistry
 from ._store import PutResult
 from ._trials import TrialLog
-from ._trust import trust_of_request, trusted
+from ._trust import accepts_entry, trust_of_request, trusted
 from ._wire import ERROR_HEADER, RawRecord, check_length, decode_body, encode_body, field, wants_msgpack
 
 DEFAULT_MAX_BODY = 16 << 20
@@ -391,7 +391,7 @@ def create_app(
             if q.get("include") == "records":  # key by key, and no further than MAX_ANSWER_BYTES past the first
                 for i, summary in enumerate(page):
                     entries = state.reg.lookup_entries([summary.key]).get(summary.key, [])
-                    size += sum(len(b) for b, _ in entries)
+                    size += entries_bytes(entries)
                     if size > MAX_ANSWER_BYTES and i > 0:
                         page, more = page[:i], True
                         break
@@ -415,7 +415,7 @@ def create_app(
         parsing = (lambda: parse_each(raw_probes, Probe.from_obj, "probes"))
         probes = {p.key: p for p in (await run_in_threadpool(parsing) if len(raw_probes) > ON_LOOP_KEYS else parsing())}
         try:
-            trust = trust_of_request(body.get("trust") if isinstance(body, dict) else None)
+            trust = trust_of_request(body.get("trust"))  # a map: field() checked it
         except ValueError as exc:
             raise InvalidRecord(str(exc)) from None
         unique = list(dict.fromkeys(keys))
@@ -424,7 +424,7 @@ def create_app(
         near: dict[str, list[tuple[bytes, dict[str, Any], str, float]]] = {}
         if probes and per_key:  # keys with nothing this caller serves get candidates it would serve
             accepts = trusted(trust)
-            wanted = [probes[k] for k in unique if k in probes and not any(accepts(bool(st.get("vby")), st.get("by", "")) for _, st in found.get(k, []))]
+            wanted = [probes[k] for k in unique if k in probes and not any(accepts_entry(accepts, st) for _, st in found.get(k, []))]
             near = await run_in_threadpool(state.reg.neighbours, wanted, per_key, accepts) if wanted else {}
         result, size = lookup_answer(found, missing, near, stored_as(request))
         counts = {"hits": len(result["records"]) + len(result["truncated"]), "misses": len(result["missing"]), "transfers": len(result["candidates"])}

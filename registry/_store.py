@@ -27,7 +27,7 @@ from ._counts import COUNT as _COUNT, SEQ as _SEQ, add_count, drop_counts, read_
 from ._history import DEFAULT_KEPT_BYTES, ENDED, JOB, KEPT_INDEX, OUT_OF_SERVICE, forget_all, keep, kept_row, requester, unkeep
 from ._keys import SCHEMA_VERSION, target_kind
 from ._neighbours import Probe, dims_of
-from ._trust import Accepts
+from ._trust import Accepts, accepts_entry
 from ._records import Identity, Record, keeps_default_schedule, packb, unpackb
 from ._trials import TRIALS_BY_TARGET, TRIALS_CLAIMED, count_claimed_bytes, index_trial_targets
 
@@ -644,7 +644,7 @@ class Store(Aggregates, Listings):
                 picked = []
                 for (_, distance, relation), key in ranked[: per_key * NEIGHBOUR_LOADS_PER_PICK]:
                     value = self._load(txn, key)
-                    best = next((e for e in (value or {}).get("entries", []) if (accepts is None or accepts(bool(e.get("vby")), e.get("by", "")))
+                    best = next((e for e in (value or {}).get("entries", []) if (accepts is None or accepts_entry(accepts, e))
                                  and not keeps_default_schedule(unpackb(e["rec"])["trace"])), None)  # fmt: skip
                     if best is not None:  # a key whose records all keep the default schedule has nothing to transfer
                         picked.append((best["rec"], entry_status(best), relation, distance))

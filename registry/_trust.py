@@ -28,6 +28,11 @@ def trusted(trust: Trust) -> Accepts:
     return lambda verified, pushed_by: verified or pushed_by in names
 
 
+def accepts_entry(accepts: Accepts, entry: dict[str, object]) -> bool:
+    """Whether ``accepts`` takes a stored entry or its public status (both name the verifier ``vby``, the pusher ``by``)."""
+    return accepts(bool(entry.get("vby")), str(entry.get("by", "")))
+
+
 def trust_filter(trust: Trust) -> Callable[[Record], bool]:
     """Which records a reader accepts (a record without a registry status is the reader's own)."""
     accepts = trusted(trust)

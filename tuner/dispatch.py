@@ -127,7 +127,7 @@ def submit_tuning(identity: Identity, options: TuneOptions, warm: list[str], see
 def start_tuning(registry: Registry, identity: Identity, options: TuneOptions, label: str, seeder: Seeder | None = None) -> Any:
     """Submit one tuning job as a Ray task, warm-started from the registry's traces and ``seeder``'s, and with
     ``options.warm_model`` its cost model from the registry's log; returns its ObjectRef."""
-    model = model_log(registry, identity) if options.warm_model and options.trials > 0 else None
+    model = model_log(registry, identity) if options.starts_model else None
     return submit_tuning(identity, options, *warm_start(registry, identity, options, seeder), label, model)
 
 

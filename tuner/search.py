@@ -74,6 +74,11 @@ class TuneOptions:
 
         return replace(self, trials=0, seeds=max(self.seeds, TIMED))
 
+    @property
+    def starts_model(self) -> bool:
+        """Whether a job with these options starts its search's cost model from the registry's log: asked for, and a search to start."""
+        return self.warm_model and self.trials > 0
+
     def warm_measurements(self) -> int:
         """The most candidates a job measures before its search: the registry's traces (each with its twin
         postprocessed here, with ``repostprocess``) and the synthesized seeds."""
@@ -162,7 +167,7 @@ def tune_workload(identity: Identity, warm_traces: list[str], options: TuneOptio
         started, phases = time.time(), {}
         timeline.stage = "search"
         if options.trials > 0:
-            cost_model = pretrained(model_log, target) if options.warm_model and model_log else None
+            cost_model = pretrained(model_log, target) if options.starts_model and model_log else None
             _, phases = profiled_tune_tir(mod, target, work_dir=work_dir, builder=builder, runner=runner, database=database,
                                           **search_settings(options, cost_model))  # fmt: skip
         search_secs = time.time() - started

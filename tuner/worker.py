@@ -255,7 +255,7 @@ class Worker:
         warm, seeds = warm_start(self.registry, identity, self.options.first_pass() if may_first else self.options, self.seeder)
         first = may_first and bool(warm or seeds)
         options = self.options.first_pass() if first else self.options
-        model = model_log(self.registry, identity) if options.warm_model and options.trials > 0 else None
+        model = model_log(self.registry, identity) if options.starts_model else None
         return first, submit_tuning(identity, options, warm, seeds, f"{identity.op}:{lease.key[:8]}", model)
 
     def _stop_overdue(self, stats: WorkerStats) -> None:
