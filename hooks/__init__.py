@@ -67,6 +67,7 @@ def use(
     pad: bool = True,
     relocate: bool = True,
     repostprocess: bool = True,
+    layout: Layout = "given",
 ) -> Iterator[HookSession]:
     """Apply registry schedules to every Relax build in this block (this thread).
 
@@ -99,6 +100,9 @@ def use(
     ``repostprocess``: with ``measure``, also time each transfer's sketch with the target's postprocessors applied again
     at this kernel (which loops are parallel, vectorized, unrolled: the record's were decided for its own sizes), served
     where it is faster (CPU targets).
+    ``layout``: what the compile converts the network's 2-D convolutions to before its kernels are looked up:
+    ``"given"`` (the frontend's, NCHW from PyTorch and ONNX) or ``"NHWC"`` (:mod:`.layouts`). A record is found only
+    under the layout it was tuned in: tune with the same ``--layout``.
     """
     install()
     cache_dir: str | os.PathLike[str] | None = None  # this block's own cache, bounded when it ends
@@ -113,7 +117,7 @@ def use(
         objects = ObjectCache(Path(cache_dir) / "objects") if link and cache_dir is not None and c_compiler_available() else None
         session = HookSession(reg, report_misses=report_misses, trust=trust, limits=limits, transfer=transfer, cache=KernelCache(cache_dir),
                               measure=measure, objects=objects, synthesize=synthesize, rank_by_model=rank_by_model, pad=pad,
-                              relocate=relocate, repostprocess=repostprocess)  # fmt: skip
+                              relocate=relocate, repostprocess=repostprocess, layout=layout)  # fmt: skip
     token = ACTIVE.set(session)
     try:
         with contextlib.ExitStack() as stack:

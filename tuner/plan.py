@@ -198,11 +198,11 @@ class PlannedKernel:
     models: list[str]
 
 
-def plan(refs: list[ModelRef], target: dict[str, Any]) -> list[PlannedKernel]:
-    """Every distinct kernel of the models on ``target`` (by key), with the models that use it."""
+def plan(refs: list[ModelRef], target: dict[str, Any], layout: str = "given") -> list[PlannedKernel]:
+    """Every distinct kernel of the models on ``target`` with their convolutions in ``layout`` (by key), with the models that use it."""
     found: dict[str, PlannedKernel] = {}
     for ref in refs:
-        for kernel in models.kernels(load(ref), target):
+        for kernel in models.kernels(load(ref), target, layout):
             entry = found.setdefault(kernel.identity.key, PlannedKernel(kernel, []))
             entry.models.append(ref.label)
     return list(found.values())

@@ -1,0 +1,86 @@
+"""Convolution layouts: a network whose convolutions the hook converts to NHWC finds the records tuned in NHWC, runs right,
+and is a different set of kernels from the layout the frontend gave (hooks/layouts.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+from tvm.relax.frontend import nn
+
+from schedhub.cli.tune_cmds import LAYOUTS as CLI_LAYOUTS
+from schedhub.hooks import use
+from schedhub.hooks.layouts import LAYOUTS, check_layout
+from schedhub.registry import LocalRegistry
+from schedhub.tuner import models
+
+from .hand_tuner import tune
+
+CPU = tvm.target.Target({"kind": "llvm", "num-cores": 1})
+
+
+class ConvNet(nn.Module):
+    def __init__(self) -> None:
+        self.first = nn.Conv2D(4, 8, 3, padding=1, bias=True)
+        self.second = nn.Conv2D(8, 8, 3, padding=1, bias=True)
+
+    def forward(self, x: nn.Tensor) -> nn.Tensor:
+        return nn.op.relu(self.second(nn.op.relu(self.first(x))))
+
+
+def conv_net() -> tvm.IRModule:
+    """Two 3×3 convolutions with bias and ReLU, weights bound as constants (as ``torch.export`` imports a trained model)."""
+    mod, params = ConvNet().export_tvm({"forward": {"x": nn.spec.Tensor((1, 4, 12, 12), "float32")}})
+    rng = np.random.default_rng(0)
+    weights = {name: tvm.runtime.tensor(rng.standard_normal([int(d) for d in p.shape]).astype("float32")) for name, p in params}
+    return relax.transform.BindParams("forward", weights)(mod)
+
+
+def run(ex: tvm.runtime.Executable, x: np.ndarray) -> np.ndarray:
+    return relax.VirtualMachine(ex, tvm.cpu())["forward"](tvm.runtime.tensor(x)).numpy()
+
+
+@pytest.fixture(scope="module")
+def nhwc_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A registry holding a real (hand-tuned, timed) record of every kernel of :func:`conv_net` converted to NHWC."""
+    root = tmp_path_factory.mktemp("layouts") / "store"
+    with LocalRegistry(root) as reg:
+        for kernel in models.kernels(conv_net(), CPU, "NHWC"):
+            reg.put(tune(kernel.identity))
+    return root
+
+
+def test_converted_network_hits_every_kernel_and_computes_the_same(nhwc_store: Path, tmp_path: Path) -> None:
+    mod = conv_net()
+    x = np.random.default_rng(1).standard_normal((1, 4, 12, 12)).astype("float32")
+    expected = run(tvm.compile(mod, CPU), x)
+    with use(nhwc_store, CPU, layout="NHWC", trust="any", transfer=False, report_misses=False, cache=tmp_path / "cache") as session:
+        ex = tvm.compile(mod, CPU)
+    kernels = models.kernels(mod, CPU, "NHWC")
+    assert any("transpose" in k.identity.op or "layout" in k.identity.op for k in kernels), [k.identity.op for k in kernels]
+    assert session.report.hits == len(kernels) and not session.report.misses, session.report.summary()
+    np.testing.assert_allclose(run(ex, x), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_layout_is_part_of_what_a_kernel_is(nhwc_store: Path, tmp_path: Path) -> None:
+    """The NCHW compile of the same network finds none of the NHWC convolutions' records: a record is served only in its own layout."""
+    given = {k.identity.key for k in models.kernels(conv_net(), CPU) if "conv2d" in k.identity.op}
+    converted = {k.identity.key for k in models.kernels(conv_net(), CPU, "NHWC") if "conv2d" in k.identity.op}
+    assert len(given) == len(converted) == 2 and not given & converted
+    with use(nhwc_store, CPU, trust="any", transfer=False, report_misses=False, cache=tmp_path / "cache") as session:
+        tvm.compile(conv_net(), CPU)
+    assert session.report.hits == 0 and session.report.misses == 2, session.report.summary()
+
+
+def test_unknown_layout_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="NCHW16c.*given, NHWC"):
+        check_layout("NCHW16c")
+    with pytest.raises(ValueError, match="unknown convolution layout"):
+        models.kernels(conv_net(), CPU, "nhwc")
+
+
+def test_cli_offers_the_hooks_layouts() -> None:
+    assert tuple(CLI_LAYOUTS) == LAYOUTS
