@@ -49,6 +49,8 @@ import numpy as np
 
 from schedhub.registry import LocalRegistry
 from schedhub.tuner import baselines, cluster, dispatch, models, tvm_env
+from schedhub.tuner.allocation import POLICIES, Goal
+from schedhub.tuner.network import tune_network
 from schedhub.tuner.search import TuneOptions, TuneResult, default_label
 from schedhub.tuner.torch_process import TorchProcess
 
@@ -105,10 +107,28 @@ MODES: dict[str, dict[str, Any]] = {
 PEAK_SGEMM_N = 2048
 
 
+@dataclass(frozen=True)
+class Spending:
+    """How a network's trials are spent: each kernel the same budget (``policy`` None), or in rounds to the kernel a
+    policy of ``tuner.allocation`` picks (budget: trials per kernel × kernels), stopping early once the network's estimate
+    is :data:`GOAL_MARGIN` of PyTorch's latency (``until_pytorch``) or after ``max_minutes``; convolutions in ``layout``."""
+
+    policy: str | None = None
+    until_pytorch: bool = False
+    max_minutes: float | None = None
+    layout: str = "given"
+
+
+#: ``--until pytorch`` stops when the network's estimate (Σ calls × each kernel's best) is this fraction of PyTorch's
+#: latency: the compiled network is timed whole afterwards, and the estimate may miss what runs between kernels.
+GOAL_MARGIN = 0.9
+
+
 def run(mode: str, trials: int | None = None, only: list[str] | None = None, seed_store: Path | None = None,
-        say: Callable[[str], None] = print, device: str = "cpu") -> dict[str, Any]:  # fmt: skip
+        say: Callable[[str], None] = print, device: str = "cpu", spending: Spending = Spending()) -> dict[str, Any]:  # fmt: skip
     """The table for ``mode``; ``trials`` overrides the mode's per-kernel budget, ``only`` keeps the networks of
-    these names, ``seed_store`` is copied in as the starting registry; ``device``: ``"cpu"`` or ``"cuda"``."""
+    these names, ``seed_store`` is copied in as the starting registry; ``device``: ``"cpu"`` or ``"cuda"``;
+    ``spending``: how each network's trials are spent."""
     import tvm
 
     from schedhub import hooks
@@ -124,13 +144,15 @@ def run(mode: str, trials: int | None = None, only: list[str] | None = None, see
     on_gpu = device != "cpu"
     target = tvm_env.device_target(device)
     tvm_env.prepare()
-    cluster.start()
     out: dict[str, Any] = {"recorded": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": environment()["commit"], "mode": mode,
                            "device": device, "device_name": str(tvm.cuda(0).device_name) if on_gpu else tvm_env.host_target()["mcpu"],
                            "default": default_label(target_text(target)), "target": json.loads(target_text(target)), "options": asdict(options),
-                           "networks": [asdict(n) for n in networks], "rounds": config["rounds"], "rows": [], "kernels": []}  # fmt: skip
+                           "networks": [asdict(n) for n in networks], "rounds": config["rounds"], "rows": [], "kernels": [], "spending": asdict(spending)}  # fmt: skip
     tuned: dict[str, TuneResult] = {}
     with contextlib.ExitStack() as stack:
+        # PyTorch never shares a process with TVM; it starts before Ray's workers and sleeps while they tune
+        torch_proc = stack.enter_context(TorchProcess(cwd=Path(__file__).resolve().parent.parent, device=device))
+        cluster.start()
         root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="schedhub-bench-models-"))) / "store"
         if seed_store is not None:
             shutil.copytree(seed_store, root)
@@ -141,35 +163,33 @@ def run(mode: str, trials: int | None = None, only: list[str] | None = None, see
             started = time.time()
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="schedhub-export-")))
             mod, func, weights, input_shape = _build(network, workdir)
-            kernels = models.kernels(mod, target)
-            todo = list({k.identity.key: k.identity for k in kernels if k.identity.key not in tuned}.values())
-            # One job at a time: two jobs on 2 cores are no faster here, and one job's search and
-            # verification run on the cores while the other's candidates are timed (Ray gives a
-            # task's CPU back while it waits), which inflated some tuning measurements 3×.
-            # retune: a seed store's record of the same kernel is a warm start, not this budget's result.
-            done = dispatch.tune_many(registry, todo, options, concurrency=1, retune=True, pushed_by="bench.models")
-            if done.failed:
-                raise RuntimeError(f"{network.label()}: tuning failed for {len(done.failed)} kernels: {done.failed}")
-            tuned.update({r.identity.key: r for r in done.tuned})
-            say(f"{network.label()}: {len(kernels)} kernels, {len(done.tuned)} tuned now, {time.time() - started:.0f} s")
-            configs.append((network, mod, func, weights, input_shape, kernels, len(done.tuned), time.time() - started))
+            kernels = models.kernels(mod, target, spending.layout)
+            if spending.policy is None:
+                tuned_now, how = _tune_evenly(registry, network, kernels, tuned, options), None
+            else:
+                reference = None
+                if spending.until_pytorch:
+                    torch_proc.load_network(network.name, weights, network_input(input_shape), factory=TORCH_TWINS, batch=network.batch, **network.shape)
+                    reference = torch_proc.time_network(repeat=5, min_secs=0.2)
+                tuned_now, how = _tune_in_rounds(registry, network, kernels, tuned, options, spending, reference, say)
+            say(f"{network.label()}: {len(kernels)} kernels, {tuned_now} tuned now, {time.time() - started:.0f} s")
+            configs.append((network, mod, func, weights, input_shape, kernels, tuned_now, time.time() - started, how))
         # Nothing of Ray may share the 2 cores with the timings: a busy raylet or worker stalls
         # PyTorch's spinning OpenMP barriers by whole scheduler ticks.
         cluster.stop()
-        torch_proc = stack.enter_context(TorchProcess(cwd=Path(__file__).resolve().parent.parent, device=device))  # PyTorch never shares a process with TVM
         if not on_gpu:
             out["peak_gflops"], out["peak_sgemm_n"] = practical_peak(torch_proc), PEAK_SGEMM_N
             say(f"practical peak (sgemm {PEAK_SGEMM_N}): " + ", ".join(f"{k} {v:.1f} GFLOPS" for k, v in out["peak_gflops"].items()))
-        for network, mod, func, weights, input_shape, kernels, tuned_now, tune_secs in configs:
+        for network, mod, func, weights, input_shape, kernels, tuned_now, tune_secs, how in configs:
             untuned_ex = tvm.compile(mod, target)
-            with hooks.use(registry, target) as session:
+            with hooks.use(registry, target, layout=spending.layout) as session:
                 tuned_ex = tvm.compile(mod, target)
             report = session.report
             if report.hits != len(kernels) or report.misses:
                 raise RuntimeError(f"{network.label()}: the tuned compile hit {report.hits} of {len(kernels)} kernels")
             row = _time_network(network, func, weights, input_shape, untuned_ex, tuned_ex, config["rounds"], torch_proc, device)
-            row.update({"kernels": len(kernels), "tuned_now": tuned_now, "tune_secs": tune_secs,
-                        "trials": sum(tuned[k.identity.key].trials + tuned[k.identity.key].warm_started for k in kernels)})  # fmt: skip
+            row.update({"kernels": len(kernels), "tuned_now": tuned_now, "tune_secs": tune_secs, "layout": spending.layout, "tuning": how,
+                        "trials": how["trials"] if how else sum(tuned[k.identity.key].trials + tuned[k.identity.key].warm_started for k in kernels)})  # fmt: skip
             out["rows"].append(row)
             row["default_records"] = sum(bool(tuned[k.identity.key].records[0].provenance.get("default_schedule")) for k in kernels)
             if not on_gpu:
@@ -177,6 +197,39 @@ def run(mode: str, trials: int | None = None, only: list[str] | None = None, see
             t = row["timing"]
             say(f"{network.label()}: PyTorch {t['pytorch']['median']:.3f} ms, untuned {t['untuned']['median']:.3f} ms, tuned {t['tuned']['median']:.3f} ms")
     return out
+
+
+def _tune_evenly(registry: LocalRegistry, network: Network, kernels: list[models.Kernel], tuned: dict[str, TuneResult], options: TuneOptions) -> int:
+    """Each kernel not tuned yet gets ``options.trials``; returns how many were tuned."""
+    todo = list({k.identity.key: k.identity for k in kernels if k.identity.key not in tuned}.values())
+    # One job at a time: two jobs on 2 cores are no faster here, and one job's search and
+    # verification run on the cores while the other's candidates are timed (Ray gives a
+    # task's CPU back while it waits), which inflated some tuning measurements 3×.
+    # retune: a seed store's record of the same kernel is a warm start, not this budget's result.
+    done = dispatch.tune_many(registry, todo, options, concurrency=1, retune=True, pushed_by="bench.models")
+    if done.failed:
+        raise RuntimeError(f"{network.label()}: tuning failed for {len(done.failed)} kernels: {done.failed}")
+    tuned.update({r.identity.key: r for r in done.tuned})
+    return len(done.tuned)
+
+
+def _tune_in_rounds(registry: LocalRegistry, network: Network, kernels: list[models.Kernel], tuned: dict[str, TuneResult], options: TuneOptions,
+                    spending: Spending, reference_secs: float | None, say: Callable[[str], None]) -> tuple[int, dict[str, Any]]:  # fmt: skip
+    """The network tuned in rounds of ``options.trials_per_iter`` (``tuner.network``); each kernel's last round is its
+    result (a round starts from the kernel's best so far, so its side-by-side timing holds the best). Returns the kernels
+    tuned and how: per round the trials, minutes and the network's estimate; why it stopped; PyTorch's latency it aimed at."""
+    goal = Goal(latency_secs=reference_secs * GOAL_MARGIN if reference_secs else None, max_trials=options.trials * len(kernels),
+                max_secs=spending.max_minutes * 60 if spending.max_minutes else None)  # fmt: skip
+    assert spending.policy is not None
+    state = tune_network(registry, [(k.identity, k.calls) for k in kernels], options, POLICIES[spending.policy], goal,
+                         round_trials=options.trials_per_iter, pushed_by="bench.models",
+                         on_round=lambda r: say(f"{network.label()} round {r.number}: {r.kernel.op} ×{r.kernel.calls}, {r.trials_spent} trials, "
+                                                f"{r.elapsed_secs / 60:.1f} min, estimate {(r.network_secs or 0) * 1e3:.3f} ms"))  # fmt: skip
+    say(f"{network.label()}: stopped: {state.stopped_because}")
+    tuned.update({r.kernel.key: r.result for r in state.rounds})
+    rounds = [{"kernel": r.kernel.op, "trials": r.trials_spent, "minutes": r.elapsed_secs / 60, "estimate_ms": (r.network_secs or 0) * 1e3} for r in state.rounds]
+    return len({r.kernel.key for r in state.rounds}), {"policy": spending.policy, "rounds": rounds, "trials": state.trials, "stopped_because": state.stopped_because,
+                                                       "pytorch_before_ms": reference_secs * 1e3 if reference_secs else None}  # fmt: skip
 
 
 def _build(network: Network, workdir: Path) -> tuple[Any, str, dict[str, np.ndarray], tuple[int, ...]]:
@@ -302,17 +355,28 @@ def main() -> None:
     parser.add_argument("--networks", help="comma-separated names: only these networks of the mode")
     parser.add_argument("--seed-store", type=Path, help="start the registry as a copy of this LMDB store (warm starts)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: the gpu mode's networks on this machine's GPU")
+    parser.add_argument("--policy", choices=sorted(POLICIES), help="tune each network in rounds, each to the kernel this policy picks "
+                        "(budget: --trials times the kernels) instead of --trials to every kernel")  # fmt: skip
+    parser.add_argument("--until", choices=["pytorch"], help="with --policy: stop a network once its estimate is under PyTorch's latency "
+                        f"(× {GOAL_MARGIN}), timed before it is tuned")  # fmt: skip
+    parser.add_argument("--max-minutes", type=float, help="with --policy: stop a network's tuning after this many minutes")
+    parser.add_argument("--layout", choices=["given", "NHWC"], default="given", help="convert the networks' convolutions first (hooks.layouts)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    if (args.until or args.max_minutes) and not args.policy:
+        parser.error("--until and --max-minutes go with --policy")
     require_device(parser.prog, args.device)
     mode = "gpu" if args.device == "cuda" else "quick" if args.quick else "full"
     out = args.out or Path(__file__).parent / "results" / mode / "models.json"
     started = time.time()
-    result = run(mode, args.trials, args.networks.split(",") if args.networks else None, args.seed_store, device=args.device)
+    spending = Spending(args.policy, args.until == "pytorch", args.max_minutes, args.layout)
+    result = run(mode, args.trials, args.networks.split(",") if args.networks else None, args.seed_store, device=args.device, spending=spending)
     result["wall_secs"] = time.time() - started
     result["command"] = " ".join(["python -m bench.models", *(["--quick"] if args.quick else []), *([f"--device {args.device}"] if args.device != "cpu" else []),
                                   *([f"--trials {args.trials}"] if args.trials else []),
-                                  *([f"--networks {args.networks}"] if args.networks else []), *(["--seed-store DIR"] if args.seed_store else [])])  # fmt: skip
+                                  *([f"--networks {args.networks}"] if args.networks else []), *(["--seed-store DIR"] if args.seed_store else []),
+                                  *(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k in ("policy", "until", "max_minutes") and v),
+                                  *([f"--layout {args.layout}"] if args.layout != "given" else [])])  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     print(f"wrote {out}")

@@ -16,6 +16,8 @@ def all_plots(data: dict[str, Any], directory: Path) -> dict[str, str]:
         drawn["speedup"] = _save(speedups(data["models"]), directory / "speedup.png")
     if data.get("models") or data.get("tuner"):
         drawn["curves"] = _save(curves(data.get("models"), data.get("tuner")), directory / "curves.png")
+    if any(row.get("tuning") for row in data.get("models", {}).get("rows", [])):
+        drawn["network_tuning"] = _save(network_tuning(data["models"]), directory / "network-tuning.png")
     if data.get("transfer", {}).get("rows"):
         drawn["transfer"] = _save(transfers(data["transfer"]), directory / "transfer.png")
     return drawn
@@ -84,6 +86,27 @@ def _curve(ax: Any, curve_ms: list[list[float]], flops: float, label: str, style
     xs = [p[0] for p in curve_ms]
     ys = [flops / (p[1] * 1e-3) / 1e9 for p in curve_ms]
     ax.step(xs, ys, style, where="post", label=label)
+
+
+def network_tuning(models: dict[str, Any]) -> Any:
+    """Per network tuned in rounds (``bench.models --policy``): its estimated latency (Σ calls × each kernel's best)
+    against tuning minutes, with PyTorch's latency and the tuned network's measured one as lines."""
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in models["rows"] if r.get("tuning")]
+    fig, axes = plt.subplots(1, len(rows), figsize=(4.2 * len(rows), 3.4), squeeze=False)
+    for ax, row in zip(axes[0], rows):
+        timed = [r for r in row["tuning"]["rounds"] if r["estimate_ms"] > 0]
+        ax.plot([r["minutes"] for r in timed], [r["estimate_ms"] for r in timed], "-", color="C0", label="estimate (Σ calls × best)")
+        ax.axhline(row["timing"]["pytorch"]["median"], color="C3", linestyle="--", label="PyTorch")
+        ax.axhline(row["timing"]["tuned"]["median"], color="C2", linestyle=":", label="tuned, measured")
+        ax.set_yscale("log")
+        ax.set_xlabel("tuning minutes")
+        ax.set_ylabel("ms per forward pass")
+        ax.set_title(f"{row['network']} b{row['batch']} ({row['tuning']['policy']}, {row['trials']} trials)", fontsize=9)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
 
 
 def transfers(transfer: dict[str, Any]) -> Any:
