@@ -117,6 +117,20 @@ def test_two_jobs_share_the_device_without_overlapping_measurements(ray_address:
         assert warm_start_traces(unchecked, other, limit=4) == [] and "left out of" in caplog.text
 
 
+def test_jobs_that_share_a_node_split_its_search_threads(ray_address: str) -> None:
+    """One job searches on every core (MetaSchedule's default); several at once split the node's CPUs less what a
+    measurement holds, at least one thread each; threads the options name are kept."""
+    assert cluster.share_of(16, 1, 4) == 3 and cluster.share_of(2, 2, 2) == 1 and cluster.share_of(8, 2, 1) == 6
+    assert cluster.search_threads(matmul(8, 8, 8).target, 1) == 0
+    options = tiny(trials=2, trials_per_iter=2, publish=1)
+    alone = TuneResult.from_dict(cluster.result(submit_tuning(matmul(16, 32, 32), options, [], [], "alone", jobs=1)))
+    shared = TuneResult.from_dict(cluster.result(submit_tuning(matmul(16, 32, 32), options, [], [], "shared", jobs=2)))
+    named = TuneResult.from_dict(cluster.result(submit_tuning(matmul(16, 32, 32), tiny(trials=2, trials_per_iter=2, publish=1, search_threads=2), [], [], "named", jobs=2)))
+    assert alone.records[0].provenance["search_threads"] == "physical"
+    assert shared.records[0].provenance["search_threads"] == 1  # 2 CPUs, both held by a measurement of a 2-thread kernel
+    assert named.records[0].provenance["search_threads"] == 2
+
+
 def test_a_registry_trace_is_also_measured_postprocessed_here_and_a_seed_is_not(ray_address: str) -> None:
     """A trace's postprocessing was decided for its own loop extents; a job also times its sketch postprocessed again
     on the workload. A trace without postprocessing (made by hand) gets one: the postprocessors decompose the reduction."""

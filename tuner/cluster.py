@@ -241,6 +241,33 @@ def _largest_measuring_node() -> int:
     return max(sizes, default=1)
 
 
+def search_threads(target_text: str, jobs: int) -> int:
+    """MetaSchedule's search threads for each of ``jobs`` tuning jobs that may share one node (0: one job, all its
+    physical cores, as MetaSchedule's default). Several jobs split the CPUs of the smallest node that times the
+    target's kernels, less those a measurement holds there: each job's search otherwise starts a thread per core,
+    so four jobs ran four times the node's cores in threads beside the builds and the measurement they wait for."""
+    if jobs <= 1:
+        return 0
+    import ray
+
+    gpu = target_kind_of(target_text) == "cuda"
+    sizes = [int(n["Resources"].get("CPU", 0)) for n in ray.nodes()
+             if n.get("Alive") and (n["Resources"].get("GPU") if gpu else n["Resources"].get(MEASURE_RESOURCE))]  # fmt: skip
+    cpus = min(sizes, default=1)
+    return share_of(cpus, 1 if gpu else measure_cpus(target_text), jobs)
+
+
+def share_of(cpus: int, measuring: int, jobs: int) -> int:
+    """Each of ``jobs`` searches' threads on a node of ``cpus`` CPUs whose measurement holds ``measuring``: at least one."""
+    return max(1, (cpus - measuring) // max(1, jobs))
+
+
+def target_kind_of(target_text: str) -> str:
+    from schedhub.registry import target_kind
+
+    return target_kind(target_text) or ""
+
+
 @contextlib.contextmanager
 def holding_driver_cpu(wait_secs: float = 60.0) -> Iterator[bool]:
     """Hold one CPU of this process's own Ray node while the block does CPU work outside Ray (the driver

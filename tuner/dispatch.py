@@ -10,7 +10,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from schedhub.registry import TARGET, Candidate, Identity, Record, RefusedRecord, Registry, RegistryError
@@ -119,16 +119,21 @@ def warm_start(registry: Registry, identity: Identity, options: TuneOptions, see
     return _traces(own, near, options.warm_start), seeder.traces(identity, options.seeds, siblings)
 
 
-def submit_tuning(identity: Identity, options: TuneOptions, warm: list[str], seeds: list[str], label: str, model: list[Any] | None = None) -> Any:
-    """Submit one tuning job as a Ray task (``model``: :func:`.logmodel.model_log`, its cost model's start); returns its ObjectRef."""
+def submit_tuning(identity: Identity, options: TuneOptions, warm: list[str], seeds: list[str], label: str, model: list[Any] | None = None,
+                  jobs: int = 1) -> Any:  # fmt: skip
+    """Submit one tuning job as a Ray task (``model``: :func:`.logmodel.model_log`, its cost model's start) among ``jobs``
+    running at once: unless ``options`` name their search threads, the jobs split a node's (:func:`.cluster.search_threads`).
+    Returns its ObjectRef."""
+    if options.search_threads == 0 and jobs > 1:
+        options = replace(options, search_threads=cluster.search_threads(identity.target, jobs))
     return cluster.submit("tune", identity=identity.to_dict(), warm_traces=warm, seeds=seeds, options=asdict(options), label=label, model_log=model or [])
 
 
-def start_tuning(registry: Registry, identity: Identity, options: TuneOptions, label: str, seeder: Seeder | None = None) -> Any:
-    """Submit one tuning job as a Ray task, warm-started from the registry's traces and ``seeder``'s, and with
-    ``options.warm_model`` its cost model from the registry's log; returns its ObjectRef."""
+def start_tuning(registry: Registry, identity: Identity, options: TuneOptions, label: str, seeder: Seeder | None = None, jobs: int = 1) -> Any:
+    """Submit one tuning job as a Ray task (among ``jobs`` at once: :func:`submit_tuning`), warm-started from the registry's
+    traces and ``seeder``'s, and with ``options.warm_model`` its cost model from the registry's log; returns its ObjectRef."""
     model = model_log(registry, identity) if options.starts_model else None
-    return submit_tuning(identity, options, *warm_start(registry, identity, options, seeder), label, model)
+    return submit_tuning(identity, options, *warm_start(registry, identity, options, seeder), label, model, jobs)
 
 
 def push_result(registry: Registry, result: TuneResult, pushed_by: str = "") -> None:
@@ -194,7 +199,7 @@ def tune_many(
     while pending or running:
         while pending and len(running) < max(1, concurrency):
             ident = pending.pop()
-            running[start_tuning(registry, ident, options, f"{ident.op}:{ident.key[:8]}", seeder)] = ident
+            running[start_tuning(registry, ident, options, f"{ident.op}:{ident.key[:8]}", seeder, jobs=max(1, concurrency))] = ident
         ready, _ = ray.wait(list(running), num_returns=1)
         ident = running.pop(ready[0])
         try:

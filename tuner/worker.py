@@ -256,7 +256,7 @@ class Worker:
         first = may_first and bool(warm or seeds)
         options = self.options.first_pass() if first else self.options
         model = model_log(self.registry, identity) if options.starts_model else None
-        return first, submit_tuning(identity, options, warm, seeds, f"{identity.op}:{lease.key[:8]}", model)
+        return first, submit_tuning(identity, options, warm, seeds, f"{identity.op}:{lease.key[:8]}", model, jobs=self.concurrency)
 
     def _stop_overdue(self, stats: WorkerStats) -> None:
         """Cancel every task running past ``max_job_secs`` and fail its job with why (it is retried up to the queue's attempts)."""
