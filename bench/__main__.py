@@ -4,6 +4,7 @@
     python -m bench models|tuner|isolation|hook|registry|transfer [--quick]
     python -m bench report [--quick]         # rewrite RESULTS.md from the recorded results
     python -m bench gpu [--model-trials N]   # on a machine with an NVIDIA GPU: models, tuner and transfer on CUDA → results/gpu/
+    python -m bench loadaware [--device cuda] [--jobs 4]   # N tuning jobs sharing a device against one at a time (not in 'all')
 
 Each benchmark runs in its own process (a crash loses only its section; no Ray or TVM state
 leaks between timings) and writes ``bench/results/<mode>/<name>.json``. Before ``all`` starts,
@@ -24,6 +25,7 @@ from pathlib import Path
 from . import report, stats
 
 SECTIONS = ["registry", "hook", "tuner", "isolation", "models", "transfer"]
+STANDALONE = ["loadaware"]  # run on their own (``python -m bench NAME``), not by 'all'; on a GPU too
 
 
 def run_section(name: str, options: list[str], results: Path) -> dict[str, object]:
@@ -46,14 +48,20 @@ def section_options(name: str, quick: bool, model_trials: int | None, source_sto
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["all", "report", "gpu", *SECTIONS])
+    parser.add_argument("what", choices=["all", "report", "gpu", *SECTIONS, *STANDALONE])
     parser.add_argument("--quick", action="store_true", help="small shapes and budgets: about 55 minutes on 2 cores, the transfer bench about half of it")
     parser.add_argument("--model-trials", type=int, help="tuning trials per kernel in the model table (default: the mode's)")
     parser.add_argument("--without", action="append", default=[], choices=SECTIONS, help="leave a section out of 'all' (repeatable)")
     parser.add_argument("--transfer-source-store", type=Path, help="keep the transfer bench's filled registry here and reuse it (skips its tuning)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="loadaware: the device the jobs share")
+    parser.add_argument("--jobs", type=int, default=4, help="loadaware: jobs at once in the shared mode")
     args = parser.parse_args()
     mode = "quick" if args.quick else "full"
     results = report.RESULTS / mode
+    if args.what in STANDALONE:
+        results = report.RESULTS / ("gpu" if args.device == "cuda" else mode)
+        results.mkdir(parents=True, exist_ok=True)
+        sys.exit(run_section(args.what, ["--device", args.device, "--jobs", str(args.jobs)], results)["rc"])
     if args.what == "gpu":  # the GPU table (DLight vs schedhub-tuned vs PyTorch), the tuner's throughput and transfers on the GPU
         results = report.RESULTS / "gpu"
         results.mkdir(parents=True, exist_ok=True)

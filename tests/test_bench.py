@@ -390,3 +390,37 @@ def test_a_growth_study_refuses_the_registries_of_another_family(tmp_path: Path)
     _claim(tmp_path / "new", "transformers")
     with pytest.raises(SystemExit, match="holds the transformers registries"):
         _claim(tmp_path / "new", "convnets")
+
+
+def test_a_loadaware_run_reads_quality_off_each_kernels_best_timed_alone() -> None:
+    """N jobs' speed is the serial wall over theirs; their quality each kernel's best *alone* against the serial run's."""
+    from bench.loadaware import summarize
+
+    def kernel(serial_us: float, shared_us: float) -> dict:
+        return {"modes": {"1 at once": {"alone_us": serial_us, "seen_us": serial_us}, "4 at once": {"alone_us": shared_us, "seen_us": 2 * shared_us}}}
+
+    def run(serial_wall: float, shared_wall: float, kernels: list) -> dict:
+        return {"modes": {"1 at once": {"wall_secs": serial_wall, "trials_per_sec": 64 / serial_wall},
+                          "4 at once": {"wall_secs": shared_wall, "trials_per_sec": 64 / shared_wall}}, "kernels": kernels}
+
+    runs = [run(120, 60, [kernel(100, 100), kernel(50, 60)]), run(100, 80, [kernel(100, 105), kernel(50, 50)])]
+    summary = summarize(runs, 4)
+    assert summary["sooner"] == pytest.approx((2.0 + 1.25) / 2)
+    assert summary["best_vs_serial_worst"] == pytest.approx(1.2) and summary["best_vs_serial_median"] == pytest.approx(1.025)
+    assert summary["sum_of_bests_us"] == {"1 at once": 150, "4 at once": pytest.approx((160 + 155) / 2)}
+
+
+@pytest.mark.slow
+def test_the_loadaware_bench_runs_through_on_the_cpu() -> None:
+    """Both modes on this CPU's measurement resource; the shared mode's jobs split the node's search threads; every kernel's
+    best of each mode is timed again beside the default."""
+    from dataclasses import replace
+
+    from bench.loadaware import OPTIONS, run
+
+    out = run("cpu", 2, 1, replace(OPTIONS, trials=2, trials_per_iter=2), 1)
+    (only,) = out["runs"]
+    assert only["modes"]["1 at once"]["search_threads"] == ["physical"] and only["modes"]["2 at once"]["search_threads"] == ["1"]
+    (k,) = only["kernels"]
+    assert k["default_us"] > 0 and all(m["alone_us"] and m["alone_us"] > 0 for m in k["modes"].values())
+    assert out["summary"]["sooner"] > 0
