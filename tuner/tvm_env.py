@@ -24,6 +24,10 @@ def prepare() -> None:
 
     run_kernels_on_usable_cpus()
     load_tensor_intrinsics()
+    if compiles_cuda():  # a GPU node: CUDA candidates compiled by NVRTC in-process, headers from PyPI where no toolkit is
+        from .cuda_build import install
+
+        install()
 
 
 def run_kernels_on_usable_cpus() -> None:

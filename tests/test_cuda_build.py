@@ -1,0 +1,56 @@
+"""CUDA candidates compiled with NVRTC in-process, headers from PyPI (tuner/cuda_build.py): no GPU needed, only the
+test extra's ``cuda-nvrtc`` wheels. The CUDA C is what TVM generates here for a network's kernels (DLight's schedules)."""
+
+from __future__ import annotations
+
+import pytest
+import tvm
+
+from schedhub.tuner import cuda_build, models
+
+CUDA = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+ELF = b"\x7fELF"  # a cubin is an ELF image
+
+
+@pytest.fixture(scope="module")
+def source() -> str:
+    """The CUDA C of the MLP's kernels, scheduled by DLight, as TVM keeps it on a machine without a GPU."""
+    mod, _, _ = models.export("mlp", batch=4, features=32, hidden=64)
+    return tvm.compile(mod, CUDA).mod.imports[0].imports[0].inspect_source("")
+
+
+@pytest.fixture(autouse=True)
+def nvrtc_wheels() -> None:
+    if not cuda_build.nvrtc_available() or cuda_build.toolkit_root() is None:
+        pytest.fail("NVRTC or CUDA's headers are not installed: pip install -e '.[test]' (its cuda-nvrtc wheels)")
+
+
+def test_generated_kernels_compile_to_a_cubin_with_nvrtc(source: str) -> None:
+    assert "__global__" in source and "cuda/std" in source  # TVM's kernels include CCCL's headers, which TVM's own search misses in the wheels
+    cubin = cuda_build.compile_source(source, "sm_90")
+    assert cubin[:4] == ELF and len(cubin) > 1000
+
+
+def test_installed_callback_is_what_tvm_compiles_cuda_modules_with(source: str) -> None:
+    """After :func:`install`, TVM's ``tvm_callback_cuda_compile`` (what a GPU node's TVM calls for each CUDA module)
+    compiles for the current target's arch with NVRTC and the wheels' headers."""
+    original = tvm.get_global_func("tvm_callback_cuda_compile")
+    try:
+        assert cuda_build.install()
+        with tvm.target.Target({"kind": "cuda", "arch": "sm_80"}):
+            cubin = bytes(tvm.get_global_func("tvm_callback_cuda_compile")(source))
+        assert cubin[:4] == ELF
+    finally:
+        import tvm_ffi
+
+        tvm_ffi.register_global_func("tvm_callback_cuda_compile", original, override=True)
+
+
+def test_a_chosen_compiler_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TVM_CUDA_COMPILE_MODE", "nvcc")
+    assert not cuda_build.install()
+
+
+def test_a_source_that_does_not_compile_says_why() -> None:
+    with pytest.raises(cuda_build.CudaCompileError, match="nvrtc could not compile a CUDA kernel for sm_90"):
+        cuda_build.compile_source('extern "C" __global__ void k() { undefined_thing(); }', "sm_90")
