@@ -1,0 +1,109 @@
+"""What a CUDA candidate's build costs a tuning round: TVM's lowering to CUDA C, then nvcc (a subprocess, a fatbin, as TVM's ``nvcc`` mode) against
+NVRTC in-process (a cubin, ``tuner.cuda_build``), on the same candidates. No GPU needed: both compile for ``--arch``.
+
+    python -m bench.studies.cuda_build [--kernels 2] [--candidates 8] [--arch sm_90]
+
+The candidates are MetaSchedule design-space samples of the BERT layer's (seq 128) heaviest matmuls for a CUDA target,
+as the tuner's builds get them; each is lowered by TVM to CUDA C here and compiled by both compilers, one at a time
+(the machine's cores are otherwise idle), alternating which goes first. Needs ``pip install -e '.[cuda-nvcc,cuda-nvrtc]'``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from schedhub.tuner import cuda_build, models
+from schedhub.tuner.network import workload_flops
+
+from ..report import REPO, environment
+
+
+def candidate_sources(arch: str, kernels: int, candidates: int) -> list[tuple[str, str, float]]:
+    """(kernel op, CUDA C, seconds TVM took to lower it to that C) of ``candidates`` design-space samples of each of the
+    BERT layer's ``kernels`` heaviest matmuls."""
+    import tvm
+
+    from schedhub.hooks.identity import workload_module
+    from schedhub.hooks.msdb import normalize_mod
+    from schedhub.hooks.synthesis import design_space_samples
+
+    target = tvm.target.Target({"kind": "cuda", "arch": arch, "max_threads_per_block": 1024, "max_num_threads": 1024, "thread_warp_size": 32,
+                                "max_shared_memory_per_block": 49152, "registers_per_block": 65536})  # an H100/H200's limits, as from_device gives them
+    mod = models.export_with_weights("bert_layer", batch=1, seq=128)[0]
+    found = sorted((k for k in models.kernels(mod, target) if "matmul" in k.identity.op), key=lambda k: workload_flops(k.identity) * k.calls, reverse=True)
+    out: list[tuple[str, str, float]] = []
+    used = 0
+    for kernel in found:  # the heaviest first; a kernel none of whose draws completes (the fused GELU's, here) is passed over
+        samples = design_space_samples(normalize_mod(workload_module(kernel.identity.workload)), target, 8 * candidates)[:candidates]
+        for sch in samples:
+            try:
+                started = time.perf_counter()
+                built = tvm.tirx.build(sch.mod, target=target)
+                out.append((kernel.identity.op, built.imports[0].inspect_source(""), time.perf_counter() - started))
+            except Exception:  # noqa: BLE001 (a sample TVM cannot lower is not a candidate a round would build either)
+                continue
+        used += bool(samples)
+        if used == kernels:
+            break
+    return out
+
+
+def nvcc_path() -> Path:
+    import nvidia
+
+    return next(Path(p) for root in nvidia.__path__ for p in Path(root).glob("*/bin/nvcc"))
+
+
+def time_nvcc(source: str, arch: str, workdir: Path) -> float:
+    """Seconds for nvcc to compile ``source`` to a fatbin, as TVM's nvcc mode runs it (a subprocess on a file)."""
+    src, out = workdir / "kernel.cu", workdir / "kernel.fatbin"
+    src.write_text(source)
+    started = time.perf_counter()
+    done = subprocess.run([str(nvcc_path()), "--fatbin", "-O3", f"-arch={arch}", "-I", str(cuda_build.toolkit_root() / "include" / "cccl"),
+                           "-o", str(out), str(src)], capture_output=True, text=True)  # fmt: skip
+    secs = time.perf_counter() - started
+    if done.returncode:
+        raise RuntimeError(done.stderr[-2000:])
+    return secs
+
+
+def time_nvrtc(source: str, arch: str) -> float:
+    started = time.perf_counter()
+    cuda_build.compile_source(source, arch)
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.studies.cuda_build", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kernels", type=int, default=2)
+    parser.add_argument("--candidates", type=int, default=8)
+    parser.add_argument("--arch", default="sm_90")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "studies" / "cuda-build.json")
+    args = parser.parse_args()
+    sources = candidate_sources(args.arch, args.kernels, args.candidates)
+    cuda_build.compile_source(sources[0][1], args.arch)  # NVRTC's library loaded once, as in a warm worker
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="schedhub-cuda-build-") as tmp:
+        for i, (op, source, lower_secs) in enumerate(sources):
+            order = ["nvcc", "nvrtc"] if i % 2 == 0 else ["nvrtc", "nvcc"]
+            secs = {c: time_nvcc(source, args.arch, Path(tmp)) if c == "nvcc" else time_nvrtc(source, args.arch) for c in order}
+            rows.append({"op": op, "source_chars": len(source), "lower_secs": lower_secs, **{f"{c}_secs": s for c, s in secs.items()}})
+            print(f"{op:<28} TVM lowering {lower_secs:.2f} s  nvcc {secs['nvcc']:.2f} s  nvrtc {secs['nvrtc']:.2f} s", flush=True)
+    summary = {"candidates": len(rows), "lower_median_secs": statistics.median(r["lower_secs"] for r in rows), "nvcc_median_secs": statistics.median(r["nvcc_secs"] for r in rows),
+               "nvrtc_median_secs": statistics.median(r["nvrtc_secs"] for r in rows),
+               "speedup_median": statistics.median(r["nvcc_secs"] / r["nvrtc_secs"] for r in rows)}  # fmt: skip
+    print(json.dumps(summary, indent=1))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"command": f"python -m bench.studies.cuda_build --kernels {args.kernels} --candidates {args.candidates} --arch {args.arch}",
+                                    "summary": summary, "rows": rows, "environment": environment()}, indent=1))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
