@@ -117,6 +117,7 @@ class Spending:
     until_pytorch: bool = False
     max_minutes: float | None = None
     layout: str = "given"
+    warm_model: bool = False  # each search's cost model starts trained on the registry's log (a network's later rounds: on its earlier ones)
 
 
 #: ``--until pytorch`` stops when the network's estimate (Σ calls × each kernel's best) is this fraction of PyTorch's
@@ -135,7 +136,7 @@ def run(mode: str, trials: int | None = None, only: list[str] | None = None, see
     from schedhub.hooks.identity import target_text
 
     config = MODES[mode]
-    options: TuneOptions = config["options"]
+    options: TuneOptions = replace(config["options"], warm_model=spending.warm_model)
     if trials:
         options = replace(options, trials=trials, trials_per_iter=min(options.trials_per_iter, trials))
     networks = [n for n in config["networks"] if not only or n.name in only]
@@ -361,6 +362,7 @@ def main() -> None:
                         f"(× {GOAL_MARGIN}), timed before it is tuned")  # fmt: skip
     parser.add_argument("--max-minutes", type=float, help="with --policy: stop a network's tuning after this many minutes")
     parser.add_argument("--layout", choices=["given", "NHWC"], default="given", help="convert the networks' convolutions first (hooks.layouts)")
+    parser.add_argument("--warm-model", action="store_true", help="start each search's cost model trained on the registry's log (TuneOptions.warm_model)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if (args.until or args.max_minutes) and not args.policy:
@@ -369,14 +371,14 @@ def main() -> None:
     mode = "gpu" if args.device == "cuda" else "quick" if args.quick else "full"
     out = args.out or Path(__file__).parent / "results" / mode / "models.json"
     started = time.time()
-    spending = Spending(args.policy, args.until == "pytorch", args.max_minutes, args.layout)
+    spending = Spending(args.policy, args.until == "pytorch", args.max_minutes, args.layout, args.warm_model)
     result = run(mode, args.trials, args.networks.split(",") if args.networks else None, args.seed_store, device=args.device, spending=spending)
     result["wall_secs"] = time.time() - started
     result["command"] = " ".join(["python -m bench.models", *(["--quick"] if args.quick else []), *([f"--device {args.device}"] if args.device != "cpu" else []),
                                   *([f"--trials {args.trials}"] if args.trials else []),
                                   *([f"--networks {args.networks}"] if args.networks else []), *(["--seed-store DIR"] if args.seed_store else []),
                                   *(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k in ("policy", "until", "max_minutes") and v),
-                                  *([f"--layout {args.layout}"] if args.layout != "given" else [])])  # fmt: skip
+                                  *([f"--layout {args.layout}"] if args.layout != "given" else []), *(["--warm-model"] if args.warm_model else [])])  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     print(f"wrote {out}")
