@@ -149,10 +149,14 @@ def render(stats: dict[str, Any], data: dict[str, Any], activity: list[tuple[int
     builds = [[f"<code>{e(name)}</code>", f"{int(count):,}"] for name, count in _top(agg["fingerprint"])]  # a fingerprint whole: a bar's label cuts it
     out.append(f"<div><h3>Keys per compiler build{_cut(cov['fingerprints'])}</h3>" + table(["compiler build", "keys"], builds, "fingerprints-table") + "</div>")
     served = sorted(data["served"], key=lambda s: -s["speedup"])
+    kept = sum(bool(s.get("keeps_default")) for s in served)
     out.append(f"<div><h3>What a compile is served: each kernel's served record against TVM's default{_cut(len(served))}</h3>"
                f"<p class=muted>of the {data['served_read']:,} keys changed last, those whose served record is verified; one bar a key "
-               "(op and first argument's shape: one op name may be different kernels in two models)</p>"
-               + bars([(f"{s['op']} {s['shape']}", s["speedup"]) for s in served[:TOP]], unit="×", log=True, ident="chart-speedups") + "</div></div>")  # fmt: skip
+               "(op and first argument's shape: one op name may be different kernels in two models). "
+               f"<span id=served-defaults>{kept:,}</span> of them keep the default schedule: nothing tuned beat it, timed twice "
+               "(marked \u201cdefault kept\u201d)</p>"
+               + bars([(f"{s['op']} {s['shape']}" + (" (default kept)" if s.get("keeps_default") else ""), s["speedup"]) for s in served[:TOP]],
+                      unit="×", log=True, ident="chart-speedups") + "</div></div>")  # fmt: skip
     out.append(f"<h2>Compiles: lookups since the server started</h2><p><span id=lookups-hits>{totals['hits']:,}</span> keys found, "
                f"<span id=lookups-misses>{totals['misses']:,}</span> missed, of which <span id=lookups-transfers>{totals['transfers']:,}</span> "
                f"got transfer candidates; <span id=misses-reported>{since_start.get('reported', 0):,}</span> misses reported to the queue.</p>")  # fmt: skip

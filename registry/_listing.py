@@ -12,6 +12,7 @@ import lmdb
 from ._aggregates import stored_record
 from ._counts import SEQ as _SEQ, SEQ_MAX as _SEQ_MAX
 from ._keys import target_digest
+from ._records import keeps_default_schedule
 
 
 OP_FEED = b"index:op_feed"  # meta flag: every key is in op_feed (stores from before it get it on open)
@@ -92,7 +93,8 @@ class Listings:
                 if isinstance(untuned, (int, float)) and math.isfinite(untuned) and untuned > 0:
                     first = record.identity.args_info[0] if record.identity.args_info else []
                     shape = "x".join(map(str, first[2])) if len(first) > 2 and isinstance(first[2], list) else ""
-                    out.append({"key": summary.key, "op": value["op"], "shape": shape, "speedup": untuned / served["vmean"]})
+                    out.append({"key": summary.key, "op": value["op"], "shape": shape, "speedup": untuned / served["vmean"],
+                                "keeps_default": keeps_default_schedule(record.trace)})  # fmt: skip
         return out, len(page.items)
 
     dbs: dict[str, Any]

@@ -4,6 +4,7 @@ in docs/. The browser comes from tests/install-browser.sh (the README's test com
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import json
 import shutil
@@ -48,6 +49,7 @@ def test_the_dashboard_shows_what_the_stats_say(tmp_path: Path, browser: webdriv
     with ServerThread(tmp_path / "served", tokens=tokens, sync=False) as srv, RegistryClient(srv.url, token=TOKEN) as admin:
         admin.put_many([tuned(w, 1e-4 * (1 + w % 3), 4e-3, op=f"fused_conv2d_add_relu{w % 4}") for w in range(1, 13)])
         admin.put_many([tuned(w, 2e-4, 1e-3, target=OTHER_TARGET) for w in range(20, 25)])
+        admin.put(dataclasses.replace(tuned(26, 1e-3, 1e-3), trace="[[],[]]"))  # nothing beat the default: served, and said
         with RegistryClient(srv.url, token="pusher-token") as pusher:
             hostile = make_record(30, 1e-6, op="fused_claim", provenance={"untuned_secs": 1e3})
             pusher.put(hostile)  # a claim: shown, never counted as a speedup
@@ -67,16 +69,17 @@ def test_the_dashboard_shows_what_the_stats_say(tmp_path: Path, browser: webdriv
         def number(ident: str) -> int:
             return int(text[ident].replace(",", ""))
 
-        assert number("keys") == stats["keys"] == 17
+        assert number("keys") == stats["keys"] == 18
         assert (number("ops"), number("targets"), number("fingerprints")) == (stats["coverage"]["ops"], stats["coverage"]["targets"], 1)
         assert number("targets") == 2 and number("ops") == 4 + 3  # four conv ops, three fused_op* ops
+        assert number("served-defaults") == 1
         assert number("quarantined") == stats["quarantined"] == 1 and number("measurements") == stats["measurements"]
         assert all(number(f"queue-{state}") == n for state, n in stats["queue"].items()) and number("queue-pending") == 6 + 1  # six misses, one claim to verify
         assert number("lookups-hits") == stats["since_start"]["hits"] == 3 and number("lookups-misses") == stats["since_start"]["misses"] == 6
         assert number("misses-reported") == 9
         assert len(browser.find_elements(By.CSS_SELECTOR, "#chart-ops rect")) == 7
         assert len(browser.find_elements(By.CSS_SELECTOR, "#chart-speedups rect")) == 12  # a bar a served key, the claim's not among them
-        assert "(the first 12 of 17)" in browser.page_source  # 17 keys serve a verified record: the cut is said
+        assert "(the first 12 of 18)" in browser.page_source  # 18 keys serve a verified record: the cut is said
         assert len(browser.find_elements(By.CSS_SELECTOR, "#chart-lookups rect")) == 3
         wanted = [[td.text for td in row.find_elements(By.TAG_NAME, "td")] for row in browser.find_elements(By.CSS_SELECTOR, "#wanted tr")[1:]]
         assert [w[0] for w in wanted] == ["verify"] + ["tune"] * 5 + ["tune (refine)"]  # lease order: first passes before searches,
