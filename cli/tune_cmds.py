@@ -215,13 +215,16 @@ def job_logs(submission_id: str, address: str, follow: bool) -> None:
               help="Before a job's search, measure what the registry offers for it (transfers, synthesized schedules) and push the best, "
                    "so every queued miss gets a measured schedule before any gets a full search (only with more --trials than a first pass "
                    "measures at most: 8 registry schedules, each also postprocessed here, and 8 seeds).")
+@click.option("--refine/--no-refine", default=True, show_default=True,
+              help="When the queue has nothing for this worker, search again the kernel whose tuning is expected to lower a network's "
+                   "time most, of the networks compiles reported (each kernel at most 4 searches, while it is 2% of its network or more).")
 @click.option("--device", default=None, help="The CPU model (the targets' mcpu) whose jobs this worker takes, besides generic ones "
               "(default: this machine's; kernels built for another model may not run here, and would be timed on the wrong one).")
 @ray_option
 @reports_errors
 def worker(registry: str, token: str | None, trials: int, trials_per_iter: int, seed: int, population: int, final_repeat_ms: int, concurrency: int, lease_secs: float, poll_secs: float,
-           max_job_secs: float, max_jobs: int | None, until_idle: bool, wait_for_registry: float | None, name: str | None, first_pass: bool, device: str | None, ray_address: str | None,
-           num_cpus: int | None, num_gpus: int | None) -> None:  # fmt: skip
+           max_job_secs: float, max_jobs: int | None, until_idle: bool, wait_for_registry: float | None, name: str | None, first_pass: bool, refine: bool, device: str | None,
+           ray_address: str | None, num_cpus: int | None, num_gpus: int | None) -> None:  # fmt: skip
     """Lease jobs from the registry's queue (verifications of pushed claims first, then misses), run them on Ray, push and ack.
 
     SIGTERM or SIGINT: stop leasing, give held leases back at once, stop Ray."""
@@ -240,7 +243,7 @@ def worker(registry: str, token: str | None, trials: int, trials_per_iter: int, 
         out.print(f"{kind} {details}", highlight=False, soft_wrap=True)
 
     w = Worker(reg, options, name=name, concurrency=concurrency, lease_secs=lease_secs, poll_secs=poll_secs, on_event=event, device=device, first_pass=first_pass,
-               max_job_secs=max_job_secs)
+               max_job_secs=max_job_secs, refine=refine)
     kinds = ", ".join(f"{kind} {device}" for kind, device in w.devices) or "no device it can time"
     passes = "first passes, then searches" if w.first_pass else "searches only"
     out.print(f"worker {w.name} ({kinds} jobs; {passes}) on ray {info['address']}; registry {registry}", highlight=False)

@@ -31,6 +31,7 @@ from .database import RegistryDatabase
 from .identity import canonical_workload, compiler_fingerprint, target_text, workload_identity
 from .pipeline import ACTIVE, install, schedhub_pipeline
 from .guard import ScheduleLimits, ScheduleTooCostly
+from .layouts import Layout
 from .objects import ObjectCache, c_compiler_available
 from .report import CompileReport, KernelOutcome, RegistryFallbackWarning
 from .session import HookSession

@@ -3,9 +3,11 @@ request at its end, the kernel expected to cost the module most first. A part of
 
 from __future__ import annotations
 
+import logging
 import warnings
 
 from schedhub.registry import (
+    MAX_NETWORK_KERNELS,
     Identity,
     Record,
     RegistryError,
@@ -15,6 +17,8 @@ from schedhub.registry import (
 
 from .ranking import effort, speed, work
 from .report import RegistryFallbackWarning
+
+log = logging.getLogger("schedhub")
 
 
 class MissReporting:
@@ -39,6 +43,20 @@ class MissReporting:
         except RegistryError as exc:
             self.report.problems.append(f"misses not reported: {exc}")
             warnings.warn(f"schedhub could not report {len(misses)} misses: {exc}", RegistryFallbackWarning, stacklevel=2)
+
+    def report_network(self) -> None:
+        """Tell the registry which kernels this compile's module calls and how often (once a session for each module;
+        skipped when offline or not reporting): what lets a worker refine the module's bottleneck (``registry._networks``).
+        A module of more kernels than a report holds names its most-called ones."""
+        network = frozenset(self._calls.items())
+        if not network or not self.report_misses or self.offline or network in self._networks_reported:
+            return
+        self._networks_reported.add(network)
+        kernels = sorted(network, key=lambda kc: -kc[1])[:MAX_NETWORK_KERNELS]
+        try:
+            self.registry.report_network(kernels)
+        except RegistryError as exc:  # refinement is the registry's extra: the compile and its report are whole without it
+            log.info("schedhub: this module's kernels were not reported for refinement: %s", exc)
 
     def measure_priority(self, identity: Identity) -> float:
         """How much measuring a kernel's candidates may matter, before it is served: nothing for a hit, else the

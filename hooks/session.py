@@ -121,6 +121,7 @@ class HookSession(TransferServing, MissReporting):
         self._committed: dict[str, dict[str, Record]] = {}  # key: trace id: this process's best commit of it, read back at once
         self._pending_misses: dict[str, Identity] = {}
         self._calls: dict[str, int] = {}  # kernel key: call sites in the module being compiled
+        self._networks_reported: set[frozenset[tuple[str, int]]] = set()  # the modules this session told the registry of
         self._served_secs: dict[str, float] = {}  # kernel key: seconds per call of the transfer it served (measured or estimated)
         self._refused_keys: set[str] = set()
         self._refused_named = 0  # records left out at a lookup that this session named and complained about
@@ -144,6 +145,7 @@ class HookSession(TransferServing, MissReporting):
 
     def end_compile(self) -> None:
         self.flush_misses()
+        self.report_network()
         if (why := self.cache.unwritable.tell()) is not None:
             self._say(f"the kernel cache in {self.cache.root} cannot be written ({why}): later compiles redo this one's work")
         if self.objects is not None and (why := self.objects.failed.tell()) is not None:

@@ -341,6 +341,24 @@ class RegistryClient:
         with reading("POST /v1/misses"):
             return [mapping(r, "result") for r in listing(mapping(answer, "answer")["results"], "results")]
 
+    def report_network(self, kernels: list[tuple[str, int]]) -> dict[str, Any]:
+        """Tell the registry which kernels one compile built and their calls per forward pass (``_networks``)."""
+        answer = self._call("POST", "/v1/networks", {"kernels": [{"key": k, "calls": c} for k, c in kernels]}, idempotent=True)
+        with reading("POST /v1/networks"):
+            out = mapping(answer, "answer")
+            return {"network": text(out["network"], "network"), "kernels": int(number(out["kernels"], "kernels")), "reports": int(number(out["reports"], "reports"))}
+
+    def refine_bottleneck(self, fingerprint: str, kind: str, device: str = "") -> dict[str, Any] | None:
+        """Requeue the reported networks' bottleneck kernel this worker can tune (worker role); what was requeued, or None."""
+        answer = self._call("POST", "/v1/queue/refine", {"fingerprint": fingerprint, "kind": kind, "device": device}, idempotent=False)
+        with reading("POST /v1/queue/refine"):
+            pick = mapping(answer, "answer").get("requeued")
+            if pick is None:
+                return None
+            pick = mapping(pick, "requeued")
+            return {"key": text(pick["key"], "key"), "op": text(pick["op"], "op"), "network": text(pick["network"], "network"),
+                    **{name: number(pick[name], name) for name in ("calls", "best_secs", "searches", "share")}}  # fmt: skip
+
     def lease(self, worker: str, max_jobs: int = 1, lease_secs: float = 300.0, *, fingerprint: str | None = None, kind: str | None = None,
               device: str | None = None, tasks: tuple[str, ...] = ("tune",)) -> list[Lease]:  # fmt: skip
         body = {"worker": worker, "max_jobs": max_jobs, "lease_secs": lease_secs, "fingerprint": fingerprint or "", "kind": kind or "",

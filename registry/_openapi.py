@@ -76,6 +76,8 @@ OPENAPI: dict[str, Any] = {
                                                   "verified records too), the queue jobs it asked for, its measurement log, its ended work", "Forget", auth=True)},
         "/v1/lookup": {"post": _op("records of many keys in one round trip; with probes, candidates of the same structure for keys that have none", "Lookup")},
         "/v1/misses": {"post": _op("report workloads without records (read role; queued for tuning; rate-limited per caller, and 429 past the caller's bound of jobs awaiting tuning)", "MissBatch", auth=True)},
+        "/v1/networks": {"post": _op("report which kernels one compile built and each one's calls per forward pass (read role; rate-limited; 429 past "
+                                     "the caller's or the registry's bound of networks kept): what the queue refines a network's bottleneck by", "Network", auth=True)},
         "/v1/trials": {
             "get": _op("page through the measurement log: every trial tuners measured, per key and pusher (at most 200 a page)", params=["cursor", "limit", "verified", "log_target"]),
             "post": _op("push a tuning run's measured trials for one workload (push role; merged into your entry, newest 64 kept; 429 past your bound of unverified log bytes)", "TrialLog", auth=True),
@@ -87,6 +89,8 @@ OPENAPI: dict[str, Any] = {
         "/v1/queue": {"get": _op("queue job summaries, one page (no lease ids): by job id, or with order=lease the pending jobs in the order they are handed out",
                                  params=["state", "limit", "after", "order"])},
         "/v1/queue/lease": {"post": _op("lease pending jobs (worker role)", "LeaseRequest", auth=True)},
+        "/v1/queue/refine": {"post": _op("requeue for one more search the reported networks' bottleneck kernel a worker of this compiler, target kind "
+                                         "and device can tune (worker role); answers what was requeued, or null", "RefineRequest", auth=True)},
         "/v1/queue/{key}": {"parameters": [_KEY], "get": _op("one queue job, whole")},
         "/v1/queue/{key}/{action}": {
             "parameters": [_KEY, {"name": "action", "in": "path", "required": True, "schema": {"enum": ["renew", "ack", "fail", "release", "requeue"]}}],
@@ -117,6 +121,12 @@ OPENAPI: dict[str, Any] = {
                     "width": {"type": "integer", "minimum": 1, "maximum": 16384}, "base": {"type": "number"},
                     "trees": {"type": "array", "minItems": 1, "maxItems": 4096, "items": {"type": "object", "required": ["left", "right", "feature", "value", "default_left"],
                               "description": "node i: children left[i], right[i] (later nodes, or both -1: a leaf), feature[i] < value[i] goes left (missing: default_left[i]); a leaf's value is its output"}}}}}},
+            "Network": {"type": "object", "required": ["kernels"], "properties": {"kernels": {"type": "array", "minItems": 1, "maxItems": 512, "items": {
+                "type": "object", "required": ["key", "calls"], "additionalProperties": False, "properties": {
+                    "key": {"type": "string", "pattern": "^[0-9a-f]{64}$"}, "calls": {"type": "integer", "minimum": 1, "maximum": 1048576}}}}}},
+            "RefineRequest": {"type": "object", "required": ["fingerprint", "kind"], "properties": {
+                "fingerprint": {"type": "string", "minLength": 1, "maxLength": 4096}, "kind": {"type": "string", "minLength": 1, "maxLength": 64},
+                "device": {"type": "string", "maxLength": 64}}},
             "MissBatch": {"type": "object", "required": ["misses"], "properties": {"misses": {"type": "array", "items": {"$ref": "#/components/schemas/Identity"}}}},
             "Lookup": {"type": "object", "required": ["keys"], "properties": {
                 "keys": {"type": "array", "items": {"type": "string", "pattern": "^[0-9a-f]{64}$"}, "maxItems": 4096},

@@ -458,7 +458,8 @@ class MissQueue:
                     raise InvalidRecord("acking a verification job needs a 'verdict': {'run_secs': [...] or null, 'reason': '...'}")
                 outcome = self.store.verdict(job["record_key"], job["trace_id"], job.get("lease_owner", ""), verdict.get("run_secs"),
                                              str(verdict.get("reason", "")), self.tolerance, txn=t)  # fmt: skip
-            self._set_state(t, job, DONE, last_error="", outcome=outcome)
+            searched = {"searches": int(job.get("searches", 0)) + 1} if job.get("task", TUNE) == TUNE else {}  # a search ended (not a first pass)
+            self._set_state(t, job, DONE, last_error="", outcome=outcome, **searched)
             return outcome
 
     def fail(self, key: str, lease_id: str, error: str, *, holder: str | None = None, txn: lmdb.Transaction | None = None) -> str:
@@ -523,6 +524,29 @@ class MissQueue:
                 add_count(t, self.store.dbs["meta"], awaiting_row(job.get("task", TUNE), requester(job)), -1)
             self.store.unkeep(t, job)
             self.store.drop_queue_job(t, key.encode())
+            return True
+
+    def peek(self, key: str, *, txn: lmdb.Transaction | None = None) -> dict[str, Any] | None:
+        """The key's tune job as stored, or None (no raise: a network's kernels may have no job)."""
+        if txn is not None:
+            return self._get(txn, key)
+        with self.store.read() as t:
+            return self._get(t, key)
+
+    def refine_again(self, identity: Identity, *, by: str, txn: lmdb.Transaction | None = None) -> bool:
+        """One more search of a kernel that has records (a network's bottleneck, ``_networks``): its ended job pending again
+        in the refine stage, at ``by``'s next turn (one is made for a kernel tuned outside the queue). Returns whether it was
+        requeued: not while it awaits work already, nor when it died."""
+        with self.store.write(txn) as t:
+            job = self._get(t, identity.key)
+            if job is None:  # tuned outside the queue (schedhub tune, a push): that was one search
+                self.report(identity, by=by, txn=t)
+                job = self._get(t, identity.key)
+                if job is not None:
+                    job.setdefault("searches", 1)
+            if job is None or job["state"] != DONE or job.get("task", TUNE) != TUNE:
+                return False
+            self._set_state(t, job, PENDING, attempts=0, last_error="", stage=REFINE, turn=self._next_turn(t, requester(job)))
             return True
 
     def satisfy(self, key: str, *, txn: lmdb.Transaction | None = None) -> None:

@@ -36,6 +36,7 @@ from ._keys import is_key
 from ._neighbours import Probe
 from ._limits import MAX_CURSOR, MAX_SECS, MAX_TARGET_QUERY, check_number, check_op, check_text, parse_each, query_int, query_target
 from ._models import MAX_FEATURES_CHARS, CostModelEntry
+from ._networks import parse_kernels
 from ._openapi import OPENAPI
 from ._queue import DONE, PENDING, REFINE, STATES, TASKS, TUNE
 from ._records import Identity, Record, run_secs_field
@@ -495,6 +496,25 @@ def create_app(
         state.counters["reported"] += len(misses)
         return reply(request, {"results": results})
 
+    async def report_network(request: Request) -> Response:
+        who = state.require(request, "read")
+        kernels = parse_kernels(field(await state.body(request), "kernels", list))
+        caller = state.caller(request, who)
+        state.check_share(who)
+        if not state.misses.allow(caller, 1):
+            raise TooManyRequests(f"{caller!r} is over {state.misses.count} reports a minute; try again later")
+        return reply(request, await state.write(lambda txn: state.reg.report_network(kernels, by=caller, txn=txn)))
+
+    async def refine_bottleneck(request: Request) -> Response:
+        who = state.require(request, "worker")
+        body = await state.body(request)
+        fingerprint = check_text(field(body, "fingerprint", str)[:4096], "fingerprint")
+        kind = check_text(field(body, "kind", str)[:64], "kind")
+        device = check_text(field(body, "device", str, "")[:64], "device")
+        if not fingerprint or not kind:
+            raise InvalidRecord("'fingerprint' and 'kind' name what the worker can tune")
+        return reply(request, {"requeued": await state.write(lambda txn: state.reg.refine_bottleneck(fingerprint, kind, device, by=who.name, txn=txn))})
+
     async def push_trials(request: Request) -> Response:
         who = state.require(request, "push")
         log = await run_in_threadpool(TrialLog.from_obj, await state.body(request))
@@ -648,6 +668,8 @@ def create_app(
         Route("/v1/callers/{name}/forget", forget_caller, methods=["POST"]),
         Route("/v1/lookup", lookup, methods=["POST"]),
         Route("/v1/misses", report_misses, methods=["POST"]),
+        Route("/v1/networks", report_network, methods=["POST"]),
+        Route("/v1/queue/refine", refine_bottleneck, methods=["POST"]),
         Route("/v1/trials", list_trials, methods=["GET"]),
         Route("/v1/trials", push_trials, methods=["POST"]),
         Route("/v1/models", get_cost_model, methods=["GET"]),

@@ -19,6 +19,7 @@ from ._forget import Step, forget, forget_steps
 from ._history import DEFAULT_KEPT_BYTES
 from ._queue import DEFAULT_MAX_ATTEMPTS, DEFAULT_TOLERANCE, TUNE, Lease, MissQueue, lease_order_cursor
 from ._models import CostModelEntry, CostModelStore
+from ._networks import NetworkBook, parse_kernels
 from ._neighbours import Candidate, Probe, served_candidates
 from ._records import Identity, Record, RefusedRecord, served_records
 from ._listing import KeyPage, KeySummary
@@ -44,6 +45,7 @@ class LocalRegistry:
         self.queue = MissQueue(self.store, max_attempts, tolerance)
         self.trial_store = TrialStore(self.store)
         self.model_store = CostModelStore(self.store)
+        self.networks = NetworkBook(self.store, self.queue)
 
     @property
     def location(self) -> str:
@@ -257,6 +259,16 @@ class LocalRegistry:
         with self.store.write(txn) as t:
             return [self.queue.report(m, by=by, limit=limit, txn=t) for m in misses]
 
+    def report_network(self, kernels: list[tuple[str, int]], *, by: str = "", txn: lmdb.Transaction | None = None) -> dict[str, Any]:
+        """Keep the network one compile built: its kernels' keys and calls per forward pass (``_networks``)."""
+        return self.networks.report(parse_kernels([{"key": k, "calls": c} for k, c in kernels]), by, txn)
+
+    def refine_bottleneck(self, fingerprint: str, kind: str, device: str = "", *, by: str = "", txn: lmdb.Transaction | None = None) -> dict[str, Any] | None:
+        """Requeue for one more search the kernel (of those a worker of ``fingerprint``, ``kind`` and ``device`` tunes) whose
+        search is expected to lower a reported network's time most; what was requeued, or None when nothing is worth it."""
+        pick = self.networks.bottleneck(fingerprint, kind, device, by, txn)
+        return pick.to_dict() if pick is not None else None
+
     def lease(
         self, worker: str, max_jobs: int = 1, lease_secs: float = 300.0, *, fingerprint: str | None = None,
         kind: str | None = None, device: str | None = None, tasks: tuple[str, ...] = (TUNE,), holder: str | None = None,
@@ -296,7 +308,7 @@ class LocalRegistry:
         return self.lease_order_page(limit)[0]
 
     def stats(self) -> dict[str, Any]:
-        return {**self.store.stats(), "queue": self.queue.counts()}
+        return {**self.store.stats(), "queue": self.queue.counts(), "networks": self.networks.count()}
 
     def dashboard_data(self, recent: int = 20, top: int | None = None) -> dict[str, Any]:
         """What the dashboard shows beside the stats: aggregates (each dimension's ``top``), the newest log entries, the most wanted jobs, quarantine,

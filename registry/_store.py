@@ -40,7 +40,7 @@ STORE_FORMAT = b"7"  # 2: op_feed and queue_state; 3: target_feed, trials_by_tar
 #                      pusher's bytes of records in service counted; 7: queue_idx ranks tune jobs by the callers' turns,
 #                      then their distinct callers, then their demand (8-byte ranks). Older formats are brought to 7 when opened writable
 _DB_NAMES = ("records", "by_op", "by_struct", "changes", "log", "meta", "quarantine", "queue", "queue_idx", "agg", "trials", "queue_state", "op_feed", "target_feed",
-             "trials_by_target", "agg_rank", "models", "queue_fit", "kept")
+             "trials_by_target", "agg_rank", "models", "queue_fit", "kept", "networks")
 STRUCTURE_INDEX = b"index:by_struct"  # meta flag: every key is in by_struct (stores from before it get it on open)
 AGGREGATES = b"index:agg"  # meta flag: the aggregates cover every key and log entry (stores from before them get them on open)
 QUEUE_STATES = b"index:queue_state"  # meta flag: every job is in queue_state and counted (stores from before it get it on open)

@@ -681,12 +681,32 @@ def test_a_worker_gives_a_warm_startable_miss_a_first_pass_then_its_search(ray_a
         assert (reg.cost_model(missed.target, missed.fingerprint, FEATURES) is not None) == (("model", missed.target) in models)
 
 
+def test_an_idle_worker_searches_again_the_bottleneck_of_a_network_a_compile_reported(ray_address: str, tmp_path: Path) -> None:
+    """Two kernels tuned once; a compile's network calls the slower one 4 times. With nothing queued, the worker has that
+    one requeued and searches it again (from its best), not the other."""
+    heavy, light = matmul(64, 128, 128), matmul(16, 32, 32)
+    with LocalRegistry(tmp_path / "reg", sync=False) as reg:
+        for ident in (heavy, light):
+            reg.put_many(TuneResult.from_dict(cluster.result(tune(ident))).records)
+        reg.report_network([(heavy.key, 4), (light.key, 1)], by="a compile")
+        events: list[tuple[str, dict]] = []
+        stats = Worker(reg, TINY, name="w", poll_secs=0.1, device=TARGET["mcpu"], on_event=lambda kind, info: events.append((kind, info))).run(max_jobs=1)
+        refined = [info for kind, info in events if kind == "refine"]
+        assert [r["key"] for r in refined] == [heavy.key] and refined[0]["searches"] == 1, events
+        assert stats.done == 1 and stats.results[0].identity == heavy and stats.results[0].warm_started >= 1  # from its best so far
+        assert reg.job(heavy.key)["state"] == DONE and reg.job(heavy.key)["searches"] == 2
+    with LocalRegistry(tmp_path / "reg", sync=False) as reg:
+        events.clear()
+        Worker(reg, TINY, name="w", poll_secs=0.1, device=TARGET["mcpu"], refine=False, on_event=lambda kind, info: events.append((kind, info))).run(until_idle=True)
+        assert not [kind for kind, _ in events if kind == "refine"]
+
+
 def test_a_miss_from_the_hook_is_tuned_by_a_running_worker_and_then_hits(ray_address: str, tmp_path: Path) -> None:
     mod, weights, shape = models.export_with_weights("mlp", batch=4, features=32, hidden=64)
     planned = {p.kernel.identity.key for p in plan.plan([plan.parse_model("mlp:batch=4,features=32,hidden=64")], TARGET)}
     x = np.random.default_rng(0).standard_normal(shape).astype("float32")
     with ServerThread(tmp_path / "reg", tokens={TOKEN: "t"}, sync=False) as srv, RegistryClient(srv.url, token=TOKEN) as client:
-        worker = start_worker(srv.url, ray_address, "--concurrency", "2", "--name", "background")
+        worker = start_worker(srv.url, ray_address, "--concurrency", "2", "--name", "background", "--no-refine")  # refinement: its own test
         try:
             wait_for_line(worker, "worker ", 60)
             with use(client, TARGET) as session:

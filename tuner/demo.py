@@ -127,7 +127,7 @@ def _run(ex: Any, x: np.ndarray, device: str = "cpu") -> np.ndarray:
 def _tune_queue(client: RegistryClient, options: TuneOptions, on_queue: Callable[[int, int], None] | None) -> list[TuneResult]:
     """A worker drains the queue in a background thread; the caller sees the queue's progress."""
     # One model, a bar to the end: each job searched at once (a team's worker first passes every miss: see worker.py).
-    worker = Worker(client, options, name="demo-worker", concurrency=2, lease_secs=120, poll_secs=0.5, first_pass=False)
+    worker = Worker(client, options, name="demo-worker", concurrency=2, lease_secs=120, poll_secs=0.5, first_pass=False, refine=False)  # a demo ends
     worker.publish_models = False  # nothing in the demo transfers: a served cost model would only delay its second compile
     total = client.stats()["queue"].get("pending", 0)
     outcome: dict[str, Any] = {}

@@ -47,6 +47,7 @@ from schedhub.registry import (
     Lease,
     LeaseLost,
     MalformedAnswer,
+    NotFound,
     PayloadTooLarge,
     Registry,
     RegistryError,
@@ -93,14 +94,16 @@ class Worker:
         self, registry: Registry, options: TuneOptions, *, name: str | None = None, concurrency: int = 1,
         lease_secs: float = 120.0, poll_secs: float = 2.0, on_event: Callable[[str, dict[str, Any]], None] | None = None,
         tasks: tuple[str, ...] = (VERIFY, TUNE), device: str | None = None, devices: list[tuple[str, str]] | None = None,
-        first_pass: bool = True, max_job_secs: float = MAX_JOB_SECS,
+        first_pass: bool = True, max_job_secs: float = MAX_JOB_SECS, refine: bool = True,
     ) -> None:  # fmt: skip
         """``device``: the CPU model CPU jobs must be for (default: this machine's). ``devices``: every
         (target kind, device model) to lease for (default: what the cluster can time, asked of it).
         ``first_pass``: give tune jobs with something to warm-start from a first pass before their search, when
         the search measures more than a first pass would (at 8 trials the two took as long: bench/RESULTS.md).
         ``max_job_secs``: a job's task still running that long after it started is cancelled and the job failed with
-        why (a hostile or mistaken miss of a kernel too large to time would otherwise hold the worker for good)."""
+        why (a hostile or mistaken miss of a kernel too large to time would otherwise hold the worker for good).
+        ``refine``: when the queue has nothing for this worker, have the registry requeue the kernel whose search is expected
+        to lower a reported network's time most (``registry._networks``), and tune that."""
         from schedhub.hooks.identity import compiler_fingerprint
         from schedhub.hooks.measure import host_cpu
 
@@ -122,6 +125,7 @@ class Worker:
         # jobs are seeded one after another between lease renewals: training takes a quarter of a lease at most per batch
         self.seeder = Seeder(registry, options.synthesize, train_secs=lease_secs / 4 / self.concurrency) if options.synthesize else None
         self.publish_models = True  # train and serve the cost model of each target whose log this worker grew, once the queue is dry
+        self.refine = refine  # with nothing queued for it, search again the bottleneck of the networks compiles reported
         self._logged_targets: set[str] = set()  # targets whose measurement log this worker pushed to since it last published
 
     def run(self, *, max_jobs: int | None = None, until_idle: bool = False, should_stop: Callable[[], bool] = lambda: False,
@@ -209,9 +213,12 @@ class Worker:
         leases: list[Lease] = []
         leased_at = time.time()  # a lease runs from here, not from when its warm start is done
         try:
-            for kind, device in self.devices:
-                if len(leases) < room:
-                    leases += self.registry.lease(self.name, room - len(leases), self.lease_secs, fingerprint=self.fingerprint, kind=kind, device=device, tasks=self.tasks)
+            for refining in (False, True):  # with nothing queued for it, one more search of a reported network's bottleneck
+                if refining and (leases or self.running or not self.refine or TUNE not in self.tasks or not self._requeue_bottleneck()):
+                    break
+                for kind, device in self.devices:
+                    if len(leases) < room:
+                        leases += self.registry.lease(self.name, room - len(leases), self.lease_secs, fingerprint=self.fingerprint, kind=kind, device=device, tasks=self.tasks)
         except AWAY as exc:
             self._away(exc)
         else:
@@ -238,6 +245,21 @@ class Worker:
             self.on_event("leased", {"key": lease.key, "task": task, "op": identity.op, "attempt": lease.job.get("attempts")})
             self._renew_due()  # a warm start (lookups, seeding) may take a third of a lease or more: this one's included
         return started
+
+    def _requeue_bottleneck(self) -> bool:
+        """Ask the registry to requeue the bottleneck kernel of the networks compiles reported that this worker can tune
+        (``registry._networks``); whether it did. A registry that refuses (no worker role) is told once and not asked again."""
+        for kind, device in self.devices:
+            try:
+                pick = self.registry.refine_bottleneck(self.fingerprint, kind, device)
+            except (Forbidden, NotFound) as exc:
+                self.refine = False
+                self.on_event("refine-off", {"error": str(exc)[:300]})
+                return False
+            if pick is not None:
+                self.on_event("refine", {"key": pick["key"], "op": pick["op"], "share": round(pick["share"], 3), "searches": pick["searches"]})
+                return True
+        return False
 
     def _away(self, exc: RegistryError) -> None:
         if self.away_since is None:
