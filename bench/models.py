@@ -349,6 +349,20 @@ def _kernel_row(network: str, batch: int, kernel: models.Kernel, result: TuneRes
     return row
 
 
+def merge(paths: list[Path]) -> dict[str, Any]:
+    """Runs of one mode recorded one network at a time (hours each on 2 cores) as one table: their rows and kernels in order,
+    each row with the command that recorded it; the first run's metadata, and every run's command."""
+    runs = [json.loads(p.read_text()) for p in paths]
+    if len({r["mode"] for r in runs}) != 1:
+        raise SystemExit("--merge takes runs of one mode")
+    out = {**runs[0], "rows": [], "kernels": [], "commands": [r["command"] for r in runs], "wall_secs": sum(r.get("wall_secs", 0.0) for r in runs)}
+    for run in runs:
+        out["rows"] += [{**row, "command": run["command"], "recorded": run["recorded"], "commit": run["commit"]} for row in run["rows"]]
+        out["kernels"] += run["kernels"]
+    out["command"] = "; ".join(out["commands"])
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
@@ -364,7 +378,13 @@ def main() -> None:
     parser.add_argument("--layout", choices=["given", "NHWC"], default="given", help="convert the networks' convolutions first (hooks.layouts)")
     parser.add_argument("--warm-model", action="store_true", help="start each search's cost model trained on the registry's log (TuneOptions.warm_model)")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--merge", type=Path, nargs="+", help="write these runs' tables as one (--out), tuning nothing")
     args = parser.parse_args()
+    if args.merge:
+        if not args.out:
+            parser.error("--merge writes to --out")
+        args.out.write_text(json.dumps(merge(args.merge), indent=1))
+        return
     if (args.until or args.max_minutes) and not args.policy:
         parser.error("--until and --max-minutes go with --policy")
     require_device(parser.prog, args.device)

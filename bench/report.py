@@ -238,8 +238,11 @@ def _models(d: dict[str, Any] | None, drawn: dict[str, str], title: str) -> list
     warm = (f"Warm-started from a copy of another run's registry ({d['seed_keys']} keys: the same ops at other shapes; a kernel it "
             f"already held is tuned again at this budget), up to {o['warm_start']} traces. ") if d.get("seed_keys") else (
             f"Kernels of batch b>1 are warm-started from batch 1's schedules (up to {o['warm_start']} traces). ")  # fmt: skip
+    budget = (f"Tuning budget per kernel: {o['trials']} trials in rounds of {o['trials_per_iter']}" if not any(r.get("tuning") for r in d["rows"]) else
+              f"Each network tuned where its time goes (`tuner.network`: rounds of {o['trials_per_iter']} trials, each to the kernel the row's policy picks; "
+              f"budget {o['trials']} trials × the network's kernels, or the row's minutes), the rows' runs listed below the table")  # fmt: skip
     lines = [f"## {title} (`{d['command']}`)", "",
-             f"{recorded}Target `{json.dumps(d['target'])}`. Tuning budget per kernel: {o['trials']} trials in rounds of {o['trials_per_iter']}, "
+             f"{recorded}Target `{json.dumps(d['target'])}`. {budget}, "
              f"evolutionary search {_search(o['population'], o['genetic_iters'], o['search_threads'])}, xgboost cost model, seed {o['seed']}, one tuning job at a time; "
              f"the best {o['publish']} candidates re-timed next to {'DLight' + chr(39) + 's schedule' if default == 'DLight' else 'the unscheduled kernel'}. {warm}"
              f"End to end: VM `forward` / PyTorch eager `inference_mode` (in a process of its own) on the same input and weights, "
@@ -258,8 +261,11 @@ def _models(d: dict[str, Any] | None, drawn: dict[str, str], title: str) -> list
     at_least = sum(r["speedup_vs_pytorch"]["median"] >= 1 for r in d["rows"])
     lines += ["", f"\"trials\": candidates measured for the network's kernels, warm starts included. "
               f"schedhub-tuned is at least as fast as PyTorch on {at_least} of {len(d['rows'])} rows.", ""]  # fmt: skip
+    lines += _tuning_runs(d["rows"])
     if "speedup" in drawn:
         lines += [f"![speedups]({drawn['speedup']})", ""]
+    if "network_tuning" in drawn:
+        lines += [f"![network latency against tuning minutes]({drawn['network_tuning']})", ""]
     if not d.get("kernels"):  # the GPU run has no per-kernel CPU baselines
         return lines
     peak = max(d.get("peak_gflops", {}).values(), default=None)
@@ -286,6 +292,20 @@ def _models(d: dict[str, Any] | None, drawn: dict[str, str], title: str) -> list
     if "curves" in drawn:
         lines += [f"![tuning curves]({drawn['curves']})", ""]
     return lines
+
+
+def _tuning_runs(rows: list[dict[str, Any]]) -> list[str]:
+    """How each row tuned in rounds was tuned: policy, layout, cost model, trials, minutes, why it stopped, and its command."""
+    tuned = [r for r in rows if r.get("tuning")]
+    if not tuned:
+        return []
+    out = ["Tuned in rounds:", ""]
+    for r in tuned:
+        how = r["tuning"]
+        model = "each round's cost model started from the registry's log" if "--warm-model" in r.get("command", "") else "a cold cost model each round"
+        out.append(f"- {r['network']} b{r['batch']}: {how['policy']} policy, convolutions {r.get('layout', 'given')}, {model}; {how['trials']} trials in "
+                   f"{r['tune_secs'] / 60:.0f} min; stopped: {how['stopped_because']}. `{r.get('command', '')}`")  # fmt: skip
+    return [*out, ""]
 
 
 def _synthesized(d: dict[str, Any]) -> list[str]:

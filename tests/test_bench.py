@@ -424,3 +424,24 @@ def test_the_loadaware_bench_runs_through_on_the_cpu() -> None:
     (k,) = only["kernels"]
     assert k["default_us"] > 0 and all(m["alone_us"] and m["alone_us"] > 0 for m in k["modes"].values())
     assert out["summary"]["sooner"] > 0
+
+
+def test_runs_recorded_one_network_at_a_time_merge_into_one_table_that_says_how_each_was_tuned(tmp_path: Path) -> None:
+    import json
+
+    from bench.models import merge
+
+    def run(name: str, command: str, tuning: dict | None) -> Path:
+        row = {"network": name, "batch": 1, "shape": {}, "kernels": 2, "trials": 32, "tune_secs": 120.0, "layout": "given", "tuning": tuning,
+               "timing": {k: {"median": 1.0, "min": 1.0, "max": 1.0} for k in ("pytorch", "untuned", "tuned")},
+               "speedup_vs_pytorch": {"median": 1.0, "min": 1.0, "max": 1.0}, "speedup_vs_untuned": {"median": 1.0, "min": 1.0, "max": 1.0}}
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"mode": "full", "command": command, "recorded": "now", "commit": "abc", "wall_secs": 60.0, "rows": [row],
+                                    "kernels": [{"network": name}]}))
+        return path
+
+    merged = merge([run("a", "python -m bench.models --networks a --policy gradient --warm-model", {"policy": "gradient", "trials": 32, "stopped_because": "budget"}),
+                    run("b", "python -m bench.models --networks b", None)])
+    assert [r["network"] for r in merged["rows"]] == ["a", "b"] and len(merged["kernels"]) == 2 and merged["wall_secs"] == 120.0
+    lines = report._tuning_runs(merged["rows"])
+    assert len(lines) == 4 and "a b1: gradient policy" in lines[2] and "started from the registry's log" in lines[2] and "--networks a" in lines[2]
