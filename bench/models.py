@@ -358,7 +358,8 @@ def merge(paths: list[Path]) -> dict[str, Any]:
     out = {**runs[0], "rows": [], "kernels": [], "commands": [r["command"] for r in runs], "wall_secs": sum(r.get("wall_secs", 0.0) for r in runs)}
     for run in runs:
         out["rows"] += [{**row, "command": run["command"], "recorded": run["recorded"], "commit": run["commit"]} for row in run["rows"]]
-        out["kernels"] += run["kernels"]
+        peak = max(run.get("peak_gflops", {}).values(), default=None)
+        out["kernels"] += [{**k, "peak_gflops": peak} if peak else k for k in run["kernels"]]  # each run's own peak: the machine's speed varies
     out["command"] = "; ".join(out["commands"])
     return out
 

@@ -271,7 +271,8 @@ def _models(d: dict[str, Any] | None, drawn: dict[str, str], title: str) -> list
     peak = max(d.get("peak_gflops", {}).values(), default=None)
     lines += ["### Heaviest kernels: GFLOPS (the three matmul/conv kernels with the most untuned time × calls per network and batch)", ""]
     if peak:
-        lines += [f"The machine's practical peak, a {d['peak_sgemm_n']}² float32 sgemm timed in the same run: "
+        merged = "" if not d.get("commands") else " (of the first run; each row's \"of peak\" is against its own run's: the machine's speed varies)"
+        lines += [f"The machine's practical peak, a {d['peak_sgemm_n']}² float32 sgemm timed in the same run{merged}: "
                   + ", ".join(f"{k} {v:.1f}" for k, v in d["peak_gflops"].items()) + " GFLOPS; \"of peak\" is tuned over the better of the two.", ""]  # fmt: skip
     rows = []
     for k in d["kernels"]:
@@ -282,7 +283,7 @@ def _models(d: dict[str, Any] | None, drawn: dict[str, str], title: str) -> list
         def gf(ms: float | None, g: float = g) -> str:
             return f"{g / (ms * 1e-3):.1f}" if ms else "–"
 
-        share = [f"{g / (k['tuned_ms'] * 1e-3) / peak:.0%}"] if peak else []
+        share = [f"{g / (k['tuned_ms'] * 1e-3) / k.get('peak_gflops', peak):.0%}"] if peak else []
         rows.append([k["network"], str(k["batch"]), f"`{k['op']}`", str(k["calls"]), f"{g:.3f}", gf(k["untuned_ms"]), gf(k["tuned_ms"]), *share,
                      gf(k["numpy_ms"]), gf(k["torch_ms"])])  # fmt: skip
     header = ["network", "batch", "kernel", "calls", "GFLOP", "untuned", "tuned", *(["of peak"] if peak else []), "numpy", "PyTorch"]
