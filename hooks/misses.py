@@ -12,6 +12,7 @@ from schedhub.registry import (
     Record,
     RegistryError,
     keeps_default_schedule,
+    network_id,
     signature_args_info,
 )
 
@@ -45,18 +46,29 @@ class MissReporting:
             warnings.warn(f"schedhub could not report {len(misses)} misses: {exc}", RegistryFallbackWarning, stacklevel=2)
 
     def report_network(self) -> None:
-        """Tell the registry which kernels this compile's module calls and how often (once a session for each module;
-        skipped when offline or not reporting): what lets a worker refine the module's bottleneck (``registry._networks``).
-        A module of more kernels than a report holds names its most-called ones."""
+        """Tell the registry which kernels this compile's module calls and how often (once a machine for each module,
+        where the kernel cache keeps a mark, else once a session; skipped when offline or not reporting): what lets a
+        worker refine the module's bottleneck (``registry._networks``). A request costs a compile 1-3 ms, so a module
+        compiled again on this machine sends none. A module of more kernels than a report holds names its most-called ones."""
         network = frozenset(self._calls.items())
         if not network or not self.report_misses or self.offline or network in self._networks_reported:
             return
         self._networks_reported.add(network)
         kernels = sorted(network, key=lambda kc: -kc[1])[:MAX_NETWORK_KERNELS]
+        mark = self.cache.root / "networks" / network_id(kernels) if self.cache.root is not None else None
+        if mark is not None and mark.exists():
+            return
         try:
             self.registry.report_network(kernels)
         except RegistryError as exc:  # refinement is the registry's extra: the compile and its report are whole without it
             log.info("schedhub: this module's kernels were not reported for refinement: %s", exc)
+            return
+        if mark is not None:
+            try:
+                mark.parent.mkdir(parents=True, exist_ok=True)
+                mark.touch()
+            except OSError:  # an unwritable cache: the next session reports it again
+                pass
 
     def measure_priority(self, identity: Identity) -> float:
         """How much measuring a kernel's candidates may matter, before it is served: nothing for a hit, else the

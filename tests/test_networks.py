@@ -142,6 +142,11 @@ def test_a_compile_reports_its_modules_kernels_once_a_session(tmp_path: Path) ->
             tvm.compile(mod, cpu)  # the same module again: not reported again
         assert reg.stats()["networks"] == 1
         assert reg.report_network(kernels, by="check")["reports"] == 2  # the hook reported exactly these kernels and calls, once
+        with use(reg, cpu, cache=tmp_path / "cache", transfer=False):
+            tvm.compile(mod, cpu)  # a new session on this machine: its kernel cache says the module was reported
+        with use(reg, cpu, cache=tmp_path / "other machine", transfer=False):
+            tvm.compile(mod, cpu)  # another machine's cache: reported
+        assert reg.report_network(kernels, by="check")["reports"] == 4
         with use(reg, cpu, cache=tmp_path / "cache", transfer=False, report_misses=False):
             tvm.compile(models.export("mlp", batch=4, features=16, hidden=16)[0], cpu)
         assert reg.stats()["networks"] == 1  # a session that reports nothing reports no network either
