@@ -27,6 +27,8 @@ import lmdb
 from ._errors import InvalidRecord, TooManyRequests
 from ._keys import target_device, target_kind
 from ._aggregates import stored_record
+from ._counts import add_count, read_count
+from ._queue import DONE
 from ._records import Identity, Record, packb, unpackb
 
 MAX_KERNELS = 512  # kernels one network report may name (a ResNet-50 compiles to about 50)
@@ -96,14 +98,14 @@ class NetworkBook:
         with self.store.write(txn) as t:
             raw = t.get(ident.encode(), db=self._db)
             if raw is None:
-                mine = _count(t, self._meta, _OF + by.encode())
+                mine = read_count(t, self._meta, _OF + by.encode())
                 if mine >= MAX_PER_CALLER:
                     raise TooManyRequests(f"{by!r} keeps {mine} networks, the most a caller may; nothing was kept")
-                if _count(t, self._meta, _COUNT) >= MAX_NETWORKS:
+                if read_count(t, self._meta, _COUNT) >= MAX_NETWORKS:
                     raise TooManyRequests(f"this registry keeps {MAX_NETWORKS} networks, the most it may; nothing was kept")
                 network = {"kernels": [list(k) for k in kernels], "by": by, "reports": 0, "first_seen": now}
-                _add(t, self._meta, _OF + by.encode(), 1)
-                _add(t, self._meta, _COUNT, 1)
+                add_count(t, self._meta, _OF + by.encode(), 1)
+                add_count(t, self._meta, _COUNT, 1)
             else:
                 network = unpackb(raw)
             network["reports"] += 1
@@ -113,7 +115,7 @@ class NetworkBook:
 
     def count(self) -> int:
         with self.store.read() as t:
-            return _count(t, self._meta, _COUNT)
+            return read_count(t, self._meta, _COUNT)
 
     def bottleneck(self, fingerprint: str, kind: str, device: str, by: str = "", txn: lmdb.Transaction | None = None) -> Bottleneck | None:
         """Requeue for refinement the kernel (of those a worker of ``fingerprint``, ``kind`` and ``device`` can tune) whose
@@ -157,7 +159,7 @@ class NetworkBook:
                 continue
             job = self.queue.peek(key, txn=t)
             searches = int(job.get("searches", 1)) if job is not None else 1  # tuned outside the queue (schedhub tune): one search
-            if job is not None and job.get("state") not in (None, "done"):
+            if job is not None and job.get("state") not in (None, DONE):
                 searches = MAX_SEARCHES  # already on its way: nothing to add
             timed.append((best[0], int(calls), best[1], searches))
         total = sum(secs * calls for secs, calls, _, _ in timed)
@@ -183,11 +185,3 @@ class NetworkBook:
                     return float(entry["vmean"]), record
         return None
 
-
-def _count(t: lmdb.Transaction, db: Any, row: bytes) -> int:
-    raw = t.get(row, db=db)
-    return int.from_bytes(raw, "big") if raw else 0
-
-
-def _add(t: lmdb.Transaction, db: Any, row: bytes, n: int) -> None:
-    t.put(row, max(0, _count(t, db, row) + n).to_bytes(8, "big"), db=db)

@@ -28,7 +28,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from schedhub.registry import packb, unpackb
+from schedhub.registry import packb, target_kind, unpackb
 
 from .tvm_env import compiles_cuda
 
@@ -250,7 +250,7 @@ def search_threads(target_text: str, jobs: int) -> int:
         return 0
     import ray
 
-    gpu = target_kind_of(target_text) == "cuda"
+    gpu = target_kind(target_text) == "cuda"
     sizes = [int(n["Resources"].get("CPU", 0)) for n in ray.nodes()
              if n.get("Alive") and (n["Resources"].get("GPU") if gpu else n["Resources"].get(MEASURE_RESOURCE))]  # fmt: skip
     cpus = min(sizes, default=1)
@@ -260,12 +260,6 @@ def search_threads(target_text: str, jobs: int) -> int:
 def share_of(cpus: int, measuring: int, jobs: int) -> int:
     """Each of ``jobs`` searches' threads on a node of ``cpus`` CPUs whose measurement holds ``measuring``: at least one."""
     return max(1, (cpus - measuring) // max(1, jobs))
-
-
-def target_kind_of(target_text: str) -> str:
-    from schedhub.registry import target_kind
-
-    return target_kind(target_text) or ""
 
 
 @contextlib.contextmanager
