@@ -47,6 +47,8 @@ from typing import Any
 
 import numpy as np
 
+from schedhub.hooks.layouts import LAYOUTS
+from schedhub.hooks.rewrites import MATHS, Rewrites
 from schedhub.registry import LocalRegistry
 from schedhub.tuner import baselines, cluster, dispatch, models, tvm_env
 from schedhub.tuner.allocation import POLICIES, Goal
@@ -111,12 +113,13 @@ PEAK_SGEMM_N = 2048
 class Spending:
     """How a network's trials are spent: each kernel the same budget (``policy`` None), or in rounds to the kernel a
     policy of ``tuner.allocation`` picks (budget: trials per kernel × kernels), stopping early once the network's estimate
-    is :data:`GOAL_MARGIN` of PyTorch's latency (``until_pytorch``) or after ``max_minutes``; convolutions in ``layout``."""
+    is :data:`GOAL_MARGIN` of PyTorch's latency (``until_pytorch``) or after ``max_minutes``; the networks rewritten as
+    ``rewrites`` says (convolution layout, fast math: ``hooks.rewrites``)."""
 
     policy: str | None = None
     until_pytorch: bool = False
     max_minutes: float | None = None
-    layout: str = "given"
+    rewrites: Rewrites = Rewrites()
     warm_model: bool = False  # each search's cost model starts trained on the registry's log (a network's later rounds: on its earlier ones)
 
 
@@ -164,7 +167,7 @@ def run(mode: str, trials: int | None = None, only: list[str] | None = None, see
             started = time.time()
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="schedhub-export-")))
             mod, func, weights, input_shape = _build(network, workdir)
-            kernels = models.kernels(mod, target, spending.layout)
+            kernels = models.kernels(mod, target, spending.rewrites)
             if spending.policy is None:
                 tuned_now, how = _tune_evenly(registry, network, kernels, tuned, options), None
             else:
@@ -183,13 +186,13 @@ def run(mode: str, trials: int | None = None, only: list[str] | None = None, see
             say(f"practical peak (sgemm {PEAK_SGEMM_N}): " + ", ".join(f"{k} {v:.1f} GFLOPS" for k, v in out["peak_gflops"].items()))
         for network, mod, func, weights, input_shape, kernels, tuned_now, tune_secs, how in configs:
             untuned_ex = tvm.compile(mod, target)
-            with hooks.use(registry, target, layout=spending.layout) as session:
+            with hooks.use(registry, target, layout=spending.rewrites.layout, math=spending.rewrites.math) as session:
                 tuned_ex = tvm.compile(mod, target)
             report = session.report
             if report.hits != len(kernels) or report.misses:
                 raise RuntimeError(f"{network.label()}: the tuned compile hit {report.hits} of {len(kernels)} kernels")
             row = _time_network(network, func, weights, input_shape, untuned_ex, tuned_ex, config["rounds"], torch_proc, device)
-            row.update({"kernels": len(kernels), "tuned_now": tuned_now, "tune_secs": tune_secs, "layout": spending.layout, "tuning": how,
+            row.update({"kernels": len(kernels), "tuned_now": tuned_now, "tune_secs": tune_secs, "layout": spending.rewrites.layout, "math": spending.rewrites.math, "tuning": how,
                         "trials": how["trials"] if how else sum(tuned[k.identity.key].trials + tuned[k.identity.key].warm_started for k in kernels)})  # fmt: skip
             out["rows"].append(row)
             row["default_records"] = sum(bool(tuned[k.identity.key].records[0].provenance.get("default_schedule")) for k in kernels)
@@ -376,7 +379,8 @@ def main() -> None:
     parser.add_argument("--until", choices=["pytorch"], help="with --policy: stop a network once its estimate is under PyTorch's latency "
                         f"(× {GOAL_MARGIN}), timed before it is tuned")  # fmt: skip
     parser.add_argument("--max-minutes", type=float, help="with --policy: stop a network's tuning after this many minutes")
-    parser.add_argument("--layout", choices=["given", "NHWC"], default="given", help="convert the networks' convolutions first (hooks.layouts)")
+    parser.add_argument("--layout", choices=list(LAYOUTS), default="given", help="convert the networks' convolutions first (hooks.layouts)")
+    parser.add_argument("--math", choices=list(MATHS), default="exact", help="fast: GELU, erf, exp, tanh, softmax approximated (hooks.fastmath)")
     parser.add_argument("--warm-model", action="store_true", help="start each search's cost model trained on the registry's log (TuneOptions.warm_model)")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--merge", type=Path, nargs="+", help="write these runs' tables as one (--out), tuning nothing")
@@ -392,14 +396,14 @@ def main() -> None:
     mode = "gpu" if args.device == "cuda" else "quick" if args.quick else "full"
     out = args.out or Path(__file__).parent / "results" / mode / "models.json"
     started = time.time()
-    spending = Spending(args.policy, args.until == "pytorch", args.max_minutes, args.layout, args.warm_model)
+    spending = Spending(args.policy, args.until == "pytorch", args.max_minutes, Rewrites(args.layout, args.math), args.warm_model)
     result = run(mode, args.trials, args.networks.split(",") if args.networks else None, args.seed_store, device=args.device, spending=spending)
     result["wall_secs"] = time.time() - started
     result["command"] = " ".join(["python -m bench.models", *(["--quick"] if args.quick else []), *([f"--device {args.device}"] if args.device != "cpu" else []),
                                   *([f"--trials {args.trials}"] if args.trials else []),
                                   *([f"--networks {args.networks}"] if args.networks else []), *(["--seed-store DIR"] if args.seed_store else []),
                                   *(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k in ("policy", "until", "max_minutes") and v),
-                                  *([f"--layout {args.layout}"] if args.layout != "given" else []), *(["--warm-model"] if args.warm_model else [])])  # fmt: skip
+                                  *spending.rewrites.flags(), *(["--warm-model"] if args.warm_model else [])])  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     print(f"wrote {out}")

@@ -296,7 +296,7 @@ def _models(d: dict[str, Any] | None, drawn: dict[str, str], title: str) -> list
 
 
 def _tuning_runs(rows: list[dict[str, Any]]) -> list[str]:
-    """How each row tuned in rounds was tuned: policy, layout, cost model, trials, minutes, why it stopped, and its command."""
+    """How each row tuned in rounds was tuned: policy, rewrites, cost model, trials, minutes, why it stopped, and its command."""
     tuned = [r for r in rows if r.get("tuning")]
     if not tuned:
         return []
@@ -304,7 +304,8 @@ def _tuning_runs(rows: list[dict[str, Any]]) -> list[str]:
     for r in tuned:
         how = r["tuning"]
         model = "each round's cost model started from the registry's log" if "--warm-model" in r.get("command", "") else "a cold cost model each round"
-        out.append(f"- {r['network']} b{r['batch']}: {how['policy']} policy, convolutions {r.get('layout', 'given')}, {model}; {how['trials']} trials in "
+        math = ", fast math" if r.get("math") == "fast" else ""
+        out.append(f"- {r['network']} b{r['batch']}: {how['policy']} policy, convolutions {r.get('layout', 'given')}{math}, {model}; {how['trials']} trials in "
                    f"{r['tune_secs'] / 60:.0f} min; stopped: {how['stopped_because']}. `{r.get('command', '')}`")  # fmt: skip
     return [*out, ""]
 

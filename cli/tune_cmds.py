@@ -12,8 +12,10 @@ from rich.table import Table
 
 from .common import EXIT_UNAVAILABLE, console, labelled, open_registry, out, progress, registry_option, reports_errors
 
-#: ``schedhub.hooks.layouts.LAYOUTS``, spelled here: importing the hooks imports TVM, which a command's --help must not.
+#: ``schedhub.hooks.layouts.LAYOUTS`` and ``schedhub.hooks.rewrites.MATHS``, spelled here: importing the hooks imports
+#: TVM, which a command's --help must not.
 LAYOUTS = ("given", "NHWC")
+MATHS = ("exact", "fast")
 
 
 def ray_option(f: Any) -> Any:
@@ -57,6 +59,9 @@ def work_options(f: Any) -> Any:
     f = click.option("--layout", type=click.Choice(LAYOUTS), default="given", show_default=True,
                      help="Convert the models' 2-D convolutions to this layout first (given: as the frontend gives them); "
                           "compile with hooks.use(..., layout=) the same, or the records are not found.")(f)  # fmt: skip
+    f = click.option("--math", type=click.Choice(MATHS), default="exact", show_default=True,
+                     help="fast: GELU, erf, exp, tanh and softmax by TVM's vectorizable approximations (a few float32 ulps from exact); "
+                          "compile with hooks.use(..., math=) the same, or the records are not found.")(f)  # fmt: skip
     f = click.option("--sweep", multiple=True, help="A shape sweep, name=v1,v2 (e.g. batch=1,8); repeatable.")(f)
     return click.option(
         "--model", "-m", "model_specs", multiple=True, required=True,
@@ -87,11 +92,12 @@ def network_options(f: Any) -> Any:
 @click.option("--dry-run", is_flag=True, help="List the workloads and stop.")
 @ray_option
 @reports_errors
-def tune(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: tuple[str, ...], target: str, layout: str, trials: int, trials_per_iter: int,
+def tune(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: tuple[str, ...], target: str, layout: str, math: str, trials: int, trials_per_iter: int,
          seed: int, population: int, final_repeat_ms: int, concurrency: int, retune: bool, until_text: str | None, policy: str, round_trials: int,
          max_trials: int | None, max_minutes: float | None, dry_run: bool, ray_address: str | None, num_cpus: int | None, num_gpus: int | None) -> None:  # fmt: skip
     """Tune every kernel of the given models and push the results (resumable: tuned keys are skipped); with --until, tune
     the network in rounds where its time goes until it beats a reference."""
+    from schedhub.hooks.rewrites import Rewrites
     from schedhub.tuner import cluster, plan
 
     from . import tune_network
@@ -100,8 +106,9 @@ def tune(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: 
     options = _options(trials, trials_per_iter, seed, population, final_repeat_ms)
     refs = plan.expand([plan.parse_model(m) for m in model_specs], dict(plan.parse_sweep(s) for s in sweep))
     tgt = plan.resolve_target(target)
-    planned = plan.plan(refs, tgt, layout)
-    console.print(f"{len(refs)} model shape(s), {len(planned)} distinct kernels for {tgt}" + (f", convolutions {layout}" if layout != "given" else ""))
+    rewrites = Rewrites(layout, math)  # type: ignore[arg-type]  # click checked both
+    planned = plan.plan(refs, tgt, rewrites)
+    console.print(f"{len(refs)} model shape(s), {len(planned)} distinct kernels for {tgt}" + (f", {rewrites.describe()}" if rewrites.describe() else ""))
     if dry_run:
         for p in planned:
             out.print(f"{p.kernel.identity.key[:16]}  {p.kernel.identity.op:<40} {', '.join(p.models)}")
@@ -139,7 +146,7 @@ def tune(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: 
 @click.option("--python", default=None, help="Interpreter on the cluster (default: this one's path).")
 @click.option("--follow", is_flag=True, help="Stream the job's logs until it ends.")
 @reports_errors
-def submit(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: tuple[str, ...], target: str, layout: str, trials: int, trials_per_iter: int,
+def submit(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: tuple[str, ...], target: str, layout: str, math: str, trials: int, trials_per_iter: int,
            seed: int, population: int, final_repeat_ms: int, concurrency: int, retune: bool, address: str, attempt: int, python: str | None, follow: bool) -> None:  # fmt: skip
     """Submit a bulk tuning run as a Ray Job (idempotent: the same work is one job)."""
     from schedhub.tuner import jobs, plan
@@ -153,9 +160,10 @@ def submit(registry: str, token: str | None, model_specs: tuple[str, ...], sweep
             "--population", str(population), "--final-repeat-ms", str(final_repeat_ms), "--concurrency", str(concurrency), *(a for m in model_specs for a in ("--model", m)), *(a for s in sweep for a in ("--sweep", s))]  # fmt: skip
     if retune:
         args.append("--retune")
-    if layout != "given":  # the work's identity (and so its submission id) is unchanged for the default
-        work["layout"] = layout
-        args += ["--layout", layout]
+    for name, value, default in (("layout", layout, "given"), ("math", math, "exact")):
+        if value != default:  # the work's identity (and so its submission id) is unchanged for the defaults
+            work[name] = value
+            args += [f"--{name}", value]
     try:
         sub = jobs.submit(address, args, work, attempt=attempt, python=python, env={"SCHEDHUB_TOKEN": token} if token else None)
     except jobs.ClusterNotReady as exc:

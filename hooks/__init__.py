@@ -32,6 +32,7 @@ from .identity import canonical_workload, compiler_fingerprint, target_text, wor
 from .pipeline import ACTIVE, install, schedhub_pipeline
 from .guard import ScheduleLimits, ScheduleTooCostly
 from .layouts import Layout
+from .rewrites import Math, Rewrites
 from .objects import ObjectCache, c_compiler_available
 from .report import CompileReport, KernelOutcome, RegistryFallbackWarning
 from .session import HookSession
@@ -69,6 +70,7 @@ def use(
     relocate: bool = True,
     repostprocess: bool = True,
     layout: Layout = "given",
+    math: Math = "exact",
 ) -> Iterator[HookSession]:
     """Apply registry schedules to every Relax build in this block (this thread).
 
@@ -104,7 +106,10 @@ def use(
     ``layout``: what the compile converts the network's 2-D convolutions to before its kernels are looked up:
     ``"given"`` (the frontend's, NCHW from PyTorch and ONNX) or ``"NHWC"`` (:mod:`.layouts`). A record is found only
     under the layout it was tuned in: tune with the same ``--layout``.
+    ``math``: ``"exact"``, or ``"fast"``: GELU, erf, exp, tanh and softmax by TVM's vectorizable approximations, a few
+    float32 ulps from exact (:mod:`.fastmath`). Its kernels are other kernels: tune with the same ``--math``.
     """
+    rewrites = Rewrites(layout, math)  # checked before anything opens
     install()
     cache_dir: str | os.PathLike[str] | None = None  # this block's own cache, bounded when it ends
     objects: ObjectCache | None = None
@@ -118,7 +123,7 @@ def use(
         objects = ObjectCache(Path(cache_dir) / "objects") if link and cache_dir is not None and c_compiler_available() else None
         session = HookSession(reg, report_misses=report_misses, trust=trust, limits=limits, transfer=transfer, cache=KernelCache(cache_dir),
                               measure=measure, objects=objects, synthesize=synthesize, rank_by_model=rank_by_model, pad=pad,
-                              relocate=relocate, repostprocess=repostprocess, layout=layout)  # fmt: skip
+                              relocate=relocate, repostprocess=repostprocess, rewrites=rewrites)  # fmt: skip
     token = ACTIVE.set(session)
     try:
         with contextlib.ExitStack() as stack:

@@ -14,6 +14,7 @@ from tvm.relax.frontend import nn
 from schedhub.cli.tune_cmds import LAYOUTS as CLI_LAYOUTS
 from schedhub.hooks import use
 from schedhub.hooks.layouts import LAYOUTS, check_layout
+from schedhub.hooks.rewrites import Rewrites
 from schedhub.registry import LocalRegistry
 from schedhub.tuner import models
 
@@ -48,7 +49,7 @@ def nhwc_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A registry holding a real (hand-tuned, timed) record of every kernel of :func:`conv_net` converted to NHWC."""
     root = tmp_path_factory.mktemp("layouts") / "store"
     with LocalRegistry(root) as reg:
-        for kernel in models.kernels(conv_net(), CPU, "NHWC"):
+        for kernel in models.kernels(conv_net(), CPU, Rewrites("NHWC")):
             reg.put(tune(kernel.identity))
     return root
 
@@ -59,7 +60,7 @@ def test_converted_network_hits_every_kernel_and_computes_the_same(nhwc_store: P
     expected = run(tvm.compile(mod, CPU), x)
     with use(nhwc_store, CPU, layout="NHWC", trust="any", transfer=False, report_misses=False, cache=tmp_path / "cache") as session:
         ex = tvm.compile(mod, CPU)
-    kernels = models.kernels(mod, CPU, "NHWC")
+    kernels = models.kernels(mod, CPU, Rewrites("NHWC"))
     assert any("transpose" in k.identity.op or "layout" in k.identity.op for k in kernels), [k.identity.op for k in kernels]
     assert session.report.hits == len(kernels) and not session.report.misses, session.report.summary()
     np.testing.assert_allclose(run(ex, x), expected, rtol=1e-4, atol=1e-4)
@@ -68,7 +69,7 @@ def test_converted_network_hits_every_kernel_and_computes_the_same(nhwc_store: P
 def test_layout_is_part_of_what_a_kernel_is(nhwc_store: Path, tmp_path: Path) -> None:
     """The NCHW compile of the same network finds none of the NHWC convolutions' records: a record is served only in its own layout."""
     given = {k.identity.key for k in models.kernels(conv_net(), CPU) if "conv2d" in k.identity.op}
-    converted = {k.identity.key for k in models.kernels(conv_net(), CPU, "NHWC") if "conv2d" in k.identity.op}
+    converted = {k.identity.key for k in models.kernels(conv_net(), CPU, Rewrites("NHWC")) if "conv2d" in k.identity.op}
     assert len(given) == len(converted) == 2 and not given & converted
     with use(nhwc_store, CPU, trust="any", transfer=False, report_misses=False, cache=tmp_path / "cache") as session:
         tvm.compile(conv_net(), CPU)
@@ -79,7 +80,7 @@ def test_unknown_layout_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="NCHW16c.*given, NHWC"):
         check_layout("NCHW16c")
     with pytest.raises(ValueError, match="unknown convolution layout"):
-        models.kernels(conv_net(), CPU, "nhwc")
+        Rewrites("nhwc")  # type: ignore[arg-type]
 
 
 def test_cli_offers_the_hooks_layouts() -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tvm
@@ -18,6 +18,9 @@ from tvm import relax
 from tvm.relax.frontend import nn
 
 from schedhub.registry import Identity
+
+if TYPE_CHECKING:
+    from schedhub.hooks.rewrites import Rewrites
 
 from .architectures import MOBILENETV2_STAGES
 
@@ -204,21 +207,21 @@ class Kernel:
     calls: int
 
 
-def kernels(mod: tvm.IRModule, target: Any, layout: str = "given") -> list[Kernel]:
-    """The fused kernels the compile hook will look up for ``mod`` on ``target`` with its convolutions in ``layout``
-    (``hooks.use(..., layout=)``: same passes, same keys)."""
+def kernels(mod: tvm.IRModule, target: Any, rewrites: Rewrites | None = None) -> list[Kernel]:
+    """The fused kernels the compile hook will look up for ``mod`` on ``target`` after ``rewrites`` (None: none;
+    ``hooks.use(..., layout=, math=)``: same passes, same keys)."""
     from tvm import tirx
 
     from schedhub.hooks.identity import workload_identity
     from schedhub.hooks.defaults import is_gpu
-    from schedhub.hooks.layouts import check_layout
+    from schedhub.hooks.rewrites import Rewrites
     from schedhub.hooks.pipeline import call_counts, fusion_passes, gpu_backend
 
     tgt = tvm.target.Target(target) if not isinstance(target, tvm.target.Target) else target
     with tgt:
         if is_gpu(tgt):  # the GPU route dispatches to libraries first
             mod = tvm.transform.Sequential(gpu_backend(tgt).library_dispatch_passes(tgt))(mod)
-        fused = fusion_passes(check_layout(layout))(mod)
+        fused = fusion_passes(rewrites or Rewrites())(mod)
     calls = call_counts(fused)
     found: dict[str, Kernel] = {}
     for gv, func in fused.functions_items():

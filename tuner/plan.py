@@ -20,12 +20,15 @@ import importlib
 import itertools
 import json
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tvm
 
 from . import models
 from .models import Kernel
+
+if TYPE_CHECKING:
+    from schedhub.hooks.rewrites import Rewrites
 
 
 class PlanError(ValueError):
@@ -198,11 +201,11 @@ class PlannedKernel:
     models: list[str]
 
 
-def plan(refs: list[ModelRef], target: dict[str, Any], layout: str = "given") -> list[PlannedKernel]:
-    """Every distinct kernel of the models on ``target`` with their convolutions in ``layout`` (by key), with the models that use it."""
+def plan(refs: list[ModelRef], target: dict[str, Any], rewrites: Rewrites | None = None) -> list[PlannedKernel]:
+    """Every distinct kernel of the models on ``target`` after ``rewrites`` (by key), with the models that use it."""
     found: dict[str, PlannedKernel] = {}
     for ref in refs:
-        for kernel in models.kernels(load(ref), target, layout):
+        for kernel in models.kernels(load(ref), target, rewrites):
             entry = found.setdefault(kernel.identity.key, PlannedKernel(kernel, []))
             entry.models.append(ref.label)
     return list(found.values())

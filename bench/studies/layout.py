@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from schedhub.tuner import cluster, models, tvm_env
+from schedhub.hooks.layouts import LAYOUTS
+from schedhub.hooks.rewrites import Rewrites
 from schedhub.tuner.network import workload_flops
 from schedhub.tuner.search import TuneOptions, tune_workload
 from schedhub.tuner.torch_process import TorchProcess
@@ -32,7 +34,6 @@ from ..torch_export import import_twin
 
 #: The full mode's search (bench.models): rounds of 16 from a population of 128 × 2 genetic rounds; nothing warm.
 OPTIONS = TuneOptions(trials=64, trials_per_iter=16, population=128, genetic_iters=2, warm_start=0, synthesize=0, seeds=0)
-LAYOUTS = ("given", "NHWC")
 
 
 def heaviest_convolutions(kernels: list[models.Kernel], count: int) -> list[tuple[models.Kernel, float]]:
@@ -56,7 +57,7 @@ def main() -> None:
     _, weights, _ = models.export_with_weights(args.network, batch=1, image=args.image)
     with tempfile.TemporaryDirectory(prefix="schedhub-layout-") as tmp:
         mod = import_twin(args.network, weights, {"batch": 1, "image": args.image}, Path(tmp))
-    chosen = {layout: heaviest_convolutions(models.kernels(mod, target, layout), args.kernels) for layout in LAYOUTS}
+    chosen = {layout: heaviest_convolutions(models.kernels(mod, target, Rewrites(layout)), args.kernels) for layout in LAYOUTS}
     options = replace(OPTIONS, trials=args.trials, trials_per_iter=min(OPTIONS.trials_per_iter, args.trials))
     result: dict[str, Any] = {"command": f"python -m bench.studies.layout --network {args.network} --image {args.image} --kernels {args.kernels} --trials {args.trials}",
                               "network": args.network, "image": args.image, "frontend": "torch.export", "options": options.__dict__, "kernels": [],
