@@ -304,7 +304,7 @@ def _tuning_runs(rows: list[dict[str, Any]]) -> list[str]:
     for r in tuned:
         how = r["tuning"]
         model = "each round's cost model started from the registry's log" if "--warm-model" in r.get("command", "") else "a cold cost model each round"
-        math = ", fast math" if r.get("math") == "fast" else ""
+        math = (", fast math" if r.get("math") == "fast" else "") + (", weights prepacked" if r.get("prepack") else "")
         out.append(f"- {r['network']} b{r['batch']}: {how['policy']} policy, convolutions {r.get('layout', 'given')}{math}, {model}; {how['trials']} trials in "
                    f"{r['tune_secs'] / 60:.0f} min; stopped: {how['stopped_because']}. `{r.get('command', '')}`")  # fmt: skip
     return [*out, ""]

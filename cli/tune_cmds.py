@@ -62,6 +62,9 @@ def work_options(f: Any) -> Any:
     f = click.option("--math", type=click.Choice(MATHS), default="exact", show_default=True,
                      help="fast: GELU, erf, exp, tanh and softmax by TVM's vectorizable approximations (a few float32 ulps from exact); "
                           "compile with hooks.use(..., math=) the same, or the records are not found.")(f)  # fmt: skip
+    f = click.option("--prepack", is_flag=True,
+                     help="Let each kernel's schedule choose its weights' layout, packed at compile time (CPU); "
+                          "compile with hooks.use(..., prepack=True), or the records are not found.")(f)  # fmt: skip
     f = click.option("--sweep", multiple=True, help="A shape sweep, name=v1,v2 (e.g. batch=1,8); repeatable.")(f)
     return click.option(
         "--model", "-m", "model_specs", multiple=True, required=True,
@@ -92,7 +95,7 @@ def network_options(f: Any) -> Any:
 @click.option("--dry-run", is_flag=True, help="List the workloads and stop.")
 @ray_option
 @reports_errors
-def tune(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: tuple[str, ...], target: str, layout: str, math: str, trials: int, trials_per_iter: int,
+def tune(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: tuple[str, ...], target: str, layout: str, math: str, prepack: bool, trials: int, trials_per_iter: int,
          seed: int, population: int, final_repeat_ms: int, concurrency: int, retune: bool, until_text: str | None, policy: str, round_trials: int,
          max_trials: int | None, max_minutes: float | None, dry_run: bool, ray_address: str | None, num_cpus: int | None, num_gpus: int | None) -> None:  # fmt: skip
     """Tune every kernel of the given models and push the results (resumable: tuned keys are skipped); with --until, tune
@@ -106,7 +109,7 @@ def tune(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: 
     options = _options(trials, trials_per_iter, seed, population, final_repeat_ms)
     refs = plan.expand([plan.parse_model(m) for m in model_specs], dict(plan.parse_sweep(s) for s in sweep))
     tgt = plan.resolve_target(target)
-    rewrites = Rewrites(layout, math)  # type: ignore[arg-type]  # click checked both
+    rewrites = Rewrites(layout, math, prepack)  # type: ignore[arg-type]  # click checked them
     planned = plan.plan(refs, tgt, rewrites)
     console.print(f"{len(refs)} model shape(s), {len(planned)} distinct kernels for {tgt}" + (f", {rewrites.describe()}" if rewrites.describe() else ""))
     if dry_run:
@@ -146,7 +149,7 @@ def tune(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: 
 @click.option("--python", default=None, help="Interpreter on the cluster (default: this one's path).")
 @click.option("--follow", is_flag=True, help="Stream the job's logs until it ends.")
 @reports_errors
-def submit(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: tuple[str, ...], target: str, layout: str, math: str, trials: int, trials_per_iter: int,
+def submit(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: tuple[str, ...], target: str, layout: str, math: str, prepack: bool, trials: int, trials_per_iter: int,
            seed: int, population: int, final_repeat_ms: int, concurrency: int, retune: bool, address: str, attempt: int, python: str | None, follow: bool) -> None:  # fmt: skip
     """Submit a bulk tuning run as a Ray Job (idempotent: the same work is one job)."""
     from schedhub.tuner import jobs, plan
@@ -164,6 +167,9 @@ def submit(registry: str, token: str | None, model_specs: tuple[str, ...], sweep
         if value != default:  # the work's identity (and so its submission id) is unchanged for the defaults
             work[name] = value
             args += [f"--{name}", value]
+    if prepack:
+        work["prepack"] = True
+        args.append("--prepack")
     try:
         sub = jobs.submit(address, args, work, attempt=attempt, python=python, env={"SCHEDHUB_TOKEN": token} if token else None)
     except jobs.ClusterNotReady as exc:

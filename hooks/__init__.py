@@ -71,6 +71,7 @@ def use(
     repostprocess: bool = True,
     layout: Layout = "given",
     math: Math = "exact",
+    prepack: bool = False,
 ) -> Iterator[HookSession]:
     """Apply registry schedules to every Relax build in this block (this thread).
 
@@ -108,8 +109,10 @@ def use(
     under the layout it was tuned in: tune with the same ``--layout``.
     ``math``: ``"exact"``, or ``"fast"``: GELU, erf, exp, tanh and softmax by TVM's vectorizable approximations, a few
     float32 ulps from exact (:mod:`.fastmath`). Its kernels are other kernels: tune with the same ``--math``.
+    ``prepack``: kernels whose records lay their weights out as their schedule reads them (MetaSchedule's
+    ``RewriteLayout``), the weights rewritten once, at compile time (:mod:`.rewrites`; CPU). Tune with ``--prepack``.
     """
-    rewrites = Rewrites(layout, math)  # checked before anything opens
+    rewrites = Rewrites(layout, math, prepack)  # checked before anything opens
     install()
     cache_dir: str | os.PathLike[str] | None = None  # this block's own cache, bounded when it ends
     objects: ObjectCache | None = None

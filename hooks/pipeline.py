@@ -46,7 +46,7 @@ def fusion_passes(rewrites: Rewrites = Rewrites()) -> tvm.transform.Pass:
     and after the network is rewritten as ``rewrites`` says (:mod:`.rewrites`: convolution layout, fast math)."""
     return tvm.transform.Sequential([
         relax.transform.FoldBatchnormToConv2D(), *rewrites.passes(), relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
-        relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR(),
+        relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR(), *rewrites.fused_passes(),
     ])  # fmt: skip
 
 
@@ -119,13 +119,14 @@ def apply_records(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRM
         scheduled = session.scheduled(func, target, gv.name_hint)
         if scheduled is not None:
             new, attrs = scheduled["main"], dict(func.attrs or {})
-            for name in [n for n in dict(new.attrs or {}) if n not in attrs and n != OBJECT_ID]:  # global_symbol "main" of the normalized module
+            packs = session.rewrites.prepack and LAYOUT_FREE in attrs  # its weights' rewrite is split out after (:func:`prepack_weights`)
+            for name in [n for n in dict(new.attrs or {}) if n not in attrs and (n != OBJECT_ID or packs)]:  # global_symbol "main" of the normalized module
                 new = new.without_attr(name)
             for name, value in attrs.items():
                 new = new.with_attr(name, value)
             updates[gv] = new.with_attr(IS_SCHEDULED, True)
             session.originals[gv.name_hint] = func
-            if objects is not None:  # its machine code compiles while the next kernels are looked up and replayed
+            if objects is not None and not packs:  # its machine code compiles while the next kernels are looked up and replayed
                 objects.start(updates[gv], target)
             else:  # or it is lowered alone, in the same way (:func:`check_lowering`)
                 session.lowerings.start(updates[gv], target)
@@ -159,6 +160,21 @@ def check_lowering(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IR
     return session.unbuildable(mod, failures) if failures else mod
 
 
+#: The attribute ``AttachAttrLayoutFreeBuffers`` marks a kernel's weights with.
+LAYOUT_FREE = "layout_free_buffers"
+
+
+def prepack_weights(mod: tvm.IRModule) -> tvm.IRModule:
+    """Each scheduled kernel that rewrites its weights' layout split in two, the rewrite and the kernel on rewritten
+    weights, and the rewrite of constant weights computed now (:mod:`.rewrites`); the kernels marked scheduled."""
+    mod = tvm.transform.Sequential([relax.transform.SplitLayoutRewritePreproc(), relax.transform.FoldConstant()])(mod)
+    out = mod.clone()
+    for gv, func in mod.functions_items():
+        if isinstance(func, tirx.PrimFunc) and gv.name_hint.endswith("_prepacked") and not (func.attrs is not None and func.attrs.get(IS_SCHEDULED)):
+            out.update_func(gv, func.with_attr(IS_SCHEDULED, True))
+    return out
+
+
 def apply_database(mod: tvm.IRModule) -> tvm.IRModule:
     """Fuse, then (with a database in scope) prefetch every kernel and apply the database's records:
     the session's through :func:`apply_records`, another MetaSchedule database through TVM's pass."""
@@ -167,6 +183,8 @@ def apply_database(mod: tvm.IRModule) -> tvm.IRModule:
     if session is not None:
         session.begin_compile()
         mod = check_lowering(link_objects(apply_records(prefetch(mod))))
+        if session.rewrites.prepack:
+            mod = prepack_weights(mod)
         session.end_compile()
     elif ms.Database.current() is not None:
         mod = relax.transform.MetaScheduleApplyDatabase()(mod)

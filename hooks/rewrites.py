@@ -1,5 +1,12 @@
 """What a compile rewrites in a network before its kernels are fused and looked up: its convolutions' layout
-(:mod:`.layouts`) and its math (:mod:`.fastmath`).
+(:mod:`.layouts`), its math (:mod:`.fastmath`), and whether its weights may be prepacked.
+
+Prepacking (``prepack=True``): each fused kernel is marked with which of its arguments are weights (Relax's
+``AttachAttrLayoutFreeBuffers``: constants and parameters), so that MetaSchedule's ``RewriteLayout`` postprocessor
+chooses their layout with the schedule, as Ansor does on CPUs: a convolution's weights tiled as its loops read them,
+not strided across output channels. A compile splits that rewrite out of each such kernel after its schedule is applied
+(``SplitLayoutRewritePreproc``) and folds it into the constants (``FoldConstant``): the weights are prepacked once, at
+compile time. CPU schedules only: MetaSchedule's GPU postprocessors rewrite no layouts.
 
 A record's workload is the kernel as it was rewritten when it was tuned, so the rewrites are part of what a kernel
 *is*: a compile finds only records tuned with the same rewrites, and the tuner (``tuner.models.kernels``) extracts
@@ -12,6 +19,7 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 import tvm
+from tvm import relax
 
 from .fastmath import fast_math_passes
 from .layouts import Layout, check_layout, layout_passes
@@ -33,20 +41,29 @@ class Rewrites:
 
     layout: Layout = "given"  # what 2-D convolutions are converted to
     math: Math = "exact"  # "fast": GELU, erf, exp, tanh and softmax by TVM's approximations
+    prepack: bool = False  # weights in the layout each kernel's schedule chooses, packed at compile time
 
     def __post_init__(self) -> None:
         check_layout(self.layout)
         check_math(self.math)
+        if not isinstance(self.prepack, bool):
+            raise ValueError(f"prepack is True or False, not {self.prepack!r}")
 
     def passes(self) -> list[tvm.transform.Pass]:
         """The Relax passes, before legalization, that make these rewrites."""
         return [*layout_passes(self.layout), *(fast_math_passes() if self.math == "fast" else [])]
 
+    def fused_passes(self) -> list[tvm.transform.Pass]:
+        """The passes after fusion: the kernels' weights marked as theirs to lay out (with ``prepack``)."""
+        return [relax.transform.AttachAttrLayoutFreeBuffers()] if self.prepack else []
+
     def flags(self) -> list[str]:
         """The ``schedhub tune`` options that ask for these rewrites (none for the defaults)."""
-        return [*(["--layout", self.layout] if self.layout != "given" else []), *(["--math", self.math] if self.math != "exact" else [])]
+        return [*(["--layout", self.layout] if self.layout != "given" else []), *(["--math", self.math] if self.math != "exact" else []),
+                *(["--prepack"] if self.prepack else [])]  # fmt: skip
 
     def describe(self) -> str:
         """A short phrase for reports: "" for the defaults, else e.g. "convolutions NHWC, fast math"."""
-        parts = [*([f"convolutions {self.layout}"] if self.layout != "given" else []), *(["fast math"] if self.math == "fast" else [])]
+        parts = [*([f"convolutions {self.layout}"] if self.layout != "given" else []), *(["fast math"] if self.math == "fast" else []),
+                 *(["weights prepacked"] if self.prepack else [])]  # fmt: skip
         return ", ".join(parts)

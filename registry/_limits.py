@@ -321,7 +321,7 @@ MAX_GRAPH_NODES = 1024
 MAX_GRAPH_DEPTH = 64
 _GRAPH_LITERALS = {"int": int, "float": float, "bool": bool, "ffi.String": str}
 _GRAPH_OBJECTS = frozenset({"ir.PrimType", "ir.Var", "ir.IntImm", "ir.FloatImm", "tirx.IndexMap"} | {f"prim.{op}" for op in (
-    "Add", "Sub", "Mul", "Div", "Mod", "FloorDiv", "FloorMod", "Min", "Max")})  # fmt: skip
+    "Add", "Sub", "Mul", "Div", "Mod", "FloorDiv", "FloorMod", "Min", "Max", "Cast")})  # fmt: skip  (Cast: RewriteLayout's maps cast indices to int64)
 #: Fields a graph writes inline, not as a node's index, by object type ("" any): a type's dtype (short text), a float
 #: constant's value (a pad value: ``transform_layout(..., pad_value=0.0)``).
 _INLINE_FIELDS: dict[tuple[str, str], Callable[[Any], bool]] = {("", "dtype"): lambda v: isinstance(v, str) and len(v) <= 32,

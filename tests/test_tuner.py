@@ -253,6 +253,19 @@ def test_verification_quarantines_a_record_whose_trace_takes_long_to_replay() ->
     assert verdict["run_secs"] is None and "to replay" in verdict["reason"] and REPLAY_SECS_AT_MOST == 1.0, verdict
 
 
+def test_a_kernel_that_may_prepack_its_weights_is_searched_on_them_packed_and_published_checked_whole(ray_address: str) -> None:
+    """Each candidate lays the convolution's weights out its own way (MetaSchedule's RewriteLayout): the search times
+    it on weights in that layout, publishing checks it whole against the unscheduled kernel, and what is published
+    rewrites the weights (the hook packs them at compile time: tests/test_prepack.py)."""
+    from .test_prepack import PREPACK, conv_net
+
+    kernel = models.kernels(conv_net(), TARGET, PREPACK)[0]
+    result = TuneResult.from_dict(cluster.result(tune(kernel.identity, tiny(trials=8, trials_per_iter=8, publish=2))))
+    assert result.records and result.trials >= 4, result.rejected
+    assert any('"TransformLayout"' in r.trace for r in result.records), [r.provenance for r in result.records]
+    assert not any("run failed" in why or "differs" in why for why in result.rejected), result.rejected
+
+
 def test_a_trace_of_another_structure_is_skipped_not_fatal(ray_address: str) -> None:
     a, b = te.placeholder((64, 64), name="A"), te.placeholder((64,), name="b")
     c = te.compute((64, 64), lambda i, j: a[i, j] + b[j], name="bias_add")

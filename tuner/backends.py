@@ -113,8 +113,10 @@ class RayRunner(ms.runner.PyRunner):
         for lo in range(0, len(runner_inputs), MEASURE_CHUNK):
             batch = runner_inputs[lo : lo + MEASURE_CHUNK]
             artifacts = [read_artifact(ri.artifact_path) for ri in batch]
-            args_info = [plain_json(a.as_json()) for a in batch[0].args_info]
-            ref = cluster.submit("measure", placed=self.placed, artifacts=artifacts, args_info=args_info, timing=self.timing, target_text=self.target)
+            each = [[plain_json(a.as_json()) for a in ri.args_info] for ri in batch]  # a schedule that prepacks weights chose their layout
+            own = [args if args != each[0] else None for args in each]
+            ref = cluster.submit("measure", placed=self.placed, artifacts=artifacts, args_info=each[0], timing=self.timing, target_text=self.target,
+                                 **({"own_args": own} if any(own) else {}))  # fmt: skip
             chunk = _Chunk(ref, len(batch), self.timeline)
             for i in range(len(batch)):
                 futures.append(ms.runner.RunnerFuture(f_done=chunk.done, f_result=lambda i=i, chunk=chunk: chunk.result(i)))

@@ -45,7 +45,10 @@ def _short_error(exc: BaseException) -> str:
 
 
 def build(mod_json: str, target_text: str) -> dict[str, Any]:
-    """Build one scheduled module: ``{"artifact": bytes | None, "error": str | None, ...interval}``."""
+    """Build one scheduled module: ``{"artifact": bytes | None, "error": str | None, ...interval}``. A module whose
+    weights' layout its schedule rewrites (MetaSchedule's ``RewriteLayout``) is built as MetaSchedule times it, the
+    rewrite removed so that it takes its weights prepacked, and the answer adds that build's ``args_info`` and a
+    ``check_artifact``: the module built whole (rewrite kept), which takes the kernel's own arguments."""
     import tvm
 
     from schedhub.hooks.identity import target_from_text
@@ -56,8 +59,11 @@ def build(mod_json: str, target_text: str) -> dict[str, Any]:
     if target.kind.name == "cuda" and not tvm_env.compiles_cuda():  # it would keep source no GPU loads
         return {"artifact": None, "error": f"this node ({socket.gethostname()}) cannot compile CUDA: its TVM has no CUDA runtime", **_interval(start)}
     try:
-        rt_mod = tvm_env.build_kernel(tvm.ir.load_json(mod_json), target)
+        mod = tvm.ir.load_json(mod_json)
+        rt_mod = tvm_env.build_kernel(mod, target)
         out: dict[str, Any] = {"artifact": tvm_env.library_bytes(rt_mod), "error": None}
+        if (packed := tvm_env.packed_args_info(mod)) is not None:  # its weights prepacked: time it on them, check it whole
+            out.update(args_info=packed, check_artifact=tvm_env.library_bytes(tvm.tirx.build(mod, target=target)))
     except Exception as exc:  # a candidate that does not build is a result, not a crash
         out = {"artifact": None, "error": f"build failed: {_short_error(exc)}"}
     return {**out, **_interval(start)}
@@ -141,12 +147,16 @@ def device_for(target_text: str) -> Any:
 
 def measure(
     artifacts: list[bytes | None], args_info: list[Any], timing: dict[str, Any], reference: bytes | None = None, rtol: float = 1e-3,
-    target_text: str = '{"kind":"llvm"}',
+    target_text: str = '{"kind":"llvm"}', own_args: list[list[Any] | None] | None = None, checks: list[bytes | None] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Time each built kernel on the device of ``target_text``; with ``reference`` (the unscheduled
     kernel built for this CPU) check every output against the reference's on the same inputs first, and
     where ``timing`` says ``"untimed_past"``, time none whose checking call was that many times slower
     than the first kernel's (:data:`UNTIMED`).
+
+    ``own_args``: per artifact, the arguments it is timed on where they are not ``args_info`` (a kernel that takes its
+    weights prepacked, in the layout its schedule chose); ``checks``: per artifact, the build whose outputs are checked
+    in its place where it is not itself (the same kernel with the weights' rewrite kept: it takes ``args_info``).
 
     Returns ``{"results": [{"run_secs": [...] | None, "error": str | None}], ...interval}``. The
     caller holds the device's measurement resource for the whole call.
@@ -162,15 +172,16 @@ def measure(
         tensors = [tvm.runtime.tensor(a, dev) for a in arrays]  # timing only: shared by every candidate
         expected = _run(tvm_env.load_library(reference, tmp), arrays, tvm.cpu(0)) if reference is not None else None
         first_call: float | None = None  # seconds of the first kernel's checking call
-        for artifact in artifacts:
+        for i, artifact in enumerate(artifacts):
             if artifact is None:
                 results.append({"run_secs": None, "error": "not built"})
                 continue
             try:
                 rt_mod = tvm_env.load_library(artifact, tmp)
                 if expected is not None:
+                    check = (checks or [])[i] if i < len(checks or []) else None
                     called = time.perf_counter()
-                    outputs = _run(rt_mod, arrays, dev)
+                    outputs = _run(tvm_env.load_library(check, tmp) if check is not None else rt_mod, arrays, dev)
                     call_secs = time.perf_counter() - called
                     if problem := _mismatch(expected, outputs, rtol):
                         results.append({"run_secs": None, "error": problem})
@@ -185,7 +196,9 @@ def measure(
                     "main", dev, number=timing["number"], repeat=timing["repeat"], min_repeat_ms=timing["min_repeat_ms"],
                     f_preproc="cache_flush_cpu_non_first_arg" if timing.get("flush_cache") and dev.device_type == tvm.cpu(0).device_type else "",
                 )  # fmt: skip
-                results.append({"run_secs": [float(s) for s in evaluator(*tensors).results], "error": None})
+                mine = (own_args or [])[i] if i < len(own_args or []) else None
+                timed_on = tensors if mine is None else [tvm.runtime.tensor(a, dev) for a in random_arguments(mine)]
+                results.append({"run_secs": [float(s) for s in evaluator(*timed_on).results], "error": None})
             except Exception as exc:  # a kernel that fails to load or run is a result
                 results.append({"run_secs": None, "error": f"run failed: {_short_error(exc)}"})
     return {"results": results, **_interval(start)}

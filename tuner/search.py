@@ -336,18 +336,18 @@ def _seed_database(database: Any, mod: Any, target: Any, traces: list[str], buil
     replayed = [pair for i, pair in enumerate(replayed) if firsts[i] == i]
     if not replayed:
         return 0, {}, skipped
-    args_info = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
+    args_info = [ms.arg_info.ArgInfo.from_entry_func(m, remove_preproc=True) for _, m in replayed]  # as built: weights prepacked where it rewrites them
     built = builder.build([ms.builder.BuilderInput(m, target) for _, m in replayed])
     device = "cpu" if target.kind.name == "llvm" else target.kind.name
-    inputs = [ms.runner.RunnerInput(b.artifact_path, device, args_info) for b in built if b.artifact_path]
+    inputs = [ms.runner.RunnerInput(b.artifact_path, device, args) for b, args in zip(built, args_info) if b.artifact_path]
     futures = iter(runner.run(inputs))
     artifacts: dict[str, str] = {}
-    for (trace, _), b in zip(replayed, built):
+    for (trace, _), b, args in zip(replayed, built, args_info):
         if b.artifact_path is None:
             continue
         res = next(futures).result()
         if res.run_secs:
-            database.commit_tuning_record(ms.database.TuningRecord(trace, workload, res.run_secs, target, args_info))
+            database.commit_tuning_record(ms.database.TuningRecord(trace, workload, res.run_secs, target, args))
             artifacts[trace_text(trace)] = b.artifact_path
     return len(artifacts), artifacts, skipped
 
@@ -383,6 +383,7 @@ def side_by_side(identity: Identity, mod: Any, candidates: list[Any], timing: di
 
     host = reference_build(mod, identity.target)
     given = [None, *(prebuilt or [None] * len(candidates))]
+    given = [None if i and tvm_env.packed_args_info(candidates[i - 1]) is not None else g for i, g in enumerate(given)]  # checked whole: built here
     builds = [(default_schedule(mod, target_from_text(identity.target)), identity.target), *((c, identity.target) for c in candidates)]
     if host:
         builds.append(host)
@@ -401,6 +402,7 @@ def side_by_side(identity: Identity, mod: Any, candidates: list[Any], timing: di
     answer = cluster.result(cluster.submit(
         "measure", placed=cluster.placement("measure", identity.target), artifacts=[b["artifact"] for b in built], args_info=identity.args_info,
         timing=timing, reference=reference["artifact"], target_text=identity.target,
+        **({"own_args": [b.get("args_info") for b in built], "checks": [b.get("check_artifact") for b in built]} if any("check_artifact" in b for b in built) else {}),
     ))  # fmt: skip
     timeline.add("measure", answer, len(built))
     results = [{**(r if b["artifact"] is not None else {**r, "error": b["error"]}), "build_secs": b["end"] - b["start"] if "start" in b else None}

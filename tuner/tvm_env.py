@@ -50,6 +50,20 @@ def build_kernel(mod: Any, target: Any, _params: Any = None) -> Any:
     return tvm.tirx.build(mod, target=target)
 
 
+def packed_args_info(mod: Any) -> list[Any] | None:
+    """The arguments (ArgInfo JSON) ``mod``'s kernel takes once its weights' layout rewrite is removed
+    (:func:`build_kernel`), where that differs from its own: None for a kernel whose schedule rewrites no weights."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from schedhub.hooks.identity import plain_json
+
+    def args(remove_preproc: bool) -> list[Any]:
+        return [plain_json(a.as_json()) for a in ms.arg_info.ArgInfo.from_entry_func(mod, remove_preproc=remove_preproc)]
+
+    packed = args(True)
+    return packed if packed != args(False) else None
+
+
 def library_bytes(rt_mod: Any) -> bytes:
     """A runtime Module as shared-library bytes (linked by the system compiler)."""
     with tempfile.TemporaryDirectory(prefix="schedhub-build-") as tmp:

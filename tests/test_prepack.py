@@ -1,0 +1,115 @@
+"""Prepacked weights: a kernel whose schedule lays its weights out as it reads them (MetaSchedule's ``RewriteLayout``)
+is served with that rewrite split out and folded into the constants at compile time, computes what the plain network
+computes, and is a different kernel from the one compiled without prepacking (hooks/rewrites.py, hooks/pipeline.py);
+the tuner's builds time such a kernel on its packed weights and check it whole (tuner/kernels.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+from tvm.relax.frontend import nn
+from tvm.s_tir import meta_schedule as ms
+
+from schedhub.hooks import use
+from schedhub.hooks.identity import plain_json, workload_module
+from schedhub.hooks.pipeline import apply_database, call_counts
+from schedhub.hooks.rewrites import Rewrites
+from schedhub.registry import Identity, LocalRegistry, Record
+from schedhub.tuner import kernels as tasks
+from schedhub.tuner import models, tvm_env
+
+CPU = tvm.target.Target({"kind": "llvm", "num-cores": 1})
+PREPACK = Rewrites(prepack=True)
+
+
+class ConvNet(nn.Module):
+    def __init__(self) -> None:
+        self.first = nn.Conv2D(8, 16, 3, padding=1, bias=True)
+        self.second = nn.Conv2D(16, 16, 3, padding=1, bias=True)
+
+    def forward(self, x: nn.Tensor) -> nn.Tensor:
+        return nn.op.relu(self.second(nn.op.relu(self.first(x))))
+
+
+def conv_net() -> tvm.IRModule:
+    """Two 3×3 convolutions with bias and ReLU, weights bound as constants (as ``torch.export`` imports a trained model)."""
+    mod, params = ConvNet().export_tvm({"forward": {"x": nn.spec.Tensor((1, 8, 10, 10), "float32")}})
+    rng = np.random.default_rng(0)
+    weights = {name: tvm.runtime.tensor(rng.standard_normal([int(d) for d in p.shape]).astype("float32")) for name, p in params}
+    return relax.transform.BindParams("forward", weights)(mod)
+
+
+def run(ex: tvm.runtime.Executable, x: np.ndarray) -> np.ndarray:
+    return relax.VirtualMachine(ex, tvm.cpu())["forward"](tvm.runtime.tensor(x)).numpy()
+
+
+def packing_schedule(identity: Identity) -> tvm.s_tir.Schedule:
+    """A schedule from the kernel's own CPU design space with MetaSchedule's postprocessors applied, ``RewriteLayout`` among them."""
+    mod = workload_module(identity.workload)
+    context = ms.TuneContext(mod=mod, target=CPU, space_generator="post-order-apply", search_strategy="replay-trace", task_name="main")
+    sch = context.space_generator.generate_design_space(mod)[0]
+    for postproc in context.space_generator.postprocs:
+        assert postproc.apply(sch), postproc
+    return sch
+
+
+def packing_record(identity: Identity) -> Record:
+    sch = packing_schedule(identity)
+    assert any(inst.kind.name == "TransformLayout" for inst in sch.trace.insts), "RewriteLayout chose no weight layout"
+    return Record(identity, json.dumps(plain_json(sch.trace.as_json()), separators=(",", ":")), [1e-4], {"tuner": "tests.test_prepack"})
+
+
+@pytest.fixture(scope="module")
+def packing_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A registry holding, for each convolution of :func:`conv_net` marked for prepacking, a schedule that rewrites its weights."""
+    root = tmp_path_factory.mktemp("prepack") / "store"
+    with LocalRegistry(root) as reg:
+        for kernel in models.kernels(conv_net(), CPU, PREPACK):
+            reg.put(packing_record(kernel.identity))
+    return root
+
+
+def test_prepacked_network_hits_every_kernel_packs_its_weights_at_compile_time_and_computes_the_same(packing_store: Path, tmp_path: Path) -> None:
+    mod = conv_net()
+    x = np.random.default_rng(1).standard_normal((1, 8, 10, 10)).astype("float32")
+    expected = run(tvm.compile(mod, CPU), x)
+    with use(packing_store, CPU, prepack=True, trust="any", transfer=False, report_misses=False, cache=tmp_path / "cache") as session:
+        applied = apply_database(mod)
+        ex = tvm.compile(mod, CPU)
+    assert session.report.hits == 2 and not session.report.misses, session.report.summary()
+    called = call_counts(applied)
+    assert sorted(called) == sorted(f"{k.name}_prepacked" for k in models.kernels(mod, CPU, PREPACK)), called  # no weight rewrite left to run
+    np.testing.assert_allclose(run(ex, x), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_prepacking_is_part_of_what_a_kernel_is(packing_store: Path, tmp_path: Path) -> None:
+    """A compile that does not prepack finds none of the prepacked kernels' records."""
+    plain = {k.identity.key for k in models.kernels(conv_net(), CPU)}
+    packed = {k.identity.key for k in models.kernels(conv_net(), CPU, PREPACK)}
+    assert len(plain) == len(packed) == 2 and not plain & packed
+    with use(packing_store, CPU, trust="any", transfer=False, report_misses=False, cache=tmp_path / "cache") as session:
+        tvm.compile(conv_net(), CPU)
+    assert session.report.hits == 0 and session.report.misses == 2, session.report.summary()
+
+
+def test_a_build_that_packs_weights_is_timed_on_them_and_checked_whole() -> None:
+    """The build task answers a packing schedule with the arguments it is timed on and a whole build to check; measured
+    with them it runs and matches the unscheduled kernel, measured without them it cannot even be called."""
+    identity = models.kernels(conv_net(), CPU, PREPACK)[0].identity
+    sch = packing_schedule(identity)
+    built = tasks.build(tvm.ir.save_json(sch.mod), identity.target)
+    assert built["artifact"] and built["check_artifact"] and built["args_info"] != identity.args_info, built.get("error")
+    assert built["args_info"] == tvm_env.packed_args_info(sch.mod)
+    default = tasks.build(tvm.ir.save_json(workload_module(identity.workload)), identity.target)
+    assert "check_artifact" not in default  # nothing packed: timed and checked as it is
+    timing = {"number": 1, "repeat": 1, "min_repeat_ms": 0}
+    answer = tasks.measure([default["artifact"], built["artifact"]], identity.args_info, timing, reference=default["artifact"], target_text=identity.target,
+                           own_args=[None, built["args_info"]], checks=[None, built["check_artifact"]])  # fmt: skip
+    assert [r["error"] for r in answer["results"]] == [None, None] and all(r["run_secs"] for r in answer["results"])
+    unpacked = tasks.measure([built["artifact"]], identity.args_info, timing, reference=default["artifact"], target_text=identity.target)
+    assert unpacked["results"][0]["run_secs"] is None and "run failed" in unpacked["results"][0]["error"]
