@@ -9,17 +9,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tvm
-from tvm import relax
 from tvm.relax.frontend import nn
 
 from schedhub.cli.tune_cmds import MATHS as CLI_MATHS
 from schedhub.hooks import use
 from schedhub.hooks.pipeline import fusion_passes
 from schedhub.hooks.rewrites import MATHS, Rewrites
-from schedhub.registry import LocalRegistry
 from schedhub.tuner import models
 
 from .hand_tuner import tune
+from .networks import bound, run, store_of
 
 CPU = tvm.target.Target({"kind": "llvm", "num-cores": 1})
 FAST = Rewrites(math="fast")
@@ -37,24 +36,13 @@ class GeluBlock(nn.Module):
 
 
 def gelu_block() -> tvm.IRModule:
-    mod, params = GeluBlock().export_tvm({"forward": {"x": nn.spec.Tensor((8, 16), "float32")}})
-    rng = np.random.default_rng(0)
-    weights = {name: tvm.runtime.tensor((rng.standard_normal([int(d) for d in p.shape]) * 0.3).astype("float32")) for name, p in params}
-    return relax.transform.BindParams("forward", weights)(mod)
-
-
-def run(ex: tvm.runtime.Executable, x: np.ndarray) -> np.ndarray:
-    return relax.VirtualMachine(ex, tvm.cpu())["forward"](tvm.runtime.tensor(x)).numpy()
+    return bound(GeluBlock(), (8, 16), scale=0.3)
 
 
 @pytest.fixture(scope="module")
 def fast_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A registry holding a real (hand-tuned, timed) record of every kernel of :func:`gelu_block` with fast math."""
-    root = tmp_path_factory.mktemp("fastmath") / "store"
-    with LocalRegistry(root) as reg:
-        for kernel in models.kernels(gelu_block(), CPU, FAST):
-            reg.put(tune(kernel.identity))
-    return root
+    return store_of(tmp_path_factory.mktemp("fastmath") / "store", (k.identity for k in models.kernels(gelu_block(), CPU, FAST)), tune)
 
 
 def test_fast_network_hits_every_kernel_and_computes_what_the_exact_one_does(fast_store: Path, tmp_path: Path) -> None:

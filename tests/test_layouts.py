@@ -8,17 +8,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tvm
-from tvm import relax
 from tvm.relax.frontend import nn
 
 from schedhub.cli.tune_cmds import LAYOUTS as CLI_LAYOUTS
 from schedhub.hooks import use
 from schedhub.hooks.layouts import LAYOUTS, check_layout
 from schedhub.hooks.rewrites import Rewrites
-from schedhub.registry import LocalRegistry
 from schedhub.tuner import models
 
 from .hand_tuner import tune
+from .networks import bound, run, store_of
 
 CPU = tvm.target.Target({"kind": "llvm", "num-cores": 1})
 
@@ -33,25 +32,14 @@ class ConvNet(nn.Module):
 
 
 def conv_net() -> tvm.IRModule:
-    """Two 3×3 convolutions with bias and ReLU, weights bound as constants (as ``torch.export`` imports a trained model)."""
-    mod, params = ConvNet().export_tvm({"forward": {"x": nn.spec.Tensor((1, 4, 12, 12), "float32")}})
-    rng = np.random.default_rng(0)
-    weights = {name: tvm.runtime.tensor(rng.standard_normal([int(d) for d in p.shape]).astype("float32")) for name, p in params}
-    return relax.transform.BindParams("forward", weights)(mod)
-
-
-def run(ex: tvm.runtime.Executable, x: np.ndarray) -> np.ndarray:
-    return relax.VirtualMachine(ex, tvm.cpu())["forward"](tvm.runtime.tensor(x)).numpy()
+    """Two 3×3 convolutions with bias and ReLU, weights bound as constants."""
+    return bound(ConvNet(), (1, 4, 12, 12))
 
 
 @pytest.fixture(scope="module")
 def nhwc_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A registry holding a real (hand-tuned, timed) record of every kernel of :func:`conv_net` converted to NHWC."""
-    root = tmp_path_factory.mktemp("layouts") / "store"
-    with LocalRegistry(root) as reg:
-        for kernel in models.kernels(conv_net(), CPU, Rewrites("NHWC")):
-            reg.put(tune(kernel.identity))
-    return root
+    return store_of(tmp_path_factory.mktemp("layouts") / "store", (k.identity for k in models.kernels(conv_net(), CPU, Rewrites("NHWC"))), tune)
 
 
 def test_converted_network_hits_every_kernel_and_computes_the_same(nhwc_store: Path, tmp_path: Path) -> None:

@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tvm
-from tvm import relax
 from tvm.relax.frontend import nn
 from tvm.s_tir import meta_schedule as ms
 
@@ -19,9 +18,11 @@ from schedhub.hooks import use
 from schedhub.hooks.identity import plain_json, workload_module
 from schedhub.hooks.pipeline import apply_database, call_counts
 from schedhub.hooks.rewrites import Rewrites
-from schedhub.registry import Identity, LocalRegistry, Record
+from schedhub.registry import Identity, Record
 from schedhub.tuner import kernels as tasks
 from schedhub.tuner import models, tvm_env
+
+from .networks import bound, run, store_of
 
 CPU = tvm.target.Target({"kind": "llvm", "num-cores": 1})
 PREPACK = Rewrites(prepack=True)
@@ -37,15 +38,8 @@ class ConvNet(nn.Module):
 
 
 def conv_net() -> tvm.IRModule:
-    """Two 3×3 convolutions with bias and ReLU, weights bound as constants (as ``torch.export`` imports a trained model)."""
-    mod, params = ConvNet().export_tvm({"forward": {"x": nn.spec.Tensor((1, 8, 10, 10), "float32")}})
-    rng = np.random.default_rng(0)
-    weights = {name: tvm.runtime.tensor(rng.standard_normal([int(d) for d in p.shape]).astype("float32")) for name, p in params}
-    return relax.transform.BindParams("forward", weights)(mod)
-
-
-def run(ex: tvm.runtime.Executable, x: np.ndarray) -> np.ndarray:
-    return relax.VirtualMachine(ex, tvm.cpu())["forward"](tvm.runtime.tensor(x)).numpy()
+    """Two 3×3 convolutions with bias and ReLU, weights bound as constants."""
+    return bound(ConvNet(), (1, 8, 10, 10))
 
 
 def packing_schedule(identity: Identity) -> tvm.s_tir.Schedule:
@@ -67,11 +61,7 @@ def packing_record(identity: Identity) -> Record:
 @pytest.fixture(scope="module")
 def packing_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A registry holding, for each convolution of :func:`conv_net` marked for prepacking, a schedule that rewrites its weights."""
-    root = tmp_path_factory.mktemp("prepack") / "store"
-    with LocalRegistry(root) as reg:
-        for kernel in models.kernels(conv_net(), CPU, PREPACK):
-            reg.put(packing_record(kernel.identity))
-    return root
+    return store_of(tmp_path_factory.mktemp("prepack") / "store", (k.identity for k in models.kernels(conv_net(), CPU, PREPACK)), packing_record)
 
 
 def test_prepacked_network_hits_every_kernel_packs_its_weights_at_compile_time_and_computes_the_same(packing_store: Path, tmp_path: Path) -> None:
