@@ -254,6 +254,7 @@ def _models(d: dict[str, Any] | None, drawn: dict[str, str], title: str) -> list
         shape = ", ".join(f"{k} {v}" for k, v in r["shape"].items()) or "256→512→512→10"
         if r.get("frontend", RELAX) != RELAX:
             shape += f" ({r['frontend']})"
+        shape += "".join(f", {what}" for what in _rewrites(r))
         rows.append([r["network"], str(r["batch"]), shape, str(r["kernels"]), str(r["trials"]), fmt(t["pytorch"]), fmt(t["untuned"]), fmt(t["tuned"]),
                      times(r["speedup_vs_pytorch"]), times(r["speedup_vs_untuned"])])  # fmt: skip
     lines += table(["network", "batch", "shape", "kernels", "trials", "PyTorch ms", f"{default} ms", "schedhub-tuned ms", "tuned vs PyTorch", f"tuned vs {default.split()[0]}"],
@@ -295,6 +296,12 @@ def _models(d: dict[str, Any] | None, drawn: dict[str, str], title: str) -> list
     return lines
 
 
+def _rewrites(row: dict[str, Any]) -> list[str]:
+    """What a row's compile rewrote (``hooks.rewrites``), in words: none for the defaults."""
+    return [*([f"convolutions {row['layout']}"] if row.get("layout", "given") != "given" else []), *(["fast math"] if row.get("math") == "fast" else []),
+            *(["weights prepacked"] if row.get("prepack") else [])]  # fmt: skip
+
+
 def _tuning_runs(rows: list[dict[str, Any]]) -> list[str]:
     """How each row tuned in rounds was tuned: policy, rewrites, cost model, trials, minutes, why it stopped, and its command."""
     tuned = [r for r in rows if r.get("tuning")]
@@ -304,8 +311,8 @@ def _tuning_runs(rows: list[dict[str, Any]]) -> list[str]:
     for r in tuned:
         how = r["tuning"]
         model = "each round's cost model started from the registry's log" if "--warm-model" in r.get("command", "") else "a cold cost model each round"
-        math = (", fast math" if r.get("math") == "fast" else "") + (", weights prepacked" if r.get("prepack") else "")
-        out.append(f"- {r['network']} b{r['batch']}: {how['policy']} policy, convolutions {r.get('layout', 'given')}{math}, {model}; {how['trials']} trials in "
+        rewrites = ", ".join(_rewrites(r)) or "nothing rewritten"
+        out.append(f"- {r['network']} b{r['batch']}: {how['policy']} policy, {rewrites}, {model}; {how['trials']} trials in "
                    f"{r['tune_secs'] / 60:.0f} min; stopped: {how['stopped_because']}. `{r.get('command', '')}`")  # fmt: skip
     return [*out, ""]
 
