@@ -354,13 +354,14 @@ def _kernel_row(network: str, batch: int, kernel: models.Kernel, result: TuneRes
 
 def merge(paths: list[Path]) -> dict[str, Any]:
     """Runs of one mode recorded one network at a time (hours each on 2 cores) as one table: their rows and kernels in order,
-    each row with the command that recorded it; the first run's metadata, and every run's command."""
+    each row with the command that recorded it; the first run's metadata, and every run's command. A run may itself be
+    a merged table: its rows keep their own commands."""
     runs = [json.loads(p.read_text()) for p in paths]
     if len({r["mode"] for r in runs}) != 1:
         raise SystemExit("--merge takes runs of one mode")
     out = {**runs[0], "rows": [], "kernels": [], "commands": [r["command"] for r in runs], "wall_secs": sum(r.get("wall_secs", 0.0) for r in runs)}
     for run in runs:
-        out["rows"] += [{**row, "command": run["command"], "recorded": run["recorded"], "commit": run["commit"]} for row in run["rows"]]
+        out["rows"] += [{"command": run["command"], "recorded": run["recorded"], "commit": run["commit"], **row} for row in run["rows"]]  # a merged table's rows keep theirs
         peak = max(run.get("peak_gflops", {}).values(), default=None)
         out["kernels"] += [{**k, "peak_gflops": peak} if peak else k for k in run["kernels"]]  # each run's own peak: the machine's speed varies
     out["command"] = "; ".join(out["commands"])

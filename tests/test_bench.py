@@ -445,3 +445,7 @@ def test_runs_recorded_one_network_at_a_time_merge_into_one_table_that_says_how_
     assert [r["network"] for r in merged["rows"]] == ["a", "b"] and len(merged["kernels"]) == 2 and merged["wall_secs"] == 120.0
     lines = report._tuning_runs(merged["rows"])
     assert len(lines) == 4 and "a b1: gradient policy" in lines[2] and "started from the registry's log" in lines[2] and "--networks a" in lines[2]
+    table = tmp_path / "table.json"
+    table.write_text(json.dumps(merged))
+    again = merge([table, run("c", "python -m bench.models --networks c --math fast", {"policy": "gradient", "trials": 8, "stopped_because": "budget"})])
+    assert [r["command"] for r in again["rows"]] == [r["command"] for r in merged["rows"]] + ["python -m bench.models --networks c --math fast"]
