@@ -44,11 +44,12 @@ def _short_error(exc: BaseException) -> str:
     return "".join(lines).strip()[-2000:]
 
 
-def build(mod_json: str, target_text: str) -> dict[str, Any]:
+def build(mod_json: str, target_text: str, checkable: bool = False) -> dict[str, Any]:
     """Build one scheduled module: ``{"artifact": bytes | None, "error": str | None, ...interval}``. A module whose
     weights' layout its schedule rewrites (MetaSchedule's ``RewriteLayout``) is built as MetaSchedule times it, the
-    rewrite removed so that it takes its weights prepacked, and the answer adds that build's ``args_info`` and a
-    ``check_artifact``: the module built whole (rewrite kept), which takes the kernel's own arguments."""
+    rewrite removed so that it takes its weights prepacked; with ``checkable`` (its outputs will be checked) the answer
+    adds that build's ``args_info`` and a ``check_artifact``: the module built whole (rewrite kept), which takes the
+    kernel's own arguments. A search's candidates are not checked, so their builds are not doubled."""
     import tvm
 
     from schedhub.hooks.identity import target_from_text
@@ -62,7 +63,7 @@ def build(mod_json: str, target_text: str) -> dict[str, Any]:
         mod = tvm.ir.load_json(mod_json)
         rt_mod = tvm_env.build_kernel(mod, target)
         out: dict[str, Any] = {"artifact": tvm_env.library_bytes(rt_mod), "error": None}
-        if (packed := tvm_env.packed_args_info(mod)) is not None:  # its weights prepacked: time it on them, check it whole
+        if checkable and (packed := tvm_env.packed_args_info(mod)) is not None:  # its weights prepacked: time it on them, check it whole
             out.update(args_info=packed, check_artifact=tvm_env.library_bytes(tvm.tirx.build(mod, target=target)))
     except Exception as exc:  # a candidate that does not build is a result, not a crash
         out = {"artifact": None, "error": f"build failed: {_short_error(exc)}"}

@@ -388,7 +388,7 @@ def side_by_side(identity: Identity, mod: Any, candidates: list[Any], timing: di
     if host:
         builds.append(host)
         given.append(None)
-    refs = [None if artifact else cluster.submit("build", placed=cluster.placement("build", t), mod_json=tvm.ir.save_json(m), target_text=t)
+    refs = [None if artifact else cluster.submit("build", placed=cluster.placement("build", t), mod_json=tvm.ir.save_json(m), target_text=t, checkable=True)
             for (m, t), artifact in zip(builds, given)]  # fmt: skip
     built = [{"artifact": artifact, "error": None} if ref is None else cluster.build_result(ref) for ref, artifact in zip(refs, given)]
     for b in built:
