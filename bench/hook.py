@@ -13,12 +13,20 @@ server (all misses queued), its kernels are tuned by the stand-in tuner process
 - ``use(DIR)``: the embedded default, the same records in a local LMDB store
 
 Each figure is a median over ``--reps`` compiles (after one warm-up) with min–max.
+
+    python -m bench.hook --against REV [--rounds 5]
+
+compares the compile of the embedded default (``use(DIR)``, all hits) side by side with revision ``REV``'s schedhub
+(``git archive``, :mod:`.revisions`): each round runs a process of each revision in turn, alternating which goes
+first, that compiles ``--reps`` times on the same records; the figure is each revision's per-round medians and their
+paired ratio. A change that makes the compile slower shows here before it lands.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,6 +44,7 @@ from schedhub.hooks import use
 from schedhub.hooks.msdb import tuning_record
 from schedhub.registry import LocalRegistry, RegistryClient, ServerThread
 
+from . import revisions
 from .stats import ratio, summary_ms
 
 REPO = Path(__file__).resolve().parent.parent
@@ -68,11 +77,48 @@ def interleaved(configs: dict[str, Callable[[], Any]], reps: int) -> dict[str, d
     return {name: summary_ms(t) for name, t in times.items()}
 
 
+#: A child process's compiles: the DeepMLP in a fresh ``use(STORE)`` block each time (cache CACHE), after one warm-up.
+_COMPILES = """
+import json, sys, time
+import tvm
+from tvm.relax.frontend import nn
+from schedhub.hooks import use
+from bench.hook import TARGET, DeepMLP
+store, cache, reps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+mod, _ = DeepMLP().export_tvm({"forward": {"x": nn.spec.Tensor((8, 256), "float32")}})
+times = []
+for _ in range(reps + 1):
+    start = time.perf_counter()
+    with use(store, TARGET, cache=cache) as session:
+        tvm.compile(mod, TARGET)
+    times.append(time.perf_counter() - start)
+    assert not session.report.misses, session.report.summary()
+print(json.dumps(times[1:]))
+"""
+
+
+def against_revision(rev: str, store: Path, scratch: Path, rounds: int, reps: int) -> dict[str, Any]:
+    """The all-hit compile from ``store`` at ``rev`` and in the working tree, side by side (:data:`_COMPILES`)."""
+    shims = {name: revisions.revision_source(name, scratch, revisions.PACKAGES) for name in (rev, "worktree")}
+    for shim in shims.values():
+        revisions.check_imports_from(shim, revisions.PACKAGES)
+    medians: dict[str, list[float]] = {name: [] for name in shims}
+    for i in range(rounds):
+        for name in list(shims) if i % 2 == 0 else list(shims)[::-1]:
+            out = subprocess.run([sys.executable, "-c", _COMPILES, str(store), str(scratch / name / "cache"), str(reps)], cwd=REPO,
+                                 env=revisions.child_env(shims[name]), check=True, capture_output=True, text=True).stdout  # fmt: skip
+            medians[name].append(statistics.median(json.loads(out.strip().splitlines()[-1])))
+    return {"against": rev, "rounds": rounds, "reps": reps, **{f"{'this' if n == 'worktree' else 'before'}_ms": summary_ms(t) for n, t in medians.items()},
+            "this_vs_before": ratio(summary_ms(medians[rev]), summary_ms(medians["worktree"]), paired=True)}  # fmt: skip  (> 1: this tree compiles faster)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="5 rounds instead of 7")
     parser.add_argument("--reps", type=int)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--against", metavar="REV", help="compare the all-hit compile with this git revision's (prints, writes nothing)")
+    parser.add_argument("--rounds", type=int, default=5, help="with --against: processes of each revision, alternating")
     args = parser.parse_args()
     args.reps = args.reps or (5 if args.quick else 7)
     args.out = args.out or Path(__file__).parent / "results" / ("quick" if args.quick else "full") / "hook.json"
@@ -88,6 +134,9 @@ def main() -> None:
         records = [client.get(s.key)[0] for s in client.summaries()]
         with LocalRegistry(work / "local") as local:
             local.put_many(records)
+        if args.against:
+            print(json.dumps(against_revision(args.against, work / "local", work / "revisions", args.rounds, args.reps), indent=1))
+            return
         memory = ms.database.MemoryDatabase()
         for rec in records:
             workload = memory.commit_workload(tuning_record(rec).workload.mod)

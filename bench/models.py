@@ -128,10 +128,11 @@ class Spending:
 GOAL_MARGIN = 0.9
 
 
-def run(mode: str, trials: int | None = None, only: list[str] | None = None, seed_store: Path | None = None,
+def run(mode: str, trials: int | None = None, only: list[str] | None = None, seed_store: Path | None = None, keep_store: Path | None = None,
         say: Callable[[str], None] = print, device: str = "cpu", spending: Spending = Spending()) -> dict[str, Any]:  # fmt: skip
     """The table for ``mode``; ``trials`` overrides the mode's per-kernel budget, ``only`` keeps the networks of
-    these names, ``seed_store`` is copied in as the starting registry; ``device``: ``"cpu"`` or ``"cuda"``;
+    these names, ``seed_store`` is copied in as the starting registry and the registry is copied out to ``keep_store`` at
+    the end (a row tuned in runs that resume through the registry); ``device``: ``"cpu"`` or ``"cuda"``;
     ``spending``: how each network's trials are spent."""
     import tvm
 
@@ -200,6 +201,8 @@ def run(mode: str, trials: int | None = None, only: list[str] | None = None, see
                 out["kernels"] += _kernel_rows(network.name, network.batch, kernels, tuned, torch_proc)
             t = row["timing"]
             say(f"{network.label()}: PyTorch {t['pytorch']['median']:.3f} ms, untuned {t['untuned']['median']:.3f} ms, tuned {t['tuned']['median']:.3f} ms")
+        if keep_store is not None:  # the next run resumes from it (--seed-store): its searches start from these records
+            out["kept_bytes"] = registry.backup(keep_store)
     return out
 
 
@@ -374,6 +377,7 @@ def main() -> None:
     parser.add_argument("--trials", type=int, help="trials per kernel (default: 8 quick, 64 full)")
     parser.add_argument("--networks", help="comma-separated names: only these networks of the mode")
     parser.add_argument("--seed-store", type=Path, help="start the registry as a copy of this LMDB store (warm starts)")
+    parser.add_argument("--keep-store", type=Path, help="copy the registry here at the end (a new or empty folder): a later run's --seed-store")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: the gpu mode's networks on this machine's GPU")
     parser.add_argument("--policy", choices=sorted(POLICIES), help="tune each network in rounds, each to the kernel this policy picks "
                         "(budget: --trials times the kernels) instead of --trials to every kernel")  # fmt: skip
@@ -399,11 +403,11 @@ def main() -> None:
     out = args.out or Path(__file__).parent / "results" / mode / "models.json"
     started = time.time()
     spending = Spending(args.policy, args.until == "pytorch", args.max_minutes, Rewrites(args.layout, args.math, args.prepack), args.warm_model)
-    result = run(mode, args.trials, args.networks.split(",") if args.networks else None, args.seed_store, device=args.device, spending=spending)
+    result = run(mode, args.trials, args.networks.split(",") if args.networks else None, args.seed_store, args.keep_store, device=args.device, spending=spending)
     result["wall_secs"] = time.time() - started
     result["command"] = " ".join(["python -m bench.models", *(["--quick"] if args.quick else []), *([f"--device {args.device}"] if args.device != "cpu" else []),
                                   *([f"--trials {args.trials}"] if args.trials else []),
-                                  *([f"--networks {args.networks}"] if args.networks else []), *(["--seed-store DIR"] if args.seed_store else []),
+                                  *([f"--networks {args.networks}"] if args.networks else []), *(["--seed-store DIR"] if args.seed_store else []), *(["--keep-store DIR"] if args.keep_store else []),
                                   *(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k in ("policy", "until", "max_minutes") and v),
                                   *spending.rewrites.flags(), *(["--warm-model"] if args.warm_model else [])])  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -35,6 +35,7 @@ import httpx
 import msgpack
 
 from .report import REPO, environment
+from .revisions import check_imports_from, child_env, revision_source
 from .stats import summary
 
 LOOKUP_KEYS = 20
@@ -84,32 +85,6 @@ end
 def lua_string(data: bytes) -> str:
     """``data`` as a Lua string literal (every byte escaped: msgpack bodies are binary)."""
     return '"' + "".join(f"\\{b}" for b in data) + '"'
-
-
-def revision_source(rev: str, scratch: Path) -> Path:
-    """A folder whose ``schedhub/registry`` is ``rev``'s registry (the working tree's for ``rev == 'worktree'``)."""
-    shim = scratch / rev / "shim"
-    (shim / "schedhub").mkdir(parents=True)
-    if rev == "worktree":
-        (shim / "schedhub" / "registry").symlink_to(REPO / "registry")
-        return shim
-    archive = subprocess.run(["git", "archive", rev, "registry"], cwd=REPO, check=True, capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(shim / "schedhub")], input=archive, check=True)
-    return shim
-
-
-def child_env(shim: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(shim)
-    return env
-
-
-def check_imports_from(shim: Path) -> None:
-    """Fail loudly when the child would import another registry than the one ``shim`` names."""
-    where = subprocess.run([sys.executable, "-c", "import schedhub.registry as r; print(r.__file__)"], env=child_env(shim),
-                           check=True, capture_output=True, text=True).stdout.strip()  # fmt: skip
-    if not Path(where).resolve().is_relative_to((shim / "schedhub" / "registry").resolve()):
-        raise SystemExit(f"bench.serverload: the child imported {where}, not {shim}")
 
 
 def free_port() -> int:
