@@ -198,7 +198,7 @@ def run(mode: str, trials: int | None = None, only: list[str] | None = None, see
             out["rows"].append(row)
             row["default_records"] = sum(bool(tuned[k.identity.key].records[0].provenance.get("default_schedule")) for k in kernels)
             if not on_gpu:
-                out["kernels"] += _kernel_rows(network.name, network.batch, kernels, tuned, torch_proc)
+                out["kernels"] += [{**k, **asdict(spending.rewrites)} for k in _kernel_rows(network.name, network.batch, kernels, tuned, torch_proc)]
             t = row["timing"]
             say(f"{network.label()}: PyTorch {t['pytorch']['median']:.3f} ms, untuned {t['untuned']['median']:.3f} ms, tuned {t['tuned']['median']:.3f} ms")
         if keep_store is not None:  # the next run resumes from it (--seed-store): its searches start from these records
@@ -366,7 +366,8 @@ def merge(paths: list[Path]) -> dict[str, Any]:
     for run in runs:
         out["rows"] += [{"command": run["command"], "recorded": run["recorded"], "commit": run["commit"], **row} for row in run["rows"]]  # a merged table's rows keep theirs
         peak = max(run.get("peak_gflops", {}).values(), default=None)
-        out["kernels"] += [{**k, "peak_gflops": peak} if peak else k for k in run["kernels"]]  # each run's own peak: the machine's speed varies
+        rewrites = run.get("spending", {}).get("rewrites", {})  # what the run's compiles rewrote, on each kernel row
+        out["kernels"] += [{**rewrites, **k, **({"peak_gflops": peak} if peak else {})} for k in run["kernels"]]  # each run's own peak: the machine's speed varies
     out["command"] = "; ".join(out["commands"])
     return out
 

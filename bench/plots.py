@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from .labels import named
+
 
 def all_plots(data: dict[str, Any], directory: Path) -> dict[str, str]:
     """Draw what the data allows; returns plot name → path relative to ``bench/``."""
@@ -36,7 +38,7 @@ def speedups(models: dict[str, Any]) -> Any:
     import matplotlib.pyplot as plt
 
     rows = models["rows"]
-    labels = [f"{r['network']}\nb{r['batch']}" for r in rows]
+    labels = [f"{named(r)}\nb{r['batch']}" for r in rows]
     fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(rows)), 3.6))
     width = 0.4
     xs = range(len(rows))
@@ -103,7 +105,7 @@ def network_tuning(models: dict[str, Any]) -> Any:
         ax.set_yscale("log")
         ax.set_xlabel("tuning minutes")
         ax.set_ylabel("ms per forward pass")
-        ax.set_title(f"{row['network']} b{row['batch']} ({row['tuning']['policy']}, {row['trials']} trials)", fontsize=9)
+        ax.set_title(f"{named(row)} b{row['batch']} ({row['tuning']['policy']}, {row['trials']} trials)", fontsize=9)
         ax.legend(fontsize=7)
     fig.tight_layout()
     return fig

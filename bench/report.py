@@ -11,6 +11,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from .labels import named, rewrites_of
 from .stats import overlap, percentile, ratio
 from .torch_export import RELAX
 
@@ -254,7 +255,7 @@ def _models(d: dict[str, Any] | None, drawn: dict[str, str], title: str) -> list
         shape = ", ".join(f"{k} {v}" for k, v in r["shape"].items()) or "256→512→512→10"
         if r.get("frontend", RELAX) != RELAX:
             shape += f" ({r['frontend']})"
-        shape += "".join(f", {what}" for what in _rewrites(r))
+        shape += "".join(f", {what}" for what in rewrites_of(r))
         rows.append([r["network"], str(r["batch"]), shape, str(r["kernels"]), str(r["trials"]), fmt(t["pytorch"]), fmt(t["untuned"]), fmt(t["tuned"]),
                      times(r["speedup_vs_pytorch"]), times(r["speedup_vs_untuned"])])  # fmt: skip
     lines += table(["network", "batch", "shape", "kernels", "trials", "PyTorch ms", f"{default} ms", "schedhub-tuned ms", "tuned vs PyTorch", f"tuned vs {default.split()[0]}"],
@@ -285,7 +286,7 @@ def _models(d: dict[str, Any] | None, drawn: dict[str, str], title: str) -> list
             return f"{g / (ms * 1e-3):.1f}" if ms else "–"
 
         share = [f"{g / (k['tuned_ms'] * 1e-3) / k.get('peak_gflops', peak):.0%}"] if peak else []
-        rows.append([k["network"], str(k["batch"]), f"`{k['op']}`", str(k["calls"]), f"{g:.3f}", gf(k["untuned_ms"]), gf(k["tuned_ms"]), *share,
+        rows.append([named(k), str(k["batch"]), f"`{k['op']}`", str(k["calls"]), f"{g:.3f}", gf(k["untuned_ms"]), gf(k["tuned_ms"]), *share,
                      gf(k["numpy_ms"]), gf(k["torch_ms"])])  # fmt: skip
     header = ["network", "batch", "kernel", "calls", "GFLOP", "untuned", "tuned", *(["of peak"] if peak else []), "numpy", "PyTorch"]
     lines += table(header, rows, "lrlrr" + "r" * (len(header) - 5))
@@ -294,12 +295,6 @@ def _models(d: dict[str, Any] | None, drawn: dict[str, str], title: str) -> list
     if "curves" in drawn:
         lines += [f"![tuning curves]({drawn['curves']})", ""]
     return lines
-
-
-def _rewrites(row: dict[str, Any]) -> list[str]:
-    """What a row's compile rewrote (``hooks.rewrites``), in words: none for the defaults."""
-    return [*([f"convolutions {row['layout']}"] if row.get("layout", "given") != "given" else []), *(["fast math"] if row.get("math") == "fast" else []),
-            *(["weights prepacked"] if row.get("prepack") else [])]  # fmt: skip
 
 
 def _tuning_runs(rows: list[dict[str, Any]]) -> list[str]:
@@ -311,7 +306,7 @@ def _tuning_runs(rows: list[dict[str, Any]]) -> list[str]:
     for r in tuned:
         how = r["tuning"]
         model = "each round's cost model started from the registry's log" if "--warm-model" in r.get("command", "") else "a cold cost model each round"
-        rewrites = ", ".join(_rewrites(r)) or "nothing rewritten"
+        rewrites = ", ".join(rewrites_of(r)) or "nothing rewritten"
         out.append(f"- {r['network']} b{r['batch']}: {how['policy']} policy, {rewrites}, {model}; {how['trials']} trials in "
                    f"{r['tune_secs'] / 60:.0f} min; stopped: {how['stopped_because']}. `{r.get('command', '')}`")  # fmt: skip
     return [*out, ""]

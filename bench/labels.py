@@ -1,0 +1,17 @@
+"""How a recorded row (a network, a kernel) is named in the report and its plots."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def rewrites_of(row: dict[str, Any]) -> list[str]:
+    """What a row's compile rewrote (``hooks.rewrites``: its ``layout``, ``math``, ``prepack``), in words: none for the defaults."""
+    return [*([f"convolutions {row['layout']}"] if row.get("layout", "given") != "given" else []), *(["fast math"] if row.get("math") == "fast" else []),
+            *(["weights prepacked"] if row.get("prepack") else [])]  # fmt: skip
+
+
+def named(row: dict[str, Any]) -> str:
+    """A row's network, with what its compile rewrote: "resnet18 (weights prepacked)"."""
+    rewrites = rewrites_of(row)
+    return f"{row['network']} ({', '.join(rewrites)})" if rewrites else str(row["network"])
