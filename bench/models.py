@@ -367,7 +367,7 @@ def merge(paths: list[Path]) -> dict[str, Any]:
         out["rows"] += [{"command": run["command"], "recorded": run["recorded"], "commit": run["commit"], **row} for row in run["rows"]]  # a merged table's rows keep theirs
         peak = max(run.get("peak_gflops", {}).values(), default=None)
         rewrites = run.get("spending", {}).get("rewrites", {})  # what the run's compiles rewrote, on each kernel row
-        out["kernels"] += [{**rewrites, **k, **({"peak_gflops": peak} if peak else {})} for k in run["kernels"]]  # each run's own peak: the machine's speed varies
+        out["kernels"] += [{**rewrites, **({"peak_gflops": peak} if peak else {}), **k} for k in run["kernels"]]  # each run's own peak (a merged one's kept): the machine's speed varies
     out["command"] = "; ".join(out["commands"])
     return out
 
