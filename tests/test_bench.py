@@ -447,5 +447,13 @@ def test_runs_recorded_one_network_at_a_time_merge_into_one_table_that_says_how_
     assert len(lines) == 4 and "a b1: gradient policy" in lines[2] and "started from the registry's log" in lines[2] and "--networks a" in lines[2]
     table = tmp_path / "table.json"
     table.write_text(json.dumps(merged))
-    again = merge([table, run("c", "python -m bench.models --networks c --math fast", {"policy": "gradient", "trials": 8, "stopped_because": "budget"})])
+    merged["kernels"][0]["peak_gflops"] = 111.0  # the peak of the run that recorded it
+    merged["peak_gflops"] = {"numpy": 222.0}
+    table.write_text(json.dumps(merged))
+    fast = run("c", "python -m bench.models --networks c --math fast", {"policy": "gradient", "trials": 8, "stopped_because": "budget"})
+    recorded = json.loads(fast.read_text())
+    fast.write_text(json.dumps({**recorded, "spending": {"rewrites": {"layout": "given", "math": "fast", "prepack": False}}}))
+    again = merge([table, fast])
     assert [r["command"] for r in again["rows"]] == [r["command"] for r in merged["rows"]] + ["python -m bench.models --networks c --math fast"]
+    assert [k.get("peak_gflops") for k in again["kernels"]] == [111.0, 222.0, None]  # each kernel keeps its own run's peak
+    assert [k.get("math") for k in again["kernels"]] == [None, None, "fast"]  # and says what its run's compile rewrote
