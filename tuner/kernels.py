@@ -146,6 +146,11 @@ def device_for(target_text: str) -> Any:
     return tvm.cuda(0)
 
 
+def _nth(items: list[Any] | None, i: int) -> Any:
+    """``items[i]``, or None where there are no items or fewer (a per-artifact option given for none or some)."""
+    return items[i] if items is not None and i < len(items) else None
+
+
 def measure(
     artifacts: list[bytes | None], args_info: list[Any], timing: dict[str, Any], reference: bytes | None = None, rtol: float = 1e-3,
     target_text: str = '{"kind":"llvm"}', own_args: list[list[Any] | None] | None = None, checks: list[bytes | None] | None = None,
@@ -180,7 +185,7 @@ def measure(
             try:
                 rt_mod = tvm_env.load_library(artifact, tmp)
                 if expected is not None:
-                    check = (checks or [])[i] if i < len(checks or []) else None
+                    check = _nth(checks, i)
                     called = time.perf_counter()
                     outputs = _run(tvm_env.load_library(check, tmp) if check is not None else rt_mod, arrays, dev)
                     call_secs = time.perf_counter() - called
@@ -197,7 +202,7 @@ def measure(
                     "main", dev, number=timing["number"], repeat=timing["repeat"], min_repeat_ms=timing["min_repeat_ms"],
                     f_preproc="cache_flush_cpu_non_first_arg" if timing.get("flush_cache") and dev.device_type == tvm.cpu(0).device_type else "",
                 )  # fmt: skip
-                mine = (own_args or [])[i] if i < len(own_args or []) else None
+                mine = _nth(own_args, i)
                 timed_on = tensors if mine is None else [tvm.runtime.tensor(a, dev) for a in random_arguments(mine)]
                 results.append({"run_secs": [float(s) for s in evaluator(*timed_on).results], "error": None})
             except Exception as exc:  # a kernel that fails to load or run is a result

@@ -209,7 +209,7 @@ class Kernel:
 
 def kernels(mod: tvm.IRModule, target: Any, rewrites: Rewrites | None = None) -> list[Kernel]:
     """The fused kernels the compile hook will look up for ``mod`` on ``target`` after ``rewrites`` (None: none;
-    ``hooks.use(..., layout=, math=)``: same passes, same keys)."""
+    ``hooks.use(..., layout=, math=, prepack=)``: same passes, same keys)."""
     from tvm import tirx
 
     from schedhub.hooks.identity import workload_identity
