@@ -58,6 +58,14 @@ def test_dlight_is_the_default_a_cuda_record_must_beat(matmul: tvm.IRModule) -> 
     assert default_schedule(matmul, cpu) is matmul  # on a CPU the unscheduled kernel is the default
 
 
+def test_a_cuda_kernel_bound_to_no_thread_is_refused_at_build_not_run_as_host_code(matmul: tvm.IRModule) -> None:
+    """Unscheduled, TVM builds it as host loops over device memory: on a GPU its measurement worker died (SIGSEGV)."""
+    with pytest.raises(tvm_env.UnboundGpuKernel, match="bound to a GPU thread"):
+        tvm_env.build_kernel(matmul, CUDA)
+    assert tvm_env.build_kernel(default_schedule(matmul, CUDA), CUDA).imports  # DLight's: device code
+    assert tvm_env.build_kernel(matmul, tvm.target.Target({"kind": "llvm"})) is not None  # on a CPU the bare kernel is the default
+
+
 def test_metaschedule_searches_a_cuda_target_as_users_write_it(matmul: tvm.IRModule) -> None:
     from tvm.s_tir import meta_schedule as ms
 
@@ -120,3 +128,40 @@ def test_the_demo_on_cuda_without_a_gpu_stops_at_once_and_says_why() -> None:
     done = subprocess.run([sys.executable, "-m", "schedhub.cli.main", "demo", "--device", "cuda"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "no CUDA device here" in done.stderr
     assert "ray" not in done.stdout.lower()  # before any cluster started
+
+
+def test_a_gpu_node_keeps_a_core_for_each_gpus_measurements() -> None:
+    from schedhub.tuner.cores import cores_for, reserved_cores
+
+    sixteen = tuple(range(16))
+    assert reserved_cores(sixteen, 2) == (15, 14) and reserved_cores((0, 1), 4) == (1,) and reserved_cores((3,), 1) == ()
+    assert cores_for(1, sixteen, 2) == (14,) and cores_for(None, sixteen, 2) == tuple(range(14))
+    assert cores_for(None, sixteen, 0) == sixteen and cores_for(5, sixteen, 2) == sixteen  # nothing kept, or a GPU past the reservation
+
+
+def _affinities_after_confining(measures_on_gpu: bool) -> list[list[int]]:
+    """In a Ray worker: :func:`cores.confine`, then the cores of every thread of the process, one started before it."""
+    import os
+    import threading
+
+    from schedhub.tuner import cores
+
+    started, stop = threading.Event(), threading.Event()
+    threading.Thread(target=lambda: (started.set(), stop.wait()), daemon=True).start()
+    started.wait()
+    try:
+        cores.confine(measures_on_gpu)
+        return sorted({tuple(sorted(os.sched_getaffinity(int(t)))) for t in os.listdir("/proc/self/task")})
+    finally:
+        stop.set()
+
+
+def test_on_a_gpu_node_a_measurement_runs_alone_on_its_core_and_every_other_task_beside_it(declared_gpu_cluster: dict) -> None:
+    import ray
+
+    measuring = ray.remote(num_cpus=1, num_gpus=1, max_retries=0)(_affinities_after_confining)
+    other = ray.remote(num_cpus=1, max_retries=0)(_affinities_after_confining)
+    assert ray.get(measuring.remote(True)) == [(1,)]
+    assert ray.get(other.remote(False)) == [(0,)]
+    shared = {"runtime_env": {"env_vars": {"SCHEDHUB_MEASURE_CORE": "shared"}}}
+    assert ray.get(measuring.options(**shared).remote(True)) == [(0, 1)]  # the reservation off: nothing narrowed

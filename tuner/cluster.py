@@ -30,6 +30,7 @@ from typing import Any
 
 from schedhub.registry import packb, target_kind, unpackb
 
+from . import cores
 from .tvm_env import compiles_cuda
 
 #: One unit per node: the right to time kernels on its CPU.
@@ -130,9 +131,15 @@ TASKS: dict[str, tuple[str, str, dict[str, Any]]] = {
 }
 
 
+#: Kinds of task that run on the cores a GPU node leaves them (:mod:`.cores`): a measurement alone on its GPU's core.
+_CONFINED = frozenset({"build", "measure", "tune", "verify"})
+
+
 def run_task(kind: str, payload: bytes) -> bytes:
     """The body of every task: the kind's function on msgpack keyword arguments, its dict result as msgpack."""
     module, name, _ = TASKS[kind]
+    if kind in _CONFINED:
+        cores.confine(measures_on_gpu=kind == "measure")
     fn: Callable[..., dict[str, Any]] = getattr(importlib.import_module(module), name)
     return packb(fn(**unpackb(payload)))
 

@@ -47,7 +47,17 @@ def build_kernel(mod: Any, target: Any, _params: Any = None) -> Any:
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
     mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
-    return tvm.tirx.build(mod, target=target)
+    built = tvm.tirx.build(mod, target=target)
+    if "gpu" in target.keys and not built.imports:
+        raise UnboundGpuKernel(
+            f"no loop of this {target.kind.name} kernel is bound to a GPU thread: TVM built it as host code over device memory, which "
+            "crashes the process that runs it (an unscheduled kernel: a GPU's default is DLight's schedule)"
+        )
+    return built
+
+
+class UnboundGpuKernel(ValueError):
+    """A kernel for a GPU target with no loop bound to a thread: it would run on the host and read device memory."""
 
 
 def packed_args_info(mod: Any) -> list[Any] | None:
