@@ -231,11 +231,16 @@ def _tune_in_rounds(registry: LocalRegistry, network: Network, kernels: list[mod
     state = tune_network(registry, [(k.identity, k.calls) for k in kernels], options, POLICIES[spending.policy], goal,
                          round_trials=options.trials_per_iter, pushed_by="bench.models",
                          on_round=lambda r: say(f"{network.label()} round {r.number}: {r.kernel.op} ×{r.kernel.calls}, {r.trials_spent} trials, "
-                                                f"{r.elapsed_secs / 60:.1f} min, estimate {(r.network_secs or 0) * 1e3:.3f} ms"))  # fmt: skip
+                                                f"{r.elapsed_secs / 60:.1f} min, estimate "
+                                                + (f"{r.network_secs * 1e3:.3f} ms" if r.network_secs else "— (a kernel not timed yet)")))  # fmt: skip
     say(f"{network.label()}: stopped: {state.stopped_because}")
+    for k in state.kernels:
+        if k.failed:
+            say(f"{network.label()}: {k.op} could not be tuned and keeps the default schedule: {k.failed}")
     tuned.update({r.kernel.key: r.result for r in state.rounds})
     rounds = [{"kernel": r.kernel.op, "trials": r.trials_spent, "minutes": r.elapsed_secs / 60, "estimate_ms": (r.network_secs or 0) * 1e3} for r in state.rounds]
     return len({r.kernel.key for r in state.rounds}), {"policy": spending.policy, "rounds": rounds, "trials": state.trials, "stopped_because": state.stopped_because,
+                                                       "failed": {k.op: k.failed for k in state.kernels if k.failed},
                                                        "pytorch_before_ms": reference_secs * 1e3 if reference_secs else None}  # fmt: skip
 
 

@@ -58,3 +58,6 @@ def run(reg: Any, refs: list[Any], planned: list[Any], options: Any, until: str 
     verdict = f"{final * 1e3:.3f} ms, {reference / final:.2f}× {label}" if final else "not every kernel was timed"
     out.print(f"stopped: {state.stopped_because}; the network's estimate {verdict} (Σ calls × each kernel's best; "
               "`schedhub profile` and the bench time the compiled network)", highlight=False, soft_wrap=True)
+    for k in state.kernels:
+        if k.failed:
+            out.print(f"{k.op} could not be tuned and keeps its default schedule: {k.failed}", highlight=False, soft_wrap=True)

@@ -854,3 +854,18 @@ def _listening(process: object) -> list:
         return [c for c in process.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]  # type: ignore[attr-defined]
     except psutil.NoSuchProcess:
         return []
+
+
+def test_a_kernel_whose_tuning_fails_keeps_its_default_and_the_network_goes_on(ray_address: str, tmp_path: Path) -> None:
+    """One kernel MetaSchedule cannot search (on a GPU: a split whose block is not affine) failed the whole network's
+    tuning, and everything after it was lost; now it is set aside with the reason and the other kernels get the rounds."""
+    from schedhub.tuner.allocation import Goal, GradientPolicy
+    from schedhub.tuner.network import tune_network
+
+    good = matmul(32, 32, 32)
+    bad = dataclasses.replace(matmul(64, 64, 64), fingerprint="tvm-0.0-elsewhere")  # keyed under another compiler: its job refuses it
+    with LocalRegistry(tmp_path / "store") as reg:
+        state = tune_network(reg, [(bad, 1), (good, 1)], tiny(trials=2, trials_per_iter=2, publish=1), GradientPolicy(), Goal(max_trials=4), round_trials=2)
+    (failed,) = [k for k in state.kernels if k.failed]
+    assert failed.key == bad.key and "ToolchainMismatch" in failed.failed and not failed.rounds
+    assert [r.kernel.key for r in state.rounds] == [good.key, good.key] and state.trials == 4

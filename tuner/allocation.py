@@ -33,6 +33,7 @@ class KernelTuning:
     default_secs: float | None = None  # the target's default schedule, once a round timed it
     flops: float = 0.0  # TVM's estimate of one call's arithmetic (0: unknown)
     rounds: list[tuple[int, float]] = field(default_factory=list)  # (trials spent so far, best seconds so far) after each round
+    failed: str = ""  # why its tuning failed (MetaSchedule could not search it): it gets no more rounds
 
     @property
     def trials(self) -> int:

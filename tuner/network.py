@@ -8,6 +8,7 @@ begins from those records (its kernels' first rounds time them again).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -18,6 +19,8 @@ from . import cluster
 from .allocation import Goal, KernelTuning, Policy, network_secs
 from .dispatch import push_result, start_tuning
 from .search import TuneOptions, TuneResult
+
+log = logging.getLogger("schedhub.tuner")
 
 
 @dataclass(frozen=True)
@@ -71,9 +74,18 @@ def tune_network(registry: Registry, kernels: Sequence[tuple[Identity, int]], op
     options = replace(options, trials=round_trials, trials_per_iter=min(options.trials_per_iter, round_trials))
     started = time.monotonic()
     while (why := goal.reached(state.kernels, time.monotonic() - started)) is None:
-        kernel = policy.pick(state.kernels)
+        left = [k for k in state.kernels if not k.failed]
+        if not left:
+            why = "the tuning of every kernel failed"
+            break
+        kernel = policy.pick(left)
         identity = by_key[kernel.key]
-        result = TuneResult.from_dict(cluster.result(start_tuning(registry, identity, options, f"{identity.op}:{identity.key[:8]}")))
+        try:
+            result = TuneResult.from_dict(cluster.result(start_tuning(registry, identity, options, f"{identity.op}:{identity.key[:8]}")))
+        except Exception as exc:  # noqa: BLE001 (one kernel MetaSchedule cannot search, or a lost task: the rest go on)
+            kernel.failed = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else ''}"
+            log.warning("schedhub: tuning %s failed, it keeps its default schedule: %s", identity.op, kernel.failed)
+            continue
         push_result(registry, result, pushed_by)
         kernel.record(round_trials, result.best_secs, result.untuned_secs)
         done = Round(len(state.rounds) + 1, kernel, result, state.network_secs, state.trials, time.monotonic() - started)
