@@ -1,6 +1,7 @@
 """Tuning jobs sharing one device: N at once against one at a time, on the same kernels, seeds and budget.
 
-    python -m bench loadaware [--device cuda] [--jobs 4] [--kernels 4] [--trials 16] [--runs 1]
+    python -m bench loadaware [--device cuda] [--jobs 4]
+    python -m bench.loadaware [--device cuda] [--jobs 4] [--kernels 4] [--trials 16] [--runs 1] [--shared-core]
     python -m bench.loadaware ...  --out FILE
 
 The kernels are the BERT layer's heaviest matmuls (seq 128 on a GPU, 32 on a CPU: minutes, not hours, on 2 cores).
@@ -11,12 +12,18 @@ the search threads each job ran. Then, with nothing else running, every kernel's
 again side by side with the target's default (DLight on a GPU, TVM's default schedule on a CPU), in one measurement
 task: each mode's best *alone*, which is what the quality comparison reads, and beside it the time the job itself
 published (``seen``), which under load may be off.
+
+Where the loss comes from: per kernel and mode, :data:`SAMPLED` of the search's own candidates (its fastest and an
+even spread) are timed again alone with the search's timing, and ``seen / alone`` says how far the search's view of
+them was off (one job at a time is the control). On a GPU node every GPU's measurement runs alone on a core of its
+own (``tuner.cores``); ``--shared-core`` adds the N-job mode with that reservation off, as it was before.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -25,18 +32,20 @@ from pathlib import Path
 from typing import Any
 
 from schedhub.registry import LocalRegistry
-from schedhub.tuner import cluster, dispatch, models, tvm_env
+from schedhub.tuner import cluster, cores, dispatch, models, tvm_env
 from schedhub.tuner.network import workload_flops
 from schedhub.tuner.kernels import FINAL_TIMING
-from schedhub.tuner.search import Timeline, TuneOptions, TuneResult, default_name, side_by_side
+from schedhub.tuner.search import Timeline, TuneOptions, TuneResult, default_name, default_schedule, side_by_side
 
 from .report import REPO, environment
-from .tuner import require_device
+from .tuner import require_device, warm_workers
 
 #: Cold searches of MetaSchedule's default shape, cut for minutes: no registry, no seeds, the same seed everywhere.
 OPTIONS = TuneOptions(trials=16, trials_per_iter=16, population=128, genetic_iters=2, warm_start=0, synthesize=0, seeds=0, publish=1)
 #: The BERT layer's sequence length per device: seq 128 is the issue's GPU case; on a 2-core CPU seq 32 fits minutes.
 SEQ = {"cuda": 128, "cpu": 32}
+#: Candidates of each search timed again alone, per kernel and mode.
+SAMPLED = 4
 
 
 def matmul_kernels(device: str, count: int) -> list[Any]:
@@ -48,8 +57,10 @@ def matmul_kernels(device: str, count: int) -> list[Any]:
     return [k.identity for k in kernels[:count]]
 
 
-def tune_mode(identities: list[Any], options: TuneOptions, jobs: int) -> dict[str, Any]:
-    """Tune every kernel with ``jobs`` at once into a fresh registry: wall time, trials/s, phases and each kernel's result."""
+def tune_mode(identities: list[Any], options: TuneOptions, jobs: int, reserved: bool = True) -> dict[str, Any]:
+    """Tune every kernel with ``jobs`` at once into a fresh registry, on a cluster whose GPU measurements have cores of
+    their own (``reserved``) or not: wall time, trials/s, phases and each kernel's result."""
+    use_cluster(reserved, identities[0].target)
     with tempfile.TemporaryDirectory(prefix="schedhub-loadaware-") as tmp, LocalRegistry(Path(tmp) / "store", sync=False) as reg:
         started = time.time()
         done = dispatch.tune_many(reg, identities, options, concurrency=jobs, retune=True, pushed_by="bench.loadaware", publish=False)
@@ -59,19 +70,63 @@ def tune_mode(identities: list[Any], options: TuneOptions, jobs: int) -> dict[st
     results: dict[str, TuneResult] = {r.identity.key: r for r in done.tuned}
     trials = sum(r.trials for r in results.values())
     phases = {p: sum(r.phases.get(p, 0.0) for r in results.values()) for p in ("search", "build", "measure", "cost model", "rest")}
-    return {"jobs": jobs, "wall_secs": wall, "trials": trials, "trials_per_sec": trials / wall, "phase_secs": phases,
+    return {"jobs": jobs, "measure_core": "reserved" if reserved else cores.SHARED, "wall_secs": wall, "trials": trials,
+            "trials_per_sec": trials / wall, "phase_secs": phases,
             "search_threads": sorted({str(r.records[0].provenance.get("search_threads")) for r in results.values()}),
             "results": results}  # fmt: skip
 
 
-def retime_alone(identity: Any, modes: dict[str, dict[str, Any]], timing: dict[str, Any]) -> dict[str, Any]:
-    """Each mode's best record of ``identity`` and the target's default, timed side by side with nothing else running."""
+def use_cluster(reserved: bool, target: str) -> None:
+    """A local cluster whose GPU nodes reserve a core per GPU's measurements, or not: restarted when that changes, and
+    its workers started before any clock (``bench.tuner.warm_workers``: on a fresh cluster the first mode's searches
+    were seen timing candidates 4-5x slow beside workers importing TVM, on 2 cores)."""
+    import ray
+
+    wanted = "" if reserved else cores.SHARED
+    if ray.is_initialized() and os.environ.get(cores.SETTING, "") == wanted:
+        return
+    cluster.stop()
+    os.environ[cores.SETTING] = wanted  # the cluster's workers inherit it
+    cpus = cluster.start()["resources"].get("CPU", 1)
+    warm_workers(target, int(cpus))
+
+
+def sampled(measured: list[tuple[str, float]], count: int = SAMPLED) -> list[tuple[str, float]]:
+    """``count`` of a search's measured candidates (trace text, mean seconds): the fastest, the slowest and an even spread between."""
+    ranked = sorted(measured, key=lambda m: m[1])
+    if len(ranked) <= count:
+        return ranked
+    return [ranked[round(i * (len(ranked) - 1) / (count - 1))] for i in range(count)]
+
+
+def retime_seen(identity: Any, modes: dict[str, dict[str, Any]], timing: dict[str, Any]) -> dict[str, list[float]]:
+    """Per mode, ``seen / alone`` for :func:`sampled` candidates of its search: what the search measured over the same
+    schedule timed now with the search's ``timing`` and nothing else running (over 1: the search saw it slower)."""
     from schedhub.hooks.identity import workload_module
     from schedhub.hooks.msdb import replay_schedule
 
     mod = workload_module(identity.workload)
+    picked = [(name, text, seen) for name, mode in modes.items() for text, seen in sampled(mode["results"][identity.key].measured)]
+    scheduled = [replay_schedule(mod, json.loads(text)).mod for _, text, _ in picked]
+    timed = side_by_side(identity, mod, scheduled, timing, Timeline("retime seen"))
+    ratios: dict[str, list[float]] = {name: [] for name in modes}
+    for (name, _, seen), answer in zip(picked, timed[1:]):
+        if answer["run_secs"]:
+            ratios[name].append(seen / statistics.fmean(answer["run_secs"]))
+    return ratios
+
+
+def retime_alone(identity: Any, modes: dict[str, dict[str, Any]], timing: dict[str, Any]) -> dict[str, Any]:
+    """Each mode's best record of ``identity`` and the target's default, timed side by side with nothing else running."""
+    from schedhub.hooks.identity import target_from_text, workload_module
+    from schedhub.hooks.msdb import replay_schedule
+
+    mod = workload_module(identity.workload)
     best = {name: mode["results"][identity.key].records[0] for name, mode in modes.items()}
-    scheduled = [replay_schedule(mod, json.loads(record.trace)).mod for record in best.values()]
+    target = target_from_text(identity.target)
+    # "Nothing beat the default": its record's empty trace is the default schedule (DLight's on a GPU), not the bare kernel
+    scheduled = [default_schedule(mod, target) if record.provenance.get("default_schedule") else replay_schedule(mod, json.loads(record.trace)).mod
+                 for record in best.values()]  # fmt: skip
     timed = side_by_side(identity, mod, scheduled, timing, Timeline("retime"))
     default_secs = statistics.fmean(timed[0]["run_secs"])
     row: dict[str, Any] = {"op": identity.op, "key": identity.key, "default_us": default_secs * 1e6, "modes": {}}
@@ -83,42 +138,61 @@ def retime_alone(identity: Any, modes: dict[str, dict[str, Any]], timing: dict[s
     return row
 
 
-def run(device: str, jobs: int, count: int, options: TuneOptions, runs: int) -> dict[str, Any]:
+def run(device: str, jobs: int, count: int, options: TuneOptions, runs: int, shared_core: bool = False) -> dict[str, Any]:
     from schedhub.hooks.identity import target_text
 
     identities = matmul_kernels(device, count)
     out: dict[str, Any] = {"device": device, "default": default_name(target_text(tvm_env.device_target(device))), "jobs": jobs, "seq": SEQ[device],
                            "kernels": [i.op for i in identities], "options": asdict(options), "runs": []}  # fmt: skip
-    cluster.start()
+    plan = [(1, True), (jobs, True), *([(jobs, False)] if shared_core else [])]
     try:
         for n in range(runs):
-            order = [1, jobs] if n % 2 == 0 else [jobs, 1]
-            modes = {f"{j} at once": tune_mode(identities, options, j) for j in order}
+            order = plan if n % 2 == 0 else plan[::-1]
+            modes = {}
+            for j, reserved in order:
+                modes[mode_name(j, reserved)] = mode = tune_mode(identities, options, j, reserved)
+                print(f"run {n + 1}: {mode_name(j, reserved)}: {mode['wall_secs']:.0f} s, {mode['trials_per_sec']:.2f} trials/s, "
+                      f"threads {mode['search_threads']}, phases {', '.join(f'{p} {s:.0f} s' for p, s in mode['phase_secs'].items())}", flush=True)
+            use_cluster(True, identities[0].target)
             kernels = [retime_alone(i, modes, FINAL_TIMING) for i in identities]
+            for kernel, identity in zip(kernels, identities):
+                for name, ratios in retime_seen(identity, modes, options.timing).items():
+                    kernel["modes"][name]["seen_vs_alone"] = ratios
             out["runs"].append({"order": order, "modes": {k: {f: v for f, v in m.items() if f != "results"} for k, m in modes.items()}, "kernels": kernels})
-            for name, mode in modes.items():
-                print(f"run {n + 1}: {name}: {mode['wall_secs']:.0f} s, {mode['trials_per_sec']:.2f} trials/s, threads {mode['search_threads']}, "
-                      f"phases {', '.join(f'{p} {s:.0f} s' for p, s in mode['phase_secs'].items())}", flush=True)
             for k in kernels:
                 print(f"  {k['op']:<28} default {k['default_us']:9.1f} µs  " + "  ".join(
-                    f"{name}: {m['alone_us'] or float('nan'):9.1f} µs alone (seen {m['seen_us']:9.1f})" for name, m in k["modes"].items()), flush=True)
+                    f"{name}: {m['alone_us'] or float('nan'):9.1f} µs alone (seen {m['seen_us']:9.1f}; candidates seen/alone "
+                    f"{', '.join(f'{r:.2f}' for r in m['seen_vs_alone'])})" for name, m in k["modes"].items()), flush=True)
     finally:
         cluster.stop()
     out["summary"] = summarize(out["runs"], jobs)
     return out
 
 
+def mode_name(jobs: int, reserved: bool = True) -> str:
+    return f"{jobs} at once" + ("" if reserved else ", measurement core shared")
+
+
 def summarize(runs: list[dict[str, Any]], jobs: int) -> dict[str, Any]:
-    """Medians over runs: how much sooner N jobs finish, trials/s of each mode, and how far each kernel's best alone is
-    from the serial run's (N jobs' best / one job's best: over 1 is worse), the worst kernel and the Σ of the bests."""
-    serial, shared = "1 at once", f"{jobs} at once"
-    sooner = [r["modes"][serial]["wall_secs"] / r["modes"][shared]["wall_secs"] for r in runs]
-    quality = [k["modes"][shared]["alone_us"] / k["modes"][serial]["alone_us"] for r in runs for k in r["kernels"]
-               if k["modes"][shared]["alone_us"] and k["modes"][serial]["alone_us"]]  # fmt: skip
-    sums = {mode: statistics.median(sum(k["modes"][mode]["alone_us"] or 0 for k in r["kernels"]) for r in runs) for mode in (serial, shared)}
-    return {"sooner": statistics.median(sooner), "trials_per_sec": {mode: statistics.median(r["modes"][mode]["trials_per_sec"] for r in runs) for mode in (serial, shared)},
-            "best_vs_serial_median": statistics.median(quality) if quality else None, "best_vs_serial_worst": max(quality, default=None),
-            "sum_of_bests_us": sums}  # fmt: skip
+    """Medians over runs, per N-job mode against one job at a time: how much sooner it finished, trials/s, how far each
+    kernel's best alone is from the serial run's (N jobs' best / one job's best: over 1 is worse), the worst kernel, the Σ
+    of the bests; and per mode the median and worst ``seen / alone`` of the searches' sampled candidates."""
+    serial = mode_name(1)
+    names = list(runs[0]["modes"])
+    out: dict[str, Any] = {"trials_per_sec": {m: statistics.median(r["modes"][m]["trials_per_sec"] for r in runs) for m in names},
+                           "sum_of_bests_us": {m: statistics.median(sum(k["modes"][m]["alone_us"] or 0 for k in r["kernels"]) for r in runs) for m in names},
+                           "seen_vs_alone": {}, "shared": {}}  # fmt: skip
+    for m in names:
+        seen = [x for r in runs for k in r["kernels"] for x in k["modes"][m].get("seen_vs_alone", [])]
+        out["seen_vs_alone"][m] = {"median": statistics.median(seen), "worst": max(seen)} if seen else None
+        if m == serial:
+            continue
+        quality = [k["modes"][m]["alone_us"] / k["modes"][serial]["alone_us"] for r in runs for k in r["kernels"]
+                   if k["modes"][m]["alone_us"] and k["modes"][serial]["alone_us"]]  # fmt: skip
+        out["shared"][m] = {"sooner": statistics.median(r["modes"][serial]["wall_secs"] / r["modes"][m]["wall_secs"] for r in runs),
+                            "best_vs_serial_median": statistics.median(quality) if quality else None,
+                            "best_vs_serial_worst": max(quality, default=None)}  # fmt: skip
+    return out
 
 
 def main() -> None:
@@ -128,6 +202,7 @@ def main() -> None:
     parser.add_argument("--kernels", type=int, default=4)
     parser.add_argument("--trials", type=int, default=OPTIONS.trials)
     parser.add_argument("--runs", type=int, default=1, help="runs of both modes, alternating which goes first")
+    parser.add_argument("--shared-core", action="store_true", help="also run N jobs with no core kept for the GPU's measurements (tuner.cores)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     require_device(parser.prog, args.device)
@@ -135,8 +210,9 @@ def main() -> None:
         parser.error("--jobs takes 2 or more; --kernels, --trials and --runs 1 or more")
     tvm_env.prepare()
     options = replace(OPTIONS, trials=args.trials, trials_per_iter=min(OPTIONS.trials_per_iter, args.trials))
-    result = run(args.device, args.jobs, args.kernels, options, args.runs)
-    result.update(command=f"python -m bench loadaware --device {args.device} --jobs {args.jobs} --kernels {args.kernels} --trials {args.trials} --runs {args.runs}",
+    result = run(args.device, args.jobs, args.kernels, options, args.runs, args.shared_core)
+    result.update(command=f"python -m bench loadaware --device {args.device} --jobs {args.jobs} --kernels {args.kernels} --trials {args.trials} --runs {args.runs}"
+                          + (" --shared-core" if args.shared_core else ""),
                   environment=environment())  # fmt: skip
     print(json.dumps(result["summary"], indent=1))
     out = args.out or REPO / "bench" / "results" / ("gpu" if args.device == "cuda" else "full") / "loadaware.json"

@@ -178,17 +178,8 @@ def run(trials: int, runs: int, rounds: int, trials_per_iter: int = 16, search: 
     tvm_env.prepare()
     target = json.loads(target_text(TARGET if device == "cpu" else tvm_env.device_target(device)))
     cpus = cluster.start(num_cpus=2 if device == "cpu" else None)["resources"].get("CPU", 1)
-    # Start Ray's workers (TVM import, intrinsics) before any clock runs, as the plain tuner's pools start
-    # before its: one for the tuning task and one per CPU for its builds. The warm-up builds hold no CPU,
-    # so they run at once, each in a worker of its own (one warm worker left the first job's builds
-    # waiting for a second to import TVM: ~4 s of a 14 s search).
     text = target_text(target)
-    warmed = [cluster.result(ref) for ref in [cluster.submit("build", placed={"num_cpus": 0}, mod_json=_tiny_mod_json(), target_text=text) for _ in range(int(cpus) + 1)]]
-    # And a worker that has timed a kernel on the device (on a GPU: a CUDA context), as plain's runner pool is started
-    # before its clock: on an H100, 6.6 s of Ray's 11.3 s measure phase was outside its tasks with only builds warmed.
-    timed = cluster.result(cluster.submit("measure", placed=cluster.placement("measure", text), artifacts=[warmed[0]["artifact"]], args_info=TINY_ARGS,
-                                          timing={"number": 1, "repeat": 1, "min_repeat_ms": 1, "flush_cache": False}, target_text=text))  # fmt: skip
-    warm = _worker(timed)
+    warm = warm_workers(text, int(cpus))
     # One search thread: the seed fixes the first round's candidates, the same for both tuners.
     base = TuneOptions(trials=trials, trials_per_iter=trials_per_iter, publish=1, search_threads=1, **search)
     out: dict[str, Any] = {"target": target, "device": device, "device_name": str(tvm.cuda(0).device_name) if device == "cuda" else target.get("mcpu"),
@@ -217,12 +208,32 @@ def run(trials: int, runs: int, rounds: int, trials_per_iter: int = 16, search: 
     return out
 
 
-def _tiny_mod_json() -> str:
+def warm_workers(text: str, cpus: int) -> str:
+    """Start Ray's workers (TVM import, intrinsics) before any clock runs, as the plain tuner's pools start before its:
+    one for the tuning task and one per CPU for its builds, and one that has timed a kernel on the device of the target
+    ``text`` (on a GPU: a CUDA context). Returns that measuring worker (``host:pid``).
+
+    The warm-up builds hold no CPU, so they run at once, each in a worker of its own (one warm worker left the first job's
+    builds waiting for a second to import TVM: ~4 s of a 14 s search). On an H100, 6.6 s of Ray's 11.3 s measure phase was
+    outside its tasks with only builds warmed."""
+    tiny = _tiny_mod_json(text)
+    warmed = [cluster.result(ref) for ref in [cluster.submit("build", placed={"num_cpus": 0}, mod_json=tiny, target_text=text) for _ in range(cpus + 1)]]
+    timed = cluster.result(cluster.submit("measure", placed=cluster.placement("measure", text), artifacts=[warmed[0]["artifact"]], args_info=TINY_ARGS,
+                                          timing={"number": 1, "repeat": 1, "min_repeat_ms": 1, "flush_cache": False}, target_text=text))  # fmt: skip
+    return _worker(timed)
+
+
+def _tiny_mod_json(text: str) -> str:
+    """An 8-element add in the target's default schedule (on a GPU DLight's, bound to threads: unbound, its loop runs on the
+    host over device memory, and the measuring worker crashed)."""
     import tvm
     from tvm import te
 
+    from schedhub.hooks.identity import target_from_text
+
     a = te.placeholder((8,), name="a")
-    return tvm.ir.save_json(tvm.IRModule({"main": te.create_prim_func([a, te.compute((8,), lambda i: a[i] + 1.0)])}))
+    mod = tvm.IRModule({"main": te.create_prim_func([a, te.compute((8,), lambda i: a[i] + 1.0)])})
+    return tvm.ir.save_json(default_schedule(mod, target_from_text(text)))
 
 
 def main() -> None:

@@ -393,21 +393,34 @@ def test_a_growth_study_refuses_the_registries_of_another_family(tmp_path: Path)
 
 
 def test_a_loadaware_run_reads_quality_off_each_kernels_best_timed_alone() -> None:
-    """N jobs' speed is the serial wall over theirs; their quality each kernel's best *alone* against the serial run's."""
+    """N jobs' speed is the serial wall over theirs; their quality each kernel's best *alone* against the serial run's;
+    how far each mode's search saw its candidates off, from their ``seen / alone``."""
     from bench.loadaware import summarize
 
-    def kernel(serial_us: float, shared_us: float) -> dict:
-        return {"modes": {"1 at once": {"alone_us": serial_us, "seen_us": serial_us}, "4 at once": {"alone_us": shared_us, "seen_us": 2 * shared_us}}}
+    def kernel(serial_us: float, shared_us: float, seen: list[float]) -> dict:
+        return {"modes": {"1 at once": {"alone_us": serial_us, "seen_us": serial_us, "seen_vs_alone": [1.0, 1.02]},
+                          "4 at once": {"alone_us": shared_us, "seen_us": 2 * shared_us, "seen_vs_alone": seen}}}  # fmt: skip
 
     def run(serial_wall: float, shared_wall: float, kernels: list) -> dict:
         return {"modes": {"1 at once": {"wall_secs": serial_wall, "trials_per_sec": 64 / serial_wall},
                           "4 at once": {"wall_secs": shared_wall, "trials_per_sec": 64 / shared_wall}}, "kernels": kernels}
 
-    runs = [run(120, 60, [kernel(100, 100), kernel(50, 60)]), run(100, 80, [kernel(100, 105), kernel(50, 50)])]
+    runs = [run(120, 60, [kernel(100, 100, [1.5]), kernel(50, 60, [1.1, 1.3])]), run(100, 80, [kernel(100, 105, [2.0]), kernel(50, 50, [])])]
     summary = summarize(runs, 4)
-    assert summary["sooner"] == pytest.approx((2.0 + 1.25) / 2)
-    assert summary["best_vs_serial_worst"] == pytest.approx(1.2) and summary["best_vs_serial_median"] == pytest.approx(1.025)
+    shared = summary["shared"]["4 at once"]
+    assert shared["sooner"] == pytest.approx((2.0 + 1.25) / 2)
+    assert shared["best_vs_serial_worst"] == pytest.approx(1.2) and shared["best_vs_serial_median"] == pytest.approx(1.025)
     assert summary["sum_of_bests_us"] == {"1 at once": 150, "4 at once": pytest.approx((160 + 155) / 2)}
+    assert summary["seen_vs_alone"]["4 at once"] == {"median": pytest.approx(1.4), "worst": 2.0}
+    assert summary["seen_vs_alone"]["1 at once"]["median"] == pytest.approx(1.01)
+
+
+def test_loadaware_times_again_the_fastest_the_slowest_and_a_spread_of_a_searchs_candidates() -> None:
+    from bench.loadaware import sampled
+
+    measured = [(f"t{i}", float(i)) for i in (5, 1, 9, 3, 7, 2, 8)]
+    assert [m[1] for m in sampled(measured, 4)] == [1.0, 3.0, 7.0, 9.0]
+    assert sampled(measured[:2], 4) == [("t1", 1.0), ("t5", 5.0)]
 
 
 @pytest.mark.slow
@@ -423,7 +436,8 @@ def test_the_loadaware_bench_runs_through_on_the_cpu() -> None:
     assert only["modes"]["1 at once"]["search_threads"] == ["physical"] and only["modes"]["2 at once"]["search_threads"] == ["1"]
     (k,) = only["kernels"]
     assert k["default_us"] > 0 and all(m["alone_us"] and m["alone_us"] > 0 for m in k["modes"].values())
-    assert out["summary"]["sooner"] > 0
+    assert all(m["seen_vs_alone"] and min(m["seen_vs_alone"]) > 0 for m in k["modes"].values())
+    assert out["summary"]["shared"]["2 at once"]["sooner"] > 0
 
 
 def test_runs_recorded_one_network_at_a_time_merge_into_one_table_that_says_how_each_was_tuned(tmp_path: Path) -> None:
