@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The GPU benches on a lent GPU machine (Python 3.12, CUDA 13 and PyTorch installed, no network), in two calls of
+# the `device` tool from the repository root, after `bash bench/pack_for_gpu.sh` here (bench/README.md):
+#
+#   call 1, carry .gl/tvm:   bash bench/gpu_session.sh unpack
+#   call 2, carry .gl/rest:  bash bench/gpu_session.sh run SECONDS     (within the 30 s the machine stays warm)
+#
+# `run` installs the rest into /tmp/site beside TVM, checks that CUDA kernels compile (NVRTC, else nvcc), then spends
+# SECONDS on: `bench loadaware --device cuda` (4 tuning jobs against 1, and 4 with no core kept for the GPU's
+# measurements), then the BERT layer's row of the GPU table, tuned for what time is left into a registry that comes
+# back under $OUT/gpu-store for the next session's --seed-store. Every result and log is written under $OUT.
+set -u
+SITE=/tmp/site
+OUT=${OUT:-/tmp/out}
+mkdir -p "$SITE" "$OUT"
+
+if [ "${1:-}" = unpack ]; then  # the first part of TVM's library kept where the next call's tree copy leaves it alone
+    cp .gl/tvm/tvm-lib.tar.xz.part00 "$SITE"/ && echo "kept TVM's first part in $SITE"
+    nvidia-smi -L; python3 -V; ls -d /usr/local/cuda*/targets/x86_64-linux/lib/libnvrtc.so* 2>/dev/null
+    exit 0
+fi
+[ "${1:-}" = run ] || { echo "usage: bash bench/gpu_session.sh unpack | run SECONDS [loadaware|models|both]" >&2; exit 2; }
+TOTAL=${2:-540}
+WHAT=${3:-both}
+START=$(date +%s)
+left() { echo $(( TOTAL - ($(date +%s) - START) )); }
+
+cat "$SITE"/tvm-lib.tar.xz.part00 .gl/rest/tvm-lib.tar.xz.part01 | tar xJf - -C "$SITE" && rm "$SITE"/tvm-lib.tar.xz.part00
+tar xJf .gl/rest/tvm-rest.tar.xz -C "$SITE"
+tar xJf .gl/rest/ray.tar.xz -C "$SITE"
+python3 -m pip install -q --no-deps --no-index --target "$SITE" .gl/rest/*.whl 2>&1 | grep -v "WARNING: Target directory" | tail -3
+export PYTHONPATH="$SITE:$PWD" PATH="/usr/local/cuda/bin:$SITE/bin:$PATH" CUDA_PATH=/usr/local/cuda
+export LD_LIBRARY_PATH="/usr/local/cuda-13.0/targets/x86_64-linux/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+echo "installed in $(( $(date +%s) - START )) s"
+
+python3 - <<'EOF' 2>&1 | tail -5 | tee "$OUT/compile-check.log"
+import tvm
+from tvm import te
+from schedhub.tuner import cuda_build, tvm_env
+from schedhub.tuner.search import default_schedule
+tvm_env.prepare()
+a = te.placeholder((4096,), name="A")
+mod = tvm.IRModule({"main": te.create_prim_func([a, te.compute((4096,), lambda i: a[i] + 1, name="B")])})
+target = tvm_env.device_target("cuda")
+tvm_env.build_kernel(default_schedule(mod, target), target)
+print("CUDA kernels compile with", "NVRTC in-process" if cuda_build.nvrtc_available() else "nvcc", "for", target)
+EOF
+grep -q "CUDA kernels compile" "$OUT/compile-check.log" || { export TVM_CUDA_COMPILE_MODE=nvcc; echo "NVRTC failed: nvcc from here on" | tee -a "$OUT/compile-check.log"; }
+
+SHARED=""; [ "$(left)" -ge 420 ] || [ "$WHAT" = loadaware ] && SHARED="--shared-core"
+LOADAWARE=$(( $(left) / 2 )); [ "$LOADAWARE" -gt 330 ] && LOADAWARE=330; [ "$WHAT" = loadaware ] && LOADAWARE=$(( $(left) - 5 ))
+[ "$WHAT" = models ] || timeout "$LOADAWARE" python3 -m bench.loadaware --device cuda --jobs 4 --kernels 4 --trials 16 $SHARED --out "$OUT/loadaware.json" 2>&1 \
+    | grep -v "^\s*$" | tee "$OUT/loadaware.log" | grep -E "^run|^  |sooner|trials_per_sec|wrote|Error|error" | head -40
+
+[ "$WHAT" = loadaware ] && { echo "done with $(left) s of $TOTAL left"; exit 0; }
+MINUTES=$(python3 -c "print(max(1.0, round(($(left) - 150) / 60, 1)))")
+timeout $(( $(left) - 10 )) python3 -m bench.models --device cuda --networks bert_layer --policy gradient --max-minutes "$MINUTES" \
+    --keep-store "$OUT/gpu-store" --out "$OUT/models-bert.json" > "$OUT/models-bert.log" 2>&1
+tail -25 "$OUT/models-bert.log"
+echo "done with $(left) s of $TOTAL left"
