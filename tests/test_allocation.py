@@ -67,3 +67,17 @@ def test_the_goal_stops_at_the_latency_or_the_budget() -> None:
     assert "48 trials" in Goal(latency_secs=1e-3, max_trials=48).reached(kernels, 0.0)
     assert "min spent" in Goal(max_secs=60).reached(kernels, 61.0)
     assert Goal(latency_secs=1.0, max_trials=10).reached([kernel("a", 1)], 0.0) is None  # nothing timed yet: no estimate
+
+
+def test_a_kernels_later_rounds_replay_only_its_own_records() -> None:
+    """Its first round warm-starts in full (neighbours' traces, their twins, synthesized seeds: up to 19 timings before
+    16 trials); later rounds continue from its own published best only."""
+    from schedhub.tuner.network import round_options
+    from schedhub.tuner.search import TuneOptions
+
+    options = TuneOptions(trials=16, trials_per_iter=16, publish=3)
+    kernel = KernelTuning("k", "conv", 1)
+    assert round_options(options, kernel) == options and options.warm_measurements() == 19
+    kernel.record(16, 1e-3, 2e-3)
+    later = round_options(options, kernel)
+    assert later.warm_measurements() == 3 and (later.trials, later.publish, later.population) == (16, 3, options.population)

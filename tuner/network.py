@@ -61,6 +61,16 @@ def workload_flops(identity: Identity) -> float:
         return 0.0
 
 
+def round_options(options: TuneOptions, kernel: KernelTuning) -> TuneOptions:
+    """A round's options: a kernel's first round warm-starts as any job does (the registry's traces of it and of its
+    neighbours, their twins postprocessed here, synthesized seeds); its later rounds replay only its own best records,
+    which its earlier rounds measured and published, so they spend their time on the search. With rounds of 16
+    trials a full warm start timed up to 19 schedules before each round's 16 (8 traces, their 8 twins, 3 seeds)."""
+    if not kernel.rounds:
+        return options
+    return replace(options, warm_start=max(1, options.publish), repostprocess=False, synthesize=0, seeds=0)
+
+
 def tune_network(registry: Registry, kernels: Sequence[tuple[Identity, int]], options: TuneOptions, policy: Policy, goal: Goal, *,
                  round_trials: int = 16, pushed_by: str = "", on_round: Callable[[Round], None] | None = None) -> NetworkTuning:  # fmt: skip
     """Tune ``kernels`` ((identity, calls per forward pass) each) in rounds of ``round_trials`` trials, each round to
@@ -81,7 +91,8 @@ def tune_network(registry: Registry, kernels: Sequence[tuple[Identity, int]], op
         kernel = policy.pick(left)
         identity = by_key[kernel.key]
         try:
-            result = TuneResult.from_dict(cluster.result(start_tuning(registry, identity, options, f"{identity.op}:{identity.key[:8]}")))
+            job = start_tuning(registry, identity, round_options(options, kernel), f"{identity.op}:{identity.key[:8]}")
+            result = TuneResult.from_dict(cluster.result(job))
         except Exception as exc:  # noqa: BLE001 (one kernel MetaSchedule cannot search, or a lost task: the rest go on)
             kernel.failed = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else ''}"
             log.warning("schedhub: tuning %s failed, it keeps its default schedule: %s", identity.op, kernel.failed)
