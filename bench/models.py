@@ -111,8 +111,8 @@ PEAK_SGEMM_N = 2048
 
 @dataclass(frozen=True)
 class Spending:
-    """How a network's trials are spent: each kernel the same budget (``policy`` None), or in rounds to the kernel a
-    policy of ``tuner.allocation`` picks (budget: trials per kernel × kernels), stopping early once the network's estimate
+    """How a network's trials are spent: each kernel the same budget (``policy`` None), or in rounds (of ``round_trials``)
+    to the kernel a policy of ``tuner.allocation`` picks (budget: trials per kernel × kernels), stopping early once the network's estimate
     is :data:`GOAL_MARGIN` of PyTorch's latency (``until_pytorch``) or after ``max_minutes``; the networks rewritten as
     ``rewrites`` says (convolution layout, fast math: ``hooks.rewrites``)."""
 
@@ -121,6 +121,7 @@ class Spending:
     max_minutes: float | None = None
     rewrites: Rewrites = Rewrites()
     warm_model: bool = False  # each search's cost model starts trained on the registry's log (a network's later rounds: on its earlier ones)
+    round_trials: int | None = None  # trials a round (None: the mode's trials_per_iter); MetaSchedule's iterations inside stay that size
 
 
 #: ``--until pytorch`` stops when the network's estimate (Σ calls × each kernel's best) is this fraction of PyTorch's
@@ -229,7 +230,7 @@ def _tune_in_rounds(registry: LocalRegistry, network: Network, kernels: list[mod
                 max_secs=spending.max_minutes * 60 if spending.max_minutes else None)  # fmt: skip
     assert spending.policy is not None
     state = tune_network(registry, [(k.identity, k.calls) for k in kernels], options, POLICIES[spending.policy], goal,
-                         round_trials=options.trials_per_iter, pushed_by="bench.models",
+                         round_trials=spending.round_trials or options.trials_per_iter, pushed_by="bench.models",
                          on_round=lambda r: say(f"{network.label()} round {r.number}: {r.kernel.op} ×{r.kernel.calls}, {r.trials_spent} trials, "
                                                 f"{r.elapsed_secs / 60:.1f} min, estimate "
                                                 + (f"{r.network_secs * 1e3:.3f} ms" if r.network_secs else "— (a kernel not timed yet)")))  # fmt: skip
@@ -239,7 +240,7 @@ def _tune_in_rounds(registry: LocalRegistry, network: Network, kernels: list[mod
             say(f"{network.label()}: {k.op} could not be tuned and keeps the default schedule: {k.failed}")
     tuned.update({r.kernel.key: r.result for r in state.rounds})
     rounds = [{"kernel": r.kernel.op, "trials": r.trials_spent, "minutes": r.elapsed_secs / 60, "estimate_ms": (r.network_secs or 0) * 1e3} for r in state.rounds]
-    return len({r.kernel.key for r in state.rounds}), {"policy": spending.policy, "rounds": rounds, "trials": state.trials, "stopped_because": state.stopped_because,
+    return len({r.kernel.key for r in state.rounds}), {"policy": spending.policy, "round_trials": spending.round_trials or options.trials_per_iter, "rounds": rounds, "trials": state.trials, "stopped_because": state.stopped_because,
                                                        "failed": {k.op: k.failed for k in state.kernels if k.failed},
                                                        "pytorch_before_ms": reference_secs * 1e3 if reference_secs else None}  # fmt: skip
 
@@ -393,6 +394,7 @@ def main() -> None:
     parser.add_argument("--layout", choices=list(LAYOUTS), default="given", help="convert the networks' convolutions first (hooks.layouts)")
     parser.add_argument("--math", choices=list(MATHS), default="exact", help="fast: GELU, erf, exp, tanh, softmax approximated (hooks.fastmath)")
     parser.add_argument("--prepack", action="store_true", help="weights laid out by each kernel's schedule, packed at compile time (hooks.rewrites)")
+    parser.add_argument("--round-trials", type=int, help="with --policy: trials a round (default: the mode's 16 on a CPU, 32 on a GPU; Ansor's is 64)")
     parser.add_argument("--warm-model", action="store_true", help="start each search's cost model trained on the registry's log (TuneOptions.warm_model)")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--merge", type=Path, nargs="+", help="write these runs' tables as one (--out), tuning nothing")
@@ -402,19 +404,21 @@ def main() -> None:
             parser.error("--merge writes to --out")
         args.out.write_text(json.dumps(merge(args.merge), indent=1))
         return
-    if (args.until or args.max_minutes) and not args.policy:
-        parser.error("--until and --max-minutes go with --policy")
+    if (args.until or args.max_minutes or args.round_trials) and not args.policy:
+        parser.error("--until, --max-minutes and --round-trials go with --policy")
+    if args.round_trials is not None and args.round_trials < 1:
+        parser.error("--round-trials takes 1 or more")
     require_device(parser.prog, args.device)
     mode = "gpu" if args.device == "cuda" else "quick" if args.quick else "full"
     out = args.out or Path(__file__).parent / "results" / mode / "models.json"
     started = time.time()
-    spending = Spending(args.policy, args.until == "pytorch", args.max_minutes, Rewrites(args.layout, args.math, args.prepack), args.warm_model)
+    spending = Spending(args.policy, args.until == "pytorch", args.max_minutes, Rewrites(args.layout, args.math, args.prepack), args.warm_model, args.round_trials)
     result = run(mode, args.trials, args.networks.split(",") if args.networks else None, args.seed_store, args.keep_store, device=args.device, spending=spending)
     result["wall_secs"] = time.time() - started
     result["command"] = " ".join(["python -m bench.models", *(["--quick"] if args.quick else []), *([f"--device {args.device}"] if args.device != "cpu" else []),
                                   *([f"--trials {args.trials}"] if args.trials else []),
                                   *([f"--networks {args.networks}"] if args.networks else []), *(["--seed-store DIR"] if args.seed_store else []), *(["--keep-store DIR"] if args.keep_store else []),
-                                  *(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k in ("policy", "until", "max_minutes") and v),
+                                  *(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k in ("policy", "until", "max_minutes", "round_trials") and v),
                                   *spending.rewrites.flags(), *(["--warm-model"] if args.warm_model else [])])  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
