@@ -240,7 +240,7 @@ def _models(d: dict[str, Any] | None, drawn: dict[str, str], title: str) -> list
             f"already held is tuned again at this budget), up to {o['warm_start']} traces. ") if d.get("seed_keys") else (
             f"Kernels of batch b>1 are warm-started from batch 1's schedules (up to {o['warm_start']} traces). ")  # fmt: skip
     budget = (f"Tuning budget per kernel: {o['trials']} trials in rounds of {o['trials_per_iter']}" if not any(r.get("tuning") for r in d["rows"]) else
-              f"Each network tuned where its time goes (`tuner.network`: rounds of {o['trials_per_iter']} trials, each to the kernel the row's policy picks; "
+              f"Each network tuned where its time goes (`tuner.network`: rounds of {o['trials_per_iter']} trials unless its run says otherwise, each to the kernel the row's policy picks; "
               f"budget {o['trials']} trials × the network's kernels, or the row's minutes), the rows' runs listed below the table")  # fmt: skip
     lines = [f"## {title} (`{d['command']}`)", "",
              f"{recorded}Target `{json.dumps(d['target'])}`. {budget}, "
@@ -307,7 +307,9 @@ def _tuning_runs(rows: list[dict[str, Any]]) -> list[str]:
         how = r["tuning"]
         model = "each round's cost model started from the registry's log" if "--warm-model" in r.get("command", "") else "a cold cost model each round"
         rewrites = ", ".join(rewrites_of(r)) or "nothing rewritten"
-        out.append(f"- {r['network']} b{r['batch']}: {how['policy']} policy, {rewrites}, {model}; {how['trials']} trials in "
+        rounds = f"rounds of {how['round_trials']}, " if how.get("round_trials") else ""
+        resumed = "resuming an earlier run's registry (`--seed-store`), " if "--seed-store" in r.get("command", "") else ""
+        out.append(f"- {r['network']} b{r['batch']}: {how['policy']} policy, {rounds}{resumed}{rewrites}, {model}; {how['trials']} trials in "
                    f"{r['tune_secs'] / 60:.0f} min; stopped: {how['stopped_because']}. `{r.get('command', '')}`")  # fmt: skip
     return [*out, ""]
 

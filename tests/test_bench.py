@@ -455,10 +455,13 @@ def test_runs_recorded_one_network_at_a_time_merge_into_one_table_that_says_how_
         return path
 
     merged = merge([run("a", "python -m bench.models --networks a --policy gradient --warm-model", {"policy": "gradient", "trials": 32, "stopped_because": "budget"}),
-                    run("b", "python -m bench.models --networks b", None)])
-    assert [r["network"] for r in merged["rows"]] == ["a", "b"] and len(merged["kernels"]) == 2 and merged["wall_secs"] == 120.0
+                    run("b", "python -m bench.models --networks b", None),
+                    run("d", "python -m bench.models --networks d --seed-store DIR --policy gradient --round-trials 64",
+                        {"policy": "gradient", "round_trials": 64, "trials": 128, "stopped_because": "budget"})])  # fmt: skip
+    assert [r["network"] for r in merged["rows"]] == ["a", "b", "d"] and len(merged["kernels"]) == 3 and merged["wall_secs"] == 180.0
     lines = report._tuning_runs(merged["rows"])
-    assert len(lines) == 4 and "a b1: gradient policy" in lines[2] and "started from the registry's log" in lines[2] and "--networks a" in lines[2]
+    assert len(lines) == 5 and "a b1: gradient policy" in lines[2] and "started from the registry's log" in lines[2] and "--networks a" in lines[2]
+    assert "rounds of" not in lines[2] and "rounds of 64, resuming an earlier run's registry" in lines[3]
     table = tmp_path / "table.json"
     table.write_text(json.dumps(merged))
     merged["kernels"][0]["peak_gflops"] = 111.0  # the peak of the run that recorded it
@@ -469,5 +472,5 @@ def test_runs_recorded_one_network_at_a_time_merge_into_one_table_that_says_how_
     fast.write_text(json.dumps({**recorded, "spending": {"rewrites": {"layout": "given", "math": "fast", "prepack": False}}}))
     again = merge([table, fast])
     assert [r["command"] for r in again["rows"]] == [r["command"] for r in merged["rows"]] + ["python -m bench.models --networks c --math fast"]
-    assert [k.get("peak_gflops") for k in again["kernels"]] == [111.0, 222.0, None]  # each kernel keeps its own run's peak
-    assert [k.get("math") for k in again["kernels"]] == [None, None, "fast"]  # and says what its run's compile rewrote
+    assert [k.get("peak_gflops") for k in again["kernels"]] == [111.0, 222.0, 222.0, None]  # each kernel keeps its own run's peak
+    assert [k.get("math") for k in again["kernels"]] == [None, None, None, "fast"]  # and says what its run's compile rewrote
