@@ -31,7 +31,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from schedhub.registry import LocalRegistry
+from schedhub.registry import LocalRegistry, keeps_default_schedule
 from schedhub.tuner import cluster, cores, dispatch, models, tvm_env
 from schedhub.tuner.network import workload_flops
 from schedhub.tuner.kernels import FINAL_TIMING
@@ -99,42 +99,41 @@ def sampled(measured: list[tuple[str, float]], count: int = SAMPLED) -> list[tup
     return [ranked[round(i * (len(ranked) - 1) / (count - 1))] for i in range(count)]
 
 
-def retime_seen(identity: Any, modes: dict[str, dict[str, Any]], timing: dict[str, Any]) -> dict[str, list[float]]:
-    """Per mode, ``seen / alone`` for :func:`sampled` candidates of its search: what the search measured over the same
-    schedule timed now with the search's ``timing`` and nothing else running (over 1: the search saw it slower)."""
-    from schedhub.hooks.identity import workload_module
+def timed_alone(identity: Any, traces: list[str], timing: dict[str, Any], label: str) -> tuple[float, list[float | None]]:
+    """The target's default schedule of ``identity`` and each trace replayed on it, timed side by side with nothing
+    else running: the default's mean seconds and each trace's (None where it did not run). A trace that keeps the
+    default schedule (``registry.keeps_default_schedule``) is the default (DLight's on a GPU), not the bare kernel."""
+    from schedhub.hooks.identity import target_from_text, workload_module
     from schedhub.hooks.msdb import replay_schedule
 
     mod = workload_module(identity.workload)
+    target = target_from_text(identity.target)
+    scheduled = [default_schedule(mod, target) if keeps_default_schedule(text) else replay_schedule(mod, json.loads(text)).mod for text in traces]
+    timed = side_by_side(identity, mod, scheduled, timing, Timeline(label))
+    return statistics.fmean(timed[0]["run_secs"]), [statistics.fmean(a["run_secs"]) if a["run_secs"] else None for a in timed[1:]]
+
+
+def retime_seen(identity: Any, modes: dict[str, dict[str, Any]], timing: dict[str, Any]) -> dict[str, list[float]]:
+    """Per mode, ``seen / alone`` for :func:`sampled` candidates of its search: what the search measured over the same
+    schedule timed now with the search's ``timing`` and nothing else running (over 1: the search saw it slower)."""
     picked = [(name, text, seen) for name, mode in modes.items() for text, seen in sampled(mode["results"][identity.key].measured)]
-    scheduled = [replay_schedule(mod, json.loads(text)).mod for _, text, _ in picked]
-    timed = side_by_side(identity, mod, scheduled, timing, Timeline("retime seen"))
+    _, alone = timed_alone(identity, [text for _, text, _ in picked], timing, "retime seen")
     ratios: dict[str, list[float]] = {name: [] for name in modes}
-    for (name, _, seen), answer in zip(picked, timed[1:]):
-        if answer["run_secs"]:
-            ratios[name].append(seen / statistics.fmean(answer["run_secs"]))
+    for (name, _, seen), secs in zip(picked, alone):
+        if secs:
+            ratios[name].append(seen / secs)
     return ratios
 
 
 def retime_alone(identity: Any, modes: dict[str, dict[str, Any]], timing: dict[str, Any]) -> dict[str, Any]:
     """Each mode's best record of ``identity`` and the target's default, timed side by side with nothing else running."""
-    from schedhub.hooks.identity import target_from_text, workload_module
-    from schedhub.hooks.msdb import replay_schedule
-
-    mod = workload_module(identity.workload)
     best = {name: mode["results"][identity.key].records[0] for name, mode in modes.items()}
-    target = target_from_text(identity.target)
-    # "Nothing beat the default": its record's empty trace is the default schedule (DLight's on a GPU), not the bare kernel
-    scheduled = [default_schedule(mod, target) if record.provenance.get("default_schedule") else replay_schedule(mod, json.loads(record.trace)).mod
-                 for record in best.values()]  # fmt: skip
-    timed = side_by_side(identity, mod, scheduled, timing, Timeline("retime"))
-    default_secs = statistics.fmean(timed[0]["run_secs"])
+    default_secs, alone = timed_alone(identity, [record.trace for record in best.values()], timing, "retime")
     row: dict[str, Any] = {"op": identity.op, "key": identity.key, "default_us": default_secs * 1e6, "modes": {}}
-    for (name, record), answer in zip(best.items(), timed[1:]):
-        alone = statistics.fmean(answer["run_secs"]) if answer["run_secs"] else None
-        row["modes"][name] = {"alone_us": alone * 1e6 if alone else None, "seen_us": record.mean_secs * 1e6,
-                              "default_schedule": bool(record.provenance.get("default_schedule")),
-                              "vs_default": default_secs / alone if alone else None}  # fmt: skip
+    for (name, record), secs in zip(best.items(), alone):
+        row["modes"][name] = {"alone_us": secs * 1e6 if secs else None, "seen_us": record.mean_secs * 1e6,
+                              "default_schedule": keeps_default_schedule(record.trace),
+                              "vs_default": default_secs / secs if secs else None}  # fmt: skip
     return row
 
 

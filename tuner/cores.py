@@ -15,10 +15,7 @@ CPU measurement holds as many of Ray's CPUs as its kernel runs threads (``cluste
 from __future__ import annotations
 
 import functools
-import logging
 import os
-
-log = logging.getLogger("schedhub.tuner")
 
 #: The environment setting that turns the reservation off ("shared"); anything else, or unset, keeps it.
 SETTING = "SCHEDHUB_MEASURE_CORE"

@@ -94,7 +94,8 @@ def tune_network(registry: Registry, kernels: Sequence[tuple[Identity, int]], op
             job = start_tuning(registry, identity, round_options(options, kernel), f"{identity.op}:{identity.key[:8]}")
             result = TuneResult.from_dict(cluster.result(job))
         except Exception as exc:  # noqa: BLE001 (one kernel MetaSchedule cannot search, or a lost task: the rest go on)
-            kernel.failed = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else ''}"
+            said = str(exc).strip().splitlines()  # a task's error ends with its own message, after the remote traceback
+            kernel.failed = f"{type(exc).__name__}: {said[-1][:300] if said else ''}"
             log.warning("schedhub: tuning %s failed, it keeps its default schedule: %s", identity.op, kernel.failed)
             continue
         push_result(registry, result, pushed_by)
