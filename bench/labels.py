@@ -6,9 +6,9 @@ from typing import Any
 
 
 def rewrites_of(row: dict[str, Any]) -> list[str]:
-    """What a row's compile rewrote (``hooks.rewrites``: its ``layout``, ``math``, ``prepack``), in words: none for the defaults."""
+    """What a row's compile rewrote (``hooks.rewrites``: its ``layout``, ``math``, ``prepack``, ``conv``), in words: none for the defaults."""
     return [*([f"convolutions {row['layout']}"] if row.get("layout", "given") != "given" else []), *(["fast math"] if row.get("math") == "fast" else []),
-            *(["weights prepacked"] if row.get("prepack") else [])]  # fmt: skip
+            *(["weights prepacked"] if row.get("prepack") else []), *(["3×3 convolutions by Winograd"] if row.get("conv") == "winograd" else [])]  # fmt: skip
 
 
 def named(row: dict[str, Any]) -> str:

@@ -49,6 +49,7 @@ import numpy as np
 
 from schedhub.hooks.layouts import LAYOUTS
 from schedhub.hooks.rewrites import MATHS, Rewrites
+from schedhub.hooks.winograd import CONVS
 from schedhub.registry import LocalRegistry
 from schedhub.tuner import baselines, cluster, dispatch, models, tvm_env
 from schedhub.tuner.allocation import POLICIES, Goal
@@ -188,13 +189,14 @@ def run(mode: str, trials: int | None = None, only: list[str] | None = None, see
             say(f"practical peak (sgemm {PEAK_SGEMM_N}): " + ", ".join(f"{k} {v:.1f} GFLOPS" for k, v in out["peak_gflops"].items()))
         for network, mod, func, weights, input_shape, kernels, tuned_now, tune_secs, how in configs:
             untuned_ex = tvm.compile(mod, target)
-            with hooks.use(registry, target, layout=spending.rewrites.layout, math=spending.rewrites.math, prepack=spending.rewrites.prepack) as session:
+            with hooks.use(registry, target, layout=spending.rewrites.layout, math=spending.rewrites.math, prepack=spending.rewrites.prepack,
+                           conv=spending.rewrites.conv) as session:
                 tuned_ex = tvm.compile(mod, target)
             report = session.report
             if report.hits != len(kernels) or report.misses:
                 raise RuntimeError(f"{network.label()}: the tuned compile hit {report.hits} of {len(kernels)} kernels")
             row = _time_network(network, func, weights, input_shape, untuned_ex, tuned_ex, config["rounds"], torch_proc, device)
-            row.update({"kernels": len(kernels), "tuned_now": tuned_now, "tune_secs": tune_secs, "layout": spending.rewrites.layout, "math": spending.rewrites.math, "prepack": spending.rewrites.prepack, "tuning": how,
+            row.update({"kernels": len(kernels), "tuned_now": tuned_now, "tune_secs": tune_secs, "layout": spending.rewrites.layout, "math": spending.rewrites.math, "prepack": spending.rewrites.prepack, "conv": spending.rewrites.conv, "tuning": how,
                         "trials": how["trials"] if how else sum(tuned[k.identity.key].trials + tuned[k.identity.key].warm_started for k in kernels)})  # fmt: skip
             out["rows"].append(row)
             row["default_records"] = sum(bool(tuned[k.identity.key].records[0].provenance.get("default_schedule")) for k in kernels)
@@ -394,6 +396,7 @@ def main() -> None:
     parser.add_argument("--layout", choices=list(LAYOUTS), default="given", help="convert the networks' convolutions first (hooks.layouts)")
     parser.add_argument("--math", choices=list(MATHS), default="exact", help="fast: GELU, erf, exp, tanh, softmax approximated (hooks.fastmath)")
     parser.add_argument("--prepack", action="store_true", help="weights laid out by each kernel's schedule, packed at compile time (hooks.rewrites)")
+    parser.add_argument("--conv", choices=list(CONVS), default="direct", help="winograd: 3×3 stride-1 convolutions by Winograd's F(4×4, 3×3) (hooks.winograd)")
     parser.add_argument("--round-trials", type=int, help="with --policy: trials a round (default: the mode's 16 on a CPU, 32 on a GPU; Ansor's is 64)")
     parser.add_argument("--warm-model", action="store_true", help="start each search's cost model trained on the registry's log (TuneOptions.warm_model)")
     parser.add_argument("--out", type=Path)
@@ -412,7 +415,7 @@ def main() -> None:
     mode = "gpu" if args.device == "cuda" else "quick" if args.quick else "full"
     out = args.out or Path(__file__).parent / "results" / mode / "models.json"
     started = time.time()
-    spending = Spending(args.policy, args.until == "pytorch", args.max_minutes, Rewrites(args.layout, args.math, args.prepack), args.warm_model, args.round_trials)
+    spending = Spending(args.policy, args.until == "pytorch", args.max_minutes, Rewrites(args.layout, args.math, args.prepack, args.conv), args.warm_model, args.round_trials)
     result = run(mode, args.trials, args.networks.split(",") if args.networks else None, args.seed_store, args.keep_store, device=args.device, spending=spending)
     result["wall_secs"] = time.time() - started
     result["command"] = " ".join(["python -m bench.models", *(["--quick"] if args.quick else []), *([f"--device {args.device}"] if args.device != "cpu" else []),

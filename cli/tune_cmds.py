@@ -12,10 +12,11 @@ from rich.table import Table
 
 from .common import EXIT_UNAVAILABLE, console, labelled, open_registry, out, progress, registry_option, reports_errors
 
-#: ``schedhub.hooks.layouts.LAYOUTS`` and ``schedhub.hooks.rewrites.MATHS``, spelled here: importing the hooks imports
-#: TVM, which a command's --help must not.
+#: ``schedhub.hooks.layouts.LAYOUTS``, ``schedhub.hooks.rewrites.MATHS`` and ``schedhub.hooks.winograd.CONVS``, spelled
+#: here: importing the hooks imports TVM, which a command's --help must not.
 LAYOUTS = ("given", "NHWC")
 MATHS = ("exact", "fast")
+CONVS = ("direct", "winograd")
 
 
 def ray_option(f: Any) -> Any:
@@ -65,6 +66,9 @@ def work_options(f: Any) -> Any:
     f = click.option("--prepack", is_flag=True,
                      help="Let each kernel's schedule choose its weights' layout, packed at compile time (CPU); "
                           "compile with hooks.use(..., prepack=True), or the records are not found.")(f)  # fmt: skip
+    f = click.option("--conv", type=click.Choice(CONVS), default="direct", show_default=True,
+                     help="winograd: 3×3 stride-1 convolutions by Winograd's F(4×4, 3×3) (float32 rounding apart from direct); "
+                          "compile with hooks.use(..., conv=) the same, or the records are not found.")(f)  # fmt: skip
     f = click.option("--sweep", multiple=True, help="A shape sweep, name=v1,v2 (e.g. batch=1,8); repeatable.")(f)
     return click.option(
         "--model", "-m", "model_specs", multiple=True, required=True,
@@ -95,7 +99,7 @@ def network_options(f: Any) -> Any:
 @click.option("--dry-run", is_flag=True, help="List the workloads and stop.")
 @ray_option
 @reports_errors
-def tune(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: tuple[str, ...], target: str, layout: str, math: str, prepack: bool, trials: int, trials_per_iter: int,
+def tune(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: tuple[str, ...], target: str, layout: str, math: str, prepack: bool, conv: str, trials: int, trials_per_iter: int,
          seed: int, population: int, final_repeat_ms: int, concurrency: int, retune: bool, until_text: str | None, policy: str, round_trials: int,
          max_trials: int | None, max_minutes: float | None, dry_run: bool, ray_address: str | None, num_cpus: int | None, num_gpus: int | None) -> None:  # fmt: skip
     """Tune every kernel of the given models and push the results (resumable: tuned keys are skipped); with --until, tune
@@ -109,7 +113,7 @@ def tune(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: 
     options = _options(trials, trials_per_iter, seed, population, final_repeat_ms)
     refs = plan.expand([plan.parse_model(m) for m in model_specs], dict(plan.parse_sweep(s) for s in sweep))
     tgt = plan.resolve_target(target)
-    rewrites = Rewrites(layout, math, prepack)  # type: ignore[arg-type]  # click checked them
+    rewrites = Rewrites(layout, math, prepack, conv)  # type: ignore[arg-type]  # click checked them
     planned = plan.plan(refs, tgt, rewrites)
     console.print(f"{len(refs)} model shape(s), {len(planned)} distinct kernels for {tgt}" + (f", {rewrites.describe()}" if rewrites.describe() else ""))
     if dry_run:
@@ -149,7 +153,7 @@ def tune(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: 
 @click.option("--python", default=None, help="Interpreter on the cluster (default: this one's path).")
 @click.option("--follow", is_flag=True, help="Stream the job's logs until it ends.")
 @reports_errors
-def submit(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: tuple[str, ...], target: str, layout: str, math: str, prepack: bool, trials: int, trials_per_iter: int,
+def submit(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: tuple[str, ...], target: str, layout: str, math: str, prepack: bool, conv: str, trials: int, trials_per_iter: int,
            seed: int, population: int, final_repeat_ms: int, concurrency: int, retune: bool, address: str, attempt: int, python: str | None, follow: bool) -> None:  # fmt: skip
     """Submit a bulk tuning run as a Ray Job (idempotent: the same work is one job)."""
     from schedhub.tuner import jobs, plan
@@ -163,7 +167,7 @@ def submit(registry: str, token: str | None, model_specs: tuple[str, ...], sweep
             "--population", str(population), "--final-repeat-ms", str(final_repeat_ms), "--concurrency", str(concurrency), *(a for m in model_specs for a in ("--model", m)), *(a for s in sweep for a in ("--sweep", s))]  # fmt: skip
     if retune:
         args.append("--retune")
-    for name, value, default in (("layout", layout, "given"), ("math", math, "exact")):
+    for name, value, default in (("layout", layout, "given"), ("math", math, "exact"), ("conv", conv, "direct")):
         if value != default:  # the work's identity (and so its submission id) is unchanged for the defaults
             work[name] = value
             args += [f"--{name}", value]

@@ -33,6 +33,7 @@ from .pipeline import ACTIVE, install, schedhub_pipeline
 from .guard import ScheduleLimits, ScheduleTooCostly
 from .layouts import Layout
 from .rewrites import Math, Rewrites
+from .winograd import Conv
 from .objects import ObjectCache, c_compiler_available
 from .report import CompileReport, KernelOutcome, RegistryFallbackWarning
 from .session import HookSession
@@ -72,6 +73,7 @@ def use(
     layout: Layout = "given",
     math: Math = "exact",
     prepack: bool = False,
+    conv: Conv = "direct",
 ) -> Iterator[HookSession]:
     """Apply registry schedules to every Relax build in this block (this thread).
 
@@ -111,8 +113,10 @@ def use(
     float32 ulps from exact (:mod:`.fastmath`). Its kernels are other kernels: tune with the same ``--math``.
     ``prepack``: kernels whose records lay their weights out as their schedule reads them (MetaSchedule's
     ``RewriteLayout``), the weights rewritten once, at compile time (:mod:`.rewrites`; CPU). Tune with ``--prepack``.
+    ``conv``: ``"direct"``, or ``"winograd"``: 3×3 stride-1 convolutions with enough output tiles by Winograd's
+    F(4×4, 3×3), 4× fewer multiplications, float32 rounding apart from direct (:mod:`.winograd`). Tune with ``--conv``.
     """
-    rewrites = Rewrites(layout, math, prepack)  # checked before anything opens
+    rewrites = Rewrites(layout, math, prepack, conv)  # checked before anything opens
     install()
     cache_dir: str | os.PathLike[str] | None = None  # this block's own cache, bounded when it ends
     objects: ObjectCache | None = None

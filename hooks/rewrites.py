@@ -1,5 +1,6 @@
 """What a compile rewrites in a network before its kernels are fused and looked up: its convolutions' layout
-(:mod:`.layouts`), its math (:mod:`.fastmath`), and whether its weights may be prepacked.
+(:mod:`.layouts`), its math (:mod:`.fastmath`), its 3×3 convolutions' algorithm (:mod:`.winograd`), and whether its
+weights may be prepacked.
 
 Prepacking (``prepack=True``): each fused kernel is marked with which of its arguments are weights (Relax's
 ``AttachAttrLayoutFreeBuffers``: constants and parameters), so that MetaSchedule's ``RewriteLayout`` postprocessor
@@ -23,6 +24,7 @@ from tvm import relax
 
 from .fastmath import fast_math_passes
 from .layouts import Layout, check_layout, layout_passes
+from .winograd import Conv, check_conv, conv_passes
 
 Math = Literal["exact", "fast"]
 MATHS: tuple[str, ...] = get_args(Math)
@@ -42,16 +44,18 @@ class Rewrites:
     layout: Layout = "given"  # what 2-D convolutions are converted to
     math: Math = "exact"  # "fast": GELU, erf, exp, tanh and softmax by TVM's approximations
     prepack: bool = False  # weights in the layout each kernel's schedule chooses, packed at compile time
+    conv: Conv = "direct"  # "winograd": 3×3 stride-1 convolutions by Winograd's F(4×4, 3×3)
 
     def __post_init__(self) -> None:
         check_layout(self.layout)
         check_math(self.math)
+        check_conv(self.conv)
         if not isinstance(self.prepack, bool):
             raise ValueError(f"prepack is True or False, not {self.prepack!r}")
 
     def passes(self) -> list[tvm.transform.Pass]:
         """The Relax passes, before legalization, that make these rewrites."""
-        return [*layout_passes(self.layout), *(fast_math_passes() if self.math == "fast" else [])]
+        return [*conv_passes(self.conv), *layout_passes(self.layout), *(fast_math_passes() if self.math == "fast" else [])]
 
     def fused_passes(self) -> list[tvm.transform.Pass]:
         """The passes after fusion: the kernels' weights marked as theirs to lay out (with ``prepack``)."""
@@ -60,10 +64,10 @@ class Rewrites:
     def flags(self) -> list[str]:
         """The ``schedhub tune`` options that ask for these rewrites (none for the defaults)."""
         return [*(["--layout", self.layout] if self.layout != "given" else []), *(["--math", self.math] if self.math != "exact" else []),
-                *(["--prepack"] if self.prepack else [])]  # fmt: skip
+                *(["--prepack"] if self.prepack else []), *(["--conv", self.conv] if self.conv != "direct" else [])]  # fmt: skip
 
     def describe(self) -> str:
         """A short phrase for reports: "" for the defaults, else e.g. "convolutions NHWC, fast math"."""
         parts = [*([f"convolutions {self.layout}"] if self.layout != "given" else []), *(["fast math"] if self.math == "fast" else []),
-                 *(["weights prepacked"] if self.prepack else [])]  # fmt: skip
+                 *(["weights prepacked"] if self.prepack else []), *(["3×3 convolutions by Winograd"] if self.conv == "winograd" else [])]  # fmt: skip
         return ", ".join(parts)

@@ -1,0 +1,102 @@
+"""Whether MetaSchedule tunes ResNet's 3×3 convolutions faster as Winograd's F(4×4, 3×3) (``hooks.winograd``) than as
+direct convolutions on this CPU: each of ResNet-18@224's four 3×3 stride-1 shapes, as a layer (convolution + bias +
+ReLU, weights bound and prepacked, as ``bench.models --prepack`` compiles the network), searched both ways with the same
+trials, options and seed, from a cold start; PyTorch's convolution (oneDNN, its own process) beside them.
+
+    python -m bench.studies.winograd [--trials 64] [--shapes 56x64,28x128,14x256,7x512]
+
+Recorded per shape and algorithm: untuned and best time (the tuner's side-by-side re-measurement), the direct
+convolution's GFLOPS at that time (the same work either way), the search's wall time; per shape, PyTorch's time. The
+practical peak (a 2048² sgemm in PyTorch) is timed after the cluster stops, with PyTorch's convolutions.
+
+Every shape is computed by Winograd here, those with fewer output tiles than a compile's ``hooks.winograd.MIN_TILES``
+too (ResNet's 7×7 stage): the study is what that threshold rests on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from schedhub.tuner import cluster, models, tvm_env
+from schedhub.hooks.rewrites import Rewrites
+from schedhub.hooks import winograd
+from schedhub.hooks.winograd import CONVS
+from schedhub.tuner.search import tune_workload
+from schedhub.tuner.torch_process import TorchProcess
+
+from ..models import practical_peak
+from ..report import REPO, environment
+from .layout import OPTIONS
+
+
+def layer(size: int, channels: int) -> Any:
+    """A 3×3 stride-1 convolution (padding 1) of ``channels`` to ``channels`` on ``size``², with bias and ReLU, weights bound."""
+    import numpy as np
+    import tvm
+    from tvm import relax
+
+    rng = np.random.default_rng(0)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, channels, size, size), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            weight = relax.const((rng.standard_normal((channels, channels, 3, 3)) * 0.05).astype("float32"))
+            bias = relax.const(rng.standard_normal((1, channels, 1, 1)).astype("float32"))
+            conv = bb.emit(relax.op.nn.conv2d(x, weight, padding=1))
+            out = bb.emit_output(bb.emit(relax.op.nn.relu(relax.op.add(conv, bias))))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.studies.winograd", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trials", type=int, default=64)
+    parser.add_argument("--shapes", default="56x64,28x128,14x256,7x512", help="SIZExCHANNELS,... (ResNet-18@224's 3×3 stride-1 convolutions)")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "studies" / "winograd.json")
+    args = parser.parse_args()
+    import tvm
+
+    tvm_env.prepare()
+    winograd.MIN_TILES = 1  # this process's extraction only: every shape by Winograd (module docstring)
+    target = tvm.target.Target(tvm_env.host_target())
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    options = replace(OPTIONS, trials=args.trials, trials_per_iter=min(OPTIONS.trials_per_iter, args.trials))
+    result: dict[str, Any] = {"command": f"python -m bench.studies.winograd --trials {args.trials} --shapes {args.shapes}", "options": options.__dict__,
+                              "layers": [], "environment": environment()}  # fmt: skip
+    cluster.start()
+    try:
+        for i, (size, channels) in enumerate(shapes):
+            flops = 2.0 * size * size * channels * channels * 9
+            row: dict[str, Any] = {"size": size, "channels": channels, "gflop": flops / 1e9}
+            for conv in CONVS if i % 2 == 0 else CONVS[::-1]:
+                kernels = [k for k in models.kernels(layer(size, channels), target, Rewrites(prepack=True, conv=conv)) if "conv2d" in k.name]  # type: ignore[arg-type]
+                kernel = kernels[0]
+                started = time.time()
+                tuned = tune_workload(kernel.identity, [], options, f"{conv}:{size}x{channels}")
+                best = tuned.best_secs or float("nan")
+                row[conv] = {"op": kernel.identity.op, "key": kernel.identity.key, "args_info": kernel.identity.args_info, "untuned_us": tuned.untuned_secs * 1e6,
+                             "best_us": best * 1e6, "gflops": flops / best / 1e9, "wall_secs": time.time() - started, "trials": tuned.trials}  # fmt: skip
+                print(f"{conv:>8} {size:3d}²×{channels:<4d} untuned {tuned.untuned_secs * 1e6:9.1f} µs  best {best * 1e6:8.1f} µs  "
+                      f"{flops / best / 1e9:6.1f} GFLOPS  {time.time() - started:5.0f} s", flush=True)
+            row["winograd_speedup"] = row["direct"]["best_us"] / row["winograd"]["best_us"]
+            result["layers"].append(row)
+    finally:
+        cluster.stop()
+    with TorchProcess(cwd=REPO) as torch_proc:
+        for row in result["layers"]:
+            secs = torch_proc.time_kernel(row["direct"]["op"], row["direct"]["args_info"], repeat=5, min_secs=0.2)
+            row["pytorch_us"] = None if secs is None else secs * 1e6
+        result["peak_gflops"] = practical_peak(torch_proc)
+    print(json.dumps({"peak_gflops": result["peak_gflops"], "layers": [{k: r.get(k) for k in ("size", "channels", "winograd_speedup", "pytorch_us")}
+                                                                         | {c: r[c]["best_us"] for c in CONVS} for r in result["layers"]]}, indent=1))  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""Winograd convolutions: a network compiled with ``conv="winograd"`` computes its eligible 3×3 convolutions by
+F(4×4, 3×3) on weights transformed at compile time, finds the records tuned that way (its schedules from MetaSchedule's
+own design space, Winograd's rules and weight prepacking among them), and computes what the direct network computes to
+float32 rounding (hooks/winograd.py, hooks/rewrites.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tvm
+from tvm.relax.frontend import nn
+from tvm.s_tir import meta_schedule as ms
+
+from schedhub.cli.tune_cmds import CONVS as CLI_CONVS
+from schedhub.hooks import use
+from schedhub.hooks.identity import plain_json, workload_module
+from schedhub.hooks.pipeline import fusion_passes
+from schedhub.hooks.rewrites import Rewrites
+from schedhub.hooks.winograd import CONVS, MIN_TILES
+from schedhub.registry import Identity, Record
+from schedhub.tuner import models
+
+from .networks import bound, run, store_of
+
+CPU = tvm.target.Target({"kind": "llvm", "num-cores": 1})
+WINOGRAD = Rewrites(prepack=True, conv="winograd")
+
+
+class ConvNet(nn.Module):
+    """A 3×3 stride-1 convolution on 16×16 (16 output tiles: Winograd's), then a 3×3 stride-2 one (direct)."""
+
+    def __init__(self) -> None:
+        self.first = nn.Conv2D(8, 16, 3, padding=1, bias=True)
+        self.down = nn.Conv2D(16, 16, 3, stride=2, padding=1, bias=True)
+
+    def forward(self, x: nn.Tensor) -> nn.Tensor:
+        return nn.op.relu(self.down(nn.op.relu(self.first(x))))
+
+
+SHAPE = (1, 8, 16, 16)
+
+
+def conv_net() -> tvm.IRModule:
+    return bound(ConvNet(), SHAPE, scale=0.3)
+
+
+@pytest.fixture(scope="module")
+def design_spaces() -> dict[str, tuple[Identity, tvm.IRModule, ms.TuneContext, list[tvm.s_tir.Schedule]]]:
+    """Per kernel of :func:`conv_net` with Winograd and prepacking (by name): its identity, workload, tuning context and
+    CPU design spaces (Winograd's custom rules where its blocks ask for them)."""
+    spaces = {}
+    for kernel in models.kernels(conv_net(), CPU, WINOGRAD):
+        mod = workload_module(kernel.identity.workload)
+        context = ms.TuneContext(mod=mod, target=CPU, space_generator="post-order-apply", search_strategy="replay-trace", task_name="main")
+        spaces[kernel.name] = (kernel.identity, mod, context, context.space_generator.generate_design_space(mod))
+    return spaces
+
+
+@pytest.fixture(scope="module")
+def winograd_store(tmp_path_factory: pytest.TempPathFactory, design_spaces: dict[str, tuple[Identity, tvm.IRModule, ms.TuneContext, list[tvm.s_tir.Schedule]]]) -> Path:
+    """Per kernel, its first design space with MetaSchedule's postprocessors applied (``RewriteLayout`` among them), as a
+    search's candidates are."""
+
+    def searched_record(identity: Identity) -> Record:
+        _, _, context, spaces = next(entry for entry in design_spaces.values() if entry[0] == identity)
+        sch = spaces[0].copy()
+        for postproc in context.space_generator.postprocs:
+            assert postproc.apply(sch), postproc
+        return Record(identity, json.dumps(plain_json(sch.trace.as_json()), separators=(",", ":")), [1e-4], {"tuner": "tests.test_winograd"})
+
+    return store_of(tmp_path_factory.mktemp("winograd") / "store", (entry[0] for entry in design_spaces.values()), searched_record)
+
+
+def test_winograd_network_hits_every_kernel_and_computes_what_the_direct_one_does(winograd_store: Path, tmp_path: Path) -> None:
+    mod = conv_net()
+    x = np.random.default_rng(1).standard_normal(SHAPE).astype("float32")
+    expected = run(tvm.compile(mod, CPU), x)
+    with use(winograd_store, CPU, prepack=True, conv="winograd", trust="any", transfer=False, report_misses=False, cache=tmp_path / "cache") as session:
+        ex = tvm.compile(mod, CPU)
+    assert session.report.hits == 2 and not session.report.misses, session.report.summary()
+    assert [k.name for k in models.kernels(mod, CPU, WINOGRAD) if "winograd" in k.name]  # served a Winograd kernel, not two direct ones
+    np.testing.assert_allclose(run(ex, x), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_the_input_transform_computes_its_tiles_where_it_reads_them_whatever_the_seed(design_spaces: dict[str, Any]) -> None:
+    """Every design space of the Winograd kernel, replayed with fresh decisions, computes the input tiles inside the
+    transform's tile loops (sampled locations made some seeds' searches end in "The block no longer exists")."""
+    _, mod, _, spaces = next(entry for name, entry in design_spaces.items() if "winograd" in name)
+    for space in spaces:
+        for seed in range(1, 21):
+            sch = tvm.s_tir.Schedule(mod, seed=seed)
+            tvm.s_tir.schedule.Trace(space.trace.insts, {}).apply_to_schedule(sch, remove_postproc=True)
+            tile_loops = [sch.get_sref(loop) for loop in sch.get_loops(sch.get_sblock("input_tile"))[:3]]
+            assert tile_loops == [sch.get_sref(loop) for loop in sch.get_loops(sch.get_sblock("data_pack"))[:3]], seed
+
+
+def test_only_eligible_convolutions_are_rewritten() -> None:
+    """The stride-1 convolution is another kernel under Winograd; the stride-2 one is the same kernel with the same key."""
+    direct = {k.name: k.identity.key for k in models.kernels(conv_net(), CPU)}
+    winograd = {k.name: k.identity.key for k in models.kernels(conv_net(), CPU, Rewrites(conv="winograd"))}
+    assert [name for name in winograd if "winograd" in name] == ["fused_conv2d_winograd_add_relu"], winograd
+    assert set(direct.values()) - set(winograd.values()) and len(set(direct.values()) & set(winograd.values())) == 1
+
+
+def test_a_convolution_with_few_output_tiles_stays_direct() -> None:
+    """Below MIN_TILES tiles the transformed weights cost more reads than the multiplications they save."""
+    small = bound(ConvNet(), (1, 8, 8, 8), scale=0.3)  # 8×8 outputs: 4 tiles of 4×4
+    assert 4 < MIN_TILES
+    names = [k.name for k in models.kernels(small, CPU, Rewrites(conv="winograd"))]
+    assert not [name for name in names if "winograd" in name], names
+
+
+def test_constant_weights_are_transformed_at_compile_time() -> None:
+    """Bound weights: the transform folds into a constant, no kernel computes it. Weights that are inputs: it is a kernel."""
+
+    def kernel_names(mod: tvm.IRModule) -> list[str]:
+        with CPU:
+            fused = fusion_passes(Rewrites(conv="winograd"))(mod)
+        return [gv.name_hint for gv, f in fused.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+
+    assert not [name for name in kernel_names(conv_net()) if "winograd_weights" in name]
+    unbound, _ = ConvNet().export_tvm({"forward": {"x": nn.spec.Tensor(SHAPE, "float32")}})
+    assert [name for name in kernel_names(unbound) if "winograd_weights" in name]
+
+
+def test_unknown_conv_is_refused_by_name_and_the_cli_offers_the_hooks_convs(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="'fft'.*direct, winograd"):
+        Rewrites(conv="fft")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="unknown convolution algorithm"), use(tmp_path / "store", CPU, conv="fast"):  # type: ignore[arg-type]
+        pass
+    assert tuple(CLI_CONVS) == CONVS
+    assert WINOGRAD.flags() == ["--prepack", "--conv", "winograd"] and WINOGRAD.describe() == "weights prepacked, 3×3 convolutions by Winograd"
