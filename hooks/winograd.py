@@ -112,7 +112,6 @@ def schedule_data_pack(sch: Any, data_pack: Any) -> list[Any]:
     them, the input tiles computed inside the inner tile loop, the padded input once, before (MetaSchedule's
     ``winograd.cc`` with these locations fixed: they were its fastest searches' choices)."""
     input_tile = _producer_inlining_constants(sch, data_pack)
-    data_pad = _producer_inlining_constants(sch, input_tile)
     e, n, p, ci, r_a, r_b = sch.get_loops(data_pack)
     p_outer, p_inner = sch.split(p, sch.sample_perfect_tile(p, n=2, max_innermost_factor=64))
     c_outer, c_inner = sch.split(ci, sch.sample_perfect_tile(ci, n=2, max_innermost_factor=64))

@@ -37,7 +37,6 @@ from .layout import OPTIONS
 def layer(size: int, channels: int) -> Any:
     """A 3×3 stride-1 convolution (padding 1) of ``channels`` to ``channels`` on ``size``², with bias and ReLU, weights bound."""
     import numpy as np
-    import tvm
     from tvm import relax
 
     rng = np.random.default_rng(0)
