@@ -42,6 +42,18 @@ def heaviest_convolutions(kernels: list[models.Kernel], count: int) -> list[tupl
     return sorted(convs, key=lambda kf: kf[1] * kf[0].calls, reverse=True)[:count]
 
 
+def cold_search(identity: Any, options: TuneOptions, label: str, flops: float) -> dict[str, Any]:
+    """One kernel searched from a cold start on the cluster this process is connected to, printed as one line: its
+    untuned and best times (the tuner's side-by-side re-measurement), GFLOPS at ``flops``, wall seconds and trials."""
+    started = time.time()
+    tuned = tune_workload(identity, [], options, label)
+    best = tuned.best_secs or float("nan")
+    row = {"op": identity.op, "key": identity.key, "untuned_us": tuned.untuned_secs * 1e6, "best_us": best * 1e6, "gflops": flops / best / 1e9,
+           "wall_secs": time.time() - started, "trials": tuned.trials}  # fmt: skip
+    print(f"{label:<44} untuned {row['untuned_us']:9.1f} µs  best {row['best_us']:9.1f} µs  {row['gflops']:6.1f} GFLOPS  {row['wall_secs']:5.0f} s", flush=True)
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.studies.layout", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--network", default="resnet18", choices=["resnet18", "mobilenetv2"])
@@ -68,14 +80,7 @@ def main() -> None:
             row: dict[str, Any] = {}
             for layout in LAYOUTS if i % 2 == 0 else LAYOUTS[::-1]:
                 kernel, flops = chosen[layout][i]
-                started = time.time()
-                tuned = tune_workload(kernel.identity, [], options, f"{layout}:{kernel.identity.op}")
-                best = tuned.best_secs or float("nan")
-                row[layout] = {"op": kernel.identity.op, "key": kernel.identity.key, "calls": kernel.calls, "gflop": flops / 1e9,
-                               "untuned_us": tuned.untuned_secs * 1e6, "best_us": best * 1e6, "gflops": flops / best / 1e9,
-                               "wall_secs": time.time() - started, "trials": tuned.trials}  # fmt: skip
-                print(f"{layout:>5} {kernel.identity.op:<36} untuned {tuned.untuned_secs * 1e6:9.1f} µs  best {best * 1e6:9.1f} µs  "
-                      f"{flops / best / 1e9:6.1f} GFLOPS  {time.time() - started:5.0f} s", flush=True)
+                row[layout] = {**cold_search(kernel.identity, options, f"{layout}:{kernel.identity.op}", flops), "calls": kernel.calls, "gflop": flops / 1e9}
             row["nhwc_speedup"] = row["given"]["best_us"] / row["NHWC"]["best_us"]
             result["kernels"].append(row)
     finally:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -26,12 +25,11 @@ from schedhub.tuner import cluster, models, tvm_env
 from schedhub.hooks.rewrites import Rewrites
 from schedhub.hooks import winograd
 from schedhub.hooks.winograd import CONVS
-from schedhub.tuner.search import tune_workload
 from schedhub.tuner.torch_process import TorchProcess
 
 from ..models import practical_peak
 from ..report import REPO, environment
-from .layout import OPTIONS
+from .layout import OPTIONS, cold_search
 
 
 def layer(size: int, channels: int) -> Any:
@@ -74,14 +72,7 @@ def main() -> None:
             row: dict[str, Any] = {"size": size, "channels": channels, "gflop": flops / 1e9}
             for conv in CONVS if i % 2 == 0 else CONVS[::-1]:
                 kernels = [k for k in models.kernels(layer(size, channels), target, Rewrites(prepack=True, conv=conv)) if "conv2d" in k.name]  # type: ignore[arg-type]
-                kernel = kernels[0]
-                started = time.time()
-                tuned = tune_workload(kernel.identity, [], options, f"{conv}:{size}x{channels}")
-                best = tuned.best_secs or float("nan")
-                row[conv] = {"op": kernel.identity.op, "key": kernel.identity.key, "args_info": kernel.identity.args_info, "untuned_us": tuned.untuned_secs * 1e6,
-                             "best_us": best * 1e6, "gflops": flops / best / 1e9, "wall_secs": time.time() - started, "trials": tuned.trials}  # fmt: skip
-                print(f"{conv:>8} {size:3d}²×{channels:<4d} untuned {tuned.untuned_secs * 1e6:9.1f} µs  best {best * 1e6:8.1f} µs  "
-                      f"{flops / best / 1e9:6.1f} GFLOPS  {time.time() - started:5.0f} s", flush=True)
+                row[conv] = {**cold_search(kernels[0].identity, options, f"{conv}:{size}x{channels}", flops), "args_info": kernels[0].identity.args_info}
             row["winograd_speedup"] = row["direct"]["best_us"] / row["winograd"]["best_us"]
             result["layers"].append(row)
     finally:
