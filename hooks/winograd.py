@@ -22,8 +22,10 @@ input tiles' transform before and the output tiles' after. ``conv="winograd"`` m
 
 CPU targets only (a GPU compile keeps its direct convolutions). Eligible: NCHW data, OIHW weights, 3×3, stride 1, dilation 1, one group, float32, static shapes, and at least
 :data:`MIN_TILES` output tiles. The transformed weights are (m+2)²/9 = 4× the direct convolution's, and each is used
-once per tile: with few tiles (ResNet's last stage, 7×7 outputs, 4 tiles) the product reads more weight bytes than it
-multiplies, and the direct convolution is faster.
+once per tile: with few tiles (ResNet's last stage, 7×7 outputs, 4 tiles, 37.7 MB of transformed weights a layer) the
+product reads more weight bytes than it multiplies. Timed alone, such a layer still ran faster by Winograd
+(``bench.studies.winograd``: 1.14 against 1.88 ms), but there its weights are read again at once; in a network they
+come from memory. The threshold stands until a network tuned both ways decides.
 
 The result differs from the direct convolution's by rounding (F(4×4, 3×3) in float32: relative errors about 1e-5 of
 the outputs' scale), so this is opt-in, and part of what a kernel *is*: its workloads and keys differ from the direct
