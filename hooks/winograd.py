@@ -17,8 +17,9 @@ input tiles' transform before and the output tiles' after. ``conv="winograd"`` m
   ones, MetaSchedule's rule made some seeds' searches end in TVM's "The block no longer exists in the IRModule"; the
   fixed ones are what its fastest searches chose, and after 16 trials on seeds 0–2 ran 0.88–1.02 ms against its
   0.85–1.16 on seeds 1–3 for ResNet's 56×56×64 layer). With ``prepack`` the schedule lays the transformed
-  weights out (the batched product's block names no layout-free buffer itself: after ``FuseTIR`` such a reference
-  was stale, and every search ended in the same error).
+  weights out through the function's ``layout_free_buffers``; the batched product's block names no layout-free
+  buffer itself, as TOPI's does (a block-level reference made before ``FuseTIR`` was suspected of the same error
+  before the seeds were found to cause it; not isolated).
 
 CPU targets only (a GPU compile keeps its direct convolutions). Eligible: NCHW data, OIHW weights, 3×3, stride 1, dilation 1, one group, float32, static shapes, and at least
 :data:`MIN_TILES` output tiles. The transformed weights are (m+2)²/9 = 4× the direct convolution's, and each is used
