@@ -357,6 +357,7 @@ def _kernel_row(network: str, batch: int, kernel: models.Kernel, result: TuneRes
     ident = kernel.identity
     work = flops(ident.args_info, ident.op) if baselines.supported(ident.op, ident.args_info) else None
     row: dict[str, Any] = {"network": network, "batch": batch, "op": kernel.name, "key": ident.key, "calls": kernel.calls, "flops": work,
+                           "flops_direct_equivalent": baselines.is_winograd(ident.op),
                            "untuned_ms": result.untuned_secs * 1e3, "tuned_ms": (result.best_secs or result.untuned_secs) * 1e3,
                            "default_schedule": bool(result.records[0].provenance.get("default_schedule")),
                            "curve_ms": [(i, s * 1e3) for i, s in result.curve], "args_info": ident.args_info}  # fmt: skip

@@ -286,12 +286,17 @@ def _models(d: dict[str, Any] | None, drawn: dict[str, str], title: str) -> list
             return f"{g / (ms * 1e-3):.1f}" if ms else "–"
 
         share = [f"{g / (k['tuned_ms'] * 1e-3) / k.get('peak_gflops', peak):.0%}"] if peak else []
-        rows.append([named(k), str(k["batch"]), f"`{k['op']}`", str(k["calls"]), f"{g:.3f}", gf(k["untuned_ms"]), gf(k["tuned_ms"]), *share,
+        op = f"`{k['op']}`" + ("†" if k.get("flops_direct_equivalent") else "")
+        rows.append([named(k), str(k["batch"]), op, str(k["calls"]), f"{g:.3f}", gf(k["untuned_ms"]), gf(k["tuned_ms"]), *share,
                      gf(k["numpy_ms"]), gf(k["torch_ms"])])  # fmt: skip
     header = ["network", "batch", "kernel", "calls", "GFLOP", "untuned", "tuned", *(["of peak"] if peak else []), "numpy", "PyTorch"]
     lines += table(header, rows, "lrlrr" + "r" * (len(header) - 5))
     lines += ["", "Untuned and tuned are the tuner's own side-by-side re-timing; numpy (im2col + GEMM for convolutions) and "
               "PyTorch (`F.conv2d` / `torch.matmul`, oneDNN/MKL) run the same kernel shapes with the epilogue, timed here.", ""]  # fmt: skip
+    if any(k.get("flops_direct_equivalent") for k in d["kernels"]):
+        lines += ["† A Winograd convolution (`conv=\"winograd\"`): its GFLOP and GFLOPS are those of the direct convolution it replaces, "
+                  "which numpy and PyTorch compute (effective GFLOPS: F(4×4, 3×3) does about 4× fewer multiplications, so its "
+                  "\"of peak\" may pass 100%; it says how fast the layer runs, not how busy the multipliers are).", ""]  # fmt: skip
     if "curves" in drawn:
         lines += [f"![tuning curves]({drawn['curves']})", ""]
     return lines

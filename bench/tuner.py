@@ -53,7 +53,9 @@ TINY_ARGS = [["TENSOR", "float32", [8]], ["TENSOR", "float32", [8]]]  # :func:`_
 
 
 def flops(args_info: list[Any], op: str) -> float:
-    """Multiply-adds ×2 of a matmul or conv2d kernel from its argument shapes."""
+    """Multiply-adds ×2 of a matmul or conv2d kernel from its argument shapes; a Winograd convolution's are the direct
+    convolution's it replaces (``baselines.direct_equivalent``: it does about 4× fewer, so its GFLOPS are effective ones)."""
+    op, args_info = baselines.direct_equivalent(op, args_info)
     shapes = [a[2] for a in args_info]
     out = shapes[-1]
     if "conv2d" in op:

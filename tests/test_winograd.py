@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 import tvm
+from tvm import te
 from tvm.relax.frontend import nn
 from tvm.s_tir import meta_schedule as ms
 
@@ -20,9 +21,11 @@ from schedhub.hooks import use
 from schedhub.hooks.identity import plain_json, workload_module
 from schedhub.hooks.pipeline import fusion_passes
 from schedhub.hooks.rewrites import Rewrites
-from schedhub.hooks.winograd import CONVS, MIN_TILES
+from schedhub.hooks.winograd import CONVS, MIN_TILES, winograd_weights
 from schedhub.registry import Identity, Record
-from schedhub.tuner import models
+from schedhub.tuner import baselines, kernels, models
+
+from bench.tuner import flops
 
 from .networks import bound, run, store_of
 
@@ -134,3 +137,22 @@ def test_unknown_conv_is_refused_by_name_and_the_cli_offers_the_hooks_convs(tmp_
         pass
     assert tuple(CLI_CONVS) == CONVS
     assert WINOGRAD.flags() == ["--prepack", "--conv", "winograd"] and WINOGRAD.describe() == "weights prepacked, 3×3 convolutions by Winograd"
+
+
+def test_a_winograd_kernels_baselines_and_flops_are_the_direct_convolution_it_replaces() -> None:
+    """The heaviest-kernels table compares a Winograd kernel with numpy's and PyTorch's direct convolution of the same
+    layer and counts the direct convolution's FLOPs: they compute what the kernel computes from the weights it packs."""
+    kernel = next(k for k in models.kernels(conv_net(), CPU, Rewrites(conv="winograd")) if baselines.is_winograd(k.identity.op))
+    op, direct = baselines.direct_equivalent(kernel.identity.op, kernel.identity.args_info)
+    assert "winograd" not in op and direct[1][2] == [16, 8, 3, 3]  # OIHW: 8 channels in, 16 out
+    assert flops(kernel.identity.args_info, kernel.identity.op) == 2.0 * 16 * 16 * 16 * 8 * 9
+    data, weights, *rest = kernels.random_arguments(direct)  # the arrays the baselines compute on
+    placeholder = te.placeholder(weights.shape, "float32", "w")
+    transform = tvm.compile(te.create_prim_func([placeholder, winograd_weights(placeholder)]), CPU)
+    packed = tvm.runtime.tensor(np.zeros([int(d) for d in kernel.identity.args_info[1][2]], "float32"))
+    transform["main"](tvm.runtime.tensor(weights), packed)
+    args = [tvm.runtime.tensor(a) for a in (data, *rest)]
+    tvm.compile(workload_module(kernel.identity.workload), CPU)["main"](args[0], packed, *args[1:])
+    for library in ("numpy", "torch"):
+        got = baselines.kernel_baseline(kernel.identity.op, kernel.identity.args_info, library)()
+        np.testing.assert_allclose(np.asarray(got), args[-1].numpy(), rtol=1e-3, atol=1e-3, err_msg=library)

@@ -4,7 +4,9 @@ A fused kernel is named after its ops (``fused_matmul1_add_relu``, ``fused_conv2
 and its arguments are ``ArgInfo`` JSON: inputs in order, the output last. Matmul kernels map to
 ``numpy.matmul`` / ``torch.matmul``; convolutions (padding k//2, stride from the shapes, groups
 from the weight) to im2col + GEMM in numpy, as a framework without a tuned convolution does, and
-to ``torch.nn.functional.conv2d`` (oneDNN) in PyTorch. Other kernels have no baseline.
+to ``torch.nn.functional.conv2d`` (oneDNN) in PyTorch. A Winograd convolution (``fused_conv2d_winograd…``,
+``hooks.use(..., conv="winograd")``) has the baselines of the direct convolution it replaces
+(:func:`direct_equivalent`). Other kernels have no baseline.
 """
 
 from __future__ import annotations
@@ -23,6 +25,21 @@ _EPILOGUE = {"add", "relu", "multiply"}
 
 def _ops(op: str) -> list[str]:
     return [re.sub(r"\d+$", "", part) for part in op.split("_") if part and part != "fused"]
+
+
+def is_winograd(op: str) -> bool:
+    """Whether ``op`` names a Winograd convolution kernel (``hooks.winograd``)."""
+    return _ops(op)[:2] == ["conv2d", "winograd"]
+
+
+def direct_equivalent(op: str, args_info: list[Any]) -> tuple[str, list[Any]]:
+    """The direct convolution a Winograd kernel replaces, as (op, args_info): its weights ``(α, α, in, out)`` become
+    OIHW 3×3; any other kernel as it is. Its baselines and its FLOPs are the direct convolution's."""
+    if not is_winograd(op) or len(args_info) < 2 or len(args_info[1][2]) != 4:
+        return op, args_info
+    kind, dtype, (_, _, in_channels, out_channels) = args_info[1]
+    direct = re.sub(r"_winograd\d*", "", op, count=1)
+    return direct, [args_info[0], [kind, dtype, [out_channels, in_channels, 3, 3]], *args_info[2:]]
 
 
 def _epilogue(ops: list[str], extra: list[Any], relu: Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -67,6 +84,7 @@ def supported(op: str, args_info: list[Any]) -> bool:
 
     (A multiply by a constant folded into the kernel, as attention's scaling, has no argument to read it from.)
     """
+    op, args_info = direct_equivalent(op, args_info)
     ops = _ops(op)
     binary = sum(o in ("add", "multiply") for o in ops[1:])
     shapes = [a[2] for a in args_info]
@@ -81,6 +99,7 @@ def kernel_baseline(op: str, args_info: list[Any], library: str = "numpy") -> Ca
     """
     if not supported(op, args_info):
         return None
+    op, args_info = direct_equivalent(op, args_info)
     ops = _ops(op)
     arrays = random_arguments(args_info)
     inputs, out = arrays[:-1], arrays[-1]
