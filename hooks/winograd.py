@@ -66,14 +66,21 @@ def winograd_weights(weight: te.Tensor) -> te.Tensor:
                       lambda e, n, ci, co: te.sum(weight[co, ci, kh, kw] * g[e, kh] * g[n, kw], axis=[kh, kw]), name="winograd_weights")  # fmt: skip
 
 
+def output_tiles(height: int, width: int, padding: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
+    """A 3×3 stride-1 convolution's output height and width on a ``height``×``width`` image padded by ``padding``
+    (top, left, bottom, right), and its rows and columns of m×m output tiles."""
+    top, left, bottom, right = padding
+    out_h, out_w = height + top + bottom - 2, width + left + right - 2
+    return out_h, out_w, -(-out_h // TILE), -(-out_w // TILE)
+
+
 def winograd_conv2d(data: te.Tensor, packed: te.Tensor, padding: tuple[int, int, int, int]) -> te.Tensor:
     """A 3×3 stride-1 NCHW convolution of ``data`` by weights transformed with :func:`winograd_weights`;
     ``padding`` is (top, left, bottom, right)."""
     batch, channels, height, width = (int(d) for d in data.shape)
     alpha, out_channels = TILE + 2, int(packed.shape[3])
-    top, left, bottom, right = padding
-    out_h, out_w = height + top + bottom - 2, width + left + right - 2
-    rows, cols = -(-out_h // TILE), -(-out_w // TILE)
+    top, left, _, _ = padding
+    out_h, out_w, rows, cols = output_tiles(height, width, padding)
     tiles = batch * rows * cols
     a, b, _ = winograd_transform_matrices(TILE, 3, str(data.dtype))
     padded = topi.nn.pad(data, (0, 0, top, left), (0, 0, rows * TILE + 2 - height - top, cols * TILE + 2 - width - left), name="data_pad")
@@ -147,8 +154,8 @@ def eligible(call: relax.Call) -> bool:
     if {str(data.dtype), str(weight.dtype), str(attrs.out_dtype or data.dtype)} != {"float32"} or _ints(weight.shape.values)[2:] != (3, 3):
         return False
     batch, _, height, width = _ints(data.shape.values)
-    top, left, bottom, right = _ints(attrs.padding)
-    return batch * -(-(height + top + bottom - 2) // TILE) * -(-(width + left + right - 2) // TILE) >= MIN_TILES
+    _, _, rows, cols = output_tiles(height, width, _ints(attrs.padding))  # type: ignore[arg-type]
+    return batch * rows * cols >= MIN_TILES
 
 
 @expr_functor.mutator

@@ -59,6 +59,7 @@ def main() -> None:
     parser.add_argument("--kernels", type=int, default=2)
     parser.add_argument("--trials", type=int, default=64)
     parser.add_argument("--seeds", default="0,1")
+    parser.add_argument("--population", type=int, default=OPTIONS.population, help="the evolutionary search's population, both searches")
     parser.add_argument("--log-store", type=Path, help="train on a copy of this registry's log instead of tuning neighbours")
     parser.add_argument("--prepack", action="store_true", help="the kernels with their weights prepacked (hooks.use(..., prepack=True))")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "studies" / "warm-model.json")
@@ -69,7 +70,7 @@ def main() -> None:
     target = tvm.target.Target(tvm_env.host_target())
     rewrites = Rewrites(prepack=args.prepack)
     wanted = models.kernels(models.export_with_weights(args.network, batch=1, image=args.image)[0], target, rewrites)
-    options = replace(OPTIONS, trials=args.trials)
+    options = replace(OPTIONS, trials=args.trials, population=args.population)
     rows: list[dict[str, Any]] = []
     cluster.start()
     try:
