@@ -26,7 +26,9 @@ CPU targets only (a GPU compile keeps its direct convolutions). Eligible: NCHW d
 once per tile: with few tiles (ResNet's last stage, 7×7 outputs, 4 tiles, 37.7 MB of transformed weights a layer) the
 product reads more weight bytes than it multiplies. Timed alone, such a layer still ran faster by Winograd
 (``bench.studies.winograd``: 1.14 against 1.88 ms), but there its weights are read again at once; in a network they
-come from memory. The threshold stands until a network tuned both ways decides.
+come from memory. ResNet-18@224 tuned with the threshold at 4 decided: its 7×7 stage's Winograd kernels ran 0.89 ms
+each alone against 1.48–1.81 direct, and the network no faster (21.1 ms against 21.5; ``bench/results/studies/
+winograd-min-tiles-4.json``), with 85 MB more of transformed weights.
 
 The result differs from the direct convolution's by rounding (F(4×4, 3×3) in float32: relative errors about 1e-5 of
 the outputs' scale), so this is opt-in, and part of what a kernel *is*: its workloads and keys differ from the direct
