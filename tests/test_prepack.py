@@ -105,3 +105,13 @@ def test_a_build_that_packs_weights_is_timed_on_them_and_checked_whole() -> None
     assert [r["error"] for r in answer["results"]] == [None, None] and all(r["run_secs"] for r in answer["results"])
     unpacked = tasks.measure([built["artifact"]], identity.args_info, timing, reference=default["artifact"], target_text=identity.target)
     assert unpacked["results"][0]["run_secs"] is None and "run failed" in unpacked["results"][0]["error"]
+
+
+def test_a_kernel_timed_with_its_caches_flushed_runs() -> None:
+    """``flush_cache`` (every argument but the first flushed before each run, as a network's kernel finds its weights)
+    times the kernel: TVM 0.27's Device has no ``device_type`` any more, and asking for it failed every such run."""
+    identity = models.kernels(conv_net(), CPU)[0].identity
+    default = tasks.build(tvm.ir.save_json(workload_module(identity.workload)), identity.target)
+    answer = tasks.measure([default["artifact"]], identity.args_info, {"number": 1, "repeat": 2, "min_repeat_ms": 0, "flush_cache": True},
+                           target_text=identity.target)  # fmt: skip
+    assert answer["results"][0]["error"] is None and len(answer["results"][0]["run_secs"]) == 2, answer

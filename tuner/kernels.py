@@ -200,7 +200,7 @@ def measure(
                         continue
                 evaluator = rt_mod.time_evaluator(
                     "main", dev, number=timing["number"], repeat=timing["repeat"], min_repeat_ms=timing["min_repeat_ms"],
-                    f_preproc="cache_flush_cpu_non_first_arg" if timing.get("flush_cache") and dev.device_type == tvm.cpu(0).device_type else "",
+                    f_preproc="cache_flush_cpu_non_first_arg" if timing.get("flush_cache") and dev.dlpack_device_type() == tvm.cpu(0).dlpack_device_type() else "",
                 )  # fmt: skip
                 mine = _nth(own_args, i)
                 timed_on = tensors if mine is None else [tvm.runtime.tensor(a, dev) for a in random_arguments(mine)]
