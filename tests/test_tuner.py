@@ -162,6 +162,17 @@ def test_jobs_that_share_a_node_split_its_search_threads(ray_address: str) -> No
     assert named.records[0].provenance["search_threads"] == 2
 
 
+def test_a_search_timed_with_its_caches_flushed_says_so_in_its_records(ray_address: str) -> None:
+    """Timing with ``flush_cache`` (as a network's kernel finds its weights: out of cache) is another measurement than
+    the default's, so its records carry ``cache_flushed``; the default's do not."""
+    options = tiny(trials=2, trials_per_iter=2, publish=1)
+    flushed = dataclasses.replace(options, timing={**options.timing, "flush_cache": True}, final_timing={**options.final_timing, "flush_cache": True})
+    cold = TuneResult.from_dict(cluster.result(submit_tuning(matmul(16, 32, 32), flushed, [], [], "flushed")))
+    warm = TuneResult.from_dict(cluster.result(submit_tuning(matmul(16, 32, 32), options, [], [], "plain")))
+    assert cold.records[0].provenance.get("cache_flushed") is True and cold.records[0].mean_secs > 0
+    assert "cache_flushed" not in warm.records[0].provenance
+
+
 def test_a_registry_trace_is_also_measured_postprocessed_here_and_a_seed_is_not(ray_address: str) -> None:
     """A trace's postprocessing was decided for its own loop extents; a job also times its sketch postprocessed again
     on the workload. A trace without postprocessing (made by hand) gets one: the postprocessors decompose the reduction."""

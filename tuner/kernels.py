@@ -151,6 +151,18 @@ def _nth(items: list[Any] | None, i: int) -> Any:
     return items[i] if items is not None and i < len(items) else None
 
 
+def _evaluator(rt_mod: Any, dev: Any, timing: dict[str, Any]) -> Any:
+    """``rt_mod``'s time evaluator as ``timing`` says. With ``flush_cache`` on a CPU every run is on caches flushed of
+    all arguments but the first (the input, which the kernel before it has just written; a network's kernel finds
+    the rest out of cache): TVM flushes before each repeat, not before each of its ``number`` runs, so that is
+    ``number × repeat`` repeats of one run each (with ``number`` runs a repeat, only the first was flushed)."""
+    import tvm
+
+    if timing.get("flush_cache") and dev.dlpack_device_type() == tvm.cpu(0).dlpack_device_type():
+        return rt_mod.time_evaluator("main", dev, number=1, repeat=timing["number"] * timing["repeat"], min_repeat_ms=0, f_preproc="cache_flush_cpu_non_first_arg")
+    return rt_mod.time_evaluator("main", dev, number=timing["number"], repeat=timing["repeat"], min_repeat_ms=timing["min_repeat_ms"])
+
+
 def measure(
     artifacts: list[bytes | None], args_info: list[Any], timing: dict[str, Any], reference: bytes | None = None, rtol: float = 1e-3,
     target_text: str = '{"kind":"llvm"}', own_args: list[list[Any] | None] | None = None, checks: list[bytes | None] | None = None,
@@ -198,10 +210,7 @@ def measure(
                         results.append({"run_secs": None, "error": f"{UNTIMED}: one call took {call_secs:.3g} s, {call_secs / first_call:.3g}× the first kernel's",
                                         "untimed_call_secs": call_secs})  # fmt: skip
                         continue
-                evaluator = rt_mod.time_evaluator(
-                    "main", dev, number=timing["number"], repeat=timing["repeat"], min_repeat_ms=timing["min_repeat_ms"],
-                    f_preproc="cache_flush_cpu_non_first_arg" if timing.get("flush_cache") and dev.dlpack_device_type() == tvm.cpu(0).dlpack_device_type() else "",
-                )  # fmt: skip
+                evaluator = _evaluator(rt_mod, dev, timing)
                 mine = _nth(own_args, i)
                 timed_on = tensors if mine is None else [tvm.runtime.tensor(a, dev) for a in random_arguments(mine)]
                 results.append({"run_secs": [float(s) for s in evaluator(*timed_on).results], "error": None})

@@ -180,7 +180,8 @@ def tune_workload(identity: Identity, warm_traces: list[str], options: TuneOptio
     prov = {"tuner": TUNER_NAME, "strategy": strategy, "trials": options.trials, "seed": options.seed, "warm_started": warm, "synthesized_seeds": len(synthesized),
             "search_secs": round(search_secs, 3), "untuned_secs": untuned, "host": socket.gethostname(), "job": timeline.job,
             "host_cpu": tvm_env.host_target()["mcpu"], "search_threads": options.search_threads or "physical",
-            "tuned_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "curve": json.dumps(_thin(curve, 64))}  # fmt: skip
+            "tuned_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "curve": json.dumps(_thin(curve, 64)),
+            **({"cache_flushed": True} if options.final_timing.get("flush_cache") else {})}  # fmt: skip
     records = [Record(r.identity, r.trace, r.run_secs, {**prov, **r.provenance, "rank": i}) for i, r in enumerate(records)]
     return TuneResult(identity, records, untuned, options.trials, warm, search_secs, curve, timeline.events, rejected, logged, skipped, phases)
 
