@@ -34,7 +34,6 @@ from schedhub.hooks.rewrites import Rewrites
 from schedhub.registry import LocalRegistry, Registry
 from schedhub.tuner import cluster, models, tvm_env
 from schedhub.tuner.dispatch import start_tuning
-from schedhub.tuner.kernels import FINAL_TIMING, TUNING_TIMING
 from schedhub.tuner.search import TuneOptions, TuneResult
 from schedhub.tuner.torch_process import TorchProcess
 
@@ -45,12 +44,11 @@ from ..torch_export import import_twin
 
 OPTIONS = TuneOptions(trials=64, trials_per_iter=16, population=128, genetic_iters=2, publish=3, synthesize=0, seeds=0)
 PROFILE_RUNS = 9
-VM_BUILTIN = "vm.builtin."
 
 
 def flushed(options: TuneOptions) -> TuneOptions:
     """``options`` with every candidate and the final re-timing run on flushed caches."""
-    return replace(options, timing={**TUNING_TIMING, **options.timing, "flush_cache": True}, final_timing={**FINAL_TIMING, **options.final_timing, "flush_cache": True})
+    return replace(options, timing={**options.timing, "flush_cache": True}, final_timing={**options.final_timing, "flush_cache": True})
 
 
 def compiled(mod: Any, target: Any, store: Path, rewrites: Rewrites) -> Any:
@@ -136,9 +134,10 @@ def main() -> None:
             alone = {k.name: best[k.identity.key].mean_secs * 1e3 * k.calls for k in kernels}
             excess = sorted((name for name in alone if name in inside), key=lambda n: alone[n] - inside[n])
             chosen = [by_name[name] for name in excess[: args.kernels]]
+            searched_keys = {k.identity.key for k in chosen}
             for arm in ("plain", "flushed"):  # the searched kernels' records are the arm's search's only: the store's
                 with LocalRegistry(stores[arm]) as reg:  # would win on a time taken another way
-                    reg.put_many([record for key, record in best.items() if key not in {k.identity.key for k in chosen}])
+                    reg.put_many([record for key, record in best.items() if key not in searched_keys])
             result["before"] = {"inside_ms": inside, "alone_ms": alone, "searched": [k.name for k in chosen]}
             print(json.dumps({n: [round(inside[n], 3), round(alone[n], 3)] for n in excess}), flush=True)
             searched: dict[str, dict[str, Any]] = defaultdict(dict)

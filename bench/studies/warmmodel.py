@@ -81,9 +81,10 @@ def main() -> None:
             with LocalRegistry(store) as reg:
                 if not args.log_store:
                     fill_from_neighbours(reg, args, wanted, target, rewrites, options)
-                heaviest = sorted((k for k in wanted if model_log(reg, k.identity)), key=lambda k: -k.calls * workload_flops(k.identity))[: args.kernels]
+                logs = {k.identity.key: model_log(reg, k.identity) for k in wanted}
+                heaviest = sorted((k for k in wanted if logs[k.identity.key]), key=lambda k: -k.calls * workload_flops(k.identity))[: args.kernels]
                 for kernel in heaviest:
-                    log = model_log(reg, kernel.identity)
+                    log = logs[kernel.identity.key]
                     for seed in (int(s) for s in args.seeds.split(",")):
                         runs = {}
                         for name, opts in (("cold", replace(options, seed=seed)), ("warm", replace(options, seed=seed, warm_model=True))):
