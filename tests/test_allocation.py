@@ -36,10 +36,23 @@ def test_the_next_round_goes_to_the_largest_expected_gain() -> None:
     kernels = [improved, many_calls_default_wins, slow_improving]
     policy = GradientPolicy()
     gains = {k.key: policy.expected_gain(k) for k in kernels}
-    assert gains["slow"] == pytest.approx(1 * (0.2 * 5e-3 / 16 + 0.8 * 5e-3 / 16))
-    assert gains["called"] == pytest.approx(4 * 0.8 * 1e-4 / 16)  # no backward gradient: the default still won
+    assert gains["slow"] == pytest.approx(1 * 0.8 * 5e-3 / 16)  # one round: no backward gradient yet
+    assert gains["called"] == pytest.approx(4 * 0.8 * 1e-4 / 16)
     assert policy.pick(kernels).key == "slow"
     assert EvenPolicy().pick([kernel("x", 1, (32, 1.0)), kernel("y", 9, (16, 1e-9))]).key == "y"
+
+
+def test_a_slow_default_schedule_does_not_buy_later_rounds() -> None:
+    """After the first pass the next round goes where the time is (calls x best), not to the kernel whose default
+    schedule was slowest: measured from the default, the backward gradient gave ResNet-18's direct convolutions (100+ ms
+    untuned) the rounds the Winograd kernels (defaults not timed) needed more."""
+    direct = kernel("direct", 1, (64, 1.5e-3), default=0.12)
+    winograd = kernel("winograd", 2, (64, 1.07e-3))
+    policy = GradientPolicy()
+    assert policy.expected_gain(winograd) == pytest.approx(2 * 0.8 * 1.07e-3 / 64)
+    assert policy.pick([direct, winograd]).key == "winograd"
+    improving = kernel("improving", 1, (16, 4e-3), (32, 3e-3), (48, 2e-3), (64, 1e-3), default=0.1)  # 3 rounds back: 3 ms
+    assert policy.expected_gain(improving) == pytest.approx(0.2 * (4e-3 - 1e-3) / 48 + 0.8 * 1e-3 / 64)
 
 
 def test_a_kernel_that_stops_improving_loses_its_turn() -> None:

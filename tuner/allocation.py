@@ -4,7 +4,11 @@ A network's latency is estimated as each kernel's best time times its calls per 
 scheduler's objective; MetaSchedule's ``GradientBased``). :class:`GradientPolicy` gives the next round to the kernel
 whose tuning is expected to lower that sum most per trial: its calls times a blend of how fast its best time has been
 falling over its last rounds (the backward gradient) and an optimistic forward estimate (its best time over the trials
-spent on it: what the next trials give if they improve it as fast as the average trial did). Every kernel gets a
+spent on it: what the next trials give if they improve it as fast as the average trial did). As in MetaSchedule's
+``GradientBased``, a kernel has no backward gradient until it has more rounds than the window: measured from its
+default schedule instead, the gradient ranked kernels by how slow their defaults were (ResNet-18's direct convolutions,
+100+ ms untuned, took the rounds after the first pass from the Winograd kernels, whose defaults were not timed, although
+one more round on a Winograd kernel then cut the network's estimate by 1.7 ms). Every kernel gets a
 first round before any gets a second, the costliest (calls × FLOPs) first: until a round has timed its default
 schedule nothing says what a kernel costs. Its FLOPs do not: on ResNet-18 at 64 px, deferring the kernels of under
 0.5% of the network's FLOPs left three 1×1 convolutions, the classifier and the pooling on their default schedules,
@@ -92,8 +96,10 @@ class GradientPolicy:
         if not kernel.rounds:
             return math.inf
         trials, best = kernel.rounds[-1]
-        then_trials, then_best = kernel.rounds[-1 - self.window] if len(kernel.rounds) > self.window else (0, kernel.default_secs or best)
-        backward = max(0.0, then_best - best) / max(1, trials - then_trials)
+        backward = 0.0
+        if len(kernel.rounds) > self.window:
+            then_trials, then_best = kernel.rounds[-1 - self.window]
+            backward = max(0.0, then_best - best) / max(1, trials - then_trials)
         forward = best / max(1, trials)
         return kernel.calls * (self.alpha * backward + (1 - self.alpha) * forward)
 
