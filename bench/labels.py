@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from schedhub.hooks.rewrites import Rewrites
+
 
 def rewrites_of(row: dict[str, Any]) -> list[str]:
     """What a row's compile rewrote (``hooks.rewrites``: its ``layout``, ``math``, ``prepack``, ``conv``), in words: none for the defaults."""
-    return [*([f"convolutions {row['layout']}"] if row.get("layout", "given") != "given" else []), *(["fast math"] if row.get("math") == "fast" else []),
-            *(["weights prepacked"] if row.get("prepack") else []), *(["3×3 convolutions by Winograd"] if row.get("conv") == "winograd" else [])]  # fmt: skip
+    return Rewrites.of_row(row).parts()
 
 
 def named(row: dict[str, Any]) -> str:

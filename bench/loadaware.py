@@ -33,7 +33,7 @@ from typing import Any
 
 from schedhub.registry import LocalRegistry, keeps_default_schedule
 from schedhub.tuner import cluster, cores, dispatch, models, tvm_env
-from schedhub.tuner.network import workload_flops
+from schedhub.tuner.network import heaviest_first
 from schedhub.tuner.kernels import FINAL_TIMING
 from schedhub.tuner.search import Timeline, TuneOptions, TuneResult, default_name, default_schedule, side_by_side
 
@@ -52,8 +52,7 @@ def matmul_kernels(device: str, count: int) -> list[Any]:
     """The BERT layer's ``count`` costliest matmul kernels (FLOPs × calls) on ``device``'s target, as identities."""
     target = tvm_env.device_target(device)
     mod = models.export_with_weights("bert_layer", batch=1, seq=SEQ[device])[0]
-    kernels = [k for k in models.kernels(mod, target) if "matmul" in k.identity.op]
-    kernels.sort(key=lambda k: workload_flops(k.identity) * k.calls, reverse=True)
+    kernels = heaviest_first(k for k in models.kernels(mod, target) if "matmul" in k.identity.op)
     return [k.identity for k in kernels[:count]]
 
 

@@ -17,7 +17,7 @@ kernels with the same passes the hook runs (``hooks.pipeline.fusion_passes``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 import tvm
 from tvm import relax
@@ -66,8 +66,16 @@ class Rewrites:
         return [*(["--layout", self.layout] if self.layout != "given" else []), *(["--math", self.math] if self.math != "exact" else []),
                 *(["--prepack"] if self.prepack else []), *(["--conv", self.conv] if self.conv != "direct" else [])]  # fmt: skip
 
+    def parts(self) -> list[str]:
+        """Each rewrite in words, e.g. ["convolutions NHWC", "fast math"] (none for the defaults)."""
+        return [*([f"convolutions {self.layout}"] if self.layout != "given" else []), *(["fast math"] if self.math == "fast" else []),
+                *(["weights prepacked"] if self.prepack else []), *(["3×3 convolutions by Winograd"] if self.conv == "winograd" else [])]  # fmt: skip
+
     def describe(self) -> str:
         """A short phrase for reports: "" for the defaults, else e.g. "convolutions NHWC, fast math"."""
-        parts = [*([f"convolutions {self.layout}"] if self.layout != "given" else []), *(["fast math"] if self.math == "fast" else []),
-                 *(["weights prepacked"] if self.prepack else []), *(["3×3 convolutions by Winograd"] if self.conv == "winograd" else [])]  # fmt: skip
-        return ", ".join(parts)
+        return ", ".join(self.parts())
+
+    @classmethod
+    def of_row(cls, row: dict[str, Any]) -> Rewrites:
+        """The rewrites a recorded bench row names (its ``layout``, ``math``, ``prepack``, ``conv``; absent: the default)."""
+        return cls(row.get("layout", "given"), row.get("math", "exact"), bool(row.get("prepack", False)), row.get("conv", "direct"))

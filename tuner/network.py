@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Protocol, TypeVar
 
 from schedhub.registry import Identity, Registry
 
@@ -59,6 +60,19 @@ def workload_flops(identity: Identity) -> float:
         return flops(workload_module(identity.workload))
     except Exception:  # noqa: BLE001 (TVM's estimate fails on some kernels: then they are ordered by calls only)
         return 0.0
+
+
+class CalledKernel(Protocol):
+    identity: Identity
+    calls: int
+
+
+K = TypeVar("K", bound=CalledKernel)
+
+
+def heaviest_first(kernels: Iterable[K]) -> list[K]:
+    """``kernels`` by their work in a forward pass (calls × :func:`workload_flops`), the most first."""
+    return sorted(kernels, key=lambda k: -k.calls * workload_flops(k.identity))
 
 
 def round_options(options: TuneOptions, kernel: KernelTuning) -> TuneOptions:

@@ -28,7 +28,7 @@ from schedhub.registry import LocalRegistry
 from schedhub.tuner import cluster, models, tvm_env
 from schedhub.tuner.dispatch import push_result, submit_tuning
 from schedhub.tuner.logmodel import model_log
-from schedhub.tuner.network import workload_flops
+from schedhub.tuner.network import heaviest_first
 from schedhub.tuner.search import TuneOptions, TuneResult
 
 from ..report import REPO, environment
@@ -46,7 +46,7 @@ def fill_from_neighbours(reg: LocalRegistry, args: argparse.Namespace, wanted: l
     """Tune, at ``--neighbour-image``, the kernel of the same structure as each of the ``--kernels`` heaviest of
     ``wanted`` and push it: the registry's log then holds those trials."""
     neighbours = {k.identity.structure: k for k in models.kernels(models.export_with_weights(args.network, batch=1, image=args.neighbour_image)[0], target, rewrites)}
-    for kernel in sorted((k for k in wanted if k.identity.structure in neighbours), key=lambda k: -k.calls * workload_flops(k.identity))[: args.kernels]:
+    for kernel in heaviest_first(k for k in wanted if k.identity.structure in neighbours)[: args.kernels]:
         neighbour = neighbours[kernel.identity.structure]
         push_result(reg, TuneResult.from_dict(cluster.result(submit_tuning(neighbour.identity, options, [], [], f"fill {neighbour.identity.op}"))))
 
@@ -82,7 +82,7 @@ def main() -> None:
                 if not args.log_store:
                     fill_from_neighbours(reg, args, wanted, target, rewrites, options)
                 logs = {k.identity.key: model_log(reg, k.identity) for k in wanted}
-                heaviest = sorted((k for k in wanted if logs[k.identity.key]), key=lambda k: -k.calls * workload_flops(k.identity))[: args.kernels]
+                heaviest = heaviest_first(k for k in wanted if logs[k.identity.key])[: args.kernels]
                 for kernel in heaviest:
                     log = logs[kernel.identity.key]
                     for seed in (int(s) for s in args.seeds.split(",")):
