@@ -42,6 +42,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,7 @@ from schedhub.registry import LocalRegistry
 from schedhub.tuner import baselines, cluster, dispatch, models, tvm_env
 from schedhub.tuner.allocation import POLICIES, Goal
 from schedhub.tuner.network import tune_network
+from schedhub.tuner.network_timing import hooked_network_secs
 from schedhub.tuner.search import TuneOptions, TuneResult, default_label
 from schedhub.tuner.torch_process import TorchProcess
 
@@ -113,8 +115,8 @@ PEAK_SGEMM_N = 2048
 @dataclass(frozen=True)
 class Spending:
     """How a network's trials are spent: each kernel the same budget (``policy`` None), or in rounds (of ``round_trials``)
-    to the kernel a policy of ``tuner.allocation`` picks (budget: trials per kernel × kernels), stopping early once the network's estimate
-    is :data:`GOAL_MARGIN` of PyTorch's latency (``until_pytorch``) or after ``max_minutes``; the networks rewritten as
+    to the kernel a policy of ``tuner.allocation`` picks (budget: trials per kernel × kernels), stopping early once the compiled network
+    beats PyTorch's latency (``until_pytorch``: checked when the estimate does) or after ``max_minutes``; the networks rewritten as
     ``rewrites`` says (convolution layout, fast math: ``hooks.rewrites``)."""
 
     policy: str | None = None
@@ -123,11 +125,6 @@ class Spending:
     rewrites: Rewrites = Rewrites()
     warm_model: bool = False  # each search's cost model starts trained on the registry's log (a network's later rounds: on its earlier ones)
     round_trials: int | None = None  # trials a round (None: the mode's trials_per_iter); MetaSchedule's iterations inside stay that size
-
-
-#: ``--until pytorch`` stops when the network's estimate (Σ calls × each kernel's best) is this fraction of PyTorch's
-#: latency: the compiled network is timed whole afterwards, and the estimate may miss what runs between kernels.
-GOAL_MARGIN = 0.9
 
 
 def run(mode: str, trials: int | None = None, only: list[str] | None = None, seed_store: Path | None = None, keep_store: Path | None = None,
@@ -178,7 +175,8 @@ def run(mode: str, trials: int | None = None, only: list[str] | None = None, see
                 if spending.until_pytorch:
                     torch_proc.load_network(network.name, weights, network_input(input_shape), factory=TORCH_TWINS, batch=network.batch, **network.shape)
                     reference = torch_proc.time_network(repeat=5, min_secs=0.2)
-                tuned_now, how = _tune_in_rounds(registry, network, kernels, tuned, options, spending, reference, say)
+                measure = None if on_gpu else partial(hooked_network_secs, mod, registry, target, spending.rewrites)  # the CPU's network only
+                tuned_now, how = _tune_in_rounds(registry, network, kernels, tuned, options, spending, reference, say, measure)
             say(f"{network.label()}: {len(kernels)} kernels, {tuned_now} tuned now, {time.time() - started:.0f} s")
             configs.append((network, mod, func, weights, input_shape, kernels, tuned_now, time.time() - started, how))
         # Nothing of Ray may share the 2 cores with the timings: a busy raylet or worker stalls
@@ -224,15 +222,18 @@ def _tune_evenly(registry: LocalRegistry, network: Network, kernels: list[models
 
 
 def _tune_in_rounds(registry: LocalRegistry, network: Network, kernels: list[models.Kernel], tuned: dict[str, TuneResult], options: TuneOptions,
-                    spending: Spending, reference_secs: float | None, say: Callable[[str], None]) -> tuple[int, dict[str, Any]]:  # fmt: skip
+                    spending: Spending, reference_secs: float | None, say: Callable[[str], None], measure: Callable[[], float] | None) -> tuple[int, dict[str, Any]]:  # fmt: skip
     """The network tuned in rounds of ``options.trials_per_iter`` (``tuner.network``); each kernel's last round is its
-    result (a round starts from the kernel's best so far, so its side-by-side timing holds the best). Returns the kernels
-    tuned and how: per round the trials, minutes and the network's estimate; why it stopped; PyTorch's latency it aimed at."""
-    goal = Goal(latency_secs=reference_secs * GOAL_MARGIN if reference_secs else None, max_trials=options.trials * len(kernels),
+    result (a round starts from the kernel's best so far, so its side-by-side timing holds the best). With
+    ``reference_secs`` the estimate meeting it is checked by ``measure`` (the compiled network timed; None: not checked). Returns the kernels
+    tuned and how: per round the trials, minutes and the network's estimate; the checks; why it stopped; PyTorch's latency it aimed at."""
+    goal = Goal(latency_secs=reference_secs, max_trials=options.trials * len(kernels),
                 max_secs=spending.max_minutes * 60 if spending.max_minutes else None)  # fmt: skip
     assert spending.policy is not None
     state = tune_network(registry, [(k.identity, k.calls) for k in kernels], options, POLICIES[spending.policy], goal,
-                         round_trials=spending.round_trials or options.trials_per_iter, pushed_by="bench.models",
+                         round_trials=spending.round_trials or options.trials_per_iter, pushed_by="bench.models", measure=measure,
+                         on_check=lambda c: say(f"{network.label()} check at {c.trials_spent} trials: compiled {c.measured_secs * 1e3:.3f} ms, "
+                                                f"estimate {c.estimate_secs * 1e3:.3f} ms, PyTorch {reference_secs * 1e3:.3f} ms"),  # type: ignore[operator]
                          on_round=lambda r: say(f"{network.label()} round {r.number}: {r.kernel.op} ×{r.kernel.calls}, {r.trials_spent} trials, "
                                                 f"{r.elapsed_secs / 60:.1f} min, estimate "
                                                 + (f"{r.network_secs * 1e3:.3f} ms" if r.network_secs else "— (a kernel not timed yet)")))  # fmt: skip
@@ -242,7 +243,9 @@ def _tune_in_rounds(registry: LocalRegistry, network: Network, kernels: list[mod
             say(f"{network.label()}: {k.op} could not be tuned and keeps the default schedule: {k.failed}")
     tuned.update({r.kernel.key: r.result for r in state.rounds})
     rounds = [{"kernel": r.kernel.op, "trials": r.trials_spent, "minutes": r.elapsed_secs / 60, "estimate_ms": (r.network_secs or 0) * 1e3} for r in state.rounds]
-    return len({r.kernel.key for r in state.rounds}), {"policy": spending.policy, "round_trials": spending.round_trials or options.trials_per_iter, "rounds": rounds, "trials": state.trials, "stopped_because": state.stopped_because,
+    checks = [{"trials": c.trials_spent, "estimate_ms": c.estimate_secs * 1e3, "measured_ms": c.measured_secs * 1e3} for c in state.checks]
+    return len({r.kernel.key for r in state.rounds}), {"policy": spending.policy, "round_trials": spending.round_trials or options.trials_per_iter, "rounds": rounds, "checks": checks,
+                                                       "trials": state.trials, "stopped_because": state.stopped_because,
                                                        "failed": {k.op: k.failed for k in state.kernels if k.failed},
                                                        "pytorch_before_ms": reference_secs * 1e3 if reference_secs else None}  # fmt: skip
 
@@ -391,8 +394,8 @@ def main() -> None:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: the gpu mode's networks on this machine's GPU")
     parser.add_argument("--policy", choices=sorted(POLICIES), help="tune each network in rounds, each to the kernel this policy picks "
                         "(budget: --trials times the kernels) instead of --trials to every kernel")  # fmt: skip
-    parser.add_argument("--until", choices=["pytorch"], help="with --policy: stop a network once its estimate is under PyTorch's latency "
-                        f"(× {GOAL_MARGIN}), timed before it is tuned")  # fmt: skip
+    parser.add_argument("--until", choices=["pytorch"], help="with --policy: stop a network once it is faster than PyTorch (timed before it "
+                        "is tuned): checked on the compiled network whenever the estimate is")  # fmt: skip
     parser.add_argument("--max-minutes", type=float, help="with --policy: stop a network's tuning after this many minutes")
     parser.add_argument("--layout", choices=list(LAYOUTS), default="given", help="convert the networks' convolutions first (hooks.layouts)")
     parser.add_argument("--math", choices=list(MATHS), default="exact", help="fast: GELU, erf, exp, tanh, softmax approximated (hooks.fastmath)")

@@ -125,7 +125,7 @@ def tune(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: 
     cluster.start(ray_address, num_cpus, num_gpus)
     if until is not None:
         threads = int(tgt.get("num-cores") or num_cpus or 0) or os.cpu_count() or 1
-        tune_network.run(reg, refs, planned, options, until, policy, round_trials, max_trials, max_minutes, threads)
+        tune_network.run(reg, refs, planned, options, until, policy, round_trials, max_trials, max_minutes, threads, tgt, rewrites)
         return
     with progress("tuning", total=len(planned)) as bar:
         task = bar.add_task("tuning", total=len(planned))

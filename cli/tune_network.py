@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -34,18 +35,36 @@ def pytorch_secs(refs: list[Any], threads: int) -> float:
         return torch_proc.time_network(repeat=5, min_secs=0.2)
 
 
+def network_measure(reg: Any, refs: list[Any], target: dict[str, Any], rewrites: Any) -> Callable[[], float] | None:
+    """The one model compiled through the hook from ``reg`` and timed on this machine's CPU (None: several models,
+    or a target this machine does not run, where the estimate alone decides)."""
+    from schedhub.tuner import plan
+    from schedhub.tuner.network_timing import hooked_network_secs
+
+    if len(refs) != 1 or target.get("kind") != "llvm":
+        return None
+    mod = plan.load(refs[0])
+    return lambda: hooked_network_secs(mod, reg, target, rewrites)
+
+
 def run(reg: Any, refs: list[Any], planned: list[Any], options: Any, until: str | float, policy_name: str, round_trials: int,
-        max_trials: int | None, max_minutes: float | None, threads: int) -> None:  # fmt: skip
+        max_trials: int | None, max_minutes: float | None, threads: int, target: dict[str, Any], rewrites: Any) -> None:  # fmt: skip
     from schedhub.tuner.allocation import POLICIES, Goal
-    from schedhub.tuner.network import Round, tune_network
+    from schedhub.tuner.network import Check, Round, tune_network
 
     reference = pytorch_secs(refs, threads) if until == "pytorch" else float(until)
     label = "PyTorch" if until == "pytorch" else "the goal"
     kernels = [(p.kernel.identity, p.kernel.calls) for p in planned]
     goal = Goal(latency_secs=reference, max_trials=max_trials if max_trials is not None else options.trials * len(kernels),
                 max_secs=max_minutes * 60 if max_minutes else None)  # fmt: skip
+    measure = network_measure(reg, refs, target, rewrites)
     console.print(f"{len(kernels)} kernels; {label}: {reference * 1e3:.3f} ms; budget {goal.max_trials} trials"
-                  + (f", {max_minutes:g} min" if max_minutes else "") + f"; policy {policy_name}, {round_trials} trials a round")
+                  + (f", {max_minutes:g} min" if max_minutes else "") + f"; policy {policy_name}, {round_trials} trials a round; "
+                  + ("the compiled network is timed when the estimate meets the goal" if measure else "the estimate alone decides (one CPU model is timed)"))
+
+    def checked(c: Check) -> None:
+        out.print(f"check at {c.trials_spent} trials: the compiled network {c.measured_secs * 1e3:.3f} ms ({reference / c.measured_secs:.2f}× {label}), "
+                  f"the estimate {c.estimate_secs * 1e3:.3f} ms", highlight=False, soft_wrap=True)  # fmt: skip
 
     def said(r: Round) -> None:
         estimate = f"{r.network_secs * 1e3:.3f} ms ({reference / r.network_secs:.2f}× {label})" if r.network_secs else "not yet timed in full"
@@ -53,11 +72,12 @@ def run(reg: Any, refs: list[Any], planned: list[Any], options: Any, until: str 
         out.print(f"round {r.number:>3}  {r.trials_spent:>5} trials  {r.elapsed_secs / 60:5.1f} min  {r.kernel.op:<36} "
                   f"{(best or 0) * 1e6:10.1f} µs ×{r.kernel.calls}  network {estimate}", highlight=False)
 
-    state = tune_network(reg, kernels, options, POLICIES[policy_name], goal, round_trials=round_trials, on_round=said)
+    state = tune_network(reg, kernels, options, POLICIES[policy_name], goal, round_trials=round_trials, on_round=said, measure=measure, on_check=checked)
     final = state.network_secs
     verdict = f"{final * 1e3:.3f} ms, {reference / final:.2f}× {label}" if final else "not every kernel was timed"
-    out.print(f"stopped: {state.stopped_because}; the network's estimate {verdict} (Σ calls × each kernel's best; "
-              "`schedhub profile` and the bench time the compiled network)", highlight=False, soft_wrap=True)
+    out.print(f"stopped: {state.stopped_because}; the network's estimate {verdict} (Σ calls × each kernel's best)", highlight=False, soft_wrap=True)
+    if measure is not None and final and (not state.checks or state.checks[-1].trials_spent != state.trials):
+        checked(Check(state.trials, final, measure()))
     for k in state.kernels:
         if k.failed:
             out.print(f"{k.op} could not be tuned and keeps its default schedule: {k.failed}", highlight=False, soft_wrap=True)

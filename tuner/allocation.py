@@ -116,17 +116,27 @@ POLICIES: dict[str, Policy] = {"gradient": GradientPolicy(), "even": EvenPolicy(
 @dataclass(frozen=True)
 class Goal:
     """When a network's tuning stops: its estimated latency at or under ``latency_secs`` (a stated latency, or its
-    PyTorch twin's), or ``max_trials`` spent, or ``max_secs`` of wall time gone: whichever comes first."""
+    PyTorch twin's), or ``max_trials`` spent, or ``max_secs`` of wall time gone: whichever comes first.
+
+    The estimate (Σ calls × each kernel's best time alone) runs ahead of the compiled network: on ResNet-18 at 224 the
+    network ran 15–25% slower than its kernels alone, their weights out of the caches. A ``scale`` (the network's
+    measured latency over its estimate at the last check, :func:`.network.tune_network`) corrects it."""
 
     latency_secs: float | None = None
     max_trials: int | None = None
     max_secs: float | None = None
 
-    def reached(self, kernels: Sequence[KernelTuning], elapsed_secs: float) -> str | None:
-        """Why tuning stops now, or None to go on."""
+    def latency_met(self, kernels: Sequence[KernelTuning], scale: float = 1.0) -> bool:
+        """Whether the estimate, times ``scale``, is at or under the latency goal."""
         estimate = network_secs(kernels)
-        if self.latency_secs is not None and estimate is not None and estimate <= self.latency_secs:
-            return f"the network's estimated latency {estimate * 1e3:.3f} ms is at or under the goal's {self.latency_secs * 1e3:.3f} ms"
+        return self.latency_secs is not None and estimate is not None and estimate * scale <= self.latency_secs
+
+    def reached(self, kernels: Sequence[KernelTuning], elapsed_secs: float, scale: float = 1.0) -> str | None:
+        """Why tuning stops now, or None to go on."""
+        if self.latency_met(kernels, scale):
+            estimate = network_secs(kernels) * scale  # type: ignore[operator]
+            corrected = f" (corrected by the compiled network's {scale:.2f}× at the last check)" if scale != 1.0 else ""
+            return f"the network's estimated latency {estimate * 1e3:.3f} ms{corrected} is at or under the goal's {self.latency_secs * 1e3:.3f} ms"  # type: ignore[operator]
         spent = sum(k.trials for k in kernels)
         if self.max_trials is not None and spent >= self.max_trials:
             return f"{spent} trials spent (the budget: {self.max_trials})"
