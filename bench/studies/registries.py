@@ -1,0 +1,87 @@
+"""One network compiled from several registries and timed side by side with its PyTorch twin: did a later run's
+tuning buy the network anything, measured at one moment of the machine (runs hours apart see its speed move).
+
+    python -m bench.studies.registries --store before=DIR --store after=DIR [--network resnet18] [--image 224 | --seq 128]
+                                       [--prepack] [--conv winograd] [--math fast] [--rounds 7] [--out FILE]
+
+Each registry must hold a record of every kernel the compile looks up (``hooks.use`` with the given rewrites): a miss
+or a transfer is an error, not a figure. The networks and PyTorch (in a process of its own) run in interleaved rounds;
+each is reported against PyTorch and against the first registry, paired round by round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from schedhub.hooks.rewrites import Rewrites
+from schedhub.tuner import models, tvm_env
+from schedhub.tuner.torch_process import TorchProcess
+
+from ..models import TORCH_TWINS, check_agreement, network_input, time_side_by_side
+from ..report import REPO, environment
+from ..stats import ratio
+from ..torch_export import import_twin
+from .cache_flush import compiled
+
+
+def named_store(text: str) -> tuple[str, Path]:
+    """``NAME=DIR`` as (name, folder)."""
+    name, sep, folder = text.partition("=")
+    if not sep or not name or not folder:
+        raise argparse.ArgumentTypeError(f"{text!r}: write a registry as NAME=DIR")
+    if not Path(folder).is_dir():
+        raise argparse.ArgumentTypeError(f"{folder}: no such folder")
+    return name, Path(folder)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.studies.registries", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--store", type=named_store, action="append", required=True, help="NAME=DIR, a registry that tuned the network (repeat)")
+    parser.add_argument("--network", default="resnet18")
+    parser.add_argument("--image", type=int, help="the image size (the convolutional networks)")
+    parser.add_argument("--seq", type=int, help="the sequence length (bert_layer)")
+    parser.add_argument("--prepack", action="store_true")
+    parser.add_argument("--conv", default="direct")
+    parser.add_argument("--math", default="exact")
+    parser.add_argument("--rounds", type=int, default=7, help="timing rounds")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "studies" / "registries.json")
+    args = parser.parse_args()
+    stores = dict(args.store)
+    if len(stores) != len(args.store):
+        parser.error("each --store needs a name of its own")
+    import tvm
+
+    tvm_env.prepare()
+    target = tvm.target.Target(tvm_env.host_target())
+    rewrites = Rewrites(prepack=args.prepack, conv=args.conv, math=args.math)
+    shape = {"batch": 1, **({"image": args.image} if args.image else {}), **({"seq": args.seq} if args.seq else {})}
+    _, weights, input_shape = models.export_with_weights(args.network, **shape)
+    x = network_input(input_shape)
+    with tempfile.TemporaryDirectory(prefix="schedhub-registries-") as tmp:
+        mod = import_twin(args.network, weights, shape, Path(tmp))
+        executables = {name: compiled(mod, target, folder, rewrites) for name, folder in stores.items()}
+        with TorchProcess(cwd=REPO) as torch_proc:
+            twin = torch_proc.load_network(args.network, weights, x, factory=TORCH_TWINS, **shape)
+            timing, errors = time_side_by_side(executables, x, args.rounds, twin, torch_proc.time_network, func="main")
+    check_agreement(args.network, errors)
+    first = next(iter(stores))
+    result: dict[str, Any] = {
+        "command": "python -m bench.studies.registries " + " ".join(f"--store {n}={f}" for n, f in stores.items())
+        + f" --network {args.network}" + "".join(f" --{k} {v}" for k, v in shape.items() if k != "batch")
+        + "".join(f" {flag}" for flag in rewrites.flags()) + f" --rounds {args.rounds}",
+        "environment": environment(),
+        "timing_ms": timing,
+        "vs_pytorch": {name: ratio(timing["pytorch"], timing[name], paired=True) for name in stores},
+        f"vs_{first}": {name: ratio(timing[first], timing[name], paired=True) for name in stores if name != first},
+    }
+    print(json.dumps({k: result[k] for k in result if k.startswith("vs_")}, indent=1, default=str))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
