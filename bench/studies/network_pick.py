@@ -19,7 +19,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from schedhub.hooks.rewrites import Rewrites
 from schedhub.registry import LocalRegistry
 from schedhub.tuner import models, tvm_env
 
@@ -27,19 +26,14 @@ from ..models import network_input
 from ..report import REPO, environment
 from ..torch_export import import_twin
 from .cache_flush import best_records, compiled, profile_calls
-from .registries import named_store
+from .registries import add_network_options, named_store, network_of
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.studies.network_pick", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--store", type=named_store, action="append", required=True, help="NAME=DIR, a registry that tuned the network (repeat)")
     parser.add_argument("--into", type=Path, required=True, help="a new folder: the registry of the records picked")
-    parser.add_argument("--network", default="resnet18")
-    parser.add_argument("--image", type=int, help="the image size (the convolutional networks)")
-    parser.add_argument("--seq", type=int, help="the sequence length (bert_layer)")
-    parser.add_argument("--prepack", action="store_true")
-    parser.add_argument("--conv", default="direct")
-    parser.add_argument("--math", default="exact")
+    add_network_options(parser)
     parser.add_argument("--profiles", type=int, default=3, help="profiles per registry (the median is kept)")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "studies" / "network-pick.json")
     args = parser.parse_args()
@@ -50,8 +44,7 @@ def main() -> None:
 
     tvm_env.prepare()
     target = tvm.target.Target(tvm_env.host_target())
-    rewrites = Rewrites(prepack=args.prepack, conv=args.conv, math=args.math)
-    shape = {"batch": 1, **({"image": args.image} if args.image else {}), **({"seq": args.seq} if args.seq else {})}
+    shape, rewrites, said = network_of(args)
     _, weights, input_shape = models.export_with_weights(args.network, **shape)
     x = network_input(input_shape)
     inside: dict[str, dict[str, float]] = {}
@@ -72,9 +65,7 @@ def main() -> None:
     with LocalRegistry(args.into) as reg:
         reg.put_many([best[picked[k.name]][k.identity.key] for k in kernels])
     result = {
-        "command": "python -m bench.studies.network_pick " + " ".join(f"--store {n}={f}" for n, f in stores.items()) + f" --into {args.into}"
-        + f" --network {args.network}" + "".join(f" --{k} {v}" for k, v in shape.items() if k != "batch")
-        + "".join(f" {flag}" for flag in rewrites.flags()) + f" --profiles {args.profiles}",
+        "command": "python -m bench.studies.network_pick " + " ".join(f"--store {n}={f}" for n, f in stores.items()) + f" --into {args.into} {said} --profiles {args.profiles}",
         "environment": environment(),
         "kernels": {k.name: {"calls": k.calls, "picked": picked[k.name], "inside_ms": {n: inside[n][k.name] for n in stores},
                              "alone_ms": {n: alone[n][k.name] for n in stores}} for k in kernels},  # fmt: skip

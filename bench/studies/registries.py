@@ -38,15 +38,28 @@ def named_store(text: str) -> tuple[str, Path]:
     return name, Path(folder)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.studies.registries", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--store", type=named_store, action="append", required=True, help="NAME=DIR, a registry that tuned the network (repeat)")
+def add_network_options(parser: argparse.ArgumentParser) -> None:
+    """The options that say which network, at which shape, compiled with which rewrites."""
     parser.add_argument("--network", default="resnet18")
     parser.add_argument("--image", type=int, help="the image size (the convolutional networks)")
     parser.add_argument("--seq", type=int, help="the sequence length (bert_layer)")
     parser.add_argument("--prepack", action="store_true")
     parser.add_argument("--conv", default="direct")
     parser.add_argument("--math", default="exact")
+
+
+def network_of(args: argparse.Namespace) -> tuple[dict[str, int], Rewrites, str]:
+    """The network's shape (batch 1), its rewrites, and the options that asked for them (for a result's command)."""
+    shape = {"batch": 1, **({"image": args.image} if args.image else {}), **({"seq": args.seq} if args.seq else {})}
+    rewrites = Rewrites(prepack=args.prepack, conv=args.conv, math=args.math)
+    said = f"--network {args.network}" + "".join(f" --{k} {v}" for k, v in shape.items() if k != "batch") + "".join(f" {f}" for f in rewrites.flags())
+    return shape, rewrites, said
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.studies.registries", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--store", type=named_store, action="append", required=True, help="NAME=DIR, a registry that tuned the network (repeat)")
+    add_network_options(parser)
     parser.add_argument("--rounds", type=int, default=7, help="timing rounds")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "studies" / "registries.json")
     args = parser.parse_args()
@@ -57,8 +70,7 @@ def main() -> None:
 
     tvm_env.prepare()
     target = tvm.target.Target(tvm_env.host_target())
-    rewrites = Rewrites(prepack=args.prepack, conv=args.conv, math=args.math)
-    shape = {"batch": 1, **({"image": args.image} if args.image else {}), **({"seq": args.seq} if args.seq else {})}
+    shape, rewrites, said = network_of(args)
     _, weights, input_shape = models.export_with_weights(args.network, **shape)
     x = network_input(input_shape)
     with tempfile.TemporaryDirectory(prefix="schedhub-registries-") as tmp:
@@ -70,9 +82,7 @@ def main() -> None:
     check_agreement(args.network, errors)
     first = next(iter(stores))
     result: dict[str, Any] = {
-        "command": "python -m bench.studies.registries " + " ".join(f"--store {n}={f}" for n, f in stores.items())
-        + f" --network {args.network}" + "".join(f" --{k} {v}" for k, v in shape.items() if k != "batch")
-        + "".join(f" {flag}" for flag in rewrites.flags()) + f" --rounds {args.rounds}",
+        "command": "python -m bench.studies.registries " + " ".join(f"--store {n}={f}" for n, f in stores.items()) + f" {said} --rounds {args.rounds}",
         "environment": environment(),
         "timing_ms": timing,
         "vs_pytorch": {name: ratio(timing["pytorch"], timing[name], paired=True) for name in stores},
