@@ -166,7 +166,7 @@ def run(mode: str, trials: int | None = None, only: list[str] | None = None, see
         for network in networks:
             started = time.time()
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="schedhub-export-")))
-            mod, func, weights, input_shape = _build(network, workdir)
+            mod, func, weights, input_shape = build_network(network, workdir)
             kernels = models.kernels(mod, target, spending.rewrites)
             if spending.policy is None:
                 tuned_now, how = _tune_evenly(registry, network, kernels, tuned, options), None
@@ -250,7 +250,7 @@ def _tune_in_rounds(registry: LocalRegistry, network: Network, kernels: list[mod
                                                        "pytorch_before_ms": reference_secs * 1e3 if reference_secs else None}  # fmt: skip
 
 
-def _build(network: Network, workdir: Path) -> tuple[Any, str, dict[str, np.ndarray], tuple[int, ...]]:
+def build_network(network: Network, workdir: Path) -> tuple[Any, str, dict[str, np.ndarray], tuple[int, ...]]:
     """The network's module, entry function, weights and input shape."""
     mod, weights, input_shape = models.export_with_weights(network.name, batch=network.batch, **network.shape)
     if network.frontend == TORCH_EXPORT:

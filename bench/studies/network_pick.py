@@ -22,9 +22,8 @@ from typing import Any
 from schedhub.registry import LocalRegistry
 from schedhub.tuner import models, tvm_env
 
-from ..models import network_input
+from ..models import build_network, network_input
 from ..report import REPO, environment
-from ..torch_export import import_twin
 from .cache_flush import best_records, compiled, profile_calls
 from .registries import add_network_options, named_store, network_of
 
@@ -44,20 +43,19 @@ def main() -> None:
 
     tvm_env.prepare()
     target = tvm.target.Target(tvm_env.host_target())
-    shape, rewrites, said = network_of(args)
-    _, weights, input_shape = models.export_with_weights(args.network, **shape)
-    x = network_input(input_shape)
+    network, rewrites, said = network_of(args)
     inside: dict[str, dict[str, float]] = {}
     alone: dict[str, dict[str, float]] = {}
     best: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="schedhub-pick-") as tmp:
-        mod = import_twin(args.network, weights, shape, Path(tmp))
+        mod, func, _, input_shape = build_network(network, Path(tmp))
+        x = network_input(input_shape)
         kernels = models.kernels(mod, target, rewrites)
         for name, folder in stores.items():
             with LocalRegistry(folder, readonly=True) as reg:
                 best[name] = best_records(reg, [k.identity.key for k in kernels])
             ex = compiled(mod, target, folder, rewrites)
-            profiles = [profile_calls(ex, x) for _ in range(args.profiles)]
+            profiles = [profile_calls(ex, x, func) for _ in range(args.profiles)]
             inside[name] = {k.name: statistics.median(p.get(k.name, 0.0) for p in profiles) for k in kernels}
             alone[name] = {k.name: best[name][k.identity.key].mean_secs * 1e3 * k.calls for k in kernels}
     picked = {k.name: min(stores, key=lambda n, k=k: inside[n][k.name]) for k in kernels}  # type: ignore[misc]

@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from schedhub.hooks.rewrites import Rewrites
-from schedhub.tuner import models, tvm_env
+from schedhub.tuner import tvm_env
 from schedhub.tuner.torch_process import TorchProcess
 
-from ..models import TORCH_TWINS, check_agreement, network_input, time_side_by_side
+from ..models import MODES, TORCH_TWINS, Network, build_network, check_agreement, network_input, time_side_by_side
 from ..report import REPO, environment
 from ..stats import ratio
-from ..torch_export import import_twin
+from ..torch_export import RELAX
 from .cache_flush import compiled
 
 
@@ -48,12 +48,14 @@ def add_network_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--math", default="exact")
 
 
-def network_of(args: argparse.Namespace) -> tuple[dict[str, int], Rewrites, str]:
-    """The network's shape (batch 1), its rewrites, and the options that asked for them (for a result's command)."""
-    shape = {"batch": 1, **({"image": args.image} if args.image else {}), **({"seq": args.seq} if args.seq else {})}
+def network_of(args: argparse.Namespace) -> tuple[Network, Rewrites, str]:
+    """The network at batch 1, built as the full table builds it (``bench.models``: imported from its PyTorch twin or
+    in Relax); its rewrites; and the options that asked for them (for a result's command)."""
+    shape = {**({"image": args.image} if args.image else {}), **({"seq": args.seq} if args.seq else {})}
+    frontend = next((n.frontend for n in MODES["full"]["networks"] if n.name == args.network), RELAX)
     rewrites = Rewrites(prepack=args.prepack, conv=args.conv, math=args.math)
-    said = f"--network {args.network}" + "".join(f" --{k} {v}" for k, v in shape.items() if k != "batch") + "".join(f" {f}" for f in rewrites.flags())
-    return shape, rewrites, said
+    said = f"--network {args.network}" + "".join(f" --{k} {v}" for k, v in shape.items()) + "".join(f" {f}" for f in rewrites.flags())
+    return Network(args.network, 1, shape, frontend), rewrites, said
 
 
 def main() -> None:
@@ -70,15 +72,14 @@ def main() -> None:
 
     tvm_env.prepare()
     target = tvm.target.Target(tvm_env.host_target())
-    shape, rewrites, said = network_of(args)
-    _, weights, input_shape = models.export_with_weights(args.network, **shape)
-    x = network_input(input_shape)
+    network, rewrites, said = network_of(args)
     with tempfile.TemporaryDirectory(prefix="schedhub-registries-") as tmp:
-        mod = import_twin(args.network, weights, shape, Path(tmp))
+        mod, func, weights, input_shape = build_network(network, Path(tmp))
+        x = network_input(input_shape)
         executables = {name: compiled(mod, target, folder, rewrites) for name, folder in stores.items()}
         with TorchProcess(cwd=REPO) as torch_proc:
-            twin = torch_proc.load_network(args.network, weights, x, factory=TORCH_TWINS, **shape)
-            timing, errors = time_side_by_side(executables, x, args.rounds, twin, torch_proc.time_network, func="main")
+            twin = torch_proc.load_network(network.name, weights, x, factory=TORCH_TWINS, batch=network.batch, **network.shape)
+            timing, errors = time_side_by_side(executables, x, args.rounds, twin, torch_proc.time_network, func=func)
     check_agreement(args.network, errors)
     first = next(iter(stores))
     result: dict[str, Any] = {
