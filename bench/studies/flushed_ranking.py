@@ -13,19 +13,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 from pathlib import Path
 from typing import Any
 
-from schedhub.hooks.rewrites import Rewrites
 from schedhub.registry import LocalRegistry
 from schedhub.tuner import cluster, models, tvm_env
 from schedhub.tuner.kernels import FINAL_TIMING
 
 from ..loadaware import timed_alone
-from ..models import MODES, Network, build_network
+from ..models import build_network
 from ..report import REPO, environment
 from .cache_flush import best_records
-from .registries import named_store
+from .registries import add_network_options, named_store, network_of
 
 
 def main() -> None:
@@ -37,22 +37,17 @@ def main() -> None:
     args = parser.parse_args()
     stores = dict(args.store)
     pick = json.loads(args.pick.read_text())
-    words = pick["command"].split()
-    network_name = words[words.index("--network") + 1]
-    shape = {k: int(words[words.index(f"--{k}") + 1]) for k in ("image", "seq") if f"--{k}" in words}
-    rewrites = Rewrites(math=words[words.index("--math") + 1] if "--math" in words else "exact", prepack="--prepack" in words,
-                        conv=words[words.index("--conv") + 1] if "--conv" in words else "direct")  # fmt: skip
-    frontend = next(n.frontend for n in MODES["full"]["networks"] if n.name == network_name)
+    picked_with = argparse.ArgumentParser(add_help=False)  # the network options the pick was run with, read as it read them
+    add_network_options(picked_with)
+    network, rewrites, _ = network_of(picked_with.parse_known_args(pick["command"].split())[0])
     spread = {name: max(k["inside_ms"].values()) / min(k["inside_ms"].values()) for name, k in pick["kernels"].items() if min(k["inside_ms"].values()) > 0}
     chosen = sorted(spread, key=lambda n: -spread[n])[: args.kernels]
-    import tempfile
-
     import tvm
 
     tvm_env.prepare()
     target = tvm.target.Target(tvm_env.host_target())
     with tempfile.TemporaryDirectory() as tmp:
-        mod = build_network(Network(network_name, 1, shape, frontend), Path(tmp))[0]
+        mod = build_network(network, Path(tmp))[0]
     kernels = {k.name: k for k in models.kernels(mod, target, rewrites) if k.name in chosen}
     rows: list[dict[str, Any]] = []
     cluster.start()
