@@ -15,6 +15,7 @@ from schedhub.registry import CallerBounds, TokenFile, load_tokens, serve as ser
 from .argfiles import ArgFileError, expand
 from .common import DEFAULT_REGISTRY, EXIT_ERROR, console, labelled, reports_errors
 from .profile_cmd import profile
+from .retime_cmd import retime
 from .inspect_cmds import backup, callers, forget, ls, quarantine, quarantined_cmd, queue, requeue, show, stats
 from .transfer_cmds import export_cmd, pull, push
 from .tune_cmds import demo, jobs_group, submit, tune, worker
@@ -57,7 +58,7 @@ def serve(root: Path, host: str, port: int, token_file: str | None, read_only: b
                    announce=lambda url: console.print(f"schedhub registry at {root} on {url} ({mode})", highlight=False, soft_wrap=True))  # fmt: skip
 
 
-for command in (push, pull, export_cmd, ls, show, stats, queue, requeue, quarantine, quarantined_cmd, callers, forget, backup, tune, submit, jobs_group, worker, demo, profile):
+for command in (push, pull, export_cmd, ls, show, stats, queue, requeue, quarantine, quarantined_cmd, callers, forget, backup, tune, submit, jobs_group, worker, demo, profile, retime):
     cli.add_command(command)
 cli.add_command(push, name="import")  # the local spelling of push: `schedhub import FILE -r DIR`
 

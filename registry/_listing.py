@@ -20,11 +20,25 @@ TARGET_FEED = b"index:target_feed"  # meta flag: every key is in target_feed, un
 OP_TARGET_FEED = b"index:op_target_feed"  # meta flag: every key is in target_feed under its op with its kind and with its target too
 
 
-def rank(entry: dict[str, Any]) -> tuple[int, float, str]:
-    """Serving order: verified entries first by their verified time, then claims by claimed time."""
-    if entry.get("vby"):
-        return (0, entry["vmean"], entry["tid"])
-    return (1, entry["mean"], entry["tid"])
+def ranked(entries: list[dict[str, Any]]) -> None:
+    """Sort a key's entries into serving order: verified entries first, then claims; within each, by flushed time
+    (timed with every argument but the input out of cache, as a network's kernel meets its weights) when every
+    entry of the group has one, else by warm time. Two measures are never compared with each other: a flushed
+    2.45 ms and a warm 1.41 ms say nothing about which runs faster in a network."""
+    verified = [e for e in entries if e.get("vby")]
+    by_flushed = (all(e.get("vfmean") for e in verified), all(e.get("fmean") for e in entries if not e.get("vby")))
+
+    def order(entry: dict[str, Any]) -> tuple[int, float, str]:
+        if entry.get("vby"):
+            return (0, entry["vfmean"] if by_flushed[0] else entry["vmean"], entry["tid"])
+        return (1, entry["fmean"] if by_flushed[1] else entry["mean"], entry["tid"])
+
+    entries.sort(key=order)
+
+
+def warm_secs(entry: dict[str, Any]) -> float:
+    """An entry's warm mean time: its verified one, else its claimed one."""
+    return entry["vmean"] if entry.get("vby") else entry["mean"]
 
 
 @dataclass(frozen=True)
@@ -124,7 +138,7 @@ class Listings:
                 value = self._load(txn, key)
                 if value is not None and value["seq"] > since and not (op and value["op"] != op) and not (target and target not in (value["kind"], value["target"])):
                     out.append(KeySummary(key, value["seq"], value["op"], value["kind"], value["target"],
-                                          len(value["entries"]), rank(value["entries"][0])[1],
+                                          len(value["entries"]), warm_secs(value["entries"][0]),
                                           sum(bool(e.get("vby")) for e in value["entries"])))  # fmt: skip
                 if not in_order:
                     continue

@@ -442,7 +442,8 @@ class MissQueue:
     def ack(self, key: str, lease_id: str, verdict: dict[str, Any] | None = None, *, refine: bool = False, holder: str | None = None,
             txn: lmdb.Transaction | None = None) -> str:  # fmt: skip
         """Close a held job. A verification job needs its ``verdict`` ({"run_secs": [...] | None,
-        "reason": str}), which is applied to the record; returns the outcome ('done', or the verdict's).
+        "reason": str}, and "flushed_secs" where the verifier timed it on flushed caches too), which is applied to
+        the record; returns the outcome ('done', or the verdict's).
         ``refine``: a tune job's first pass is pushed; it goes back to pending as a refine job (outcome
         'refine'), fresh attempts. A refine job acked with ``refine`` is done: one full search is enough."""
         with self.store.write(txn) as t:
@@ -457,7 +458,7 @@ class MissQueue:
                 if not isinstance(verdict, dict):
                     raise InvalidRecord("acking a verification job needs a 'verdict': {'run_secs': [...] or null, 'reason': '...'}")
                 outcome = self.store.verdict(job["record_key"], job["trace_id"], job.get("lease_owner", ""), verdict.get("run_secs"),
-                                             str(verdict.get("reason", "")), self.tolerance, txn=t)  # fmt: skip
+                                             str(verdict.get("reason", "")), self.tolerance, flushed_secs=verdict.get("flushed_secs"), txn=t)  # fmt: skip
             searched = {"searches": int(job.get("searches", 0)) + 1} if job.get("task", TUNE) == TUNE else {}  # a search ended (not a first pass)
             self._set_state(t, job, DONE, last_error="", outcome=outcome, **searched)
             return outcome

@@ -101,10 +101,10 @@ def _args_info(value: Any) -> list[Any]:
     return value
 
 
-def run_secs_field(value: Any) -> list[float]:
+def run_secs_field(value: Any, name: str = "run_secs") -> list[float]:
     if not isinstance(value, list) or not value or len(value) > MAX_RUN_SECS:
-        raise InvalidRecord(f"field 'run_secs' must be a list of 1..{MAX_RUN_SECS} seconds")
-    return [measured_secs(v, "run_secs") for v in value]
+        raise InvalidRecord(f"field {name!r} must be a list of 1..{MAX_RUN_SECS} seconds")
+    return [measured_secs(v, name) for v in value]
 
 
 def measured_secs(value: Any, name: str) -> float:
@@ -214,6 +214,10 @@ class Identity:
                 "workload": self.workload, "op": self.op, "args_info": [list(a) for a in self.args_info]}  # fmt: skip
 
 
+#: The provenance field of a record's flushed-cache mean time (:attr:`Record.flushed_secs`).
+FLUSHED_SECS = "flushed_secs"
+
+
 @dataclass(frozen=True)
 class Served:
     """What the registry says about a stored record besides its bytes: whose it is, who verified it."""
@@ -223,6 +227,7 @@ class Served:
     verified_by: str = ""  # a worker (or admin) that replayed, checked and re-measured it; "" for a claim
     verified_secs: float = 0.0  # the verifier's mean run time
     complaints: int = 0  # clients that reported it failing to replay
+    verified_flushed_secs: float = 0.0  # the verifier's mean run time on flushed caches; 0.0: not timed so
 
     @property
     def verified(self) -> bool:
@@ -233,14 +238,15 @@ class Served:
         """A status as a store keeps it or a server answers it, checked (a hostile server's is refused)."""
         obj = _require_map(obj, "entry status")
         names = [obj.get(k, "") for k in ("tid", "by", "vby")]
-        vmean, complaints = obj.get("vmean", 0.0), obj.get("complaints", 0)
+        times, complaints = [obj.get(k, 0.0) for k in ("vmean", "vfmean")], obj.get("complaints", 0)
         if not all(isinstance(n, str) and len(n) <= 256 for n in names):
             raise InvalidRecord("an entry status's 'tid', 'by' and 'vby' must be strings of at most 256 characters")
-        if isinstance(vmean, bool) or not isinstance(vmean, (int, float)) or not math.isfinite(vmean) or vmean < 0:
-            raise InvalidRecord(f"an entry status's 'vmean' must be a finite number of seconds, got {vmean!r:.40}")
+        for name, secs in zip(("vmean", "vfmean"), times):
+            if isinstance(secs, bool) or not isinstance(secs, (int, float)) or not math.isfinite(secs) or not 0 <= secs <= MAX_MEASURED_SECS:
+                raise InvalidRecord(f"an entry status's {name!r} must be a finite number of seconds, got {secs!r:.40}")
         if isinstance(complaints, bool) or not isinstance(complaints, int) or complaints < 0:
             raise InvalidRecord(f"an entry status's 'complaints' must be a count, got {complaints!r:.40}")
-        return cls(names[0], names[1], names[2], float(vmean), complaints)
+        return cls(names[0], names[1], names[2], float(times[0]), complaints, float(times[1]))
 
 
 @dataclass(frozen=True)
@@ -260,6 +266,16 @@ class Record:
     @property
     def mean_secs(self) -> float:
         return sum(self.run_secs) / len(self.run_secs)
+
+    @property
+    def flushed_secs(self) -> float | None:
+        """The mean time its pusher claims with every argument but the input flushed from the caches (provenance
+        ``flushed_secs``, as a network's kernel meets its weights); None when it claims none or one out of bounds."""
+        value = self.provenance.get(FLUSHED_SECS)
+        try:
+            return measured_secs(value, FLUSHED_SECS)
+        except InvalidRecord:
+            return None
 
     @functools.cached_property
     def trace_id(self) -> str:

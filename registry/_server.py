@@ -589,9 +589,9 @@ def create_app(
         if action == "ack":
             verdict = field(body, "verdict", dict, None)
             if verdict is not None:
-                secs = verdict.get("run_secs")
-                if secs is not None:
-                    verdict["run_secs"] = run_secs_field(secs)
+                for name in ("run_secs", "flushed_secs"):
+                    if verdict.get(name) is not None:
+                        verdict[name] = run_secs_field(verdict[name], name)
                 verdict["reason"] = bounded_text(verdict, "reason")
             refine = field(body, "refine", bool, False)
             outcome = await state.write(lambda txn: state.reg.ack(key, lease_id, verdict, refine=refine, holder=who.name, txn=txn))

@@ -121,16 +121,16 @@ class LocalRegistry:
         holds them: a verified record stays verified, by its verifier at its verified time; a claim stays
         its pusher's claim (its verification queued here). A record without a status is a claim."""
 
-        def vouched(record: Record) -> tuple[Record, str, bool, tuple[str, float] | None]:
+        def vouched(record: Record) -> tuple[Record, str, bool, tuple[str, float, float] | None]:
             s = record.served
             if s is None:
                 return record, "", False, None
             ok = s.verified and math.isfinite(s.verified_secs) and s.verified_secs > 0
-            return record, s.pushed_by, ok, (s.verified_by, s.verified_secs) if ok else None
+            return record, s.pushed_by, ok, (s.verified_by, s.verified_secs, s.verified_flushed_secs) if ok else None
 
         return self._put_each(map(vouched, records), txn)
 
-    def _put_each(self, items: Iterable[tuple[Record, str, bool, tuple[str, float] | None]], txn: lmdb.Transaction | None,
+    def _put_each(self, items: Iterable[tuple[Record, str, bool, tuple[str, float, float] | None]], txn: lmdb.Transaction | None,
                   claim_limit: int | None = None, bytes_limit: int | None = None) -> list[PutResult]:  # fmt: skip
         """(record, pusher, verified, verifier) into the store in one transaction; claims queue their
         verification, and a pending miss of a key that got a record is done."""

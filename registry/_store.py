@@ -22,7 +22,7 @@ import lmdb
 from ._errors import NotFound, RegistryError, StoreFull
 from ._aggregates import AGG_RANK, KEY_DIMENSIONS, Aggregates, distinct_row, stored_identity
 from ._decoded import DecodedValues
-from ._listing import OP_FEED, OP_TARGET_FEED, TARGET_FEED, Listings, _op_feed_row, _target_feed_rows, rank
+from ._listing import OP_FEED, OP_TARGET_FEED, TARGET_FEED, Listings, _op_feed_row, _target_feed_rows, ranked, warm_secs
 from ._counts import COUNT as _COUNT, SEQ as _SEQ, add_count, drop_counts, read_count
 from ._history import DEFAULT_KEPT_BYTES, ENDED, JOB, KEPT_INDEX, OUT_OF_SERVICE, forget_all, keep, kept_row, requester, unkeep
 from ._keys import SCHEMA_VERSION, target_kind
@@ -86,7 +86,7 @@ def served_entries(value: bytes) -> list[tuple[bytes, dict[str, Any]]]:
 def entry_status(entry: dict[str, Any]) -> dict[str, Any]:
     """The public part of an entry's bookkeeping (who pushed it, who verified it)."""
     return {"tid": entry["tid"], "by": entry.get("by", ""), "vby": entry.get("vby", ""),
-            "vmean": entry.get("vmean", 0.0), "complaints": len(entry.get("complaints", []))}  # fmt: skip
+            "vmean": entry.get("vmean", 0.0), "vfmean": entry.get("vfmean", 0.0), "complaints": len(entry.get("complaints", []))}  # fmt: skip
 
 
 class _SharedEnv:
@@ -343,8 +343,9 @@ class Store(Aggregates, Listings):
     # A key's value holds its entries, best first. An entry is one trace: its owner ("by", the
     # first pusher), the claimed mean time of the owner's push ("mean"), and, once a trusted
     # worker replayed, checked and re-measured it, the verifier ("vby") and its mean ("vmean").
-    # Verified entries rank before claims; each pusher holds at most ``per_pusher`` unverified
-    # claims on a key, so no one pusher can crowd the others out of the top-k.
+    # Where timed on flushed caches too, "fmean" is the claimed and "vfmean" the verified mean so.
+    # Verified entries rank before claims (:func:`._listing.ranked`); each pusher holds at most
+    # ``per_pusher`` unverified claims on a key, so no one pusher can crowd the others out of the top-k.
 
     def _load(self, txn: lmdb.Transaction, key: str) -> dict[str, Any] | None:
         raw = txn.get(key.encode(), db=self.dbs["records"])
@@ -397,16 +398,16 @@ class Store(Aggregates, Listings):
         with self.read() as txn:
             return txn.get(key.encode(), db=self.dbs["records"]) is not None
 
-    def put(self, record: Record, pushed_by: str = "", *, verified: bool = False, verifier: tuple[str, float] | None = None,
+    def put(self, record: Record, pushed_by: str = "", *, verified: bool = False, verifier: tuple[str, float, float] | None = None,
             txn: lmdb.Transaction | None = None) -> PutResult:  # fmt: skip
         """Add a record to its key's entries (idempotent: one trace is one entry, owned by its first pusher).
 
         ``verified``: the pusher is trusted to have replayed, checked and measured it (a worker,
         an admin, a local store's owner); otherwise the record is a claim awaiting verification.
-        ``verifier``: who verified it and its measured mean, when that was not the pusher (a record
-        copied from another registry keeps its verification); default the pusher, at the record's time.
-        A trace someone else owns is not overwritten: a trusted re-push verifies it, any other
-        re-push is only logged.
+        ``verifier``: who verified it, its measured mean and its mean on flushed caches (0.0: not timed so), when that
+        was not the pusher (a record copied from another registry keeps its verification); default the pusher, at the
+        record's times. A trace someone else owns is not overwritten: a trusted re-push verifies it, or gives it the
+        flushed time it lacked; any other re-push is only logged.
         """
         now = time.time()
         data = record.to_bytes()
@@ -423,22 +424,28 @@ class Store(Aggregates, Listings):
             mine = next((e for e in entries if e["tid"] == record.trace_id), None)
             changed, new_claim = False, False
             if mine is None:
-                mine = {"rec": data, "mean": record.mean_secs, "tid": record.trace_id, "at": now, "by": pushed_by, "vby": "", "vmean": 0.0, "complaints": []}
+                mine = {"rec": data, "mean": record.mean_secs, "fmean": record.flushed_secs or 0.0, "tid": record.trace_id, "at": now,
+                        "by": pushed_by, "vby": "", "vmean": 0.0, "vfmean": 0.0, "complaints": []}  # fmt: skip
                 entries.append(mine)
                 if verified:  # a claim's speedup is not counted: only what a trusted tuner or worker measured
                     self._add_speedup(t, value["op"], record)
                 changed, new_claim = True, not verified
-                claims = sorted((e for e in entries if e.get("by") == pushed_by and not e.get("vby")), key=rank)
+                claims = [e for e in entries if e.get("by") == pushed_by and not e.get("vby")]
+                ranked(claims)
                 for extra in claims[self.per_pusher :]:  # the pusher's worst claims beyond its share
                     entries.remove(extra)
             elif mine.get("by") == pushed_by and record.mean_secs < mine["mean"]:
-                mine.update(rec=data, mean=record.mean_secs, at=now)
+                mine.update(rec=data, mean=record.mean_secs, fmean=record.flushed_secs or 0.0, at=now)
                 changed = True
-            if verified and not mine.get("vby"):
-                name, secs = verifier or (pushed_by or "local", record.mean_secs)
-                mine.update(vby=name, vmean=secs)
-                changed = True
-            entries.sort(key=rank)
+            if verified:
+                name, secs, flushed = verifier or (pushed_by or "local", record.mean_secs, record.flushed_secs or 0.0)
+                if not mine.get("vby"):
+                    mine.update(vby=name, vmean=secs, vfmean=flushed)
+                    changed = True
+                elif flushed and not mine.get("vfmean"):  # verified before flushed times were taken: now it has one
+                    mine.update(vfmean=flushed)
+                    changed = True
+            ranked(entries)
             del entries[self.top_k :]
             kept = any(e is mine for e in entries)
             if changed:
@@ -446,7 +453,7 @@ class Store(Aggregates, Listings):
                 self._save(t, key, value)
             self._log(t, record, pushed_by, now, verified=verified)
             best = entries[0] if entries else mine
-            return PutResult(key, record.trace_id, kept, entries.index(mine) if kept else -1, rank(best)[1],
+            return PutResult(key, record.trace_id, kept, entries.index(mine) if kept else -1, warm_secs(best),
                              verified=bool(mine.get("vby")), needs_verification=kept and new_claim)  # fmt: skip
 
     def _save(self, txn: lmdb.Transaction, key: str, value: dict[str, Any]) -> None:
@@ -534,23 +541,26 @@ class Store(Aggregates, Listings):
             return entry_status(hit)
 
     def verdict(self, key: str, trace_id: str, verifier: str, run_secs: list[float] | None, reason: str,
-                tolerance: float, *, txn: lmdb.Transaction | None = None) -> str:  # fmt: skip
-        """Apply a verification: 'verified', 'refused' (re-measured far slower than claimed),
-        'quarantined' (did not replay, build or match the reference) or 'gone' (no such entry)."""
+                tolerance: float, *, flushed_secs: list[float] | None = None, txn: lmdb.Transaction | None = None) -> str:  # fmt: skip
+        """Apply a verification: 'verified', 'refused' (re-measured far slower than claimed, warm or on flushed caches),
+        'quarantined' (did not replay, build or match the reference) or 'gone' (no such entry). ``flushed_secs``: the
+        verifier's times on flushed caches, where it took them."""
         now = time.time()
         with self.write(txn) as t:
             value, hit = self._find(t, key, trace_id)
             if value is None or hit is None:
                 return "gone"
             measured = sum(run_secs) / len(run_secs) if run_secs else None
-            if measured is not None and measured <= hit["mean"] * tolerance:
-                hit.update(vby=verifier, vmean=measured)
-                value["entries"].sort(key=rank)
+            flushed = sum(flushed_secs) / len(flushed_secs) if run_secs and flushed_secs else 0.0
+            over = _over_claim(hit, measured, flushed, tolerance)
+            if measured is not None and over is None:
+                hit.update(vby=verifier, vmean=measured, vfmean=flushed)
+                ranked(value["entries"])
                 outcome = "verified"
             else:
                 outcome = "quarantined" if measured is None else "refused"
-                if measured is not None:
-                    reason = f"claimed {hit['mean'] * 1e6:.3g} µs, re-measured {measured * 1e6:.3g} µs by {verifier} (over {tolerance:g}× the claim)"
+                if over is not None:
+                    reason = f"{over} by {verifier} (over {tolerance:g}× the claim)"
                 self._remove(t, key, value, hit, f"{outcome} by {verifier}: {reason}"[:4000])
             self.log_event(t, {"key": key, "tid": trace_id, "op": value["op"], "event": outcome, "by": hit.get("by", ""), "verifier": verifier,
                                "run_secs": run_secs or [], "claimed_secs": hit["mean"], "reason": reason[:1000], "at": now})  # fmt: skip
@@ -705,6 +715,16 @@ class Store(Aggregates, Listings):
         """Records (not keys) held: walks every key once."""
         with self.read() as txn:
             return sum(len(unpackb(v)["entries"]) for _, v in txn.cursor(db=self.dbs["records"]))
+
+
+def _over_claim(entry: dict[str, Any], measured: float | None, flushed: float, tolerance: float) -> str | None:
+    """How a verifier's means (``flushed``: 0.0 when not timed so) exceed an entry's claims past ``tolerance``, in words;
+    None when they do not (or nothing was measured)."""
+    if measured is not None and measured > entry["mean"] * tolerance:
+        return f"claimed {entry['mean'] * 1e6:.3g} µs, re-measured {measured * 1e6:.3g} µs"
+    if measured is not None and flushed and entry.get("fmean") and flushed > entry["fmean"] * tolerance:
+        return f"claimed {entry['fmean'] * 1e6:.3g} µs on flushed caches, re-measured {flushed * 1e6:.3g} µs"
+    return None
 
 
 def _op_index(op: str, kind: str, key: str) -> bytes:

@@ -171,6 +171,31 @@ def test_a_search_timed_with_its_caches_flushed_says_so_in_its_records(ray_addre
     warm = TuneResult.from_dict(cluster.result(submit_tuning(matmul(16, 32, 32), options, [], [], "plain")))
     assert cold.records[0].provenance.get("cache_flushed") is True and cold.records[0].mean_secs > 0
     assert "cache_flushed" not in warm.records[0].provenance
+    assert cold.records[0].flushed_secs == pytest.approx(cold.records[0].mean_secs)  # its warm timing was the flushed one
+    assert warm.records[0].flushed_secs and warm.records[0].flushed_secs != warm.records[0].mean_secs  # timed both ways to publish
+
+
+def test_retime_gives_verified_records_flushed_times_and_their_key_ranks_by_them(ray_address: str, tmp_path: Path) -> None:
+    """Records verified before flushed times were taken rank by warm time; re-timed, each gets its flushed time (its
+    warm one kept) and the key ranks by those; a key re-timed once is not again."""
+    from schedhub.registry import FLUSHED_SECS
+    from schedhub.tuner.retime import needs_retime, retime
+
+    ident = matmul(64, 64, 128)
+    tuned = TuneResult.from_dict(cluster.result(tune(ident, tiny(trials=2, trials_per_iter=2, publish=1), label="retime"))).records[0]
+    unscheduled = trace_text(tvm.s_tir.Schedule(workload_module(ident.workload)).trace)
+    older = [Record(ident, tuned.trace, tuned.run_secs, {"tuner": "before flushed times"}), Record(ident, unscheduled, [1.0])]
+    assert FLUSHED_SECS in tuned.provenance and all(r.flushed_secs is None for r in older)
+    with LocalRegistry(tmp_path / "reg", sync=False) as reg:
+        reg.put_many(older)
+        assert needs_retime(reg.get(ident.key))
+        (done,) = retime(reg)
+        served = reg.get(ident.key)
+        assert not done.errors and set(done.times) == {r.trace_id for r in older}
+        assert [r.served.verified_secs for r in served] == pytest.approx(sorted(r.mean_secs for r in older))  # warm times kept
+        flushed = [r.served.verified_flushed_secs for r in served]
+        assert flushed == sorted(flushed) and flushed == pytest.approx([done.times[r.trace_id][1] for r in served])
+        assert not needs_retime(served) and retime(reg) == []
 
 
 def test_a_registry_trace_is_also_measured_postprocessed_here_and_a_seed_is_not(ray_address: str) -> None:
@@ -218,6 +243,7 @@ def test_verification_quarantines_a_correct_record_far_slower_than_the_default_s
         sch.transform_layout(cache, ("write", 0), lambda i: (i // padded_to, i % padded_to), pad_value=0)
         verdicts[name] = verify_job({"identity": identity.to_dict(), "trace": trace_text(sch.trace)})
     assert verdicts["cached"]["run_secs"] and "matches" in verdicts["cached"]["reason"], verdicts
+    assert len(verdicts["cached"]["flushed_secs"]) == 50 and min(verdicts["cached"]["flushed_secs"]) > 0  # timed on flushed caches too
     assert verdicts["padded"]["run_secs"] is None and "× slower than the default schedule (" in verdicts["padded"]["reason"], verdicts
     assert verdicts["padded far"]["run_secs"] is None and "far slower than the default schedule, not timed" in verdicts["padded far"]["reason"], verdicts
 

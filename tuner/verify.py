@@ -46,7 +46,8 @@ REPLAY_SECS_AT_MOST = 1.0
 
 
 def verify_job(job: dict[str, Any], timing: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The verdict on one verification job: ``{"run_secs": [...] | None, "reason": str}``."""
+    """The verdict on one verification job: ``{"run_secs": [...] | None, "reason": str}``, with ``flushed_secs`` where the
+    timing took them (:data:`.kernels.FINAL_TIMING` does on a CPU)."""
     from schedhub.hooks.guard import ScheduleLimits
     from schedhub.hooks.identity import compiler_fingerprint, target_from_text, workload_module
     from schedhub.hooks.msdb import check_launchable, replay_within
@@ -85,5 +86,6 @@ def verify_job(job: dict[str, Any], timing: dict[str, Any] | None = None) -> dic
     side_by_side_note = f"{default_name(identity.target)}: {untuned_secs * 1e6:.3g} µs side by side"
     if secs > SLOWER_THAN_DEFAULT * untuned_secs and secs - untuned_secs > SLOWER_BY_AT_LEAST:  # correct, and worse than no record
         return {"run_secs": None, "reason": f"{secs / untuned_secs:.3g}× slower than the default schedule ({secs * 1e6:.3g} µs; {side_by_side_note})"}
-    return {"run_secs": result["run_secs"], "reason": f"output matches the unscheduled kernel's; {side_by_side_note}"}
+    flushed = {"flushed_secs": result["flushed_secs"]} if result.get("flushed_secs") else {}
+    return {"run_secs": result["run_secs"], **flushed, "reason": f"output matches the unscheduled kernel's; {side_by_side_note}"}
 
