@@ -85,3 +85,18 @@ def test_a_verdict_s_flushed_times_are_checked_at_the_door(as_: dict[str, Regist
 def test_a_hostile_server_s_flushed_time_is_refused(vfmean: object) -> None:
     with pytest.raises(InvalidRecord, match="vfmean"):
         Served.from_obj({"tid": "t", "by": "a", "vby": "w", "vmean": 1e-3, "vfmean": vfmean})
+
+
+def test_a_network_s_estimate_takes_a_round_s_times_in_the_measure_its_records_rank_by() -> None:
+    """A round's best and default, as a network's tuning sums them: flushed where the default and every record were
+    timed so (the record the registry serves is the best flushed, not the best warm), else warm."""
+    from schedhub.tuner.search import TuneResult
+
+    records = [timed(0, 1.0, 3.0), timed(1, 1.5, 2.0)]
+
+    def result(records: list, untuned_flushed: float) -> TuneResult:  # type: ignore[type-arg]
+        return TuneResult(records[0].identity, records, 4e-3, 16, 0, 1.0, [], [], [], untuned_flushed_secs=untuned_flushed)
+
+    assert result(records, 5e-3).ranked_times() == pytest.approx((2e-3, 5e-3))
+    assert result(records, 0.0).ranked_times() == pytest.approx((1e-3 * 1.005, 4e-3))  # the default untimed so: warm, both
+    assert result([timed(2, 0.9), *records], 5e-3).ranked_times() == pytest.approx((0.9e-3 * 1.005, 4e-3))

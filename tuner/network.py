@@ -5,7 +5,8 @@ kernel's earlier rounds left their best: a kernel's rounds continue one search. 
 run that stops (a goal, a budget, a killed driver) leaves everything it found in the registry; a run started again
 begins from those records (its kernels' first rounds time them again).
 
-A latency goal is met by the estimate first (Σ calls × each kernel's best time alone); with a ``measure`` the network
+A latency goal is met by the estimate first (Σ calls × each kernel's best time alone, on flushed caches where the
+tuner timed it so: as the registry ranks the records, and as a network meets its weights); with a ``measure`` the network
 compiled from the registry is then timed, and tuning goes on, the estimate corrected by what the network measured,
 until the compiled network itself meets the goal or the budget ends.
 """
@@ -150,7 +151,7 @@ def tune_network(registry: Registry, kernels: Sequence[tuple[Identity, int]], op
             log.warning("schedhub: tuning %s failed, it keeps its default schedule: %s", identity.op, kernel.failed)
             continue
         push_result(registry, result, pushed_by)
-        kernel.record(round_trials, result.best_secs, result.untuned_secs)
+        kernel.record(round_trials, *result.ranked_times())
         done = Round(len(state.rounds) + 1, kernel, result, state.network_secs, state.trials, time.monotonic() - started)
         state.rounds.append(done)
         if on_round is not None:

@@ -101,10 +101,19 @@ class TuneResult:
     measured: list[tuple[str, float]] = field(default_factory=list)  # the search's trials for the measurement log: (trace text, mean secs)
     skipped: list[str] = field(default_factory=list)  # warm-start traces not replayed: "trace id: why"
     phases: dict[str, float] = field(default_factory=dict)  # the search's wall seconds by phase (:func:`tuning_phases`)
+    untuned_flushed_secs: float = 0.0  # the default schedule on flushed caches, where it was timed so
 
     @property
     def best_secs(self) -> float | None:
         return self.records[0].mean_secs if self.records else None
+
+    def ranked_times(self) -> tuple[float | None, float]:
+        """(best, default) in the measure the registry ranks these records by: on flushed caches where the default and
+        every record were timed so, else warm (``best_secs``, ``untuned_secs``)."""
+        flushed = [r.flushed_secs for r in self.records]
+        if self.untuned_flushed_secs and flushed and all(flushed):
+            return min(flushed), self.untuned_flushed_secs  # type: ignore[type-var]  # all set
+        return self.best_secs, self.untuned_secs
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -126,6 +135,7 @@ class TuneResult:
             search_secs=d["search_secs"], curve=[(int(a), float(b)) for a, b in d["curve"]],
             events=d["events"], rejected=d["rejected"], measured=[(str(t), float(secs)) for t, secs in d.get("measured", [])],
             skipped=[str(s) for s in d.get("skipped", [])], phases={p: float(d["phases"][p]) for p in PHASE_NAMES if p in d.get("phases", {})},
+            untuned_flushed_secs=float(d.get("untuned_flushed_secs", 0.0)),
         )  # fmt: skip
 
 
@@ -174,7 +184,8 @@ def tune_workload(identity: Identity, warm_traces: list[str], options: TuneOptio
         measured = [tr for tr in database.get_all_tuning_records() if mean_secs(tr) < _FAILED_SECS]
         curve = best_so_far([mean_secs(tr) for tr in measured])
         timeline.stage = "publish"
-        records, untuned, rejected = _publish(identity, mod, measured, options, timeline, artifacts)
+        records, default, rejected = _publish(identity, mod, measured, options, timeline, artifacts)
+        untuned = default.mean_secs
         logged = [(trace_text(tr.trace), mean_secs(tr)) for tr in log_sample(measured)]
     strategy = "evolutionary+xgb" if options.trials > 0 else "first pass: warm start measured, no search"
     prov = {"tuner": TUNER_NAME, "strategy": strategy, "trials": options.trials, "seed": options.seed, "warm_started": warm, "synthesized_seeds": len(synthesized),
@@ -183,7 +194,8 @@ def tune_workload(identity: Identity, warm_traces: list[str], options: TuneOptio
             "tuned_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "curve": json.dumps(_thin(curve, 64)),
             **({"cache_flushed": True} if options.final_timing.get("flush_cache") else {})}  # fmt: skip
     records = [Record(r.identity, r.trace, r.run_secs, {**prov, **r.provenance, "rank": i}) for i, r in enumerate(records)]
-    return TuneResult(identity, records, untuned, options.trials, warm, search_secs, curve, timeline.events, rejected, logged, skipped, phases)
+    return TuneResult(identity, records, untuned, options.trials, warm, search_secs, curve, timeline.events, rejected, logged, skipped, phases,
+                      default.flushed_secs or 0.0)  # fmt: skip
 
 
 #: Where a search's time goes, by MetaSchedule's profiler scopes (flat, never nested in one another).
@@ -414,10 +426,10 @@ def side_by_side(identity: Identity, mod: Any, candidates: list[Any], timing: di
 
 
 def _publish(identity: Identity, mod: Any, measured: list[Any], options: TuneOptions, timeline: Timeline,
-             artifacts: dict[str, str]) -> tuple[list[Record], float, list[str]]:  # fmt: skip
+             artifacts: dict[str, str]) -> tuple[list[Record], Record, list[str]]:  # fmt: skip
     """Verify and re-measure the best distinct schedules (``artifacts``: the builds the warm start kept, by trace
-    text); returns (records best first, untuned secs, rejections: ``"<trace id>: <why>"`` for each schedule the
-    search measured that is not published)."""
+    text); returns (records best first, the default schedule as a record, timed beside them, rejections:
+    ``"<trace id>: <why>"`` for each schedule the search measured that is not published)."""
     from schedhub.hooks.msdb import scheduled, trace_text
 
     best: dict[str, Any] = {}
@@ -440,7 +452,7 @@ def _publish(identity: Identity, mod: Any, measured: list[Any], options: TuneOpt
     # empty trace: the hook leaves the kernel to the default) so the hook stops reporting the
     # kernel as a miss and nobody tunes it again blindly.
     records = sorted(records, key=lambda r: r.mean_secs) or [default]
-    return records, default.mean_secs, rejected
+    return records, default, rejected
 
 
 def flushed_claim(result: dict[str, Any]) -> dict[str, float]:
