@@ -3,6 +3,12 @@ tuning buy the network anything, measured at one moment of the machine (runs hou
 
     python -m bench.studies.registries --store before=DIR --store after=DIR [--network resnet18] [--image 224 | --seq 128]
                                        [--prepack] [--conv winograd] [--math fast] [--rounds 7] [--out FILE]
+                                       [--min-tiles NAME=N]
+
+``--min-tiles NAME=N`` compiles store NAME with Winograd's threshold at N output tiles (``hooks.winograd.MIN_TILES``)
+instead of the hook's: one registry holding both a layer's direct and its Winograd records, compiled both ways
+(``--store wino=DIR --store direct3=DIR --min-tiles direct3=17``: ResNet-18's 14×14 stage direct), says which the
+network runs faster at one moment.
 
 Each registry must hold a record of every kernel the compile looks up (``hooks.use`` with the given rewrites): a miss
 or a transfer is an error, not a figure. The networks and PyTorch (in a process of its own) run in interleaved rounds;
@@ -38,6 +44,26 @@ def named_store(text: str) -> tuple[str, Path]:
     return name, Path(folder)
 
 
+def min_tiles_of(text: str) -> tuple[str, int]:
+    """``NAME=N`` as (name, a threshold of output tiles)."""
+    name, sep, count = text.partition("=")
+    if not sep or not name or not count.isdigit() or int(count) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: write a threshold as NAME=N, N a count of output tiles")
+    return name, int(count)
+
+
+def compiled_with_min_tiles(mod: Any, target: Any, store: Path, rewrites: Rewrites, min_tiles: int | None) -> Any:
+    """:func:`.cache_flush.compiled`, with Winograd's threshold at ``min_tiles`` output tiles where given."""
+    from schedhub.hooks import winograd
+
+    kept = winograd.MIN_TILES
+    winograd.MIN_TILES = min_tiles or kept
+    try:
+        return compiled(mod, target, store, rewrites)
+    finally:
+        winograd.MIN_TILES = kept
+
+
 def add_network_options(parser: argparse.ArgumentParser) -> None:
     """The options that say which network, at which shape, compiled with which rewrites."""
     parser.add_argument("--network", default="resnet18")
@@ -63,11 +89,14 @@ def main() -> None:
     parser.add_argument("--store", type=named_store, action="append", required=True, help="NAME=DIR, a registry that tuned the network (repeat)")
     add_network_options(parser)
     parser.add_argument("--rounds", type=int, default=7, help="timing rounds")
+    parser.add_argument("--min-tiles", type=min_tiles_of, action="append", default=[], help="NAME=N: compile store NAME with Winograd's threshold at N tiles")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "studies" / "registries.json")
     args = parser.parse_args()
-    stores = dict(args.store)
+    stores, min_tiles = dict(args.store), dict(args.min_tiles)
     if len(stores) != len(args.store):
         parser.error("each --store needs a name of its own")
+    if set(min_tiles) - set(stores):
+        parser.error(f"--min-tiles names no --store: {sorted(set(min_tiles) - set(stores))}")
     import tvm
 
     tvm_env.prepare()
@@ -76,14 +105,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="schedhub-registries-") as tmp:
         mod, func, weights, input_shape = build_network(network, Path(tmp))
         x = network_input(input_shape)
-        executables = {name: compiled(mod, target, folder, rewrites) for name, folder in stores.items()}
+        executables = {name: compiled_with_min_tiles(mod, target, folder, rewrites, min_tiles.get(name)) for name, folder in stores.items()}
         with TorchProcess(cwd=REPO) as torch_proc:
             twin = torch_proc.load_network(network.name, weights, x, factory=TORCH_TWINS, batch=network.batch, **network.shape)
             timing, errors = time_side_by_side(executables, x, args.rounds, twin, torch_proc.time_network, func=func)
     check_agreement(args.network, errors)
     first = next(iter(stores))
     result: dict[str, Any] = {
-        "command": "python -m bench.studies.registries " + " ".join(f"--store {n}={f}" for n, f in stores.items()) + f" {said} --rounds {args.rounds}",
+        "command": "python -m bench.studies.registries " + " ".join(f"--store {n}={f}" for n, f in stores.items()) + f" {said} --rounds {args.rounds}"
+                   + "".join(f" --min-tiles {n}={t}" for n, t in min_tiles.items()),
         "environment": environment(),
         "timing_ms": timing,
         "vs_pytorch": {name: ratio(timing["pytorch"], timing[name], paired=True) for name in stores},
