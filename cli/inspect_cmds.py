@@ -109,11 +109,12 @@ def show(key: str, registry: str, token: str | None, as_json: bool, workload: bo
     out.print(full, style="bold")
     out.print(f"op {ident.op}\ntarget {ident.target}\ncompiler {ident.fingerprint}")
     out.print("args " + ", ".join(f"{a[1]}{a[2]}" for a in ident.args_info))
-    table = Table("rank", "trace", "claimed µs", "pushed by", "verified by (µs)", "complaints")
+    table = Table("rank", "trace", "claimed µs", "pushed by", "verified by (µs warm, flushed)", "complaints")
     table.columns[1].no_wrap, table.columns[1].min_width = True, 16  # a trace id is what quarantine takes: never cut
     for i, r in enumerate(records):
         s = r.served
-        verified = f"{s.verified_by} ({s.verified_secs * 1e6:.2f})" if s and s.verified else "unverified claim"
+        flushed = f", {s.verified_flushed_secs * 1e6:.2f}" if s and s.verified_flushed_secs else ""
+        verified = f"{s.verified_by} ({s.verified_secs * 1e6:.2f}{flushed})" if s and s.verified else "unverified claim"
         table.add_row(str(i), r.trace_id, f"{r.mean_secs * 1e6:.2f}", s.pushed_by if s else "", verified, str(s.complaints if s else 0))
     out.print(table)
     for i, r in enumerate(records):  # below the table, where a terminal's width wraps it whole

@@ -243,7 +243,7 @@ def test_serve_names_its_real_port_and_refuses_a_busy_one_before_starting(tmp_pa
 
 def test_listings_print_whole_keys_and_short_curves_when_piped(tmp_path: Path) -> None:
     curve = json.dumps([[i, 1e-3 / (i + 1)] for i in range(64)])
-    rec = make_record(5, 1e-3, provenance={"curve": curve, "host_cpu": "x"})
+    rec = make_record(5, 1e-3, provenance={"curve": curve, "host_cpu": "x", "flushed_secs": 1.5e-3})
     with LocalRegistry(tmp_path) as reg:
         reg.put(rec)
         reg.report_misses([make_record(6, 1e-3).identity])
@@ -252,6 +252,7 @@ def test_listings_print_whole_keys_and_short_curves_when_piped(tmp_path: Path) -
     assert "llvm znver5 x2" in queue_out  # whose CPU the job is for: a worker times only its own
     shown = run("show", rec.key, "-r", str(tmp_path))
     assert "<64 points, best 15.62 µs after 63>" in shown and len(shown.splitlines()) < 20
+    assert "(1005.00, 1500.00)" in shown  # verified warm and flushed: what the key ranks by
     listing = run("ls", "-r", str(tmp_path))
     assert "llvm znver5 x2" in listing
 
