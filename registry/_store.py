@@ -85,8 +85,11 @@ def served_entries(value: bytes) -> list[tuple[bytes, dict[str, Any]]]:
 
 def entry_status(entry: dict[str, Any]) -> dict[str, Any]:
     """The public part of an entry's bookkeeping (who pushed it, who verified it)."""
-    return {"tid": entry["tid"], "by": entry.get("by", ""), "vby": entry.get("vby", ""),
-            "vmean": entry.get("vmean", 0.0), "vfmean": entry.get("vfmean", 0.0), "complaints": len(entry.get("complaints", []))}  # fmt: skip
+    status = {"tid": entry["tid"], "by": entry.get("by", ""), "vby": entry.get("vby", ""),
+              "vmean": entry.get("vmean", 0.0), "complaints": len(entry.get("complaints", []))}  # fmt: skip
+    if entry.get("vfmean"):  # only where timed so: every lookup answers this map
+        status["vfmean"] = entry["vfmean"]
+    return status
 
 
 class _SharedEnv:
@@ -424,8 +427,8 @@ class Store(Aggregates, Listings):
             mine = next((e for e in entries if e["tid"] == record.trace_id), None)
             changed, new_claim = False, False
             if mine is None:
-                mine = {"rec": data, "mean": record.mean_secs, "fmean": record.flushed_secs or 0.0, "tid": record.trace_id, "at": now,
-                        "by": pushed_by, "vby": "", "vmean": 0.0, "vfmean": 0.0, "complaints": []}  # fmt: skip
+                mine = {"rec": data, "mean": record.mean_secs, "tid": record.trace_id, "at": now, "by": pushed_by, "vby": "", "vmean": 0.0, "complaints": [],
+                        **_flushed("fmean", record.flushed_secs)}  # fmt: skip
                 entries.append(mine)
                 if verified:  # a claim's speedup is not counted: only what a trusted tuner or worker measured
                     self._add_speedup(t, value["op"], record)
@@ -435,12 +438,14 @@ class Store(Aggregates, Listings):
                 for extra in claims[self.per_pusher :]:  # the pusher's worst claims beyond its share
                     entries.remove(extra)
             elif mine.get("by") == pushed_by and record.mean_secs < mine["mean"]:
-                mine.update(rec=data, mean=record.mean_secs, fmean=record.flushed_secs or 0.0, at=now)
+                mine.update(rec=data, mean=record.mean_secs, at=now)
+                mine.pop("fmean", None)
+                mine.update(_flushed("fmean", record.flushed_secs))
                 changed = True
             if verified:
                 name, secs, flushed = verifier or (pushed_by or "local", record.mean_secs, record.flushed_secs or 0.0)
                 if not mine.get("vby"):
-                    mine.update(vby=name, vmean=secs, vfmean=flushed)
+                    mine.update(vby=name, vmean=secs, **_flushed("vfmean", flushed))
                     changed = True
                 elif flushed and not mine.get("vfmean"):  # verified before flushed times were taken: now it has one
                     mine.update(vfmean=flushed)
@@ -554,7 +559,8 @@ class Store(Aggregates, Listings):
             flushed = sum(flushed_secs) / len(flushed_secs) if run_secs and flushed_secs else 0.0
             over = _over_claim(hit, measured, flushed, tolerance)
             if measured is not None and over is None:
-                hit.update(vby=verifier, vmean=measured, vfmean=flushed)
+                hit.pop("vfmean", None)  # a time of an earlier verification is not this one's
+                hit.update(vby=verifier, vmean=measured, **_flushed("vfmean", flushed))
                 ranked(value["entries"])
                 outcome = "verified"
             else:
@@ -715,6 +721,11 @@ class Store(Aggregates, Listings):
         """Records (not keys) held: walks every key once."""
         with self.read() as txn:
             return sum(len(unpackb(v)["entries"]) for _, v in txn.cursor(db=self.dbs["records"]))
+
+
+def _flushed(name: str, secs: float | None) -> dict[str, float]:
+    """An entry's flushed-time field where there is a time (an entry without one stores nothing for it)."""
+    return {name: secs} if secs else {}
 
 
 def _over_claim(entry: dict[str, Any], measured: float | None, flushed: float, tolerance: float) -> str | None:
