@@ -179,7 +179,8 @@ def test_retime_gives_verified_records_flushed_times_and_their_key_ranks_by_them
     """Records verified before flushed times were taken rank by warm time; re-timed, each gets its flushed time (its
     warm one kept) and the key ranks by those; a key re-timed once is not again."""
     from schedhub.registry import FLUSHED_SECS
-    from schedhub.tuner.retime import needs_retime, retime
+    from schedhub.tuner.dispatch import push_result
+    from schedhub.tuner.retime import lacking_flushed, needs_retime, retime
 
     ident = matmul(64, 64, 128)
     tuned = TuneResult.from_dict(cluster.result(tune(ident, tiny(trials=2, trials_per_iter=2, publish=1), label="retime"))).records[0]
@@ -196,6 +197,14 @@ def test_retime_gives_verified_records_flushed_times_and_their_key_ranks_by_them
         flushed = [r.served.verified_flushed_secs for r in served]
         assert flushed == sorted(flushed) and flushed == pytest.approx([done.times[r.trace_id][1] for r in served])
         assert not needs_retime(served) and retime(reg) == []
+    with LocalRegistry(tmp_path / "tuned", sync=False) as reg:  # a tuning job of the key re-times them too, once
+        reg.put_many(older)
+        result = TuneResult.from_dict(cluster.result(start_tuning(reg, ident, tiny(trials=2, trials_per_iter=2, publish=1), "re-times")))
+        assert {r.trace_id for r in result.retimed} == {r.trace_id for r in older}
+        push_result(reg, result)
+        served = reg.get(ident.key)
+        assert all(r.served.verified_flushed_secs > 0 for r in served) and not needs_retime(served)
+        assert lacking_flushed(served) == [] and not TuneResult.from_dict(cluster.result(start_tuning(reg, ident, tiny(trials=2, trials_per_iter=2, publish=1), "again"))).retimed
 
 
 def test_a_registry_trace_is_also_measured_postprocessed_here_and_a_seed_is_not(ray_address: str) -> None:

@@ -6,32 +6,17 @@ rank by warm time, which served ResNet-18 a stage-4 convolution that read its we
 for. For each key with two verified records or more, some without a flushed time, :func:`retime` times them all side
 by side with the default schedule, warm and flushed, each output checked as a verification checks it, and pushes each
 again with its flushed time: a trusted re-push (a worker's or an admin's token, or a local store) gives an entry the
-flushed time it lacked. Its owner, its bytes and its verified warm time stay.
+flushed time it lacked. Its owner, its bytes and its verified warm time stay. A tuning job does the same for its own
+key (:func:`lacking_flushed`, timed after its publishing), so a served registry's keys get theirs as workers tune them.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
-from schedhub.registry import FLUSHED_SECS, Record, Registry, target_kind
+from schedhub.registry import Record, Registry, target_kind
 
-from . import cluster, tvm_env
-from .backends import Timeline
-from .kernels import FINAL_TIMING
-
-log = logging.getLogger("schedhub.tuner")
-
-
-@dataclass
-class Retimed:
-    """One key re-timed: each record's (warm, flushed) mean seconds by trace id, and why any record was not timed."""
-
-    key: str
-    op: str
-    times: dict[str, tuple[float, float]] = field(default_factory=dict)
-    errors: list[str] = field(default_factory=list)
+from .search import Retimed, time_traces
 
 
 def needs_retime(records: list[Record]) -> bool:
@@ -41,40 +26,17 @@ def needs_retime(records: list[Record]) -> bool:
     return len(verified) >= 2 and target_kind(verified[0].identity.target) == "llvm" and any(not r.served.verified_flushed_secs for r in verified)
 
 
+def lacking_flushed(records: list[Record]) -> list[str]:
+    """The traces of a key's verified records (as served) that keep it ranked by warm time: none where it does not
+    :func:`needs_retime`."""
+    return [r.trace for r in records if r.served is not None and r.served.verified and not r.served.verified_flushed_secs] if needs_retime(records) else []
+
+
 def retime_records(records: list[Record]) -> tuple[list[Record], Retimed]:
     """The verified ``records`` of one key timed side by side (warm and flushed, outputs checked), as records to push
     again (each its own trace, the new warm times and its flushed mean in provenance), and what was timed."""
-    from schedhub.hooks.guard import ScheduleLimits
-    from schedhub.hooks.identity import workload_module
-    from schedhub.hooks.msdb import replay_within
-
-    from .search import flushed_claim, side_by_side
-
-    tvm_env.prepare()
-    identity = records[0].identity
-    done = Retimed(identity.key, identity.op)
-    mod = workload_module(identity.workload)
-    replayed: list[tuple[Record, object]] = []
-    for record in records:
-        if record.served is None or not record.served.verified:
-            continue
-        try:
-            replayed.append((record, replay_within(mod, record.trace, ScheduleLimits()).mod))
-        except Exception as exc:  # verified once, someone's data all the same: left as it is, said why
-            done.errors.append(f"{record.trace_id}: does not replay: {type(exc).__name__}: {str(exc).strip()[:200]}")
-    if not replayed:
-        return [], done
-    cluster.check_feasible(identity.target)
-    timed = side_by_side(identity, mod, [m for _, m in replayed], FINAL_TIMING, Timeline(f"retime:{identity.key[:8]}"))
-    again = []
-    for (record, _), result in zip(replayed, timed[1:]):
-        claim = flushed_claim(result)
-        if not result["run_secs"] or not claim:
-            done.errors.append(f"{record.trace_id}: {result.get('error') or 'not timed on flushed caches'}")
-            continue
-        again.append(Record(identity, record.trace, result["run_secs"], {"retimed": True, **claim}))
-        done.times[record.trace_id] = (sum(result["run_secs"]) / len(result["run_secs"]), claim[FLUSHED_SECS])
-    return again, done
+    verified = [r.trace for r in records if r.served is not None and r.served.verified]
+    return time_traces(records[0].identity, verified) if verified else ([], Retimed(records[0].identity.key, records[0].identity.op))
 
 
 def keys_to_retime(registry: Registry, op: str | None = None, target: str | None = None) -> list[str]:

@@ -102,6 +102,7 @@ class TuneResult:
     skipped: list[str] = field(default_factory=list)  # warm-start traces not replayed: "trace id: why"
     phases: dict[str, float] = field(default_factory=dict)  # the search's wall seconds by phase (:func:`tuning_phases`)
     untuned_flushed_secs: float = 0.0  # the default schedule on flushed caches, where it was timed so
+    retimed: list[Record] = field(default_factory=list)  # the key's older records timed again with their flushed times (.retime), to push too
 
     @property
     def best_secs(self) -> float | None:
@@ -119,6 +120,7 @@ class TuneResult:
         out = asdict(self)
         out["identity"] = self.identity.to_dict()
         out["records"] = [r.to_dict() for r in self.records]
+        out["retimed"] = [r.to_dict() for r in self.retimed]
         out["curve"] = [list(p) for p in self.curve]
         out["measured"] = [list(m) for m in self.measured]
         return out
@@ -135,22 +137,25 @@ class TuneResult:
             search_secs=d["search_secs"], curve=[(int(a), float(b)) for a, b in d["curve"]],
             events=d["events"], rejected=d["rejected"], measured=[(str(t), float(secs)) for t, secs in d.get("measured", [])],
             skipped=[str(s) for s in d.get("skipped", [])], phases={p: float(d["phases"][p]) for p in PHASE_NAMES if p in d.get("phases", {})},
-            untuned_flushed_secs=float(d.get("untuned_flushed_secs", 0.0)),
+            untuned_flushed_secs=float(d.get("untuned_flushed_secs", 0.0)), retimed=[Record.from_obj(r) for r in d.get("retimed", [])],
         )  # fmt: skip
 
 
 def tune_job(identity: dict[str, Any], warm_traces: list[str], options: dict[str, Any], label: str, seeds: list[str] | None = None,
-             model_log: list[Any] | None = None) -> dict[str, Any]:  # fmt: skip
+             model_log: list[Any] | None = None, retime_traces: list[str] | None = None) -> dict[str, Any]:  # fmt: skip
     """:func:`tune_workload` with plain values in and out: the body of a Ray tuning task."""
-    return tune_workload(Identity(**identity), warm_traces, TuneOptions.from_dict(options), label, seeds, model_log).to_dict()
+    return tune_workload(Identity(**identity), warm_traces, TuneOptions.from_dict(options), label, seeds, model_log, retime_traces).to_dict()
 
 
 def tune_workload(identity: Identity, warm_traces: list[str], options: TuneOptions, label: str = "", seeds: list[str] | None = None,
-                  model_log: list[Any] | None = None) -> TuneResult:  # fmt: skip
+                  model_log: list[Any] | None = None, retime_traces: list[str] | None = None) -> TuneResult:  # fmt: skip
     """Search schedules for one workload on the Ray cluster this process is connected to, measuring first
     ``warm_traces`` (the registry's, at most ``options.warm_start``) and ``seeds`` (synthesized, at most ``options.seeds``);
     with no trials, only those (a first pass). ``model_log`` (:func:`.logmodel.model_log`), with ``options.warm_model``:
-    what the search's cost model is trained on before its first round."""
+    what the search's cost model is trained on before its first round. ``retime_traces``: the key's verified records
+    without a flushed time (:func:`.retime.lacking_flushed`), timed again (:func:`time_traces`) after publishing where the final timing
+    takes flushed times, so the key ranks by them once pushed (``TuneResult.retimed``)."""
+
     from tvm.s_tir import meta_schedule as ms
 
     from schedhub.hooks.identity import compiler_fingerprint, target_from_text, workload_module
@@ -194,8 +199,9 @@ def tune_workload(identity: Identity, warm_traces: list[str], options: TuneOptio
             "tuned_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "curve": json.dumps(_thin(curve, 64)),
             **({"cache_flushed": True} if options.final_timing.get("flush_cache") else {})}  # fmt: skip
     records = [Record(r.identity, r.trace, r.run_secs, {**prov, **r.provenance, "rank": i}) for i, r in enumerate(records)]
+    retimed = time_traces(identity, retime_traces, options.final_timing)[0] if retime_traces and options.final_timing.get("flushed_too") else []
     return TuneResult(identity, records, untuned, options.trials, warm, search_secs, curve, timeline.events, rejected, logged, skipped, phases,
-                      default.flushed_secs or 0.0)  # fmt: skip
+                      default.flushed_secs or 0.0, retimed)  # fmt: skip
 
 
 #: Where a search's time goes, by MetaSchedule's profiler scopes (flat, never nested in one another).
@@ -479,3 +485,45 @@ def _against_default(identity: Identity, mod: Any, traces: list[str], results: l
         else:
             rejected.append(f"{trace_id(text)}: slower than {default_name(identity.target)} when timed side by side")
     return records, default, rejected
+
+
+@dataclass
+class Retimed:
+    """One key re-timed: each record's (warm, flushed) mean seconds by trace id, and why any record was not timed."""
+
+    key: str
+    op: str
+    times: dict[str, tuple[float, float]] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+
+def time_traces(identity: Identity, traces: list[str], timing: dict[str, Any] | None = None) -> tuple[list[Record], Retimed]:
+    """Records of ``identity`` (``traces``, a registry's) timed side by side with the default schedule as ``timing`` says
+    (default :data:`.kernels.FINAL_TIMING`: warm and flushed), outputs checked: records to push again with their flushed
+    means, and what was timed. A trace that does not replay within the hook's bounds is left out, and why said."""
+    from schedhub.hooks.guard import ScheduleLimits
+    from schedhub.hooks.identity import workload_module
+    from schedhub.hooks.msdb import replay_within
+
+    tvm_env.prepare()
+    done = Retimed(identity.key, identity.op)
+    mod = workload_module(identity.workload)
+    replayed: list[tuple[str, object]] = []
+    for trace in dict.fromkeys(traces):
+        try:
+            replayed.append((trace, replay_within(mod, trace, ScheduleLimits()).mod))
+        except Exception as exc:  # verified once, someone's data all the same: left as it is, said why
+            done.errors.append(f"{trace_id(trace)}: does not replay: {type(exc).__name__}: {str(exc).strip()[:200]}")
+    if not replayed:
+        return [], done
+    cluster.check_feasible(identity.target)
+    timed = side_by_side(identity, mod, [m for _, m in replayed], timing or FINAL_TIMING, Timeline(f"retime:{identity.key[:8]}"))
+    again = []
+    for (trace, _), result in zip(replayed, timed[1:]):
+        claim = flushed_claim(result)
+        if not result["run_secs"] or not claim:
+            done.errors.append(f"{trace_id(trace)}: {result.get('error') or 'not timed on flushed caches'}")
+            continue
+        again.append(Record(identity, trace, result["run_secs"], {"retimed": True, **claim}))
+        done.times[trace_id(trace)] = (sum(result["run_secs"]) / len(result["run_secs"]), claim[FLUSHED_SECS])
+    return again, done
