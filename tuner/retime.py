@@ -19,30 +19,34 @@ from schedhub.registry import Record, Registry, target_kind
 from .search import Retimed, time_traces
 
 
+def _verified(records: list[Record]) -> list[Record]:
+    return [r for r in records if r.served is not None and r.served.verified]
+
+
 def needs_retime(records: list[Record]) -> bool:
     """Whether a key's records (as served, best first) would rank by flushed time once re-timed: two verified
     records or more on a CPU, some of them without a verified flushed time."""
-    verified = [r for r in records if r.served is not None and r.served.verified]
+    verified = _verified(records)
     return len(verified) >= 2 and target_kind(verified[0].identity.target) == "llvm" and any(not r.served.verified_flushed_secs for r in verified)
 
 
 def lacking_flushed(records: list[Record]) -> list[str]:
     """The traces of a key's verified records (as served) that keep it ranked by warm time: none where it does not
     :func:`needs_retime`."""
-    return [r.trace for r in records if r.served is not None and r.served.verified and not r.served.verified_flushed_secs] if needs_retime(records) else []
+    return [r.trace for r in _verified(records) if not r.served.verified_flushed_secs] if needs_retime(records) else []  # type: ignore[union-attr]
 
 
 def retime_records(records: list[Record]) -> tuple[list[Record], Retimed]:
     """The verified ``records`` of one key timed side by side (warm and flushed, outputs checked), as records to push
     again (each its own trace, the new warm times and its flushed mean in provenance), and what was timed."""
-    verified = [r.trace for r in records if r.served is not None and r.served.verified]
+    verified = [r.trace for r in _verified(records)]
     return time_traces(records[0].identity, verified) if verified else ([], Retimed(records[0].identity.key, records[0].identity.op))
 
 
 def keys_to_retime(registry: Registry, op: str | None = None, target: str | None = None) -> list[str]:
     """The keys of ``registry`` (filtered by ``op`` and ``target``) that :func:`needs_retime`, listed before any is
     pushed again (a push moves its key to the change feed's head)."""
-    return [summary.key for summary, records in registry.iter_served(op, target) if summary.verified >= 2 and needs_retime(records)]
+    return [summary.key for summary, records in registry.iter_served(op, target) if needs_retime(records)]
 
 
 def retime(registry: Registry, op: str | None = None, target: str | None = None, on_key: Callable[[Retimed], None] | None = None) -> list[Retimed]:

@@ -153,9 +153,8 @@ def tune_workload(identity: Identity, warm_traces: list[str], options: TuneOptio
     ``warm_traces`` (the registry's, at most ``options.warm_start``) and ``seeds`` (synthesized, at most ``options.seeds``);
     with no trials, only those (a first pass). ``model_log`` (:func:`.logmodel.model_log`), with ``options.warm_model``:
     what the search's cost model is trained on before its first round. ``retime_traces``: the key's verified records
-    without a flushed time (:func:`.retime.lacking_flushed`), timed again (:func:`time_traces`) after publishing where the final timing
-    takes flushed times, so the key ranks by them once pushed (``TuneResult.retimed``)."""
-
+    without a flushed time (:func:`.retime.lacking_flushed`), timed again (:func:`time_traces`) after publishing where
+    the final timing takes flushed times, so the key ranks by them once pushed (``TuneResult.retimed``)."""
     from tvm.s_tir import meta_schedule as ms
 
     from schedhub.hooks.identity import compiler_fingerprint, target_from_text, workload_module
@@ -524,6 +523,6 @@ def time_traces(identity: Identity, traces: list[str], timing: dict[str, Any] | 
         if not result["run_secs"] or not claim:
             done.errors.append(f"{trace_id(trace)}: {result.get('error') or 'not timed on flushed caches'}")
             continue
-        again.append(Record(identity, trace, result["run_secs"], {"retimed": True, **claim}))
-        done.times[trace_id(trace)] = (sum(result["run_secs"]) / len(result["run_secs"]), claim[FLUSHED_SECS])
+        again.append(record := Record(identity, trace, result["run_secs"], {"retimed": True, **claim}))
+        done.times[record.trace_id] = (record.mean_secs, claim[FLUSHED_SECS])
     return again, done
