@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from schedhub.registry import FLUSHED_SECS, CallerBounds, InvalidRecord, LocalRegistry, Principal, RegistryClient, Served, ServerThread
+from schedhub.registry import FLUSHED_SECS, CallerBounds, InvalidRecord, RegistryError, LocalRegistry, Principal, RegistryClient, Served, ServerThread
 
 from .conftest import clients_by_name, make_record
 
@@ -100,3 +100,17 @@ def test_a_network_s_estimate_takes_a_round_s_times_in_the_measure_its_records_r
     assert result(records, 5e-3).ranked_times() == pytest.approx((2e-3, 5e-3))
     assert result(records, 0.0).ranked_times() == pytest.approx((1e-3 * 1.005, 4e-3))  # the default untimed so: warm, both
     assert result([timed(2, 0.9), *records], 5e-3).ranked_times() == pytest.approx((0.9e-3 * 1.005, 4e-3))
+
+
+def test_another_pusher_s_flushed_claim_neither_verifies_nor_reranks_a_record(as_: dict[str, RegistryClient]) -> None:
+    """Only a worker, an admin or a store's owner sets a verified flushed time: a push token re-pushing someone's
+    record with a flattering flushed claim, or with no token at all, changes nothing of what is served."""
+    slow_flushed, fast_flushed = timed(0, 1.0), timed(1, 1.5)
+    as_["w1"].put(slow_flushed)
+    as_["w1"].put(fast_flushed)
+    before = order(as_["reader"])
+    as_["alice"].put(timed(0, 1.0, 0.001))  # the same trace, claimed 1 µs on flushed caches
+    with pytest.raises(RegistryError):
+        RegistryClient(as_["reader"].url).put(timed(1, 1.5, 0.001))
+    served = as_["reader"].get(slow_flushed.key)
+    assert order(as_["reader"]) == before and all(r.served.verified_flushed_secs == 0.0 for r in served)
