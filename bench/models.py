@@ -400,7 +400,7 @@ def main() -> None:
     parser.add_argument("--layout", choices=list(LAYOUTS), default="given", help="convert the networks' convolutions first (hooks.layouts)")
     parser.add_argument("--math", choices=list(MATHS), default="exact", help="fast: GELU, erf, exp, tanh, softmax approximated (hooks.fastmath)")
     parser.add_argument("--prepack", action="store_true", help="weights laid out by each kernel's schedule, packed at compile time (hooks.rewrites)")
-    parser.add_argument("--conv", choices=list(CONVS), default="direct", help="winograd: 3×3 stride-1 convolutions by Winograd's F(4×4, 3×3) (hooks.winograd)")
+    parser.add_argument("--conv", choices=list(CONVS), default="direct", help="winograd: 3×3 stride-1 convolutions by Winograd's F(4×4, 3×3), F(2×2, 3×3) on small images (hooks.winograd)")
     parser.add_argument("--round-trials", type=int, help="with --policy: trials a round (default: the mode's 16 on a CPU, 32 on a GPU; Ansor's is 64)")
     parser.add_argument("--warm-model", action="store_true", help="start each search's cost model trained on the registry's log (TuneOptions.warm_model)")
     parser.add_argument("--out", type=Path)

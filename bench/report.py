@@ -295,7 +295,7 @@ def _models(d: dict[str, Any] | None, drawn: dict[str, str], title: str) -> list
               "PyTorch (`F.conv2d` / `torch.matmul`, oneDNN/MKL) run the same kernel shapes with the epilogue, timed here.", ""]  # fmt: skip
     if any(k.get("flops_direct_equivalent") for k in d["kernels"]):
         lines += ["† A Winograd convolution (`conv=\"winograd\"`): its GFLOP and GFLOPS are those of the direct convolution it replaces, "
-                  "which numpy and PyTorch compute (effective GFLOPS: F(4×4, 3×3) does about 4× fewer multiplications, so its "
+                  "which numpy and PyTorch compute (effective GFLOPS: F(4×4, 3×3) does about 4× fewer multiplications, F(2×2, 3×3) 2.25×, so its "
                   "\"of peak\" may pass 100%; it says how fast the layer runs, not how busy the multipliers are).", ""]  # fmt: skip
     if "curves" in drawn:
         lines += [f"![tuning curves]({drawn['curves']})", ""]

@@ -67,7 +67,7 @@ def work_options(f: Any) -> Any:
                      help="Let each kernel's schedule choose its weights' layout, packed at compile time (CPU); "
                           "compile with hooks.use(..., prepack=True), or the records are not found.")(f)  # fmt: skip
     f = click.option("--conv", type=click.Choice(CONVS), default="direct", show_default=True,
-                     help="winograd: 3×3 stride-1 convolutions by Winograd's F(4×4, 3×3) (float32 rounding apart from direct); "
+                     help="winograd: 3×3 stride-1 convolutions by Winograd's F(4×4, 3×3), F(2×2, 3×3) on small images (float32 rounding apart from direct); "
                           "compile with hooks.use(..., conv=) the same, or the records are not found.")(f)  # fmt: skip
     f = click.option("--sweep", multiple=True, help="A shape sweep, name=v1,v2 (e.g. batch=1,8); repeatable.")(f)
     return click.option(

@@ -114,7 +114,7 @@ def use(
     ``prepack``: kernels whose records lay their weights out as their schedule reads them (MetaSchedule's
     ``RewriteLayout``), the weights rewritten once, at compile time (:mod:`.rewrites`; CPU). Tune with ``--prepack``.
     ``conv``: ``"direct"``, or ``"winograd"``: 3×3 stride-1 convolutions with enough output tiles by Winograd's
-    F(4×4, 3×3), 4× fewer multiplications, float32 rounding apart from direct (:mod:`.winograd`). Tune with ``--conv``.
+    F(4×4, 3×3), 4× fewer multiplications (F(2×2, 3×3), 2.25×, where 4×4 tiles are too few), float32 rounding apart from direct (:mod:`.winograd`). Tune with ``--conv``.
     """
     rewrites = Rewrites(layout, math, prepack, conv)  # checked before anything opens
     install()

@@ -44,7 +44,7 @@ class Rewrites:
     layout: Layout = "given"  # what 2-D convolutions are converted to
     math: Math = "exact"  # "fast": GELU, erf, exp, tanh and softmax by TVM's approximations
     prepack: bool = False  # weights in the layout each kernel's schedule chooses, packed at compile time
-    conv: Conv = "direct"  # "winograd": 3×3 stride-1 convolutions by Winograd's F(4×4, 3×3)
+    conv: Conv = "direct"  # "winograd": 3×3 stride-1 convolutions by Winograd's F(4×4, 3×3) or F(2×2, 3×3)
 
     def __post_init__(self) -> None:
         check_layout(self.layout)

@@ -47,7 +47,7 @@ from tvm.topi.nn.winograd_util import winograd_transform_matrices
 Conv = Literal["direct", "winograd"]
 CONVS: tuple[str, ...] = get_args(Conv)
 
-TILE = 4  # m: each output tile is m×m
+TILES = (4, 2)  # m, each output tile m×m: a convolution takes the first with MIN_TILES tiles (:func:`tile_size`)
 DATA_PACK_RULE = "schedhub_winograd_data_pack"  # the input transform's custom rule (:func:`schedule_data_pack`)
 MIN_TILES = 16  # fewer output tiles than this and the direct convolution reads fewer weight bytes per multiply
 
@@ -59,53 +59,65 @@ def check_conv(conv: str) -> Conv:
     return conv  # type: ignore[return-value]
 
 
-def winograd_weights(weight: te.Tensor) -> te.Tensor:
-    """OIHW 3×3 weights transformed for F(m×m, 3×3): ``(m+2, m+2, in, out)``, ``G·w·Gᵀ`` per channel pair."""
-    _, _, g = winograd_transform_matrices(TILE, 3, str(weight.dtype))
+def winograd_weights(weight: te.Tensor, tile: int = TILES[0]) -> te.Tensor:
+    """OIHW 3×3 weights transformed for F(m×m, 3×3), m = ``tile``: ``(m+2, m+2, in, out)``, ``G·w·Gᵀ`` per channel pair."""
+    _, _, g = winograd_transform_matrices(tile, 3, str(weight.dtype))
     out_channels, in_channels = (int(d) for d in weight.shape[:2])
-    alpha, kh, kw = TILE + 2, te.reduce_axis((0, 3), "kh"), te.reduce_axis((0, 3), "kw")
+    alpha, kh, kw = tile + 2, te.reduce_axis((0, 3), "kh"), te.reduce_axis((0, 3), "kw")
     return te.compute((alpha, alpha, in_channels, out_channels),
                       lambda e, n, ci, co: te.sum(weight[co, ci, kh, kw] * g[e, kh] * g[n, kw], axis=[kh, kw]), name="winograd_weights")  # fmt: skip
 
 
-def output_tiles(height: int, width: int, padding: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
+def output_tiles(height: int, width: int, padding: tuple[int, int, int, int], tile: int) -> tuple[int, int, int, int]:
     """A 3×3 stride-1 convolution's output height and width on a ``height``×``width`` image padded by ``padding``
-    (top, left, bottom, right), and its rows and columns of m×m output tiles."""
+    (top, left, bottom, right), and its rows and columns of ``tile``×``tile`` output tiles."""
     top, left, bottom, right = padding
     out_h, out_w = height + top + bottom - 2, width + left + right - 2
-    return out_h, out_w, -(-out_h // TILE), -(-out_w // TILE)
+    return out_h, out_w, -(-out_h // tile), -(-out_w // tile)
+
+
+def tile_size(batch: int, height: int, width: int, padding: tuple[int, int, int, int]) -> int | None:
+    """The largest m of :data:`TILES` that gives the convolution at least :data:`MIN_TILES` m×m output tiles (None:
+    none does, it stays direct). F(2×2, 3×3) saves 2.25× the multiplications where F(4×4) saves 4×, for weights
+    16/9 of the direct convolution's where F(4×4)'s are 4×: the one a layer with few pixels can afford."""
+    for tile in TILES:
+        _, _, rows, cols = output_tiles(height, width, padding, tile)
+        if batch * rows * cols >= MIN_TILES:
+            return tile
+    return None
 
 
 def winograd_conv2d(data: te.Tensor, packed: te.Tensor, padding: tuple[int, int, int, int]) -> te.Tensor:
-    """A 3×3 stride-1 NCHW convolution of ``data`` by weights transformed with :func:`winograd_weights`;
-    ``padding`` is (top, left, bottom, right)."""
+    """A 3×3 stride-1 NCHW convolution of ``data`` by weights transformed with :func:`winograd_weights` (for the m
+    their shape says, ``(m+2, m+2, in, out)``); ``padding`` is (top, left, bottom, right)."""
     batch, channels, height, width = (int(d) for d in data.shape)
-    alpha, out_channels = TILE + 2, int(packed.shape[3])
+    alpha, out_channels = int(packed.shape[0]), int(packed.shape[3])
+    tile = alpha - 2
     top, left, _, _ = padding
-    out_h, out_w, rows, cols = output_tiles(height, width, padding)
+    out_h, out_w, rows, cols = output_tiles(height, width, padding, tile)
     tiles = batch * rows * cols
-    a, b, _ = winograd_transform_matrices(TILE, 3, str(data.dtype))
-    padded = topi.nn.pad(data, (0, 0, top, left), (0, 0, rows * TILE + 2 - height - top, cols * TILE + 2 - width - left), name="data_pad")
+    a, b, _ = winograd_transform_matrices(tile, 3, str(data.dtype))
+    padded = topi.nn.pad(data, (0, 0, top, left), (0, 0, rows * tile + 2 - height - top, cols * tile + 2 - width - left), name="data_pad")
 
     def tile_at(p: Any) -> tuple[Any, Any, Any]:  # (image, first row, first column) of tile p
-        return p // (rows * cols), (p // cols) % rows * TILE, p % cols * TILE
+        return p // (rows * cols), (p // cols) % rows * tile, p % cols * tile
 
     def pixel(e: Any, n: Any, p: Any, ci: Any) -> Any:
         image, row, col = tile_at(p)
         return padded[image, ci, row + e, col + n]
 
-    tile = te.compute((alpha, alpha, tiles, channels), pixel, name="input_tile", attrs={"schedule_rule": "None"})
+    input_tile = te.compute((alpha, alpha, tiles, channels), pixel, name="input_tile", attrs={"schedule_rule": "None"})
     ra, rb = te.reduce_axis((0, alpha), "r_a"), te.reduce_axis((0, alpha), "r_b")
-    data_pack = te.compute((alpha, alpha, tiles, channels), lambda e, n, p, ci: te.sum(tile[ra, rb, p, ci] * b[ra, e] * b[rb, n], axis=[ra, rb]),
+    data_pack = te.compute((alpha, alpha, tiles, channels), lambda e, n, p, ci: te.sum(input_tile[ra, rb, p, ci] * b[ra, e] * b[rb, n], axis=[ra, rb]),
                            name="data_pack", attrs={"schedule_rule": DATA_PACK_RULE})  # fmt: skip
     ci = te.reduce_axis((0, channels), "ci")
     product = te.compute((alpha, alpha, tiles, out_channels), lambda e, n, p, co: te.sum(data_pack[e, n, p, ci] * packed[e, n, ci, co], axis=ci),
                          name="bgemm")  # fmt: skip
     ra, rb = te.reduce_axis((0, alpha), "r_a"), te.reduce_axis((0, alpha), "r_b")
-    inverse = te.compute((TILE, TILE, tiles, out_channels), lambda vh, vw, p, co: te.sum(product[ra, rb, p, co] * a[ra, vh] * a[rb, vw], axis=[ra, rb]),
+    inverse = te.compute((tile, tile, tiles, out_channels), lambda vh, vw, p, co: te.sum(product[ra, rb, p, co] * a[ra, vh] * a[rb, vw], axis=[ra, rb]),
                          name="inverse", attrs={"schedule_rule": "conv2d_nhwc_winograd_inverse"})  # fmt: skip
     return te.compute((batch, out_channels, out_h, out_w),
-                      lambda i, co, h, w: inverse[h % TILE, w % TILE, i * rows * cols + h // TILE * cols + w // TILE, co], name="conv2d_winograd")  # fmt: skip
+                      lambda i, co, h, w: inverse[h % tile, w % tile, i * rows * cols + h // tile * cols + w // tile, co], name="conv2d_winograd")  # fmt: skip
 
 
 def _producer_inlining_constants(sch: Any, block: Any) -> Any:
@@ -141,23 +153,22 @@ def _ints(values: Any) -> tuple[int, ...]:
     return tuple(int(v) for v in values)
 
 
-def eligible(call: relax.Call) -> bool:
-    """Whether ``call`` is a convolution :func:`winograd_conv2d` computes (module docstring)."""
+def eligible_tile(call: relax.Call) -> int | None:
+    """The m of F(m×m, 3×3) :func:`winograd_conv2d` computes ``call`` with (module docstring), or None: not by Winograd."""
     if getattr(call.op, "name", "") != "relax.nn.conv2d":
-        return False
+        return None
     attrs, data, weight = call.attrs, call.args[0].ty, call.args[1].ty
     layouts = (attrs.data_layout, attrs.kernel_layout, attrs.out_layout or attrs.data_layout)
     if layouts != ("NCHW", "OIHW", "NCHW") or _ints(attrs.strides) != (1, 1) or _ints(attrs.dilation) != (1, 1) or int(attrs.groups) != 1:
-        return False
+        return None
     if not (isinstance(data, relax.TensorType) and isinstance(weight, relax.TensorType)) or data.shape is None or weight.shape is None:
-        return False
+        return None
     if any(not isinstance(d, tvm.tirx.IntImm) for d in [*data.shape.values, *weight.shape.values]):
-        return False
+        return None
     if {str(data.dtype), str(weight.dtype), str(attrs.out_dtype or data.dtype)} != {"float32"} or _ints(weight.shape.values)[2:] != (3, 3):
-        return False
+        return None
     batch, _, height, width = _ints(data.shape.values)
-    _, _, rows, cols = output_tiles(height, width, _ints(attrs.padding))  # type: ignore[arg-type]
-    return batch * rows * cols >= MIN_TILES
+    return tile_size(batch, height, width, _ints(attrs.padding))  # type: ignore[arg-type]
 
 
 @expr_functor.mutator
@@ -166,15 +177,15 @@ class _Winograd(PyExprMutator):
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
-        if not eligible(call):
+        if (tile := eligible_tile(call)) is None:
             return call
-        packed = self.builder_.emit(self.builder_.call_te(winograd_weights, call.args[1], primfunc_name_hint="winograd_weights"))
+        packed = self.builder_.emit(self.builder_.call_te(winograd_weights, call.args[1], tile, primfunc_name_hint="winograd_weights"))
         return self.builder_.call_te(winograd_conv2d, call.args[0], packed, _ints(call.attrs.padding), primfunc_name_hint="conv2d_winograd")
 
 
 @tvm.transform.module_pass(opt_level=0, name="SchedhubWinograd")
 def winograd_convolutions(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-    """Every Relax function's eligible convolutions computed by Winograd's F(4×4, 3×3) (on a CPU target, or none)."""
+    """Every Relax function's eligible convolutions computed by Winograd's F(m×m, 3×3) (on a CPU target, or none)."""
     target = tvm.target.Target.current(allow_none=True)
     if target is not None and "cpu" not in target.keys:
         return mod

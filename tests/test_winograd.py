@@ -17,11 +17,11 @@ from tvm.relax.frontend import nn
 from tvm.s_tir import meta_schedule as ms
 
 from schedhub.cli.tune_cmds import CONVS as CLI_CONVS
-from schedhub.hooks import use
+from schedhub.hooks import use, winograd
 from schedhub.hooks.identity import plain_json, workload_module
 from schedhub.hooks.pipeline import fusion_passes
 from schedhub.hooks.rewrites import Rewrites
-from schedhub.hooks.winograd import CONVS, MIN_TILES, winograd_weights
+from schedhub.hooks.winograd import CONVS, MIN_TILES, TILES, winograd_weights
 from schedhub.registry import Identity, Record
 from schedhub.tuner import baselines, kernels, models
 
@@ -109,12 +109,36 @@ def test_only_eligible_convolutions_are_rewritten() -> None:
     assert set(direct.values()) - set(winograd.values()) and len(set(direct.values()) & set(winograd.values())) == 1
 
 
-def test_a_convolution_with_few_output_tiles_stays_direct() -> None:
-    """Below MIN_TILES tiles the transformed weights cost more reads than the multiplications they save."""
-    small = bound(ConvNet(), (1, 8, 8, 8), scale=0.3)  # 8×8 outputs: 4 tiles of 4×4
-    assert 4 < MIN_TILES
-    names = [k.name for k in models.kernels(small, CPU, Rewrites(conv="winograd"))]
-    assert not [name for name in names if "winograd" in name], names
+def packed_weight_shapes(mod: tvm.IRModule) -> list[list[int]]:
+    """The transformed weights' shapes ``(m+2, m+2, in, out)`` of ``mod``'s Winograd kernels under ``conv="winograd"``."""
+    return [k.identity.args_info[1][2] for k in models.kernels(mod, CPU, Rewrites(conv="winograd")) if "winograd" in k.name]
+
+
+def test_a_convolution_with_few_output_tiles_takes_smaller_tiles_or_stays_direct(tmp_path: Path) -> None:
+    """Below MIN_TILES tiles of 4×4 a convolution takes F(2×2, 3×3) where 2×2 tiles reach MIN_TILES (ResNet's 7×7
+    stage: 4 tiles of 4×4, 16 of 2×2), and computes what the direct one does; below that too it stays direct."""
+    assert TILES == (4, 2) and MIN_TILES == 16
+    assert packed_weight_shapes(conv_net()) == [[6, 6, 8, 16]]  # 16×16: 16 tiles of 4×4
+    shape = (1, 8, 7, 7)  # 7×7 outputs: 4 tiles of 4×4, 16 of 2×2
+    mod = bound(ConvNet(), shape, scale=0.3)
+    assert packed_weight_shapes(mod) == [[4, 4, 8, 16]]
+    x = np.random.default_rng(2).standard_normal(shape).astype("float32")
+    with use(tmp_path / "store", CPU, conv="winograd", transfer=False, report_misses=False, cache=tmp_path / "cache"):
+        ex = tvm.compile(mod, CPU)
+    np.testing.assert_allclose(run(ex, x), run(tvm.compile(mod, CPU), x), rtol=1e-4, atol=1e-4)
+    assert packed_weight_shapes(bound(ConvNet(), (1, 8, 6, 6), scale=0.3)) == []  # 6×6 outputs: 9 tiles of 2×2
+
+
+def test_a_tile_size_is_part_of_the_kernel() -> None:
+    """F(2×2) and F(4×4) of one layer are different workloads with different keys: a record of one is never served
+    for the other."""
+    mod = bound(ConvNet(), (1, 8, 16, 16), scale=0.3)
+    keys = {}
+    for tiles in ((4,), (2,)):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(winograd, "TILES", tiles)
+            keys[tiles] = {k.identity.key for k in models.kernels(mod, CPU, Rewrites(conv="winograd")) if "winograd" in k.name}
+    assert len(keys[(4,)]) == len(keys[(2,)]) == 1 and keys[(4,)] != keys[(2,)]
 
 
 def test_constant_weights_are_transformed_at_compile_time() -> None:
