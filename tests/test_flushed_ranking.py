@@ -100,6 +100,9 @@ def test_a_network_s_estimate_takes_a_round_s_times_in_the_measure_its_records_r
     assert result(records, 5e-3).ranked_times() == pytest.approx((2e-3, 5e-3))
     assert result(records, 0.0).ranked_times() == pytest.approx((1e-3 * 1.005, 4e-3))  # the default untimed so: warm, both
     assert result([timed(2, 0.9), *records], 5e-3).ranked_times() == pytest.approx((0.9e-3 * 1.005, 4e-3))
+    older = result(records, 5e-3)
+    older.retimed = [timed(3, 1.2, 1.1)]  # an older record of the key, re-timed by this job: faster flushed than its own
+    assert older.ranked_times() == pytest.approx((1.1e-3, 5e-3))
 
 
 def test_another_pusher_s_flushed_claim_neither_verifies_nor_reranks_a_record(as_: dict[str, RegistryClient]) -> None:

@@ -109,12 +109,13 @@ class TuneResult:
         return self.records[0].mean_secs if self.records else None
 
     def ranked_times(self) -> tuple[float | None, float]:
-        """(best, default) in the measure the registry ranks these records by: on flushed caches where the default and
-        every record were timed so, else warm (``best_secs``, ``untuned_secs``)."""
-        flushed = [r.flushed_secs for r in self.records]
+        """(best, default) in the measure the registry ranks the key's records by once these are pushed (the job's own
+        and the older ones it re-timed): on flushed caches where the default and every record were timed so, else warm."""
+        pushed = self.records + self.retimed
+        flushed = [r.flushed_secs for r in pushed]
         if self.untuned_flushed_secs and flushed and all(flushed):
             return min(flushed), self.untuned_flushed_secs  # type: ignore[type-var]  # all set
-        return self.best_secs, self.untuned_secs
+        return min((r.mean_secs for r in pushed), default=None), self.untuned_secs
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
