@@ -369,17 +369,18 @@ def _kernel_row(network: str, batch: int, kernel: models.Kernel, result: TuneRes
 
 def merge(paths: list[Path]) -> dict[str, Any]:
     """Runs of one mode recorded one network at a time (hours each on 2 cores) as one table: their rows and kernels in order,
-    each row with the command that recorded it; the first run's metadata, and every run's command. A run may itself be
-    a merged table: its rows keep their own commands."""
+    each row with the command that recorded it and its CPU (runs may come from different machines); the first run's
+    metadata, and every run's command. A run may itself be a merged table: its rows keep their own commands and CPUs."""
     runs = [json.loads(p.read_text()) for p in paths]
     if len({r["mode"] for r in runs}) != 1:
         raise SystemExit("--merge takes runs of one mode")
     out = {**runs[0], "rows": [], "kernels": [], "commands": [r["command"] for r in runs], "wall_secs": sum(r.get("wall_secs", 0.0) for r in runs)}
     for run in runs:
-        out["rows"] += [{"command": run["command"], "recorded": run["recorded"], "commit": run["commit"], **row} for row in run["rows"]]  # a merged table's rows keep theirs
+        own = {"command": run["command"], "recorded": run["recorded"], "commit": run["commit"], "cpu": run.get("device_name")}
+        out["rows"] += [{**own, **row} for row in run["rows"]]  # a merged table's rows keep theirs
         peak = max(run.get("peak_gflops", {}).values(), default=None)
         rewrites = run.get("spending", {}).get("rewrites", {})  # what the run's compiles rewrote, on each kernel row
-        out["kernels"] += [{**rewrites, **({"peak_gflops": peak} if peak else {}), **k} for k in run["kernels"]]  # each run's own peak (a merged one's kept): the machine's speed varies
+        out["kernels"] += [{**rewrites, "cpu": own["cpu"], **({"peak_gflops": peak} if peak else {}), **k} for k in run["kernels"]]  # each run's own peak and CPU
     out["command"] = "; ".join(out["commands"])
     return out
 

@@ -242,8 +242,16 @@ def _models(d: dict[str, Any] | None, drawn: dict[str, str], title: str) -> list
     budget = (f"Tuning budget per kernel: {o['trials']} trials in rounds of {o['trials_per_iter']}" if not any(r.get("tuning") for r in d["rows"]) else
               f"Each network tuned where its time goes (`tuner.network`: rounds of {o['trials_per_iter']} trials unless its run says otherwise, each to the kernel the row's policy picks; "
               f"budget {o['trials']} trials × the network's kernels, or the row's minutes), the rows' runs listed below the table")  # fmt: skip
+    cpus = sorted({str(r.get("cpu") or d.get("device_name", "")) for r in d["rows"]})
+    by_cpu = len(cpus) > 1  # a merged table of runs on different machines: each row says which
+
+    def cpu_of(r: dict[str, Any]) -> list[str]:
+        return [str(r.get("cpu") or d.get("device_name", ""))] if by_cpu else []
+
+    target = (f"Rows from {len(cpus)} CPUs ({', '.join(cpus)}: the CPU column), each against PyTorch timed on its own machine in its own run; "
+              f"the first run's target `{json.dumps(d['target'])}`" if by_cpu else f"Target `{json.dumps(d['target'])}`")  # fmt: skip
     lines = [f"## {title} (`{d['command']}`)", "",
-             f"{recorded}Target `{json.dumps(d['target'])}`. {budget}, "
+             f"{recorded}{target}. {budget}, "
              f"evolutionary search {_search(o['population'], o['genetic_iters'], o['search_threads'])}, xgboost cost model, seed {o['seed']}, one tuning job at a time; "
              f"the best {o['publish']} candidates re-timed next to {'DLight' + chr(39) + 's schedule' if default == 'DLight' else 'the unscheduled kernel'}. {warm}"
              f"End to end: VM `forward` / PyTorch eager `inference_mode` (in a process of its own) on the same input and weights, "
@@ -256,10 +264,10 @@ def _models(d: dict[str, Any] | None, drawn: dict[str, str], title: str) -> list
         if r.get("frontend", RELAX) != RELAX:
             shape += f" ({r['frontend']})"
         shape += "".join(f", {what}" for what in rewrites_of(r))
-        rows.append([r["network"], str(r["batch"]), shape, str(r["kernels"]), str(r["trials"]), fmt(t["pytorch"]), fmt(t["untuned"]), fmt(t["tuned"]),
+        rows.append([r["network"], *cpu_of(r), str(r["batch"]), shape, str(r["kernels"]), str(r["trials"]), fmt(t["pytorch"]), fmt(t["untuned"]), fmt(t["tuned"]),
                      times(r["speedup_vs_pytorch"]), times(r["speedup_vs_untuned"])])  # fmt: skip
-    lines += table(["network", "batch", "shape", "kernels", "trials", "PyTorch ms", f"{default} ms", "schedhub-tuned ms", "tuned vs PyTorch", f"tuned vs {default.split()[0]}"],
-                   rows, "lrlrrrrrrr")  # fmt: skip
+    lines += table(["network", *(["CPU"] if by_cpu else []), "batch", "shape", "kernels", "trials", "PyTorch ms", f"{default} ms", "schedhub-tuned ms",
+                    "tuned vs PyTorch", f"tuned vs {default.split()[0]}"], rows, "l" + ("l" if by_cpu else "") + "rlrrrrrrr")  # fmt: skip
     at_least = sum(r["speedup_vs_pytorch"]["median"] >= 1 for r in d["rows"])
     lines += ["", f"\"trials\": candidates measured for the network's kernels, warm starts included. "
               f"schedhub-tuned is at least as fast as PyTorch on {at_least} of {len(d['rows'])} rows.", ""]  # fmt: skip
@@ -287,10 +295,10 @@ def _models(d: dict[str, Any] | None, drawn: dict[str, str], title: str) -> list
 
         share = [f"{g / (k['tuned_ms'] * 1e-3) / k.get('peak_gflops', peak):.0%}"] if peak else []
         op = f"`{k['op']}`" + ("†" if k.get("flops_direct_equivalent") else "")
-        rows.append([named(k), str(k["batch"]), op, str(k["calls"]), f"{g:.3f}", gf(k["untuned_ms"]), gf(k["tuned_ms"]), *share,
+        rows.append([named(k), *cpu_of(k), str(k["batch"]), op, str(k["calls"]), f"{g:.3f}", gf(k["untuned_ms"]), gf(k["tuned_ms"]), *share,
                      gf(k["numpy_ms"]), gf(k["torch_ms"])])  # fmt: skip
-    header = ["network", "batch", "kernel", "calls", "GFLOP", "untuned", "tuned", *(["of peak"] if peak else []), "numpy", "PyTorch"]
-    lines += table(header, rows, "lrlrr" + "r" * (len(header) - 5))
+    header = ["network", *(["CPU"] if by_cpu else []), "batch", "kernel", "calls", "GFLOP", "untuned", "tuned", *(["of peak"] if peak else []), "numpy", "PyTorch"]
+    lines += table(header, rows, ("ll" if by_cpu else "l") + "rlrr" + "r" * (len(header) - 5 - by_cpu))
     lines += ["", "Untuned and tuned are the tuner's own side-by-side re-timing; numpy (im2col + GEMM for convolutions) and "
               "PyTorch (`F.conv2d` / `torch.matmul`, oneDNN/MKL) run the same kernel shapes with the epilogue, timed here.", ""]  # fmt: skip
     if any(k.get("flops_direct_equivalent") for k in d["kernels"]):

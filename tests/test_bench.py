@@ -474,3 +474,35 @@ def test_runs_recorded_one_network_at_a_time_merge_into_one_table_that_says_how_
     assert [r["command"] for r in again["rows"]] == [r["command"] for r in merged["rows"]] + ["python -m bench.models --networks c --math fast"]
     assert [k.get("peak_gflops") for k in again["kernels"]] == [111.0, 222.0, 222.0, None]  # each kernel keeps its own run's peak
     assert [k.get("math") for k in again["kernels"]] == [None, None, None, "fast"]  # and says what its run's compile rewrote
+
+
+def test_runs_on_different_cpus_merge_into_a_table_that_says_each_rows_cpu(tmp_path: Path) -> None:
+    """Rows measured on another machine than the first run's say so: each against PyTorch on its own machine."""
+    import json
+
+    from bench.models import merge
+
+    def run(name: str, cpu: str | None) -> Path:
+        row = {"network": name, "batch": 1, "shape": {}, "kernels": 2, "trials": 32, "tune_secs": 120.0, "layout": "given",
+               "timing": {k: {"median": 1.0, "min": 1.0, "max": 1.0} for k in ("pytorch", "untuned", "tuned")},
+               "speedup_vs_pytorch": {"median": 1.0, "min": 1.0, "max": 1.0}, "speedup_vs_untuned": {"median": 1.0, "min": 1.0, "max": 1.0}}
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"mode": "full", "command": f"python -m bench.models --networks {name}", "recorded": "now", "commit": "abc",
+                                    "target": {"kind": "llvm", "mcpu": cpu}, "options": {}, "rows": [row], "kernels": [],
+                                    **({"device_name": cpu} if cpu else {})}))  # fmt: skip
+        return path
+
+    older = merge([run("a", None)])  # merged before rows carried their CPU
+    older["device_name"] = "rocketlake"
+    table = tmp_path / "table.json"
+    table.write_text(json.dumps(older))
+    merged = merge([table, run("b", "rocketlake"), run("c", "znver5")])
+    assert [r["cpu"] for r in merged["rows"]] == [None, "rocketlake", "znver5"]
+    assert [r["cpu"] for r in merge([tmp_path / "c.json", run("d", "znver5")])["rows"]] == ["znver5", "znver5"]
+    options = {"trials": 64, "trials_per_iter": 16, "population": 128, "genetic_iters": 2, "search_threads": 0, "seed": 0, "publish": 3, "warm_start": 8}
+    lines = report._models({**merged, "options": options, "rounds": 5}, {}, "Models")
+    assert "Rows from 2 CPUs (rocketlake, znver5" in lines[2]
+    header, _, *rows = [line for line in lines if line.startswith("|")]
+    assert "| CPU |" in header and [row.split(" | ")[1] for row in rows] == ["rocketlake", "rocketlake", "znver5"]
+    one = report._models({**merge([run("e", "znver5")]), "options": options, "rounds": 5}, {}, "Models")
+    assert "Target `" in one[2] and "| CPU |" not in next(line for line in one if line.startswith("|"))
