@@ -3,12 +3,13 @@ tuning buy the network anything, measured at one moment of the machine (runs hou
 
     python -m bench.studies.registries --store before=DIR --store after=DIR [--network resnet18] [--image 224 | --seq 128]
                                        [--prepack] [--conv winograd] [--math fast] [--rounds 7] [--out FILE]
-                                       [--min-tiles NAME=N]
+                                       [--min-tiles NAME=N] [--tiles NAME=M[,M]]
 
 ``--min-tiles NAME=N`` compiles store NAME with Winograd's threshold at N output tiles (``hooks.winograd.MIN_TILES``)
 instead of the hook's: one registry holding both a layer's direct and its Winograd records, compiled both ways
 (``--store wino=DIR --store direct3=DIR --min-tiles direct3=17``: ResNet-18's 14×14 stage direct), says which the
-network runs faster at one moment.
+network runs faster at one moment. ``--tiles NAME=4`` compiles store NAME with Winograd's F(4×4, 3×3) alone
+(``hooks.winograd.TILES``): ResNet-18's 7×7 stage direct rather than F(2×2, 3×3).
 
 Each registry must hold a record of every kernel the compile looks up (``hooks.use`` with the given rewrites): a miss
 or a transfer is an error, not a figure. The networks and PyTorch (in a process of its own) run in interleaved rounds;
@@ -52,16 +53,26 @@ def min_tiles_of(text: str) -> tuple[str, int]:
     return name, int(count)
 
 
-def compiled_with_min_tiles(mod: Any, target: Any, store: Path, rewrites: Rewrites, min_tiles: int | None) -> Any:
-    """:func:`.cache_flush.compiled`, with Winograd's threshold at ``min_tiles`` output tiles where given."""
+def tiles_of(text: str) -> tuple[str, tuple[int, ...]]:
+    """``NAME=M[,M...]`` as (name, Winograd's tile sizes, largest first)."""
+    name, sep, sizes = text.partition("=")
+    tiles = tuple(int(m) for m in sizes.split(",") if m.isdigit())
+    if not sep or not name or not tiles or len(tiles) != len(sizes.split(",")) or not set(tiles) <= {2, 4}:
+        raise argparse.ArgumentTypeError(f"{text!r}: write Winograd's tile sizes as NAME=M[,M], each M 4 or 2")
+    return name, tuple(sorted(tiles, reverse=True))
+
+
+def compiled_with_winograd(mod: Any, target: Any, store: Path, rewrites: Rewrites, min_tiles: int | None, tiles: tuple[int, ...] | None) -> Any:
+    """:func:`.cache_flush.compiled`, with Winograd's threshold at ``min_tiles`` output tiles and its tile sizes
+    ``tiles`` where given."""
     from schedhub.hooks import winograd
 
-    kept = winograd.MIN_TILES
-    winograd.MIN_TILES = min_tiles or kept
+    kept = winograd.MIN_TILES, winograd.TILES
+    winograd.MIN_TILES, winograd.TILES = min_tiles or kept[0], tiles or kept[1]
     try:
         return compiled(mod, target, store, rewrites)
     finally:
-        winograd.MIN_TILES = kept
+        winograd.MIN_TILES, winograd.TILES = kept
 
 
 def add_network_options(parser: argparse.ArgumentParser) -> None:
@@ -90,13 +101,14 @@ def main() -> None:
     add_network_options(parser)
     parser.add_argument("--rounds", type=int, default=7, help="timing rounds")
     parser.add_argument("--min-tiles", type=min_tiles_of, action="append", default=[], help="NAME=N: compile store NAME with Winograd's threshold at N tiles")
+    parser.add_argument("--tiles", type=tiles_of, action="append", default=[], help="NAME=M[,M]: compile store NAME with these Winograd tile sizes")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "studies" / "registries.json")
     args = parser.parse_args()
-    stores, min_tiles = dict(args.store), dict(args.min_tiles)
+    stores, min_tiles, tiles = dict(args.store), dict(args.min_tiles), dict(args.tiles)
     if len(stores) != len(args.store):
         parser.error("each --store needs a name of its own")
-    if set(min_tiles) - set(stores):
-        parser.error(f"--min-tiles names no --store: {sorted(set(min_tiles) - set(stores))}")
+    if set(min_tiles) - set(stores) or set(tiles) - set(stores):
+        parser.error(f"--min-tiles or --tiles names no --store: {sorted((set(min_tiles) | set(tiles)) - set(stores))}")
     import tvm
 
     tvm_env.prepare()
@@ -105,7 +117,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="schedhub-registries-") as tmp:
         mod, func, weights, input_shape = build_network(network, Path(tmp))
         x = network_input(input_shape)
-        executables = {name: compiled_with_min_tiles(mod, target, folder, rewrites, min_tiles.get(name)) for name, folder in stores.items()}
+        executables = {name: compiled_with_winograd(mod, target, folder, rewrites, min_tiles.get(name), tiles.get(name)) for name, folder in stores.items()}
         with TorchProcess(cwd=REPO) as torch_proc:
             twin = torch_proc.load_network(network.name, weights, x, factory=TORCH_TWINS, batch=network.batch, **network.shape)
             timing, errors = time_side_by_side(executables, x, args.rounds, twin, torch_proc.time_network, func=func)
@@ -113,7 +125,7 @@ def main() -> None:
     first = next(iter(stores))
     result: dict[str, Any] = {
         "command": "python -m bench.studies.registries " + " ".join(f"--store {n}={f}" for n, f in stores.items()) + f" {said} --rounds {args.rounds}"
-                   + "".join(f" --min-tiles {n}={t}" for n, t in min_tiles.items()),
+                   + "".join(f" --min-tiles {n}={t}" for n, t in min_tiles.items()) + "".join(f" --tiles {n}={','.join(map(str, t))}" for n, t in tiles.items()),
         "environment": environment(),
         "timing_ms": timing,
         "vs_pytorch": {name: ratio(timing["pytorch"], timing[name], paired=True) for name in stores},
