@@ -34,6 +34,10 @@ log = logging.getLogger("schedhub.tuner")
 TUNER_NAME = "schedhub.tuner/0.1"
 _FAILED_SECS = 1e9  # MetaSchedule records a failed measurement as 1e10
 SEEDS = 3  # synthesized schedules a job measures before its search (dispatch.Seeder draws them)
+#: MetaSchedule's XGBoost model scores candidates with ``np.random.uniform`` until it has measured this many of its
+#: own (its ``num_warmup_samples``): a cold search of up to 100 trials draws its candidates from the evolutionary
+#: search at random.
+COLD_WARMUP = 100
 
 
 class ToolchainMismatch(RuntimeError):
@@ -54,6 +58,7 @@ class TuneOptions:
     seeds: int = SEEDS  # synthesized schedules measured before the search
     search_threads: int = 0  # MetaSchedule's own threads; 0: physical cores. With 1, a seed gives the same candidates every time
     warm_model: bool = False  # start the search's cost model trained on the registry's verified log of this structure (logmodel.py)
+    model_warmup: int = COLD_WARMUP  # candidates a cold cost model measures before it ranks any (below: at random)
     population: int = 512  # evolutionary search population (MetaSchedule's default); smaller is cheaper per trial
     genetic_iters: int = 4  # evolution rounds per batch of candidates (MetaSchedule's default)
     timing: dict[str, Any] = field(default_factory=lambda: dict(TUNING_TIMING))
@@ -267,6 +272,8 @@ def search_settings(options: TuneOptions, cost_model: Any = None) -> dict[str, A
     strategy = ms.search_strategy.EvolutionarySearch(
         population_size=options.population, init_min_unmeasured=min(50, max(1, options.population // 2)), genetic_num_iters=options.genetic_iters,
     )  # fmt: skip
+    if cost_model is None and options.model_warmup != COLD_WARMUP:
+        cost_model = ms.cost_model.XGBModel(num_warmup_samples=options.model_warmup, tree_method="auto")
     return {"max_trials_global": options.trials, "num_trials_per_iter": options.trials_per_iter, "cost_model": cost_model or "xgb", "seed": options.seed,
             "num_tuning_cores": options.search_threads or "physical", "strategy": strategy}  # fmt: skip
 
