@@ -1,4 +1,4 @@
-"""Winograd convolutions: a network's 3×3 stride-1 convolutions computed as Winograd's F(4×4, 3×3).
+"""Winograd convolutions: a network's 3×3 stride-1 convolutions computed as Winograd's F(4×4, 3×3) or F(2×2, 3×3).
 
 F(m×m, 3×3) computes each m×m output tile from a (m+2)×(m+2) input tile with (m+2)² multiplications per
 input-output channel pair, where the direct convolution needs 9·m²: for m = 4, 36 against 144, 4× fewer. What is left
@@ -21,17 +21,20 @@ input tiles' transform before and the output tiles' after. ``conv="winograd"`` m
   buffer itself, as TOPI's does (a block-level reference made before ``FuseTIR`` was suspected of the same error
   before the seeds were found to cause it; not isolated).
 
-CPU targets only (a GPU compile keeps its direct convolutions). Eligible: NCHW data, OIHW weights, 3×3, stride 1, dilation 1, one group, float32, static shapes, and at least
-:data:`MIN_TILES` output tiles. The transformed weights are (m+2)²/9 = 4× the direct convolution's, and each is used
-once per tile: with few tiles (ResNet's last stage, 7×7 outputs, 4 tiles, 37.7 MB of transformed weights a layer) the
-product reads more weight bytes than it multiplies. Timed alone, such a layer still ran faster by Winograd
-(``bench.studies.winograd``: 1.14 against 1.88 ms), but there its weights are read again at once; in a network they
-come from memory. ResNet-18@224 tuned with the threshold at 4 decided: its 7×7 stage's Winograd kernels ran 0.89 ms
-each alone against 1.48–1.81 direct, and the network no faster (21.1 ms against 21.5; ``bench/results/studies/
-winograd-min-tiles-4.json``), with 85 MB more of transformed weights.
+CPU targets only (a GPU compile keeps its direct convolutions). Eligible: NCHW data, OIHW weights, 3×3, stride 1,
+dilation 1, one group, float32, static shapes, and at least :data:`MIN_TILES` output tiles of some m in :data:`TILES`;
+the largest such m is taken (:func:`tile_size`). The transformed weights are (m+2)²/9 of the direct convolution's
+(F(4×4): 4×, F(2×2): 16/9), and each is used once per tile: with few tiles the product reads more weight bytes than
+it multiplies, and in a network those weights come from memory. ResNet's last stage (7×7 outputs) has 4 tiles of 4×4,
+37.7 MB of F(4×4) weights a layer: tuned with F(4×4) there, ResNet-18@224 ran no faster (21.1 ms against 21.5 direct,
+``bench/results/studies/winograd-min-tiles-4.json``, rocketlake), although those kernels alone ran 0.89 ms against
+1.48–1.81. It has 16 tiles of 2×2 and 16.8 MB of F(2×2) weights a layer, and on flushed caches (weights from memory, as
+in a network) F(2×2) ran that layer 2.10× faster than direct and 1.19× faster than F(4×4) (829, 1744 and 983 µs after
+64 trials each, znver5, ``bench/results/studies/winograd-tiles-7x512.json``). Where 4×4 tiles reach the threshold
+F(4×4) stays: on 14×14×256, 640 µs flushed against F(2×2)'s 752 and direct's 1075 (``winograd-tiles-14x256.json``).
 
 The result differs from the direct convolution's by rounding (F(4×4, 3×3) in float32: relative errors about 1e-5 of
-the outputs' scale), so this is opt-in, and part of what a kernel *is*: its workloads and keys differ from the direct
+the outputs' scale; F(2×2, 3×3) less), so this is opt-in, and part of what a kernel *is*: its workloads and keys differ from the direct
 compile's.
 """
 
