@@ -47,26 +47,6 @@ def _short_error(exc: BaseException) -> str:
     return "".join(lines).strip()[-2000:]
 
 
-_WARMED: set[str] = set()  # targets this process has built for once (:func:`_warm_build`)
-
-
-def _warm_build(target_text: str, target: Any) -> None:
-    """Build a one-element kernel for ``target`` once per process, untimed: a worker's first build pays the code
-    generator's start (1.5 s on a znver5 node against 0.06 s warm), which made a default schedule built on a fresh
-    worker look as slow to build as a kernel verification must quarantine."""
-    if target_text in _WARMED:
-        return
-    import tvm
-    from tvm import te
-
-    a = te.placeholder((1,), "float32", "a")
-    try:
-        tvm_env.library_bytes(tvm_env.build_kernel(tvm.IRModule({"main": te.create_prim_func([a, te.compute((1,), lambda i: a[i] + 1, "b")])}), target))
-    except Exception:  # the real build says what is wrong
-        pass
-    _WARMED.add(target_text)
-
-
 def build(mod_json: str, target_text: str, checkable: bool = False) -> dict[str, Any]:
     """Build one scheduled module: ``{"artifact": bytes | None, "error": str | None, ...interval}``. A module whose
     weights' layout its schedule rewrites (MetaSchedule's ``RewriteLayout``) is built as MetaSchedule times it, the
@@ -77,12 +57,11 @@ def build(mod_json: str, target_text: str, checkable: bool = False) -> dict[str,
 
     from schedhub.hooks.identity import target_from_text
 
+    start = time.time()
     tvm_env.prepare()
     target = target_from_text(target_text)
     if target.kind.name == "cuda" and not tvm_env.compiles_cuda():  # it would keep source no GPU loads
-        return {"artifact": None, "error": f"this node ({socket.gethostname()}) cannot compile CUDA: its TVM has no CUDA runtime", **_interval(time.time())}
-    _warm_build(target_text, target)
-    start = time.time()  # the kernel's build only: verification compares it with the default schedule's
+        return {"artifact": None, "error": f"this node ({socket.gethostname()}) cannot compile CUDA: its TVM has no CUDA runtime", **_interval(start)}
     try:
         mod = tvm.ir.load_json(mod_json)
         rt_mod = tvm_env.build_kernel(mod, target)
