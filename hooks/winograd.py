@@ -34,8 +34,8 @@ in a network) F(2×2) ran that layer 2.10× faster than direct and 1.19× faster
 F(4×4) stays: on 14×14×256, 640 µs flushed against F(2×2)'s 752 and direct's 1075 (``winograd-tiles-14x256.json``).
 
 The result differs from the direct convolution's by rounding (F(4×4, 3×3) in float32: relative errors about 1e-5 of
-the outputs' scale; F(2×2, 3×3) less), so this is opt-in, and part of what a kernel *is*: its workloads and keys differ from the direct
-compile's.
+the outputs' scale; F(2×2, 3×3) less), so this is opt-in, and part of what a kernel *is*: its workloads and keys
+differ from the direct compile's.
 """
 
 from __future__ import annotations

@@ -26,14 +26,14 @@ from schedhub.tuner.search import TuneResult
 
 from ..models import MODES, build_network
 from ..report import REPO, environment
-from .registries import add_network_options, network_of, tiles_of
+from .registries import add_network_options, network_of, tile_sizes
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.studies.fill", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--store", type=Path, required=True, help="the registry (an LMDB folder) to tune the missing kernels into")
     add_network_options(parser)
-    parser.add_argument("--tiles", type=lambda text: tiles_of(f"it={text}")[1], help="M[,M]: Winograd's tile sizes for this compile")
+    parser.add_argument("--tiles", type=tile_sizes, help="M[,M]: Winograd's tile sizes for this compile")
     parser.add_argument("--trials", type=int, default=128, help="trials per missing kernel")
     parser.add_argument("--round-trials", type=int, default=16)
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "studies" / "fill.json")
@@ -49,31 +49,31 @@ def main() -> None:
         winograd.TILES = args.tiles  # this process's extraction only
     with tempfile.TemporaryDirectory(prefix="schedhub-fill-") as tmp:
         mod = build_network(network, Path(tmp))[0]
-    registry = LocalRegistry(args.store)
-    missing = [k for k in models.kernels(mod, target, rewrites) if not registry.get(k.identity.key)]
-    options = replace(MODES["full"]["options"], trials=args.round_trials, trials_per_iter=args.round_trials)
-    rows: list[dict[str, Any]] = []
-    cluster.start()
-    try:
-        for kernel in missing:
-            started, spent, best = time.time(), 0, None
-            while spent < args.trials:
-                result = TuneResult.from_dict(cluster.result(start_tuning(registry, kernel.identity, options, f"fill {kernel.name}")))
-                push_result(registry, result)
-                best = result.ranked_times()[0]
-                if not result.trials:  # nothing left to measure: stop rather than ask again
-                    break
-                spent += result.trials
-            rows.append({"kernel": kernel.name, "key": kernel.identity.key, "calls": kernel.calls, "trials": spent, "minutes": (time.time() - started) / 60,
-                         "best_ranked_us": best * 1e6 if best else None})  # fmt: skip
-            print(json.dumps(rows[-1]), flush=True)
-    finally:
-        cluster.stop()
+    with LocalRegistry(args.store) as registry:
+        missing = [k for k in models.kernels(mod, target, rewrites) if not registry.get(k.identity.key)]
+        options = replace(MODES["full"]["options"], trials=args.round_trials, trials_per_iter=args.round_trials)
+        rows: list[dict[str, Any]] = []
+        cluster.start()
+        try:
+            for kernel in missing:
+                started, spent, best = time.time(), 0, None
+                while spent < args.trials:
+                    result = TuneResult.from_dict(cluster.result(start_tuning(registry, kernel.identity, options, f"fill {kernel.name}")))
+                    push_result(registry, result)
+                    best = result.ranked_times()[0]
+                    if not result.trials:  # nothing left to measure: stop rather than ask again
+                        break
+                    spent += result.trials
+                rows.append({"kernel": kernel.name, "key": kernel.identity.key, "calls": kernel.calls, "trials": spent, "minutes": (time.time() - started) / 60,
+                             "best_ranked_us": best * 1e6 if best else None})  # fmt: skip
+                print(json.dumps(rows[-1]), flush=True)
+        finally:
+            cluster.stop()
     tiles = f" --tiles {','.join(map(str, args.tiles))}" if args.tiles else ""
-    result = {"command": f"python -m bench.studies.fill --store DIR {said}{tiles} --trials {args.trials} --round-trials {args.round_trials}",
+    recorded = {"command": f"python -m bench.studies.fill --store DIR {said}{tiles} --trials {args.trials} --round-trials {args.round_trials}",
               "kernels": rows, "environment": environment()}  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1, default=str))
+    args.out.write_text(json.dumps(recorded, indent=1, default=str))
 
 
 if __name__ == "__main__":

@@ -53,13 +53,20 @@ def min_tiles_of(text: str) -> tuple[str, int]:
     return name, int(count)
 
 
+def tile_sizes(text: str) -> tuple[int, ...]:
+    """``M[,M...]`` as Winograd's tile sizes, largest first (``hooks.winograd.TILES``)."""
+    parts = text.split(",")
+    if not all(m in ("2", "4") for m in parts):
+        raise argparse.ArgumentTypeError(f"{text!r}: write Winograd's tile sizes as M[,M], each M 4 or 2")
+    return tuple(sorted({int(m) for m in parts}, reverse=True))
+
+
 def tiles_of(text: str) -> tuple[str, tuple[int, ...]]:
-    """``NAME=M[,M...]`` as (name, Winograd's tile sizes, largest first)."""
+    """``NAME=M[,M...]`` as (name, :func:`tile_sizes`)."""
     name, sep, sizes = text.partition("=")
-    tiles = tuple(int(m) for m in sizes.split(",") if m.isdigit())
-    if not sep or not name or not tiles or len(tiles) != len(sizes.split(",")) or not set(tiles) <= {2, 4}:
+    if not sep or not name:
         raise argparse.ArgumentTypeError(f"{text!r}: write Winograd's tile sizes as NAME=M[,M], each M 4 or 2")
-    return name, tuple(sorted(tiles, reverse=True))
+    return name, tile_sizes(sizes)
 
 
 def compiled_with_winograd(mod: Any, target: Any, store: Path, rewrites: Rewrites, min_tiles: int | None, tiles: tuple[int, ...] | None) -> Any:

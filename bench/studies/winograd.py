@@ -74,7 +74,8 @@ def main() -> None:
             flops = 2.0 * size * size * channels * channels * 9
             row: dict[str, Any] = {"size": size, "channels": channels, "gflop": flops / 1e9}
             for name, tile in algorithms if i % 2 == 0 else algorithms[::-1]:
-                winograd.TILES = (tile,) if tile else winograd.TILES
+                if tile:
+                    winograd.TILES = (tile,)  # this process's extraction only
                 kernel = next(k for k in models.kernels(layer(size, channels), target, Rewrites(prepack=True, conv="winograd" if tile else "direct")) if "conv2d" in k.name)
                 row[name] = {**cold_search(kernel.identity, options, f"{name}:{size}x{channels}", flops), "args_info": kernel.identity.args_info}
             for name, _ in algorithms[1:]:
