@@ -506,3 +506,25 @@ def test_runs_on_different_cpus_merge_into_a_table_that_says_each_rows_cpu(tmp_p
     assert "| CPU |" in header and [row.split(" | ")[1] for row in rows] == ["rocketlake", "rocketlake", "znver5"]
     one = report._models({**merge([run("e", "znver5")]), "options": options, "rounds": 5}, {}, "Models")
     assert "Target `" in one[2] and "| CPU |" not in next(line for line in one if line.startswith("|"))
+
+
+def test_the_gap_study_replays_every_kernel_call_of_a_forward_pass_on_the_vms_own_tensors() -> None:
+    """``bench.studies.gap``: the calls an instrumented forward pass records, replayed from Python, compute the pass's
+    output again in the VM's own output tensor (a call left out, or replayed on copies, and they do not); each arm
+    times every call; huge pages are asked for every 2 MB span under the tensors."""
+    from bench.studies import gap
+
+    mod, _, input_shape = models.export_with_weights("mlp")
+    vm = relax.VirtualMachine(tvm.compile(mod, tvm.target.Target(host_target())), tvm.cpu())
+    x = tvm.runtime.tensor(np.random.default_rng(0).standard_normal(input_shape).astype("float32"))
+    expected = vm["forward"](x).numpy()
+    calls = gap.kernel_calls(vm, x, "forward")
+    assert len(calls) >= 3 and not any(c.name.startswith("vm.builtin") for c in calls), [c.name for c in calls]
+    for call in calls:  # every buffer the pass wrote, wiped
+        call.arrays[-1][...] = np.nan
+    for prepare in gap.ARMS[1:]:
+        times = gap.replay(calls, prepare)
+        assert len(times) == len(calls) and all(t > 0 for t in times), (prepare, times)
+        np.testing.assert_allclose(calls[-1].arrays[-1], expected, rtol=1e-5, atol=1e-5)
+    pages = gap.collapse(calls)
+    assert pages["spans"] >= 1 and 0 <= pages["collapsed"] <= pages["spans"], pages
