@@ -1,14 +1,15 @@
 """Which convolution layout MetaSchedule tunes fastest on this CPU: the network's heaviest convolutions searched in the
 layout the frontend gives (NCHW) and converted to NHWC (``hooks.layouts``), the same trials, options and seed.
 
-    python -m bench.studies.layout [--network resnet18 --image 224] [--kernels 3] [--trials 64]
+    python -m bench.studies.layout [--network resnet18 --image 224] [--kernels 3] [--trials 64] [--prepack] [--conv winograd]
 
 The network is ResNet-18's (or MobileNet-V2's) PyTorch twin imported through ``torch.export``, as users import one.
 Its kernels are extracted in each layout with the hook's passes; the ``--kernels`` costliest convolutions (FLOPs ×
 calls) are tuned from a cold start (no registry traces, no synthesized seeds) on a local Ray cluster, the layouts
 alternating which goes first. Recorded per kernel and layout: untuned and best time (the tuner's side-by-side
 re-measurement), GFLOPS, the search's wall time. The practical peak (a 2048² sgemm in PyTorch, its own process) is
-timed after the cluster stops.
+timed after the cluster stops. ``--prepack`` and ``--conv winograd`` extract the kernels with those rewrites too (in both
+layouts); with Winograd the convolutions compared are those it leaves direct (the strided ones and the stem).
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ OPTIONS = TuneOptions(trials=64, trials_per_iter=16, population=128, genetic_ite
 
 
 def heaviest_convolutions(kernels: list[models.Kernel], count: int) -> list[tuple[models.Kernel, float]]:
-    """The ``count`` convolution kernels that cost the network most FLOPs (FLOPs × calls), with one call's FLOPs."""
-    convs = [(k, workload_flops(k.identity)) for k in kernels if "conv2d" in k.identity.op]
+    """The ``count`` direct convolution kernels that cost the network most FLOPs (FLOPs × calls), with one call's FLOPs."""
+    convs = [(k, workload_flops(k.identity)) for k in kernels if "conv2d" in k.identity.op and "winograd" not in k.identity.op]
     return sorted(convs, key=lambda kf: kf[1] * kf[0].calls, reverse=True)[:count]
 
 
@@ -62,6 +63,8 @@ def main() -> None:
     parser.add_argument("--image", type=int, default=224)
     parser.add_argument("--kernels", type=int, default=3)
     parser.add_argument("--trials", type=int, default=64)
+    parser.add_argument("--prepack", action="store_true", help="weights prepacked (hooks.rewrites), in both layouts")
+    parser.add_argument("--conv", default="direct", help="winograd: compare the convolutions Winograd leaves direct")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "studies" / "layout.json")
     args = parser.parse_args()
     import tvm
@@ -71,9 +74,11 @@ def main() -> None:
     _, weights, _ = models.export_with_weights(args.network, batch=1, image=args.image)
     with tempfile.TemporaryDirectory(prefix="schedhub-layout-") as tmp:
         mod = import_twin(args.network, weights, {"batch": 1, "image": args.image}, Path(tmp))
-    chosen = {layout: heaviest_convolutions(models.kernels(mod, target, Rewrites(layout)), args.kernels) for layout in LAYOUTS}
+    rewrites = {layout: Rewrites(layout, prepack=args.prepack, conv=args.conv) for layout in LAYOUTS}
+    chosen = {layout: heaviest_convolutions(models.kernels(mod, target, rewrites[layout]), args.kernels) for layout in LAYOUTS}
     options = replace(OPTIONS, trials=args.trials, trials_per_iter=min(OPTIONS.trials_per_iter, args.trials))
-    result: dict[str, Any] = {"command": f"python -m bench.studies.layout --network {args.network} --image {args.image} --kernels {args.kernels} --trials {args.trials}",
+    said = f"--network {args.network} --image {args.image} --kernels {args.kernels} --trials {args.trials}" + "".join(f" {f}" for f in rewrites["given"].flags())
+    result: dict[str, Any] = {"command": f"python -m bench.studies.layout {said}",
                               "network": args.network, "image": args.image, "frontend": "torch.export", "options": options.__dict__, "kernels": [],
                               "environment": environment()}  # fmt: skip
     cluster.start()
