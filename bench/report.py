@@ -301,6 +301,11 @@ def _models(d: dict[str, Any] | None, drawn: dict[str, str], title: str) -> list
     lines += table(header, rows, ("ll" if by_cpu else "l") + "rlrr" + "r" * (len(header) - 5 - by_cpu))
     lines += ["", "Untuned and tuned are the tuner's own side-by-side re-timing; numpy (im2col + GEMM for convolutions) and "
               "PyTorch (`F.conv2d` / `torch.matmul`, oneDNN/MKL) run the same kernel shapes with the epilogue, timed here.", ""]  # fmt: skip
+    beyond = sorted({k.get("cpu", "") for k in d["kernels"] if peak and not k.get("flops_direct_equivalent") and k.get("flops")
+                     and k["flops"] / (k["tuned_ms"] * 1e-3) / 1e9 > k.get("peak_gflops", peak)})  # fmt: skip
+    if beyond:
+        lines += [f"On {', '.join(c or 'this CPU' for c in beyond)} a tuned matmul or direct convolution ran faster than the sgemm of "
+                  "numpy and PyTorch: there those libraries' peak understates the machine's, and \"of peak\" flatters every kernel.", ""]  # fmt: skip
     if any(k.get("flops_direct_equivalent") for k in d["kernels"]):
         lines += ["† A Winograd convolution (`conv=\"winograd\"`): its GFLOP and GFLOPS are those of the direct convolution it replaces, "
                   "which numpy and PyTorch compute (effective GFLOPS: F(4×4, 3×3) does about 4× fewer multiplications, F(2×2, 3×3) 2.25×, so its "

@@ -528,3 +528,31 @@ def test_the_gap_study_replays_every_kernel_call_of_a_forward_pass_on_the_vms_ow
         np.testing.assert_allclose(calls[-1].arrays[-1], expected, rtol=1e-5, atol=1e-5)
     pages = gap.collapse(calls)
     assert pages["spans"] >= 1 and 0 <= pages["collapsed"] <= pages["spans"], pages
+
+
+def test_a_report_says_where_a_tuned_kernel_outran_the_libraries_sgemm_peak(tmp_path: Path) -> None:
+    """"of peak" is against numpy's and PyTorch's sgemm; on a CPU where a tuned matmul ran faster than both, the
+    report says that peak understates the machine (and only there)."""
+    import json
+
+    from bench.models import merge
+
+    def run(name: str, cpu: str, tuned_ms: float) -> Path:
+        timing = {k: {"median": 1.0, "min": 1.0, "max": 1.0} for k in ("pytorch", "untuned", "tuned")}
+        row = {"network": name, "batch": 1, "shape": {}, "kernels": 1, "trials": 32, "tune_secs": 120.0, "layout": "given", "timing": timing,
+               "speedup_vs_pytorch": timing["tuned"], "speedup_vs_untuned": timing["tuned"]}  # fmt: skip
+        kernel = {"network": name, "batch": 1, "op": "fused_matmul", "key": name * 8, "calls": 1, "flops": 2e9, "untuned_ms": 100.0, "tuned_ms": tuned_ms,
+                  "numpy_ms": 10.0, "torch_ms": 12.0}  # fmt: skip
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"mode": "full", "command": f"python -m bench.models --networks {name}", "recorded": "now", "commit": "abc",
+                                    "target": {"kind": "llvm", "mcpu": cpu}, "options": {}, "rows": [row], "kernels": [kernel], "device_name": cpu,
+                                    "peak_gflops": {"numpy": 200.0, "pytorch": 190.0}, "peak_sgemm_n": 2048}))  # fmt: skip
+        return path
+
+    options = {"trials": 64, "trials_per_iter": 16, "population": 128, "genetic_iters": 2, "search_threads": 0, "seed": 0, "publish": 3, "warm_start": 8}
+
+    def said(*runs: Path) -> list[str]:
+        return [line for line in report._models({**merge(list(runs)), "options": options, "rounds": 5}, {}, "Models") if "understates" in line]
+
+    assert said(run("a", "rocketlake", 12.0)) == []  # 167 GFLOPS: below the 200 of numpy's sgemm
+    assert len(beyond := said(run("a", "rocketlake", 12.0), run("b", "znver5", 5.0))) == 1 and "On znver5 " in beyond[0], beyond  # 400 GFLOPS
