@@ -161,6 +161,8 @@ def run(mode: str, trials: int | None = None, only: list[str] | None = None, see
         if seed_store is not None:
             shutil.copytree(seed_store, root)
         registry = stack.enter_context(LocalRegistry(root))
+        if keep_store is not None:  # the next run resumes from it (--seed-store); kept also when a later step fails
+            stack.callback(lambda: out.__setitem__("kept_bytes", registry.backup(keep_store)))
         out["seed_keys"] = len(registry.summaries()) if seed_store is not None else 0
         configs = []
         for network in networks:
@@ -199,11 +201,9 @@ def run(mode: str, trials: int | None = None, only: list[str] | None = None, see
             out["rows"].append(row)
             row["default_records"] = sum(bool(tuned[k.identity.key].records[0].provenance.get("default_schedule")) for k in kernels)
             if not on_gpu:
-                out["kernels"] += [{**k, **asdict(spending.rewrites)} for k in _kernel_rows(network.name, network.batch, kernels, tuned, torch_proc)]
+                out["kernels"] += [{**k, **asdict(spending.rewrites)} for k in _kernel_rows(network.name, network.batch, kernels, tuned, torch_proc, spending.rewrites.layout)]
             t = row["timing"]
             say(f"{network.label()}: PyTorch {t['pytorch']['median']:.3f} ms, untuned {t['untuned']['median']:.3f} ms, tuned {t['tuned']['median']:.3f} ms")
-        if keep_store is not None:  # the next run resumes from it (--seed-store): its searches start from these records
-            out["kept_bytes"] = registry.backup(keep_store)
     return out
 
 
@@ -336,14 +336,23 @@ def _vm_run(ex: Any, x: np.ndarray, func: str = "forward", device: str = "cpu") 
 
 
 def _kernel_rows(network: str, batch: int, kernels: list[models.Kernel], tuned: dict[str, TuneResult], torch_proc: TorchProcess,
-                 baselined: int = 3) -> list[dict[str, Any]]:  # fmt: skip
+                 layout: str = "given", baselined: int = 3) -> list[dict[str, Any]]:  # fmt: skip
     """One row per kernel, heaviest (untuned time × calls) first; the ``baselined`` heaviest matmul/conv kernels get numpy
-    and PyTorch times (PyTorch in its own process)."""
+    and PyTorch times (PyTorch in its own process), convolutions in NCHW whatever ``layout`` they were compiled in."""
     rows = sorted((_kernel_row(network, batch, k, tuned[k.identity.key]) for k in kernels), key=lambda r: -r["untuned_ms"] * r["calls"])
     heaviest = [r for r in rows if r["flops"]][:baselined]
     def numpy_secs(op: str, args_info: list[Any]) -> float | None:
         fn = baselines.kernel_baseline(op, args_info, "numpy")
         return statistics.median(baselines.time_callable(fn, 5, 0.05)) if fn else None
+
+    def secs_or_none(secs_of: Callable[[str, list[Any]], float | None], row: dict[str, Any]) -> float | None:
+        """A library's time for the row's kernel (in the library's layout), None where it fails: a baseline that
+        cannot run must not cost the run its tuned network."""
+        try:
+            return secs_of(row["op"], baselines.in_nchw(row["op"], row["args_info"], layout))
+        except Exception as exc:  # noqa: BLE001 — reported, and the row says it has no baseline
+            print(f"{row['op']}: no baseline: {exc.__class__.__name__}: {exc}", flush=True)
+            return None
 
     for library, secs_of in (("numpy", numpy_secs), ("torch", torch_proc.time_kernel)):
         # One library at a time, after the last one's worker threads stopped spinning: on 2 cores,
@@ -351,7 +360,7 @@ def _kernel_rows(network: str, batch: int, kernels: list[models.Kernel], tuned: 
         # single kernels at 0.1 GFLOPS).
         baselines.spin_down()
         for row in heaviest:
-            secs = secs_of(row["op"], row["args_info"])
+            secs = secs_or_none(secs_of, row)
             row[f"{library}_ms"] = secs * 1e3 if secs is not None else None
     return rows
 

@@ -556,3 +556,23 @@ def test_a_report_says_where_a_tuned_kernel_outran_the_libraries_sgemm_peak(tmp_
 
     assert said(run("a", "rocketlake", 12.0)) == []  # 167 GFLOPS: below the 200 of numpy's sgemm
     assert len(beyond := said(run("a", "rocketlake", 12.0), run("b", "znver5", 5.0))) == 1 and "On znver5 " in beyond[0], beyond  # 400 GFLOPS
+
+
+def test_a_convolution_compiled_in_nhwc_gets_its_library_baselines_in_nchw() -> None:
+    """The NHWC kernels' arguments (data NHWC, weights OHWI) are given to numpy and PyTorch in NCHW and OIHW: as
+    given, numpy's im2col took an NHWC input for NCHW and failed, and a 45-minute run lost its table with it."""
+    from schedhub.hooks.rewrites import Rewrites
+
+    mod, _, _ = models.export_with_weights("resnet18", image=32)
+    target = tvm.target.Target(host_target())
+    given = {k.identity.op: k for k in models.kernels(mod, target, Rewrites())}
+    convs = [k for k in models.kernels(mod, target, Rewrites("NHWC")) if k.identity.op.startswith("fused_conv2d")]
+    assert convs
+    for kernel in convs:
+        args = kernel.identity.args_info
+        nchw = baselines.in_nchw(kernel.identity.op, args, "NHWC")
+        assert [a[2] for a in nchw] == [[s[0], s[3], s[1], s[2]] if len(s) == 4 else s for s in (a[2] for a in args)]
+        baselines.kernel_baseline(kernel.identity.op, nchw, "numpy")()  # runs: the shapes agree
+        twin = given.get(kernel.identity.op)
+        assert twin is None or [a[2] for a in twin.identity.args_info] == [a[2] for a in nchw], kernel.identity.op
+    assert baselines.in_nchw("fused_matmul_add", [["TENSOR", "float32", [1, 2, 3, 4]]], "NHWC") == [["TENSOR", "float32", [1, 2, 3, 4]]]

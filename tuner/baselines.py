@@ -42,6 +42,22 @@ def direct_equivalent(op: str, args_info: list[Any]) -> tuple[str, list[Any]]:
     return direct, [args_info[0], [kind, dtype, [out_channels, in_channels, 3, 3]], *args_info[2:]]
 
 
+def in_nchw(op: str, args_info: list[Any], layout: str) -> list[Any]:
+    """``args_info`` of a kernel compiled with convolutions in ``layout`` ("given" or "NHWC", ``hooks.layouts``), as the
+    same kernel's in NCHW data and OIHW weights: the layout numpy's and PyTorch's baselines compute a convolution in
+    (the libraries' own, as their users run them). Every 4-D tensor but the weights is NHWC there, the weights OHWI."""
+    if layout == "given" or _ops(op)[:1] != ["conv2d"]:
+        return args_info
+    if layout != "NHWC":
+        raise ValueError(f"no baseline for convolutions in layout {layout!r}")
+
+    def moved(info: Any) -> Any:  # NHWC -> NCHW, and OHWI -> OIHW alike: the last axis moves to the second place
+        kind, dtype, shape = info
+        return [kind, dtype, [shape[0], shape[3], shape[1], shape[2]]] if len(shape) == 4 else info
+
+    return [moved(info) for info in args_info]
+
+
 def _epilogue(ops: list[str], extra: list[Any], relu: Callable[[Any], Any]) -> Callable[[Any], Any]:
     def apply(y: Any) -> Any:
         rest = iter(extra)
