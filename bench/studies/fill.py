@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from schedhub.registry import LocalRegistry
-from schedhub.tuner import cluster, models, tvm_env
+from schedhub.tuner import cluster, models
 from schedhub.tuner.dispatch import push_result, start_tuning
 from schedhub.tuner.search import TuneResult
 
 from ..models import MODES, build_network
 from ..report import REPO, environment
-from .registries import add_network_options, network_of, tile_sizes
+from .registries import add_network_options, host_network, tile_sizes
 
 
 def main() -> None:
@@ -38,13 +38,9 @@ def main() -> None:
     parser.add_argument("--round-trials", type=int, default=16)
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "studies" / "fill.json")
     args = parser.parse_args()
-    import tvm
-
     from schedhub.hooks import winograd
 
-    tvm_env.prepare()
-    target = tvm.target.Target(tvm_env.host_target())
-    network, rewrites, said = network_of(args)
+    target, network, rewrites, said = host_network(args)
     if args.tiles:
         winograd.TILES = args.tiles  # this process's extraction only
     with tempfile.TemporaryDirectory(prefix="schedhub-fill-") as tmp:

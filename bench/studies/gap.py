@@ -43,13 +43,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from schedhub.tuner import tvm_env
-
 from ..models import build_network, network_input
 from ..report import REPO, environment
 from ..stats import ratio, summary
 from .cache_flush import compiled
-from .registries import add_network_options, network_of
+from .registries import add_network_options, host_network
 
 HUGE_PAGE = 2 << 20
 EVICT_BYTES = 128 << 20  # 4x the largest L3 of this project's machines
@@ -140,9 +138,7 @@ def main() -> None:
     import tvm
     from tvm import relax
 
-    tvm_env.prepare()
-    target = tvm.target.Target(tvm_env.host_target())
-    network, rewrites, said = network_of(args)
+    target, network, rewrites, said = host_network(args)
     with tempfile.TemporaryDirectory(prefix="schedhub-gap-") as tmp:
         mod, func, _, input_shape = build_network(network, Path(tmp))
         vm = relax.VirtualMachine(compiled(mod, target, args.store, rewrites), tvm.cpu())

@@ -102,6 +102,14 @@ def network_of(args: argparse.Namespace) -> tuple[Network, Rewrites, str]:
     return Network(args.network, 1, shape, frontend), rewrites, said
 
 
+def host_network(args: argparse.Namespace) -> tuple[Any, Network, Rewrites, str]:
+    """TVM prepared (``tvm_env.prepare``), this host's target, and :func:`network_of` ``args``."""
+    import tvm
+
+    tvm_env.prepare()
+    return (tvm.target.Target(tvm_env.host_target()), *network_of(args))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.studies.registries", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--store", type=named_store, action="append", required=True, help="NAME=DIR, a registry that tuned the network (repeat)")
