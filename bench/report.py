@@ -284,6 +284,10 @@ def _models(d: dict[str, Any] | None, drawn: dict[str, str], title: str) -> list
         merged = "" if not d.get("commands") else " (of the first run; each row's \"of peak\" is against its own run's: the machine's speed varies)"
         lines += [f"The machine's practical peak, a {d['peak_sgemm_n']}² float32 sgemm timed in the same run{merged}: "
                   + ", ".join(f"{k} {v:.1f}" for k, v in d["peak_gflops"].items()) + " GFLOPS; \"of peak\" is tuned over the better of the two.", ""]  # fmt: skip
+    def of_peak(k: dict[str, Any]) -> float:
+        """The kernel's tuned GFLOPS over its run's practical peak (call only where there is a peak)."""
+        return k["flops"] / (k["tuned_ms"] * 1e-3) / 1e9 / k.get("peak_gflops", peak)
+
     rows = []
     for k in d["kernels"]:
         if k.get("numpy_ms") is None and k.get("torch_ms") is None:
@@ -293,7 +297,7 @@ def _models(d: dict[str, Any] | None, drawn: dict[str, str], title: str) -> list
         def gf(ms: float | None, g: float = g) -> str:
             return f"{g / (ms * 1e-3):.1f}" if ms else "–"
 
-        share = [f"{g / (k['tuned_ms'] * 1e-3) / k.get('peak_gflops', peak):.0%}"] if peak else []
+        share = [f"{of_peak(k):.0%}"] if peak else []
         op = f"`{k['op']}`" + ("†" if k.get("flops_direct_equivalent") else "")
         rows.append([named(k), *cpu_of(k), str(k["batch"]), op, str(k["calls"]), f"{g:.3f}", gf(k["untuned_ms"]), gf(k["tuned_ms"]), *share,
                      gf(k["numpy_ms"]), gf(k["torch_ms"])])  # fmt: skip
@@ -301,8 +305,7 @@ def _models(d: dict[str, Any] | None, drawn: dict[str, str], title: str) -> list
     lines += table(header, rows, ("ll" if by_cpu else "l") + "rlrr" + "r" * (len(header) - 5 - by_cpu))
     lines += ["", "Untuned and tuned are the tuner's own side-by-side re-timing; numpy (im2col + GEMM for convolutions) and "
               "PyTorch (`F.conv2d` / `torch.matmul`, oneDNN/MKL) run the same kernel shapes with the epilogue, timed here.", ""]  # fmt: skip
-    beyond = sorted({k.get("cpu", "") for k in d["kernels"] if peak and not k.get("flops_direct_equivalent") and k.get("flops")
-                     and k["flops"] / (k["tuned_ms"] * 1e-3) / 1e9 > k.get("peak_gflops", peak)})  # fmt: skip
+    beyond = sorted({k.get("cpu", "") for k in d["kernels"] if peak and not k.get("flops_direct_equivalent") and k.get("flops") and of_peak(k) > 1})
     if beyond:
         lines += [f"On {', '.join(c or 'this CPU' for c in beyond)} a tuned matmul or direct convolution ran faster than the sgemm of "
                   "numpy and PyTorch: there those libraries' peak understates the machine's, and \"of peak\" flatters every kernel.", ""]  # fmt: skip
