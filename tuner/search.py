@@ -56,11 +56,15 @@ class TuneOptions:
     repostprocess: bool = True  # on a CPU or CUDA GPU, each registry trace's sketch also measured postprocessed again at this shape
     synthesize: int = 64  # design-space samples ranked by the registry's log model; its best ``seeds`` are seeded too (0: none)
     seeds: int = SEEDS  # synthesized schedules measured before the search
-    search_threads: int = 0  # MetaSchedule's own threads; 0: physical cores. With 1, a seed gives the same candidates every time
+    search_threads: int = 0  # MetaSchedule's own threads; 0: physical cores. With 1, a seed gives the same first batch every time
     warm_model: bool = False  # start the search's cost model trained on the registry's verified log of this structure (logmodel.py)
     model_warmup: int = COLD_WARMUP  # candidates a cold cost model measures before it ranks any (below: at random)
     population: int = 512  # evolutionary search population (MetaSchedule's default); smaller is cheaper per trial
     genetic_iters: int = 4  # evolution rounds per batch of candidates (MetaSchedule's default)
+    #: share of each batch's population drawn from the fastest measured so far (MetaSchedule's default). Their order
+    #: is the timings', so later batches vary with the machine's noise; at 0, a seeded one-thread search whose model
+    #: still ranks at random measures the same candidates in every batch
+    measured_share: float = 0.2
     timing: dict[str, Any] = field(default_factory=lambda: dict(TUNING_TIMING))
     final_timing: dict[str, Any] = field(default_factory=lambda: dict(FINAL_TIMING))
 
@@ -271,6 +275,7 @@ def search_settings(options: TuneOptions, cost_model: Any = None) -> dict[str, A
     np.random.seed(options.seed)
     strategy = ms.search_strategy.EvolutionarySearch(
         population_size=options.population, init_min_unmeasured=min(50, max(1, options.population // 2)), genetic_num_iters=options.genetic_iters,
+        init_measured_ratio=options.measured_share,
     )  # fmt: skip
     if cost_model is None and options.model_warmup != COLD_WARMUP:
         cost_model = ms.cost_model.XGBModel(num_warmup_samples=options.model_warmup, tree_method="auto")
