@@ -351,7 +351,6 @@ def seeding() -> SimpleNamespace:
 
 
 def test_a_job_is_seeded_with_the_log_models_synthesized_schedules(ray_address: str, tmp_path: Path, seeding: SimpleNamespace) -> None:
-    from schedhub.hooks.identity import workload_module
     from schedhub.hooks.msdb import normalize_mod, replayed
 
     from .test_synthesis import registry_with
@@ -465,7 +464,6 @@ def test_a_seeder_trains_at_most_its_bound_per_call_and_goes_on_from_the_cache(t
 def test_a_build_that_outlives_its_timeout_is_cancelled_and_reported_failed(ray_address: str, tmp_path: Path) -> None:
     from tvm.s_tir import meta_schedule as ms
 
-    from schedhub.hooks.identity import workload_module
     from schedhub.tuner.backends import RayBuilder, Timeline
 
     inputs = [ms.builder.BuilderInput(workload_module(matmul(64, 64, 64).workload), tvm.target.Target(TARGET))]
@@ -893,7 +891,6 @@ def test_plan_parses_models_and_sweeps_without_eval() -> None:
 
 
 def test_a_worker_verifies_claims_and_refuses_a_poisoned_one(ray_address: str, tmp_path: Path) -> None:
-    from schedhub.hooks.identity import workload_module
     from schedhub.registry import Principal, Record
     from schedhub.hooks.msdb import trace_text
 
@@ -955,3 +952,28 @@ def test_a_kernel_whose_tuning_fails_keeps_its_default_and_the_network_goes_on(r
     (failed,) = [k for k in state.kernels if k.failed]
     assert failed.key == bad.key and "ToolchainMismatch" in failed.failed and not failed.rounds
     assert [r.kernel.key for r in state.rounds] == [good.key, good.key] and state.trials == 4
+
+
+def test_a_model_started_from_the_log_learns_from_each_batch_the_search_measures(ray_address: str, tmp_path: Path) -> None:
+    """A model trained on a large log retrained only after a fifth as many new trials (MetaSchedule's adaptive
+    training): a 64-trial search ranked every candidate by the log alone. Each batch the search measures retrains it."""
+    from schedhub.hooks.msdb import replay_schedule
+    from schedhub.tuner.dispatch import push_result
+    from schedhub.tuner.logmodel import model_log, pretrained
+    from tvm.s_tir import meta_schedule as ms
+
+    wanted = matmul(64, 64, 128)
+    with LocalRegistry(tmp_path / "reg", sync=False) as reg:
+        push_result(reg, TuneResult.from_dict(cluster.result(tune(matmul(32, 64, 128), tiny(trials=16, trials_per_iter=16, search_threads=1)))))
+        groups = model_log(reg, wanted)
+    own = TuneResult.from_dict(cluster.result(tune(wanted, tiny(trials=8, trials_per_iter=8, search_threads=1, warm_start=0, synthesize=0))))
+    mod = workload_module(wanted.workload)
+    args_info = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
+    candidates = [ms.MeasureCandidate(replay_schedule(mod, json.loads(trace)), args_info) for trace, _ in own.measured]
+    context = ms.TuneContext(mod=mod, target=tvm.target.Target(TARGET))
+    model = pretrained(groups, context.target)
+    assert model is not None and model.data_size >= 16
+    before = model.predict(context, candidates)
+    batch = [(c, ms.runner.RunnerResult(run_secs=[secs], error_msg=None)) for c, (_, secs) in zip(candidates[:2], own.measured[:2])]
+    model.update(context, [c for c, _ in batch], [r for _, r in batch])  # 2 trials: under a fifth of the log's
+    assert not np.allclose(model.predict(context, candidates), before)

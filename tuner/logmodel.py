@@ -75,4 +75,7 @@ def pretrained(groups: list[list[Any]], target: Any) -> Any:
             model.update(ms.TuneContext(mod=mod, target=target), candidates, results)
             used += len(candidates)
     log.info("schedhub: the search's cost model starts trained on %d logged trials", used)
+    # XGBModel retrains only once its data has grown by a fifth since the last training: started on hundreds of
+    # logged trials, it would rank a whole search by the log alone and never learn from the workload's own timings
+    model.adaptive_training = False
     return model if used else None
