@@ -2,7 +2,7 @@
 tuning buy the network anything, measured at one moment of the machine (runs hours apart see its speed move).
 
     python -m bench.studies.registries --store before=DIR --store after=DIR [--network resnet18] [--image 224 | --seq 128]
-                                       [--prepack] [--conv winograd] [--math fast] [--rounds 7] [--out FILE]
+                                       [--prepack] [--conv winograd] [--math fast] [--layout NHWC] [--rounds 7] [--out FILE]
                                        [--min-tiles NAME=N] [--tiles NAME=M[,M]]
 
 ``--min-tiles NAME=N`` compiles store NAME with Winograd's threshold at N output tiles (``hooks.winograd.MIN_TILES``)
@@ -90,6 +90,7 @@ def add_network_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prepack", action="store_true")
     parser.add_argument("--conv", default="direct")
     parser.add_argument("--math", default="exact")
+    parser.add_argument("--layout", default="given", help="the convolutions' layout, every store's (hooks.use(..., layout=...))")
 
 
 def network_of(args: argparse.Namespace) -> tuple[Network, Rewrites, str]:
@@ -97,7 +98,7 @@ def network_of(args: argparse.Namespace) -> tuple[Network, Rewrites, str]:
     in Relax); its rewrites; and the options that asked for them (for a result's command)."""
     shape = {**({"image": args.image} if args.image else {}), **({"seq": args.seq} if args.seq else {})}
     frontend = next((n.frontend for n in MODES["full"]["networks"] if n.name == args.network), RELAX)
-    rewrites = Rewrites(prepack=args.prepack, conv=args.conv, math=args.math)
+    rewrites = Rewrites(prepack=args.prepack, conv=args.conv, math=args.math, layout=args.layout)
     said = f"--network {args.network}" + "".join(f" --{k} {v}" for k, v in shape.items()) + "".join(f" {f}" for f in rewrites.flags())
     return Network(args.network, 1, shape, frontend), rewrites, said
 
