@@ -36,10 +36,13 @@ def budget_options(f: Any) -> Any:
                      help="Evolutionary search population (MetaSchedule's default); a budget of a few trials needs far fewer.")(f)
     f = click.option("--seed", type=int, default=0, show_default=True, help="Search seed.")(f)
     f = click.option("--trials-per-iter", type=int, default=16, show_default=True, help="Candidates measured per search round.")(f)
+    f = click.option("--warm-model", is_flag=True,
+                     help="Start each search's cost model trained on the registry's verified log of the kernel's structure "
+                          "(its other shapes, its earlier searches) instead of ranking at random until 100 trials.")(f)  # fmt: skip
     return click.option("--trials", type=int, default=64, show_default=True, help="Measured candidates per workload.")(f)
 
 
-def _options(trials: int, trials_per_iter: int, seed: int, population: int, final_repeat_ms: int) -> Any:
+def _options(trials: int, trials_per_iter: int, seed: int, population: int, final_repeat_ms: int, warm_model: bool) -> Any:
     from schedhub.tuner.kernels import final_timing
     from schedhub.tuner.search import TuneOptions
 
@@ -48,7 +51,7 @@ def _options(trials: int, trials_per_iter: int, seed: int, population: int, fina
     if population < min(trials_per_iter, trials):
         raise click.BadParameter("--population must be at least the candidates measured per round (--trials-per-iter)")
     return TuneOptions(trials=trials, trials_per_iter=min(trials_per_iter, trials), seed=seed, population=population,
-                       final_timing=final_timing(final_repeat_ms))
+                       final_timing=final_timing(final_repeat_ms), warm_model=warm_model)
 
 
 def work_options(f: Any) -> Any:
@@ -100,7 +103,7 @@ def network_options(f: Any) -> Any:
 @ray_option
 @reports_errors
 def tune(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: tuple[str, ...], target: str, layout: str, math: str, prepack: bool, conv: str, trials: int, trials_per_iter: int,
-         seed: int, population: int, final_repeat_ms: int, concurrency: int, retune: bool, until_text: str | None, policy: str, round_trials: int,
+         seed: int, population: int, final_repeat_ms: int, warm_model: bool, concurrency: int, retune: bool, until_text: str | None, policy: str, round_trials: int,
          max_trials: int | None, max_minutes: float | None, dry_run: bool, ray_address: str | None, num_cpus: int | None, num_gpus: int | None) -> None:  # fmt: skip
     """Tune every kernel of the given models and push the results (resumable: tuned keys are skipped); with --until, tune
     the network in rounds where its time goes until it beats a reference."""
@@ -110,12 +113,13 @@ def tune(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: 
     from . import tune_network
     from schedhub.tuner.dispatch import tune_many
 
-    options = _options(trials, trials_per_iter, seed, population, final_repeat_ms)
+    options = _options(trials, trials_per_iter, seed, population, final_repeat_ms, warm_model)
     refs = plan.expand([plan.parse_model(m) for m in model_specs], dict(plan.parse_sweep(s) for s in sweep))
     tgt = plan.resolve_target(target)
     rewrites = Rewrites(layout, math, prepack, conv)  # type: ignore[arg-type]  # click checked them
     planned = plan.plan(refs, tgt, rewrites)
-    console.print(f"{len(refs)} model shape(s), {len(planned)} distinct kernels for {tgt}" + (f", {rewrites.describe()}" if rewrites.describe() else ""))
+    said = [text for text in (rewrites.describe(), "each search's cost model started from the registry's log" if options.warm_model else "") if text]
+    console.print(f"{len(refs)} model shape(s), {len(planned)} distinct kernels for {tgt}" + "".join(f", {text}" for text in said))
     if dry_run:
         for p in planned:
             out.print(f"{p.kernel.identity.key[:16]}  {p.kernel.identity.op:<40} {', '.join(p.models)}")
@@ -154,13 +158,13 @@ def tune(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: 
 @click.option("--follow", is_flag=True, help="Stream the job's logs until it ends.")
 @reports_errors
 def submit(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: tuple[str, ...], target: str, layout: str, math: str, prepack: bool, conv: str, trials: int, trials_per_iter: int,
-           seed: int, population: int, final_repeat_ms: int, concurrency: int, retune: bool, address: str, attempt: int, python: str | None, follow: bool) -> None:  # fmt: skip
+           seed: int, population: int, final_repeat_ms: int, warm_model: bool, concurrency: int, retune: bool, address: str, attempt: int, python: str | None, follow: bool) -> None:  # fmt: skip
     """Submit a bulk tuning run as a Ray Job (idempotent: the same work is one job)."""
     from schedhub.tuner import jobs, plan
 
     models = [plan.parse_model(m) for m in model_specs]  # fail here, not on the cluster
     sweeps = dict(plan.parse_sweep(s) for s in sweep)
-    _options(trials, trials_per_iter, seed, population, final_repeat_ms)  # refuse a bad budget here, not on the cluster
+    _options(trials, trials_per_iter, seed, population, final_repeat_ms, warm_model)  # refuse a bad budget here, not on the cluster
     work = {"models": [m.__dict__ for m in models], "sweeps": sweeps, "target": target, "trials": trials, "trials_per_iter": trials_per_iter,
             "seed": seed, "population": population, "final_repeat_ms": final_repeat_ms, "retune": retune, "registry": registry}  # fmt: skip
     args = ["--registry", registry, "--target", target, "--trials", str(trials), "--trials-per-iter", str(trials_per_iter), "--seed", str(seed),
@@ -171,9 +175,10 @@ def submit(registry: str, token: str | None, model_specs: tuple[str, ...], sweep
         if value != default:  # the work's identity (and so its submission id) is unchanged for the defaults
             work[name] = value
             args += [f"--{name}", value]
-    if prepack:
-        work["prepack"] = True
-        args.append("--prepack")
+    for flag, on in (("prepack", prepack), ("warm_model", warm_model)):
+        if on:
+            work[flag] = True
+            args.append(f"--{flag.replace('_', '-')}")
     try:
         sub = jobs.submit(address, args, work, attempt=attempt, python=python, env={"SCHEDHUB_TOKEN": token} if token else None)
     except jobs.ClusterNotReady as exc:
@@ -240,7 +245,7 @@ def job_logs(submission_id: str, address: str, follow: bool) -> None:
               "(default: this machine's; kernels built for another model may not run here, and would be timed on the wrong one).")
 @ray_option
 @reports_errors
-def worker(registry: str, token: str | None, trials: int, trials_per_iter: int, seed: int, population: int, final_repeat_ms: int, concurrency: int, lease_secs: float, poll_secs: float,
+def worker(registry: str, token: str | None, trials: int, trials_per_iter: int, seed: int, population: int, final_repeat_ms: int, warm_model: bool, concurrency: int, lease_secs: float, poll_secs: float,
            max_job_secs: float, max_jobs: int | None, until_idle: bool, wait_for_registry: float | None, name: str | None, first_pass: bool, refine: bool, device: str | None,
            ray_address: str | None, num_cpus: int | None, num_gpus: int | None) -> None:  # fmt: skip
     """Lease jobs from the registry's queue (verifications of pushed claims first, then misses), run them on Ray, push and ack.
@@ -249,7 +254,7 @@ def worker(registry: str, token: str | None, trials: int, trials_per_iter: int, 
     from schedhub.tuner import cluster
     from schedhub.tuner.worker import Worker
 
-    options = _options(trials, trials_per_iter, seed, population, final_repeat_ms)
+    options = _options(trials, trials_per_iter, seed, population, final_repeat_ms, warm_model)
     reg = open_registry(registry, token)
     info = cluster.start(ray_address, num_cpus, num_gpus)
     stopping: list[int] = []

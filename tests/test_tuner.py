@@ -823,6 +823,16 @@ def test_tune_cli_pushes_every_kernel_and_resumes(ray_address: str, tmp_path: Pa
     assert again.returncode == 0 and "tuned 0, skipped 4" in again.stdout, again.stdout + again.stderr
 
 
+def test_tune_says_when_its_searches_start_from_the_registrys_log_model(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "schedhub.cli.main", "tune", "-r", str(tmp_path / "store"), "--model", '{"name": "mlp", "features": 32, "hidden": 32}',
+           "--target", '{"kind": "llvm", "mcpu": "znver1", "num-cores": 2}', "--dry-run"]  # fmt: skip
+    said = {flags: subprocess.run(cmd + list(flags), cwd=REPO, capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "300"})
+            for flags in [(), ("--warm-model",)]}  # fmt: skip
+    assert all(done.returncode == 0 for done in said.values()), [d.stderr for d in said.values()]
+    assert "cost model started from the registry's log" in said[("--warm-model",)].stderr
+    assert "cost model" not in said[()].stderr
+
+
 def test_tune_until_gives_each_kernel_a_round_then_where_it_gains_most_within_the_budget(ray_address: str, tmp_path: Path) -> None:
     store = tmp_path / "store"
     cmd = [sys.executable, "-m", "schedhub.cli.main", "tune", "-r", str(store), "--model", '{"name": "mlp", "features": 32, "hidden": 32, "batch": 2}',
