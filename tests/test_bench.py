@@ -576,3 +576,13 @@ def test_a_convolution_compiled_in_nhwc_gets_its_library_baselines_in_nchw() -> 
         twin = given.get(kernel.identity.op)
         assert twin is None or [a[2] for a in twin.identity.args_info] == [a[2] for a in nchw], kernel.identity.op
     assert baselines.in_nchw("fused_matmul_add", [["TENSOR", "float32", [1, 2, 3, 4]]], "NHWC") == [["TENSOR", "float32", [1, 2, 3, 4]]]
+
+
+def test_the_log_rank_study_counts_schedules_measured_in_the_models_order_until_one_near_the_best() -> None:
+    from bench.studies.logrank import measured_until_best, random_until_best
+
+    secs = np.array([3.0, 1.0, 2.0, 1.04, 5.0])
+    assert measured_until_best(np.array([0, 2, 3, 1, 4]), secs) == 3  # 1.04 is within 5% of 1.0
+    assert measured_until_best(np.array([4, 0, 2, 1, 3]), secs) == 4
+    assert measured_until_best(np.array([4, 0, 2, 3, 1]), secs, within=1.0) == 5
+    assert 1 < random_until_best(secs) < 5  # two of five near the best: a random order finds one in about two
