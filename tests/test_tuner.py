@@ -967,9 +967,8 @@ def test_a_kernel_whose_tuning_fails_keeps_its_default_and_the_network_goes_on(r
 def test_a_model_started_from_the_log_learns_from_each_batch_the_search_measures(ray_address: str, tmp_path: Path) -> None:
     """A model trained on a large log retrained only after a fifth as many new trials (MetaSchedule's adaptive
     training): a 64-trial search ranked every candidate by the log alone. Each batch the search measures retrains it."""
-    from schedhub.hooks.msdb import replay_schedule
     from schedhub.tuner.dispatch import push_result
-    from schedhub.tuner.logmodel import model_log, pretrained
+    from schedhub.tuner.logmodel import model_log, pretrained, replayed
     from tvm.s_tir import meta_schedule as ms
 
     wanted = matmul(64, 64, 128)
@@ -978,12 +977,11 @@ def test_a_model_started_from_the_log_learns_from_each_batch_the_search_measures
         groups = model_log(reg, wanted)
     own = TuneResult.from_dict(cluster.result(tune(wanted, tiny(trials=8, trials_per_iter=8, search_threads=1, warm_start=0, synthesize=0))))
     mod = workload_module(wanted.workload)
-    args_info = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
-    candidates = [ms.MeasureCandidate(replay_schedule(mod, json.loads(trace)), args_info) for trace, _ in own.measured]
+    candidates, secs = replayed(mod, [[trace, secs] for trace, secs in own.measured])
+    assert len(candidates) == len(own.measured)
     context = ms.TuneContext(mod=mod, target=tvm.target.Target(TARGET))
     model = pretrained(groups, context.target)
     assert model is not None and model.data_size >= 16
     before = model.predict(context, candidates)
-    batch = [(c, ms.runner.RunnerResult(run_secs=[secs], error_msg=None)) for c, (_, secs) in zip(candidates[:2], own.measured[:2])]
-    model.update(context, [c for c, _ in batch], [r for _, r in batch])  # 2 trials: under a fifth of the log's
+    model.update(context, candidates[:2], [ms.runner.RunnerResult(run_secs=[t], error_msg=None) for t in secs[:2]])  # under a fifth of the log's
     assert not np.allclose(model.predict(context, candidates), before)

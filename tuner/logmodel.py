@@ -15,7 +15,7 @@ import json
 import logging
 from typing import Any
 
-from schedhub.registry import Identity, Registry, RegistryError
+from schedhub.registry import Identity, Registry, RegistryError, TrialLog
 
 log = logging.getLogger("schedhub.tuner")
 
@@ -38,7 +38,7 @@ def model_log(registry: Registry, identity: Identity) -> list[list[Any]]:
                 break
             if entry.identity.structure != identity.structure or len(entry.trials) < MIN_GROUP:
                 continue
-            group = [entry.identity.workload, [[t.trace, t.secs] for t in entry.trials]]
+            group = logged(entry)
             groups.insert(0, group) if entry.identity.key == identity.key else groups.append(group)
     except RegistryError as exc:
         log.warning("schedhub: the measurement log could not be read for %s's cost model: %s", identity.op, exc)
@@ -46,14 +46,37 @@ def model_log(registry: Registry, identity: Identity) -> list[list[Any]]:
     return groups
 
 
+def logged(entry: TrialLog) -> list[Any]:
+    """A log entry as one group of :func:`model_log`: [workload text, [[trace, secs], …]]."""
+    return [entry.identity.workload, [[t.trace, t.secs] for t in entry.trials]]
+
+
+def replayed(mod: Any, trials: list[list[Any]]) -> tuple[list[Any], list[float]]:
+    """``trials`` ([[trace, secs], …]) replayed on ``mod`` as MetaSchedule's measure candidates, with their times; a
+    trace that does not replay is left out."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from schedhub.hooks.msdb import replay_schedule
+
+    args_info = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
+    candidates, times = [], []
+    for trace, secs in trials:
+        try:
+            sch = replay_schedule(mod, json.loads(trace))
+        except Exception:  # noqa: BLE001 (TVM's errors: a trace of another workload after all)
+            continue
+        candidates.append(ms.MeasureCandidate(sch, args_info))
+        times.append(float(secs))
+    return candidates, times
+
+
 def pretrained(groups: list[list[Any]], target: Any) -> Any:
     """A fresh ``XGBModel`` trained on ``groups`` (:func:`model_log`): each workload's logged schedules replayed on
-    it and featurized as the search featurizes its own candidates; a trace that does not replay is left out. None
-    where nothing could be used."""
+    it and featurized as the search featurizes its own candidates (:func:`replayed`). None where nothing could be
+    used."""
     from tvm.s_tir import meta_schedule as ms
 
     from schedhub.hooks.identity import workload_module
-    from schedhub.hooks.msdb import replay_schedule
 
     model = ms.cost_model.XGBModel(num_warmup_samples=WARMUP_SAMPLES)
     used = 0
@@ -62,16 +85,9 @@ def pretrained(groups: list[list[Any]], target: Any) -> Any:
             mod = workload_module(workload)
         except Exception:  # noqa: BLE001 (someone else's workload text: refused as the hook refuses it)
             continue
-        args_info = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
-        candidates, results = [], []
-        for trace, secs in trials:
-            try:
-                sch = replay_schedule(mod, json.loads(trace))
-            except Exception:  # noqa: BLE001 (TVM's errors: a trace of another workload after all)
-                continue
-            candidates.append(ms.MeasureCandidate(sch, args_info))
-            results.append(ms.runner.RunnerResult(run_secs=[float(secs)], error_msg=None))
+        candidates, times = replayed(mod, trials)
         if len(candidates) >= MIN_GROUP:
+            results = [ms.runner.RunnerResult(run_secs=[secs], error_msg=None) for secs in times]
             model.update(ms.TuneContext(mod=mod, target=target), candidates, results)
             used += len(candidates)
     log.info("schedhub: the search's cost model starts trained on %d logged trials", used)

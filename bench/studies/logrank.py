@@ -23,7 +23,7 @@ import numpy as np
 
 from schedhub.registry import LocalRegistry
 from schedhub.tuner import tvm_env
-from schedhub.tuner.logmodel import pretrained
+from schedhub.tuner.logmodel import logged, pretrained, replayed
 
 from ..report import REPO, environment
 
@@ -44,26 +44,17 @@ def random_until_best(secs: np.ndarray, orders: int = RANDOM_ORDERS) -> float:
 
 def held_out(entry: Any, others: list[Any]) -> dict[str, Any] | None:
     """``entry``'s logged schedules ranked by a model trained on ``others`` (None: nothing to train on or rank)."""
-    import tvm
     from scipy.stats import spearmanr
     from tvm.s_tir import meta_schedule as ms
 
-    from schedhub.hooks.identity import workload_module
-    from schedhub.hooks.msdb import replay_schedule
+    from schedhub.hooks.identity import target_from_text, workload_module
 
-    target = tvm.target.Target(json.loads(entry.identity.target))
-    model = pretrained([[e.identity.workload, [[t.trace, t.secs] for t in e.trials]] for e in others], target)
+    target = target_from_text(entry.identity.target)
+    model = pretrained([logged(e) for e in others], target)
     if model is None:
         return None
     mod = workload_module(entry.identity.workload)
-    args_info = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
-    candidates, secs = [], []
-    for trial in entry.trials:
-        try:
-            candidates.append(ms.MeasureCandidate(replay_schedule(mod, json.loads(trial.trace)), args_info))
-        except Exception:  # noqa: BLE001 (a logged trace that no longer replays: left out, as the model leaves it)
-            continue
-        secs.append(trial.secs)
+    candidates, secs = replayed(mod, logged(entry)[1])
     times = np.array(secs)
     predicted = model.predict(ms.TuneContext(mod=mod, target=target), candidates)
     order = np.argsort(-predicted)
