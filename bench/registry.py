@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import threading
+from itertools import islice
 import time
 from pathlib import Path
 from typing import Any
@@ -73,10 +74,10 @@ def matmuls() -> Any:
     template, args_template = canonical_workload(matmul(SENTINEL)), json.dumps(args_info(matmul(SENTINEL)))
     ours, tgt = compiler_fingerprint(), target_text(target())
 
-    def workload(n: int, op: str = "fused_matmul", fingerprint: str | None = None) -> dict[str, Any]:
-        text, fp = template.replace(str(SENTINEL), str(n)), fingerprint or ours
+    def workload(n: int, op: str = "fused_matmul", fingerprint: str | None = None, dtype: str = "float32") -> dict[str, Any]:
+        text, fp = template.replace(str(SENTINEL), str(n)).replace("float32", dtype), fingerprint or ours
         return {"key": record_key(fp, tgt, text), "schema": SCHEMA_VERSION, "fingerprint": fp, "target": tgt, "workload": text, "op": op,
-                "args_info": json.loads(args_template.replace(str(SENTINEL), str(n)))}  # fmt: skip
+                "args_info": json.loads(args_template.replace(str(SENTINEL), str(n)).replace("float32", dtype))}  # fmt: skip
 
     return workload
 
@@ -147,22 +148,49 @@ def rare_target() -> str:
 
 def fill_trials(root: Path, rare_entries: int = 8) -> int:
     """The measurement log of a registry whose tuners logged every key: one entry per key (its records'
-    traces and times), and ``rare_entries`` entries of the same workloads on :func:`rare_target`. Returns entries."""
+    traces and times), ``rare_entries`` entries of the same workloads on :func:`rare_target`, and as many of
+    another structure (:func:`rare_structure`) on the store's target. Returns entries."""
     from schedhub.registry import Identity, Trial, TrialLog
 
-    rare = rare_target()
+    rare, workload = rare_target(), matmuls()
     with LocalRegistry(root, sync=False) as reg:
         served = [(records[0].identity, [Trial(r.trace, r.mean_secs) for r in records]) for _, records in reg.iter_served(page=1000)]
         logs = [TrialLog(identity, trials) for identity, trials in served]
-        for identity, trials in served[:rare_entries]:
+        for n, (identity, trials) in enumerate(served[:rare_entries]):
             moved = {**identity.to_dict(), "target": rare, "key": record_key(identity.fingerprint, rare, identity.workload)}
             logs.append(TrialLog(Identity.from_obj(moved), trials))
+            logs.append(TrialLog(Identity.from_obj(workload(n + 1, dtype=RARE_DTYPE)), trials))
         for start in range(0, len(logs), 2000):
             with reg.store.write() as txn:
                 for log in logs[start : start + 2000]:
                     reg.push_trials(log, "bench", verified=True, txn=txn)
         reg.store.env.sync(True)
     return len(logs)
+
+
+RARE_DTYPE = "float64"  # of the matmuls :func:`fill_trials` logs as another structure than the store's
+
+
+def structure_read_ms(url: str, rounds: int) -> dict[str, Any]:
+    """What a search's cost model starts from (``tuner.logmodel.model_log``): the log entries of one structure that the
+    store's target logged a few of, paged with the structure given to the server, against the target's entries paged
+    and kept by the client (what ``model_log`` did before the server filtered by structure, up to 2,000 entries)."""
+    from schedhub.registry import Identity, RegistryClient
+
+    wanted = Identity.from_obj(matmuls()(1, dtype=RARE_DTYPE))
+    by_server, by_client = [], []
+    with RegistryClient(url, timeout=120) as client:
+        list(client.iter_trial_logs(verified_only=True, target=wanted.target, structure=wanted.structure))  # warm-up
+        for _ in range(rounds):
+            start = time.perf_counter()
+            found = len(list(client.iter_trial_logs(verified_only=True, target=wanted.target, structure=wanted.structure, page=33)))
+            by_server.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            read = list(islice(client.iter_trial_logs(verified_only=True, target=wanted.target, page=200), 2000))
+            client_found = sum(log.identity.structure == wanted.structure for log in read)
+            by_client.append(time.perf_counter() - start)
+    return {"entries": found, "client_found": client_found, "server_filtered_ms": summary_ms(by_server), "client_filtered_ms": summary_ms(by_client),
+            "client_over_server": summary([c / s for c, s in zip(by_client, by_server)])}  # fmt: skip
 
 
 def log_read_ms(url: str, rounds: int) -> dict[str, Any]:
@@ -372,7 +400,8 @@ def main() -> None:
         try:
             results["dashboard"][size] = {"page_ms": page_ms(f"http://127.0.0.1:{port}/"), "jobs": jobs, "trial_logs": trial_logs,
                                           **{name: page_ms(f"http://127.0.0.1:{port}{path}") for name, path in LISTINGS.items()},
-                                          "log_read": log_read_ms(f"http://127.0.0.1:{port}", rounds=3)}  # fmt: skip
+                                          "log_read": log_read_ms(f"http://127.0.0.1:{port}", rounds=3),
+                                          "structure_read": structure_read_ms(f"http://127.0.0.1:{port}", rounds=3)}  # fmt: skip
             print(f"dashboard {size:>9} records: {results['dashboard'][size]['page_ms']['median']:.1f} ms", flush=True)
         finally:
             os.killpg(proc.pid, signal.SIGTERM)

@@ -639,6 +639,15 @@ def _registry(d: dict[str, Any] | None) -> list[str]:
         lines += table(["records", "log entries", "that CPU's", "server filters ms", "client filters ms", "client / server"],
                        [[f"{int(n):,}", f"{d['dashboard'][n]['trial_logs']:,}", str(r["entries"]), fmt(r["server_filtered_ms"]),
                          fmt(r["client_filtered_ms"]), times(r["client_over_server"])] for n, r in reads.items()]) + [""]  # fmt: skip
+    structures = {n: v["structure_read"] for n, v in d.get("dashboard", {}).items() if "structure_read" in v}
+    if structures:
+        lines += ["What a search's cost model starts from (`tuner.logmodel.model_log`): the verified entries of one structure the "
+                  "store's target logged a few of, paged with `structure=` (the server reads its index by target and structure), "
+                  "against the target's first 2,000 entries paged and kept by the client, as `model_log` read them before (it found "
+                  "only those of the structure among them). Medians of 3.", ""]
+        lines += table(["records", "log entries", "the structure's", "found by the client", "server filters ms", "client filters ms", "client / server"],
+                       [[f"{int(n):,}", f"{d['dashboard'][n]['trial_logs']:,}", str(r["entries"]), str(r["client_found"]), fmt(r["server_filtered_ms"]),
+                         fmt(r["client_filtered_ms"]), times(r["client_over_server"])] for n, r in structures.items()]) + [""]  # fmt: skip
     return lines
 
 

@@ -299,8 +299,9 @@ class RegistryClient:
         with reading("POST /v1/trials"):
             return mapping(answer, "answer")
 
-    def trial_logs(self, after: str = "", limit: int = 100, *, verified_only: bool = False, target: str = "") -> tuple[list[TrialLog], str, bool]:
-        params = _params(cursor=after, limit=limit, verified="1" if verified_only else None, target=target or None)
+    def trial_logs(self, after: str = "", limit: int = 100, *, verified_only: bool = False, target: str = "",
+                   structure: str = "") -> tuple[list[TrialLog], str, bool]:  # fmt: skip
+        params = _params(cursor=after, limit=limit, verified="1" if verified_only else None, target=target or None, structure=structure or None)
         answer = self._call("GET", "/v1/trials", params=params)
         with reading("GET /v1/trials"):
             items, cursor, more = (answer.get(k) for k in ("items", "next", "more")) if isinstance(answer, dict) else (None, None, None)
@@ -309,10 +310,12 @@ class RegistryClient:
             logs = stored_logs(items)
             if target and any(log.identity.target != target for log in logs):
                 raise ValueError("a log of another target than asked for")
+            if structure and any(log.identity.structure != structure for log in logs):
+                raise ValueError("a log of another structure than asked for")
         return logs, cursor, more
 
-    def iter_trial_logs(self, *, verified_only: bool = False, page: int = 100, target: str = "") -> Iterator[TrialLog]:
-        yield from iter_pages(self.trial_logs, verified_only=verified_only, page=page, target=target)
+    def iter_trial_logs(self, *, verified_only: bool = False, page: int = 100, target: str = "", structure: str = "") -> Iterator[TrialLog]:
+        yield from iter_pages(self.trial_logs, verified_only=verified_only, page=page, target=target, structure=structure)
 
     # -- served cost models ----------------------------------------------------------------
 

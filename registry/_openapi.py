@@ -22,6 +22,8 @@ _QUERY = {
     "model_compiler": {"type": "string", "maxLength": 4096, "description": "the compiler fingerprint the model's features come from"},
     "model_features": {"type": "string", "maxLength": 256, "description": "the feature set's name"},
     "log_target": {"type": "string", "pattern": "^\\{", "maxLength": 4096, "description": "a canonical target (JSON text): only its logs"},
+    "log_structure": {"type": "string", "pattern": "^[0-9a-f]{64}$", "description": "a structure id (an op at any shape on a target kind; "
+                      "needs target): only its logs, read from their own index (what a search's cost model starts from)"},
     "caller_after": {"type": "string", "maxLength": 128, "description": "'next' of the previous page: callers after this name"},
     "page_limit": {"type": "integer", "minimum": 1, "maximum": 500},
 }
@@ -79,7 +81,7 @@ OPENAPI: dict[str, Any] = {
         "/v1/networks": {"post": _op("report which kernels one compile built and each one's calls per forward pass (read role; rate-limited; 429 past "
                                      "the caller's or the registry's bound of networks kept): what the queue refines a network's bottleneck by", "Network", auth=True)},
         "/v1/trials": {
-            "get": _op("page through the measurement log: every trial tuners measured, per key and pusher (at most 200 a page)", params=["cursor", "limit", "verified", "log_target"]),
+            "get": _op("page through the measurement log: every trial tuners measured, per key and pusher (at most 200 a page)", params=["cursor", "limit", "verified", "log_target", "log_structure"]),
             "post": _op("push a tuning run's measured trials for one workload (push role; merged into your entry, newest 64 kept; 429 past your bound of unverified log bytes)", "TrialLog", auth=True),
         },
         "/v1/models": {

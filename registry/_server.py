@@ -532,7 +532,9 @@ def create_app(
         target = query_target(q)
         if target and not target.startswith("{"):
             raise InvalidRecord("query parameter 'target' must be a canonical target (its JSON text)")
-        logs, cursor, more = await run_in_threadpool(state.reg.trial_logs, q.get("cursor", ""), limit, verified_only=verified == "1", target=target)
+        structure = check_text(q.get("structure") or "", "structure")
+        logs, cursor, more = await run_in_threadpool(state.reg.trial_logs, q.get("cursor", ""), limit, verified_only=verified == "1", target=target,
+                                                     structure=structure)  # fmt: skip
         return reply(request, {"items": [log.to_dict() for log in logs], "next": cursor, "more": more})
 
     async def push_cost_model(request: Request) -> Response:

@@ -232,13 +232,15 @@ class LocalRegistry:
         bytes of unverified entries the pusher may have stored, a server's bound)."""
         return self.trial_store.put(log, pushed_by, verified=verified, claimed_bytes=claimed_bytes, txn=txn)
 
-    def trial_logs(self, after: str = "", limit: int = 100, *, verified_only: bool = False, target: str = "") -> tuple[list[TrialLog], str, bool]:
-        """One page of the log (``target``: a canonical target's entries only): (entries, cursor of the next page, whether there is more)."""
-        return self.trial_store.page(after, limit, verified_only=verified_only, target=target)
+    def trial_logs(self, after: str = "", limit: int = 100, *, verified_only: bool = False, target: str = "",
+                   structure: str = "") -> tuple[list[TrialLog], str, bool]:  # fmt: skip
+        """One page of the log (``target``: a canonical target's entries only; ``structure``, with ``target``: one
+        structure id's): (entries, cursor of the next page, whether there is more)."""
+        return self.trial_store.page(after, limit, verified_only=verified_only, target=target, structure=structure)
 
-    def iter_trial_logs(self, *, verified_only: bool = False, page: int = 100, target: str = "") -> Iterator[TrialLog]:
-        """Every entry of the log (of canonical ``target`` only, when given), page by page."""
-        yield from iter_pages(self.trial_logs, verified_only=verified_only, page=page, target=target)
+    def iter_trial_logs(self, *, verified_only: bool = False, page: int = 100, target: str = "", structure: str = "") -> Iterator[TrialLog]:
+        """Every entry of the log (of canonical ``target`` only, and its ``structure`` id only, when given), page by page."""
+        yield from iter_pages(self.trial_logs, verified_only=verified_only, page=page, target=target, structure=structure)
 
     # -- served cost models ----------------------------------------------------------------
 

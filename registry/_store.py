@@ -29,18 +29,19 @@ from ._keys import SCHEMA_VERSION, target_kind
 from ._neighbours import Probe, dims_of
 from ._trust import Accepts, accepts_entry
 from ._records import Identity, Record, keeps_default_schedule, packb, unpackb
-from ._trials import TRIALS_BY_TARGET, TRIALS_CLAIMED, count_claimed_bytes, index_trial_targets
+from ._trials import TRIALS_BY_STRUCTURE, TRIALS_BY_TARGET, TRIALS_CLAIMED, count_claimed_bytes, index_trial_structures, index_trial_targets
 
 DEFAULT_MAP_SIZE = int(os.environ.get("SCHEDHUB_MAP_SIZE", 64 << 30))
 DEFAULT_TOP_K = 8
 MAX_COMPLAINANTS = 32
-STORE_FORMAT = b"7"  # 2: op_feed and queue_state; 3: target_feed, trials_by_target, agg_rank; 4: target_feed by op too; 5: verifications
+STORE_FORMAT = b"8"  # 2: op_feed and queue_state; 3: target_feed, trials_by_target, agg_rank; 4: target_feed by op too; 5: verifications
 #                      queued by requester (queue_idx ranks them by ordinal), queue_fit, what callers have waiting and each pusher's
 #                      bytes of unverified log counted; 6: each caller's ended work kept within a budget (``kept``) and each
 #                      pusher's bytes of records in service counted; 7: queue_idx ranks tune jobs by the callers' turns,
-#                      then their distinct callers, then their demand (8-byte ranks). Older formats are brought to 7 when opened writable
+#                      then their distinct callers, then their demand (8-byte ranks); 8: trials_by_structure. Older formats
+#                      are brought to 8 when opened writable
 _DB_NAMES = ("records", "by_op", "by_struct", "changes", "log", "meta", "quarantine", "queue", "queue_idx", "agg", "trials", "queue_state", "op_feed", "target_feed",
-             "trials_by_target", "agg_rank", "models", "queue_fit", "kept", "networks")
+             "trials_by_target", "agg_rank", "models", "queue_fit", "kept", "networks", "trials_by_structure")
 STRUCTURE_INDEX = b"index:by_struct"  # meta flag: every key is in by_struct (stores from before it get it on open)
 AGGREGATES = b"index:agg"  # meta flag: the aggregates cover every key and log entry (stores from before them get them on open)
 QUEUE_STATES = b"index:queue_state"  # meta flag: every job is in queue_state and counted (stores from before it get it on open)
@@ -48,13 +49,14 @@ RECORDS_OWNED = b"index:records_owned"  # meta flag: each pusher's bytes of reco
 QUEUE_ORDER = b"index:queue_order"  # meta flag: queue_idx ranks verifications by ordinal and tune jobs by turn and callers,
 #                                     requesters' jobs are counted and every pending job is in queue_fit (the queue rebuilds them)
 INDEXES = {OP_FEED: "op_feed", QUEUE_STATES: "queue_state", TARGET_FEED: "target_feed", OP_TARGET_FEED: "target_feed",
-           TRIALS_BY_TARGET: "trials_by_target", AGG_RANK: "agg_rank"}  # fmt: skip
+           TRIALS_BY_TARGET: "trials_by_target", TRIALS_BY_STRUCTURE: "trials_by_structure", AGG_RANK: "agg_rank"}  # fmt: skip
 #: What an upgrade rebuilds: the indexes a writer of that format did not keep (format 1 was written before by_struct and agg too).
 _REBUILT_ON_UPGRADE = {b"1": (STRUCTURE_INDEX, AGGREGATES, *INDEXES, QUEUE_ORDER, TRIALS_CLAIMED, KEPT_INDEX, RECORDS_OWNED),
-                       b"2": (TARGET_FEED, OP_TARGET_FEED, TRIALS_BY_TARGET, AGG_RANK, QUEUE_ORDER, TRIALS_CLAIMED, KEPT_INDEX, RECORDS_OWNED),
-                       b"3": (OP_TARGET_FEED, QUEUE_ORDER, TRIALS_CLAIMED, KEPT_INDEX, RECORDS_OWNED),
-                       b"4": (QUEUE_ORDER, TRIALS_CLAIMED, KEPT_INDEX, RECORDS_OWNED), b"5": (QUEUE_ORDER, KEPT_INDEX, RECORDS_OWNED),
-                       b"6": (QUEUE_ORDER,)}  # fmt: skip
+                       b"2": (TARGET_FEED, OP_TARGET_FEED, TRIALS_BY_TARGET, AGG_RANK, QUEUE_ORDER, TRIALS_CLAIMED, KEPT_INDEX, RECORDS_OWNED, TRIALS_BY_STRUCTURE),
+                       b"3": (OP_TARGET_FEED, QUEUE_ORDER, TRIALS_CLAIMED, KEPT_INDEX, RECORDS_OWNED, TRIALS_BY_STRUCTURE),
+                       b"4": (QUEUE_ORDER, TRIALS_CLAIMED, KEPT_INDEX, RECORDS_OWNED, TRIALS_BY_STRUCTURE),
+                       b"5": (QUEUE_ORDER, KEPT_INDEX, RECORDS_OWNED, TRIALS_BY_STRUCTURE), b"6": (QUEUE_ORDER, TRIALS_BY_STRUCTURE),
+                       b"7": (TRIALS_BY_STRUCTURE,)}  # fmt: skip
 #: Aggregate dimensions: keys per op / canonical target / compiler fingerprint, pushes per pusher,
 #: tuned-vs-default speedup per op of verified pushes (``speedup`` rows hold msgpack {n, log2_sum, best}).
 MAX_NEIGHBOUR_SCAN = 4096  # index rows read for one probe
@@ -175,6 +177,7 @@ class Store(Aggregates, Listings):
                 ((AGG_RANK,), self._rank_all),
                 ((OP_FEED, TARGET_FEED, OP_TARGET_FEED), self._index_feeds),
                 ((TRIALS_BY_TARGET,), lambda t: index_trial_targets(t, self.dbs["trials"], self.dbs["trials_by_target"])),
+                ((TRIALS_BY_STRUCTURE,), lambda t: index_trial_structures(t, self.dbs["trials"], self.dbs["trials_by_structure"])),
                 ((TRIALS_CLAIMED,), lambda t: count_claimed_bytes(t, self.dbs["trials"], self.dbs["meta"])),
                 ((QUEUE_STATES,), self._index_queue_states),
                 ((KEPT_INDEX,), self._index_kept),

@@ -22,7 +22,7 @@ import lmdb
 
 from ._counts import add_count, drop_counts
 from ._errors import REFUSED_ON_READ, Forbidden, InvalidRecord, PayloadTooLarge, TooManyRequests
-from ._keys import target_digest
+from ._keys import is_key, target_digest
 from ._limits import parse_each
 from ._records import Identity, measured_secs, packb, trace_field, unpackb
 
@@ -33,6 +33,7 @@ MAX_PUSHERS_PER_KEY = 8
 MAX_CURSOR_CHARS = 1024  # hex of a log's database key (key, NUL, pusher name)
 MAX_PAGE_BYTES = 8 << 20  # a page stops early past this many bytes of entries
 TRIALS_BY_TARGET = b"index:trials_by_target"  # the store's meta flag: every trial log is in trials_by_target
+TRIALS_BY_STRUCTURE = b"index:trials_by_structure"  # the store's meta flag: every trial log is in trials_by_structure
 TRIALS_CLAIMED = b"index:trials_claimed"  # the store's meta flag: every pusher's bytes of unverified entries are counted
 MAX_PAGE_SCAN = 10_000  # entries a page reads, kept or not: a filter may match nothing in a large log
 
@@ -138,7 +139,9 @@ def merged(old: list[Trial], new: list[Trial]) -> list[Trial]:
 
 class TrialStore:
     """The ``trials`` database of a :class:`~schedhub.registry.Store`: db key = record key, NUL, pusher name;
-    ``trials_by_target`` holds each entry's db key under its target's digest (one target's entries, in db key order)."""
+    ``trials_by_target`` holds each entry's db key under its target's digest (one target's entries, in db key order),
+    ``trials_by_structure`` under its target's digest and its structure id (one structure's entries on a target: what
+    a search's cost model starts from, without reading the rest of the target's log)."""
 
     def __init__(self, store: Any) -> None:
         self.store = store
@@ -151,13 +154,18 @@ class TrialStore:
     def _index(self) -> Any:
         return self.store.dbs["trials_by_target"]
 
+    @property
+    def _structures(self) -> Any:
+        return self.store.dbs["trials_by_structure"]
+
     def put(self, log: TrialLog, pushed_by: str, *, verified: bool, claimed_bytes: int | None = None,
             txn: lmdb.Transaction | None = None) -> dict[str, Any]:  # fmt: skip
         """Merge ``log`` into the pusher's entry for its key; returns ``{"key", "trials"}`` (the entry's count now).
         ``claimed_bytes``: the most bytes of unverified entries the pusher may have stored in all keys (a server's
         bound; None: any): past it :class:`TooManyRequests`, nothing changed."""
         name = pushed_by or "local"
-        prefix, by_target = log.key.encode() + b"\0", target_digest(log.identity.target)  # a key has one target
+        prefix = log.key.encode() + b"\0"
+        by_target, by_structure = target_digest(log.identity.target), structure_row(log.identity)  # a key has one of each
         with self.store.write(txn) as t:
             raw_entries = dict(_prefixed(t, self._db, prefix))
             entries = {k: unpackb(v) for k, v in raw_entries.items()}
@@ -171,6 +179,7 @@ class TrialStore:
                 self._count_claimed(t, evicted[len(prefix) :], -len(raw_entries[evicted]))
                 t.delete(evicted, db=self._db)
                 t.delete(by_target + evicted, db=self._index)
+                t.delete(by_structure + evicted, db=self._structures)
             kept = old.trials if old is not None and old.verified == verified else []  # a change of trust starts the entry again
             trials = merged(kept, log.trials)
             stored = TrialLog(log.identity, trials, name, verified, time.time())
@@ -184,6 +193,7 @@ class TrialStore:
                                           f"{claimed_bytes:,} this registry keeps for one pusher; nothing of it was stored")
             t.put(mine, value, db=self._db)
             t.put(by_target + mine, b"", db=self._index)
+            t.put(by_structure + mine, b"", db=self._structures)
         return {"key": log.key, "trials": len(trials)}
 
     def drop(self, db_key: bytes, *, txn: lmdb.Transaction | None = None) -> bool:
@@ -198,6 +208,9 @@ class TrialStore:
             identity = entry.get("identity")
             if isinstance(identity, dict) and isinstance(identity.get("target"), str):
                 t.delete(target_digest(identity["target"]) + db_key, db=self._index)
+            row = stored_structure_row(entry)
+            if row is not None:
+                t.delete(row + db_key, db=self._structures)
             t.delete(db_key, db=self._db)
             return True
 
@@ -205,10 +218,13 @@ class TrialStore:
         """Add ``delta`` to a pusher's bytes of unverified entries; returns the count now."""
         return add_count(txn, self.store.dbs["meta"], claimed_row(pusher), delta)[1]
 
-    def page(self, after: str = "", limit: int = 100, *, verified_only: bool = False, target: str = "") -> tuple[list[TrialLog], str, bool]:
+    def page(self, after: str = "", limit: int = 100, *, verified_only: bool = False, target: str = "",
+             structure: str = "") -> tuple[list[TrialLog], str, bool]:  # fmt: skip
         """Entries after the cursor ``after`` (hex, '' for the start), of canonical ``target`` only when
-        given: (logs, next cursor, more). A page reads at most :data:`MAX_PAGE_SCAN` entries, so one
-        whose filters matched few says ``more`` with a cursor past every entry it read."""
+        given, and of its ``structure`` id only when given too: (logs, next cursor, more). A page reads at most
+        :data:`MAX_PAGE_SCAN` entries, so one whose filters matched few says ``more`` with a cursor past every
+        entry it read."""
+        check_structure_filter(target, structure)
         if len(after) > MAX_CURSOR_CHARS:
             raise InvalidRecord(f"cursor 'after' is over {MAX_CURSOR_CHARS} characters")
         try:
@@ -220,7 +236,7 @@ class TrialStore:
         logs: list[TrialLog] = []
         cursor_at, size, read, more = after, 0, 0, False
         with self.store.read() as txn:
-            for db_key, raw in self._entries_after(txn, start, target):
+            for db_key, raw in self._entries_after(txn, start, target, structure):
                 if len(logs) >= limit or size > MAX_PAGE_BYTES or read >= MAX_PAGE_SCAN:
                     more = True
                     break
@@ -230,15 +246,21 @@ class TrialStore:
                     continue
                 if target and not (isinstance(entry.get("identity"), dict) and entry["identity"].get("target") == target):
                     continue
-                logs += stored_logs([entry])
+                found = stored_logs([entry])
+                logs += [log for log in found if log.identity.structure == structure] if structure else found
                 size += len(raw)
         return logs, cursor_at, more
 
-    def _entries_after(self, txn: lmdb.Transaction, start: bytes, target: str) -> Iterator[tuple[bytes, bytes]]:
-        """(db key, entry) after ``start`` in db key order: ``target``'s from its index when there is one, else every entry."""
-        indexed = bool(target) and self.store.indexed(txn, TRIALS_BY_TARGET)
-        head = target_digest(target) if indexed else b""
-        cursor = txn.cursor(db=self._index if indexed else self._db)
+    def _entries_after(self, txn: lmdb.Transaction, start: bytes, target: str, structure: str) -> Iterator[tuple[bytes, bytes]]:
+        """(db key, entry) after ``start`` in db key order: ``target``'s (and ``structure``'s) from the narrowest
+        index there is, else every entry."""
+        index, head = self._db, b""
+        if structure and self.store.indexed(txn, TRIALS_BY_STRUCTURE):
+            index, head = self._structures, target_digest(target) + bytes.fromhex(structure)
+        elif target and self.store.indexed(txn, TRIALS_BY_TARGET):
+            index, head = self._index, target_digest(target)
+        indexed = index is not self._db
+        cursor = txn.cursor(db=index)
         found = cursor.set_range(head + start)
         if found and start and cursor.key() == head + start:
             found = cursor.next()
@@ -263,6 +285,36 @@ def count_claimed_bytes(txn: lmdb.Transaction, trials_db: Any, meta_db: Any) -> 
             add_count(txn, meta_db, claimed_row(db_key[db_key.index(b"\0") + 1 :]), len(raw))
 
 
+def structure_row(identity: Identity) -> bytes:
+    """The head of an entry's ``trials_by_structure`` row: its target's digest, then its structure id (32 bytes)."""
+    return target_digest(identity.target) + bytes.fromhex(identity.structure)
+
+
+def stored_structure_row(entry: Any) -> bytes | None:
+    """:func:`structure_row` of a stored entry's identity (None: an identity this version refuses, in no index)."""
+    try:
+        return structure_row(Identity.from_obj(entry.get("identity") if isinstance(entry, dict) else None))
+    except REFUSED_ON_READ:
+        return None
+
+
+def check_structure_filter(target: str, structure: str) -> None:
+    """A ``structure`` filter is a structure id (64 hex) and comes with its canonical ``target``."""
+    if structure and not is_key(structure):
+        raise InvalidRecord("filter 'structure' must be a structure id (64 lowercase hex)")
+    if structure and not target.startswith("{"):
+        raise InvalidRecord("filter 'structure' needs 'target', the canonical target it was tuned for (a structure id names an op on a target kind)")
+
+
+def index_trial_structures(txn: lmdb.Transaction, trials_db: Any, index_db: Any) -> None:
+    """Put every trial log in ``trials_by_structure`` (once, on open, for a store from before the index)."""
+    txn.drop(index_db, delete=False)
+    for db_key, raw in txn.cursor(db=trials_db):
+        row = stored_structure_row(unpackb(raw))
+        if row is not None:
+            txn.put(row + db_key, b"", db=index_db)
+
+
 def index_trial_targets(txn: lmdb.Transaction, trials_db: Any, index_db: Any) -> None:
     """Put every trial log in ``trials_by_target`` (once, on open, for a store from before the index)."""
     txn.drop(index_db, delete=False)
@@ -272,11 +324,13 @@ def index_trial_targets(txn: lmdb.Transaction, trials_db: Any, index_db: Any) ->
             txn.put(target_digest(identity["target"]) + db_key, b"", db=index_db)
 
 
-def iter_pages(fetch: Callable[..., tuple[list[TrialLog], str, bool]], *, verified_only: bool, page: int, target: str = "") -> Iterator[TrialLog]:
-    """Every entry, following ``fetch(after, limit, verified_only=…, target=…)``'s cursors (a local store's or a client's)."""
+def iter_pages(fetch: Callable[..., tuple[list[TrialLog], str, bool]], *, verified_only: bool, page: int, target: str = "",
+               structure: str = "") -> Iterator[TrialLog]:  # fmt: skip
+    """Every entry, following ``fetch(after, limit, verified_only=…, target=…, structure=…)``'s cursors (a local
+    store's or a client's)."""
     after = ""
     while True:
-        logs, cursor, more = fetch(after, page, verified_only=verified_only, target=target)
+        logs, cursor, more = fetch(after, page, verified_only=verified_only, target=target, structure=structure)
         yield from logs
         if not more or cursor <= after:  # a cursor that does not advance would page forever
             return

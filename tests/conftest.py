@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from schedhub.registry import SCHEMA_VERSION, LocalRegistry, Principal, Record, RegistryClient, ServerThread, canonical_target, record_key
+from schedhub.registry import SCHEMA_VERSION, Identity, LocalRegistry, Principal, Record, RegistryClient, ServerThread, canonical_target, record_key
 
 TOKEN = "s3cret-token"
 TARGET = canonical_target({"kind": "llvm", "mcpu": "znver5", "num-cores": 2, "keys": ["cpu"]})
@@ -31,6 +31,14 @@ def make_record(workload: int, secs: float, variant: int = 0, *, op: str | None 
         "args_info": [["TENSOR", "float32", [workload, 64]]], "trace": json.dumps(trace),
         "run_secs": [secs, secs * 1.01], "provenance": provenance or {"host_cpu": "test"},
     })  # fmt: skip
+
+
+def of_structure(workload: int, rank: int, target: str = TARGET) -> Identity:
+    """make_record(workload)'s identity with a buffer of ``rank`` dimensions: workloads of one rank share a structure."""
+    identity = make_record(workload, 1e-3, target=target).identity
+    text = identity.workload.replace(f"({workload}, 64)", "(" + ", ".join([str(workload)] + ["64"] * (rank - 1)) + ")")
+    args_info = [["TENSOR", "float32", [workload] + [64] * (rank - 1)]]
+    return Identity.from_obj({**identity.to_dict(), "workload": text, "key": record_key(identity.fingerprint, target, text), "args_info": args_info})
 
 
 #: A trace today's checks refuse and a registry without the object-graph check kept: a string holding an object graph

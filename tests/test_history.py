@@ -111,7 +111,7 @@ def test_a_format_5_store_gets_each_callers_ended_work_kept_and_trimmed_and_its_
         reg.requeue(miss(4).key)
         reg.requeue(miss(3).key)
         with reg.store.read() as txn:
-            assert txn.get(b"format", db=reg.store.dbs["meta"]) == b"7"
+            assert txn.get(b"format", db=reg.store.dbs["meta"]) == b"8"
             assert [row for row, _ in txn.cursor(db=reg.store.dbs["kept"])] == [unpackb(txn.get(f"{claim.key}:{claim.trace_id}".encode(),
                                                                                                      db=reg.store.dbs["quarantine"]))["kept"]]
 

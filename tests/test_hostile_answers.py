@@ -38,7 +38,7 @@ from schedhub.registry import (
     packb,
 )
 
-from .conftest import make_record
+from .conftest import make_record, of_structure
 from .scripted_server import Reply, ScriptedServer
 
 TOKENS = {"admin-tok": Principal("root", "admin"), "w-tok": Principal("w", "worker")}
@@ -84,6 +84,7 @@ def calls(records: list[Record], missed: Record, lease: Lease) -> dict[str, Call
         "push_trials": lambda c: c.push_trials(trials),
         "iter_trial_logs": lambda c: list(c.iter_trial_logs()),
         "trial_logs_of_target": lambda c: c.trial_logs(target=records[0].identity.target),
+        "trial_logs_of_structure": lambda c: c.trial_logs(target=records[0].identity.target, structure=records[0].identity.structure),
         "push_cost_model": lambda c: c.push_cost_model(model),
         "cost_model": lambda c: c.cost_model(model.target, model.compiler, model.features),
         "report_misses": lambda c: c.report_misses([missed.identity]),
@@ -245,6 +246,16 @@ def test_a_log_answered_for_another_target_is_refused(captured: dict) -> None:
     with ScriptedServer(Reply(status, ctype, packb(value))) as scripted, RegistryClient(scripted.url, retries=0) as client:
         with pytest.raises(MalformedAnswer, match="another target"):
             captured["trial_logs_of_target"][0](client)
+
+
+def test_a_log_answered_for_another_structure_is_refused(captured: dict) -> None:
+    """Asked for one structure's log (a search's cost model starts from it), an answer of another structure is not believed."""
+    status, ctype, answer = captured["trial_logs_of_structure"][1]
+    value = msgpack.unpackb(answer, raw=False)
+    value["items"][0]["identity"] = of_structure(1, 3).to_dict()
+    with ScriptedServer(Reply(status, ctype, packb(value))) as scripted, RegistryClient(scripted.url, retries=0) as client:
+        with pytest.raises(MalformedAnswer, match="another structure"):
+            captured["trial_logs_of_structure"][0](client)
 
 
 def test_an_answer_past_the_bounds_is_given_up_on(captured: dict) -> None:

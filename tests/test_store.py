@@ -222,7 +222,7 @@ def test_an_older_format_store_is_upgraded_with_its_new_indexes_rebuilt(tmp_path
             assert txn.stat(reg.store.dbs["by_struct"])["entries"] == 6 and reg.stats()["coverage"]["targets"] == 2
         assert (unchecked.key in reg.lookup([unchecked.key], refused=(refused := []))) == (older != b"1") and len(refused) == (older == b"1")  # left out of reads
         with reg.store.read() as txn:
-            assert txn.get(b"format", db=reg.store.dbs["meta"]) == _store.STORE_FORMAT == b"7"
+            assert txn.get(b"format", db=reg.store.dbs["meta"]) == _store.STORE_FORMAT == b"8"
 
 
 def test_a_format_4_store_gets_its_pending_verifications_ranked_by_requester(tmp_path: Path) -> None:
@@ -268,7 +268,27 @@ def test_a_format_4_store_gets_its_pending_verifications_ranked_by_requester(tmp
         assert sorted(leased) == sorted(r.key for r in [*claims, make_record(20, 1e-3)])  # each once
         assert reg.lease("w", max_jobs=10, lease_secs=60, tasks=("verify",)) == []
         with reg.store.read() as txn:
-            assert txn.get(b"format", db=reg.store.dbs["meta"]) == b"7"
+            assert txn.get(b"format", db=reg.store.dbs["meta"]) == b"8"
+
+
+def test_a_format_7_store_gets_its_trial_logs_indexed_by_structure_on_open(tmp_path: Path) -> None:
+    """Format 7 kept no ``trials_by_structure``: on upgrade every log entry is put in it, so a search's cost model finds
+    the entries a format-7 writer logged (a stale index would hide them), and format 8 keeps that writer out."""
+    from schedhub.registry import Trial, TrialLog, _store
+
+    identities = [make_record(w, 1e-3).identity for w in range(3)]
+    with LocalRegistry(tmp_path, sync=False) as reg:
+        for identity in identities:
+            reg.push_trials(TrialLog(identity, [Trial(make_record(0, 1e-3).trace, 1e-3)]), "w")
+        with reg.store.env.begin(write=True) as txn:  # what a format-7 writer leaves: no rows, no flag
+            txn.put(b"format", b"7", db=reg.store.dbs["meta"])
+            txn.delete(_store.TRIALS_BY_STRUCTURE, db=reg.store.dbs["meta"])
+            txn.drop(reg.store.dbs["trials_by_structure"], delete=False)
+    with LocalRegistry(tmp_path, sync=False) as reg:
+        found = reg.trial_logs(target=TARGET, structure=identities[0].structure)[0]
+        assert sorted(log.key for log in found) == sorted(identity.key for identity in identities)
+        with reg.store.read() as txn:
+            assert reg.store.indexed(txn, _store.TRIALS_BY_STRUCTURE) and txn.get(b"format", db=reg.store.dbs["meta"]) == b"8"
 
 
 def test_a_format_6_store_gets_its_pending_tune_jobs_ranked_by_callers_and_turns(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from schedhub.registry import (
 )  # fmt: skip
 from schedhub.registry._trials import MAX_PUSHERS_PER_KEY, MAX_TRIALS_PER_ENTRY, MAX_TRIALS_PER_PUSH, iter_pages
 
-from .conftest import TARGET, UNCHECKED_TRACE, clients_by_name, make_record
+from .conftest import TARGET, UNCHECKED_TRACE, clients_by_name, make_record, of_structure
 
 TOKENS = {"alice-tok": Principal("alice"), "w1-tok": Principal("w1", "worker"), "reader-tok": Principal("reader", "read")}
 
@@ -120,6 +120,49 @@ def test_a_targets_logs_are_read_from_its_index_and_a_page_reads_a_bounded_numbe
             as_["reader"].trial_logs(target=bad)
 
 
+def test_a_structures_logs_are_read_from_their_own_index_and_nothing_of_the_targets_other_logs(
+        as_: dict[str, RegistryClient], srv: ServerThread, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """What a search's cost model starts from (tuner.logmodel): one structure's entries on one target, read from
+    ``trials_by_structure``; the target's other structures and other targets' entries of the structure are not loaded."""
+    from schedhub.registry import _trials
+
+    other = TARGET.replace("znver5", "znver4")
+    placed = {(w, rank, tgt): of_structure(w, rank, tgt) for w in range(6) for rank in (2, 3) for tgt in (TARGET, other)}
+    for (w, rank, tgt), identity in placed.items():
+        as_["w1"].push_trials(TrialLog(identity, [Trial(trace(w), 1e-3)]))
+    as_["alice"].push_trials(TrialLog(placed[(0, 3, TARGET)], [Trial(trace(9), 1e-3)]))  # a claim beside w1's entry
+    wanted = placed[(0, 3, TARGET)].structure
+    assert len({identity.structure for identity in placed.values()}) == 2  # a structure id names a target kind, not a CPU
+    mine = {placed[(w, 3, TARGET)].key for w in range(6)}
+    assert {log.key for log in as_["reader"].iter_trial_logs(target=TARGET, structure=wanted, page=1)} == mine
+    assert len(list(as_["reader"].iter_trial_logs(target=TARGET, structure=wanted, page=2))) == 7  # alice's claim too, once
+    assert len(list(as_["reader"].iter_trial_logs(target=TARGET, structure=wanted, verified_only=True))) == 6
+    loaded = []
+    real = _trials.unpackb
+    monkeypatch.setattr(_trials, "unpackb", lambda raw: loaded.append(1) or real(raw))
+    assert len(as_["reader"].trial_logs(target=other, structure=wanted)[0]) == 6 and len(loaded) == 6  # that target's, that structure's
+    for bad, why in (({"structure": wanted}, "needs 'target'"), ({"structure": "AB" * 32, "target": TARGET}, "structure id"),
+                     ({"structure": wanted[:-1], "target": TARGET}, "structure id")):  # fmt: skip
+        with pytest.raises(InvalidRecord, match=why):
+            as_["reader"].trial_logs(**bad)
+
+
+def test_an_entry_leaves_the_structure_index_when_it_is_dropped_or_evicted(local: LocalRegistry) -> None:
+    identity = of_structure(1, 3)
+
+    def rows() -> int:
+        with local.store.read() as txn:
+            return txn.stat(local.store.dbs["trials_by_structure"])["entries"]
+
+    for i in range(MAX_PUSHERS_PER_KEY):
+        local.push_trials(TrialLog(identity, [Trial(trace(1), 1e-3)]), f"p{i}", verified=False)
+    local.push_trials(TrialLog(identity, [Trial(trace(1), 1e-3)]), "w", verified=True)  # evicts p0's claim
+    assert rows() == MAX_PUSHERS_PER_KEY
+    assert local.forget("p1")["trial_logs"] == 1 and rows() == MAX_PUSHERS_PER_KEY - 1
+    found = local.trial_logs(target=TARGET, structure=identity.structure)[0]
+    assert sorted(log.pushed_by for log in found) == sorted(["w", *(f"p{i}" for i in range(2, MAX_PUSHERS_PER_KEY))])
+
+
 def test_a_key_holds_a_bounded_number_of_pushers_and_a_worker_evicts_the_oldest_claim(local: LocalRegistry) -> None:
     for i in range(MAX_PUSHERS_PER_KEY):
         local.push_trials(log_of(3, range(2)), f"p{i}", verified=False)
@@ -154,7 +197,7 @@ def test_a_push_over_its_trial_limit_is_refused(as_: dict[str, RegistryClient]) 
 
 def test_paging_stops_on_a_cursor_that_does_not_advance() -> None:
     pages = {"": ([log_of(6, range(1))], "aa", True), "aa": ([log_of(7, range(1))], "aa", True)}  # a hostile server's loop
-    logs = list(islice(iter_pages(lambda after, limit, verified_only, target: pages[after], verified_only=False, page=10), 10))
+    logs = list(islice(iter_pages(lambda after, limit, verified_only, target, structure: pages[after], verified_only=False, page=10), 10))
     assert len(logs) == 2  # without the guard: 10, and without islice a hang
 
 

@@ -534,6 +534,29 @@ def test_a_search_started_from_the_registrys_log_model_measures_other_candidates
     assert runs["warm"] != runs["cold"]
 
 
+def test_the_log_model_reads_only_its_structures_entries_from_a_remote_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A search's cost model starts from its structure's logged workloads (``logmodel.model_log``): the server reads them
+    from its index by structure, nothing of what else the target logged (a worker would otherwise download a target's
+    whole log per job), and the workload's own entry comes first."""
+    from schedhub.registry import Principal, Trial, TrialLog, _trials
+    from schedhub.tuner import logmodel
+
+    from .conftest import of_structure
+
+    others, mine = [of_structure(w, 2) for w in range(40)], [of_structure(w, 3) for w in range(3)]
+    with ServerThread(tmp_path / "reg", tokens={"w-tok": Principal("w", "worker")}, sync=False) as srv:
+        with RegistryClient(srv.url, token="w-tok") as client:
+            for identity in [*others, *mine]:
+                client.push_trials(TrialLog(identity, [Trial(json.dumps([[], [v]]), 1e-3 * (1 + v)) for v in range(logmodel.MIN_GROUP)]))
+            loaded = []
+            real = _trials.unpackb
+            monkeypatch.setattr(_trials, "unpackb", lambda raw: loaded.append(1) or real(raw))
+            groups = logmodel.model_log(client, mine[1])
+    assert [workload for workload, _ in groups][0] == mine[1].workload
+    assert sorted(workload for workload, _ in groups) == sorted(identity.workload for identity in mine)
+    assert len(loaded) == len(mine)
+
+
 def test_a_cold_model_that_ranks_after_one_batch_measures_other_candidates_than_one_that_ranks_at_random(ray_address: str) -> None:
     """MetaSchedule's model scores at random until it has measured 100 candidates; with ``model_warmup`` at one batch,
     the model trained on the first batch ranks the second: with one search thread, a fixed seed and no measured

@@ -19,8 +19,8 @@ from schedhub.registry import Identity, Registry, RegistryError, TrialLog
 
 log = logging.getLogger("schedhub.tuner")
 
-MAX_ENTRIES_READ = 2000  # log entries of the target a driver reads looking for this structure's
 MAX_GROUPS = 32  # workloads (each an entry's trials) a model starts from
+MAX_ENTRIES_READ = 4 * MAX_GROUPS  # entries of the structure read looking for groups (claims and short ones are skipped)
 MIN_GROUP = 4  # trials a workload needs to teach a ranking
 #: Samples after which the model's predictions are used (MetaSchedule's XGBModel scores at random below its
 #: num_warmup_samples, 100 by default: a model started from fewer logged trials would be started for nothing)
@@ -30,10 +30,13 @@ WARMUP_SAMPLES = 16
 def model_log(registry: Registry, identity: Identity) -> list[list[Any]]:
     """[workload text, [[trace, secs], …]] of the verified log's entries of ``identity``'s structure on its target
     (this workload's first), each with at least :data:`MIN_GROUP` trials; at most :data:`MAX_GROUPS` of them, from the
-    first :data:`MAX_ENTRIES_READ` entries of the target. [] when the registry cannot say."""
+    first :data:`MAX_ENTRIES_READ` entries of the structure (the registry's index of the log by structure: nothing of
+    the target's other structures is read). [] when the registry cannot say."""
     groups: list[list[Any]] = []
+    page = MAX_GROUPS + 1  # one page when the log holds no more than a model takes
     try:
-        for n, entry in enumerate(registry.iter_trial_logs(verified_only=True, target=identity.target)):
+        found = registry.iter_trial_logs(verified_only=True, target=identity.target, structure=identity.structure, page=page)
+        for n, entry in enumerate(found):
             if n >= MAX_ENTRIES_READ or len(groups) >= MAX_GROUPS:
                 break
             if entry.identity.structure != identity.structure or len(entry.trials) < MIN_GROUP:

@@ -1,7 +1,7 @@
 """Does a search whose cost model starts trained on the registry's log reach a cold search's best in fewer trials?
 
     python -m bench.studies.warmmodel [--network resnet18 --image 64] [--kernels 2] [--trials 64] [--seeds 0,1]
-    python -m bench.studies.warmmodel --log-store DIR [--prepack] [--layout NHWC] --image 160 ...
+    python -m bench.studies.warmmodel --log-store DIR [--prepack] [--layout NHWC] [--conv winograd] --image 160 ...
 
 For each of the network's ``--kernels`` heaviest kernels (calls x FLOPs) the registry's verified log is filled: the
 same kernel at another image size is tuned first (``--neighbour-image``), or the log is a copy of a registry that
@@ -63,13 +63,14 @@ def main() -> None:
     parser.add_argument("--log-store", type=Path, help="train on a copy of this registry's log instead of tuning neighbours")
     parser.add_argument("--prepack", action="store_true", help="the kernels with their weights prepacked (hooks.use(..., prepack=True))")
     parser.add_argument("--layout", default="given", help="the convolutions' layout (hooks.use(..., layout=...)), as the log's runs tuned them")
+    parser.add_argument("--conv", default="direct", help="the 3x3 convolutions' algorithm (hooks.use(..., conv=...)), as the log's runs tuned them")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "studies" / "warm-model.json")
     args = parser.parse_args()
     import tvm
 
     tvm_env.prepare()
     target = tvm.target.Target(tvm_env.host_target())
-    rewrites = Rewrites(prepack=args.prepack, layout=args.layout)
+    rewrites = Rewrites(prepack=args.prepack, layout=args.layout, conv=args.conv)
     wanted = models.kernels(models.export_with_weights(args.network, batch=1, image=args.image)[0], target, rewrites)
     options = replace(OPTIONS, trials=args.trials, population=args.population)
     rows: list[dict[str, Any]] = []
