@@ -123,7 +123,7 @@ class Spending:
     until_pytorch: bool = False
     max_minutes: float | None = None
     rewrites: Rewrites = Rewrites()
-    warm_model: bool = False  # each search's cost model starts trained on the registry's log (a network's later rounds: on its earlier ones)
+    warm_model: bool = True  # each search's cost model starts trained on the registry's log (a network's later rounds: on its earlier ones)
     round_trials: int | None = None  # trials a round (None: the mode's trials_per_iter); MetaSchedule's iterations inside stay that size
 
 
@@ -412,7 +412,10 @@ def main() -> None:
     parser.add_argument("--prepack", action="store_true", help="weights laid out by each kernel's schedule, packed at compile time (hooks.rewrites)")
     parser.add_argument("--conv", choices=list(CONVS), default="direct", help="winograd: 3×3 stride-1 convolutions by Winograd's F(4×4, 3×3), F(2×2, 3×3) on small images (hooks.winograd)")
     parser.add_argument("--round-trials", type=int, help="with --policy: trials a round (default: the mode's 16 on a CPU, 32 on a GPU; Ansor's is 64)")
-    parser.add_argument("--warm-model", action="store_true", help="start each search's cost model trained on the registry's log (TuneOptions.warm_model)")
+    parser.add_argument("--warm-model", action="store_true", default=True,
+                        help="start each search's cost model trained on the registry's log (TuneOptions.warm_model; the default)")
+    parser.add_argument("--cold-model", action="store_false", dest="warm_model",
+                        help="start each search's cost model cold, as MetaSchedule does (rows recorded before warm was the default: cold)")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--merge", type=Path, nargs="+", help="write these runs' tables as one (--out), tuning nothing")
     args = parser.parse_args()
@@ -436,7 +439,7 @@ def main() -> None:
                                   *([f"--trials {args.trials}"] if args.trials else []),
                                   *([f"--networks {args.networks}"] if args.networks else []), *(["--seed-store DIR"] if args.seed_store else []), *(["--keep-store DIR"] if args.keep_store else []),
                                   *(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k in ("policy", "until", "max_minutes", "round_trials") and v),
-                                  *spending.rewrites.flags(), *(["--warm-model"] if args.warm_model else [])])  # fmt: skip
+                                  *spending.rewrites.flags(), "--warm-model" if args.warm_model else "--cold-model"])  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     print(f"wrote {out}")

@@ -326,7 +326,8 @@ def _tuning_runs(rows: list[dict[str, Any]]) -> list[str]:
     out = ["Tuned in rounds:", ""]
     for r in tuned:
         how = r["tuning"]
-        model = "each round's cost model started from the registry's log" if "--warm-model" in r.get("command", "") else "a cold cost model each round"
+        warm = "--warm-model" in r.get("command", "")  # a run records its choice; those recorded before warm was the default were cold
+        model = "each round's cost model started from the registry's log" if warm else "a cold cost model each round"
         rewrites = ", ".join(rewrites_of(r)) or "nothing rewritten"
         rounds = f"rounds of {how['round_trials']}, " if how.get("round_trials") else ""
         resumed = "resuming an earlier run's registry (`--seed-store`), " if "--seed-store" in r.get("command", "") else ""

@@ -36,9 +36,10 @@ def budget_options(f: Any) -> Any:
                      help="Evolutionary search population (MetaSchedule's default); a budget of a few trials needs far fewer.")(f)
     f = click.option("--seed", type=int, default=0, show_default=True, help="Search seed.")(f)
     f = click.option("--trials-per-iter", type=int, default=16, show_default=True, help="Candidates measured per search round.")(f)
-    f = click.option("--warm-model", is_flag=True,
+    f = click.option("--warm-model/--cold-model", default=True, show_default=True,
                      help="Start each search's cost model trained on the registry's verified log of the kernel's structure "
-                          "(its other shapes, its earlier searches) instead of ranking at random until 100 trials.")(f)  # fmt: skip
+                          "(its other shapes, its earlier searches); cold: MetaSchedule's own start, ranking at random until "
+                          "100 trials.")(f)  # fmt: skip
     return click.option("--trials", type=int, default=64, show_default=True, help="Measured candidates per workload.")(f)
 
 
@@ -118,7 +119,8 @@ def tune(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: 
     tgt = plan.resolve_target(target)
     rewrites = Rewrites(layout, math, prepack, conv)  # type: ignore[arg-type]  # click checked them
     planned = plan.plan(refs, tgt, rewrites)
-    said = [text for text in (rewrites.describe(), "each search's cost model started from the registry's log" if options.warm_model else "") if text]
+    model = "each search's cost model started from the registry's log" if options.warm_model else "each search's cost model started cold"
+    said = [text for text in (rewrites.describe(), model) if text]
     console.print(f"{len(refs)} model shape(s), {len(planned)} distinct kernels for {tgt}" + "".join(f", {text}" for text in said))
     if dry_run:
         for p in planned:
@@ -175,7 +177,7 @@ def submit(registry: str, token: str | None, model_specs: tuple[str, ...], sweep
         if value != default:  # the work's identity (and so its submission id) is unchanged for the defaults
             work[name] = value
             args += [f"--{name}", value]
-    for flag, on in (("prepack", prepack), ("warm_model", warm_model)):
+    for flag, on in (("prepack", prepack), ("cold_model", not warm_model)):  # the defaults' work is unchanged
         if on:
             work[flag] = True
             args.append(f"--{flag.replace('_', '-')}")

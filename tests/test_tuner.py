@@ -527,6 +527,7 @@ def test_a_search_started_from_the_registrys_log_model_measures_other_candidates
     assert pretrained(groups, tvm.target.Target(TARGET)) is not None
     options = tiny(trials=4, trials_per_iter=4, search_threads=1, seed=3, warm_start=0, synthesize=0, publish=1)
     runs = {}
+    options = dataclasses.replace(options, warm_model=False)
     for name, opts in (("cold", options), ("cold again", options), ("warm", dataclasses.replace(options, warm_model=True))):
         ref = cluster.submit("tune", identity=wanted.to_dict(), warm_traces=[], options=opts.__dict__, label=name, model_log=groups)
         runs[name] = {trace_id(trace) for trace, _ in TuneResult.from_dict(cluster.result(ref)).measured}  # every candidate the search timed
@@ -846,14 +847,15 @@ def test_tune_cli_pushes_every_kernel_and_resumes(ray_address: str, tmp_path: Pa
     assert again.returncode == 0 and "tuned 0, skipped 4" in again.stdout, again.stdout + again.stderr
 
 
-def test_tune_says_when_its_searches_start_from_the_registrys_log_model(tmp_path: Path) -> None:
+def test_tune_says_whether_its_searches_start_from_the_registrys_log_model(tmp_path: Path) -> None:
+    """Warm is the default; --cold-model starts MetaSchedule's own way, and the header says which."""
     cmd = [sys.executable, "-m", "schedhub.cli.main", "tune", "-r", str(tmp_path / "store"), "--model", '{"name": "mlp", "features": 32, "hidden": 32}',
            "--target", '{"kind": "llvm", "mcpu": "znver1", "num-cores": 2}', "--dry-run"]  # fmt: skip
     said = {flags: subprocess.run(cmd + list(flags), cwd=REPO, capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "300"})
-            for flags in [(), ("--warm-model",)]}  # fmt: skip
+            for flags in [(), ("--warm-model",), ("--cold-model",)]}  # fmt: skip
     assert all(done.returncode == 0 for done in said.values()), [d.stderr for d in said.values()]
-    assert "cost model started from the registry's log" in said[("--warm-model",)].stderr
-    assert "cost model" not in said[()].stderr
+    assert all("cost model started from the registry's log" in said[flags].stderr for flags in [(), ("--warm-model",)])
+    assert "cost model started cold" in said[("--cold-model",)].stderr and "registry's log" not in said[("--cold-model",)].stderr
 
 
 def test_tune_until_gives_each_kernel_a_round_then_where_it_gains_most_within_the_budget(ray_address: str, tmp_path: Path) -> None:

@@ -57,7 +57,7 @@ class TuneOptions:
     synthesize: int = 64  # design-space samples ranked by the registry's log model; its best ``seeds`` are seeded too (0: none)
     seeds: int = SEEDS  # synthesized schedules measured before the search
     search_threads: int = 0  # MetaSchedule's own threads; 0: physical cores. With 1, a seed gives the same first batch every time
-    warm_model: bool = False  # start the search's cost model trained on the registry's verified log of this structure (logmodel.py)
+    warm_model: bool = True  # start the search's cost model trained on the registry's verified log of this structure (logmodel.py)
     model_warmup: int = COLD_WARMUP  # candidates a cold cost model measures before it ranks any (below: at random)
     population: int = 512  # evolutionary search population (MetaSchedule's default); smaller is cheaper per trial
     genetic_iters: int = 4  # evolution rounds per batch of candidates (MetaSchedule's default)
