@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import subprocess
@@ -271,6 +272,8 @@ def _models(d: dict[str, Any] | None, drawn: dict[str, str], title: str) -> list
     at_least = sum(r["speedup_vs_pytorch"]["median"] >= 1 for r in d["rows"])
     lines += ["", f"\"trials\": candidates measured for the network's kernels, warm starts included. "
               f"schedhub-tuned is at least as fast as PyTorch on {at_least} of {len(d['rows'])} rows.", ""]  # fmt: skip
+    if by_cpu:
+        lines += _latest_rows(d["rows"])
     lines += _tuning_runs(d["rows"])
     if "speedup" in drawn:
         lines += [f"![speedups]({drawn['speedup']})", ""]
@@ -316,6 +319,32 @@ def _models(d: dict[str, Any] | None, drawn: dict[str, str], title: str) -> list
     if "curves" in drawn:
         lines += [f"![tuning curves]({drawn['curves']})", ""]
     return lines
+
+
+def latest_rows(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Each CPU's newest row of each network and batch (by when its run was recorded: whatever its configuration or
+    result), in the table's order."""
+    newest: dict[tuple[str, str, int], dict[str, Any]] = {}
+    for r in sorted(rows, key=lambda r: r.get("recorded", "")):  # stable: rows of one run keep their order
+        newest[(str(r.get("cpu", "")), r["network"], r["batch"])] = r
+    by_cpu: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        if newest[(str(r.get("cpu", "")), r["network"], r["batch"])] is r:
+            by_cpu.setdefault(str(r.get("cpu", "")), []).append(r)
+    return by_cpu
+
+
+def _latest_rows(rows: list[dict[str, Any]]) -> list[str]:
+    """The table as it stands on each CPU: every network's newest row, with the geometric mean of their speedups."""
+    out = ["Where each CPU stands: its newest row of each network and batch (the rows above are every configuration measured, "
+           "older ones kept as the record):", ""]
+    summary = []
+    for cpu, newest in latest_rows(rows).items():
+        speedups = [r["speedup_vs_pytorch"]["median"] for r in newest]
+        geomean = math.exp(sum(math.log(x) for x in speedups) / len(speedups))
+        each = ", ".join(f"{r['network']} b{r['batch']} {times(r['speedup_vs_pytorch'])}" for r in newest)
+        summary.append([cpu, each, f"{sum(x >= 1 for x in speedups)} of {len(speedups)}", f"{geomean:.2f}×"])
+    return [*out, *table(["CPU", "tuned vs PyTorch, newest row of each network", "≥ 1.0×", "geometric mean"], summary, "llrr"), ""]
 
 
 def _tuning_runs(rows: list[dict[str, Any]]) -> list[str]:

@@ -502,10 +502,34 @@ def test_runs_on_different_cpus_merge_into_a_table_that_says_each_rows_cpu(tmp_p
     options = {"trials": 64, "trials_per_iter": 16, "population": 128, "genetic_iters": 2, "search_threads": 0, "seed": 0, "publish": 3, "warm_start": 8}
     lines = report._models({**merged, "options": options, "rounds": 5}, {}, "Models")
     assert "Rows from 2 CPUs (rocketlake, znver5" in lines[2]
-    header, _, *rows = [line for line in lines if line.startswith("|")]
+    header, _, *rows = first_table(lines)
     assert "| CPU |" in header and [row.split(" | ")[1] for row in rows] == ["rocketlake", "rocketlake", "znver5"]
     one = report._models({**merge([run("e", "znver5")]), "options": options, "rounds": 5}, {}, "Models")
     assert "Target `" in one[2] and "| CPU |" not in next(line for line in one if line.startswith("|"))
+
+
+def first_table(lines: list[str]) -> list[str]:
+    """The rows of the first markdown table in ``lines``."""
+    start = next(n for n, line in enumerate(lines) if line.startswith("|"))
+    end = next((n for n in range(start, len(lines)) if not lines[n].startswith("|")), len(lines))
+    return lines[start:end]
+
+
+def test_a_merged_table_says_where_each_cpu_stands_by_its_newest_row_of_each_network() -> None:
+    """Every configuration measured stays in the table; the summary takes each CPU's newest row of each network and
+    batch by when its run was recorded (not its best), in the table's order, with their geometric mean."""
+    def row(cpu: str, network: str, batch: int, speedup: float, recorded: str) -> dict:
+        return {"cpu": cpu, "network": network, "batch": batch, "recorded": recorded, "speedup_vs_pytorch": {"median": speedup, "min": speedup, "max": speedup}}
+
+    rows = [row("rocketlake", "resnet18", 1, 1.5, "2026-11-28 10:00 UTC"), row("rocketlake", "bert", 1, 0.9, "2026-11-28 12:00 UTC"),
+            row("rocketlake", "resnet18", 1, 0.8, "2026-11-28 11:00 UTC"), row("znver5", "resnet18", 1, 2.0, "2026-11-27 09:00 UTC"),
+            row("rocketlake", "mlp", 16, 4.0, "2026-11-28 12:00 UTC"), row("rocketlake", "mlp", 1, 2.0, "2026-11-28 12:00 UTC")]  # fmt: skip
+    newest = report.latest_rows(rows)
+    assert {cpu: [(r["network"], r["batch"], r["speedup_vs_pytorch"]["median"]) for r in kept] for cpu, kept in newest.items()} == {
+        "rocketlake": [("bert", 1, 0.9), ("resnet18", 1, 0.8), ("mlp", 16, 4.0), ("mlp", 1, 2.0)], "znver5": [("resnet18", 1, 2.0)]}
+    _, _, rocketlake, znver5 = first_table(report._latest_rows(rows))
+    assert "| 2 of 4 |" in rocketlake and f"{math.exp((math.log(0.9) + math.log(0.8) + math.log(4.0) + math.log(2.0)) / 4):.2f}×" in rocketlake
+    assert "resnet18 b1 2" in znver5 and "| 1 of 1 | 2.00× |" in znver5
 
 
 def test_the_gap_study_replays_every_kernel_call_of_a_forward_pass_on_the_vms_own_tensors() -> None:
