@@ -20,8 +20,9 @@ import signal
 import subprocess
 import sys
 import threading
-from itertools import islice
 import time
+from collections.abc import Callable
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -149,7 +150,7 @@ def rare_target() -> str:
 def fill_trials(root: Path, rare_entries: int = 8) -> int:
     """The measurement log of a registry whose tuners logged every key: one entry per key (its records'
     traces and times), ``rare_entries`` entries of the same workloads on :func:`rare_target`, and as many of
-    another structure (:func:`rare_structure`) on the store's target. Returns entries."""
+    another structure (matmuls in :data:`RARE_DTYPE`) on the store's target. Returns entries."""
     from schedhub.registry import Identity, Trial, TrialLog
 
     rare, workload = rare_target(), matmuls()
@@ -171,45 +172,48 @@ def fill_trials(root: Path, rare_entries: int = 8) -> int:
 RARE_DTYPE = "float64"  # of the matmuls :func:`fill_trials` logs as another structure than the store's
 
 
+def filtered_reads(url: str, rounds: int, by_server: Callable[[Any], int], by_client: Callable[[Any], int], *, same_filter: bool = False) -> dict[str, Any]:
+    """``by_server(client)`` (entries the server's filter gave) against ``by_client(client)`` (entries the client's own
+    filter kept), timed alternately on one connection after a warm-up (the connection, the server's first read); with
+    ``same_filter`` each round checks that both kept the same number, more than none."""
+    from schedhub.registry import RegistryClient
+
+    server_secs, client_secs = [], []
+    with RegistryClient(url, timeout=120) as client:
+        by_server(client)
+        for _ in range(rounds):
+            start = time.perf_counter()
+            found = by_server(client)
+            server_secs.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            client_found = by_client(client)
+            client_secs.append(time.perf_counter() - start)
+            assert not same_filter or client_found == found > 0
+    return {"entries": found, "client_found": client_found, "server_filtered_ms": summary_ms(server_secs), "client_filtered_ms": summary_ms(client_secs),
+            "client_over_server": summary([c / s for c, s in zip(client_secs, server_secs)])}  # fmt: skip
+
+
 def structure_read_ms(url: str, rounds: int) -> dict[str, Any]:
     """What a search's cost model starts from (``tuner.logmodel.model_log``): the log entries of one structure that the
     store's target logged a few of, paged with the structure given to the server, against the target's entries paged
     and kept by the client (what ``model_log`` did before the server filtered by structure, up to 2,000 entries)."""
-    from schedhub.registry import Identity, RegistryClient
+    from schedhub.registry import Identity
 
     wanted = Identity.from_obj(matmuls()(1, dtype=RARE_DTYPE))
-    by_server, by_client = [], []
-    with RegistryClient(url, timeout=120) as client:
-        list(client.iter_trial_logs(verified_only=True, target=wanted.target, structure=wanted.structure))  # warm-up
-        for _ in range(rounds):
-            start = time.perf_counter()
-            found = len(list(client.iter_trial_logs(verified_only=True, target=wanted.target, structure=wanted.structure, page=33)))
-            by_server.append(time.perf_counter() - start)
-            start = time.perf_counter()
-            read = list(islice(client.iter_trial_logs(verified_only=True, target=wanted.target, page=200), 2000))
-            client_found = sum(log.identity.structure == wanted.structure for log in read)
-            by_client.append(time.perf_counter() - start)
-    return {"entries": found, "client_found": client_found, "server_filtered_ms": summary_ms(by_server), "client_filtered_ms": summary_ms(by_client),
-            "client_over_server": summary([c / s for c, s in zip(by_client, by_server)])}  # fmt: skip
+    return filtered_reads(
+        url, rounds,
+        lambda client: len(list(client.iter_trial_logs(verified_only=True, target=wanted.target, structure=wanted.structure, page=33))),
+        lambda client: sum(log.identity.structure == wanted.structure
+                           for log in islice(client.iter_trial_logs(verified_only=True, target=wanted.target, page=200), 2000)),
+    )  # fmt: skip
 
 
 def log_read_ms(url: str, rounds: int) -> dict[str, Any]:
     """What a cost model for :func:`rare_target` reads: its log entries, paged with the target given to
     the server, against every entry paged and kept by the client (what the hook did before the server filtered)."""
-    from schedhub.registry import RegistryClient
-
-    target, by_server, by_client = rare_target(), [], []
-    with RegistryClient(url, timeout=120) as client:
-        list(client.iter_trial_logs(target=target, page=200))  # warm-up: the connection, the server's first read
-        for _ in range(rounds):
-            start = time.perf_counter()
-            found = len(list(client.iter_trial_logs(target=target, page=200)))
-            by_server.append(time.perf_counter() - start)
-            start = time.perf_counter()
-            assert sum(log.identity.target == target for log in client.iter_trial_logs(page=200)) == found > 0
-            by_client.append(time.perf_counter() - start)
-    return {"entries": found, "server_filtered_ms": summary_ms(by_server), "client_filtered_ms": summary_ms(by_client),
-            "client_over_server": summary([c / s for c, s in zip(by_client, by_server)])}  # fmt: skip
+    target = rare_target()
+    return filtered_reads(url, rounds, lambda client: len(list(client.iter_trial_logs(target=target, page=200))),
+                          lambda client: sum(log.identity.target == target for log in client.iter_trial_logs(page=200)), same_filter=True)
 
 
 #: Public listings a caller may ask of any registry, each one page: the cost must not grow with the store or queue.

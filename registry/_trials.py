@@ -22,7 +22,7 @@ import lmdb
 
 from ._counts import add_count, drop_counts
 from ._errors import REFUSED_ON_READ, Forbidden, InvalidRecord, PayloadTooLarge, TooManyRequests
-from ._keys import is_key, target_digest
+from ._keys import is_key, structure_key, target_digest
 from ._limits import parse_each
 from ._records import Identity, measured_secs, packb, trace_field, unpackb
 
@@ -287,15 +287,20 @@ def count_claimed_bytes(txn: lmdb.Transaction, trials_db: Any, meta_db: Any) -> 
 
 def structure_row(identity: Identity) -> bytes:
     """The head of an entry's ``trials_by_structure`` row: its target's digest, then its structure id (32 bytes)."""
-    return target_digest(identity.target) + bytes.fromhex(identity.structure)
+    return _structure_head(identity.target, identity.workload, identity.schema)
+
+
+def _structure_head(target: str, workload: str, schema: str) -> bytes:
+    return target_digest(target) + bytes.fromhex(structure_key(target, workload, schema))
 
 
 def stored_structure_row(entry: Any) -> bytes | None:
-    """:func:`structure_row` of a stored entry's identity (None: an identity this version refuses, in no index)."""
-    try:
-        return structure_row(Identity.from_obj(entry.get("identity") if isinstance(entry, dict) else None))
-    except REFUSED_ON_READ:
+    """:func:`structure_row` of a stored entry, from the fields it was put under (as ``trials_by_target``'s row is), so
+    that a drop finds the row whatever a later version's checks say of the entry (None: not an entry's identity)."""
+    identity = entry.get("identity") if isinstance(entry, dict) else None
+    if not isinstance(identity, dict) or not all(isinstance(identity.get(f), str) for f in ("target", "workload", "schema")):
         return None
+    return _structure_head(identity["target"], identity["workload"], identity["schema"])
 
 
 def check_structure_filter(target: str, structure: str) -> None:
