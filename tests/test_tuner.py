@@ -148,6 +148,36 @@ def test_a_default_that_wins_one_timing_is_timed_again_before_it_is_published(ra
         assert records[0].provenance.get("default_schedule") and records[0].provenance.get("timed_twice")
 
 
+def test_a_default_far_slower_than_every_candidate_is_timed_briefly_beside_them(ray_address: str) -> None:
+    """Publishing times a search's best beside the default schedule. Where each candidate's checking call was 10x
+    faster than the default's (an unscheduled matmul here: 14 ms against 0.3 ms), the default gets a few calls, not a
+    full timing; the candidates are timed in full. One candidate as slow as the default, or a caller that turns it off,
+    and the default is timed in full too."""
+    from schedhub.tuner.kernels import BRIEF_TIMING
+
+    a, b = te.placeholder((256, 256), name="A"), te.placeholder((256, 256), name="B")
+    r = te.reduce_axis((0, 256), name="k")
+    ident = workload_identity(te.create_prim_func([a, b, te.compute((256, 256), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="C")]), TARGET, "matmul_nn")
+    mod = workload_module(ident.workload)
+    sch = tvm.s_tir.Schedule(mod)
+    i, j, k = sch.get_loops(sch.get_sblock("C"))
+    sch.reorder(i, k, j)
+    sch.parallel(i)
+    sch.vectorize(j)
+    timing = final_timing(QUICK_SEARCH["final_repeat_ms"])
+    fast = search.side_by_side(ident, mod, [sch.mod], timing, search.Timeline("brief"))
+    calls = BRIEF_TIMING["number"] * BRIEF_TIMING["repeat"]
+    assert fast[0]["brief"] and len(fast[0]["run_secs"]) == len(fast[0]["flushed_secs"]) == calls, fast[0]
+    assert "brief" not in fast[1] and len(fast[1]["run_secs"]) == timing["repeat"] != calls
+    assert min(fast[0]["run_secs"]) > 10 * max(fast[1]["run_secs"])
+    one_slow = search.side_by_side(ident, mod, [sch.mod, mod], timing, search.Timeline("one slow"))
+    turned_off = search.side_by_side(ident, mod, [sch.mod], {**timing, "brief_first_past": None}, search.Timeline("off"))
+    for results in (one_slow, turned_off):
+        assert "brief" not in results[0] and len(results[0]["run_secs"]) == timing["repeat"]
+    records, default, _ = search._against_default(ident, mod, [trace_text(sch.trace)], fast)
+    assert records and default.provenance["timed_briefly"]
+
+
 def test_jobs_that_share_a_node_split_its_search_threads(ray_address: str) -> None:
     """One job searches on every core (MetaSchedule's default); several at once split the node's CPUs less what a
     measurement holds, at least one thread each; threads the options name are kept."""

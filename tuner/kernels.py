@@ -31,6 +31,13 @@ FINAL_TIMING = {"number": 10, "repeat": 5, "min_repeat_ms": 100, "flush_cache": 
 #: device one call, not 50
 UNTIMED = "far slower than the first kernel, not timed"  # the error of such a kernel, which also says "untimed_call_secs"
 UNTIMED_MARGIN_SECS = 0.01
+#: A timing's optional "brief_first_past": where the first kernel's checking call took that many times every other
+#: checked kernel's, and at least BRIEF_AT_LEAST_SECS, the first kernel is timed with BRIEF_TIMING (and flushed so, with
+#: "flushed_too") and its result says "brief": the default schedule a search's best are timed beside. Every one of
+#: them beats it by that factor, so a few calls say as much as 100 (an unscheduled 224-px ResNet convolution ran
+#: 100 ms a call: 10 of a 20 s round went to timing it again, round after round)
+BRIEF_TIMING = {"number": 1, "repeat": 3, "min_repeat_ms": 0}
+BRIEF_AT_LEAST_SECS = 0.002
 
 
 def final_timing(min_repeat_ms: int) -> dict[str, Any]:
@@ -185,7 +192,9 @@ def measure(
     """Time each built kernel on the device of ``target_text``; with ``reference`` (the unscheduled
     kernel built for this CPU) check every output against the reference's on the same inputs first, and
     where ``timing`` says ``"untimed_past"``, time none whose checking call was that many times slower
-    than the first kernel's (:data:`UNTIMED`).
+    than the first kernel's (:data:`UNTIMED`); where it says ``"brief_first_past"``, time the first kernel
+    briefly when every other was that many times faster (:data:`BRIEF_TIMING`). Every kernel is checked
+    before any is timed.
 
     ``own_args``: per artifact, the arguments it is timed on where they are not ``args_info`` (a kernel that takes its
     weights prepacked, in the layout its schedule chose); ``checks``: per artifact, the build whose outputs are checked
@@ -200,35 +209,60 @@ def measure(
     start = time.time()
     tvm_env.prepare()
     dev = device_for(target_text)
-    results: list[dict[str, Any]] = []
+    results: list[dict[str, Any] | None] = []  # None: checked, to be timed
     with tempfile.TemporaryDirectory(prefix="schedhub-measure-") as tmp:
         arrays = random_arguments(args_info)
         tensors = [tvm.runtime.tensor(a, dev) for a in arrays]  # timing only: shared by every candidate
         expected = _run(tvm_env.load_library(reference, tmp), arrays, tvm.cpu(0)) if reference is not None else None
-        first_call: float | None = None  # seconds of the first kernel's checking call
+        loaded: dict[int, Any] = {}
+        calls: dict[int, float] = {}  # checking calls' seconds, of the kernels to be timed
         for i, artifact in enumerate(artifacts):
             if artifact is None:
                 results.append({"run_secs": None, "error": "not built"})
                 continue
             try:
-                rt_mod = tvm_env.load_library(artifact, tmp)
-                if expected is not None:
-                    check = _nth(checks, i)
-                    called = time.perf_counter()
-                    outputs = _run(tvm_env.load_library(check, tmp) if check is not None else rt_mod, arrays, dev)
-                    call_secs = time.perf_counter() - called
-                    if problem := _mismatch(expected, outputs, rtol):
-                        results.append({"run_secs": None, "error": problem})
-                        continue
-                    if first_call is None:
-                        first_call = call_secs
-                    elif (past := timing.get("untimed_past")) and call_secs > past * first_call + timing.get("untimed_margin_secs", UNTIMED_MARGIN_SECS):
-                        results.append({"run_secs": None, "error": f"{UNTIMED}: one call took {call_secs:.3g} s, {call_secs / first_call:.3g}× the first kernel's",
-                                        "untimed_call_secs": call_secs})  # fmt: skip
-                        continue
-                mine = _nth(own_args, i)
-                timed_on = tensors if mine is None else [tvm.runtime.tensor(a, dev) for a in random_arguments(mine)]
-                results.append(_timed(rt_mod, dev, timing, timed_on))
+                results.append(_loaded_and_checked(i, artifact, tmp, arrays, expected, dev, checks, loaded, calls, timing, rtol))
             except Exception as exc:  # a kernel that fails to load or run is a result
                 results.append({"run_secs": None, "error": f"run failed: {_short_error(exc)}"})
+        brief = _brief_first(calls, timing)
+        for i, rt_mod in loaded.items():
+            mine = _nth(own_args, i)
+            try:
+                timed_on = tensors if mine is None else [tvm.runtime.tensor(a, dev) for a in random_arguments(mine)]
+                if i == 0 and brief:
+                    results[i] = {**_timed(rt_mod, dev, {**timing, **BRIEF_TIMING}, timed_on), "brief": True}
+                else:
+                    results[i] = _timed(rt_mod, dev, timing, timed_on)
+            except Exception as exc:  # a kernel that fails to run is a result
+                results[i] = {"run_secs": None, "error": f"run failed: {_short_error(exc)}"}
     return {"results": results, **_interval(start)}
+
+
+def _loaded_and_checked(i: int, artifact: bytes, tmp: str, arrays: list[np.ndarray], expected: list[np.ndarray] | None, dev: Any,
+                        checks: list[bytes | None] | None, loaded: dict[int, Any], calls: dict[int, float], timing: dict[str, Any],
+                        rtol: float) -> dict[str, Any] | None:  # fmt: skip
+    """Load kernel ``i`` and check its outputs against ``expected`` (its checking call's seconds kept in ``calls``): None
+    when it is to be timed (kept in ``loaded``), else its result (a mismatch, or :data:`UNTIMED`)."""
+    rt_mod = tvm_env.load_library(artifact, tmp)
+    if expected is not None:
+        check = _nth(checks, i)
+        called = time.perf_counter()
+        outputs = _run(tvm_env.load_library(check, tmp) if check is not None else rt_mod, arrays, dev)
+        call_secs = time.perf_counter() - called
+        if problem := _mismatch(expected, outputs, rtol):
+            return {"run_secs": None, "error": problem}
+        first_call = next(iter(calls.values()), None)
+        if first_call is not None and (past := timing.get("untimed_past")) and call_secs > past * first_call + timing.get("untimed_margin_secs", UNTIMED_MARGIN_SECS):
+            return {"run_secs": None, "error": f"{UNTIMED}: one call took {call_secs:.3g} s, {call_secs / first_call:.3g}× the first kernel's",
+                    "untimed_call_secs": call_secs}  # fmt: skip
+        calls[i] = call_secs
+    loaded[i] = rt_mod
+    return None
+
+
+def _brief_first(calls: dict[int, float], timing: dict[str, Any]) -> bool:
+    """Whether the first kernel is timed briefly (``timing``'s ``"brief_first_past"``): its checking call (``calls``, by
+    kernel) took at least :data:`BRIEF_AT_LEAST_SECS` and that many times each other kernel's that is to be timed."""
+    past = timing.get("brief_first_past")
+    others = [secs for i, secs in calls.items() if i]
+    return bool(past) and 0 in calls and bool(others) and calls[0] >= BRIEF_AT_LEAST_SECS and calls[0] >= past * max(others)

@@ -385,6 +385,9 @@ def _seed_database(database: Any, mod: Any, target: Any, traces: list[str], buil
 
 #: Where the reference output is computed for kernels of other devices: this CPU, unscheduled.
 HOST_REFERENCE = '{"kind":"llvm"}'
+#: :func:`side_by_side` times the default briefly where each candidate's checking call was this many times faster than
+#: its own: a verdict it cannot change, and a precision no one reads (each record's own time is timed in full)
+BRIEF_DEFAULT_PAST = 10.0
 
 
 def reference_build(mod: Any, target_text: str) -> tuple[Any, str] | None:
@@ -406,12 +409,15 @@ def side_by_side(identity: Identity, mod: Any, candidates: list[Any], timing: di
 
     A build still running :data:`cluster.BUILD_TIMEOUT_SECS` after the wait for it began is cancelled and fails.
     Returns one ``{"run_secs", "error", "build_secs"}`` per module (``build_secs``: None where it was prebuilt or did
-    not come back), the default first (it must run).
+    not come back), the default first (it must run). The default is timed briefly where every candidate's checking call
+    was :data:`BRIEF_DEFAULT_PAST` times faster than its own (:data:`.kernels.BRIEF_TIMING`; its result says ``"brief"``),
+    unless ``timing`` says otherwise (``"brief_first_past"``: None never).
     """
     import tvm
 
     from schedhub.hooks.identity import target_from_text
 
+    timing = {"brief_first_past": BRIEF_DEFAULT_PAST, **timing}
     host = reference_build(mod, identity.target)
     given = [None, *(prebuilt or [None] * len(candidates))]
     given = [None if i and tvm_env.packed_args_info(candidates[i - 1]) is not None else g for i, g in enumerate(given)]  # checked whole: built here
@@ -487,7 +493,8 @@ def _against_default(identity: Identity, mod: Any, traces: list[str], results: l
     from schedhub.hooks.msdb import trace_text
 
     default = Record(identity, trace_text(tvm.s_tir.Schedule(mod).trace), results[0]["run_secs"],
-                     {"default_schedule": True, "default": default_name(identity.target), **flushed_claim(results[0])})  # fmt: skip
+                     {"default_schedule": True, "default": default_name(identity.target), **flushed_claim(results[0]),
+                      **({"timed_briefly": True} if results[0].get("brief") else {})})  # fmt: skip
     records, rejected = [], []
     for text, result in zip(traces, results[1:]):
         if not result["run_secs"]:
