@@ -194,6 +194,8 @@ def write(mode: str) -> Path:
             (PLOTS / "full").mkdir(parents=True, exist_ok=True)
             lines += _models(full, draw.all_plots({"models": full}, PLOTS / "full"), "Models at real sizes and budget (full mode)")
     lines += _tuner(data.get("tuner"))
+    for name, rounds in sorted(load(RESULTS / "full").items()):  # bench.rounds, one file per network (recorded on its own)
+        lines += _rounds(rounds) if name.startswith("rounds-") else []
     lines += _isolation(data.get("isolation"))
     gpu = load(RESULTS / "gpu")  # python -m bench gpu, recorded on a machine with an NVIDIA GPU
     if gpu.get("models"):
@@ -590,6 +592,26 @@ def _tuner_phases(d: dict[str, Any]) -> list[str]:
                "parallel, so theirs can exceed the phase; measurements run one at a time, so the measure phase less theirs is Ray's "
                "scheduling, worker starts and transfers)" if tasks else "") + "):", "",
             *table(["kernel", "seed", "tuner", "wall s", *(f"{p} s" for p in phases), *(["inside Ray's tasks s (build / measure)"] if tasks else [])], rows), ""]  # fmt: skip
+
+
+def _rounds(d: dict[str, Any] | None) -> list[str]:
+    """``bench.rounds``: a network's tuning rounds by stage, each revision measured (medians over every round)."""
+    if not d:
+        return []
+    env = d["environment"]
+    lines = [f"## Tuning throughput: a network's rounds (`{d['command']}`)", "",
+             f"{d['network']}, convolutions {d['layout']}{', weights prepacked' if d['prepack'] else ''}: its {len(d['kernels'])} heaviest kernels "
+             "in turn, rounds of 16 trials (population 128 × 2), a fresh registry and Ray cluster in a process of its own for each run, "
+             f"revisions alternating; {env['machine']['cpu']}{' (' + d['host_cpu'] + ')' if d.get('host_cpu') else ''}, {env['machine']['cores']} cores. A round's stages: the warm start, the search "
+             "(MetaSchedule's own total), publishing (the best built, checked and timed beside the default), and the rest.", ""]  # fmt: skip
+    stages = list(next(iter(d["arms"].values()))["stage_secs"])
+    rows = [[f"`{rev}`" if rev != "worktree" else f"this tree (`{env.get('commit', '?')}`)", fmt(a["trials_per_sec"]), fmt(a["round_secs"]),
+             *(f"{a['stage_secs'][s]:.1f}" for s in stages), f"{a['phase_secs']['build']:.1f} / {a['phase_secs']['measure']:.1f}"]
+            for rev, a in d["arms"].items()]  # fmt: skip
+    lines += table(["revision", "trials/s", "round s", *(f"{s} s" for s in stages), "search's build / measure s"], rows)
+    if "this_vs_before" in d:
+        lines += ["", f"This tree against the other, run by run: {times(d['this_vs_before'])} the trials/s."]
+    return lines + [""]
 
 
 def _isolation(d: dict[str, Any] | None) -> list[str]:

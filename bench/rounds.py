@@ -89,7 +89,8 @@ def run_here(network: str, layout: str, prepack: bool, kernels: int, rounds: int
                              Goal(max_trials=ROUND_TRIALS * rounds), round_trials=ROUND_TRIALS, pushed_by="bench.rounds", on_round=on_round)  # fmt: skip
         finally:
             cluster.stop()
-    return {"label": spec.label(), "kernels": [k.identity.op for k in chosen], "rounds": rows, "tasks_import": imported}
+    return {"label": spec.label(), "kernels": [k.identity.op for k in chosen], "host_cpu": tvm_env.host_target()["mcpu"], "rounds": rows,
+            "tasks_import": imported}
 
 
 def _imported_in_a_task() -> str:
@@ -153,7 +154,7 @@ def main() -> None:
                 runs[rev].append(run := _child(rev, Path(scratch), args))
                 print(f"{rev}: {sum(r['trials'] for r in run['rounds'])} trials in {sum(r['wall_secs'] for r in run['rounds']):.0f} s", flush=True)
     arms = {rev: arm_summary(r) for rev, r in runs.items()}
-    out: dict[str, Any] = {"command": command, "environment": environment(), "network": runs["worktree"][0]["label"],
+    out: dict[str, Any] = {"command": command, "environment": environment(), "host_cpu": runs["worktree"][0]["host_cpu"], "network": runs["worktree"][0]["label"],
                            "layout": args.layout, "prepack": args.prepack, "kernels": runs["worktree"][0]["kernels"], "runs": runs, "arms": arms}  # fmt: skip
     if args.against:
         out["this_vs_before"] = ratio(arms["worktree"]["trials_per_sec"], arms[args.against]["trials_per_sec"], paired=True)
@@ -162,7 +163,7 @@ def main() -> None:
               + ", ".join(f"{s} {v:.1f} s" for s, v in arm["stage_secs"].items()))  # fmt: skip
     if "this_vs_before" in out:
         print(f"this tree vs {args.against}: {out['this_vs_before']['median']:.2f}× the trials/s")
-    path = args.out or Path(__file__).parent / "results" / "full" / "rounds.json"
+    path = args.out or Path(__file__).parent / "results" / "full" / f"rounds-{args.network}.json"
     path.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {path}")
 

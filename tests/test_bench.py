@@ -610,3 +610,27 @@ def test_the_log_rank_study_counts_schedules_measured_in_the_models_order_until_
     assert measured_until_best(np.array([4, 0, 2, 1, 3]), secs) == 4
     assert measured_until_best(np.array([4, 0, 2, 3, 1]), secs, within=1.0) == 5
     assert 1 < random_until_best(secs) < 5  # two of five near the best: a random order finds one in about two
+
+
+def test_a_rounds_stages_are_the_spans_of_its_tasks_and_the_rest_is_other() -> None:
+    """A round's publishing is the span of its builds (which overlap) plus that of its measurement; the search is the
+    job's own total; "other" is the wall time none of them covers. A revision's trials/s is a run's trials over the
+    seconds of its rounds."""
+    from types import SimpleNamespace
+
+    from bench.rounds import arm_summary, round_row
+
+    def event(stage: str, kind: str, start: float, end: float) -> dict:
+        return {"stage": stage, "kind": kind, "start": start, "end": end}
+
+    events = [event("warm start", "build", 0.0, 1.0), event("warm start", "measure", 1.0, 1.5), event("search", "build", 2.0, 9.0),
+              event("publish", "build", 10.0, 12.0), event("publish", "build", 10.5, 13.0), event("publish", "measure", 13.0, 14.0)]
+    result = SimpleNamespace(events=events, search_secs=7.5, trials=16, warm_started=2, phases={"search": 2.0, "build": 4.0})
+    row = round_row(3, "conv", 20.0, result)
+    assert row["stages"] == {"warm start": 1.5, "publish": 4.0, "search": 7.5, "other": 7.0}
+    assert row["phases"] == {"search": 2.0, "build": 4.0, "measure": 0.0, "cost model": 0.0}
+    crowded = round_row(1, "conv", 10.0, result)
+    assert crowded["stages"]["other"] == 0.0  # never negative
+    arm = arm_summary([{"rounds": [row, row]}, {"rounds": [crowded]}])
+    assert arm["trials_per_sec"]["samples"] == [32 / 40, 16 / 10]
+    assert arm["stage_secs"]["publish"] == 4.0 and arm["round_secs"]["median"] == 20.0
