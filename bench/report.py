@@ -600,7 +600,8 @@ def _rounds(d: dict[str, Any] | None) -> list[str]:
         return []
     env = d["environment"]
     lines = [f"## Tuning throughput: a network's rounds (`{d['command']}`)", "",
-             f"{d['network']}, convolutions {d['layout']}{', weights prepacked' if d['prepack'] else ''}: its {len(d['kernels'])} heaviest kernels "
+             f"{d['network']}{', convolutions ' + d['layout'] if d['layout'] != 'given' else ''}{', weights prepacked' if d['prepack'] else ''}: "
+             f"its {len(d['kernels'])} heaviest kernels "
              "in turn, rounds of 16 trials (population 128 × 2), a fresh registry and Ray cluster in a process of its own for each run, "
              f"revisions alternating; {env['machine']['cpu']}{' (' + d['host_cpu'] + ')' if d.get('host_cpu') else ''}, {env['machine']['cores']} cores. A round's stages: the warm start, the search "
              "(MetaSchedule's own total), publishing (the best built, checked and timed beside the default), and the rest.", ""]  # fmt: skip

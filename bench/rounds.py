@@ -47,6 +47,7 @@ def round_row(number: int, op: str, wall: float, result: Any) -> dict[str, Any]:
     spans["search"] = result.search_secs
     spans["other"] = max(0.0, wall - sum(spans.values()))
     return {"round": number, "op": op, "wall_secs": wall, "trials": result.trials, "warm_measured": result.warm_started,
+            "best_secs": min((r.mean_secs for r in result.records), default=None),
             "stages": spans, "phases": {p: result.phases.get(p, 0.0) for p in PHASES}}  # fmt: skip
 
 

@@ -625,10 +625,11 @@ def test_a_rounds_stages_are_the_spans_of_its_tasks_and_the_rest_is_other() -> N
 
     events = [event("warm start", "build", 0.0, 1.0), event("warm start", "measure", 1.0, 1.5), event("search", "build", 2.0, 9.0),
               event("publish", "build", 10.0, 12.0), event("publish", "build", 10.5, 13.0), event("publish", "measure", 13.0, 14.0)]
-    result = SimpleNamespace(events=events, search_secs=7.5, trials=16, warm_started=2, phases={"search": 2.0, "build": 4.0})
+    records = [SimpleNamespace(mean_secs=0.002), SimpleNamespace(mean_secs=0.001)]
+    result = SimpleNamespace(events=events, search_secs=7.5, trials=16, warm_started=2, phases={"search": 2.0, "build": 4.0}, records=records)
     row = round_row(3, "conv", 20.0, result)
     assert row["stages"] == {"warm start": 1.5, "publish": 4.0, "search": 7.5, "other": 7.0}
-    assert row["phases"] == {"search": 2.0, "build": 4.0, "measure": 0.0, "cost model": 0.0}
+    assert row["phases"] == {"search": 2.0, "build": 4.0, "measure": 0.0, "cost model": 0.0} and row["best_secs"] == 0.001
     crowded = round_row(1, "conv", 10.0, result)
     assert crowded["stages"]["other"] == 0.0  # never negative
     arm = arm_summary([{"rounds": [row, row]}, {"rounds": [crowded]}])
