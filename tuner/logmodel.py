@@ -11,6 +11,7 @@ shapes), and the search starts with it. TenSet and TLP report several times shor
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from typing import Any
@@ -57,44 +58,125 @@ def logged(entry: TrialLog) -> list[Any]:
 def replayed(mod: Any, trials: list[list[Any]]) -> tuple[list[Any], list[float]]:
     """``trials`` ([[trace, secs], …]) replayed on ``mod`` as MetaSchedule's measure candidates, with their times; a
     trace that does not replay is left out."""
+    kept = [(candidate, float(secs)) for candidate, (_, secs) in zip(replayed_each(mod, trials), trials, strict=True) if candidate is not None]
+    return [c for c, _ in kept], [secs for _, secs in kept]
+
+
+def replayed_each(mod: Any, trials: list[list[Any]]) -> list[Any]:
+    """Each of ``trials``' traces replayed on ``mod`` as a measure candidate, or None where it does not replay."""
     from tvm.s_tir import meta_schedule as ms
 
     from schedhub.hooks.msdb import replay_schedule
 
     args_info = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
-    candidates, times = [], []
-    for trace, secs in trials:
+    out = []
+    for trace, _ in trials:
         try:
-            sch = replay_schedule(mod, json.loads(trace))
+            out.append(ms.MeasureCandidate(replay_schedule(mod, json.loads(trace)), args_info))
         except Exception:  # noqa: BLE001 (TVM's errors: a trace of another workload after all)
-            continue
-        candidates.append(ms.MeasureCandidate(sch, args_info))
-        times.append(float(secs))
-    return candidates, times
+            out.append(None)
+    return out
 
 
-def pretrained(groups: list[list[Any]], target: Any) -> Any:
+def pretrained(groups: list[list[Any]], target: Any, cache: Any = None) -> Any:
     """A fresh ``XGBModel`` trained on ``groups`` (:func:`model_log`): each workload's logged schedules replayed on
     it and featurized as the search featurizes its own candidates (:func:`replayed`). None where nothing could be
-    used."""
+    used. ``cache`` (a ``KernelCache``): where each logged schedule's features are kept, so a search whose log an
+    earlier one featurized on this machine neither replays nor featurizes it again (:func:`LoggedFeatures`)."""
+    import tvm
     from tvm.s_tir import meta_schedule as ms
 
     from schedhub.hooks.identity import workload_module
 
-    model = ms.cost_model.XGBModel(num_warmup_samples=WARMUP_SAMPLES)
+    extractor = LoggedFeatures(cache)
+    model = ms.cost_model.XGBModel(extractor=extractor, num_warmup_samples=WARMUP_SAMPLES)
     used = 0
     for workload, trials in groups:
         try:
             mod = workload_module(workload)
         except Exception:  # noqa: BLE001 (someone else's workload text: refused as the hook refuses it)
             continue
-        candidates, times = replayed(mod, trials)
-        if len(candidates) >= MIN_GROUP:
+        context = ms.TuneContext(mod=mod, target=target)
+        features, times = extractor.of_log(context, workload, trials)
+        if len(features) >= MIN_GROUP:
             results = [ms.runner.RunnerResult(run_secs=[secs], error_msg=None) for secs in times]
-            model.update(ms.TuneContext(mod=mod, target=target), candidates, results)
-            used += len(candidates)
+            placeholder = ms.MeasureCandidate(tvm.s_tir.Schedule(mod), ms.arg_info.ArgInfo.from_prim_func(mod["main"]))
+            extractor.given = features  # what the model's update extracts for these placeholders
+            model.update(context, [placeholder] * len(features), results)
+            used += len(features)
     log.info("schedhub: the search's cost model starts trained on %d logged trials", used)
+    if cache is not None and cache.writes and cache.root is not None:  # the cache grew: kept within its bound
+        from schedhub.hooks.cache import max_bytes, prune
+
+        prune(cache.root, max_bytes())
     # XGBModel retrains only once its data has grown by a fifth since the last training: started on hundreds of
     # logged trials, it would rank a whole search by the log alone and never learn from the workload's own timings
     model.adaptive_training = False
     return model if used else None
+
+
+@functools.lru_cache(maxsize=1)
+def _logged_features_class() -> type:
+    """:func:`LoggedFeatures`' class, made on first use: MetaSchedule is imported only where a search runs."""
+    import numpy as np
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.ir.utils import derived_object
+
+    from schedhub.hooks.identity import compiler_fingerprint
+
+    @derived_object
+    class _LoggedFeatures(ms.feature_extractor.PyFeatureExtractor):
+        def __init__(self, cache: Any) -> None:
+            super().__init__()
+            self.cache = cache
+            self.inner = ms.feature_extractor.PerStoreFeature()  # XGBModel's own default
+            self.given: list[Any] | None = None
+
+        def extract_from(self, context: Any, candidates: list[Any]) -> list[Any]:
+            if self.given is not None:
+                given, self.given = self.given, None
+                return given
+            return list(self.inner.extract_from(context, candidates))
+
+        def of_log(self, context: Any, workload: str, trials: list[list[Any]]) -> tuple[list[Any], list[float]]:
+            """The features of each logged ``[trace, secs]`` that replays on ``context``'s workload, and its time, in
+            the log's order: from the cache where an earlier search left them, else replayed and extracted (and kept)."""
+            parts = (compiler_fingerprint(), str(context.target), workload)
+            rows = [_rows(self.cache.get(FEATURES, *parts, trace)) if self.cache is not None else None for trace, _ in trials]
+            todo = [i for i, r in enumerate(rows) if r is None]
+            candidates = replayed_each(context.mod, [trials[i] for i in todo])
+            replayable = [c for c in candidates if c is not None]
+            fresh = iter(self.inner.extract_from(context, replayable) if replayable else [])
+            for i, candidate in zip(todo, candidates, strict=True):
+                rows[i] = next(fresh).numpy().astype(np.float32) if candidate is not None else np.zeros((0, 0), np.float32)
+                if self.cache is not None:
+                    self.cache.put(FEATURES, (*parts, trials[i][0]), {"shape": list(rows[i].shape), "values": rows[i].ravel().tolist()})
+            kept = [(r, float(secs)) for r, (_, secs) in zip(rows, trials, strict=True) if r.size]
+            return [tvm.runtime.tensor(r) for r, _ in kept], [secs for _, secs in kept]
+
+    return _LoggedFeatures
+
+
+#: The kernel cache's kind for a logged schedule's features (by compiler, target, workload and trace).
+FEATURES = "logfeatures"
+
+
+def _rows(entry: dict[str, Any] | None) -> Any:
+    """A cached entry's feature rows as a float32 array (empty: the trace did not replay), or None where it is not one."""
+    import numpy as np
+
+    if entry is None:
+        return None
+    shape, values = entry.get("shape"), entry.get("values")
+    if not (isinstance(shape, list) and len(shape) == 2 and all(type(n) is int and n >= 0 for n in shape) and isinstance(values, list)
+            and len(values) == shape[0] * shape[1] and all(type(v) in (int, float) for v in values)):  # fmt: skip
+        return None
+    return np.asarray(values, dtype=np.float32).reshape(shape)
+
+
+def LoggedFeatures(cache: Any = None) -> Any:  # noqa: N802 (a class, made on first use)
+    """MetaSchedule's per-store feature extractor, which also featurizes a group of logged schedules (``of_log``)
+    through ``cache`` (a ``KernelCache``; None keeps nothing) and hands the model's next ``update`` the features it
+    is ``given`` in place of extracting them from that update's placeholders."""
+    return _logged_features_class()(cache)

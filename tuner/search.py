@@ -167,6 +167,7 @@ def tune_workload(identity: Identity, warm_traces: list[str], options: TuneOptio
     the final timing takes flushed times, so the key ranks by them once pushed (``TuneResult.retimed``)."""
     from tvm.s_tir import meta_schedule as ms
 
+    from schedhub.hooks.cache import KernelCache, default_dir
     from schedhub.hooks.identity import compiler_fingerprint, target_from_text, workload_module
     from schedhub.hooks.msdb import trace_text, tuning_target
 
@@ -191,7 +192,7 @@ def tune_workload(identity: Identity, warm_traces: list[str], options: TuneOptio
         started, phases = time.time(), {}
         timeline.stage = "search"
         if options.trials > 0:
-            cost_model = pretrained(model_log, target) if options.starts_model and model_log else None
+            cost_model = pretrained(model_log, target, KernelCache(default_dir())) if options.starts_model and model_log else None
             _, phases = profiled_tune_tir(mod, target, work_dir=work_dir, builder=builder, runner=runner, database=database,
                                           **search_settings(options, cost_model))  # fmt: skip
         search_secs = time.time() - started
