@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -57,8 +58,9 @@ def _span(events: Any) -> float:
     return max(e["end"] for e in found) - min(e["start"] for e in found) if found else 0.0
 
 
-def run_here(network: str, layout: str, prepack: bool, kernels: int, rounds: int) -> dict[str, Any]:
-    """The rounds in this process (a fresh cluster and registry): the network's heaviest ``kernels`` tuned in turn."""
+def run_here(network: str, layout: str, prepack: bool, kernels: int, rounds: int, seed_store: Path | None = None) -> dict[str, Any]:
+    """The rounds in this process (a fresh cluster, and a fresh registry or a copy of ``seed_store``): the network's
+    heaviest ``kernels`` tuned in turn."""
     from schedhub.hooks.rewrites import Rewrites
     from schedhub.registry import LocalRegistry
     from schedhub.tuner import cluster, models, tvm_env
@@ -85,6 +87,8 @@ def run_here(network: str, layout: str, prepack: bool, kernels: int, rounds: int
                 last[0] = now
                 print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
 
+            if seed_store is not None:
+                shutil.copytree(seed_store, Path(tmp) / "store")
             with LocalRegistry(Path(tmp) / "store", sync=False) as registry:
                 tune_network(registry, [(k.identity, k.calls) for k in chosen], MODES["full"]["options"], POLICIES["even"],
                              Goal(max_trials=ROUND_TRIALS * rounds), round_trials=ROUND_TRIALS, pushed_by="bench.rounds", on_round=on_round)  # fmt: skip
@@ -116,13 +120,24 @@ def arm_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "phase_secs": {p: statistics.median(r["phases"][p] for r in rows) for p in PHASES}}  # fmt: skip
 
 
+def _store_size(store: Path) -> dict[str, int]:
+    """What a seed store holds: keys with records, and logged trials."""
+    from schedhub.registry import LocalRegistry
+
+    with LocalRegistry(store, sync=False) as registry:
+        return {"keys": len(registry.summaries()), "logged_trials": sum(len(e.trials) for e in registry.iter_trial_logs())}
+
+
 def _child(rev: str, scratch: Path, args: argparse.Namespace) -> dict[str, Any]:
     """One run at ``rev`` (``"worktree"``: this tree) in a process of its own whose schedhub is that revision's."""
-    shim = revisions.revision_source(rev, scratch / f"{rev}-{time.monotonic_ns()}", revisions.PACKAGES)
+    run_dir = scratch / f"{rev}-{time.monotonic_ns()}"
+    shim = revisions.revision_source(rev, run_dir, revisions.PACKAGES)
     revisions.check_imports_from(shim, revisions.PACKAGES)
     command = [sys.executable, "-m", "bench.rounds", "--here", "--network", args.network, "--layout", args.layout,
-               "--kernels", str(args.kernels), "--rounds", str(args.rounds), *(["--prepack"] if args.prepack else [])]  # fmt: skip
-    done = subprocess.run(command, cwd=REPO, env=revisions.child_env(shim), capture_output=True, text=True)
+               "--kernels", str(args.kernels), "--rounds", str(args.rounds), *(["--prepack"] if args.prepack else []),
+               *(["--seed-store", str(args.seed_store)] if args.seed_store else [])]  # fmt: skip
+    env = {**revisions.child_env(shim), "SCHEDHUB_CACHE_DIR": str(run_dir / "cache")}  # each run starts with this machine's cache empty
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
     if done.returncode:
         raise SystemExit(f"bench.rounds: the run at {rev} failed:\n{done.stderr[-3000:]}")
     run = json.loads(done.stdout.strip().splitlines()[-1])
@@ -140,13 +155,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6, help="rounds of 16 trials in each run")
     parser.add_argument("--runs", type=int, default=2, help="runs of each revision")
     parser.add_argument("--against", metavar="REV", help="also run at this git revision, alternating with this tree's runs")
+    parser.add_argument("--seed-store", type=Path, help="each run starts from a copy of this registry (its records and log), as a resumed run does")
     parser.add_argument("--here", action="store_true", help=argparse.SUPPRESS)  # one run in this process (a child's)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if args.here:
-        print(json.dumps(run_here(args.network, args.layout, args.prepack, args.kernels, args.rounds)))
+        print(json.dumps(run_here(args.network, args.layout, args.prepack, args.kernels, args.rounds, args.seed_store)))
         return
-    command = " ".join(["python -m bench.rounds", *sys.argv[1:]]).replace(f" --out {args.out}", "")
+    command = " ".join(["python -m bench.rounds", *sys.argv[1:]]).replace(f" --out {args.out}", "").replace(f" --seed-store {args.seed_store}", " --seed-store DIR")
     revs = ["worktree", *([args.against] if args.against else [])]
     runs: dict[str, list[dict[str, Any]]] = {rev: [] for rev in revs}
     with tempfile.TemporaryDirectory(prefix="schedhub-rounds-") as scratch:
@@ -156,6 +172,7 @@ def main() -> None:
                 print(f"{rev}: {sum(r['trials'] for r in run['rounds'])} trials in {sum(r['wall_secs'] for r in run['rounds']):.0f} s", flush=True)
     arms = {rev: arm_summary(r) for rev, r in runs.items()}
     out: dict[str, Any] = {"command": command, "environment": environment(), "host_cpu": runs["worktree"][0]["host_cpu"], "network": runs["worktree"][0]["label"],
+                           "seed_store": _store_size(args.seed_store) if args.seed_store else None,
                            "layout": args.layout, "prepack": args.prepack, "kernels": runs["worktree"][0]["kernels"], "runs": runs, "arms": arms}  # fmt: skip
     if args.against:
         out["this_vs_before"] = ratio(arms["worktree"]["trials_per_sec"], arms[args.against]["trials_per_sec"], paired=True)
