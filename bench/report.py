@@ -602,7 +602,10 @@ def _rounds(d: dict[str, Any] | None) -> list[str]:
     lines = [f"## Tuning throughput: a network's rounds (`{d['command']}`)", "",
              f"{d['network']}{', convolutions ' + d['layout'] if d['layout'] != 'given' else ''}{', weights prepacked' if d['prepack'] else ''}: "
              f"its {len(d['kernels'])} heaviest kernels "
-             "in turn, rounds of 16 trials (population 128 × 2), a fresh registry and Ray cluster in a process of its own for each run, "
+             "in turn, rounds of 16 trials (population 128 × 2), "
+             + (f"from a copy of a registry of {d['seed_store']['keys']} keys and {d['seed_store']['logged_trials']:,} logged trials (a resumed run) "
+                "with an empty kernel cache" if d.get("seed_store") else "a fresh registry") +
+             " and Ray cluster in a process of its own for each run, "
              f"revisions alternating; {env['machine']['cpu']}{' (' + d['host_cpu'] + ')' if d.get('host_cpu') else ''}, {env['machine']['cores']} cores. A round's stages: the warm start, the search "
              "(MetaSchedule's own total), publishing (the best built, checked and timed beside the default), and the rest.", ""]  # fmt: skip
     stages = list(next(iter(d["arms"].values()))["stage_secs"])
