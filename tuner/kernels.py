@@ -12,6 +12,7 @@ import socket
 import tempfile
 import time
 import traceback
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -214,18 +215,17 @@ def measure(
         arrays = random_arguments(args_info)
         tensors = [tvm.runtime.tensor(a, dev) for a in arrays]  # timing only: shared by every candidate
         expected = _run(tvm_env.load_library(reference, tmp), arrays, tvm.cpu(0)) if reference is not None else None
-        loaded: dict[int, Any] = {}
-        calls: dict[int, float] = {}  # checking calls' seconds, of the kernels to be timed
+        checked = _Checked(tmp, arrays, expected, dev, checks, timing, rtol)
         for i, artifact in enumerate(artifacts):
             if artifact is None:
                 results.append({"run_secs": None, "error": "not built"})
                 continue
             try:
-                results.append(_loaded_and_checked(i, artifact, tmp, arrays, expected, dev, checks, loaded, calls, timing, rtol))
+                results.append(checked.add(i, artifact))
             except Exception as exc:  # a kernel that fails to load or run is a result
                 results.append({"run_secs": None, "error": f"run failed: {_short_error(exc)}"})
-        brief = _brief_first(calls, timing)
-        for i, rt_mod in loaded.items():
+        brief = checked.brief_first()
+        for i, rt_mod in checked.loaded.items():
             mine = _nth(own_args, i)
             try:
                 timed_on = tensors if mine is None else [tvm.runtime.tensor(a, dev) for a in random_arguments(mine)]
@@ -238,31 +238,43 @@ def measure(
     return {"results": results, **_interval(start)}
 
 
-def _loaded_and_checked(i: int, artifact: bytes, tmp: str, arrays: list[np.ndarray], expected: list[np.ndarray] | None, dev: Any,
-                        checks: list[bytes | None] | None, loaded: dict[int, Any], calls: dict[int, float], timing: dict[str, Any],
-                        rtol: float) -> dict[str, Any] | None:  # fmt: skip
-    """Load kernel ``i`` and check its outputs against ``expected`` (its checking call's seconds kept in ``calls``): None
-    when it is to be timed (kept in ``loaded``), else its result (a mismatch, or :data:`UNTIMED`)."""
-    rt_mod = tvm_env.load_library(artifact, tmp)
-    if expected is not None:
-        check = _nth(checks, i)
-        called = time.perf_counter()
-        outputs = _run(tvm_env.load_library(check, tmp) if check is not None else rt_mod, arrays, dev)
-        call_secs = time.perf_counter() - called
-        if problem := _mismatch(expected, outputs, rtol):
-            return {"run_secs": None, "error": problem}
-        first_call = next(iter(calls.values()), None)
-        if first_call is not None and (past := timing.get("untimed_past")) and call_secs > past * first_call + timing.get("untimed_margin_secs", UNTIMED_MARGIN_SECS):
-            return {"run_secs": None, "error": f"{UNTIMED}: one call took {call_secs:.3g} s, {call_secs / first_call:.3g}× the first kernel's",
-                    "untimed_call_secs": call_secs}  # fmt: skip
-        calls[i] = call_secs
-    loaded[i] = rt_mod
-    return None
+@dataclass
+class _Checked:
+    """The kernels of one measurement, loaded and checked against the reference's outputs (``expected``; None: not
+    checked) before any is timed: each one to be timed (``loaded``) and its checking call's seconds (``calls``)."""
 
+    tmp: str
+    arrays: list[np.ndarray]
+    expected: list[np.ndarray] | None
+    dev: Any
+    checks: list[bytes | None] | None
+    timing: dict[str, Any]
+    rtol: float
+    loaded: dict[int, Any] = field(default_factory=dict)
+    calls: dict[int, float] = field(default_factory=dict)
 
-def _brief_first(calls: dict[int, float], timing: dict[str, Any]) -> bool:
-    """Whether the first kernel is timed briefly (``timing``'s ``"brief_first_past"``): its checking call (``calls``, by
-    kernel) took at least :data:`BRIEF_AT_LEAST_SECS` and that many times each other kernel's that is to be timed."""
-    past = timing.get("brief_first_past")
-    others = [secs for i, secs in calls.items() if i]
-    return bool(past) and 0 in calls and bool(others) and calls[0] >= BRIEF_AT_LEAST_SECS and calls[0] >= past * max(others)
+    def add(self, i: int, artifact: bytes) -> dict[str, Any] | None:
+        """Load kernel ``i`` and check it: None when it is to be timed, else its result (a mismatch, or :data:`UNTIMED`)."""
+        rt_mod = tvm_env.load_library(artifact, self.tmp)
+        if self.expected is not None:
+            check = _nth(self.checks, i)
+            called = time.perf_counter()
+            outputs = _run(tvm_env.load_library(check, self.tmp) if check is not None else rt_mod, self.arrays, self.dev)
+            call_secs = time.perf_counter() - called
+            if problem := _mismatch(self.expected, outputs, self.rtol):
+                return {"run_secs": None, "error": problem}
+            first = next(iter(self.calls.values()), None)
+            past, margin = self.timing.get("untimed_past"), self.timing.get("untimed_margin_secs", UNTIMED_MARGIN_SECS)
+            if first is not None and past and call_secs > past * first + margin:
+                return {"run_secs": None, "error": f"{UNTIMED}: one call took {call_secs:.3g} s, {call_secs / first:.3g}× the first kernel's",
+                        "untimed_call_secs": call_secs}  # fmt: skip
+            self.calls[i] = call_secs
+        self.loaded[i] = rt_mod
+        return None
+
+    def brief_first(self) -> bool:
+        """Whether the first kernel is timed briefly (the timing's ``"brief_first_past"``): its checking call took at least
+        :data:`BRIEF_AT_LEAST_SECS` and that many times each other checking call of a kernel to be timed."""
+        past = self.timing.get("brief_first_past")
+        others = [secs for i, secs in self.calls.items() if i]
+        return bool(past) and 0 in self.calls and bool(others) and self.calls[0] >= BRIEF_AT_LEAST_SECS and self.calls[0] >= past * max(others)
