@@ -5,7 +5,9 @@ skips the work: never a record itself (the registry decides what is served), onl
   renaming the parameters costs 10–30 ms a kernel, printing and hashing about 1 ms;
 - a record's trace replayed on a kernel and checked within the bounds, keyed by the kernel's key,
   the trace id and the bounds, as TVM's JSON of the scheduled kernel: loading it costs a fraction
-  of a replay, and the check is not repeated.
+  of a replay, and the check is not repeated;
+- features of logged schedules: the served and synthesis cost models' (``features``) and, for the tuner's
+  searches, MetaSchedule's per-store features (``logfeatures``, ``schedhub.tuner.logmodel``).
 
 One JSON file per entry under ``~/.cache/schedhub/kernels`` (``SCHEDHUB_CACHE_DIR``), named by the
 sha256 of what it was derived from (the compiler fingerprint included), written atomically; the
