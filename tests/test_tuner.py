@@ -600,11 +600,14 @@ def test_a_machine_featurizes_each_logged_schedule_once_for_the_searches_cost_mo
         assert sum(replays) == 1 and cache.writes == logged + 1
     finally:
         logmodel.replayed_each = real
-    mod = workload_module(groups[0][0])
-    candidates, _ = logmodel.replayed(mod, groups[1][1])
+    replayed_model = ms.cost_model.XGBModel(num_warmup_samples=logmodel.WARMUP_SAMPLES)  # MetaSchedule's own way: replayed candidates
+    for workload, trials in groups:
+        mod = workload_module(workload)
+        candidates, times = logmodel.replayed(mod, trials)
+        replayed_model.update(ms.TuneContext(mod=mod, target=target), candidates, [ms.runner.RunnerResult(run_secs=[t], error_msg=None) for t in times])
     context = ms.TuneContext(mod=mod, target=target)
-    assert np.array_equal(np.asarray(cold.predict(context, candidates)), np.asarray(warm.predict(context, candidates)))
-    assert not np.array_equal(np.asarray(cold.predict(context, candidates)), np.zeros(len(candidates)))
+    predicted = [np.asarray(m.predict(context, candidates)) for m in (replayed_model, cold, warm)]
+    assert np.array_equal(predicted[0], predicted[1]) and np.array_equal(predicted[0], predicted[2]) and len(set(predicted[0])) > 1
 
 
 def test_the_log_model_reads_only_its_structures_entries_from_a_remote_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
