@@ -308,7 +308,8 @@ def _models(d: dict[str, Any] | None, drawn: dict[str, str], title: str) -> list
                      gf(k["numpy_ms"]), gf(k["torch_ms"])])  # fmt: skip
     header = ["network", *(["CPU"] if by_cpu else []), "batch", "kernel", "calls", "GFLOP", "untuned", "tuned", *(["of peak"] if peak else []), "numpy", "PyTorch"]
     lines += table(header, rows, ("ll" if by_cpu else "l") + "rlrr" + "r" * (len(header) - 5 - by_cpu))
-    lines += ["", "Untuned and tuned are the tuner's own side-by-side re-timing; numpy (im2col + GEMM for convolutions) and "
+    lines += ["", "Untuned and tuned are the tuner's own side-by-side re-timing (since f7469da an untuned kernel 10× slower than every "
+              "candidate gets 3 calls, not 50: `tuner.search.BRIEF_DEFAULT_PAST`); numpy (im2col + GEMM for convolutions) and "
               "PyTorch (`F.conv2d` / `torch.matmul`, oneDNN/MKL) run the same kernel shapes with the epilogue, timed here.", ""]  # fmt: skip
     beyond = sorted({k.get("cpu", "") for k in d["kernels"] if peak and not k.get("flops_direct_equivalent") and k.get("flops") and of_peak(k) > 1})
     if beyond:
