@@ -565,7 +565,7 @@ def test_a_search_started_from_the_registrys_log_model_measures_other_candidates
     assert runs["warm"] != runs["cold"]
 
 
-def test_a_machine_featurizes_each_logged_schedule_once_for_the_searches_cost_models(tmp_path: Path) -> None:
+def test_a_machine_featurizes_each_logged_schedule_once_for_the_searches_cost_models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A warm search's model replays and featurizes every logged schedule of its structure: seconds a round late in a
     network's tuning (379 logged convolution schedules: 7.6 s). The machine's kernel cache keeps their features, so the
     next search's model is the same model with nothing replayed; a trace that does not replay is remembered as such, and
@@ -590,16 +590,14 @@ def test_a_machine_featurizes_each_logged_schedule_once_for_the_searches_cost_mo
     assert (cache.hits, cache.writes) == (0, logged) and cold.data_size == logged - 2
     replays = []
     real = logmodel.replayed_each
-    logmodel.replayed_each = lambda mod, trials: replays.append(len(trials)) or real(mod, trials)
-    try:
-        warm = logmodel.pretrained(groups, target, cache)
-        assert (cache.hits, cache.writes) == (logged, logged) and sum(replays) == 0 and warm.data_size == cold.data_size
-        spoiled = next((tmp_path / "cache" / logmodel.FEATURES).iterdir())
-        spoiled.write_text(json.dumps({"shape": [1, 2], "values": ["x", 1]}))
-        logmodel.pretrained(groups, target, cache)
-        assert sum(replays) == 1 and cache.writes == logged + 1
-    finally:
-        logmodel.replayed_each = real
+    monkeypatch.setattr(logmodel, "replayed_each", lambda mod, trials: replays.append(len(trials)) or real(mod, trials))
+    warm = logmodel.pretrained(groups, target, cache)
+    assert (cache.hits, cache.writes) == (logged, logged) and sum(replays) == 0 and warm.data_size == cold.data_size
+    spoiled = next((tmp_path / "cache" / logmodel.FEATURES).iterdir())
+    spoiled.write_text(json.dumps({"shape": [1, 2], "values": ["x", 1]}))
+    logmodel.pretrained(groups, target, cache)
+    assert sum(replays) == 1 and cache.writes == logged + 1
+    monkeypatch.undo()
     replayed_model = ms.cost_model.XGBModel(num_warmup_samples=logmodel.WARMUP_SAMPLES)  # MetaSchedule's own way: replayed candidates
     for workload, trials in groups:
         mod = workload_module(workload)
