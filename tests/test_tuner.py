@@ -153,7 +153,7 @@ def test_a_default_far_slower_than_every_candidate_is_timed_briefly_beside_them(
     faster than the default's (an unscheduled matmul here: 14 ms against 0.3 ms), the default gets a few calls, not a
     full timing; the candidates are timed in full. One candidate as slow as the default, or a caller that turns it off,
     and the default is timed in full too."""
-    from schedhub.tuner.kernels import BRIEF_TIMING
+    from schedhub.tuner.kernels import BRIEF_CALLS
 
     a, b = te.placeholder((256, 256), name="A"), te.placeholder((256, 256), name="B")
     r = te.reduce_axis((0, 256), name="k")
@@ -166,9 +166,8 @@ def test_a_default_far_slower_than_every_candidate_is_timed_briefly_beside_them(
     sch.vectorize(j)
     timing = final_timing(QUICK_SEARCH["final_repeat_ms"])
     fast = search.side_by_side(ident, mod, [sch.mod], timing, search.Timeline("brief"))
-    calls = BRIEF_TIMING["number"] * BRIEF_TIMING["repeat"]
-    assert fast[0]["brief"] and len(fast[0]["run_secs"]) == len(fast[0]["flushed_secs"]) == calls, fast[0]
-    assert "brief" not in fast[1] and len(fast[1]["run_secs"]) == timing["repeat"] != calls
+    assert fast[0]["brief"] and len(fast[0]["run_secs"]) == 1 + BRIEF_CALLS and len(fast[0]["flushed_secs"]) == BRIEF_CALLS, fast[0]
+    assert "brief" not in fast[1] and len(fast[1]["run_secs"]) == timing["repeat"] != 1 + BRIEF_CALLS
     assert min(fast[0]["run_secs"]) > 10 * max(fast[1]["run_secs"])
     one_slow = search.side_by_side(ident, mod, [sch.mod, mod], timing, search.Timeline("one slow"))
     turned_off = search.side_by_side(ident, mod, [sch.mod], {**timing, "brief_first_past": None}, search.Timeline("off"))
@@ -176,6 +175,28 @@ def test_a_default_far_slower_than_every_candidate_is_timed_briefly_beside_them(
         assert "brief" not in results[0] and len(results[0]["run_secs"]) == timing["repeat"]
     records, default, _ = search._against_default(ident, mod, [trace_text(sch.trace)], fast)
     assert records and default.provenance["timed_briefly"]
+
+
+def test_a_cpu_default_that_is_the_reference_is_checked_by_its_own_first_call() -> None:
+    """On a CPU the default schedule is the unscheduled kernel: with ``first_is_reference`` its first call gives the
+    outputs every other kernel is checked against (it is not built or called again as a reference of its own). A kernel
+    of the same arguments that computes otherwise is not timed; one given another reference besides is refused."""
+    from schedhub.tuner import kernels
+
+    def matmul_plus(extra: float) -> Any:
+        a, b = te.placeholder((64, 64), name="A"), te.placeholder((64, 64), name="B")
+        r = te.reduce_axis((0, 64), name="k")
+        return te.create_prim_func([a, b, te.compute((64, 64), lambda i, j: te.sum(a[i, r] * b[r, j] + extra / 64, axis=r), name="C")])
+
+    ident = workload_identity(matmul_plus(0.0), TARGET, "matmul_nn")
+    built = [kernels.build(tvm.ir.save_json(tvm.IRModule({"main": f})), ident.target)["artifact"] for f in (matmul_plus(0.0), matmul_plus(0.0), matmul_plus(1.0))]
+    timing = {"number": 1, "repeat": 2, "min_repeat_ms": 0}
+    answer = kernels.measure(built, ident.args_info, timing, target_text=ident.target, first_is_reference=True)["results"]
+    assert [len(r["run_secs"] or []) for r in answer] == [2, 2, 0] and "differs from the unscheduled build" in answer[2]["error"], answer
+    unchecked = kernels.measure(built, ident.args_info, timing, target_text=ident.target)["results"]
+    assert all(r["run_secs"] for r in unchecked)  # nothing to check against: the wrong one is timed
+    with pytest.raises(ValueError, match="the first kernel is the reference"):
+        kernels.measure(built, ident.args_info, timing, reference=built[0], target_text=ident.target, first_is_reference=True)
 
 
 def test_jobs_that_share_a_node_split_its_search_threads(ray_address: str) -> None:

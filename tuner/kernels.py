@@ -33,11 +33,13 @@ FINAL_TIMING = {"number": 10, "repeat": 5, "min_repeat_ms": 100, "flush_cache": 
 UNTIMED = "far slower than the first kernel, not timed"  # the error of such a kernel, which also says "untimed_call_secs"
 UNTIMED_MARGIN_SECS = 0.01
 #: A timing's optional "brief_first_past": where the first kernel's checking call took that many times every other
-#: checked kernel's, and at least BRIEF_AT_LEAST_SECS, the first kernel is timed with BRIEF_TIMING (and flushed so, with
-#: "flushed_too") and its result says "brief": the default schedule a search's best are timed beside. Every one of
-#: them beats it by that factor, so a few calls say as much as 100 (an unscheduled 224-px ResNet convolution ran
-#: 100 ms a call: 10 of a 20 s round went to timing it again, round after round)
-BRIEF_TIMING = {"number": 1, "repeat": 3, "min_repeat_ms": 0}
+#: checked kernel's, and at least BRIEF_AT_LEAST_SECS, the first kernel is timed briefly (:func:`_brief`) and its result
+#: says "brief": the default schedule a search's best are timed beside. Every one of them beats it by that factor, so a
+#: few calls say as much as 100 (an unscheduled 224-px ResNet convolution ran 100 ms a call: 10 of a 20 s round went to
+#: timing it again, round after round; BERT's unscheduled matmuls run 0.3-1 s a call)
+#: A brief timing's calls beyond the checking call: this many warm (its samples are the checking call's and these) and
+#: this many on flushed caches (with "flushed_too" on a CPU), each call timed on its own: no evaluator's warm-up call
+BRIEF_CALLS = 1
 BRIEF_AT_LEAST_SECS = 0.002
 
 
@@ -98,12 +100,16 @@ def random_arguments(args_info: list[Any], seed: int = 0) -> list[np.ndarray]:
     return arrays
 
 
-def _run(rt_mod: Any, arrays: list[np.ndarray], dev: Any) -> list[np.ndarray]:
+def _run(rt_mod: Any, arrays: list[np.ndarray], dev: Any) -> tuple[list[np.ndarray], float]:
+    """``rt_mod`` called once on copies of ``arrays`` on ``dev``: every argument after the call, and the call's seconds."""
     import tvm
 
     tensors = [tvm.runtime.tensor(a, dev) for a in arrays]
+    started = time.perf_counter()
     rt_mod["main"](*tensors)
-    return [t.numpy() for t in tensors]
+    dev.sync()
+    secs = time.perf_counter() - started
+    return [t.numpy() for t in tensors], secs
 
 
 def _mismatch(expected: list[np.ndarray], actual: list[np.ndarray], rtol: float) -> str | None:
@@ -189,13 +195,16 @@ def _timed(rt_mod: Any, dev: Any, timing: dict[str, Any], arguments: list[Any]) 
 def measure(
     artifacts: list[bytes | None], args_info: list[Any], timing: dict[str, Any], reference: bytes | None = None, rtol: float = 1e-3,
     target_text: str = '{"kind":"llvm"}', own_args: list[list[Any] | None] | None = None, checks: list[bytes | None] | None = None,
+    first_is_reference: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     """Time each built kernel on the device of ``target_text``; with ``reference`` (the unscheduled
     kernel built for this CPU) check every output against the reference's on the same inputs first, and
     where ``timing`` says ``"untimed_past"``, time none whose checking call was that many times slower
     than the first kernel's (:data:`UNTIMED`); where it says ``"brief_first_past"``, time the first kernel
-    briefly when every other was that many times faster (:data:`BRIEF_TIMING`). Every kernel is checked
-    before any is timed.
+    briefly when every other was that many times faster (:func:`_brief`). Every kernel is checked
+    before any is timed. With ``first_is_reference`` (a CPU kernel's default schedule: the unscheduled kernel
+    itself) the first artifact's own first call gives the outputs the others are checked against, and is its
+    checking call: it is neither built nor called twice.
 
     ``own_args``: per artifact, the arguments it is timed on where they are not ``args_info`` (a kernel that takes its
     weights prepacked, in the layout its schedule chose); ``checks``: per artifact, the build whose outputs are checked
@@ -207,6 +216,8 @@ def measure(
     """
     import tvm
 
+    if first_is_reference and (reference is not None or _nth(own_args, 0) is not None or _nth(checks, 0) is not None):
+        raise ValueError("the first kernel is the reference: it takes the kernel's own arguments and no other reference is given")
     start = time.time()
     tvm_env.prepare()
     dev = device_for(target_text)
@@ -214,8 +225,8 @@ def measure(
     with tempfile.TemporaryDirectory(prefix="schedhub-measure-") as tmp:
         arrays = random_arguments(args_info)
         tensors = [tvm.runtime.tensor(a, dev) for a in arrays]  # timing only: shared by every candidate
-        expected = _run(tvm_env.load_library(reference, tmp), arrays, tvm.cpu(0)) if reference is not None else None
-        checked = _Checked(tmp, arrays, expected, dev, checks, timing, rtol)
+        expected = _run(tvm_env.load_library(reference, tmp), arrays, tvm.cpu(0))[0] if reference is not None else None
+        checked = _Checked(tmp, arrays, expected, dev, checks, timing, rtol, first_is_reference)
         for i, artifact in enumerate(artifacts):
             if artifact is None:
                 results.append({"run_secs": None, "error": "not built"})
@@ -230,7 +241,8 @@ def measure(
             try:
                 timed_on = tensors if mine is None else [tvm.runtime.tensor(a, dev) for a in random_arguments(mine)]
                 if i == 0 and brief:
-                    results[i] = {**_timed(rt_mod, dev, {**timing, **BRIEF_TIMING}, timed_on), "brief": True}
+                    itself = _nth(checks, 0) is None and mine is None  # its checking call was this module's, on these inputs
+                    results[i] = _brief(rt_mod, dev, timing, timed_on, checked.calls[0] if itself else None)
                 else:
                     results[i] = _timed(rt_mod, dev, timing, timed_on)
             except Exception as exc:  # a kernel that fails to run is a result
@@ -238,10 +250,36 @@ def measure(
     return {"results": results, **_interval(start)}
 
 
+def _brief(rt_mod: Any, dev: Any, timing: dict[str, Any], arguments: list[Any], checking_secs: float | None) -> dict[str, Any]:
+    """The first kernel's result timed briefly: its checking call (``checking_secs``, the same module on the same
+    inputs; None: another module's, so one more call is made) and :data:`BRIEF_CALLS` more calls, and as many on
+    flushed caches where ``timing`` says ``flushed_too`` on a CPU, each call timed alone (a time evaluator would add a
+    warm-up call to each series). Says ``"brief"``."""
+    import tvm
+
+    on_cpu = dev.dlpack_device_type() == tvm.cpu(0).dlpack_device_type()
+    flush = tvm.get_global_func("cache_flush_cpu_non_first_arg") if on_cpu else None
+
+    def call(flushed: bool) -> float:
+        if flushed:
+            flush(*arguments)
+        started = time.perf_counter()
+        rt_mod["main"](*arguments)
+        dev.sync()
+        return time.perf_counter() - started
+
+    first = [checking_secs] if checking_secs is not None else [call(False)]
+    result: dict[str, Any] = {"run_secs": [*first, *(call(False) for _ in range(BRIEF_CALLS))], "error": None, "brief": True}
+    if timing.get("flushed_too") and on_cpu:
+        result["flushed_secs"] = [call(True) for _ in range(BRIEF_CALLS)]
+    return result
+
+
 @dataclass
 class _Checked:
     """The kernels of one measurement, loaded and checked against the reference's outputs (``expected``; None: not
-    checked) before any is timed: each one to be timed (``loaded``) and its checking call's seconds (``calls``)."""
+    checked, unless ``first_is_reference``: the first kernel's outputs are then the reference) before any is timed:
+    each one to be timed (``loaded``) and its checking call's seconds (``calls``)."""
 
     tmp: str
     arrays: list[np.ndarray]
@@ -250,17 +288,18 @@ class _Checked:
     checks: list[bytes | None] | None
     timing: dict[str, Any]
     rtol: float
+    first_is_reference: bool = False
     loaded: dict[int, Any] = field(default_factory=dict)
     calls: dict[int, float] = field(default_factory=dict)
 
     def add(self, i: int, artifact: bytes) -> dict[str, Any] | None:
         """Load kernel ``i`` and check it: None when it is to be timed, else its result (a mismatch, or :data:`UNTIMED`)."""
         rt_mod = tvm_env.load_library(artifact, self.tmp)
-        if self.expected is not None:
+        if i == 0 and self.first_is_reference:  # its first call is the reference's: nothing to check it against
+            self.expected, self.calls[i] = _run(rt_mod, self.arrays, self.dev)
+        elif self.expected is not None:
             check = _nth(self.checks, i)
-            called = time.perf_counter()
-            outputs = _run(tvm_env.load_library(check, self.tmp) if check is not None else rt_mod, self.arrays, self.dev)
-            call_secs = time.perf_counter() - called
+            outputs, call_secs = _run(tvm_env.load_library(check, self.tmp) if check is not None else rt_mod, self.arrays, self.dev)
             if problem := _mismatch(self.expected, outputs, self.rtol):
                 return {"run_secs": None, "error": problem}
             first = next(iter(self.calls.values()), None)

@@ -411,8 +411,9 @@ def side_by_side(identity: Identity, mod: Any, candidates: list[Any], timing: di
     A build still running :data:`cluster.BUILD_TIMEOUT_SECS` after the wait for it began is cancelled and fails.
     Returns one ``{"run_secs", "error", "build_secs"}`` per module (``build_secs``: None where it was prebuilt or did
     not come back), the default first (it must run). The default is timed briefly where every candidate's checking call
-    was :data:`BRIEF_DEFAULT_PAST` times faster than its own (:data:`.kernels.BRIEF_TIMING`; its result says ``"brief"``),
-    unless ``timing`` says otherwise (``"brief_first_past"``: None never).
+    was :data:`BRIEF_DEFAULT_PAST` times faster than its own (:data:`.kernels.BRIEF_CALLS`; its result says ``"brief"``),
+    unless ``timing`` says otherwise (``"brief_first_past"``: None never). On a CPU the default's first call is the
+    reference's (``kernels.measure``'s ``first_is_reference``).
     """
     import tvm
 
@@ -439,7 +440,7 @@ def side_by_side(identity: Identity, mod: Any, candidates: list[Any], timing: di
         raise RuntimeError(f"{default_name(identity.target)} does not build: {built[0]['error']}")
     answer = cluster.result(cluster.submit(
         "measure", placed=cluster.placement("measure", identity.target), artifacts=[b["artifact"] for b in built], args_info=identity.args_info,
-        timing=timing, reference=reference["artifact"], target_text=identity.target,
+        timing=timing, target_text=identity.target, **({"reference": reference["artifact"]} if host else {"first_is_reference": True}),
         **({"own_args": [b.get("args_info") for b in built], "checks": [b.get("check_artifact") for b in built]} if any("check_artifact" in b for b in built) else {}),
     ))  # fmt: skip
     timeline.add("measure", answer, len(built))
