@@ -105,6 +105,12 @@ def test_a_build_that_packs_weights_is_timed_on_them_and_checked_whole() -> None
     assert [r["error"] for r in answer["results"]] == [None, None] and all(r["run_secs"] for r in answer["results"])
     unpacked = tasks.measure([built["artifact"]], identity.args_info, timing, reference=default["artifact"], target_text=identity.target)
     assert unpacked["results"][0]["run_secs"] is None and "run failed" in unpacked["results"][0]["error"]
+    # The search's own build at hand (publishing times it again), only the whole build is made, to check it.
+    whole = tasks.build(tvm.ir.save_json(sch.mod), identity.target, whole_only=True)
+    assert whole["artifact"] is None and whole["error"] is None and whole["args_info"] == built["args_info"] and whole["check_artifact"]
+    answer = tasks.measure([default["artifact"], searched["artifact"]], identity.args_info, timing, target_text=identity.target, first_is_reference=True,
+                           own_args=[None, whole["args_info"]], checks=[None, whole["check_artifact"]])  # fmt: skip
+    assert [r["error"] for r in answer["results"]] == [None, None], answer
 
 
 def test_a_kernel_timed_with_its_caches_flushed_is_flushed_before_every_run() -> None:

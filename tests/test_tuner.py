@@ -101,6 +101,8 @@ def test_two_jobs_share_the_device_without_overlapping_measurements(ray_address:
         # Each task says the job's stage: the search built and timed its 16 candidates, the publish timed the default and 2 best together.
         assert sum(e["count"] for e in r.events if e["stage"] == "search" and e["kind"] == "measure") == 16
         assert [e["count"] for e in r.events if e["stage"] == "publish" and e["kind"] == "measure"] == [3]
+        # ... and built only the default: the 2 best are timed as the search built them.
+        assert len([e for e in r.events if e["stage"] == "publish" and e["kind"] == "build"]) == 1
 
     # Warm start: job-a's schedules are replayed on another shape of the same op and seed its search.
     with LocalRegistry(tmp_path / "reg", sync=False) as reg:
@@ -111,6 +113,7 @@ def test_two_jobs_share_the_device_without_overlapping_measurements(ray_address:
         seeded = TuneResult.from_dict(cluster.result(tune(other, tiny(trials=8, trials_per_iter=8, publish=1, repostprocess=False), warm)))
         assert seeded.warm_started == 1 and seeded.records
         assert sum(e["count"] for e in seeded.events if e["stage"] == "warm start" and e["kind"] == "measure") == 1
+        assert len([e for e in seeded.events if e["stage"] == "publish" and e["kind"] == "build"]) == 1
     with LocalRegistry(tmp_path / "unchecked", sync=False) as unchecked:  # the same record, kept before a check existed
         unchecked.put_many(results[0].records[:1])
         store_unchecked(tmp_path / "unchecked", results[0].records[0])
@@ -175,6 +178,27 @@ def test_a_default_far_slower_than_every_candidate_is_timed_briefly_beside_them(
         assert "brief" not in results[0] and len(results[0]["run_secs"]) == timing["repeat"]
     records, default, _ = search._against_default(ident, mod, [trace_text(sch.trace)], fast)
     assert records and default.provenance["timed_briefly"]
+
+
+def test_a_job_keeps_its_builds_by_module_structure_within_a_byte_budget() -> None:
+    """What publishing reuses: the artifact of a module structurally equal to the one asked for (a trace applied
+    again gives such a module), none for another schedule; past the byte budget the oldest builds go first."""
+    from schedhub.tuner.backends import BuiltKernels
+
+    mod = workload_module(matmul(32, 32, 32).workload)
+    schedules = []
+    for factor in (4, 8, 16):
+        sch = tvm.s_tir.Schedule(mod)
+        sch.split(sch.get_loops(sch.get_sblock("matmul"))[0], [None, factor])
+        schedules.append(sch)
+    kept = BuiltKernels(limit=10)
+    kept.add(schedules[0].mod, b"four")
+    kept.add(schedules[1].mod, b"eight")
+    again = tvm.s_tir.Schedule(mod)
+    schedules[0].trace.apply_to_schedule(again, remove_postproc=False)
+    assert kept.get(again.mod) == b"four" and kept.get(schedules[1].mod) == b"eight" and kept.get(schedules[2].mod) is None
+    kept.add(schedules[2].mod, b"sixteen")  # 4 + 5 + 7 bytes > 10: the two oldest go
+    assert kept.get(schedules[0].mod) is None and kept.get(schedules[1].mod) is None and kept.get(schedules[2].mod) == b"sixteen"
 
 
 def test_a_cpu_default_that_is_the_reference_is_checked_by_its_own_first_call() -> None:

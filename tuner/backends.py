@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections import OrderedDict
 from typing import Any
 
 import tvm
@@ -17,6 +18,9 @@ from .kernels import TUNING_TIMING
 
 #: Candidates per measurement task: the device is shared between jobs at this granularity.
 MEASURE_CHUNK = 8
+#: Bytes of built kernels a job keeps for publishing (:class:`BuiltKernels`), the oldest dropped first: a round's 16
+#: CPU candidates take a few MB, CUDA ones (unrolled up to 600,000 characters of source) more
+KEPT_BYTES = 256 << 20
 
 
 class Timeline:
@@ -33,9 +37,38 @@ class Timeline:
                             "pid": answer["pid"], "count": count})  # fmt: skip
 
 
+class BuiltKernels:
+    """The kernels one job built, by their module's structure: publishing times the builds its search timed instead of
+    building the same modules again (a CUDA candidate's build takes seconds). At most ``limit`` bytes, oldest out first."""
+
+    def __init__(self, limit: int = KEPT_BYTES) -> None:
+        self.limit = limit
+        self._held: OrderedDict[int, tuple[Any, bytes]] = OrderedDict()
+        self._bytes = 0
+
+    def add(self, mod: Any, artifact: bytes) -> None:
+        import tvm_ffi
+
+        key = tvm_ffi.structural_hash(mod)
+        if (old := self._held.pop(key, None)) is not None:
+            self._bytes -= len(old[1])
+        self._held[key] = (mod, artifact)
+        self._bytes += len(artifact)
+        while self._bytes > self.limit and self._held:
+            self._bytes -= len(self._held.popitem(last=False)[1][1])
+
+    def get(self, mod: Any) -> bytes | None:
+        """The artifact built of a module structurally equal to ``mod``, or None."""
+        import tvm_ffi
+
+        held = self._held.get(tvm_ffi.structural_hash(mod))
+        return held[1] if held is not None and tvm_ffi.structural_equal(held[0], mod) else None
+
+
 @derived_object
 class RayBuilder(ms.builder.PyBuilder):
-    """Builds every candidate of a batch as its own Ray task; artifacts land in ``artifact_root``.
+    """Builds every candidate of a batch as its own Ray task; artifacts land in ``artifact_root``, and each one built is
+    kept in ``kept`` (:class:`BuiltKernels`).
 
     A candidate whose build is still running ``timeout_secs`` after the builder starts waiting
     for it is cancelled and reported as failed (LLVM can take practically forever on some
@@ -47,6 +80,7 @@ class RayBuilder(ms.builder.PyBuilder):
         self.artifact_root = artifact_root
         self.timeline = timeline
         self.timeout_secs = timeout_secs
+        self.kept = BuiltKernels()
 
     def build(self, build_inputs: list[ms.builder.BuilderInput]) -> list[ms.builder.BuilderResult]:
         refs = []
@@ -54,13 +88,14 @@ class RayBuilder(ms.builder.PyBuilder):
             text = target_text(bi.target)
             refs.append(cluster.submit("build", placed=cluster.placement("build", text), mod_json=tvm.ir.save_json(bi.mod), target_text=text))
         results = []
-        for ref in refs:
+        for bi, ref in zip(build_inputs, refs):
             answer = cluster.build_result(ref, self.timeout_secs)
             if "start" in answer:  # it ran (not timed out nor lost)
                 self.timeline.add("build", answer)
             if answer["artifact"] is None:
                 results.append(ms.builder.BuilderResult(None, answer["error"]))
             else:
+                self.kept.add(bi.mod, answer["artifact"])
                 results.append(ms.builder.BuilderResult(self._save(answer["artifact"]), None))
         return results
 

@@ -57,12 +57,14 @@ def _short_error(exc: BaseException) -> str:
     return "".join(lines).strip()[-2000:]
 
 
-def build(mod_json: str, target_text: str, checkable: bool = False) -> dict[str, Any]:
+def build(mod_json: str, target_text: str, checkable: bool = False, whole_only: bool = False) -> dict[str, Any]:
     """Build one scheduled module: ``{"artifact": bytes | None, "error": str | None, ...interval}``. A module whose
     weights' layout its schedule rewrites (MetaSchedule's ``RewriteLayout``) is built as MetaSchedule times it, the
     rewrite removed so that it takes its weights prepacked; with ``checkable`` (its outputs will be checked) the answer
     adds that build's ``args_info`` and a ``check_artifact``: the module built whole (rewrite kept), which takes the
-    kernel's own arguments. A search's candidates are not checked, so their builds are not doubled."""
+    kernel's own arguments. A search's candidates are not checked, so their builds are not doubled. With ``whole_only``
+    (the caller holds the timed build: the search made it) only the whole build is made: ``"artifact"`` is None, and
+    so is ``"error"`` where it built."""
     import tvm
 
     from schedhub.hooks.identity import target_from_text
@@ -74,9 +76,8 @@ def build(mod_json: str, target_text: str, checkable: bool = False) -> dict[str,
         return {"artifact": None, "error": f"this node ({socket.gethostname()}) cannot compile CUDA: its TVM has no CUDA runtime", **_interval(start)}
     try:
         mod = tvm.ir.load_json(mod_json)
-        rt_mod = tvm_env.build_kernel(mod, target)
-        out: dict[str, Any] = {"artifact": tvm_env.library_bytes(rt_mod), "error": None}
-        if checkable and (packed := tvm_env.packed_args_info(mod)) is not None:  # its weights prepacked: time it on them, check it whole
+        out: dict[str, Any] = {"artifact": None if whole_only else tvm_env.library_bytes(tvm_env.build_kernel(mod, target)), "error": None}
+        if (checkable or whole_only) and (packed := tvm_env.packed_args_info(mod)) is not None:  # its weights prepacked: time it on them, check it whole
             out.update(args_info=packed, check_artifact=tvm_env.library_bytes(tvm.tirx.build(mod, target=target)))
     except Exception as exc:  # a candidate that does not build is a result, not a crash
         out = {"artifact": None, "error": f"build failed: {_short_error(exc)}"}

@@ -27,7 +27,7 @@ from typing import Any
 from schedhub.registry import FLUSHED_SECS, MAX_TRIALS_PER_ENTRY, Identity, Record, Trial, TrialLog, trace_id
 
 from . import cluster, tvm_env
-from .backends import RayBuilder, RayRunner, Timeline, read_artifact
+from .backends import BuiltKernels, RayBuilder, RayRunner, Timeline
 from .kernels import FINAL_TIMING, TUNING_TIMING
 
 log = logging.getLogger("schedhub.tuner")
@@ -188,7 +188,7 @@ def tune_workload(identity: Identity, warm_traces: list[str], options: TuneOptio
         registry_traces = list(dict.fromkeys(warm_traces[: options.warm_start]))
         traces = registry_traces + [t for t in dict.fromkeys(synthesized) if t not in registry_traces]
         twinned = len(registry_traces) if options.repostprocess else 0
-        warm, artifacts, skipped = _seed_database(database, mod, target, traces, builder, runner, twinned)
+        warm, skipped = _seed_database(database, mod, target, traces, builder, runner, twinned)
         started, phases = time.time(), {}
         timeline.stage = "search"
         if options.trials > 0:
@@ -199,7 +199,7 @@ def tune_workload(identity: Identity, warm_traces: list[str], options: TuneOptio
         measured = [tr for tr in database.get_all_tuning_records() if mean_secs(tr) < _FAILED_SECS]
         curve = best_so_far([mean_secs(tr) for tr in measured])
         timeline.stage = "publish"
-        records, default, rejected = _publish(identity, mod, measured, options, timeline, artifacts)
+        records, default, rejected = _publish(identity, mod, measured, options, timeline, builder.kept)
         untuned = default.mean_secs
         logged = [(trace_text(tr.trace), mean_secs(tr)) for tr in log_sample(measured)]
     strategy = "evolutionary+xgb" if options.trials > 0 else "first pass: warm start measured, no search"
@@ -329,10 +329,10 @@ def replay(mod: Any, text: str) -> Any:
 
 
 def _seed_database(database: Any, mod: Any, target: Any, traces: list[str], builder: RayBuilder, runner: RayRunner,
-                   twinned: int = 0) -> tuple[int, dict[str, str], list[str]]:  # fmt: skip
+                   twinned: int = 0) -> tuple[int, list[str]]:  # fmt: skip
     """Replay registry traces on ``mod``, measure them and commit them to ``database``; returns how many were
-    committed, where each one's build is (by the replayed trace's text), so publishing does not build it again,
-    and why each skipped trace was skipped. A trace is someone else's data (a claim of any pusher): one past the
+    committed (their builds are in ``builder.kept``, so publishing does not build them again), and why each skipped
+    trace was skipped. A trace is someone else's data (a claim of any pusher): one past the
     hook's cost bounds is skipped, not built (it would hold a build slot until the builder's timeout). Each of the
     first ``twinned`` traces that replays brings its twin postprocessed here where that differs
     (``hooks.msdb.postprocessed_here``: its postprocessing was decided for the record's own loop extents), measured beside it.
@@ -341,7 +341,7 @@ def _seed_database(database: Any, mod: Any, target: Any, traces: list[str], buil
 
     from schedhub.hooks.guard import ScheduleLimits
     from schedhub.hooks.measure import first_equal
-    from schedhub.hooks.msdb import first_line, postprocessed_here, replay_launchable, trace_text
+    from schedhub.hooks.msdb import first_line, postprocessed_here, replay_launchable
 
     workload = database.commit_workload(mod)
     limits = ScheduleLimits()
@@ -367,21 +367,21 @@ def _seed_database(database: Any, mod: Any, target: Any, traces: list[str], buil
     firsts = first_equal([m["main"] for _, m in replayed])  # traces that schedule the kernel alike: one is built and measured
     replayed = [pair for i, pair in enumerate(replayed) if firsts[i] == i]
     if not replayed:
-        return 0, {}, skipped
+        return 0, skipped
     args_info = [ms.arg_info.ArgInfo.from_entry_func(m, remove_preproc=True) for _, m in replayed]  # as built: weights prepacked where it rewrites them
     built = builder.build([ms.builder.BuilderInput(m, target) for _, m in replayed])
     device = "cpu" if target.kind.name == "llvm" else target.kind.name
     inputs = [ms.runner.RunnerInput(b.artifact_path, device, args) for b, args in zip(built, args_info) if b.artifact_path]
     futures = iter(runner.run(inputs))
-    artifacts: dict[str, str] = {}
+    committed = 0
     for (trace, _), b, args in zip(replayed, built, args_info):
         if b.artifact_path is None:
             continue
         res = next(futures).result()
         if res.run_secs:
             database.commit_tuning_record(ms.database.TuningRecord(trace, workload, res.run_secs, target, args))
-            artifacts[trace_text(trace)] = b.artifact_path
-    return len(artifacts), artifacts, skipped
+            committed += 1
+    return committed, skipped
 
 
 #: Where the reference output is computed for kernels of other devices: this CPU, unscheduled.
@@ -403,14 +403,15 @@ def reference_build(mod: Any, target_text: str) -> tuple[Any, str] | None:
 def side_by_side(identity: Identity, mod: Any, candidates: list[Any], timing: dict[str, Any], timeline: Timeline,
                  prebuilt: list[bytes | None] | None = None) -> list[dict[str, Any]]:  # fmt: skip
     """Build the target's :func:`default_schedule` of ``mod`` and each scheduled candidate (CPU tasks; a
-    candidate whose ``prebuilt`` artifact is given is not built again), then time them in one measurement
+    candidate whose ``prebuilt`` artifact is given is not built again, but for its whole build where its schedule
+    prepacks weights: :func:`.kernels.build`'s ``whole_only``), then time them in one measurement
     task that holds the device, checking every output against the unscheduled kernel's on a CPU (on a CPU
     target, the default's own build). The caller has checked that the cluster can build and time them
     (:func:`cluster.check_feasible`).
 
     A build still running :data:`cluster.BUILD_TIMEOUT_SECS` after the wait for it began is cancelled and fails.
-    Returns one ``{"run_secs", "error", "build_secs"}`` per module (``build_secs``: None where it was prebuilt or did
-    not come back), the default first (it must run). The default is timed briefly where every candidate's checking call
+    Returns one ``{"run_secs", "error", "build_secs"}`` per module (``build_secs``: None where it was prebuilt and not
+    built whole again, or did not come back), the default first (it must run). The default is timed briefly where every candidate's checking call
     was :data:`BRIEF_DEFAULT_PAST` times faster than its own (:data:`.kernels.BRIEF_CALLS`; its result says ``"brief"``),
     unless ``timing`` says otherwise (``"brief_first_past"``: None never). On a CPU the default's first call is the
     reference's (``kernels.measure``'s ``first_is_reference``).
@@ -422,14 +423,16 @@ def side_by_side(identity: Identity, mod: Any, candidates: list[Any], timing: di
     timing = {"brief_first_past": BRIEF_DEFAULT_PAST, **timing}
     host = reference_build(mod, identity.target)
     given = [None, *(prebuilt or [None] * len(candidates))]
-    given = [None if i and tvm_env.packed_args_info(candidates[i - 1]) is not None else g for i, g in enumerate(given)]  # checked whole: built here
+    packs = [False, *(tvm_env.packed_args_info(c) is not None for c in candidates)]  # given built, still built whole to be checked
     builds = [(default_schedule(mod, target_from_text(identity.target)), identity.target), *((c, identity.target) for c in candidates)]
     if host:
         builds.append(host)
         given.append(None)
-    refs = [None if artifact else cluster.submit("build", placed=cluster.placement("build", t), mod_json=tvm.ir.save_json(m), target_text=t, checkable=True)
-            for (m, t), artifact in zip(builds, given)]  # fmt: skip
-    built = [{"artifact": artifact, "error": None} if ref is None else cluster.build_result(ref) for ref, artifact in zip(refs, given)]
+        packs.append(False)
+    refs = [None if artifact is not None and not whole else cluster.submit("build", placed=cluster.placement("build", t), mod_json=tvm.ir.save_json(m),
+                                                                           target_text=t, checkable=True, whole_only=artifact is not None)
+            for (m, t), artifact, whole in zip(builds, given, packs)]  # fmt: skip
+    built = [_built(ref, artifact) for ref, artifact in zip(refs, given)]
     for b in built:
         if "start" in b:  # built now (not given, timed out nor lost)
             timeline.add("build", b)
@@ -451,10 +454,19 @@ def side_by_side(identity: Identity, mod: Any, candidates: list[Any], timing: di
     return results
 
 
+def _built(ref: Any, given: bytes | None) -> dict[str, Any]:
+    """One module of :func:`side_by_side` as built: its ``given`` artifact, with the answer of its build task (``ref``,
+    None: none was needed) where one was made: all of it, or its whole build for checking where the artifact is given."""
+    if ref is None:
+        return {"artifact": given, "error": None}
+    answer = cluster.build_result(ref)
+    return answer if given is None or answer["error"] else {**answer, "artifact": given}
+
+
 def _publish(identity: Identity, mod: Any, measured: list[Any], options: TuneOptions, timeline: Timeline,
-             artifacts: dict[str, str]) -> tuple[list[Record], Record, list[str]]:  # fmt: skip
-    """Verify and re-measure the best distinct schedules (``artifacts``: the builds the warm start kept, by trace
-    text); returns (records best first, the default schedule as a record, timed beside them, rejections:
+             kept: BuiltKernels | None = None) -> tuple[list[Record], Record, list[str]]:  # fmt: skip
+    """Verify and re-measure the best distinct schedules (``kept``: the builds the job's warm start and search made,
+    timed again as they are); returns (records best first, the default schedule as a record, timed beside them, rejections:
     ``"<trace id>: <why>"`` for each schedule the search measured that is not published)."""
     from schedhub.hooks.msdb import scheduled, trace_text
 
@@ -464,8 +476,8 @@ def _publish(identity: Identity, mod: Any, measured: list[Any], options: TuneOpt
         best.setdefault(text, tr)
         if len(best) >= options.publish:
             break
-    prebuilt = [read_artifact(artifacts[text]) if text in artifacts else None for text in best]
     candidates = [scheduled(mod, tr.trace) for tr in best.values()]
+    prebuilt = [kept.get(c) if kept is not None else None for c in candidates]
     timed = side_by_side(identity, mod, candidates, options.final_timing, timeline, prebuilt)
     records, default, rejected = _against_default(identity, mod, list(best), timed)
     if not records and any(r["run_secs"] for r in timed[1:]):
