@@ -81,6 +81,26 @@ def test_metaschedule_searches_a_cuda_target_as_users_write_it(matmul: tvm.IRMod
     assert str(tuning_target(CUDA).attrs["arch"]) == "sm_90"
 
 
+def test_a_cuda_candidates_trace_applied_again_finds_the_searchs_build(matmul: tvm.IRModule) -> None:
+    """Publishing takes the search's builds by module structure (``backends.BuiltKernels``): a CUDA candidate of
+    MetaSchedule's search (sampled as its evolutionary search samples), its trace applied again as publishing applies it, is the module the search's
+    builder was given, so a GPU round does not compile its best candidates twice (1-10 s each)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from schedhub.hooks.msdb import scheduled
+    from schedhub.tuner.backends import BuiltKernels
+
+    context = ms.TuneContext(mod=matmul, target=tuning_target(CUDA), space_generator="post-order-apply",
+                             search_strategy=ms.search_strategy.ReplayTrace(), task_name="matmul", num_threads=1)  # fmt: skip
+    context.pre_tuning(max_trials=16, num_trials_per_iter=16, design_spaces=context.generate_design_space(), database=ms.database.MemoryDatabase(),
+                       cost_model=ms.cost_model.RandomModel())  # fmt: skip
+    candidates = context.generate_measure_candidates()
+    kept = BuiltKernels()
+    for i, candidate in enumerate(candidates):
+        kept.add(candidate.sch.mod, str(i).encode())
+    assert len(candidates) > 4 and [kept.get(scheduled(matmul, c.sch.trace)) for c in candidates] == [str(i).encode() for i in range(len(candidates))]
+
+
 @pytest.fixture
 def declared_gpu_cluster() -> Iterator[dict]:
     """A local Ray cluster that declares a GPU and a CUDA compiler this machine does not have."""
