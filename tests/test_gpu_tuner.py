@@ -82,9 +82,10 @@ def test_metaschedule_searches_a_cuda_target_as_users_write_it(matmul: tvm.IRMod
 
 
 def test_a_cuda_candidates_trace_applied_again_finds_the_searchs_build(matmul: tvm.IRModule) -> None:
-    """Publishing takes the search's builds by module structure (``backends.BuiltKernels``): a CUDA candidate of
-    MetaSchedule's search (sampled as its evolutionary search samples), its trace applied again as publishing applies it, is the module the search's
-    builder was given, so a GPU round does not compile its best candidates twice (1-10 s each)."""
+    """Publishing takes the search's builds by module structure (``backends.BuiltKernels``): a CUDA candidate that
+    MetaSchedule sampled and postprocessed (as its evolutionary search's first population is), its trace applied again
+    as publishing applies it, is the module the builder was given, so a GPU round does not compile its best candidates
+    twice (1-10 s each)."""
     from tvm.s_tir import meta_schedule as ms
 
     from schedhub.hooks.msdb import scheduled
