@@ -219,6 +219,8 @@ def test_a_cpu_default_that_is_the_reference_is_checked_by_its_own_first_call() 
     assert [len(r["run_secs"] or []) for r in answer] == [2, 2, 0] and "differs from the unscheduled build" in answer[2]["error"], answer
     unchecked = kernels.measure(built, ident.args_info, timing, target_text=ident.target)["results"]
     assert all(r["run_secs"] for r in unchecked)  # nothing to check against: the wrong one is timed
+    no_reference = kernels.measure([None, built[1]], ident.args_info, timing, target_text=ident.target, first_is_reference=True)["results"]
+    assert no_reference[1]["run_secs"] is None and "not checked" in no_reference[1]["error"]
     with pytest.raises(ValueError, match="the first kernel is the reference"):
         kernels.measure(built, ident.args_info, timing, reference=built[0], target_text=ident.target, first_is_reference=True)
 

@@ -298,6 +298,8 @@ class _Checked:
         rt_mod = tvm_env.load_library(artifact, self.tmp)
         if i == 0 and self.first_is_reference:  # its first call is the reference's: nothing to check it against
             self.expected, self.calls[i] = _run(rt_mod, self.arrays, self.dev)
+        elif self.first_is_reference and self.expected is None:
+            return {"run_secs": None, "error": "not checked: the first kernel, the reference, did not run"}
         elif self.expected is not None:
             check = _nth(self.checks, i)
             outputs, call_secs = _run(tvm_env.load_library(check, self.tmp) if check is not None else rt_mod, self.arrays, self.dev)
