@@ -36,20 +36,24 @@ ROUND_TRIALS = 16
 STAGES = ("warm start", "search", "publish", "other")
 #: The search's own phases (``tuner.search.PHASES``), each a part of its "search" stage.
 PHASES = ("search", "build", "measure", "cost model")
+#: The tasks of the warm start and of publishing: each stage is the span of its builds, then of its measurement.
+TASK_KINDS = ("build", "measure")
 
 
 def round_row(number: int, op: str, wall: float, result: Any) -> dict[str, Any]:
     """One round's seconds by stage: warm start and publish are the spans of their build and measurement tasks
     (``result.events``), the search MetaSchedule's own total, "other" what is left of the round's ``wall``."""
     spans: dict[str, float] = {}
+    tasks: dict[str, dict[str, float]] = {}
     for stage in ("warm start", "publish"):
         events = [e for e in result.events if e["stage"] == stage]
-        spans[stage] = sum(_span(e for e in events if e["kind"] == kind) for kind in ("build", "measure"))
+        tasks[stage] = {kind: _span(e for e in events if e["kind"] == kind) for kind in TASK_KINDS}
+        spans[stage] = sum(tasks[stage].values())
     spans["search"] = result.search_secs
     spans["other"] = max(0.0, wall - sum(spans.values()))
     return {"round": number, "op": op, "wall_secs": wall, "trials": result.trials, "warm_measured": result.warm_started,
             "best_secs": min((r.mean_secs for r in result.records), default=None),
-            "stages": spans, "phases": {p: result.phases.get(p, 0.0) for p in PHASES}}  # fmt: skip
+            "stages": spans, "phases": {p: result.phases.get(p, 0.0) for p in PHASES}, "publishing": tasks["publish"]}  # fmt: skip
 
 
 def _span(events: Any) -> float:
@@ -112,12 +116,14 @@ def _tuner_file() -> str:
 
 
 def arm_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """One revision's runs: trials/s of each run (search trials over the rounds' wall), and each stage's seconds a round."""
+    """One revision's runs: trials/s of each run (search trials over the rounds' wall), and each stage's seconds a round
+    (medians: of the stages, of the search's phases, and of publishing's builds and measurement)."""
     rows = [row for run in runs for row in run["rounds"]]
     return {"trials_per_sec": summary([sum(r["trials"] for r in run["rounds"]) / sum(r["wall_secs"] for r in run["rounds"]) for run in runs]),
             "round_secs": summary([r["wall_secs"] for r in rows]),
             "stage_secs": {s: statistics.median(r["stages"][s] for r in rows) for s in STAGES},
-            "phase_secs": {p: statistics.median(r["phases"][p] for r in rows) for p in PHASES}}  # fmt: skip
+            "phase_secs": {p: statistics.median(r["phases"][p] for r in rows) for p in PHASES},
+            "publishing_secs": {k: statistics.median(r["publishing"][k] for r in rows) for k in TASK_KINDS}}  # fmt: skip
 
 
 def _store_size(store: Path) -> dict[str, int]:

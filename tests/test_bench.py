@@ -629,9 +629,10 @@ def test_a_rounds_stages_are_the_spans_of_its_tasks_and_the_rest_is_other() -> N
     result = SimpleNamespace(events=events, search_secs=7.5, trials=16, warm_started=2, phases={"search": 2.0, "build": 4.0}, records=records)
     row = round_row(3, "conv", 20.0, result)
     assert row["stages"] == {"warm start": 1.5, "publish": 4.0, "search": 7.5, "other": 7.0}
+    assert row["publishing"] == {"build": 3.0, "measure": 1.0}  # the two overlapping builds' span, then the measurement
     assert row["phases"] == {"search": 2.0, "build": 4.0, "measure": 0.0, "cost model": 0.0} and row["best_secs"] == 0.001
     crowded = round_row(1, "conv", 10.0, result)
     assert crowded["stages"]["other"] == 0.0  # never negative
     arm = arm_summary([{"rounds": [row, row]}, {"rounds": [crowded]}])
     assert arm["trials_per_sec"]["samples"] == [32 / 40, 16 / 10]
-    assert arm["stage_secs"]["publish"] == 4.0 and arm["round_secs"]["median"] == 20.0
+    assert arm["stage_secs"]["publish"] == 4.0 and arm["round_secs"]["median"] == 20.0 and arm["publishing_secs"] == {"build": 3.0, "measure": 1.0}
