@@ -106,11 +106,16 @@ def _run(rt_mod: Any, arrays: list[np.ndarray], dev: Any) -> tuple[list[np.ndarr
     import tvm
 
     tensors = [tvm.runtime.tensor(a, dev) for a in arrays]
-    started = time.perf_counter()
-    rt_mod["main"](*tensors)
-    dev.sync()
-    secs = time.perf_counter() - started
+    secs = _call_secs(rt_mod, dev, tensors)
     return [t.numpy() for t in tensors], secs
+
+
+def _call_secs(rt_mod: Any, dev: Any, arguments: list[Any]) -> float:
+    """Seconds of one call of ``rt_mod`` on ``arguments`` (device tensors), its device synchronized."""
+    started = time.perf_counter()
+    rt_mod["main"](*arguments)
+    dev.sync()
+    return time.perf_counter() - started
 
 
 def _mismatch(expected: list[np.ndarray], actual: list[np.ndarray], rtol: float) -> str | None:
@@ -264,10 +269,7 @@ def _brief(rt_mod: Any, dev: Any, timing: dict[str, Any], arguments: list[Any], 
     def call(flushed: bool) -> float:
         if flushed:
             flush(*arguments)
-        started = time.perf_counter()
-        rt_mod["main"](*arguments)
-        dev.sync()
-        return time.perf_counter() - started
+        return _call_secs(rt_mod, dev, arguments)
 
     first = [checking_secs] if checking_secs is not None else [call(False)]
     result: dict[str, Any] = {"run_secs": [*first, *(call(False) for _ in range(BRIEF_CALLS))], "error": None, "brief": True}
