@@ -141,7 +141,7 @@ def test_a_default_that_wins_one_timing_is_timed_again_before_it_is_published(ra
         return results
 
     monkeypatch.setattr(search, "side_by_side", busy_then_quiet)
-    records, default, _ = search._publish(ident, mod, measured, tiny(publish=1), search.Timeline("retimed"), {})
+    records, default, _ = search._publish(ident, mod, measured, tiny(publish=1), search.Timeline("retimed"))
     assert len(timings) == 2
     second_default, second_candidate = (sum(r["run_secs"]) / len(r["run_secs"]) for r in timings[1])
     assert default.mean_secs == pytest.approx(second_default)

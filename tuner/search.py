@@ -484,7 +484,7 @@ def _publish(identity: Identity, mod: Any, measured: list[Any], options: TuneOpt
         # "Nothing beats the default" pins a kernel: the hook serves it as a hit and never reports it again. One
         # timing taken while the machine was busy (a 7.2 ms default against 16.4 ms for a schedule that ran 0.41 ms
         # elsewhere) must not decide that, so the verdict stands only if a second side-by-side timing agrees.
-        records, default, rejected = _against_default(identity, mod, list(best), side_by_side(identity, mod, candidates, options.final_timing, timeline))
+        records, default, rejected = _against_default(identity, mod, list(best), side_by_side(identity, mod, candidates, options.final_timing, timeline, prebuilt))
         default = Record(identity, default.trace, default.run_secs, {**default.provenance, "timed_twice": True})
     # When nothing beat the target's default, that *is* the best known schedule: publish it (an
     # empty trace: the hook leaves the kernel to the default) so the hook stops reporting the
