@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from . import tvm_env
+from .remembered import MEMORY, Remembered, kernel_key
 
 #: Defaults of a tuning measurement (MetaSchedule's EvaluatorConfig has the same fields).
 TUNING_TIMING = {"number": 3, "repeat": 1, "min_repeat_ms": 40, "flush_cache": False}
@@ -210,7 +211,9 @@ def measure(
     briefly when every other was that many times faster (:func:`_brief`). Every kernel is checked
     before any is timed. With ``first_is_reference`` (a CPU kernel's default schedule: the unscheduled kernel
     itself) the first artifact's own first call gives the outputs the others are checked against, and is its
-    checking call: it is neither built nor called twice.
+    checking call: it is neither built nor called twice. A reference this worker called in an earlier task, the same
+    build on the same arguments, is not called again (:mod:`.remembered`), nor is such a first kernel's brief timing
+    made again (its result says ``"remembered"``).
 
     ``own_args``: per artifact, the arguments it is timed on where they are not ``args_info`` (a kernel that takes its
     weights prepacked, in the layout its schedule chose); ``checks``: per artifact, the build whose outputs are checked
@@ -231,8 +234,8 @@ def measure(
     with tempfile.TemporaryDirectory(prefix="schedhub-measure-") as tmp:
         arrays = random_arguments(args_info)
         tensors = [tvm.runtime.tensor(a, dev) for a in arrays]  # timing only: shared by every candidate
-        expected = _run(tvm_env.load_library(reference, tmp), arrays, tvm.cpu(0))[0] if reference is not None else None
-        checked = _Checked(tmp, arrays, expected, dev, checks, timing, rtol, first_is_reference)
+        expected = _outputs_of(reference, args_info, arrays, tmp) if reference is not None else None
+        checked = _Checked(tmp, args_info, arrays, expected, dev, checks, timing, rtol, first_is_reference)
         for i, artifact in enumerate(artifacts):
             if artifact is None:
                 results.append({"run_secs": None, "error": "not built"})
@@ -247,13 +250,40 @@ def measure(
             try:
                 timed_on = tensors if mine is None else [tvm.runtime.tensor(a, dev) for a in random_arguments(mine)]
                 if i == 0 and brief:
-                    itself = _nth(checks, 0) is None and mine is None  # its checking call was this module's, on these inputs
-                    results[i] = _brief(rt_mod, dev, timing, timed_on, checked.calls[0] if itself else None)
+                    results[i] = _brief_first(checked, rt_mod, timing, timed_on, itself=_nth(checks, 0) is None and mine is None)
                 else:
                     results[i] = _timed(rt_mod, dev, timing, timed_on)
             except Exception as exc:  # a kernel that fails to run is a result
                 results[i] = {"run_secs": None, "error": f"run failed: {_short_error(exc)}"}
     return {"results": results, **_interval(start)}
+
+
+def _outputs_of(reference: bytes, args_info: list[Any], arrays: list[np.ndarray], tmp: str) -> list[np.ndarray]:
+    """Every argument after one call of the ``reference`` build on this CPU on ``arrays``, as this worker remembers it
+    from an earlier task (:mod:`.remembered`) or calls it now."""
+    import tvm
+
+    key = kernel_key(reference, args_info, str(tvm.cpu(0)))
+    if (known := MEMORY.get(key)) is None:
+        known = MEMORY.remember(key, arrays, *_run(tvm_env.load_library(reference, tmp), arrays, tvm.cpu(0)))
+    return known.outputs(arrays)
+
+
+def _brief_first(checked: _Checked, rt_mod: Any, timing: dict[str, Any], arguments: list[Any], itself: bool) -> dict[str, Any]:
+    """The first kernel timed briefly (:func:`_brief`; ``itself``: its checking call was this module's, on these
+    inputs), or, where it is the reference and this worker timed the same build so in an earlier task, that timing
+    again: it says ``"remembered"``. A timing that is only read against candidates 10× faster (``brief_first_past``)
+    says as much a round later; the kernel is not called again."""
+    import tvm
+
+    known = checked.first
+    flushed = bool(timing.get("flushed_too")) and checked.dev.dlpack_device_type() == tvm.cpu(0).dlpack_device_type()
+    if known is not None and known.brief is not None and ("flushed_secs" in known.brief) == flushed:
+        return {**known.brief, "remembered": True}
+    result = _brief(rt_mod, checked.dev, timing, arguments, checked.calls[0] if itself else None)
+    if known is not None:
+        known.brief = result
+    return result
 
 
 def _brief(rt_mod: Any, dev: Any, timing: dict[str, Any], arguments: list[Any], checking_secs: float | None) -> dict[str, Any]:
@@ -281,10 +311,12 @@ def _brief(rt_mod: Any, dev: Any, timing: dict[str, Any], arguments: list[Any], 
 @dataclass
 class _Checked:
     """The kernels of one measurement, loaded and checked against the reference's outputs (``expected``; None: not
-    checked, unless ``first_is_reference``: the first kernel's outputs are then the reference) before any is timed:
-    each one to be timed (``loaded``) and its checking call's seconds (``calls``)."""
+    checked, unless ``first_is_reference``: the first kernel's outputs are then the reference, and its checking call
+    is the first, as this worker remembers that build from an earlier task (:mod:`.remembered`: ``first``) or calls it
+    now) before any is timed: each one to be timed (``loaded``) and its checking call's seconds (``calls``)."""
 
     tmp: str
+    args_info: list[Any]
     arrays: list[np.ndarray]
     expected: list[np.ndarray] | None
     dev: Any
@@ -292,6 +324,7 @@ class _Checked:
     timing: dict[str, Any]
     rtol: float
     first_is_reference: bool = False
+    first: Remembered | None = None
     loaded: dict[int, Any] = field(default_factory=dict)
     calls: dict[int, float] = field(default_factory=dict)
 
@@ -299,7 +332,10 @@ class _Checked:
         """Load kernel ``i`` and check it: None when it is to be timed, else its result (a mismatch, or :data:`UNTIMED`)."""
         rt_mod = tvm_env.load_library(artifact, self.tmp)
         if i == 0 and self.first_is_reference:  # its first call is the reference's: nothing to check it against
-            self.expected, self.calls[i] = _run(rt_mod, self.arrays, self.dev)
+            key = kernel_key(artifact, self.args_info, str(self.dev))
+            if (known := MEMORY.get(key)) is None:
+                known = MEMORY.remember(key, self.arrays, *_run(rt_mod, self.arrays, self.dev))
+            self.first, self.expected, self.calls[i] = known, known.outputs(self.arrays), known.call_secs
         elif self.first_is_reference and self.expected is None:
             return {"run_secs": None, "error": "not checked: the first kernel, the reference, did not run"}
         elif self.expected is not None:
