@@ -612,9 +612,11 @@ def _rounds(d: dict[str, Any] | None) -> list[str]:
     stages = list(next(iter(d["arms"].values()))["stage_secs"])
     rows = [[f"`{rev}`" if rev != "worktree" else f"this tree (`{env.get('commit', '?')}`)", fmt(a["trials_per_sec"]), fmt(a["round_secs"]),
              *(f"{a['stage_secs'][s]:.1f}" for s in stages), f"{a['phase_secs']['build']:.1f} / {a['phase_secs']['measure']:.1f}",
-             f"{a['publishing_secs']['build']:.1f} / {a['publishing_secs']['measure']:.1f}" if "publishing_secs" in a else "–"]
+             f"{a['publishing_secs']['build']:.1f} / {a['publishing_secs']['measure']:.1f}" if "publishing_secs" in a else "–",
+             f"{a['reference_recalled']['rounds']} of {a['reference_recalled']['of']}" if "reference_recalled" in a else "–"]
             for rev, a in d["arms"].items()]  # fmt: skip
-    lines += table(["revision", "trials/s", "round s", *(f"{s} s" for s in stages), "search's build / measure s", "publishing's build / measure s"], rows)
+    lines += table(["revision", "trials/s", "round s", *(f"{s} s" for s in stages), "search's build / measure s", "publishing's build / measure s",
+                    "rounds whose reference was recalled"], rows)  # fmt: skip
     if "this_vs_before" in d:
         lines += ["", f"This tree against the other, run by run: {times(d['this_vs_before'])} the trials/s."]
     return lines + [""]

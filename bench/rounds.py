@@ -12,7 +12,9 @@ of its own with its own Ray cluster. With ``--against`` each run is made at both
 
 Per round, from the job's own timeline: wall seconds, and of them the warm start (its traces built and timed), the
 search (MetaSchedule's phases: search, build, measure, cost model) and publishing (built and timed beside the
-default); "other" is the rest (the driver between rounds, Ray, the job's start and its warm cost model).
+default); "other" is the rest (the driver between rounds, Ray, the job's start and its warm cost model). A round whose
+publishing measurement recalled its reference's outputs from an earlier round (``tuner.remembered``) says
+``reference_recalled``.
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ def round_row(number: int, op: str, wall: float, result: Any) -> dict[str, Any]:
     spans["other"] = max(0.0, wall - sum(spans.values()))
     return {"round": number, "op": op, "wall_secs": wall, "trials": result.trials, "warm_measured": result.warm_started,
             "best_secs": min((r.mean_secs for r in result.records), default=None),
-            "stages": spans, "phases": {p: result.phases.get(p, 0.0) for p in PHASES}, "publishing": tasks["publish"]}  # fmt: skip
+            "stages": spans, "phases": {p: result.phases.get(p, 0.0) for p in PHASES}, "publishing": tasks["publish"],
+            "reference_recalled": any(e.get("recalled") for e in result.events if e["stage"] == "publish" and e["kind"] == "measure")}  # fmt: skip
 
 
 def _span(events: Any) -> float:
@@ -123,7 +126,8 @@ def arm_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "round_secs": summary([r["wall_secs"] for r in rows]),
             "stage_secs": {s: statistics.median(r["stages"][s] for r in rows) for s in STAGES},
             "phase_secs": {p: statistics.median(r["phases"][p] for r in rows) for p in PHASES},
-            "publishing_secs": {k: statistics.median(r["publishing"][k] for r in rows) for k in TASK_KINDS}}  # fmt: skip
+            "publishing_secs": {k: statistics.median(r["publishing"][k] for r in rows) for k in TASK_KINDS},
+            "reference_recalled": {"rounds": sum(bool(r.get("reference_recalled")) for r in rows), "of": len(rows)}}  # fmt: skip
 
 
 def _store_size(store: Path) -> dict[str, int]:

@@ -636,3 +636,8 @@ def test_a_rounds_stages_are_the_spans_of_its_tasks_and_the_rest_is_other() -> N
     arm = arm_summary([{"rounds": [row, row]}, {"rounds": [crowded]}])
     assert arm["trials_per_sec"]["samples"] == [32 / 40, 16 / 10]
     assert arm["stage_secs"]["publish"] == 4.0 and arm["round_secs"]["median"] == 20.0 and arm["publishing_secs"] == {"build": 3.0, "measure": 1.0}
+    assert not row["reference_recalled"] and arm["reference_recalled"] == {"rounds": 0, "of": 3}
+    recalled = round_row(4, "conv", 20.0, SimpleNamespace(**{**vars(result), "events": [*events[:-1], {**events[-1], "recalled": True}]}))
+    searched = round_row(5, "conv", 20.0, SimpleNamespace(**{**vars(result), "events": [*events, {**event("search", "measure", 3.0, 4.0), "recalled": True}]}))
+    assert recalled["reference_recalled"] and not searched["reference_recalled"]  # publishing's measurement alone says it
+    assert arm_summary([{"rounds": [row, recalled]}])["reference_recalled"] == {"rounds": 1, "of": 2}

@@ -1,9 +1,10 @@
-"""A measurement worker remembers, between its tasks, a reference's outputs and the default's brief timing
+"""A machine's measurement tasks remember, between rounds, a reference's outputs and the default's brief timing
 (``tuner.remembered``): a tuning round of a kernel does not call its unscheduled kernel again, and a candidate that
 computes otherwise is still refused."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,7 +15,8 @@ from tvm import te
 
 from schedhub.hooks.identity import workload_identity
 from schedhub.tuner import kernels
-from schedhub.tuner.remembered import KernelMemory, kernel_key
+from schedhub.hooks.cache import CACHE_ENV
+from schedhub.tuner.remembered import BRIEF_KEPT_SECS, FOLDER, KernelMemory, kernel_key
 
 TARGET = {"kind": "llvm", "mcpu": "znver1", "num-cores": 2}
 #: The default's brief timing, as publishing asks for it (every candidate 10x faster), here with a few repeats.
@@ -40,10 +42,10 @@ def _built(func: Any, target: str) -> bytes:
 
 
 @pytest.fixture
-def counted_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """A fresh memory for the test, and the kernel calls the measurement makes one at a time: each checking call
+def counted_calls(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[str]:
+    """A fresh kernel cache for the test, and the kernel calls the measurement makes one at a time: each checking call
     says "check" and "time", each call of a brief timing "time" alone (:func:`_brief_calls`)."""
-    monkeypatch.setattr(kernels, "MEMORY", KernelMemory())
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     calls: list[str] = []
     run, call_secs = kernels._run, kernels._call_secs
 
@@ -64,39 +66,52 @@ def _brief_calls(calls: list[str]) -> int:
     return calls.count("time") - calls.count("check")
 
 
-def test_a_worker_remembers_only_what_a_kernel_changed_within_its_byte_budget() -> None:
-    """An entry holds the arguments a call changed (the others come back as the inputs given); past the byte budget
-    the least recently used entry goes first, and one that alone exceeds it is not kept."""
-    memory = KernelMemory(limit=3 * 8 * 4)
+def test_a_machine_remembers_only_what_a_kernel_changed_and_forgets_what_it_cannot_read(tmp_path: Path) -> None:
+    """An entry holds the arguments a call changed (the others come back as the inputs given) and, once made, its brief
+    timing for an hour. A file cut short, or one whose arrays do not fit the arguments, is a miss; with no folder
+    nothing is remembered."""
+    memory = KernelMemory(tmp_path)
     inputs = [np.arange(8, dtype="float32"), np.zeros(8, dtype="float32")]
-    entry = memory.remember("a", inputs, [inputs[0].copy(), np.ones(8, dtype="float32")], 0.5)
-    assert entry.changed[0] is None and entry.nbytes == 32
-    again = entry.outputs(inputs)
-    assert again[0] is inputs[0] and again[1].tolist() == [1.0] * 8
-    memory.remember("b", inputs, [inputs[0] + 1, inputs[1]], 0.1)
-    memory.remember("c", inputs, [inputs[0] + 2, inputs[1]], 0.1)
-    assert memory.get("a") is not None  # a is now the most recently used: b goes next
-    memory.remember("d", inputs, [inputs[0] + 3, inputs[1]], 0.1)
-    assert memory.get("b") is None and all(memory.get(k) is not None for k in "acd")
-    memory.remember("huge", [np.zeros(64, dtype="float32")], [np.ones(64, dtype="float32")], 0.1)
-    assert memory.get("huge") is None and len(memory) == 3
-    key = kernel_key(b"build", [["TENSOR", "float32", [8]]], "cpu(0)")
-    assert key != kernel_key(b"build", [["TENSOR", "float32", [9]]], "cpu(0)") != kernel_key(b"other", [["TENSOR", "float32", [8]]], "cpu(0)")
+    key = kernel_key(b"build", [["TENSOR", "float32", [8]]] * 2, "cpu(0)")
+    assert key != kernel_key(b"build", [["TENSOR", "float32", [9]]] * 2, "cpu(0)") != kernel_key(b"other", [["TENSOR", "float32", [8]]] * 2, "cpu(0)")
+    assert memory.recall(key, inputs) is None
+    entry = memory.remember(key, inputs, [inputs[0].copy(), np.ones(8, dtype="float32")], 0.5)
+    assert entry.changed[0] is None
+    again = memory.recall(key, inputs)
+    assert again is not None and again.call_secs == 0.5 and again.brief is None
+    outputs = again.outputs(inputs)
+    assert outputs[0] is inputs[0] and outputs[1].tolist() == [1.0] * 8
+    memory.remember_brief(key, again, {"run_secs": [0.5, 0.4], "flushed_secs": [0.6], "error": None, "brief": True})
+    timed = memory.recall(key, inputs)
+    assert timed is not None and timed.brief_timing(flushed=True) == {"run_secs": [0.5, 0.4], "flushed_secs": [0.6]}
+    assert timed.brief_timing(flushed=False) is None  # asked without flushed calls: made again
+    assert timed.brief_timing(flushed=True, now=timed.brief_at + BRIEF_KEPT_SECS + 1) is None  # an hour on: made again
+    assert memory.recall(key, [inputs[0], np.zeros(9, dtype="float32")]) is None
+    path = tmp_path / FOLDER / f"{key}.npz"
+    path.write_bytes(path.read_bytes()[:100])
+    assert memory.recall(key, inputs) is None
+    nowhere = KernelMemory(None)
+    nowhere.remember(key, inputs, inputs, 0.1)
+    assert nowhere.recall(key, inputs) is None
 
 
 def test_a_default_timed_briefly_in_an_earlier_task_is_not_called_again(counted_calls: list[str]) -> None:
     """On a CPU the default (the unscheduled kernel) is the reference. The first measurement calls it for the
     reference outputs, then briefly times it beside a candidate 10x faster; a second measurement of the same builds
-    in this worker calls it not at all, gives the same brief timing ("remembered"), and still refuses a kernel that
+    on this machine calls it not at all, gives the same brief timing ("remembered"), and still refuses a kernel that
     computes otherwise. A timing that asks for another kind of brief timing (no flushed calls) times it again."""
     ident = workload_identity(_matmul(256), TARGET, "matmul_nn")
     default, fast, wrong = (_built(f, ident.target) for f in (_matmul(256), _matmul(256, scheduled=True), _matmul(256, 1.0, scheduled=True)))
-    first = kernels.measure([default, fast, wrong], ident.args_info, TIMING, target_text=ident.target, first_is_reference=True)["results"]
+    answer = kernels.measure([default, fast, wrong], ident.args_info, TIMING, target_text=ident.target, first_is_reference=True)
+    first = answer["results"]
+    assert not answer["reference_recalled"]
     assert first[0].get("brief") and not first[0].get("remembered"), first[0]
     assert first[1]["run_secs"] and "differs from the unscheduled build" in first[2]["error"]
     assert counted_calls.count("check") == 3 and _brief_calls(counted_calls) == 2 * kernels.BRIEF_CALLS  # warm and flushed
     counted_calls.clear()
-    second = kernels.measure([default, fast, wrong], ident.args_info, TIMING, target_text=ident.target, first_is_reference=True)["results"]
+    answer = kernels.measure([default, fast, wrong], ident.args_info, TIMING, target_text=ident.target, first_is_reference=True)
+    second = answer["results"]
+    assert answer["reference_recalled"]
     assert second[0]["remembered"] and second[0]["run_secs"] == first[0]["run_secs"] and second[0]["flushed_secs"] == first[0]["flushed_secs"]
     assert second[1]["run_secs"] and "differs from the unscheduled build" in second[2]["error"]
     assert counted_calls.count("check") == 2 and _brief_calls(counted_calls) == 0, counted_calls  # the candidates' checks alone
@@ -106,17 +121,16 @@ def test_a_default_timed_briefly_in_an_earlier_task_is_not_called_again(counted_
     assert counted_calls.count("check") == 1 and _brief_calls(counted_calls) == kernels.BRIEF_CALLS
 
 
-def test_a_reference_called_in_an_earlier_task_is_not_called_again(counted_calls: list[str]) -> None:
+def test_a_reference_called_in_an_earlier_task_is_not_called_again(counted_calls: list[str], tmp_path: Path) -> None:
     """A reference given apart from the kernels (a GPU kernel's: the unscheduled kernel on the host) is called once
-    per worker: the second measurement checks against its remembered outputs and still refuses the wrong kernel. A
-    reference of other arguments is another entry."""
+    per machine: the second measurement checks against its remembered outputs and still refuses the wrong kernel."""
     ident = workload_identity(_matmul(64), TARGET, "matmul_nn")
     reference, right, wrong = (_built(f, ident.target) for f in (_matmul(64), _matmul(64, scheduled=True), _matmul(64, 1.0, scheduled=True)))
     timing = {"number": 1, "repeat": 2, "min_repeat_ms": 0}
     for calls in (3, 2):  # the reference's, then each kernel's checking call; then only the kernels'
         counted_calls.clear()
-        answer = kernels.measure([right, wrong], ident.args_info, timing, reference=reference, target_text=ident.target)["results"]
+        measured = kernels.measure([right, wrong], ident.args_info, timing, reference=reference, target_text=ident.target)
+        answer = measured["results"]
         assert answer[0]["run_secs"] and "differs from the unscheduled build" in answer[1]["error"], answer
-        assert counted_calls.count("check") == calls
-    assert kernels.MEMORY.get(kernel_key(reference, ident.args_info, str(tvm.cpu(0)))) is not None
-    assert kernels.MEMORY.get(kernel_key(reference, [["TENSOR", "float32", [64, 65]], *ident.args_info[1:]], str(tvm.cpu(0)))) is None
+        assert counted_calls.count("check") == calls and measured["reference_recalled"] == (calls == 2)
+    assert (tmp_path / FOLDER / f"{kernel_key(reference, ident.args_info, str(tvm.cpu(0)))}.npz").is_file()

@@ -33,8 +33,10 @@ class Timeline:
         self.events: list[dict[str, Any]] = []
 
     def add(self, kind: str, answer: dict[str, Any], count: int = 1) -> None:
+        """One task's interval (``answer``: what the task returned); a measurement that recalled its reference's outputs
+        (``kernels.measure``'s ``reference_recalled``) says ``"recalled"``."""
         self.events.append({"job": self.job, "kind": kind, "stage": self.stage, "start": answer["start"], "end": answer["end"], "host": answer["host"],
-                            "pid": answer["pid"], "count": count})  # fmt: skip
+                            "pid": answer["pid"], "count": count, **({"recalled": True} if answer.get("reference_recalled") else {})})  # fmt: skip
 
 
 class BuiltKernels:

@@ -12,13 +12,14 @@ import socket
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from . import tvm_env
-from .remembered import MEMORY, Remembered, kernel_key
+from .remembered import KernelMemory, Remembered, kernel_key, memory
 
 #: Defaults of a tuning measurement (MetaSchedule's EvaluatorConfig has the same fields).
 TUNING_TIMING = {"number": 3, "repeat": 1, "min_repeat_ms": 40, "flush_cache": False}
@@ -212,15 +213,15 @@ def measure(
     before any is timed. With ``first_is_reference`` (a CPU kernel's default schedule: the unscheduled kernel
     itself) the first artifact's own first call gives the outputs the others are checked against, and is its
     checking call: it is neither built nor called twice. A reference this worker called in an earlier task, the same
-    build on the same arguments, is not called again (:mod:`.remembered`), nor is such a first kernel's brief timing
-    made again (its result says ``"remembered"``).
+    build on the same arguments, is not called again (:mod:`.remembered`: on this machine's disk), nor is such a first
+    kernel's brief timing made again within the hour (its result says ``"remembered"``).
 
     ``own_args``: per artifact, the arguments it is timed on where they are not ``args_info`` (a kernel that takes its
     weights prepacked, in the layout its schedule chose); ``checks``: per artifact, the build whose outputs are checked
     in its place where it is not itself (the same kernel with the weights' rewrite kept: it takes ``args_info``).
 
-    Returns ``{"results": [{"run_secs": [...] | None, "error": str | None}], ...interval}`` (and each timed result's
-    ``flushed_secs`` where ``timing`` says ``flushed_too``: :func:`_timed`). The
+    Returns ``{"results": [{"run_secs": [...] | None, "error": str | None}], "reference_recalled": bool, ...interval}``
+    (and each timed result's ``flushed_secs`` where ``timing`` says ``flushed_too``: :func:`_timed`). The
     caller holds the device's measurement resource for the whole call.
     """
     import tvm
@@ -234,8 +235,9 @@ def measure(
     with tempfile.TemporaryDirectory(prefix="schedhub-measure-") as tmp:
         arrays = random_arguments(args_info)
         tensors = [tvm.runtime.tensor(a, dev) for a in arrays]  # timing only: shared by every candidate
-        expected = _outputs_of(reference, args_info, arrays, tmp) if reference is not None else None
-        checked = _Checked(tmp, args_info, arrays, expected, dev, checks, timing, rtol, first_is_reference)
+        remembered = memory()
+        expected, recalled = _outputs_of(remembered, reference, args_info, arrays, tmp) if reference is not None else (None, False)
+        checked = _Checked(tmp, args_info, arrays, expected, dev, checks, timing, rtol, remembered, first_is_reference)
         for i, artifact in enumerate(artifacts):
             if artifact is None:
                 results.append({"run_secs": None, "error": "not built"})
@@ -255,34 +257,41 @@ def measure(
                     results[i] = _timed(rt_mod, dev, timing, timed_on)
             except Exception as exc:  # a kernel that fails to run is a result
                 results[i] = {"run_secs": None, "error": f"run failed: {_short_error(exc)}"}
-    return {"results": results, **_interval(start)}
+    return {"results": results, "reference_recalled": recalled or checked.first_recalled, **_interval(start)}
 
 
-def _outputs_of(reference: bytes, args_info: list[Any], arrays: list[np.ndarray], tmp: str) -> list[np.ndarray]:
-    """Every argument after one call of the ``reference`` build on this CPU on ``arrays``, as this worker remembers it
-    from an earlier task (:mod:`.remembered`) or calls it now."""
+def _recall(remembered: KernelMemory, key: str, arrays: list[np.ndarray], call: Callable[[], tuple[list[np.ndarray], float]]) -> tuple[Remembered, bool]:
+    """The call of a kernel on ``arrays`` that ``key`` names (:func:`.remembered.kernel_key`) as this machine remembers
+    it from an earlier task (True), or made now (``call``) and remembered (False)."""
+    if (known := remembered.recall(key, arrays)) is not None:
+        return known, True
+    return remembered.remember(key, arrays, *call()), False
+
+
+def _outputs_of(remembered: KernelMemory, reference: bytes, args_info: list[Any], arrays: list[np.ndarray], tmp: str) -> tuple[list[np.ndarray], bool]:
+    """Every argument after one call of the ``reference`` build on this CPU on ``arrays``, and whether it was recalled
+    (:func:`_recall`)."""
     import tvm
 
     key = kernel_key(reference, args_info, str(tvm.cpu(0)))
-    if (known := MEMORY.get(key)) is None:
-        known = MEMORY.remember(key, arrays, *_run(tvm_env.load_library(reference, tmp), arrays, tvm.cpu(0)))
-    return known.outputs(arrays)
+    known, recalled = _recall(remembered, key, arrays, lambda: _run(tvm_env.load_library(reference, tmp), arrays, tvm.cpu(0)))
+    return known.outputs(arrays), recalled
 
 
 def _brief_first(checked: _Checked, rt_mod: Any, timing: dict[str, Any], arguments: list[Any], itself: bool) -> dict[str, Any]:
     """The first kernel timed briefly (:func:`_brief`; ``itself``: its checking call was this module's, on these
-    inputs), or, where it is the reference and this worker timed the same build so in an earlier task, that timing
-    again: it says ``"remembered"``. A timing that is only read against candidates 10× faster (``brief_first_past``)
-    says as much a round later; the kernel is not called again."""
+    inputs), or, where it is the reference and this machine timed the same build so in an earlier task
+    (:data:`.remembered.BRIEF_KEPT_SECS`), that timing again: it says ``"remembered"``. A timing that is only read
+    against candidates 10× faster (``brief_first_past``) says as much a round later; the kernel is not called again."""
     import tvm
 
     known = checked.first
     flushed = bool(timing.get("flushed_too")) and checked.dev.dlpack_device_type() == tvm.cpu(0).dlpack_device_type()
-    if known is not None and known.brief is not None and ("flushed_secs" in known.brief) == flushed:
-        return {**known.brief, "remembered": True}
+    if known is not None and (again := known.brief_timing(flushed)) is not None:
+        return {**again, "error": None, "brief": True, "remembered": True}
     result = _brief(rt_mod, checked.dev, timing, arguments, checked.calls[0] if itself else None)
     if known is not None:
-        known.brief = result
+        checked.memory.remember_brief(checked.first_key, known, result)
     return result
 
 
@@ -311,9 +320,9 @@ def _brief(rt_mod: Any, dev: Any, timing: dict[str, Any], arguments: list[Any], 
 @dataclass
 class _Checked:
     """The kernels of one measurement, loaded and checked against the reference's outputs (``expected``; None: not
-    checked, unless ``first_is_reference``: the first kernel's outputs are then the reference, and its checking call
-    is the first, as this worker remembers that build from an earlier task (:mod:`.remembered`: ``first``) or calls it
-    now) before any is timed: each one to be timed (``loaded``) and its checking call's seconds (``calls``)."""
+    checked, unless ``first_is_reference``: the first kernel is then the reference, its outputs and checking call as
+    the machine remembers that build from an earlier task (``memory``, :mod:`.remembered`: ``first``) or as it calls it now) before
+    any is timed: each one to be timed (``loaded``) and its checking call's seconds (``calls``)."""
 
     tmp: str
     args_info: list[Any]
@@ -323,8 +332,11 @@ class _Checked:
     checks: list[bytes | None] | None
     timing: dict[str, Any]
     rtol: float
+    memory: KernelMemory
     first_is_reference: bool = False
     first: Remembered | None = None
+    first_key: str = ""
+    first_recalled: bool = False
     loaded: dict[int, Any] = field(default_factory=dict)
     calls: dict[int, float] = field(default_factory=dict)
 
@@ -332,10 +344,9 @@ class _Checked:
         """Load kernel ``i`` and check it: None when it is to be timed, else its result (a mismatch, or :data:`UNTIMED`)."""
         rt_mod = tvm_env.load_library(artifact, self.tmp)
         if i == 0 and self.first_is_reference:  # its first call is the reference's: nothing to check it against
-            key = kernel_key(artifact, self.args_info, str(self.dev))
-            if (known := MEMORY.get(key)) is None:
-                known = MEMORY.remember(key, self.arrays, *_run(rt_mod, self.arrays, self.dev))
-            self.first, self.expected, self.calls[i] = known, known.outputs(self.arrays), known.call_secs
+            self.first_key = kernel_key(artifact, self.args_info, str(self.dev))
+            self.first, self.first_recalled = _recall(self.memory, self.first_key, self.arrays, lambda: _run(rt_mod, self.arrays, self.dev))
+            self.expected, self.calls[i] = self.first.outputs(self.arrays), self.first.call_secs
         elif self.first_is_reference and self.expected is None:
             return {"run_secs": None, "error": "not checked: the first kernel, the reference, did not run"}
         elif self.expected is not None:
