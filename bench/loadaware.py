@@ -7,7 +7,8 @@
 The kernels are the BERT layer's heaviest matmuls (seq 128 on a GPU, 32 on a CPU: minutes, not hours, on 2 cores).
 Each run tunes them twice into fresh registries with ``dispatch.tune_many``: one job at a time and ``--jobs`` at once
 (the order alternates between runs), cold (no registry traces, no synthesized seeds), the same seed and options.
-Recorded per mode: wall time, trials/s, each search's seconds by phase (search, build, measure, cost model), and
+Each mode starts with no reference remembered (``tuner.remembered``: a later mode would otherwise skip the calls an
+earlier one made). Recorded per mode: wall time, trials/s, each search's seconds by phase (search, build, measure, cost model), and
 the search threads each job ran. Then, with nothing else running, every kernel's best record of each mode is timed
 again side by side with the target's default (DLight on a GPU, TVM's default schedule on a CPU), in one measurement
 task: each mode's best *alone*, which is what the quality comparison reads, and beside it the time the job itself
@@ -32,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from schedhub.registry import LocalRegistry, keeps_default_schedule
-from schedhub.tuner import cluster, cores, dispatch, models, tvm_env
+from schedhub.tuner import cluster, cores, dispatch, models, remembered, tvm_env
 from schedhub.tuner.network import heaviest_first
 from schedhub.tuner.kernels import FINAL_TIMING
 from schedhub.tuner.search import Timeline, TuneOptions, TuneResult, default_name, default_schedule, side_by_side
@@ -60,6 +61,7 @@ def tune_mode(identities: list[Any], options: TuneOptions, jobs: int, reserved: 
     """Tune every kernel with ``jobs`` at once into a fresh registry, on a cluster whose GPU measurements have cores of
     their own (``reserved``) or not: wall time, trials/s, phases and each kernel's result."""
     use_cluster(reserved, identities[0].target)
+    remembered.forget_all()  # no mode finds the references an earlier one ran (one machine, one cache)
     with tempfile.TemporaryDirectory(prefix="schedhub-loadaware-") as tmp, LocalRegistry(Path(tmp) / "store", sync=False) as reg:
         started = time.time()
         done = dispatch.tune_many(reg, identities, options, concurrency=jobs, retune=True, pushed_by="bench.loadaware", publish=False)

@@ -16,7 +16,7 @@ from tvm import te
 from schedhub.hooks.identity import workload_identity
 from schedhub.tuner import kernels
 from schedhub.hooks.cache import CACHE_ENV
-from schedhub.tuner.remembered import BRIEF_KEPT_SECS, FOLDER, KernelMemory, kernel_key
+from schedhub.tuner.remembered import BRIEF_KEPT_SECS, FOLDER, KernelMemory, forget_all, kernel_key, memory
 
 TARGET = {"kind": "llvm", "mcpu": "znver1", "num-cores": 2}
 #: The default's brief timing, as publishing asks for it (every candidate 10x faster), here with a few repeats.
@@ -134,3 +134,15 @@ def test_a_reference_called_in_an_earlier_task_is_not_called_again(counted_calls
         assert answer[0]["run_secs"] and "differs from the unscheduled build" in answer[1]["error"], answer
         assert counted_calls.count("check") == calls and measured["reference_recalled"] == (calls == 2)
     assert (tmp_path / FOLDER / f"{kernel_key(reference, ident.args_info, str(tvm.cpu(0)))}.npz").is_file()
+
+
+def test_a_benchmark_arm_forgets_what_the_machine_remembers(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """``forget_all`` empties this machine's memory (the kernel cache's folder), and only that: an arm of a benchmark
+    then pays for its references as a machine that never tuned these kernels does."""
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    inputs = [np.zeros(4, dtype="float32")]
+    memory().remember("k", inputs, [np.ones(4, dtype="float32")], 0.1)
+    (tmp_path / "identity").mkdir()
+    assert memory().recall("k", inputs) is not None
+    forget_all()
+    assert memory().recall("k", inputs) is None and (tmp_path / "identity").is_dir()

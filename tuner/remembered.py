@@ -121,6 +121,16 @@ class KernelMemory:
         prune(self.root, max_bytes())
 
 
+def forget_all() -> None:
+    """Forget every call this machine remembers (:func:`memory`'s folder): a benchmark's arms each start as a machine
+    that never tuned these kernels."""
+    import shutil
+
+    from schedhub.hooks.cache import default_dir
+
+    shutil.rmtree(default_dir() / FOLDER, ignore_errors=True)
+
+
 def memory() -> KernelMemory:
     """This machine's memory: under the kernel cache's folder (``SCHEDHUB_CACHE_DIR``)."""
     from schedhub.hooks.cache import default_dir
