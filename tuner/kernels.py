@@ -212,7 +212,7 @@ def measure(
     briefly when every other was that many times faster (:func:`_brief`). Every kernel is checked
     before any is timed. With ``first_is_reference`` (a CPU kernel's default schedule: the unscheduled kernel
     itself) the first artifact's own first call gives the outputs the others are checked against, and is its
-    checking call: it is neither built nor called twice. A reference this worker called in an earlier task, the same
+    checking call: it is neither built nor called twice. A reference this machine called in an earlier task, the same
     build on the same arguments, is not called again (:mod:`.remembered`: on this machine's disk), nor is such a first
     kernel's brief timing made again within the hour (its result says ``"remembered"``).
 
@@ -321,8 +321,8 @@ def _brief(rt_mod: Any, dev: Any, timing: dict[str, Any], arguments: list[Any], 
 class _Checked:
     """The kernels of one measurement, loaded and checked against the reference's outputs (``expected``; None: not
     checked, unless ``first_is_reference``: the first kernel is then the reference, its outputs and checking call as
-    the machine remembers that build from an earlier task (``memory``, :mod:`.remembered`: ``first``) or as it calls it now) before
-    any is timed: each one to be timed (``loaded``) and its checking call's seconds (``calls``)."""
+    the machine remembers that build from an earlier task (``memory``, :mod:`.remembered`: ``first``) or as it calls
+    it now) before any is timed: each one to be timed (``loaded``) and its checking call's seconds (``calls``)."""
 
     tmp: str
     args_info: list[Any]

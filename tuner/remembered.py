@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import socket
 import time
 import zipfile
 from dataclasses import dataclass
@@ -53,9 +54,10 @@ class Remembered:
 
 
 def kernel_key(artifact: bytes, args_info: list[Any], device: str) -> str:
-    """The content address of one build called on the arguments ``args_info`` describes, on ``device``."""
+    """The content address of one build called on the arguments ``args_info`` describes, on ``device`` of this host (a
+    cache folder shared by several machines never gives one a timing taken on another)."""
     digest = hashlib.sha256(artifact)
-    digest.update(json.dumps([args_info, device], sort_keys=True).encode())
+    digest.update(json.dumps([args_info, device, socket.gethostname()], sort_keys=True).encode())
     return digest.hexdigest()
 
 
