@@ -88,8 +88,17 @@ def test_a_machine_remembers_only_what_a_kernel_changed_and_forgets_what_it_cann
     assert timed.brief_timing(flushed=True, now=timed.brief_at + BRIEF_KEPT_SECS + 1) is None  # an hour on: made again
     assert memory.recall(key, [inputs[0], np.zeros(9, dtype="float32")]) is None
     path = tmp_path / FOLDER / f"{key}.npz"
-    path.write_bytes(path.read_bytes()[:100])
+    whole = path.read_bytes()
+    path.write_bytes(whole[:100])
     assert memory.recall(key, inputs) is None
+    with open(path, "wb") as f:  # one array, not an archive of them
+        np.save(f, inputs[0])
+    assert memory.recall(key, inputs) is None
+    with open(path, "wb") as f:  # an argument index that is not one
+        np.savez(f, changed=np.array([-1]), **{"arg-1": inputs[1]}, call_secs=np.float64(0.1))
+    assert memory.recall(key, inputs) is None
+    path.write_bytes(whole)
+    assert memory.recall(key, inputs) is not None
     nowhere = KernelMemory(None)
     nowhere.remember(key, inputs, inputs, 0.1)
     assert nowhere.recall(key, inputs) is None

@@ -80,12 +80,12 @@ class KernelMemory:
                 changed: list[np.ndarray | None] = [None] * len(arrays)
                 for i in (int(i) for i in held["changed"]):
                     got = held[f"arg{i}"]
-                    if got.shape != arrays[i].shape or got.dtype != arrays[i].dtype:
+                    if not 0 <= i < len(arrays) or got.shape != arrays[i].shape or got.dtype != arrays[i].dtype:
                         return None
                     changed[i] = got
                 brief = {name: [float(s) for s in held[f"brief_{name}"]] for name in ("run_secs", "flushed_secs") if f"brief_{name}" in held}
                 entry = Remembered(changed, float(held["call_secs"]), brief or None, float(held["brief_at"]) if brief else 0.0)
-        except (OSError, ValueError, KeyError, IndexError, EOFError, zipfile.BadZipFile):  # a file we did not write whole, or not ours
+        except (OSError, ValueError, KeyError, IndexError, TypeError, EOFError, zipfile.BadZipFile):  # a file we did not write whole, or not ours
             return None
         from schedhub.hooks.cache import mark_used
 
