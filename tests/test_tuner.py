@@ -155,7 +155,8 @@ def test_a_default_far_slower_than_every_candidate_is_timed_briefly_beside_them(
     """Publishing times a search's best beside the default schedule. Where each candidate's checking call was 10x
     faster than the default's (an unscheduled matmul here: 14 ms against 0.3 ms), the default gets a few calls, not a
     full timing; the candidates are timed in full. One candidate as slow as the default, or a caller that turns it off,
-    and the default is timed in full too."""
+    and the default is timed in full too. A later timing of the same kernels on this machine reads the default's brief
+    timing back (``tuner.remembered``) instead of calling it."""
     from schedhub.tuner.kernels import BRIEF_CALLS
 
     a, b = te.placeholder((256, 256), name="A"), te.placeholder((256, 256), name="B")
@@ -178,6 +179,8 @@ def test_a_default_far_slower_than_every_candidate_is_timed_briefly_beside_them(
         assert "brief" not in results[0] and len(results[0]["run_secs"]) == timing["repeat"]
     records, default, _ = search._against_default(ident, mod, [trace_text(sch.trace)], fast)
     assert records and default.provenance["timed_briefly"]
+    again = search.side_by_side(ident, mod, [sch.mod], timing, search.Timeline("again"))  # a later round, in another task
+    assert again[0]["remembered"] and again[0]["run_secs"] == fast[0]["run_secs"] and "remembered" not in again[1], again[0]
 
 
 def test_a_job_keeps_its_builds_by_module_structure_within_a_byte_budget() -> None:
