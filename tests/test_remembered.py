@@ -81,7 +81,7 @@ def test_a_machine_remembers_only_what_a_kernel_changed_and_forgets_what_it_cann
     assert again is not None and again.call_secs == 0.5 and again.brief is None
     outputs = again.outputs(inputs)
     assert outputs[0] is inputs[0] and outputs[1].tolist() == [1.0] * 8
-    memory.remember_brief(key, again, {"run_secs": [0.5, 0.4], "flushed_secs": [0.6], "error": None, "brief": True})
+    memory.remember_brief(again, {"run_secs": [0.5, 0.4], "flushed_secs": [0.6], "error": None, "brief": True})
     timed = memory.recall(key, inputs)
     assert timed is not None and timed.brief_timing(flushed=True) == {"run_secs": [0.5, 0.4], "flushed_secs": [0.6]}
     assert timed.brief_timing(flushed=False) is None  # asked without flushed calls: made again

@@ -12,7 +12,6 @@ import socket
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -260,21 +259,13 @@ def measure(
     return {"results": results, "reference_recalled": recalled or checked.first_recalled, **_interval(start)}
 
 
-def _recall(remembered: KernelMemory, key: str, arrays: list[np.ndarray], call: Callable[[], tuple[list[np.ndarray], float]]) -> tuple[Remembered, bool]:
-    """The call of a kernel on ``arrays`` that ``key`` names (:func:`.remembered.kernel_key`) as this machine remembers
-    it from an earlier task (True), or made now (``call``) and remembered (False)."""
-    if (known := remembered.recall(key, arrays)) is not None:
-        return known, True
-    return remembered.remember(key, arrays, *call()), False
-
-
 def _outputs_of(remembered: KernelMemory, reference: bytes, args_info: list[Any], arrays: list[np.ndarray], tmp: str) -> tuple[list[np.ndarray], bool]:
     """Every argument after one call of the ``reference`` build on this CPU on ``arrays``, and whether it was recalled
-    (:func:`_recall`)."""
+    (:meth:`.remembered.KernelMemory.recall_or_call`)."""
     import tvm
 
     key = kernel_key(reference, args_info, str(tvm.cpu(0)))
-    known, recalled = _recall(remembered, key, arrays, lambda: _run(tvm_env.load_library(reference, tmp), arrays, tvm.cpu(0)))
+    known, recalled = remembered.recall_or_call(key, arrays, lambda: _run(tvm_env.load_library(reference, tmp), arrays, tvm.cpu(0)))
     return known.outputs(arrays), recalled
 
 
@@ -291,7 +282,7 @@ def _brief_first(checked: _Checked, rt_mod: Any, timing: dict[str, Any], argumen
         return {**again, "error": None, "brief": True, "remembered": True}
     result = _brief(rt_mod, checked.dev, timing, arguments, checked.calls[0] if itself else None)
     if known is not None:
-        checked.memory.remember_brief(checked.first_key, known, result)
+        checked.memory.remember_brief(known, result)
     return result
 
 
@@ -335,7 +326,6 @@ class _Checked:
     memory: KernelMemory
     first_is_reference: bool = False
     first: Remembered | None = None
-    first_key: str = ""
     first_recalled: bool = False
     loaded: dict[int, Any] = field(default_factory=dict)
     calls: dict[int, float] = field(default_factory=dict)
@@ -344,8 +334,8 @@ class _Checked:
         """Load kernel ``i`` and check it: None when it is to be timed, else its result (a mismatch, or :data:`UNTIMED`)."""
         rt_mod = tvm_env.load_library(artifact, self.tmp)
         if i == 0 and self.first_is_reference:  # its first call is the reference's: nothing to check it against
-            self.first_key = kernel_key(artifact, self.args_info, str(self.dev))
-            self.first, self.first_recalled = _recall(self.memory, self.first_key, self.arrays, lambda: _run(rt_mod, self.arrays, self.dev))
+            key = kernel_key(artifact, self.args_info, str(self.dev))
+            self.first, self.first_recalled = self.memory.recall_or_call(key, self.arrays, lambda: _run(rt_mod, self.arrays, self.dev))
             self.expected, self.calls[i] = self.first.outputs(self.arrays), self.first.call_secs
         elif self.first_is_reference and self.expected is None:
             return {"run_secs": None, "error": "not checked: the first kernel, the reference, did not run"}

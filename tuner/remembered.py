@@ -21,6 +21,7 @@ import json
 import socket
 import time
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,10 +35,11 @@ FOLDER = "references"
 
 @dataclass
 class Remembered:
-    """A kernel's call on the measurement's inputs: the arguments it changed (None: left as given), that call's
-    seconds, and its brief timing (:func:`.kernels._brief`'s ``run_secs`` and, where taken, ``flushed_secs``) with the
-    time it was made."""
+    """A kernel's call on the measurement's inputs (``key``: :func:`kernel_key`): the arguments it changed (None: left
+    as given), that call's seconds, and its brief timing (:func:`.kernels._brief`'s ``run_secs`` and, where taken,
+    ``flushed_secs``) with the time it was made."""
 
+    key: str
     changed: list[np.ndarray | None]
     call_secs: float
     brief: dict[str, list[float]] | None = None
@@ -84,7 +86,7 @@ class KernelMemory:
                         return None
                     changed[i] = got
                 brief = {name: [float(s) for s in held[f"brief_{name}"]] for name in ("run_secs", "flushed_secs") if f"brief_{name}" in held}
-                entry = Remembered(changed, float(held["call_secs"]), brief or None, float(held["brief_at"]) if brief else 0.0)
+                entry = Remembered(key, changed, float(held["call_secs"]), brief or None, float(held["brief_at"]) if brief else 0.0)
         except (OSError, ValueError, KeyError, IndexError, TypeError, EOFError, zipfile.BadZipFile):  # a file we did not write whole, or not ours
             return None
         from schedhub.hooks.cache import mark_used
@@ -92,22 +94,29 @@ class KernelMemory:
         mark_used(path)
         return entry
 
+    def recall_or_call(self, key: str, arrays: list[np.ndarray], call: Callable[[], tuple[list[np.ndarray], float]]) -> tuple[Remembered, bool]:
+        """The call ``key`` names on ``arrays`` as remembered (True), or made now (``call``: every argument after it, and
+        its seconds) and remembered (False)."""
+        if (known := self.recall(key, arrays)) is not None:
+            return known, True
+        return self.remember(key, arrays, *call()), False
+
     def remember(self, key: str, arrays: list[np.ndarray], outputs: list[np.ndarray], call_secs: float) -> Remembered:
         """Keep a call's ``outputs`` (``arrays``: what it was called on); returns the entry."""
-        entry = Remembered([None if np.array_equal(out, given) else out for given, out in zip(arrays, outputs, strict=True)], call_secs)
-        self._write(key, entry)
+        entry = Remembered(key, [None if np.array_equal(out, given) else out for given, out in zip(arrays, outputs, strict=True)], call_secs)
+        self._write(entry)
         return entry
 
-    def remember_brief(self, key: str, entry: Remembered, brief: dict[str, Any]) -> None:
+    def remember_brief(self, entry: Remembered, brief: dict[str, Any]) -> None:
         """Keep ``brief`` (a brief timing's result) as ``entry``'s, made now."""
         entry.brief, entry.brief_at = {k: list(brief[k]) for k in ("run_secs", "flushed_secs") if k in brief}, time.time()
-        self._write(key, entry)
+        self._write(entry)
 
-    def _write(self, key: str, entry: Remembered) -> None:
+    def _write(self, entry: Remembered) -> None:
         """Write ``entry`` whole or not at all; a full or read-only disk only loses it. The cache is kept within its bound."""
         from schedhub.hooks.cache import atomic_file, max_bytes, prune
 
-        path = self._path(key)
+        path = self._path(entry.key)
         if path is None:
             return
         arrays: dict[str, np.ndarray] = {f"arg{i}": a for i, a in enumerate(entry.changed) if a is not None}
