@@ -86,6 +86,7 @@ def test_a_cuda_candidates_trace_applied_again_finds_the_searchs_build(matmul: t
     MetaSchedule sampled and postprocessed (as its evolutionary search's first population is), its trace applied again
     as publishing applies it, is the module the builder was given, so a GPU round does not compile its best candidates
     twice (1-10 s each)."""
+    import tvm_ffi
     from tvm.s_tir import meta_schedule as ms
 
     from schedhub.hooks.msdb import scheduled
@@ -99,7 +100,11 @@ def test_a_cuda_candidates_trace_applied_again_finds_the_searchs_build(matmul: t
     kept = BuiltKernels()
     for i, candidate in enumerate(candidates):
         kept.add(candidate.sch.mod, str(i).encode())
-    assert len(candidates) > 4 and [kept.get(scheduled(matmul, c.sch.trace)) for c in candidates] == [str(i).encode() for i in range(len(candidates))]
+    found = [kept.get(scheduled(matmul, c.sch.trace)) for c in candidates]
+    assert len(candidates) > 4 and None not in found
+    # a random sample may hold one module twice (seen in CI): either build is that module's
+    for candidate, artifact in zip(candidates, found, strict=True):
+        assert tvm_ffi.structural_equal(candidates[int(artifact)].sch.mod, candidate.sch.mod)
 
 
 @pytest.fixture
