@@ -3,6 +3,13 @@ test extra's ``cuda-nvrtc`` wheels. The CUDA C is what TVM generates here for a 
 
 from __future__ import annotations
 
+import logging
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import tvm
 
@@ -54,3 +61,37 @@ def test_a_chosen_compiler_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_a_source_that_does_not_compile_says_why() -> None:
     with pytest.raises(cuda_build.CudaCompileError, match="nvrtc could not compile a CUDA kernel for sm_90"):
         cuda_build.compile_source('extern "C" __global__ void k() { undefined_thing(); }', "sm_90")
+
+
+def kernel_entries(ptx: str) -> list[str]:
+    return sorted(re.findall(r"\.visible \.entry .*?\n}\n", ptx, re.S))
+
+
+def test_headers_parsed_once_give_the_ptx_tvm_compiles(source: str) -> None:
+    """The prelude is kept as a precompiled header of this process, and the kernels it compiles are TVM's own: the same
+    PTX lines (CCCL's unused constants may be declared in another order), every kernel's text the same."""
+    from tvm.support.nvcc import compile_cuda
+
+    ours = cuda_build.compile_source(source, "sm_90", target_format="ptx").decode()
+    as_tvm = bytes(compile_cuda(source, target_format="ptx", arch="sm_90", options=cuda_build.include_options(cuda_build.toolkit_root()))).decode()
+    assert any(f.endswith(".pch") for f in os.listdir(cuda_build._precompiled_dir()))  # the headers were precompiled for the next kernel
+    assert kernel_entries(ours) == kernel_entries(as_tvm) and len(kernel_entries(ours)) >= 3
+    assert sorted(ours.splitlines()) == sorted(as_tvm.splitlines())
+
+
+def test_a_source_the_prelude_breaks_is_compiled_as_tvm_does(source: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(cuda_build, "PRELUDE", ("schedhub/no_such_header.h",))
+    with caplog.at_level(logging.WARNING, logger="schedhub.tuner"):
+        cubin = cuda_build.compile_source(source, "sm_90")
+    assert cubin[:4] == ELF
+    assert "not with its headers precompiled" in caplog.text and "no_such_header" in caplog.text
+
+
+def test_the_precompiled_header_leaves_with_its_process(tmp_path: Path) -> None:
+    script = tmp_path / "compile.py"
+    script.write_text("from schedhub.tuner import cuda_build\n"
+                      "cuda_build.compile_source('extern \"C\" __global__ void k(float* a) { a[threadIdx.x] += 1.0f; }', 'sm_90')\n"
+                      "print(cuda_build._precompiled_dir())\n")  # fmt: skip
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=True)
+    folder = Path(done.stdout.strip().splitlines()[-1])
+    assert folder.name.startswith("schedhub-nvrtc-pch-") and not folder.exists()
