@@ -23,6 +23,7 @@ import functools
 import importlib.util
 import logging
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -110,6 +111,11 @@ def compile_source(source: str, arch: str, compiler: str = "nvrtc", target_forma
     if prelude_error is not None:
         log.warning("NVRTC compiled a kernel as TVM does, not with its headers precompiled: %s", str(prelude_error).strip()[-300:])
     return cubin
+
+
+def kernel_entries(ptx: str) -> list[str]:
+    """The kernels (``.entry`` functions) of a PTX text, sorted: two compiles that give the same are the same kernels."""
+    return sorted(re.findall(r"\.visible \.entry .*?\n}\n", ptx, re.S))
 
 
 def arch_of(target: Any) -> str:

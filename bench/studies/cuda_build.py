@@ -1,11 +1,15 @@
-"""What a CUDA candidate's build costs a tuning round: TVM's lowering to CUDA C, then nvcc (a subprocess, a fatbin, as TVM's ``nvcc`` mode) against
-NVRTC in-process (a cubin, ``tuner.cuda_build``), on the same candidates. No GPU needed: both compile for ``--arch``.
+"""What a CUDA candidate's build costs a tuning round: TVM's lowering to CUDA C, then NVRTC in-process as TVM calls it
+(``nvrtc-tvm``), NVRTC as the tuner calls it (``nvrtc``: CCCL's headers precompiled once per process,
+``tuner.cuda_build``) and, where installed, nvcc (a subprocess, a fatbin, as TVM's ``nvcc`` mode), on the same candidates.
+No GPU needed: all compile for ``--arch``.
 
-    python -m bench.studies.cuda_build [--kernels 2] [--candidates 8] [--arch sm_90]
+    python -m bench.studies.cuda_build [--kernels 2] [--candidates 8] [--arch sm_90] [--compilers nvrtc-tvm,nvrtc,nvcc]
 
 The candidates are MetaSchedule design-space samples of the BERT layer's (seq 128) heaviest matmuls for a CUDA target,
-as the tuner's builds get them; each is lowered by TVM to CUDA C here and compiled by both compilers, one at a time
-(the machine's cores are otherwise idle), alternating which goes first. Needs ``pip install -e '.[cuda-nvcc,cuda-nvrtc]'``.
+as the tuner's builds get them; each is lowered by TVM to CUDA C here and compiled by every compiler, one at a time
+(the machine's cores are otherwise idle), the order turned each candidate. Each candidate's PTX from both NVRTC calls
+is compared: the same lines (``ptx_lines_equal``) and the same kernel entries. nvcc needs
+``pip install -e '.[cuda-nvcc]'``.
 """
 
 from __future__ import annotations
@@ -74,10 +78,19 @@ def time_nvcc(source: str, arch: str, workdir: Path) -> float:
     return secs
 
 
-def time_nvrtc(source: str, arch: str) -> float:
+def time_nvrtc(source: str, arch: str, as_tvm: bool) -> tuple[float, str]:
+    """Seconds for NVRTC to compile ``source`` to a cubin, as TVM calls it or as the tuner does; and its PTX."""
+    from tvm.support.nvcc import compile_cuda
+
+    def compile_once(fmt: str) -> bytes:
+        if as_tvm:
+            return bytes(compile_cuda(source, target_format=fmt, arch=arch, options=cuda_build.include_options(cuda_build.toolkit_root())))
+        return cuda_build.compile_source(source, arch, target_format=fmt)
+
     started = time.perf_counter()
-    cuda_build.compile_source(source, arch)
-    return time.perf_counter() - started
+    compile_once("cubin")
+    secs = time.perf_counter() - started
+    return secs, compile_once("ptx").decode()
 
 
 def main() -> None:
@@ -85,23 +98,43 @@ def main() -> None:
     parser.add_argument("--kernels", type=int, default=2)
     parser.add_argument("--candidates", type=int, default=8)
     parser.add_argument("--arch", default="sm_90")
+    parser.add_argument("--compilers", default="nvrtc-tvm,nvrtc", help="of nvrtc-tvm, nvrtc, nvcc")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "studies" / "cuda-build.json")
     args = parser.parse_args()
+    compilers = args.compilers.split(",")
+    if unknown := set(compilers) - {"nvrtc-tvm", "nvrtc", "nvcc"}:
+        parser.error(f"unknown compilers {sorted(unknown)}: of nvrtc-tvm, nvrtc, nvcc")
     sources = candidate_sources(args.arch, args.kernels, args.candidates)
-    cuda_build.compile_source(sources[0][1], args.arch)  # NVRTC's library loaded once, as in a warm worker
+    for as_tvm in (False, True):  # NVRTC loaded (and CUDA_PATH set), the tuner's precompiled headers made, as in a warm worker
+        time_nvrtc(sources[0][1], args.arch, as_tvm)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="schedhub-cuda-build-") as tmp:
         for i, (op, source, lower_secs) in enumerate(sources):
-            order = ["nvcc", "nvrtc"] if i % 2 == 0 else ["nvrtc", "nvcc"]
-            secs = {c: time_nvcc(source, args.arch, Path(tmp)) if c == "nvcc" else time_nvrtc(source, args.arch) for c in order}
-            rows.append({"op": op, "source_chars": len(source), "lower_secs": lower_secs, **{f"{c}_secs": s for c, s in secs.items()}})
-            print(f"{op:<28} TVM lowering {lower_secs:.2f} s  nvcc {secs['nvcc']:.2f} s  nvrtc {secs['nvrtc']:.2f} s", flush=True)
-    summary = {"candidates": len(rows), "lower_median_secs": statistics.median(r["lower_secs"] for r in rows), "nvcc_median_secs": statistics.median(r["nvcc_secs"] for r in rows),
-               "nvrtc_median_secs": statistics.median(r["nvrtc_secs"] for r in rows),
-               "speedup_median": statistics.median(r["nvcc_secs"] / r["nvrtc_secs"] for r in rows)}  # fmt: skip
+            order = compilers[i % len(compilers):] + compilers[: i % len(compilers)]
+            secs: dict[str, float] = {}
+            ptx: dict[str, str] = {}
+            for c in order:
+                if c == "nvcc":
+                    secs[c] = time_nvcc(source, args.arch, Path(tmp))
+                else:
+                    secs[c], ptx[c] = time_nvrtc(source, args.arch, as_tvm=c == "nvrtc-tvm")
+            row: dict[str, Any] = {"op": op, "source_chars": len(source), "lower_secs": lower_secs, **{f"{c}_secs": s for c, s in secs.items()}}
+            if len(ptx) == 2:
+                row["ptx_lines_equal"] = sorted(ptx["nvrtc"].splitlines()) == sorted(ptx["nvrtc-tvm"].splitlines())
+                row["kernel_entries_equal"] = cuda_build.kernel_entries(ptx["nvrtc"]) == cuda_build.kernel_entries(ptx["nvrtc-tvm"])
+            rows.append(row)
+            print(f"{op:<28} TVM lowering {lower_secs:.2f} s  " + "  ".join(f"{c} {secs[c]:.2f} s" for c in compilers), flush=True)
+    summary: dict[str, Any] = {"candidates": len(rows), "lower_median_secs": statistics.median(r["lower_secs"] for r in rows),
+                               **{f"{c}_median_secs": statistics.median(r[f"{c}_secs"] for r in rows) for c in compilers},
+                               **{f"{c}_total_secs": sum(r[f"{c}_secs"] for r in rows) for c in compilers}}  # fmt: skip
+    if "nvrtc-tvm" in compilers and "nvrtc" in compilers:
+        summary["nvrtc_speedup_median"] = statistics.median(r["nvrtc-tvm_secs"] / r["nvrtc_secs"] for r in rows)
+        summary["ptx_lines_equal"] = sum(r["ptx_lines_equal"] for r in rows)
+        summary["kernel_entries_equal"] = sum(r["kernel_entries_equal"] for r in rows)
     print(json.dumps(summary, indent=1))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"command": f"python -m bench.studies.cuda_build --kernels {args.kernels} --candidates {args.candidates} --arch {args.arch}",
+    args.out.write_text(json.dumps({"command": f"python -m bench.studies.cuda_build --kernels {args.kernels} --candidates {args.candidates} --arch {args.arch} "
+                                               f"--compilers {args.compilers}",
                                     "summary": summary, "rows": rows, "environment": environment()}, indent=1))  # fmt: skip
 
 
