@@ -69,6 +69,9 @@ def include_options(root: Path | None) -> list[str]:
 PRELUDE = ("cuda/std/cstdint", "cuda/std/type_traits", "cuda/std/limits")
 
 
+_PRELUDE_FAILURES: list[str] = []  # this process's compiles that the prelude failed and TVM's own call did not
+
+
 @functools.lru_cache(maxsize=1)
 def _precompiled_dir() -> str:
     """This process's own folder for NVRTC's precompiled header (NVRTC deletes the file when the process ends; the
@@ -109,7 +112,9 @@ def compile_source(source: str, arch: str, compiler: str = "nvrtc", target_forma
     except (RuntimeError, ImportError) as exc:
         raise CudaCompileError(f"{compiler} could not compile a CUDA kernel for {arch}: {str(exc).strip()[-1500:]}") from exc
     if prelude_error is not None:
-        log.warning("NVRTC compiled a kernel as TVM does, not with its headers precompiled: %s", str(prelude_error).strip()[-300:])
+        _PRELUDE_FAILURES.append(str(prelude_error).strip()[-300:])
+        level = logging.WARNING if len(_PRELUDE_FAILURES) == 1 else logging.DEBUG  # once a process: an NVRTC without PCH fails every one
+        log.log(level, "NVRTC compiled a kernel as TVM does, not with its headers precompiled: %s", _PRELUDE_FAILURES[-1])
     return cubin
 
 
