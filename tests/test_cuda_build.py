@@ -91,3 +91,22 @@ def test_the_precompiled_header_leaves_with_its_process(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=True)
     folder = Path(done.stdout.strip().splitlines()[-1])
     assert folder.name.startswith("schedhub-nvrtc-pch-") and not folder.exists()
+
+
+def test_a_killed_process_precompiled_header_is_swept_by_the_next(tmp_path: Path) -> None:
+    """A Ray worker killed mid-round leaves its 218 MB header behind: the next process to make one removes it."""
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    dead = tmp_path / f"schedhub-nvrtc-pch-{ended.stdout.strip()}-abc"
+    living = tmp_path / f"schedhub-nvrtc-pch-{os.getpid()}-xyz"
+    other = tmp_path / "schedhub-nvrtc-pch-notapid-x"
+    for folder in (dead, living, other):
+        folder.mkdir()
+        (folder / "tvm_kernels_0.pch").write_bytes(b"pch")
+    cuda_build._sweep_dead(tmp_path)
+    assert not dead.exists() and living.exists() and other.exists()
+
+
+def test_precompiled_headers_can_be_turned_off(source: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(cuda_build.PCH_ENV, "0")
+    assert cuda_build.prelude_options() == []
+    assert cuda_build.compile_source(source, "sm_90")[:4] == ELF

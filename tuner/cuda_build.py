@@ -13,7 +13,8 @@ Most of a small kernel's NVRTC compile is CCCL's headers (``cuda/std/limits``, `
 candidate's 1.0 s on a 2-core EPYC). NVRTC parses them once per process here: they are pre-included and kept as an
 automatic precompiled header (:data:`PRELUDE`), so each later candidate pays about 0.3 s for them. The kernels' PTX is
 the same lines as TVM's own compile gives (only the order of CCCL's unused constants differs); a source that does not
-compile so is compiled as TVM would.
+compile so is compiled as TVM would. The header is 218 MB a process, in a folder of its own under the temporary
+directory; ``SCHEDHUB_NVRTC_PCH=0`` turns it off.
 """
 
 from __future__ import annotations
@@ -72,18 +73,46 @@ PRELUDE = ("cuda/std/cstdint", "cuda/std/type_traits", "cuda/std/limits")
 _PRELUDE_FAILURES: list[str] = []  # this process's compiles that the prelude failed and TVM's own call did not
 
 
+#: ``SCHEDHUB_NVRTC_PCH=0`` compiles every candidate as TVM does: a process's precompiled header is 218 MB on disk
+#: (CCCL's parsed state; NVRTC's heap holds as much), which a node short of memory or ``/tmp`` may not spare.
+PCH_ENV = "SCHEDHUB_NVRTC_PCH"
+_PCH_PREFIX = "schedhub-nvrtc-pch-"
+
+
 @functools.lru_cache(maxsize=1)
 def _precompiled_dir() -> str:
-    """This process's own folder for NVRTC's precompiled header (NVRTC deletes the file when the process ends; the
-    folder goes with it). One per process: two processes never write one file."""
-    path = tempfile.mkdtemp(prefix="schedhub-nvrtc-pch-")
+    """This process's own folder for NVRTC's precompiled header, named by its pid: removed when the process exits, and
+    by the next process to make one if it was killed (:func:`_sweep_dead`). Two processes never write one file."""
+    _sweep_dead(Path(tempfile.gettempdir()))
+    path = tempfile.mkdtemp(prefix=f"{_PCH_PREFIX}{os.getpid()}-")
     atexit.register(shutil.rmtree, path, ignore_errors=True)
     return path
 
 
+def _sweep_dead(parent: Path) -> None:
+    """Remove the precompiled-header folders of processes that no longer run (a killed Ray worker leaves 218 MB)."""
+    for folder in parent.glob(f"{_PCH_PREFIX}*-*"):
+        pid = folder.name[len(_PCH_PREFIX) :].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 def prelude_options() -> list[str]:
     """NVRTC options that pre-include :data:`PRELUDE` and keep it as an automatic precompiled header for this process:
-    the first compile creates it, later ones load it instead of parsing the headers again."""
+    the first compile creates it, later ones load it instead of parsing the headers again. None with
+    ``SCHEDHUB_NVRTC_PCH=0`` (:data:`PCH_ENV`)."""
+    if os.environ.get(PCH_ENV, "1") == "0":
+        return []
     return [f"--pre-include={header}" for header in PRELUDE] + ["-pch", f"-pch-dir={_precompiled_dir()}"]
 
 
@@ -103,9 +132,9 @@ def compile_source(source: str, arch: str, compiler: str = "nvrtc", target_forma
 
     prelude_error: RuntimeError | None = None
     try:
-        if compiler == "nvrtc":
+        if compiler == "nvrtc" and (prelude := prelude_options()):
             try:
-                return compiled(include_options(root) + prelude_options())
+                return compiled(include_options(root) + prelude)
             except RuntimeError as exc:  # compiled as TVM compiles it below: a source that compiles so is not lost to the prelude
                 prelude_error = exc
         cubin = compiled(include_options(root))
