@@ -25,7 +25,7 @@ WHAT=${3:-both}
 START=$(date +%s)
 left() { echo $(( TOTAL - ($(date +%s) - START) )); }
 
-cat "$SITE"/tvm-lib.tar.xz.part00 .gl/rest/tvm-lib.tar.xz.part01 | tar xJf - -C "$SITE" && rm "$SITE"/tvm-lib.tar.xz.part00
+cat "$SITE"/tvm-lib.tar.xz.part00 $(ls .gl/rest/tvm-lib.tar.xz.part* 2>/dev/null) | tar xJf - -C "$SITE" && rm "$SITE"/tvm-lib.tar.xz.part00
 tar xJf .gl/rest/tvm-rest.tar.xz -C "$SITE"
 tar xJf .gl/rest/ray.tar.xz -C "$SITE"
 python3 -m pip install -q --no-deps --no-index --target "$SITE" .gl/rest/*.whl 2>&1 | grep -v "WARNING: Target directory" | tail -3

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # What a lent GPU machine lacks, packed on this machine for `bench/gpu_session.sh` (bench/README.md), under .gl/ (git-ignored):
-#   .gl/tvm/            the first 52 MB of TVM 0.27's compiler library, xz'd: call 1's carry
+#   .gl/tvm/            the first part of TVM 0.27's compiler library, xz'd, as much as a call carries beside the tree: call 1's carry
 #   .gl/rest/           the rest of that library, the rest of TVM's wheel (less its C++ sources, headers and web runtime),
 #                       Ray 2.60 less its jars, RLlib and LLM libraries (~26 MiB), the cp312 wheels the GPU machine's image
 #                       lacks (httptools among them: the registry server imports it) and schedhub's own wheel: call 2's
-# A call carries at most 64 MiB with the tree (7.5 MiB), hence the split. xz -9 of TVM's library takes 3–15 minutes
-# on 2 cores: pack before the first call.
+# A call carries at most 64 MiB with the tree (10.5 MiB at 0314446), hence the split, sized to the tree with 2 MiB to
+# spare. xz -9 of TVM's library takes 3–15 minutes on 2 cores: pack before the first call.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 WHEELS=.whl
+tree=$( (git ls-files -z; git ls-files -z --others --exclude-standard) | du -cb --files0-from=- | tail -1 | cut -f1)
+part=$(( 62 * 1024 * 1024 - tree ))  # call 1 carries the tree and one part
 mkdir -p "$WHEELS" .gl/tvm .gl/rest
 "$PY" -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp --no-deps -d "$WHEELS" \
     --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_28_x86_64 \
@@ -21,8 +23,8 @@ trap 'rm -rf "$work"' EXIT
 here=$PWD
 (cd "$work" && unzip -q "$here/$WHEELS"/apache_tvm-0.27.0.post1-*.whl && rm -rf tvm/3rdparty tvm/src tvm/web tvm/include \
     && tar cf - --exclude=tvm/lib/libtvm_compiler.so tvm apache_tvm-0.27.0.post1.dist-info | xz -9 -T2 > "$here/.gl/rest/tvm-rest.tar.xz" \
-    && tar cf - tvm/lib/libtvm_compiler.so | xz -9 -T2 | split -b 52000000 -d - "$here/.gl/tvm/tvm-lib.tar.xz.part")
-mv .gl/tvm/tvm-lib.tar.xz.part01 .gl/rest/
+    && tar cf - tvm/lib/libtvm_compiler.so | xz -9 -T2 | split -b "$part" -d - "$here/.gl/tvm/tvm-lib.tar.xz.part")
+for f in .gl/tvm/tvm-lib.tar.xz.part*; do [ "$f" = .gl/tvm/tvm-lib.tar.xz.part00 ] || mv "$f" .gl/rest/; done  # call 2 carries the rest
 (cd "$work" && rm -rf tvm apache_tvm-* && unzip -q "$here/$WHEELS"/ray-2.60.0-*.whl && rm -rf ray/jars ray/rllib ray/llm \
     && tar cf - ray ray-2.60.0.dist-info | xz -9 -T2 > "$here/.gl/rest/ray.tar.xz")
 for w in apache_tvm_ffi attrs cuda_bindings cuda_pathfinder h11 httptools jsonschema-4 jsonschema_specifications lmdb referencing rpds_py \
