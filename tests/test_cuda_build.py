@@ -102,8 +102,14 @@ def test_a_killed_process_precompiled_header_is_swept_by_the_next(tmp_path: Path
     for folder in (dead, living, other):
         folder.mkdir()
         (folder / "tvm_kernels_0.pch").write_bytes(b"pch")
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "precious").write_text("mine")
+    link = tmp_path / f"schedhub-nvrtc-pch-{ended.stdout.strip()}-link"
+    link.symlink_to(kept, target_is_directory=True)  # planted in a shared /tmp: the sweep follows no link
     cuda_build._sweep_dead(tmp_path)
     assert not dead.exists() and living.exists() and other.exists()
+    assert (kept / "precious").read_text() == "mine" and link.is_symlink()
 
 
 def test_precompiled_headers_can_be_turned_off(source: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -90,10 +90,11 @@ def _precompiled_dir() -> str:
 
 
 def _sweep_dead(parent: Path) -> None:
-    """Remove the precompiled-header folders of processes that no longer run (a killed Ray worker leaves 218 MB)."""
+    """Remove this user's precompiled-header folders of processes that no longer run (a killed Ray worker leaves
+    218 MB). Another user's folder, or a link, is left alone."""
     for folder in parent.glob(f"{_PCH_PREFIX}*-*"):
         pid = folder.name[len(_PCH_PREFIX) :].split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not folder.is_symlink() and folder.is_dir() and folder.stat().st_uid == os.getuid() and not _alive(int(pid)):
             shutil.rmtree(folder, ignore_errors=True)
 
 
