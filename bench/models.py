@@ -127,10 +127,22 @@ class Spending:
     round_trials: int | None = None  # trials a round (None: the mode's trials_per_iter); MetaSchedule's iterations inside stay that size
 
 
+def networks_of(mode: str, only: list[str] | None = None, batch: int | None = None) -> list[Network]:
+    """The ``mode``'s networks, those named ``only``, each at ``batch`` instead of its own (once: the full mode's MLP at b1
+    and b16 is one network at ``batch``)."""
+    networks = [n for n in MODES[mode]["networks"] if not only or n.name in only]
+    if not networks:
+        raise ValueError(f"no {mode} network is named {only}; there are {sorted({n.name for n in MODES[mode]['networks']})}")
+    if batch is None:
+        return networks
+    at_batch = [replace(n, batch=batch) for n in networks]
+    return [n for i, n in enumerate(at_batch) if n not in at_batch[:i]]
+
+
 def run(mode: str, trials: int | None = None, only: list[str] | None = None, seed_store: Path | None = None, keep_store: Path | None = None,
-        say: Callable[[str], None] = print, device: str = "cpu", spending: Spending = Spending()) -> dict[str, Any]:  # fmt: skip
+        say: Callable[[str], None] = print, device: str = "cpu", spending: Spending = Spending(), batch: int | None = None) -> dict[str, Any]:  # fmt: skip
     """The table for ``mode``; ``trials`` overrides the mode's per-kernel budget, ``only`` keeps the networks of
-    these names, ``seed_store`` is copied in as the starting registry and the registry is copied out to ``keep_store`` at
+    these names, ``batch`` runs each at that batch instead of the mode's, ``seed_store`` is copied in as the starting registry and the registry is copied out to ``keep_store`` at
     the end (a row tuned in runs that resume through the registry); ``device``: ``"cpu"`` or ``"cuda"``;
     ``spending``: how each network's trials are spent."""
     import tvm
@@ -142,9 +154,7 @@ def run(mode: str, trials: int | None = None, only: list[str] | None = None, see
     options: TuneOptions = replace(config["options"], warm_model=spending.warm_model)
     if trials:
         options = replace(options, trials=trials, trials_per_iter=min(options.trials_per_iter, trials))
-    networks = [n for n in config["networks"] if not only or n.name in only]
-    if not networks:
-        raise ValueError(f"no {mode} network is named {only}; there are {sorted({n.name for n in config['networks']})}")
+    networks = networks_of(mode, only, batch)
     on_gpu = device != "cpu"
     target = tvm_env.device_target(device)
     tvm_env.prepare()
@@ -399,6 +409,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--trials", type=int, help="trials per kernel (default: 8 quick, 64 full)")
     parser.add_argument("--networks", help="comma-separated names: only these networks of the mode")
+    parser.add_argument("--batch", type=int, help="run each network at this batch instead of the mode's (a b1 run's --keep-store as --seed-store "
+                        "warm-starts it)")  # fmt: skip
     parser.add_argument("--seed-store", type=Path, help="start the registry as a copy of this LMDB store (warm starts)")
     parser.add_argument("--keep-store", type=Path, help="copy the registry here at the end (a new or empty folder): a later run's --seed-store")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: the gpu mode's networks on this machine's GPU")
@@ -433,11 +445,14 @@ def main() -> None:
     out = args.out or Path(__file__).parent / "results" / mode / "models.json"
     started = time.time()
     spending = Spending(args.policy, args.until == "pytorch", args.max_minutes, Rewrites(args.layout, args.math, args.prepack, args.conv), args.warm_model, args.round_trials)
-    result = run(mode, args.trials, args.networks.split(",") if args.networks else None, args.seed_store, args.keep_store, device=args.device, spending=spending)
+    if args.batch is not None and args.batch < 1:
+        parser.error("--batch must be at least 1")
+    result = run(mode, args.trials, args.networks.split(",") if args.networks else None, args.seed_store, args.keep_store, device=args.device, spending=spending,
+                 batch=args.batch)  # fmt: skip
     result["wall_secs"] = time.time() - started
     result["command"] = " ".join(["python -m bench.models", *(["--quick"] if args.quick else []), *([f"--device {args.device}"] if args.device != "cpu" else []),
                                   *([f"--trials {args.trials}"] if args.trials else []),
-                                  *([f"--networks {args.networks}"] if args.networks else []), *(["--seed-store DIR"] if args.seed_store else []), *(["--keep-store DIR"] if args.keep_store else []),
+                                  *([f"--networks {args.networks}"] if args.networks else []), *([f"--batch {args.batch}"] if args.batch else []), *(["--seed-store DIR"] if args.seed_store else []), *(["--keep-store DIR"] if args.keep_store else []),
                                   *(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k in ("policy", "until", "max_minutes", "round_trials") and v),
                                   *spending.rewrites.flags(), "--warm-model" if args.warm_model else "--cold-model"])  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -641,3 +641,13 @@ def test_a_rounds_stages_are_the_spans_of_its_tasks_and_the_rest_is_other() -> N
     searched = round_row(5, "conv", 20.0, SimpleNamespace(**{**vars(result), "events": [*events, {**event("search", "measure", 3.0, 4.0), "recalled": True}]}))
     assert recalled["reference_recalled"] and not searched["reference_recalled"]  # publishing's measurement alone says it
     assert arm_summary([{"rounds": [row, recalled]}])["reference_recalled"] == {"rounds": 1, "of": 2}
+
+
+def test_a_models_run_at_another_batch_keeps_each_network_once() -> None:
+    from bench.models import networks_of
+
+    assert [(n.name, n.batch) for n in networks_of("full", ["mlp"])] == [("mlp", 1), ("mlp", 16)]
+    assert [(n.name, n.batch, n.shape, n.frontend) for n in networks_of("full", ["resnet18", "mlp"], batch=4)] == [
+        ("resnet18", 4, {"image": 224}, "torch.export"), ("mlp", 4, {}, "relax")]  # fmt: skip
+    with pytest.raises(ValueError, match="no full network is named"):
+        networks_of("full", ["vgg"])
