@@ -3,6 +3,7 @@ test extra's ``cuda-nvrtc`` wheels. The CUDA C is what TVM generates here for a 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import subprocess
@@ -76,7 +77,7 @@ def test_headers_parsed_once_give_the_ptx_tvm_compiles(source: str) -> None:
 
 def test_a_source_the_prelude_breaks_is_compiled_as_tvm_does(source: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setattr(cuda_build, "PRELUDE", ("schedhub/no_such_header.h",))
-    monkeypatch.setattr(cuda_build, "_PRELUDE_FAILURES", [])
+    monkeypatch.setattr(cuda_build, "_prelude_failures", itertools.count(1))
     with caplog.at_level(logging.WARNING, logger="schedhub.tuner"):
         cubins = [cuda_build.compile_source(source, "sm_90") for _ in range(2)]
     assert all(cubin[:4] == ELF for cubin in cubins)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import atexit
 import functools
 import importlib.util
+import itertools
 import logging
 import os
 import re
@@ -70,7 +71,7 @@ def include_options(root: Path | None) -> list[str]:
 PRELUDE = ("cuda/std/cstdint", "cuda/std/type_traits", "cuda/std/limits")
 
 
-_PRELUDE_FAILURES: list[str] = []  # this process's compiles that the prelude failed and TVM's own call did not
+_prelude_failures = itertools.count(1)  # numbers this process's compiles that the prelude failed and TVM's own call did not
 
 
 #: ``SCHEDHUB_NVRTC_PCH=0`` compiles every candidate as TVM does: a process's precompiled header is 218 MB on disk
@@ -142,9 +143,8 @@ def compile_source(source: str, arch: str, compiler: str = "nvrtc", target_forma
     except (RuntimeError, ImportError) as exc:
         raise CudaCompileError(f"{compiler} could not compile a CUDA kernel for {arch}: {str(exc).strip()[-1500:]}") from exc
     if prelude_error is not None:
-        _PRELUDE_FAILURES.append(str(prelude_error).strip()[-300:])
-        level = logging.WARNING if len(_PRELUDE_FAILURES) == 1 else logging.DEBUG  # once a process: an NVRTC without PCH fails every one
-        log.log(level, "NVRTC compiled a kernel as TVM does, not with its headers precompiled: %s", _PRELUDE_FAILURES[-1])
+        level = logging.WARNING if next(_prelude_failures) == 1 else logging.DEBUG  # once a process: an NVRTC without PCH fails every one
+        log.log(level, "NVRTC compiled a kernel as TVM does, not with its headers precompiled: %s", str(prelude_error).strip()[-300:])
     return cubin
 
 
