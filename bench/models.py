@@ -142,9 +142,9 @@ def networks_of(mode: str, only: list[str] | None = None, batch: int | None = No
 def run(mode: str, trials: int | None = None, only: list[str] | None = None, seed_store: Path | None = None, keep_store: Path | None = None,
         say: Callable[[str], None] = print, device: str = "cpu", spending: Spending = Spending(), batch: int | None = None) -> dict[str, Any]:  # fmt: skip
     """The table for ``mode``; ``trials`` overrides the mode's per-kernel budget, ``only`` keeps the networks of
-    these names, ``batch`` runs each at that batch instead of the mode's, ``seed_store`` is copied in as the starting registry and the registry is copied out to ``keep_store`` at
-    the end (a row tuned in runs that resume through the registry); ``device``: ``"cpu"`` or ``"cuda"``;
-    ``spending``: how each network's trials are spent."""
+    these names, ``batch`` runs each at that batch instead of the mode's (:func:`networks_of`), ``seed_store`` is copied
+    in as the starting registry and the registry is copied out to ``keep_store`` at the end (a row tuned in runs that
+    resume through the registry); ``device``: ``"cpu"`` or ``"cuda"``; ``spending``: how each network's trials are spent."""
     import tvm
 
     from schedhub import hooks

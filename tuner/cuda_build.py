@@ -118,9 +118,10 @@ def prelude_options() -> list[str]:
     return [f"--pre-include={header}" for header in PRELUDE] + ["-pch", f"-pch-dir={_precompiled_dir()}"]
 
 
-def compile_source(source: str, arch: str, compiler: str = "nvrtc", target_format: str | None = None) -> bytes:
+def compile_source(source: str, arch: str, compiler: str = "nvrtc", target_format: str | None = None, precompiled: bool = True) -> bytes:
     """``source`` (CUDA C, as TVM generates it) compiled for ``arch`` ("sm_90"): a cubin with NVRTC (its headers
-    parsed once per process, :func:`prelude_options`), a fatbin with nvcc; ``target_format="ptx"`` for PTX.
+    parsed once per process, :func:`prelude_options`, unless ``precompiled`` is False: as TVM calls NVRTC), a fatbin
+    with nvcc; ``target_format="ptx"`` for PTX.
     Sets ``CUDA_PATH`` for this process to :func:`toolkit_root` when it is unset (TVM reads the headers' place from it)."""
     from tvm.support.nvcc import compile_cuda
 
@@ -134,7 +135,7 @@ def compile_source(source: str, arch: str, compiler: str = "nvrtc", target_forma
 
     prelude_error: RuntimeError | None = None
     try:
-        if compiler == "nvrtc" and (prelude := prelude_options()):
+        if compiler == "nvrtc" and precompiled and (prelude := prelude_options()):
             try:
                 return compiled(include_options(root) + prelude)
             except RuntimeError as exc:  # compiled as TVM compiles it below: a source that compiles so is not lost to the prelude
