@@ -287,6 +287,43 @@ def test_retime_gives_verified_records_flushed_times_and_their_key_ranks_by_them
         assert lacking_flushed(served) == [] and not TuneResult.from_dict(cluster.result(start_tuning(reg, ident, tiny(trials=2, trials_per_iter=2, publish=1), "again"))).retimed
 
 
+def test_a_round_times_again_only_the_fastest_of_the_records_the_registry_keeps_as_they_are(ray_address: str, tmp_path: Path) -> None:
+    """The registry keeps a verified record's time as first verified: a round's publishing times again only the fastest
+    of the key's settled records (the one its new schedules must beat), not each of them."""
+    from schedhub.tuner.dispatch import push_result
+    from schedhub.tuner.retime import settled
+
+    ident = matmul(48, 64, 64)
+    with LocalRegistry(tmp_path / "store", sync=False) as reg:
+        push_result(reg, TuneResult.from_dict(cluster.result(start_tuning(reg, ident, tiny(trials=6, trials_per_iter=6, publish=3), "fill"))))
+        kept = set(settled(reg.get(ident.key)))
+        assert len(kept) >= 2  # verified, each with its flushed time
+        again = tiny(trials=0, publish=3, synthesize=0, repostprocess=False)  # measures the registry's traces, nothing new
+        result = TuneResult.from_dict(cluster.result(start_tuning(reg, ident, again, "again")))
+        timed = [e["count"] for e in result.events if e["stage"] == "publish" and e["kind"] == "measure"]
+        assert result.warm_started == len(kept) and timed == [2]  # the default and one record
+        assert len(result.records) == 1 and result.records[0].trace in kept
+
+
+def test_settled_records_are_verified_with_the_times_a_re_push_would_give() -> None:
+    """A verified CPU record without a flushed time gets one from a trusted re-push, so it is not settled; a GPU's
+    records are never timed flushed; a claim is not settled."""
+    from schedhub.hooks.identity import target_text
+    from schedhub.registry import FLUSHED_SECS, Served
+    from schedhub.tuner.retime import settled
+
+    cuda = dataclasses.replace(matmul(16, 16, 16), target=target_text({"kind": "cuda", "arch": "sm_90"}))
+
+    def served(identity: Identity, trace: str, verified: bool, flushed: float) -> Record:
+        provenance = {FLUSHED_SECS: flushed} if flushed else {}
+        return dataclasses.replace(Record(identity, trace, [1e-3], provenance), served=Served(trace_id(trace), "w", "w" if verified else "", 1e-3, 0, flushed))
+
+    cpu = [served(matmul(16, 16, 16), t, v, f) for t, v, f in (("a", True, 2e-3), ("b", True, 0.0), ("c", False, 2e-3))]
+    assert settled(cpu) == ["a"]
+    assert settled([served(cuda, t, v, 0.0) for t, v in (("a", True), ("c", False))]) == ["a"]
+    assert settled([]) == []
+
+
 def test_a_registry_trace_is_also_measured_postprocessed_here_and_a_seed_is_not(ray_address: str) -> None:
     """A trace's postprocessing was decided for its own loop extents; a job also times its sketch postprocessed again
     on the workload. A trace without postprocessing (made by hand) gets one: the postprocessors decompose the reduction."""

@@ -17,7 +17,7 @@ from schedhub.registry import TARGET, Candidate, Identity, Record, RefusedRecord
 
 from . import cluster
 from .logmodel import model_log
-from .retime import lacking_flushed
+from .retime import lacking_flushed, settled
 from .publish import Published, publish_cost_model
 from .search import SEEDS, TuneOptions, TuneResult
 
@@ -121,31 +121,41 @@ def warm_start(registry: Registry, identity: Identity, options: TuneOptions, see
 
 
 def submit_tuning(identity: Identity, options: TuneOptions, warm: list[str], seeds: list[str], label: str, model: list[Any] | None = None,
-                  jobs: int = 1, retime: list[str] | None = None) -> Any:  # fmt: skip
+                  jobs: int = 1, known: KeyRecords | None = None) -> Any:  # fmt: skip
     """Submit one tuning job as a Ray task (``model``: :func:`.logmodel.model_log`, its cost model's start) among ``jobs``
     running at once: unless ``options`` name their search threads, the jobs split a node's (:func:`.cluster.search_threads`).
-    ``retime``: the key's records to time again with their flushed times (:func:`.retime.lacking_flushed`). Returns its ObjectRef."""
+    ``known``: what the job is told of its key's records (:func:`key_records`). Returns its ObjectRef."""
     if options.search_threads == 0 and jobs > 1:
         options = replace(options, search_threads=cluster.search_threads(identity.target, jobs))
+    known = known or KeyRecords()
     return cluster.submit("tune", identity=identity.to_dict(), warm_traces=warm, seeds=seeds, options=asdict(options), label=label, model_log=model or [],
-                          retime_traces=retime or [])  # fmt: skip
+                          retime_traces=known.retime, settled_traces=known.settled)  # fmt: skip
 
 
 def start_tuning(registry: Registry, identity: Identity, options: TuneOptions, label: str, seeder: Seeder | None = None, jobs: int = 1) -> Any:
     """Submit one tuning job as a Ray task (among ``jobs`` at once: :func:`submit_tuning`), warm-started from the registry's
     traces and ``seeder``'s, and with ``options.warm_model`` its cost model from the registry's log; returns its ObjectRef."""
     model = model_log(registry, identity) if options.starts_model else None
-    return submit_tuning(identity, options, *warm_start(registry, identity, options, seeder), label, model, jobs, to_retime(registry, identity))
+    return submit_tuning(identity, options, *warm_start(registry, identity, options, seeder), label, model, jobs, key_records(registry, identity))
 
 
-def to_retime(registry: Registry, identity: Identity) -> list[str]:
-    """The traces of ``identity``'s verified records a tuning job should time again with their flushed times
-    (:func:`.retime.lacking_flushed`); none where the registry cannot say."""
+@dataclass(frozen=True)
+class KeyRecords:
+    """What a tuning job is told of its key's records as served: the traces to time again for their flushed times
+    (:func:`.retime.lacking_flushed`), and those its publishing need not time again (:func:`.retime.settled`)."""
+
+    retime: list[str] = field(default_factory=list)
+    settled: list[str] = field(default_factory=list)
+
+
+def key_records(registry: Registry, identity: Identity) -> KeyRecords:
+    """:class:`KeyRecords` of ``identity``'s key; none where the registry cannot say (the job then times them as before)."""
     try:
-        return lacking_flushed(registry.get(identity.key))
+        served = registry.get(identity.key)
     except RegistryError as exc:  # the job tunes all the same; the key keeps its warm ranking a while longer
         log.warning("schedhub: %s's records not read for re-timing: %s", identity.op, exc)
-        return []
+        return KeyRecords()
+    return KeyRecords(lacking_flushed(served), settled(served))
 
 
 def push_result(registry: Registry, result: TuneResult, pushed_by: str = "") -> None:

@@ -36,6 +36,13 @@ def lacking_flushed(records: list[Record]) -> list[str]:
     return [r.trace for r in _verified(records) if not r.served.verified_flushed_secs] if needs_retime(records) else []  # type: ignore[union-attr]
 
 
+def settled(records: list[Record]) -> list[str]:
+    """The traces of a key's records (as served) that a trusted re-push leaves as they are: verified, and with a verified
+    flushed time where the target's records are timed so (a CPU's). Timing one again is worth nothing to the registry."""
+    cpu = bool(records) and target_kind(records[0].identity.target) == "llvm"
+    return [r.trace for r in _verified(records) if r.served.verified_flushed_secs or not cpu]  # type: ignore[union-attr]
+
+
 def retime_records(records: list[Record]) -> tuple[list[Record], Retimed]:
     """The verified ``records`` of one key timed side by side (warm and flushed, outputs checked), as records to push
     again (each its own trace, the new warm times and its flushed mean in provenance), and what was timed."""

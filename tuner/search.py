@@ -152,19 +152,21 @@ class TuneResult:
 
 
 def tune_job(identity: dict[str, Any], warm_traces: list[str], options: dict[str, Any], label: str, seeds: list[str] | None = None,
-             model_log: list[Any] | None = None, retime_traces: list[str] | None = None) -> dict[str, Any]:  # fmt: skip
+             model_log: list[Any] | None = None, retime_traces: list[str] | None = None, settled_traces: list[str] | None = None) -> dict[str, Any]:  # fmt: skip
     """:func:`tune_workload` with plain values in and out: the body of a Ray tuning task."""
-    return tune_workload(Identity(**identity), warm_traces, TuneOptions.from_dict(options), label, seeds, model_log, retime_traces).to_dict()
+    return tune_workload(Identity(**identity), warm_traces, TuneOptions.from_dict(options), label, seeds, model_log, retime_traces, settled_traces).to_dict()
 
 
 def tune_workload(identity: Identity, warm_traces: list[str], options: TuneOptions, label: str = "", seeds: list[str] | None = None,
-                  model_log: list[Any] | None = None, retime_traces: list[str] | None = None) -> TuneResult:  # fmt: skip
+                  model_log: list[Any] | None = None, retime_traces: list[str] | None = None, settled_traces: list[str] | None = None) -> TuneResult:  # fmt: skip
     """Search schedules for one workload on the Ray cluster this process is connected to, measuring first
     ``warm_traces`` (the registry's, at most ``options.warm_start``) and ``seeds`` (synthesized, at most ``options.seeds``);
     with no trials, only those (a first pass). ``model_log`` (:func:`.logmodel.model_log`), with ``options.warm_model``:
     what the search's cost model is trained on before its first round. ``retime_traces``: the key's verified records
     without a flushed time (:func:`.retime.lacking_flushed`), timed again (:func:`time_traces`) after publishing where
-    the final timing takes flushed times, so the key ranks by them once pushed (``TuneResult.retimed``)."""
+    the final timing takes flushed times, so the key ranks by them once pushed (``TuneResult.retimed``).
+    ``settled_traces``: the key's records a re-push leaves as they are (:func:`.retime.settled`); publishing times
+    again at most one of them (:func:`to_publish`)."""
     from tvm.s_tir import meta_schedule as ms
 
     from schedhub.hooks.cache import KernelCache, default_dir
@@ -199,7 +201,7 @@ def tune_workload(identity: Identity, warm_traces: list[str], options: TuneOptio
         measured = [tr for tr in database.get_all_tuning_records() if mean_secs(tr) < _FAILED_SECS]
         curve = best_so_far([mean_secs(tr) for tr in measured])
         timeline.stage = "publish"
-        records, default, rejected = _publish(identity, mod, measured, options, timeline, builder.kept)
+        records, default, rejected = _publish(identity, mod, measured, options, timeline, builder.kept, set(settled_traces or ()))
         untuned = default.mean_secs
         logged = [(trace_text(tr.trace), mean_secs(tr)) for tr in log_sample(measured)]
     strategy = "evolutionary+xgb" if options.trials > 0 else "first pass: warm start measured, no search"
@@ -463,19 +465,30 @@ def _built(ref: Any, given: bytes | None) -> dict[str, Any]:
     return answer if given is None or answer["error"] else {**answer, "artifact": given}
 
 
-def _publish(identity: Identity, mod: Any, measured: list[Any], options: TuneOptions, timeline: Timeline,
-             kept: BuiltKernels | None = None) -> tuple[list[Record], Record, list[str]]:  # fmt: skip
-    """Verify and re-measure the best distinct schedules (``kept``: the builds the job's warm start and search made,
-    timed again as they are); returns (records best first, the default schedule as a record, timed beside them, rejections:
-    ``"<trace id>: <why>"`` for each schedule the search measured that is not published)."""
-    from schedhub.hooks.msdb import scheduled, trace_text
+def to_publish(measured: list[Any], count: int, settled: set[str]) -> dict[str, Any]:
+    """The ``count`` fastest distinct schedules the job measured (TuningRecords by trace text, fastest first), less
+    every ``settled`` one after the fastest of them: the registry keeps a verified record's time as first verified, so
+    timing it again is worth nothing; the fastest stays, so that a round's best is timed beside what it has to beat."""
+    from schedhub.hooks.msdb import trace_text
 
     best: dict[str, Any] = {}
     for tr in sorted(measured, key=mean_secs):
         text = trace_text(tr.trace)
         best.setdefault(text, tr)
-        if len(best) >= options.publish:
+        if len(best) >= count:
             break
+    first_settled = next((text for text in best if text in settled), None)
+    return {text: tr for text, tr in best.items() if text not in settled or text == first_settled}
+
+
+def _publish(identity: Identity, mod: Any, measured: list[Any], options: TuneOptions, timeline: Timeline,
+             kept: BuiltKernels | None = None, settled: set[str] = frozenset()) -> tuple[list[Record], Record, list[str]]:  # fmt: skip
+    """Verify and re-measure the best distinct schedules (:func:`to_publish`; ``kept``: the builds the job's warm start
+    and search made, timed again as they are); returns (records best first, the default schedule as a record, timed beside
+    them, rejections: ``"<trace id>: <why>"`` for each schedule the search measured that is not published)."""
+    from schedhub.hooks.msdb import scheduled
+
+    best = to_publish(measured, options.publish, settled)
     candidates = [scheduled(mod, tr.trace) for tr in best.values()]
     prebuilt = [kept.get(c) if kept is not None else None for c in candidates]
     timed = side_by_side(identity, mod, candidates, options.final_timing, timeline, prebuilt)

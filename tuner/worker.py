@@ -56,7 +56,7 @@ from schedhub.registry import (
 )
 
 from . import cluster
-from .dispatch import Seeder, publish_each, push_result, submit_tuning, to_retime, warm_start
+from .dispatch import KeyRecords, Seeder, key_records, publish_each, push_result, submit_tuning, warm_start
 from .logmodel import model_log
 from .search import TuneOptions, TuneResult
 
@@ -278,8 +278,10 @@ class Worker:
         first = may_first and bool(warm or seeds)
         options = self.options.first_pass() if first else self.options
         model = model_log(self.registry, identity) if options.starts_model else None
-        retime = [] if first else to_retime(self.registry, identity)  # a first pass is for seconds: its search re-times
-        return first, submit_tuning(identity, options, warm, seeds, f"{identity.op}:{lease.key[:8]}", model, jobs=self.concurrency, retime=retime)
+        known = key_records(self.registry, identity)
+        if first:  # a first pass is for seconds: its search re-times
+            known = KeyRecords(settled=known.settled)
+        return first, submit_tuning(identity, options, warm, seeds, f"{identity.op}:{lease.key[:8]}", model, jobs=self.concurrency, known=known)
 
     def _stop_overdue(self, stats: WorkerStats) -> None:
         """Cancel every task running past ``max_job_secs`` and fail its job with why (it is retried up to the queue's attempts)."""
