@@ -201,7 +201,7 @@ def tune_workload(identity: Identity, warm_traces: list[str], options: TuneOptio
         measured = [tr for tr in database.get_all_tuning_records() if mean_secs(tr) < _FAILED_SECS]
         curve = best_so_far([mean_secs(tr) for tr in measured])
         timeline.stage = "publish"
-        records, default, rejected = _publish(identity, mod, measured, options, timeline, builder.kept, set(settled_traces or ()))
+        records, default, rejected = _publish(identity, mod, measured, options, timeline, builder.kept, frozenset(settled_traces or ()))
         untuned = default.mean_secs
         logged = [(trace_text(tr.trace), mean_secs(tr)) for tr in log_sample(measured)]
     strategy = "evolutionary+xgb" if options.trials > 0 else "first pass: warm start measured, no search"
@@ -465,7 +465,7 @@ def _built(ref: Any, given: bytes | None) -> dict[str, Any]:
     return answer if given is None or answer["error"] else {**answer, "artifact": given}
 
 
-def to_publish(measured: list[Any], count: int, settled: set[str]) -> dict[str, Any]:
+def to_publish(measured: list[Any], count: int, settled: frozenset[str]) -> dict[str, Any]:
     """The ``count`` fastest distinct schedules the job measured (TuningRecords by trace text, fastest first), less
     every ``settled`` one after the fastest of them: the registry keeps a verified record's time as first verified, so
     timing it again is worth nothing; the fastest stays, so that a round's best is timed beside what it has to beat."""
@@ -482,7 +482,7 @@ def to_publish(measured: list[Any], count: int, settled: set[str]) -> dict[str, 
 
 
 def _publish(identity: Identity, mod: Any, measured: list[Any], options: TuneOptions, timeline: Timeline,
-             kept: BuiltKernels | None = None, settled: set[str] = frozenset()) -> tuple[list[Record], Record, list[str]]:  # fmt: skip
+             kept: BuiltKernels | None = None, settled: frozenset[str] = frozenset()) -> tuple[list[Record], Record, list[str]]:  # fmt: skip
     """Verify and re-measure the best distinct schedules (:func:`to_publish`; ``kept``: the builds the job's warm start
     and search made, timed again as they are); returns (records best first, the default schedule as a record, timed beside
     them, rejections: ``"<trace id>: <why>"`` for each schedule the search measured that is not published)."""
