@@ -290,19 +290,21 @@ def test_retime_gives_verified_records_flushed_times_and_their_key_ranks_by_them
 def test_a_round_times_again_only_the_fastest_of_the_records_the_registry_keeps_as_they_are(ray_address: str, tmp_path: Path) -> None:
     """The registry keeps a verified record's time as first verified: a round's publishing times again only the fastest
     of the key's settled records (the one its new schedules must beat), not each of them."""
-    from schedhub.tuner.dispatch import push_result
+    from schedhub.hooks.synthesis import design_space_samples
+    from schedhub.registry import FLUSHED_SECS
     from schedhub.tuner.retime import settled
 
-    ident = matmul(48, 64, 64)
+    ident = matmul(64, 64, 128)
+    samples = design_space_samples(workload_module(ident.workload), tvm.target.Target(TARGET), 3)
     with LocalRegistry(tmp_path / "store", sync=False) as reg:
-        push_result(reg, TuneResult.from_dict(cluster.result(start_tuning(reg, ident, tiny(trials=6, trials_per_iter=6, publish=3), "fill"))))
+        reg.put_many([Record(ident, trace_text(sch.trace), [1e-4 * (i + 1)], {FLUSHED_SECS: 2e-4 * (i + 1)}) for i, sch in enumerate(samples)])
         kept = set(settled(reg.get(ident.key)))
-        assert len(kept) >= 2  # verified, each with its flushed time
+        assert len(kept) == len(samples) == 3  # verified (a local store's own), each with its flushed time
         again = tiny(trials=0, publish=3, synthesize=0, repostprocess=False)  # measures the registry's traces, nothing new
         result = TuneResult.from_dict(cluster.result(start_tuning(reg, ident, again, "again")))
-        timed = [e["count"] for e in result.events if e["stage"] == "publish" and e["kind"] == "measure"]
-        assert result.warm_started == len(kept) and timed == [2]  # the default and one record
-        assert len(result.records) == 1 and result.records[0].trace in kept
+    timed = [e["count"] for e in result.events if e["stage"] == "publish" and e["kind"] == "measure"]
+    assert result.warm_started == 3 and timed and all(count == 2 for count in timed)  # the default and one record, each time
+    assert len([r for r in result.records if r.trace in kept]) <= 1
 
 
 def test_settled_records_are_verified_with_the_times_a_re_push_would_give() -> None:
