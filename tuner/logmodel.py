@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 from typing import Any
 
 from schedhub.registry import Identity, Registry, RegistryError, TrialLog
@@ -89,8 +90,8 @@ def pretrained(groups: list[list[Any]], target: Any, cache: Any = None) -> Any:
     from schedhub.hooks.identity import workload_module
 
     extractor = LoggedFeatures(cache)
-    model = ms.cost_model.XGBModel(extractor=extractor, num_warmup_samples=WARMUP_SAMPLES)
-    used = 0
+    model = ms.cost_model.XGBModel(extractor=extractor, num_warmup_samples=WARMUP_SAMPLES, adaptive_training=True)
+    usable = []
     for workload, trials in groups:
         try:
             mod = workload_module(workload)
@@ -99,11 +100,16 @@ def pretrained(groups: list[list[Any]], target: Any, cache: Any = None) -> Any:
         context = ms.TuneContext(mod=mod, target=target)
         features, times = extractor.of_log(context, workload, trials)
         if len(features) >= MIN_GROUP:
-            results = [ms.runner.RunnerResult(run_secs=[secs], error_msg=None) for secs in times]
-            placeholder = ms.MeasureCandidate(tvm.s_tir.Schedule(mod), ms.arg_info.ArgInfo.from_prim_func(mod["main"]))
-            extractor.given = features  # what the model's update extracts for these placeholders
-            model.update(context, [placeholder] * len(features), results)
-            used += len(features)
+            usable.append((context, mod, features, times))
+    for i, (context, mod, features, times) in enumerate(usable):
+        # Each update trains a new booster on all the data so far: only the last one's is kept, so only it trains
+        # (an update trains where its data grew by a fifth since ``last_train_size``: never, until the last).
+        model.last_train_size = 0 if i == len(usable) - 1 else math.inf
+        results = [ms.runner.RunnerResult(run_secs=[secs], error_msg=None) for secs in times]
+        placeholder = ms.MeasureCandidate(tvm.s_tir.Schedule(mod), ms.arg_info.ArgInfo.from_prim_func(mod["main"]))
+        extractor.given = features  # what the model's update extracts for these placeholders
+        model.update(context, [placeholder] * len(features), results)
+    used = sum(len(features) for _, _, features, _ in usable)
     log.info("schedhub: the search's cost model starts trained on %d logged trials", used)
     if cache is not None and cache.writes and cache.root is not None:  # the cache grew: kept within its bound
         from schedhub.hooks.cache import max_bytes, prune
