@@ -100,16 +100,16 @@ def pretrained(groups: list[list[Any]], target: Any, cache: Any = None) -> Any:
         context = ms.TuneContext(mod=mod, target=target)
         features, times = extractor.of_log(context, workload, trials)
         if len(features) >= MIN_GROUP:
-            usable.append((context, mod, features, times))
-    for i, (context, mod, features, times) in enumerate(usable):
+            usable.append((context, features, times))
+    for i, (context, features, times) in enumerate(usable):
         # Each update trains a new booster on all the data so far: only the last one's is kept, so only it trains
         # (an update trains where its data grew by a fifth since ``last_train_size``: never, until the last).
         model.last_train_size = 0 if i == len(usable) - 1 else math.inf
         results = [ms.runner.RunnerResult(run_secs=[secs], error_msg=None) for secs in times]
-        placeholder = ms.MeasureCandidate(tvm.s_tir.Schedule(mod), ms.arg_info.ArgInfo.from_prim_func(mod["main"]))
+        placeholder = ms.MeasureCandidate(tvm.s_tir.Schedule(context.mod), ms.arg_info.ArgInfo.from_prim_func(context.mod["main"]))
         extractor.given = features  # what the model's update extracts for these placeholders
         model.update(context, [placeholder] * len(features), results)
-    used = sum(len(features) for _, _, features, _ in usable)
+    used = sum(len(features) for _, features, _ in usable)
     log.info("schedhub: the search's cost model starts trained on %d logged trials", used)
     if cache is not None and cache.writes and cache.root is not None:  # the cache grew: kept within its bound
         from schedhub.hooks.cache import max_bytes, prune
