@@ -114,13 +114,26 @@ class _SharedEnv:
         with cls._lock:
             shared = cls._open.get((os.getpid(), path))
             if shared is None:
-                env = lmdb.open(path, map_size=map_size, max_dbs=len(_DB_NAMES), readonly=readonly,
-                                sync=sync, metasync=sync, lock=True, max_readers=512)  # fmt: skip
-                shared = cls._open[(os.getpid(), path)] = cls(path, env, readonly)
+                shared = cls._open[(os.getpid(), path)] = cls._opened(path, map_size=map_size, readonly=readonly, sync=sync)
             elif shared.readonly and not readonly:
                 raise RegistryError(f"the store at {path} is already open read-only in this process; close it before opening it writable")
             shared.refs += 1
             return shared
+
+    @classmethod
+    def _opened(cls, path: str, *, map_size: int, readonly: bool, sync: bool) -> _SharedEnv:
+        """The environment at ``path`` opened; a file LMDB refuses (another kind of file, a damaged one, one it may not
+        read) raises :class:`StoreFormatError` saying so, and nothing of it stays open."""
+        try:
+            env = lmdb.open(path, map_size=map_size, max_dbs=len(_DB_NAMES), readonly=readonly,
+                            sync=sync, metasync=sync, lock=True, max_readers=512)  # fmt: skip
+        except lmdb.Error as exc:
+            raise StoreFormatError(f"{path} could not be opened as a schedhub store: {type(exc).__name__}: {exc}") from None
+        try:
+            return cls(path, env, readonly)
+        except lmdb.Error as exc:
+            env.close()
+            raise StoreFormatError(f"{path} holds an LMDB file that is not a schedhub store: {type(exc).__name__}: {exc}") from None
 
     def release(self) -> None:
         with self._lock:

@@ -87,6 +87,17 @@ def test_a_store_of_another_format_is_refused(tmp_path: Path) -> None:
         Store(tmp_path)
 
 
+@pytest.mark.parametrize("readonly", [True, False])
+def test_a_file_that_is_no_lmdb_store_is_refused_with_its_reason(tmp_path: Path, readonly: bool) -> None:
+    (tmp_path / "data.mdb").write_bytes(b"not an LMDB file" * 4096)
+    with pytest.raises(StoreFormatError, match="could not be opened as a schedhub store: InvalidError"):
+        Store(tmp_path, readonly=readonly)
+    assert (tmp_path / "data.mdb").read_bytes() == b"not an LMDB file" * 4096  # left as it was
+    (tmp_path / "data.mdb").unlink()
+    with Store(tmp_path) as store:  # nothing of the refused file stayed open in this process
+        assert store.stats()["keys"] == 0
+
+
 def test_records_decode_from_what_the_store_holds(local: LocalRegistry) -> None:
     recs = [make_record(w, (w + 1) * 1e-4) for w in range(5)]
     local.put_many(recs)
