@@ -3,12 +3,16 @@
 # the `device` tool from the repository root, after `bash bench/pack_for_gpu.sh` here (bench/README.md):
 #
 #   call 1, carry .gl/tvm:   bash bench/gpu_session.sh unpack
-#   call 2, carry .gl/rest:  bash bench/gpu_session.sh run SECONDS     (within the 30 s the machine stays warm)
+#   call 2, carry .gl/rest:  bash bench/gpu_session.sh run SECONDS [auto|loadaware|models|both] [NETWORK]
+#                            (within the 30 s the machine stays warm)
 #
 # `run` installs the rest into /tmp/site beside TVM, checks that CUDA kernels compile (NVRTC, else nvcc), then spends
 # SECONDS on: `bench loadaware --device cuda` (4 tuning jobs against 1, and 4 with no core kept for the GPU's
-# measurements), then the BERT layer's row of the GPU table, tuned for what time is left into a registry that comes
-# back under $OUT/gpu-store for the next session's --seed-store. Every result and log is written under $OUT.
+# measurements), then NETWORK's row of the GPU table (default bert_layer), tuned for what time is left. `auto` (the
+# default) runs loadaware only while bench/results/gpu/loadaware.json is missing, and gives the table all the time after.
+# The table's registry resumes from bench/results/gpu/store.mdb.xz where the repository has it (bench.gpu_store) and
+# comes back as $OUT/store.mdb.xz: commit it there, so the next lease tunes on from this one's records and log.
+# Every result and log is written under $OUT.
 set -u
 SITE=/tmp/site
 OUT=${OUT:-/tmp/out}
@@ -19,9 +23,12 @@ if [ "${1:-}" = unpack ]; then  # the first part of TVM's library kept where the
     nvidia-smi -L; python3 -V; ls -d /usr/local/cuda*/targets/x86_64-linux/lib/libnvrtc.so* 2>/dev/null
     exit 0
 fi
-[ "${1:-}" = run ] || { echo "usage: bash bench/gpu_session.sh unpack | run SECONDS [loadaware|models|both]" >&2; exit 2; }
+[ "${1:-}" = run ] || { echo "usage: bash bench/gpu_session.sh unpack | run SECONDS [auto|loadaware|models|both] [NETWORK]" >&2; exit 2; }
 TOTAL=${2:-540}
-WHAT=${3:-both}
+WHAT=${3:-auto}
+NETWORK=${4:-bert_layer}
+KEPT=bench/results/gpu/store.mdb.xz
+if [ "$WHAT" = auto ]; then [ -f bench/results/gpu/loadaware.json ] && WHAT=models || WHAT=both; fi
 START=$(date +%s)
 left() { echo $(( TOTAL - ($(date +%s) - START) )); }
 
@@ -53,8 +60,11 @@ LOADAWARE=$(( $(left) / 2 )); [ "$LOADAWARE" -gt 330 ] && LOADAWARE=330; [ "$WHA
     | grep -v "^\s*$" | tee "$OUT/loadaware.log" | grep -E "^run|^  |sooner|trials_per_sec|wrote|Error|error" | head -40
 
 [ "$WHAT" = loadaware ] && { echo "done with $(left) s of $TOTAL left"; exit 0; }
-MINUTES=$(python3 -c "print(max(1.0, round(($(left) - 150) / 60, 1)))")
-timeout $(( $(left) - 10 )) python3 -m bench.models --device cuda --networks bert_layer --policy gradient --max-minutes "$MINUTES" \
-    --keep-store "$OUT/gpu-store" --out "$OUT/models-bert.json" > "$OUT/models-bert.log" 2>&1
-tail -25 "$OUT/models-bert.log"
+SEED=""
+if [ -f "$KEPT" ]; then python3 -m bench.gpu_store load "$KEPT" /tmp/gpu-seed && SEED="--seed-store /tmp/gpu-seed"; fi
+MINUTES=$(python3 -c "print(max(1.0, round(($(left) - 170) / 60, 1)))")
+timeout $(( $(left) - 25 )) python3 -m bench.models --device cuda --networks "$NETWORK" --policy gradient --max-minutes "$MINUTES" \
+    $SEED --keep-store "$OUT/gpu-store" --out "$OUT/models-$NETWORK.json" > "$OUT/models-$NETWORK.log" 2>&1
+tail -25 "$OUT/models-$NETWORK.log"
+[ -f "$OUT/gpu-store/data.mdb" ] && python3 -m bench.gpu_store save "$OUT/gpu-store" "$OUT/store.mdb.xz"
 echo "done with $(left) s of $TOTAL left"

@@ -37,6 +37,7 @@ import argparse
 import contextlib
 import json
 import shutil
+import signal
 import statistics
 import tempfile
 import time
@@ -404,6 +405,11 @@ def merge(paths: list[Path]) -> dict[str, Any]:
     return out
 
 
+def _exit_on_signal(signum: int, _frame: Any) -> None:
+    """A signal to stop, as an exit: the run's stack unwinds (its registry kept where --keep-store asks, Ray stopped)."""
+    raise SystemExit(128 + signum)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
@@ -441,6 +447,8 @@ def main() -> None:
     if args.round_trials is not None and args.round_trials < 1:
         parser.error("--round-trials takes 1 or more")
     require_device(parser.prog, args.device)
+    # a lent GPU machine's session ends the run with `timeout` (SIGTERM): unwound as an exit, it still keeps --keep-store
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     mode = "gpu" if args.device == "cuda" else "quick" if args.quick else "full"
     out = args.out or Path(__file__).parent / "results" / mode / "models.json"
     started = time.time()
