@@ -129,6 +129,10 @@ class _SharedEnv:
                             sync=sync, metasync=sync, lock=True, max_readers=512)  # fmt: skip
         except lmdb.Error as exc:
             raise StoreFormatError(f"{path} could not be opened as a schedhub store: {type(exc).__name__}: {exc}") from None
+        foreign = _foreign_key(env)
+        if foreign is not None:  # another program's LMDB: opened writable, its main database would gain ours
+            env.close()
+            raise StoreFormatError(f"{path} holds an LMDB database that is not a schedhub store (its main database holds {foreign!r}): nothing was written")
         try:
             return cls(path, env, readonly)
         except lmdb.Error as exc:
@@ -793,6 +797,14 @@ def queue_state_row(state: str, job_id: bytes) -> bytes:
 def queue_count_row(state: str) -> bytes:
     """The ``meta`` row counting the jobs stored in ``state``."""
     return b"queue_count:" + state.encode()
+
+
+def _foreign_key(env: lmdb.Environment) -> bytes | None:
+    """A key of ``env``'s main database that is not one of a store's named databases (the main database of a store
+    holds nothing else), or None."""
+    ours = {name.encode() for name in _DB_NAMES}
+    with env.begin() as txn:
+        return next((key for key in txn.cursor().iternext(values=False) if key not in ours), None)
 
 
 def _open_db(env: lmdb.Environment, name: str, readonly: bool) -> Any:

@@ -98,6 +98,18 @@ def test_a_file_that_is_no_lmdb_store_is_refused_with_its_reason(tmp_path: Path,
         assert store.stats()["keys"] == 0
 
 
+@pytest.mark.parametrize("readonly", [True, False])
+def test_another_programs_lmdb_is_refused_and_left_as_it_was(tmp_path: Path, readonly: bool) -> None:
+    import lmdb
+
+    with lmdb.open(str(tmp_path)) as env, env.begin(write=True) as txn:
+        txn.put(b"session:42", b"someone else's data")
+    with pytest.raises(StoreFormatError, match="not a schedhub store .*session:42.*nothing was written"):
+        Store(tmp_path, readonly=readonly)
+    with lmdb.open(str(tmp_path), readonly=True) as env, env.begin() as txn:
+        assert list(txn.cursor()) == [(b"session:42", b"someone else's data")]  # no database of ours was added
+
+
 def test_records_decode_from_what_the_store_holds(local: LocalRegistry) -> None:
     recs = [make_record(w, (w + 1) * 1e-4) for w in range(5)]
     local.put_many(recs)
