@@ -33,7 +33,7 @@ def test_a_saved_store_loads_as_a_seed_store_with_its_records_log_and_trust(tmp_
     assert gpu_store.load(tmp_path / "kept" / "store.mdb.xz", tmp_path / "seed") == {"keys": 4, "trial_logs": 1}
     with LocalRegistry(tmp_path / "seed", sync=False) as seed:  # writable: bench.models tunes on into its copy
         served = seed.lookup([r.key for r in records])
-        assert {k: [r.trace for r in v] for k, v in served.items()} == {r.key: [r.trace for r in [r]] for r in records}
+        assert {k: [r.trace for r in v] for k, v in served.items()} == {r.key: [r.trace] for r in records}
         assert [[t.trace for t in e.trials] for e in seed.iter_trial_logs(verified_only=True)] == [[t.trace for t in log.trials]]
         verifiers = {k: [meta["vby"] for _, meta in v] for k, v in seed.lookup_entries([*served, make_record(9, 1e-3).key]).items()}
     assert verifiers == {**{r.key: ["worker-gpu"] for r in records}, make_record(9, 1e-3).key: [""]}  # the claim is still a claim
