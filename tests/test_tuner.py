@@ -30,7 +30,7 @@ from schedhub.hooks import ScheduleLimits, ScheduleTooCostly, use
 from schedhub.hooks.guard import check_scheduled
 from schedhub.hooks.identity import workload_identity, workload_module
 from schedhub.hooks.msdb import first_line, trace_text
-from schedhub.registry import DONE, PENDING, REFINE, Identity, LocalRegistry, Record, RegistryClient, ServerThread, keeps_default_schedule, trace_id
+from schedhub.registry import DONE, PENDING, REFINE, Identity, LocalRegistry, Record, RegistryClient, ServerThread, keeps_default_schedule, packb, trace_id
 from schedhub.tuner import cluster, models, plan, search
 from schedhub.tuner.kernels import final_timing
 from schedhub.tuner.dispatch import Seeder, start_tuning, submit_tuning, warm_start, warm_start_traces
@@ -1127,6 +1127,21 @@ def test_a_worker_verifies_claims_and_refuses_a_poisoned_one(ray_address: str, t
         assert mallory.get(ident.key) == []
         (refused,) = mallory.quarantined()
         assert refused["by"] == "mallory" and "re-measured" in refused["reason"]
+
+
+def test_a_build_task_loads_neither_pytorch_nor_the_tensor_intrinsics_and_pytorch_still_imports_after() -> None:
+    """tvm_ffi imports PyTorch wherever it is installed, and a search needs TVM's tensor intrinsics: 2 s each of a Ray
+    worker's start (and PyTorch 200 MiB of it). A build task's worker has neither, and its candidate still builds."""
+    identity = matmul(16, 16, 16)
+    sch = tvm.s_tir.Schedule(workload_module(identity.workload))
+    payload = {"mod_json": tvm.ir.save_json(sch.mod), "target_text": identity.target}
+    code = ("import sys; from schedhub.registry import packb, unpackb; from schedhub.tuner import cluster; "
+            "built = unpackb(cluster.run_task('build', bytes.fromhex(sys.stdin.read()))); "
+            "print(built['error'], len(built['artifact']) > 1000, 'torch' in sys.modules, 'tvm.s_tir.tensor_intrin' in sys.modules); "
+            "import torch; print(float(torch.ones(2).sum()))")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, input=packb(payload).hex(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["None True False False", "2.0"]
 
 
 def test_sigterm_gives_the_lease_back_and_leaves_no_ray_behind(tmp_path: Path) -> None:

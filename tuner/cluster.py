@@ -31,7 +31,7 @@ from typing import Any
 from schedhub.registry import packb, target_kind, unpackb
 
 from . import cores
-from .tvm_env import compiles_cuda
+from .tvm_env import compiles_cuda, import_tvm_without_torch
 
 #: One unit per node: the right to time kernels on its CPU.
 MEASURE_RESOURCE = "schedhub_measure_cpu"
@@ -138,6 +138,7 @@ _CONFINED = frozenset({"build", "measure", "tune", "verify"})
 def run_task(kind: str, payload: bytes) -> bytes:
     """The body of every task: the kind's function on msgpack keyword arguments, its dict result as msgpack."""
     module, name, _ = TASKS[kind]
+    import_tvm_without_torch()  # no task handles a PyTorch tensor: a worker starts seconds sooner
     if kind in _CONFINED:
         cores.confine(measures_on_gpu=kind == "measure")
     fn: Callable[..., dict[str, Any]] = getattr(importlib.import_module(module), name)

@@ -71,7 +71,7 @@ def build(mod_json: str, target_text: str, checkable: bool = False, whole_only: 
     from schedhub.hooks.identity import target_from_text
 
     start = time.time()
-    tvm_env.prepare()
+    tvm_env.prepare_kernels()
     target = target_from_text(target_text)
     if target.kind.name == "cuda" and not tvm_env.compiles_cuda():  # it would keep source no GPU loads
         return {"artifact": None, "error": f"this node ({socket.gethostname()}) cannot compile CUDA: its TVM has no CUDA runtime", **_interval(start)}
@@ -228,7 +228,7 @@ def measure(
     if first_is_reference and (reference is not None or _nth(own_args, 0) is not None or _nth(checks, 0) is not None):
         raise ValueError("the first kernel is the reference: it takes the kernel's own arguments and no other reference is given")
     start = time.time()
-    tvm_env.prepare()
+    tvm_env.prepare_kernels()
     dev = device_for(target_text)
     results: list[dict[str, Any] | None] = []  # None: checked, to be timed
     with tempfile.TemporaryDirectory(prefix="schedhub-measure-") as tmp:

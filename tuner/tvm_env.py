@@ -13,21 +13,48 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import tempfile
 from typing import Any
 
 
-@functools.lru_cache(maxsize=1)
 def prepare() -> None:
-    """Make this process ready to tune: load TVM's tensor intrinsics the fast way (once)."""
+    """Make this process ready to tune (search, replay schedules): :func:`prepare_kernels`, and TVM's tensor
+    intrinsics loaded the fast way (once)."""
     from schedhub.hooks.intrinsics import load_tensor_intrinsics  # imports TVM: not when this module is
 
-    run_kernels_on_usable_cpus()
+    prepare_kernels()
     load_tensor_intrinsics()
+
+
+@functools.lru_cache(maxsize=1)
+def prepare_kernels() -> None:
+    """Make this process ready to build and run scheduled kernels (a build or measurement task): TVM's CPU threads
+    sized, and on a GPU node CUDA compiled by NVRTC in-process. Not the tensor intrinsics (2 s of a worker's start):
+    only scheduling looks them up, and a scheduled module has its tensorized body in place."""
+    run_kernels_on_usable_cpus()
     if compiles_cuda():  # a GPU node: CUDA candidates compiled by NVRTC in-process, headers from PyPI where no toolkit is
         from .cuda_build import install
 
         install()
+
+
+def import_tvm_without_torch() -> None:
+    """Import TVM in a process that never handles a PyTorch tensor (a tuning task's) without importing PyTorch.
+
+    ``tvm_ffi`` imports ``torch`` whenever it is installed, for its tensor exchange with PyTorch: in a tuning worker
+    that is most of TVM's import (2.85 s against 0.85 s on a 2-core AMD EPYC), paid again by every Ray worker a node
+    starts. Here ``import torch`` fails while TVM is imported, which ``tvm_ffi`` takes as "not installed"; afterwards
+    PyTorch imports as usual. Nothing is done where TVM or PyTorch is imported already.
+    """
+    if "tvm" in sys.modules or "torch" in sys.modules:
+        return
+    sys.modules["torch"] = None  # type: ignore[assignment]  # Python's own way to make an import fail
+    try:
+        import tvm  # noqa: F401
+    finally:
+        if sys.modules.get("torch", ...) is None:
+            del sys.modules["torch"]
 
 
 def run_kernels_on_usable_cpus() -> None:
