@@ -86,14 +86,22 @@ def rename_parameters(script: str) -> str:
 
 
 def workload_module(text: str) -> tvm.IRModule:
-    """Parse a canonical workload text back into MetaSchedule's workload form (``main``, public).
+    """Parse a canonical workload text back into MetaSchedule's workload form (``main``, public), a module of the
+    caller's own.
 
     TVMScript's parser evaluates Python, so a text that is not plain TVMScript data is refused
     first (``InvalidRecord``), whoever sent it."""
+    return tvm.IRModule({"main": _workload_main(text)})
+
+
+@functools.lru_cache(maxsize=128)
+def _workload_main(text: str) -> tvm.tirx.PrimFunc:
+    """``text``'s PrimFunc, parsed once a process: 0.1–0.2 s a convolution, which a tuning worker paid again for every
+    workload of its warm cost model's log each round. A PrimFunc is immutable; a refused text is not kept."""
     check_workload_source(text)
     parsed = tvm.script.from_source(text)
     func = parsed["main"] if isinstance(parsed, tvm.IRModule) else parsed
-    return tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+    return func.with_attr("global_symbol", "main")
 
 
 def target_text(target: tvm.target.Target | dict[str, Any] | str) -> str:

@@ -25,7 +25,7 @@ from schedhub.hooks import ANSWER_DEADLINE, IdleCoresWarning, RegistryFallbackWa
 from schedhub.hooks.measure import host_cpu  # noqa: E402
 from schedhub.hooks.identity import workload_module  # noqa: E402
 from schedhub.tuner.models import kernels  # noqa: E402
-from schedhub.registry import Record, RegistryClient, ServerThread, packb, record_key  # noqa: E402
+from schedhub.registry import InvalidRecord, Record, RegistryClient, ServerThread, packb, record_key  # noqa: E402
 
 from .conftest import TOKEN  # noqa: E402
 from .scripted_server import Reply, ScriptedServer  # noqa: E402
@@ -143,6 +143,22 @@ def test_a_target_as_a_dict_or_a_target_object_gets_the_same_keys(tuned: dict) -
     identity = kernels(tuned["mod"], as_dict)[0].identity
     kernel = workload_module(identity.workload)
     assert workload_identity(kernel, as_dict).key == workload_identity(kernel, tvm.target.Target(as_dict)).key == identity.key
+
+
+def test_a_workload_text_is_parsed_once_a_process_and_each_caller_gets_a_module_of_its_own(tuned: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tuning worker parsed every workload of its cost model's log again each round (0.1-0.2 s a convolution)."""
+    text = kernels(tuned["mod"], CPU)[0].identity.workload
+    first = workload_module(text)
+    parses = []
+    monkeypatch.setattr(tvm.script, "from_source", lambda *a, **k: parses.append(a) or pytest.fail("parsed again"))
+    second = workload_module(text)
+    assert not parses and second is not first
+    tvm.ir.assert_structural_equal(first, second)
+    second["main"] = second["main"].with_attr("global_symbol", "changed")  # one caller's module changed: not the other's
+    assert workload_module(text)["main"].attrs["global_symbol"] == first["main"].attrs["global_symbol"] == "main"
+    for _ in range(2):  # a refused text is refused every time, never parsed
+        with pytest.raises(InvalidRecord, match="Import is not allowed"):
+            workload_module("import os\n" + text)
 
 
 def test_a_record_for_another_target_never_hits_and_serves_only_as_a_transfer(tmp_path: Path, tuned: dict, registry: tuple[str, RegistryClient]) -> None:
