@@ -19,8 +19,10 @@ from schedhub.hooks.cache import CACHE_ENV
 from schedhub.tuner.remembered import BRIEF_KEPT_SECS, FOLDER, KernelMemory, forget_all, kernel_key, memory
 
 TARGET = {"kind": "llvm", "mcpu": "znver1", "num-cores": 2}
-#: The default's brief timing, as publishing asks for it (every candidate 10x faster), here with a few repeats.
-TIMING = {"number": 2, "repeat": 2, "min_repeat_ms": 0, "flushed_too": True, "brief_first_past": 10.0}
+#: The default's brief timing as publishing asks for it, here with a few repeats and for candidates 3x faster, not
+#: publishing's 10x: the unscheduled 256 matmul takes ~16 ms and a candidate's first, checking call took more than
+#: 1.6 ms on a busy CI machine, and this file is about what is remembered, not where the line is drawn.
+TIMING = {"number": 2, "repeat": 2, "min_repeat_ms": 0, "flushed_too": True, "brief_first_past": 3.0}
 
 
 def _matmul(n: int, extra: float = 0.0, scheduled: bool = False) -> Any:
@@ -106,7 +108,7 @@ def test_a_machine_remembers_only_what_a_kernel_changed_and_forgets_what_it_cann
 
 def test_a_default_timed_briefly_in_an_earlier_task_is_not_called_again(counted_calls: list[str]) -> None:
     """On a CPU the default (the unscheduled kernel) is the reference. The first measurement calls it for the
-    reference outputs, then briefly times it beside a candidate 10x faster; a second measurement of the same builds
+    reference outputs, then briefly times it beside candidates several times faster; a second measurement of the same builds
     on this machine calls it not at all, gives the same brief timing ("remembered"), and still refuses a kernel that
     computes otherwise. A timing that asks for another kind of brief timing (no flushed calls) times it again."""
     ident = workload_identity(_matmul(256), TARGET, "matmul_nn")
