@@ -11,6 +11,7 @@ import os
 import re
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -174,7 +175,7 @@ def test_a_default_far_slower_than_every_candidate_is_timed_briefly_beside_them(
     fast = search.side_by_side(ident, mod, [sch.mod], timing, search.Timeline("brief"))
     assert fast[0]["brief"] and len(fast[0]["run_secs"]) == 1 + BRIEF_CALLS and len(fast[0]["flushed_secs"]) == BRIEF_CALLS, fast[0]
     assert "brief" not in fast[1] and len(fast[1]["run_secs"]) == timing["repeat"] != 1 + BRIEF_CALLS
-    assert min(fast[0]["run_secs"]) > 10 * max(fast[1]["run_secs"])
+    assert min(fast[0]["run_secs"]) > 10 * statistics.median(fast[1]["run_secs"])  # one noisy call of the candidate's is no verdict
     one_slow = search.side_by_side(ident, mod, [sch.mod, mod], timing, search.Timeline("one slow"))
     turned_off = search.side_by_side(ident, mod, [sch.mod], {**timing, "brief_first_past": None}, search.Timeline("off"))
     for results in (one_slow, turned_off):
