@@ -40,12 +40,12 @@ for w in apache_tvm_ffi attrs cuda_bindings cuda_pathfinder h11 httptools jsonsc
          sniffio starlette tornado uvicorn xgboost_cpu schedhub; do
     cp "$WHEELS"/"$w"*.whl .gl/rest/
 done
-limit=$(( 64 * 1024 * 1024 ))
-over=0
-for call in "1 .gl/tvm" "2 .gl/rest"; do
-    set -- $call
-    carried=$(( tree + $(du -sb "$2" | cut -f1) ))
+carries() {  # says what device call $1 carries (the tree and folder $2); fails past 64 MiB
+    local carried=$(( tree + $(du -sb "$2" | cut -f1) ))
     echo "call $1 carries the tree and $2: $(awk -v b="$carried" 'BEGIN { printf "%.1f", b / 1048576 }') MiB of 64"
-    [ "$carried" -le "$limit" ] || { echo "call $1 is over the 64 MiB a call carries" >&2; over=1; }
-done
-exit "$over"
+    [ "$carried" -le $(( 64 * 1024 * 1024 )) ] || { echo "call $1 is over the 64 MiB a call carries" >&2; return 1; }
+}
+fits=0
+carries 1 .gl/tvm || fits=1
+carries 2 .gl/rest || fits=1
+exit "$fits"
