@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# The GPU benches on a lent GPU machine (Python 3.12, CUDA 13 and PyTorch installed, no network), in two calls of
-# the `device` tool from the repository root, after `bash bench/pack_for_gpu.sh` here (bench/README.md):
+# The GPU benches on a lent GPU machine (Python 3.12, CUDA 13 and PyTorch installed, no network), in as many calls of
+# the `device` tool from the repository root as `bash bench/pack_for_gpu.sh` here split its pack into (bench/README.md;
+# its last lines are the calls), each within the 30 s the machine stays warm after the one before:
 #
-#   call 1, carry .gl/tvm:   bash bench/gpu_session.sh unpack
-#   call 2, carry .gl/rest:  bash bench/gpu_session.sh run SECONDS [auto|loadaware|models|both] [NETWORK]
-#                            (within the 30 s the machine stays warm)
+#   every call but the last, carry .gl/NN:  bash bench/gpu_session.sh unpack
+#   the last call, carry .gl/NN:            bash bench/gpu_session.sh run SECONDS [auto|loadaware|models|both] [NETWORK]
 #
-# `run` installs the rest into /tmp/site beside TVM, checks that CUDA kernels compile (NVRTC, else nvcc), then spends
-# SECONDS on: `bench loadaware --device cuda` (4 tuning jobs against 1, and 4 with no core kept for the GPU's
-# measurements), then NETWORK's row of the GPU table (default bert_layer), tuned for what time is left. `auto` (the
+# `unpack` keeps the part it carries in /tmp/site/parts, where the next call's copy of the tree leaves it alone. `run`
+# joins the parts (and says which are missing), installs them into /tmp/site (a later `run` in the same lease carries
+# nothing and installs nothing), checks that CUDA kernels compile (NVRTC, else nvcc), then spends SECONDS on:
+# `bench loadaware --device cuda` (4 tuning jobs against 1, and 4 with no core kept for the GPU's measurements), then
+# NETWORK's row of the GPU table (default bert_layer), tuned for what time is left. `auto` (the
 # default) runs loadaware only while bench/results/gpu/loadaware.json is missing, and gives the table all the time after.
 # The table's registry resumes from bench/results/gpu/store.mdb.xz where the repository has it (bench.gpu_store) and
 # comes back as $OUT/store.mdb.xz: commit it there, so the next lease tunes on from this one's records and log.
@@ -18,8 +20,12 @@ SITE=/tmp/site
 OUT=${OUT:-/tmp/out}
 mkdir -p "$SITE" "$OUT"
 
-if [ "${1:-}" = unpack ]; then  # the first part of TVM's library kept where the next call's tree copy leaves it alone
-    cp .gl/tvm/tvm-lib.tar.xz.part00 "$SITE"/ && echo "kept TVM's first part in $SITE"
+keep() {  # keeps the part of the pack this call carries; says which parts are kept
+    mkdir -p "$SITE/parts" && cp .gl/[0-9]*/pack-* "$SITE/parts/" 2>/dev/null || { echo "this call carries no part of the pack (.gl/NN)" >&2; return 1; }
+    echo "kept: $(cd "$SITE/parts" && ls | tr '\n' ' ')"
+}
+if [ "${1:-}" = unpack ]; then
+    keep || exit 2
     nvidia-smi -L; python3 -V; ls -d /usr/local/cuda*/targets/x86_64-linux/lib/libnvrtc.so* 2>/dev/null
     exit 0
 fi
@@ -32,10 +38,21 @@ if [ "$WHAT" = auto ]; then [ -f bench/results/gpu/loadaware.json ] && WHAT=mode
 START=$(date +%s)
 left() { echo $(( TOTAL - ($(date +%s) - START) )); }
 
-cat "$SITE"/tvm-lib.tar.xz.part00 $(ls .gl/rest/tvm-lib.tar.xz.part* 2>/dev/null) | tar xJf - -C "$SITE" && rm "$SITE"/tvm-lib.tar.xz.part00
-tar xJf .gl/rest/tvm-rest.tar.xz -C "$SITE"
-tar xJf .gl/rest/ray.tar.xz -C "$SITE"
-python3 -m pip install -q --no-deps --no-index --target "$SITE" .gl/rest/*.whl 2>&1 | grep -v "WARNING: Target directory" | tail -3
+if [ -f "$SITE/.installed" ]; then
+    echo "installed by an earlier call of this lease"
+else
+    keep || exit 2
+    last=$(ls .gl/[0-9]*/pack-* | tail -1); last=${last##*/}  # pack-ID-NN-of-COUNT: join this pack's parts 01 to COUNT
+    pack=${last%-*-of-*}; count=${last##*-of-}
+    missing=""
+    for n in $(seq -f %02g 1 "$((10#$count))"); do [ -f "$SITE/parts/$pack-$n-of-$count" ] || missing="$missing $n"; done
+    [ -z "$missing" ] || { echo "parts$missing of $count are not on this machine: carry each .gl/NN in a call of its own (unpack), the last with run" >&2; exit 2; }
+    mkdir -p "$SITE/stage"
+    cat "$SITE/parts/$pack"-*-of-"$count" | tar xf - -C "$SITE/stage" && tar xJf "$SITE/stage/tvm.tar.xz" -C "$SITE" \
+        && tar xJf "$SITE/stage/ray.tar.xz" -C "$SITE" || { echo "the pack's parts did not unpack: pack again (bench/pack_for_gpu.sh)" >&2; exit 2; }
+    python3 -m pip install -q --no-deps --no-index --target "$SITE" "$SITE"/stage/*.whl 2>&1 | grep -v "WARNING: Target directory" | tail -3
+    rm -rf "$SITE/parts" "$SITE/stage" && touch "$SITE/.installed"
+fi
 export PYTHONPATH="$SITE:$PWD" PATH="/usr/local/cuda/bin:$SITE/bin:$PATH" CUDA_PATH=/usr/local/cuda
 export LD_LIBRARY_PATH="/usr/local/cuda-13.0/targets/x86_64-linux/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 echo "installed in $(( $(date +%s) - START )) s"
