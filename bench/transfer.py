@@ -177,7 +177,7 @@ def run(mode: str, say: Callable[[str], None] = print, source_store: Path | None
             compile_secs["first_pass_tuning"] = summary([time.time() - started])
             executables["first_pass"], _ = _compile_all_hits(held, registry, target, Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="schedhub-first-"))))
         tuned: dict[str, TuneResult] = {}
-        for held, executables, compile_secs, *_ in compiled:
+        for held, _executables, compile_secs, *_ in compiled:
             started = time.time()
             tuned.update(tune_kernels(registry, [k for k in held.kernels if k.identity.key not in tuned], options, retune=True))
             compile_secs["search_tuning"] = summary([time.time() - started])

@@ -29,7 +29,7 @@ from tvm.relax import pipeline as relax_pipeline
 from tvm.s_tir import meta_schedule as ms
 
 from .defaults import dlight_schedule, is_gpu
-from .rewrites import Rewrites
+from .rewrites import NO_REWRITES, Rewrites
 from .objects import OBJECT_ID, links_here
 from .session import HookSession
 
@@ -39,7 +39,7 @@ _tvm_default: Callable[..., tvm.transform.Pass] | None = None
 _tvm_gpu_default: Callable[[tvm.target.Target], tvm.transform.Pass] | None = None
 
 
-def fusion_passes(rewrites: Rewrites = Rewrites()) -> tvm.transform.Pass:
+def fusion_passes(rewrites: Rewrites = NO_REWRITES) -> tvm.transform.Pass:
     """The zero pipeline's passes before MetaScheduleApplyDatabase (same passes as task extraction), after BatchNorm is
     folded into the convolution before it: ``torch.export`` keeps them apart, and a model must have one set of keys
     whether a user imported it with ``from_exported_program`` or ``schedhub tune`` did (``plan.from_torch_export``);
@@ -179,7 +179,7 @@ def apply_database(mod: tvm.IRModule) -> tvm.IRModule:
     """Fuse, then (with a database in scope) prefetch every kernel and apply the database's records:
     the session's through :func:`apply_records`, another MetaSchedule database through TVM's pass."""
     session = ACTIVE.get()
-    mod = fusion_passes(session.rewrites if session is not None else Rewrites())(mod)
+    mod = fusion_passes(session.rewrites if session is not None else NO_REWRITES)(mod)
     if session is not None:
         session.begin_compile()
         mod = check_lowering(link_objects(apply_records(prefetch(mod))))

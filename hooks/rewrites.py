@@ -79,3 +79,7 @@ class Rewrites:
     def of_row(cls, row: dict[str, Any]) -> Rewrites:
         """The rewrites a recorded bench row names (its ``layout``, ``math``, ``prepack``, ``conv``; absent: the default)."""
         return cls(row.get("layout", "given"), row.get("math", "exact"), bool(row.get("prepack", False)), row.get("conv", "direct"))
+
+
+#: A compile's rewrites by default: none (what a parameter's default can share, the class being frozen).
+NO_REWRITES = Rewrites()

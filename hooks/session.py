@@ -48,7 +48,7 @@ from tvm_ffi.serialization import from_json_graph_str, to_json_graph_str
 from .cache import KernelCache, default_dir
 from .defaults import default_contends
 from .guard import ScheduleLimits, check_scheduled
-from .rewrites import Rewrites
+from .rewrites import NO_REWRITES, Rewrites
 from .identity import as_module, plain_json, workload_identity
 from .lowering import Lowerings
 from .measure import Budget, runs_here
@@ -89,7 +89,7 @@ class HookSession(TransferServing, MissReporting):
     def __init__(self, registry: Registry, *, report_misses: bool = True, trust: Trust = "verified",
                  limits: ScheduleLimits | None = None, transfer: bool = True, cache: KernelCache | None = None,
                  measure: float = 0.0, objects: ObjectCache | None = None, synthesize: int = 0, rank_by_model: bool | None = None, pad: bool = True,
-                 relocate: bool = True, repostprocess: bool = True, rewrites: Rewrites = Rewrites()) -> None:  # fmt: skip
+                 relocate: bool = True, repostprocess: bool = True, rewrites: Rewrites = NO_REWRITES) -> None:  # fmt: skip
         check_sample_count(synthesize)
         self.rewrites = rewrites  # what the compile rewrites before its kernels are looked up (:mod:`.rewrites`)
         self.registry = registry

@@ -169,7 +169,7 @@ def test_a_gpu_record_whose_kernel_tvm_cannot_lower_leaves_it_to_the_default_and
     broken, good = threads_record(kernels["transpose"], 64, pipelined=True), threads_record(kernels["transpose"], 64)
     with LocalRegistry(tmp_path / "reg") as reg:
         reg.put(broken)
-        for again in (False, True):
+        for _again in (False, True):
             with use(reg, gpu, cache=tmp_path / "cache") as session:
                 tvm.compile(mlp["mod"], gpu)
             outcomes = {k.op: k.outcome for k in session.report.kernels}

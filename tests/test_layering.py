@@ -55,3 +55,11 @@ def test_the_pytorch_twins_build_without_tvm() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_tuners_public_names_are_the_ones_it_imports_on_use() -> None:
+    import schedhub.tuner as tuner
+
+    assert sorted(tuner.__all__) == sorted(tuner._EXPORTS)
+    for name in tuner.__all__:
+        assert getattr(tuner, name).__name__ == name

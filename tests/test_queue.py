@@ -210,7 +210,7 @@ def _every_state(reg: LocalRegistry) -> None:
     """Jobs in every state a caller can see, an expired lease among them (stored leased, seen pending)."""
     reg.report_misses([miss(w) for w in range(40)])
     reg.put(make_record(3, 1e-3))  # done
-    for lease in reg.lease("w", max_jobs=4, lease_secs=60):  # leased
+    for _lease in reg.lease("w", max_jobs=4, lease_secs=60):  # leased
         pass
     dead = reg.lease("w", max_jobs=2, lease_secs=60)
     for lease in dead:

@@ -128,7 +128,7 @@ def test_a_structures_logs_are_read_from_their_own_index_and_nothing_of_the_targ
 
     other = TARGET.replace("znver5", "znver4")
     placed = {(w, rank, tgt): of_structure(w, rank, tgt) for w in range(6) for rank in (2, 3) for tgt in (TARGET, other)}
-    for (w, rank, tgt), identity in placed.items():
+    for (w, _rank, _tgt), identity in placed.items():
         as_["w1"].push_trials(TrialLog(identity, [Trial(trace(w), 1e-3)]))
     as_["alice"].push_trials(TrialLog(placed[(0, 3, TARGET)], [Trial(trace(9), 1e-3)]))  # a claim beside w1's entry
     wanted = placed[(0, 3, TARGET)].structure

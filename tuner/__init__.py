@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .dispatch import BulkSummary, tune_many
-    from .search import TuneOptions, TuneResult, tune_workload
+    from .search import ToolchainMismatch, TuneOptions, TuneResult, tune_workload
     from .worker import Worker
 
 _EXPORTS = {
@@ -32,4 +32,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
-__all__ = sorted(_EXPORTS)
+__all__ = ["BulkSummary", "ToolchainMismatch", "TuneOptions", "TuneResult", "Worker", "tune_many", "tune_workload"]

@@ -214,14 +214,14 @@ def kernels(mod: tvm.IRModule, target: Any, rewrites: Rewrites | None = None) ->
 
     from schedhub.hooks.identity import workload_identity
     from schedhub.hooks.defaults import is_gpu
-    from schedhub.hooks.rewrites import Rewrites
     from schedhub.hooks.pipeline import call_counts, fusion_passes, gpu_backend
+    from schedhub.hooks.rewrites import NO_REWRITES
 
     tgt = tvm.target.Target(target) if not isinstance(target, tvm.target.Target) else target
     with tgt:
         if is_gpu(tgt):  # the GPU route dispatches to libraries first
             mod = tvm.transform.Sequential(gpu_backend(tgt).library_dispatch_passes(tgt))(mod)
-        fused = fusion_passes(rewrites or Rewrites())(mod)
+        fused = fusion_passes(rewrites or NO_REWRITES)(mod)
     calls = call_counts(fused)
     found: dict[str, Kernel] = {}
     for gv, func in fused.functions_items():

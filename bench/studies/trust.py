@@ -257,7 +257,7 @@ def turns(tmp: Path, backlog: int, own: int = 5) -> dict[str, Any]:
             RegistryClient(srv.url, token="dev") as dev, RegistryClient(srv.url, token="w") as worker:  # fmt: skip
         theirs = [_record(n).identity for n in range(backlog)]
         report_secs = []
-        for again in range(2):
+        for _again in range(2):
             for start in range(0, backlog, 500):
                 started = time.perf_counter()
                 ci.report_misses(theirs[start : start + 500])
