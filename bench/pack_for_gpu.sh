@@ -5,8 +5,8 @@
 # cp312 wheels the GPU machine's image lacks (httptools among them: the registry server imports it) and schedhub's own
 # wheel, as one tar stream split into as many parts as it takes: .gl/01, .gl/02, ... (git-ignored), one a device call.
 # A call carries at most 64 MiB with the tree, and the tree travels in every call, so each part is 62 MiB less the
-# tree (2 MiB to spare for what is committed between packing and the calls): two calls at 934be03 (tree 12.2 MiB),
-# three once the tree passes ~15 MiB. `strip --strip-unneeded` takes 35 MB off raylet, gcs_server and _raylet.so, the
+# tree (2 MiB to spare for what is committed between packing and the calls): two calls at 934be03 (tree 11.7 MiB,
+# pack 95 MiB), three once the tree passes ~14.5 MiB. `strip --strip-unneeded` takes 35 MB off raylet, gcs_server and _raylet.so, the
 # pruned libraries 6 MB of xz; so packed, Ray 2.60 on Python 3.12 starts (ray.init, and `ray start --head`), runs
 # tasks, actors and custom resources (checked on this machine's Python 3.12, 2026-11-30). The last lines are the
 # calls to make, each with what it carries; the script fails if a call would carry over 64 MiB.
