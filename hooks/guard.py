@@ -348,7 +348,7 @@ def nested_statements(node: Any) -> list[Any] | None:
         return [node.body, node.init]
     if isinstance(node, tirx.IfThenElse):
         return [node.then_case, node.else_case]
-    if hasattr(node, "body") and isinstance(node.body, tirx.Stmt):
+    if isinstance(getattr(node, "body", None), tirx.Stmt):
         return [node.body]
     return None
 

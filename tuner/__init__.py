@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from .dispatch import BulkSummary, tune_many
-    from .search import ToolchainMismatch, TuneOptions, TuneResult, tune_workload
-    from .worker import Worker
+if TYPE_CHECKING:  # for type checkers; at run time __getattr__ imports them (ruff cannot read a computed __all__)
+    from .dispatch import BulkSummary, tune_many  # noqa: F401
+    from .search import ToolchainMismatch, TuneOptions, TuneResult, tune_workload  # noqa: F401
+    from .worker import Worker  # noqa: F401
 
 _EXPORTS = {
     "TuneOptions": "search", "TuneResult": "search", "tune_workload": "search", "ToolchainMismatch": "search",
@@ -32,4 +32,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
-__all__ = ["BulkSummary", "ToolchainMismatch", "TuneOptions", "TuneResult", "Worker", "tune_many", "tune_workload"]
+__all__ = sorted(_EXPORTS)
