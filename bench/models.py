@@ -173,7 +173,7 @@ def run(mode: str, trials: int | None = None, only: list[str] | None = None, see
             shutil.copytree(seed_store, root)
         registry = stack.enter_context(LocalRegistry(root))
         if keep_store is not None:  # the next run resumes from it (--seed-store); kept also when a later step fails
-            stack.callback(lambda: out.__setitem__("kept_bytes", registry.backup(keep_store)))
+            stack.callback(lambda: out.__setitem__("kept_bytes", keep_registry(registry, keep_store)))
         out["seed_keys"] = len(registry.summaries()) if seed_store is not None else 0
         configs = []
         for network in networks:
@@ -259,6 +259,28 @@ def _tune_in_rounds(registry: LocalRegistry, network: Network, kernels: list[mod
                                                        "trials": state.trials, "stopped_because": state.stopped_because,
                                                        "failed": {k.op: k.failed for k in state.kernels if k.failed},
                                                        "pytorch_before_ms": reference_secs * 1e3 if reference_secs else None}  # fmt: skip
+
+
+def keep_registry(registry: LocalRegistry, folder: Path) -> int:
+    """The run's registry backed up into ``folder`` (its size in bytes). Where ``folder`` holds a store already (the
+    run's ``--seed-store``, resumed in place), the copy replaces it once whole: a failure on the way leaves the old one."""
+    if not (folder / "data.mdb").exists():
+        return registry.backup(folder)
+    fresh = Path(tempfile.mkdtemp(prefix=f".{folder.name}-new-", dir=folder.parent))
+    size = registry.backup(fresh)
+    replaced = Path(tempfile.mkdtemp(prefix=f".{folder.name}-old-", dir=folder.parent)) / folder.name
+    folder.rename(replaced)
+    fresh.rename(folder)
+    shutil.rmtree(replaced.parent)
+    return size
+
+
+def check_keep_store(keep: Path | None, seed: Path | None) -> str | None:
+    """Why ``--keep-store`` cannot take the run's registry, found before any tuning: it holds a store other than the
+    run's ``--seed-store`` (None: it can)."""
+    if keep is None or not (keep / "data.mdb").exists() or (seed is not None and keep.resolve() == seed.resolve()):
+        return None
+    return f"--keep-store {keep} already holds a store: name a new or empty folder, or the --seed-store to update it in place"
 
 
 def build_network(network: Network, workdir: Path) -> tuple[Any, str, dict[str, np.ndarray], tuple[int, ...]]:
@@ -418,7 +440,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, help="run each network at this batch instead of the mode's (a b1 run's --keep-store as --seed-store "
                         "warm-starts it)")  # fmt: skip
     parser.add_argument("--seed-store", type=Path, help="start the registry as a copy of this LMDB store (warm starts)")
-    parser.add_argument("--keep-store", type=Path, help="copy the registry here at the end (a new or empty folder): a later run's --seed-store")
+    parser.add_argument("--keep-store", type=Path, help="copy the registry here at the end (a new or empty folder, or the --seed-store: updated in place): a later run's --seed-store")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: the gpu mode's networks on this machine's GPU")
     parser.add_argument("--policy", choices=sorted(POLICIES), help="tune each network in rounds, each to the kernel this policy picks "
                         "(budget: --trials times the kernels) instead of --trials to every kernel")  # fmt: skip
@@ -447,6 +469,8 @@ def main() -> None:
     if args.round_trials is not None and args.round_trials < 1:
         parser.error("--round-trials takes 1 or more")
     require_device(parser.prog, args.device)
+    if (why := check_keep_store(args.keep_store, args.seed_store)) is not None:
+        parser.error(why)
     # a lent GPU machine's session ends the run with `timeout` (SIGTERM): unwound as an exit, it still keeps --keep-store
     signal.signal(signal.SIGTERM, _exit_on_signal)
     mode = "gpu" if args.device == "cuda" else "quick" if args.quick else "full"

@@ -33,12 +33,30 @@ def environment() -> dict[str, Any]:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             versions[name] = "not installed"
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    # Changed tracked files, except what a benchmark run itself rewrites (its results, the report, the plots).
-    outputs = [f":(exclude){p.relative_to(REPO)}" for p in (RESULTS, RESULTS_MD, PLOTS)]
-    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", *outputs], cwd=REPO, capture_output=True, text=True).stdout.strip())
     return {"machine": {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(mem_kb / 2**20, 1), "platform": platform.platform()},
-            "versions": versions, "commit": commit + ("+changes" if dirty else "")}  # fmt: skip
+            "versions": versions, "commit": run_commit(REPO, schedhub_source())}  # fmt: skip
+
+
+def run_commit(bench_tree: Path, source: Path) -> str:
+    """The commit a run was made on: the bench's tree's, and where the ``schedhub`` it imports is another tree's (a venv
+    shared with another checkout, whose editable install imports that tree), that one's too."""
+    # Changed tracked files, except what a benchmark run itself rewrites (its results, the report, the plots).
+    commit = tree_commit(bench_tree, [f":(exclude){p.relative_to(REPO)}" for p in (RESULTS, RESULTS_MD, PLOTS)])
+    return commit if source == bench_tree else f"{commit} (schedhub imported from {source} at {tree_commit(source, [])})"
+
+
+def tree_commit(tree: Path, excluded: list[str]) -> str:
+    """``tree``'s short commit, ``+changes`` after it where tracked files (less ``excluded`` pathspecs) differ from it."""
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True).stdout.strip()
+    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", *excluded], cwd=tree, capture_output=True, text=True).stdout.strip())
+    return commit + ("+changes" if dirty else "")
+
+
+def schedhub_source() -> Path:
+    """The source tree the running ``schedhub`` packages are imported from (an editable install's)."""
+    import schedhub.registry
+
+    return Path(schedhub.registry.__file__).resolve().parent.parent
 
 
 def _read(path: str) -> str:

@@ -651,3 +651,41 @@ def test_a_models_run_at_another_batch_keeps_each_network_once() -> None:
         ("resnet18", 4, {"image": 224}, "torch.export"), ("mlp", 4, {}, "relax")]  # fmt: skip
     with pytest.raises(ValueError, match="no full network is named"):
         networks_of("full", ["vgg"])
+
+
+def test_a_models_run_refuses_a_kept_store_it_would_lose_before_tuning_and_updates_its_seed_in_place(tmp_path: Path) -> None:
+    """``--keep-store`` holding another store failed only after the tuning, at the backup, and the run's registry (a
+    temporary folder) went with it: it is refused up front now. Naming the ``--seed-store`` updates that store in place."""
+    from bench.models import check_keep_store, keep_registry
+    from schedhub.registry import LocalRegistry
+
+    from .conftest import make_record
+
+    seed, other = tmp_path / "seed", tmp_path / "other"
+    for root in (seed, other):
+        LocalRegistry(root).close()
+    assert check_keep_store(other, seed) is not None and "already holds a store" in str(check_keep_store(other, seed))
+    assert check_keep_store(seed, seed) is None and check_keep_store(tmp_path / "new", seed) is None and check_keep_store(None, None) is None
+    with LocalRegistry(tmp_path / "run") as run:  # the run: the seed's copy, tuned further
+        run.put(make_record(1, 1e-3))
+        assert keep_registry(run, seed) > 0
+    with LocalRegistry(seed) as kept:
+        assert len(kept.summaries()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other", "run", "seed"]  # no half-made or replaced folder left
+
+
+def test_a_run_names_the_tree_its_schedhub_was_imported_from_where_that_is_not_the_benchs(tmp_path: Path) -> None:
+    """A checkout that shares another's venv runs that tree's schedhub (an editable install): its commit alone would
+    credit the figures to code that did not run."""
+    import subprocess
+
+    from bench import report as bench_report
+
+    other = tmp_path / "checkout"
+    other.mkdir()
+    subprocess.run(["git", "init", "-q", str(other)], check=True)
+    subprocess.run(["git", "-C", str(other), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "x"], check=True)
+    source = bench_report.schedhub_source()
+    commit = bench_report.run_commit(other, source)
+    assert commit.startswith(bench_report.tree_commit(other, [])) and f"schedhub imported from {source} at " in commit, commit
+    assert "imported from" not in bench_report.run_commit(source, source)
