@@ -63,13 +63,13 @@ def work_options(f: Any) -> Any:
     f = click.option("--target", default="host", show_default=True, help="'host', a target JSON object, or a TVM target string.")(f)
     f = click.option("--layout", type=click.Choice(LAYOUTS), default="given", show_default=True,
                      help="Convert the models' 2-D convolutions to this layout first (given: as the frontend gives them); "
-                          "compile with hooks.use(..., layout=) the same, or the records are not found.")(f)  # fmt: skip
+                          "compile with hooks.use(..., layout=) the same or \"auto\", or the records are not found.")(f)  # fmt: skip
     f = click.option("--math", type=click.Choice(MATHS), default="exact", show_default=True,
                      help="fast: GELU, erf, exp, tanh and softmax by TVM's vectorizable approximations (a few float32 ulps from exact); "
                           "compile with hooks.use(..., math=) the same, or the records are not found.")(f)  # fmt: skip
     f = click.option("--prepack", is_flag=True,
                      help="Let each kernel's schedule choose its weights' layout, packed at compile time (CPU); "
-                          "compile with hooks.use(..., prepack=True), or the records are not found.")(f)  # fmt: skip
+                          "compile with hooks.use(..., prepack=True) or \"auto\", or the records are not found.")(f)  # fmt: skip
     f = click.option("--conv", type=click.Choice(CONVS), default="direct", show_default=True,
                      help="winograd: 3×3 stride-1 convolutions by Winograd's F(4×4, 3×3), F(2×2, 3×3) on small images (float32 rounding apart from direct); "
                           "compile with hooks.use(..., conv=) the same, or the records are not found.")(f)  # fmt: skip

@@ -32,6 +32,7 @@ from .identity import canonical_workload, compiler_fingerprint, target_text, wor
 from .pipeline import ACTIVE, install, schedhub_pipeline
 from .guard import ScheduleLimits, ScheduleTooCostly
 from .layouts import Layout
+from .choice import AUTO, Auto, RewriteOptions
 from .rewrites import Math, Rewrites
 from .winograd import Conv
 from .objects import ObjectCache, c_compiler_available
@@ -70,9 +71,9 @@ def use(
     pad: bool = True,
     relocate: bool = True,
     repostprocess: bool = True,
-    layout: Layout = "given",
+    layout: Layout | Auto = "given",
     math: Math = "exact",
-    prepack: bool = False,
+    prepack: bool | Auto = False,
     conv: Conv = "direct",
 ) -> Iterator[HookSession]:
     """Apply registry schedules to every Relax build in this block (this thread).
@@ -108,15 +109,18 @@ def use(
     where it is faster (CPU targets).
     ``layout``: what the compile converts the network's 2-D convolutions to before its kernels are looked up:
     ``"given"`` (the frontend's, NCHW from PyTorch and ONNX) or ``"NHWC"`` (:mod:`.layouts`). A record is found only
-    under the layout it was tuned in: tune with the same ``--layout``.
+    under the layout it was tuned in: tune with the same ``--layout``. ``"auto"``: whichever layout the registry's records
+    say runs the network fastest (:mod:`.choice`; ``"given"`` where they say nothing).
     ``math``: ``"exact"``, or ``"fast"``: GELU, erf, exp, tanh and softmax by TVM's vectorizable approximations, a few
     float32 ulps from exact (:mod:`.fastmath`). Its kernels are other kernels: tune with the same ``--math``.
     ``prepack``: kernels whose records lay their weights out as their schedule reads them (MetaSchedule's
     ``RewriteLayout``), the weights rewritten once, at compile time (:mod:`.rewrites`; CPU). Tune with ``--prepack``.
+    ``"auto"``: prepacked or not, as the registry's records say runs the network fastest (:mod:`.choice`; with
+    ``layout="auto"``, the four combinations are weighed together; unpacked where the records say nothing, and on a GPU).
     ``conv``: ``"direct"``, or ``"winograd"``: 3×3 stride-1 convolutions with enough output tiles by Winograd's
     F(4×4, 3×3), 4× fewer multiplications (F(2×2, 3×3), 2.25×, where 4×4 tiles are too few), float32 rounding apart from direct (:mod:`.winograd`). Tune with ``--conv``.
     """
-    rewrites = Rewrites(layout, math, prepack, conv)  # checked before anything opens
+    rewrites = RewriteOptions.of(layout, math, prepack, conv)  # checked before anything opens
     install()
     cache_dir: str | os.PathLike[str] | None = None  # this block's own cache, bounded when it ends
     objects: ObjectCache | None = None
@@ -152,5 +156,5 @@ def use(
 
 __all__ = [
     "use", "host_target", "schedhub_pipeline", "KernelCache", "RegistryDatabase", "HookSession", "CompileReport", "KernelOutcome",
-    "RegistryFallbackWarning", "IdleCoresWarning", "runtime_threads", "ScheduleLimits", "ScheduleTooCostly", "Trust", "workload_identity", "canonical_workload", "target_text", "compiler_fingerprint",
+    "RegistryFallbackWarning", "IdleCoresWarning", "Rewrites", "RewriteOptions", "AUTO", "runtime_threads", "ScheduleLimits", "ScheduleTooCostly", "Trust", "workload_identity", "canonical_workload", "target_text", "compiler_fingerprint",
 ]  # fmt: skip

@@ -19,16 +19,20 @@ code outside keep TVM's own.
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import tvm
+import tvm_ffi
 from tvm import relax, tirx
 from tvm.relax import pipeline as relax_pipeline
 from tvm.s_tir import meta_schedule as ms
 
+from .choice import Kernel, choose, holding, keep_kernels, kept_kernels
 from .defaults import dlight_schedule, is_gpu
+from .identity import compiler_fingerprint, target_text
 from .rewrites import NO_REWRITES, Rewrites
 from .objects import OBJECT_ID, links_here
 from .session import HookSession
@@ -44,9 +48,14 @@ def fusion_passes(rewrites: Rewrites = NO_REWRITES) -> tvm.transform.Pass:
     folded into the convolution before it: ``torch.export`` keeps them apart, and a model must have one set of keys
     whether a user imported it with ``from_exported_program`` or ``schedhub tune`` did (``plan.from_torch_export``);
     and after the network is rewritten as ``rewrites`` says (:mod:`.rewrites`: convolution layout, fast math)."""
+    return tvm.transform.Sequential([unpacked_fusion_passes(rewrites), *rewrites.fused_passes()])
+
+
+def unpacked_fusion_passes(rewrites: Rewrites) -> tvm.transform.Pass:
+    """:func:`fusion_passes` less what ``prepack`` adds after fusion: the same for a network prepacked or not."""
     return tvm.transform.Sequential([
         relax.transform.FoldBatchnormToConv2D(), *rewrites.passes(), relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
-        relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR(), *rewrites.fused_passes(),
+        relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR(),
     ])  # fmt: skip
 
 
@@ -73,11 +82,52 @@ def prefetch(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule
     session, target = ACTIVE.get(), tvm.target.Target.current(allow_none=True)
     if session is not None and target is not None:
         session.check_threads(target)
-        calls = call_counts(mod)
-        kernels = [(session.identity(f, target, gv.name_hint), calls.get(gv.name_hint, 1)) for gv, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)]
+        kernels = module_kernels(session, mod, target)
         session.prefetch([identity for identity, _ in kernels])
         session.count_calls(kernels)
     return mod
+
+
+def module_kernels(session: HookSession, mod: tvm.IRModule, target: tvm.target.Target) -> list[Kernel]:
+    """Each fused kernel of ``mod``: its identity on ``target`` and how many times the module calls it."""
+    calls = call_counts(mod)
+    return [(session.identity(f, target, gv.name_hint), calls.get(gv.name_hint, 1)) for gv, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)]
+
+
+def fused(session: HookSession, mod: tvm.IRModule, target: tvm.target.Target | None) -> tvm.IRModule:
+    """``mod`` rewritten and fused as the session's rewrites say; where it may choose among several
+    (:mod:`.choice`), fused once for each, every option's kernels looked up in one request, and the option
+    the registry's records favour kept (it becomes ``session.rewrites`` for this compile, and is reported)."""
+    options = session.rewrite_options.for_target(target)
+    if len(options) == 1 or target is None:
+        session.rewrites = options[0]
+        return fusion_passes(session.rewrites)(mod)
+    unpacked: dict[Rewrites, tvm.IRModule] = {}  # an option and its prepacked twin share their fusion (an NHWC one: 2 s of ResNet-18's)
+    modules: dict[Rewrites, tvm.IRModule] = {}
+
+    def fuse(rewrites: Rewrites) -> tvm.IRModule:
+        base = dataclasses.replace(rewrites, prepack=False)
+        if base not in unpacked:
+            unpacked[base] = unpacked_fusion_passes(base)(mod)
+        modules[rewrites] = tvm.transform.Sequential(rewrites.fused_passes())(unpacked[base])
+        return modules[rewrites]
+
+    network = (compiler_fingerprint(), target_text(target), str(tvm_ffi.structural_hash(mod)))
+    kernels: dict[Rewrites, list[Kernel]] = {}
+    for rewrites in options:  # each option's kernels as this machine found them before, else fused now and kept
+        parts = (*network, repr(rewrites))
+        kept = kept_kernels(session.cache, parts)
+        if kept is None:
+            kept = module_kernels(session, fuse(rewrites), target)
+            keep_kernels(session.cache, parts, kept)
+        kernels[rewrites] = kept
+    session.prefetch([identity for each in kernels.values() for identity, _ in each])
+    holdings = [holding(rewrites, each, session.records) for rewrites, each in kernels.items()]
+    chosen = choose(holdings)
+    session.rewrites = chosen.rewrites
+    session.report.rewrites = chosen.rewrites.describe() or "none"
+    session.report.rewrite_options = [each.describe() for each in holdings]
+    return modules[chosen.rewrites] if chosen.rewrites in modules else fuse(chosen.rewrites)
 
 
 class UnsupportedTarget(RuntimeError):  # not ValueError: tvm.compile swallows those and builds for the CPU
@@ -179,15 +229,15 @@ def apply_database(mod: tvm.IRModule) -> tvm.IRModule:
     """Fuse, then (with a database in scope) prefetch every kernel and apply the database's records:
     the session's through :func:`apply_records`, another MetaSchedule database through TVM's pass."""
     session = ACTIVE.get()
-    mod = fusion_passes(session.rewrites if session is not None else NO_REWRITES)(mod)
-    if session is not None:
-        session.begin_compile()
-        mod = check_lowering(link_objects(apply_records(prefetch(mod))))
-        if session.rewrites.prepack:
-            mod = prepack_weights(mod)
-        session.end_compile()
-    elif ms.Database.current() is not None:
-        mod = relax.transform.MetaScheduleApplyDatabase()(mod)
+    if session is None:
+        mod = fusion_passes(NO_REWRITES)(mod)
+        return relax.transform.MetaScheduleApplyDatabase()(mod) if ms.Database.current() is not None else mod
+    session.begin_compile()
+    mod = fused(session, mod, tvm.target.Target.current(allow_none=True))
+    mod = check_lowering(link_objects(apply_records(prefetch(mod))))
+    if session.rewrites.prepack:
+        mod = prepack_weights(mod)
+    session.end_compile()
     return mod
 
 

@@ -46,6 +46,7 @@ from tvm import tirx
 from tvm_ffi.serialization import from_json_graph_str, to_json_graph_str
 
 from .cache import KernelCache, default_dir
+from .choice import RewriteOptions
 from .defaults import default_contends
 from .guard import ScheduleLimits, check_scheduled
 from .rewrites import NO_REWRITES, Rewrites
@@ -89,9 +90,10 @@ class HookSession(TransferServing, MissReporting):
     def __init__(self, registry: Registry, *, report_misses: bool = True, trust: Trust = "verified",
                  limits: ScheduleLimits | None = None, transfer: bool = True, cache: KernelCache | None = None,
                  measure: float = 0.0, objects: ObjectCache | None = None, synthesize: int = 0, rank_by_model: bool | None = None, pad: bool = True,
-                 relocate: bool = True, repostprocess: bool = True, rewrites: Rewrites = NO_REWRITES) -> None:  # fmt: skip
+                 relocate: bool = True, repostprocess: bool = True, rewrites: Rewrites | RewriteOptions = NO_REWRITES) -> None:  # fmt: skip
         check_sample_count(synthesize)
-        self.rewrites = rewrites  # what the compile rewrites before its kernels are looked up (:mod:`.rewrites`)
+        self.rewrite_options = rewrites if isinstance(rewrites, RewriteOptions) else RewriteOptions((rewrites,))  # what a compile may rewrite (:mod:`.choice`)
+        self.rewrites = self.rewrite_options.first  # what the compile rewrites before its kernels are looked up (:mod:`.rewrites`)
         self.registry = registry
         self.objects = objects  # where scheduled kernels' machine code is kept and linked from (None: compiled in each build)
         self.measure = measure

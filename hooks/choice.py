@@ -1,0 +1,139 @@
+"""Rewrites chosen by what the registry holds: ``use(..., layout="auto", prepack="auto")``.
+
+A record is found only under the rewrites it was tuned with (:mod:`.rewrites`), so a compile with fixed rewrites
+misses every record tuned with others, however much faster they are. A compile that leaves a rewrite to ``"auto"``
+fuses the network once for each value it may take, looks every option's kernels up in the compile's one batch
+request, and compiles the option the registry's records say is fastest:
+
+1. the fewest kernel calls without a record the session would serve (its ``trust``), so that a network tuned in full
+   under one option is not left for one that is half tuned;
+2. then the least time those records claim, each kernel's best record's mean time × the calls of it in the module:
+   the network's run as the registry knows it (on znver4, ResNet-18@224's sum was 28.0 ms NCHW and 21.9 ms NHWC
+   prepacked, the network 28.2 and 20.7 ms).
+
+Where no option holds more than another (an empty registry, one that is down), the first is compiled: the value a
+fixed compile takes by default (``"given"``, unpacked), so ``"auto"`` only ever moves a compile to rewrites that
+someone tuned. Misses are reported under the option compiled, as a fixed compile's are.
+
+Only the rewrites that keep the math exact are offered: the convolutions' layout (a transpose) and prepacking (a
+weights' repack). Fast math and Winograd round differently, so a compile takes them only when its caller names them.
+Prepacking is a CPU rewrite (MetaSchedule's GPU postprocessors lay out no weights): on a GPU target ``"auto"`` leaves
+the weights as given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import tvm
+
+from schedhub.registry import Identity, Record, RegistryError
+
+from .cache import KernelCache
+from .defaults import is_gpu
+from .layouts import LAYOUTS, Layout
+from .rewrites import Math, Rewrites
+from .winograd import Conv
+
+AUTO = "auto"
+Auto = Literal["auto"]
+
+#: A kernel of one option's module: its identity and how many times the module calls it.
+Kernel = tuple[Identity, int]
+
+
+@dataclass(frozen=True)
+class RewriteOptions:
+    """The rewrites a compile may take, the first where the registry prefers none (one option: fixed rewrites)."""
+
+    options: tuple[Rewrites, ...]
+
+    def __post_init__(self) -> None:
+        if not self.options:
+            raise ValueError("a compile needs at least one set of rewrites to choose from")
+
+    @classmethod
+    def of(cls, layout: Layout | Auto, math: Math, prepack: bool | Auto, conv: Conv) -> RewriteOptions:
+        """Every combination of the values ``use(...)`` was given, ``"auto"`` standing for each value of its rewrite."""
+        if prepack != AUTO and not isinstance(prepack, bool):
+            raise ValueError(f"prepack is True, False or {AUTO!r}, not {prepack!r}")
+        if layout != AUTO and layout not in LAYOUTS:
+            raise ValueError(f"unknown convolution layout {layout!r}: schedhub converts to one of {', '.join(LAYOUTS)}, or chooses with {AUTO!r}")
+        layouts: tuple[str, ...] = LAYOUTS if layout == AUTO else (layout,)
+        prepacks = (False, True) if prepack == AUTO else (prepack,)
+        return cls(tuple(Rewrites(each, math, packed, conv) for each in layouts for packed in prepacks))  # type: ignore[arg-type]
+
+    @property
+    def fixed(self) -> bool:
+        return len(self.options) == 1
+
+    @property
+    def first(self) -> Rewrites:
+        return self.options[0]
+
+    def for_target(self, target: tvm.target.Target | None) -> tuple[Rewrites, ...]:
+        """The options that make sense on ``target``: on a GPU, no prepacking where unpacked weights are an option too."""
+        if target is None or not is_gpu(target) or self.fixed:
+            return self.options
+        unpacked = tuple(r for r in self.options if not r.prepack)
+        return unpacked or self.options
+
+
+@dataclass(frozen=True)
+class Holding:
+    """What the registry holds for one option's kernels."""
+
+    rewrites: Rewrites
+    kernels: int  # distinct kernels of the option's module
+    held: int  # of them, with a record the session would serve
+    missed_calls: int  # calls of the kernels without one
+    held_secs: float  # Σ best record's mean time × calls, over the kernels with one
+
+    def rank(self) -> tuple[int, float]:
+        """Lower is better: the fewest calls the registry holds nothing for, then the least time it claims."""
+        return (self.missed_calls, self.held_secs)
+
+    def describe(self) -> str:
+        """e.g. "convolutions NHWC, weights prepacked: 22 of 22 kernels held, 21.9 ms"."""
+        return f"{self.rewrites.describe() or 'no rewrites'}: {self.held} of {self.kernels} kernels held, {self.held_secs * 1e3:.3g} ms"
+
+
+def holding(rewrites: Rewrites, kernels: Sequence[Kernel], records: Callable[[Identity], list[Record]]) -> Holding:
+    """What ``records`` (a session's, best first) hold for the kernels of ``rewrites``' module."""
+    held, missed_calls, secs = 0, 0, 0.0
+    for identity, calls in kernels:
+        found = records(identity)
+        if found:
+            held += 1
+            secs += found[0].mean_secs * calls
+        else:
+            missed_calls += calls
+    return Holding(rewrites, len(kernels), held, missed_calls, secs)
+
+
+#: The kernel cache's kind for an option's kernels, by compiler, target, network (structural hash) and rewrites.
+OPTION_KERNELS = "option-kernels"
+
+
+def kept_kernels(cache: KernelCache, parts: tuple[str, ...]) -> list[Kernel] | None:
+    """An option's kernels as an earlier compile on this machine found them (None: not kept, or not readable as such).
+    What lets a later compile weigh an option without fusing it (converting ResNet-18 to NHWC takes 2 s)."""
+    entry = cache.get(OPTION_KERNELS, *parts)
+    try:
+        if entry is None:
+            return None
+        kernels = [(Identity.from_obj(each["identity"]), each["calls"]) for each in entry["kernels"]]
+        return kernels if all(type(calls) is int and calls > 0 for _, calls in kernels) else None
+    except (KeyError, TypeError, ValueError, RegistryError):  # an entry of another shape, a field out of bounds: fused again
+        return None
+
+
+def keep_kernels(cache: KernelCache, parts: tuple[str, ...], kernels: Sequence[Kernel]) -> None:
+    cache.put(OPTION_KERNELS, parts, {"kernels": [{"identity": identity.to_dict(), "calls": calls} for identity, calls in kernels]})
+
+
+def choose(holdings: Sequence[Holding]) -> Holding:
+    """The option to compile: the best :meth:`Holding.rank`, the earliest on a tie."""
+    return min(holdings, key=Holding.rank)

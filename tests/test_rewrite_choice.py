@@ -1,0 +1,163 @@
+"""Rewrites chosen by the registry's records (``use(..., layout="auto", prepack="auto")``, hooks/choice.py): a compile
+weighs every option's kernels in one lookup, compiles the option the records hold in full and claim fastest, computes
+what the plain network computes, and falls back to the given option where the records say nothing."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tvm
+
+from schedhub.hooks import use
+from schedhub.hooks.choice import Holding, RewriteOptions, choose
+from schedhub.hooks.identity import plain_json
+from schedhub.hooks.rewrites import Rewrites
+from schedhub.registry import Identity, LocalRegistry, Record
+from schedhub.tuner import models
+
+from .networks import run
+from .test_prepack import conv_net, packing_schedule
+
+CPU = tvm.target.Target({"kind": "llvm", "num-cores": 1})
+GIVEN, NHWC_PACKED = Rewrites(), Rewrites("NHWC", prepack=True)
+OPTIONS = RewriteOptions.of("auto", "exact", "auto", "direct")
+
+
+def kernel_identities(rewrites: Rewrites) -> list[Identity]:
+    return [k.identity for k in models.kernels(conv_net(), CPU, rewrites)]
+
+
+def drawn(identity: Identity) -> Record:
+    """A real schedule of the kernel, drawn from its CPU design space and postprocessed (with prepacking, its weights laid
+    out by ``RewriteLayout``), its time left for each test to claim."""
+    trace = json.dumps(plain_json(packing_schedule(identity).trace.as_json()), separators=(",", ":"))
+    return Record(identity, trace, [1e-4], {"tuner": "tests.test_rewrite_choice"})
+
+
+@pytest.fixture(scope="module")
+def records() -> dict[Rewrites, list[Record]]:
+    """Schedules of every kernel of :func:`conv_net` with no rewrites, and converted to NHWC with prepacked weights."""
+    return {rewrites: [drawn(i) for i in kernel_identities(rewrites)] for rewrites in (GIVEN, NHWC_PACKED)}
+
+
+def claiming(record: Record, secs: float) -> Record:
+    """``record`` as a pusher claiming ``secs`` a call for it."""
+    return dataclasses.replace(record, run_secs=[secs])
+
+
+def store(root: Path, records: dict[Rewrites, list[Record]], secs: dict[Rewrites, float], keep: Callable[[Record], bool] = lambda _: True) -> Path:
+    with LocalRegistry(root) as reg:
+        for rewrites, each in records.items():
+            for record in filter(keep, each):
+                reg.put(claiming(record, secs[rewrites]))
+    return root
+
+
+def compile_auto(registry: Path, cache: Path) -> tuple[object, tvm.runtime.Executable]:
+    with use(registry, CPU, layout="auto", prepack="auto", trust="any", transfer=False, cache=cache) as session:
+        ex = tvm.compile(conv_net(), CPU)
+    return session, ex
+
+
+@pytest.mark.parametrize("faster", [NHWC_PACKED, GIVEN], ids=["nhwc-prepacked-faster", "given-faster"])
+def test_auto_compiles_the_option_whose_records_claim_the_least_time(records: dict, faster: Rewrites, tmp_path: Path) -> None:
+    slower = GIVEN if faster == NHWC_PACKED else NHWC_PACKED
+    registry = store(tmp_path / "store", records, {faster: 1e-5, slower: 1e-4})  # each kernel: NHWC's 4 (2 transposes) against 2
+    x = np.random.default_rng(1).standard_normal((1, 8, 10, 10)).astype("float32")
+    expected = run(tvm.compile(conv_net(), CPU), x)
+    session, ex = compile_auto(registry, tmp_path / "cache")
+    report = session.report  # type: ignore[attr-defined]
+    assert report.hits == len(records[faster]) and not report.misses, report.summary()
+    assert {k.key for k in report.kernels} == {r.key for r in records[faster]}
+    assert report.lookups == 1, "every option's kernels are looked up in the compile's one request"
+    assert report.rewrites == (faster.describe() or "none") and len(report.rewrite_options) == 4, report.summary()
+    assert "rewrites chosen by the registry's records" in report.summary()
+    np.testing.assert_allclose(run(ex, x), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_auto_keeps_the_option_held_in_full_over_a_faster_one_held_in_part(records: dict, tmp_path: Path) -> None:
+    """A network tuned in full under one option is not left for one whose records claim less but miss a kernel."""
+    dropped = next(r.key for r in records[NHWC_PACKED] if "conv2d" in r.identity.op)
+    registry = store(tmp_path / "store", records, {NHWC_PACKED: 1e-5, GIVEN: 1e-3}, keep=lambda r: r.key != dropped)
+    session, _ = compile_auto(registry, tmp_path / "cache")
+    report = session.report  # type: ignore[attr-defined]
+    assert report.rewrites == "none" and report.hits == len(records[GIVEN]) and not report.misses, report.summary()
+
+
+def test_auto_on_an_empty_registry_compiles_the_given_option_and_queues_only_its_kernels(tmp_path: Path) -> None:
+    LocalRegistry(tmp_path / "store").close()
+    session, _ = compile_auto(tmp_path / "store", tmp_path / "cache")
+    report = session.report  # type: ignore[attr-defined]
+    assert report.rewrites == "none" and report.hits == 0, report.summary()
+    with LocalRegistry(tmp_path / "store") as reg:
+        queued = {job["key"] for job in reg.jobs("pending")}
+    assert queued == {i.key for i in kernel_identities(GIVEN)}, "misses are reported under the option compiled, none under the others"
+
+
+def test_auto_with_the_registry_down_compiles_the_given_option(tmp_path: Path) -> None:
+    with pytest.warns(UserWarning, match="registry"):
+        with use("http://127.0.0.1:9", CPU, layout="auto", prepack="auto", timeout=0.5, cache=tmp_path / "cache") as session:
+            tvm.compile(conv_net(), CPU)
+    assert session.report.rewrites == "none" and session.report.count("offline") == len(kernel_identities(GIVEN)), session.report.summary()
+
+
+def test_options_are_every_combination_of_the_values_left_to_auto() -> None:
+    assert OPTIONS.options == (Rewrites(), Rewrites(prepack=True), Rewrites("NHWC"), NHWC_PACKED)
+    assert RewriteOptions.of("NHWC", "fast", "auto", "direct").options == (Rewrites("NHWC", "fast"), Rewrites("NHWC", "fast", True))
+    assert RewriteOptions.of("given", "exact", False, "winograd").fixed
+
+
+def test_a_gpu_compile_does_not_weigh_prepacking() -> None:
+    """MetaSchedule's GPU postprocessors lay out no weights: on a GPU target "auto" keeps them as given."""
+    gpu = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    assert OPTIONS.for_target(gpu) == (Rewrites(), Rewrites("NHWC"))
+    assert OPTIONS.for_target(CPU) == OPTIONS.options
+    assert RewriteOptions.of("given", "exact", True, "direct").for_target(gpu) == (Rewrites(prepack=True),)  # asked for by name: kept
+
+
+def test_ties_go_to_the_earliest_option() -> None:
+    holdings = [Holding(Rewrites(), 3, 0, 3, 0.0), Holding(NHWC_PACKED, 4, 0, 3, 0.0)]
+    assert choose(holdings).rewrites == Rewrites()
+    assert choose([*holdings, Holding(Rewrites("NHWC"), 4, 4, 0, 9.0)]).rewrites == Rewrites("NHWC")
+
+
+@pytest.mark.parametrize(("layout", "prepack", "match"), [("Auto", False, "unknown convolution layout 'Auto'.*'auto'"), ("given", "yes", "prepack is True, False or 'auto'")])
+def test_a_misspelt_choice_is_refused_before_anything_opens(layout: str, prepack: object, match: str, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=match):
+        with use(tmp_path / "never", CPU, layout=layout, prepack=prepack):  # type: ignore[arg-type]
+            pass
+    assert not (tmp_path / "never").exists()
+
+
+def test_a_later_compile_weighs_the_options_from_the_kernel_cache_and_fuses_only_the_one_it_compiles(
+    records: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each option's kernels are kept on the machine: converting ResNet-18 to NHWC costs 2 s of fusion that a later compile
+    choosing the given layout need not pay. An entry that does not read as kernels is fused again, never served."""
+    from schedhub.hooks import pipeline
+    from schedhub.hooks.choice import OPTION_KERNELS
+
+    registry = store(tmp_path / "store", records, {NHWC_PACKED: 1e-5, GIVEN: 1e-4})
+    fused: list[Rewrites] = []
+    real = pipeline.unpacked_fusion_passes
+    monkeypatch.setattr(pipeline, "unpacked_fusion_passes", lambda rewrites: (fused.append(rewrites), real(rewrites))[1])
+    first, _ = compile_auto(registry, tmp_path / "cache")
+    assert sorted(map(repr, fused)) == sorted(map(repr, [GIVEN, Rewrites("NHWC")]))  # each layout fused once, its prepacked twin with it
+    entries = sorted((tmp_path / "cache" / OPTION_KERNELS).glob("*.json"))
+    assert len(entries) == 4
+    fused.clear()
+    later, _ = compile_auto(registry, tmp_path / "cache")
+    assert fused == [Rewrites("NHWC")], "only the option compiled is fused"
+    for each in entries:
+        each.write_text('{"kernels": [{"identity": {"key": "not a key"}, "calls": 1}]}')
+    fused.clear()
+    spoilt, _ = compile_auto(registry, tmp_path / "cache")
+    assert len(fused) == 2
+    for session in (first, later, spoilt):
+        report = session.report  # type: ignore[attr-defined]
+        assert report.rewrites == NHWC_PACKED.describe() and report.hits == len(records[NHWC_PACKED]) and not report.misses, report.summary()
