@@ -21,6 +21,8 @@ import tvm
 from tvm import relax, te, topi
 from tvm.relax import PyExprMutator, expr_functor
 
+from .relax_mutation import mutate_relax_functions
+
 _FAST_TYPES = ("float32", "float16")  # the types TOPI's fast_erf and fast_tanh compute
 _SQRT_HALF = math.sqrt(0.5)
 _TANH_SCALE = math.sqrt(2.0 / math.pi)
@@ -57,11 +59,7 @@ class _FastGelu(PyExprMutator):
 @tvm.transform.module_pass(opt_level=0, name="SchedhubFastGelu")
 def fast_gelus(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
     """Every Relax function's GELUs with ``fast_erf`` / ``fast_tanh``."""
-    mutator = _FastGelu(mod)
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            mutator.builder_.update_func(gv, mutator.visit_expr(func))
-    return mutator.builder_.get()
+    return mutate_relax_functions(_FastGelu(mod), mod)
 
 
 def fast_math_passes() -> list[tvm.transform.Pass]:

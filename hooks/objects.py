@@ -33,6 +33,7 @@ from tvm.relax.analysis import all_global_vars, has_reshape_pattern, post_order_
 from .background import KernelWork
 from .cache import KernelCache, Untold, atomic_file, mark_used
 from .errors import TVM_ERRORS
+from .relax_mutation import mutate_relax_functions
 
 OBJECT_ID = "schedhub.object_id"  # PrimFunc attribute: the cache name of a scheduled kernel's machine code
 ELF_MAGIC = b"\x7fELF"
@@ -218,10 +219,7 @@ class _CallsToSymbols(relax.PyExprMutator):
         self.symbols, self.mod = symbols, mod
 
     def run(self) -> tvm.IRModule:
-        for gv, func in self.mod.functions_items():
-            if isinstance(func, relax.Function):
-                self.builder_.update_func(gv, self.visit_expr(func))
-        return self.builder_.get()
+        return mutate_relax_functions(self, self.mod)
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 (TVM's visitor name)
         call = super().visit_call_(call)

@@ -47,6 +47,8 @@ from tvm import relax, te, topi
 from tvm.relax import PyExprMutator, expr_functor
 from tvm.topi.nn.winograd_util import winograd_transform_matrices
 
+from .relax_mutation import mutate_relax_functions
+
 Conv = Literal["direct", "winograd"]
 CONVS: tuple[str, ...] = get_args(Conv)
 
@@ -192,11 +194,7 @@ def winograd_convolutions(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) ->
     target = tvm.target.Target.current(allow_none=True)
     if target is not None and "cpu" not in target.keys:
         return mod
-    mutator = _Winograd(mod)
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            mutator.builder_.update_func(gv, mutator.visit_expr(func))
-    return mutator.builder_.get()
+    return mutate_relax_functions(_Winograd(mod), mod)
 
 
 def conv_passes(conv: Conv) -> list[tvm.transform.Pass]:
