@@ -119,7 +119,7 @@ OPTION_KERNELS = "option-kernels"
 
 def kept_kernels(cache: KernelCache, parts: tuple[str, ...]) -> list[Kernel] | None:
     """An option's kernels as an earlier compile on this machine found them (None: not kept, or not readable as such).
-    What lets a later compile weigh an option without fusing it (converting ResNet-18 to NHWC takes 2 s)."""
+    What lets a later compile weigh an option without fusing it and identifying its kernels."""
     entry = cache.get(OPTION_KERNELS, *parts)
     try:
         if entry is None:

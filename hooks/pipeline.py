@@ -102,7 +102,7 @@ def fused(session: HookSession, mod: tvm.IRModule, target: tvm.target.Target | N
     if len(options) == 1 or target is None:
         session.rewrites = options[0]
         return fusion_passes(session.rewrites)(mod)
-    unpacked: dict[Rewrites, tvm.IRModule] = {}  # an option and its prepacked twin share their fusion (an NHWC one: 2 s of ResNet-18's)
+    unpacked: dict[Rewrites, tvm.IRModule] = {}  # an option and its prepacked twin share their fusion
     modules: dict[Rewrites, tvm.IRModule] = {}
 
     def fuse(rewrites: Rewrites) -> tvm.IRModule:

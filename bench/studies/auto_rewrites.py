@@ -61,11 +61,14 @@ def main() -> None:
         executables: dict[str, Any] = {}
         compile_secs: dict[str, list[float]] = {}
 
+        chosen: dict[str, Any] = {}  # the rewrites each compile took
+
         def compile_as(name: str) -> Any:
             started = time.perf_counter()
             with hooks.use(registry, target, report_misses=False, cache=Path(tmp) / "cache", **asked[name]) as session:
                 ex = tvm.compile(mod, target)
             compile_secs.setdefault(name, []).append(time.perf_counter() - started)
+            chosen[name] = session.rewrites
             report = session.report
             result.setdefault("reports", {})[name] = {"summary": report.summary(), "hits": report.hits, "kernels": len(report.kernels),
                                                       "rewrites": report.rewrites, "weighed": report.rewrite_options}  # fmt: skip
@@ -73,8 +76,7 @@ def main() -> None:
             return ex
 
         executables["defaults"], executables["auto"] = compile_as("defaults"), compile_as("auto")
-        rewrites_chosen = result["reports"]["auto"]["rewrites"]
-        asked["named"] = {"layout": "NHWC" if "NHWC" in rewrites_chosen else "given", "prepack": "prepacked" in rewrites_chosen}
+        asked["named"] = {"layout": chosen["auto"].layout, "prepack": chosen["auto"].prepack}
         executables["named"] = compile_as("named")
         compile_secs = {}  # the first compiles warmed the cache: time the later ones
         for _ in range(args.compiles):
