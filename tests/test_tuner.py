@@ -182,8 +182,10 @@ def test_a_default_far_slower_than_every_candidate_is_timed_briefly_beside_them(
         assert "brief" not in results[0] and len(results[0]["run_secs"]) == timing["repeat"]
     records, default, _ = search._against_default(ident, mod, [trace_text(sch.trace)], fast)
     assert records and default.provenance["timed_briefly"]
-    again = search.side_by_side(ident, mod, [sch.mod], timing, search.Timeline("again"))  # a later round, in another task
-    assert again[0]["remembered"] and again[0]["run_secs"] == fast[0]["run_secs"] and "remembered" not in again[1], again[0]
+    # A later round, in another task. What it shows is the recall, not the 10x verdict (checked above): that verdict
+    # rests on the candidate's one checking call, which a loaded 2-core machine can stretch past 1.4 ms (CI saw it).
+    again = search.side_by_side(ident, mod, [sch.mod], {**timing, "brief_first_past": 1.0}, search.Timeline("again"))
+    assert again[0].get("remembered") and again[0]["run_secs"] == fast[0]["run_secs"] and "remembered" not in again[1], (again, fast)
 
 
 def test_a_job_keeps_its_builds_by_module_structure_within_a_byte_budget() -> None:
