@@ -35,6 +35,7 @@ from .defaults import dlight_schedule, is_gpu
 from .identity import compiler_fingerprint, target_text
 from .rewrites import NO_REWRITES, Rewrites
 from .objects import OBJECT_ID, links_here
+from .prepack import IS_SCHEDULED, PACKED_OBJECT_ID, prepack_weights
 from .session import HookSession
 
 ACTIVE: contextvars.ContextVar[HookSession | None] = contextvars.ContextVar("schedhub_session", default=None)
@@ -150,9 +151,6 @@ def gpu_backend(target: tvm.target.Target) -> Any:
     return importlib.import_module(f"tvm.relax.backend.{name}.pipeline")
 
 
-IS_SCHEDULED = "tirx.is_scheduled"  # what MetaScheduleApplyDatabase marks, and DLight skips
-
-
 @tvm.transform.module_pass(opt_level=0, name="SchedhubApplyRecords")
 def apply_records(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
     """MetaScheduleApplyDatabase for the session: the same kernels, attributes and marks, but each
@@ -169,9 +167,11 @@ def apply_records(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRM
         scheduled = session.scheduled(func, target, gv.name_hint)
         if scheduled is not None:
             new, attrs = scheduled["main"], dict(func.attrs or {})
-            packs = session.rewrites.prepack and LAYOUT_FREE in attrs  # its weights' rewrite is split out after (:func:`prepack_weights`)
+            packs = session.rewrites.prepack and LAYOUT_FREE in attrs  # its weights' rewrite is split out after (:func:`.prepack.prepack_weights`)
             for name in [n for n in dict(new.attrs or {}) if n not in attrs and (n != OBJECT_ID or packs)]:  # global_symbol "main" of the normalized module
                 new = new.without_attr(name)
+            if packs and (object_id := (scheduled["main"].attrs or {}).get(OBJECT_ID)) is not None:  # what is split out of it is linked
+                new = new.with_attr(PACKED_OBJECT_ID, object_id)
             for name, value in attrs.items():
                 new = new.with_attr(name, value)
             updates[gv] = new.with_attr(IS_SCHEDULED, True)
@@ -214,17 +214,6 @@ def check_lowering(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IR
 LAYOUT_FREE = "layout_free_buffers"
 
 
-def prepack_weights(mod: tvm.IRModule) -> tvm.IRModule:
-    """Each scheduled kernel that rewrites its weights' layout split in two, the rewrite and the kernel on rewritten
-    weights, and the rewrite of constant weights computed now (:mod:`.rewrites`); the kernels marked scheduled."""
-    mod = tvm.transform.Sequential([relax.transform.SplitLayoutRewritePreproc(), relax.transform.FoldConstant()])(mod)
-    out = mod.clone()
-    for gv, func in mod.functions_items():
-        if isinstance(func, tirx.PrimFunc) and gv.name_hint.endswith("_prepacked") and not (func.attrs is not None and func.attrs.get(IS_SCHEDULED)):
-            out.update_func(gv, func.with_attr(IS_SCHEDULED, True))
-    return out
-
-
 def apply_database(mod: tvm.IRModule) -> tvm.IRModule:
     """Fuse, then (with a database in scope) prefetch every kernel and apply the database's records:
     the session's through :func:`apply_records`, another MetaSchedule database through TVM's pass."""
@@ -236,7 +225,7 @@ def apply_database(mod: tvm.IRModule) -> tvm.IRModule:
     mod = fused(session, mod, tvm.target.Target.current(allow_none=True))
     mod = check_lowering(link_objects(apply_records(prefetch(mod))))
     if session.rewrites.prepack:
-        mod = prepack_weights(mod)
+        mod = link_objects(prepack_weights(mod, session.cache))
     session.end_compile()
     return mod
 

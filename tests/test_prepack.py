@@ -7,16 +7,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import tvm
+from tvm import relax
 from tvm.relax.frontend import nn
 from tvm.s_tir import meta_schedule as ms
 
 from schedhub.hooks import use
 from schedhub.hooks.identity import plain_json, workload_module
 from schedhub.hooks.pipeline import apply_database, call_counts
+from schedhub.hooks.prepack import KIND
 from schedhub.hooks.rewrites import Rewrites
 from schedhub.registry import Identity, Record
 from schedhub.tuner import kernels as tasks
@@ -72,8 +75,9 @@ def test_prepacked_network_hits_every_kernel_packs_its_weights_at_compile_time_a
         applied = apply_database(mod)
         ex = tvm.compile(mod, CPU)
     assert session.report.hits == 2 and not session.report.misses, session.report.summary()
-    called = call_counts(applied)
-    assert sorted(called) == sorted(f"{k.name}_prepacked" for k in models.kernels(mod, CPU, PREPACK)), called  # no weight rewrite left to run
+    kernels = [k.name for k in models.kernels(mod, CPU, PREPACK)]
+    left = {gv.name_hint for gv, f in applied.functions_items() if isinstance(f, tvm.tirx.PrimFunc)} | set(call_counts(applied))
+    assert not left & {*kernels, *(f"{k}_weight_prepack" for k in kernels)}, left  # split, and no weight rewrite left to run
     np.testing.assert_allclose(run(ex, x), expected, rtol=1e-4, atol=1e-4)
 
 
@@ -122,3 +126,53 @@ def test_a_kernel_timed_with_its_caches_flushed_is_flushed_before_every_run() ->
     answer = tasks.measure([default["artifact"]], identity.args_info, {"number": 3, "repeat": 2, "min_repeat_ms": 10, "flush_cache": True},
                            target_text=identity.target)  # fmt: skip
     assert answer["results"][0]["error"] is None and len(answer["results"][0]["run_secs"]) == 6, answer
+
+
+def test_a_later_prepacked_compile_links_its_kernels_and_reads_its_packed_weights_from_the_kernel_cache(packing_store: Path, tmp_path: Path) -> None:
+    """The first prepacked compile compiles each prepacked kernel's machine code and keeps its weights' rewrite; a later
+    one links the one and reads the other, and computes the same, bit for bit. What it reads is what the entry holds
+    (zeroed weights give another output); an entry cut short, or of other shapes, is rewritten again."""
+    mod, cache = conv_net(), tmp_path / "cache"
+    x = np.random.default_rng(2).standard_normal((1, 8, 10, 10)).astype("float32")
+
+    def compile_prepacked() -> tuple[np.ndarray, Any]:
+        with use(packing_store, CPU, prepack=True, trust="any", transfer=False, report_misses=False, cache=cache) as session:
+            ex = tvm.compile(mod, CPU)
+        return run(ex, x), session.report
+
+    first, report = compile_prepacked()
+    assert report.hits == 2 and report.objects_compiled == report.linked == 2, report.summary()
+    np.testing.assert_allclose(first, run(tvm.compile(mod, CPU), x), rtol=1e-4, atol=1e-4)
+    entries = sorted((cache / KIND).glob("*.npz"))
+    assert len(entries) == 2, entries
+    second, report = compile_prepacked()
+    assert report.linked == 2 and report.objects_compiled == 0, report.summary()
+    np.testing.assert_array_equal(second, first)
+    with np.load(entries[0], allow_pickle=False) as held:
+        kept = {name: held[name] for name in held.files}
+    np.savez(entries[0], **{name: np.zeros_like(a) for name, a in kept.items()})
+    assert not np.array_equal(compile_prepacked()[0], first)
+    for spoilt in (lambda: entries[0].write_bytes(entries[0].read_bytes()[:200]), lambda: np.savez(entries[0], **{n: a[:1] for n, a in kept.items()})):
+        spoilt()
+        np.testing.assert_array_equal(compile_prepacked()[0], first)
+        with np.load(entries[0], allow_pickle=False) as held:
+            assert all(np.array_equal(held[name], a) for name, a in kept.items())
+
+
+def test_weights_given_as_parameters_are_packed_where_the_model_runs(tmp_path: Path) -> None:
+    """Weights the model takes as parameters are no constants to rewrite at compile time: their rewrite stays in the
+    model, runs on what it is given, and the model computes what the plain one does."""
+    mod, params = ConvNet().export_tvm({"forward": {"x": nn.spec.Tensor((1, 8, 10, 10), "float32")}})
+    convs = [k.identity for k in models.kernels(mod, CPU, PREPACK) if "conv2d" in k.name]
+    store = store_of(tmp_path / "store", convs, packing_record)
+    rng = np.random.default_rng(3)
+    weights = [tvm.runtime.tensor(rng.standard_normal([int(d) for d in p.shape]).astype("float32")) for _, p in params]
+    x = tvm.runtime.tensor(rng.standard_normal((1, 8, 10, 10)).astype("float32"))
+    expected = relax.VirtualMachine(tvm.compile(mod, CPU), tvm.cpu())["forward"](x, *weights).numpy()
+    with use(store, CPU, prepack=True, trust="any", transfer=False, report_misses=False, cache=tmp_path / "cache") as session:
+        applied = apply_database(mod)
+        ex = tvm.compile(mod, CPU)
+    assert len(convs) == 2 and session.report.hits == 2, session.report.summary()
+    assert any(name.endswith("_weight_prepack") for name in call_counts(applied)), call_counts(applied)
+    assert not (tmp_path / "cache" / KIND).exists()
+    np.testing.assert_allclose(relax.VirtualMachine(ex, tvm.cpu())["forward"](x, *weights).numpy(), expected, rtol=1e-4, atol=1e-4)

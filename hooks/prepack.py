@@ -1,0 +1,144 @@
+"""Weights prepacked at compile time, once per machine.
+
+A kernel scheduled with ``prepack=True`` (:mod:`.rewrites`) reads its weights in the layout its schedule chose.
+After the schedules are applied, Relax's ``SplitLayoutRewritePreproc`` splits each such kernel in two: the layout
+rewrite of its weights (``<kernel>_weight_prepack``) and the kernel on rewritten weights (``<kernel>_prepacked``).
+Where the weights are constants, the rewrite is done now and its outputs become the model's constants.
+
+``FoldConstant`` would do that by building every rewrite with LLVM and calling it, 1.5 s of ResNet-18's compile, and
+the model's build would then compile every prepacked kernel again, 2.8 s more, where the same kernels unpacked link
+their machine code from the object cache (:mod:`.objects`) in 0.25 s all told. So here:
+
+- each rewrite's outputs are kept in the kernel cache (kind ``prepacked``, one ``.npz`` of arrays read without
+  pickle), named by the scheduled kernel (its object id: key, trace, bounds) and the SHA-256 of every input's dtype,
+  shape and bytes; a later compile reads them instead of building the rewrite. An entry that does not read whole, or
+  not as arrays of the call's shapes and dtypes, is computed again;
+- each prepacked kernel takes an object id of its own (its scheduled kernel's, split), so the object cache compiles
+  its machine code once and links it into later builds like any scheduled kernel's.
+
+Weights that are parameters, not constants, are rewritten where the model runs, as ``SplitLayoutRewritePreproc``
+leaves them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tvm
+from tvm import relax, tirx
+
+from .cache import KernelCache, atomic_file, mark_used
+from .objects import OBJECT_ID
+from .relax_mutation import mutate_relax_functions
+
+#: The attribute a scheduled kernel that rewrites its weights' layout carries in place of ``OBJECT_ID``: its machine
+#: code is that of the kernel split out of it, named from it (:func:`split_object_id`).
+PACKED_OBJECT_ID = "schedhub.packed_object_id"
+IS_SCHEDULED = "tirx.is_scheduled"  # what MetaScheduleApplyDatabase marks, and DLight skips
+PREPACKED, WEIGHT_PREPACK = "_prepacked", "_weight_prepack"
+KIND = "prepacked"
+_CALL_TIR = tvm.ir.Op.get("relax.call_tir")
+
+
+def split_object_id(packed_object_id: str, part: str) -> str:
+    """The object id of one part (``PREPACKED`` or ``WEIGHT_PREPACK``) split out of a scheduled kernel."""
+    return f"{packed_object_id}{part}"
+
+
+def prepack_weights(mod: tvm.IRModule, cache: KernelCache) -> tvm.IRModule:
+    """Each scheduled kernel that rewrites its weights' layout split in two, the rewrite and the kernel on rewritten
+    weights, and the rewrite of constant weights done now (read from ``cache`` where this machine did it before); the
+    prepacked kernels marked scheduled and, where their scheduled kernel had one, given an object id."""
+    packed_ids = {gv.name_hint: str(func.attrs[PACKED_OBJECT_ID]) for gv, func in mod.functions_items()
+                  if isinstance(func, tirx.PrimFunc) and func.attrs is not None and PACKED_OBJECT_ID in func.attrs}  # fmt: skip
+    split = relax.transform.SplitLayoutRewritePreproc()(mod)
+    out = split.clone()
+    for gv, func in split.functions_items():
+        if not (isinstance(func, tirx.PrimFunc) and gv.name_hint.endswith(PREPACKED)):
+            continue
+        func = func if func.attrs is not None and func.attrs.get(IS_SCHEDULED) else func.with_attr(IS_SCHEDULED, True)
+        packed_id = packed_ids.get(gv.name_hint[: -len(PREPACKED)])
+        out.update_func(gv, func if packed_id is None else func.with_attr(OBJECT_ID, split_object_id(packed_id, PREPACKED)))
+    folded = _ConstantRewrites(out, cache, packed_ids).run()
+    return tvm.transform.Sequential([relax.transform.FoldConstant(), relax.transform.DeadCodeElimination()])(folded)
+
+
+@relax.expr_functor.mutator
+class _ConstantRewrites(relax.PyExprMutator):
+    """Every call of a weights' rewrite on constants replaced by its outputs (a constant, or a tuple of them)."""
+
+    def __init__(self, mod: tvm.IRModule, cache: KernelCache, packed_ids: dict[str, str]) -> None:
+        super().__init__(mod)
+        self.mod, self.cache, self.packed_ids = mod, cache, packed_ids
+
+    def run(self) -> tvm.IRModule:
+        return mutate_relax_functions(self, self.mod)
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 (TVM's visitor name)
+        call = super().visit_call_(call)
+        if not (call.op.same_as(_CALL_TIR) and call.args[0].name_hint.endswith(WEIGHT_PREPACK)):
+            return call
+        inputs = call.args[1].fields if isinstance(call.args[1], relax.Tuple) else [call.args[1]]
+        if not all(isinstance(arg, tvm.ir.expr.Constant) for arg in inputs):
+            return call  # parameters: rewritten where the model runs
+        many = isinstance(call.ty, relax.TupleType)
+        shapes = [(tuple(int(d) for d in t.shape.values), str(t.dtype)) for t in (call.ty.fields if many else [call.ty])]
+        arrays = [arg.value.numpy() for arg in inputs]
+        owner = self.packed_ids.get(call.args[0].name_hint[: -len(WEIGHT_PREPACK)])
+        path = None if owner is None else entry_path(self.cache, split_object_id(owner, WEIGHT_PREPACK), arrays)
+        results = read_arrays(path, shapes) if path is not None else None
+        if results is None:
+            results = rewritten(self.mod[call.args[0]], arrays, shapes)
+            if path is not None:
+                write_arrays(self.cache, path, results)
+        consts = [relax.const(a, str(a.dtype)) for a in results]
+        return relax.Tuple(consts) if many else consts[0]
+
+
+def entry_path(cache: KernelCache, object_id: str, inputs: list[np.ndarray]) -> Path | None:
+    """Where the outputs of the rewrite ``object_id`` names, called on ``inputs``, are kept (None: a cache that keeps nothing)."""
+    if cache.root is None:
+        return None
+    digest = hashlib.sha256()
+    for a in inputs:
+        digest.update(f"{a.dtype.str}{a.shape}".encode())
+        digest.update(np.ascontiguousarray(a).data)
+    return cache.root / KIND / f"{KernelCache.name(KIND, object_id, digest.hexdigest())}.npz"
+
+
+def read_arrays(path: Path, shapes: list[tuple[tuple[int, ...], str]]) -> list[np.ndarray] | None:
+    """The arrays kept at ``path`` when they are exactly of ``shapes`` (shape, dtype), else None."""
+    try:
+        with np.load(path, allow_pickle=False) as held:
+            arrays = [held[f"out{i}"] for i in range(len(shapes))]
+            if len(held.files) != len(shapes):
+                return None
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        return None
+    if any(a.shape != shape or str(a.dtype) != dtype for a, (shape, dtype) in zip(arrays, shapes, strict=True)):
+        return None
+    mark_used(path)
+    return arrays
+
+
+def write_arrays(cache: KernelCache, path: Path, arrays: list[np.ndarray]) -> None:
+    """Keep ``arrays`` at ``path`` whole or not at all; a full or read-only disk only loses them."""
+    try:
+        with atomic_file(path) as tmp, open(tmp, "wb") as f:
+            np.savez(f, **{f"out{i}": a for i, a in enumerate(arrays)})
+        cache.writes += 1
+    except OSError as exc:
+        cache.unwritable.note(exc)
+
+
+def rewritten(func: tirx.PrimFunc, inputs: list[np.ndarray], shapes: list[tuple[tuple[int, ...], str]]) -> list[np.ndarray]:
+    """``func`` (a weights' rewrite: inputs, then outputs of ``shapes``) built for this CPU and called on ``inputs``."""
+    lib: Any = tvm.tirx.build(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=tvm.target.Target("llvm"))
+    dev = tvm.cpu(0)
+    outs = [tvm.runtime.empty(shape, dtype, dev) for shape, dtype in shapes]
+    lib["main"](*[tvm.runtime.tensor(a, dev) for a in inputs], *outs)
+    return [o.numpy() for o in outs]
