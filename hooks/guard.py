@@ -100,7 +100,7 @@ def check_trace_size(trace_text: str, limits: ScheduleLimits) -> None:
     if len(instructions) > limits.max_trace_instructions:
         raise ScheduleTooCostly(f"trace has {len(instructions)} instructions, over the limit of {limits.max_trace_instructions}")
     try:  # records were checked when parsed; a job's or a caller's trace text may not have been
-        check_trace_content(parsed)
+        check_trace_content(parsed, trace_text)
     except InvalidRecord as exc:
         raise ValueError(str(exc)) from None
     split_loops = sum(len(inst[3]) for inst in instructions

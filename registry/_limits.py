@@ -269,13 +269,14 @@ _ANNOTATION_PREFIXES = ("meta_schedule.", "software_pipeline_")
 _ANNOTATION_KEYS = frozenset({"pragma_auto_unroll_max_step", "pragma_unroll_explicit", "pragma_loop_partition_hint", "warp_execution"})
 
 
-def check_trace_content(trace: list[Any]) -> None:
+def check_trace_content(trace: list[Any], text: str | None = None) -> None:
     """Every check of what a parsed trace may hold, whoever reads it (a record's field, a job's or a caller's trace):
     only schedule hints annotated (:func:`check_annotations`), no instruction that changes what the kernel computes
-    (:func:`check_instruction_kinds`), no object graph TVM would load unchecked (:func:`check_object_graphs`)."""
+    (:func:`check_instruction_kinds`), no object graph TVM would load unchecked (:func:`check_object_graphs`; ``text``,
+    the JSON ``trace`` was parsed from, makes finding its strings cheap)."""
     check_annotations(trace)
     check_instruction_kinds(trace)
-    check_object_graphs(trace)
+    check_object_graphs(trace, text)
 
 
 def check_annotations(trace: list[Any]) -> None:
@@ -333,18 +334,51 @@ def _inline(kind: str, field: str, value: Any) -> bool:
     return check is not None and check(value)
 
 
-def check_object_graphs(trace: list[Any]) -> None:
+def check_object_graphs(trace: Any, text: str | None = None) -> None:
     """Refuse a trace (MetaSchedule's JSON) holding a string that is an object graph TVM would load unchecked (a
-    JSON object) unless it is a small IndexMap whose nodes name earlier nodes only (see the comment above)."""
-    pending: list[Any] = [trace]
+    JSON object) unless it is a small IndexMap whose nodes name earlier nodes only (see the comment above). Given the
+    JSON ``text`` the trace was parsed from, a trace whose text cannot hold one is not walked (:func:`may_hold_graphs`)."""
+    if text is not None and not may_hold_graphs(text):
+        return
+    for item in graph_strings(trace):
+        problem = _graph_problem_of(item)
+        if problem:
+            raise InvalidRecord(f"field 'trace' holds an object graph TVM would load unchecked: {problem}")
+
+
+def may_hold_graphs(text: str) -> bool:
+    """Whether JSON ``text`` may hold a string that is a JSON object: only where it holds a ``{``, or an escape
+    (``\\u007b`` is one). Most traces hold neither, and reading one costs no walk of its thousands of items."""
+    return "{" in text or "\\u" in text
+
+
+def graph_strings(value: Any) -> list[str]:
+    """Every string anywhere in a parsed JSON ``value`` (lists, objects' keys and values) that is a JSON object."""
+    found: list[str] = []
+    pending: list[Any] = [value]
     while pending:
         item = pending.pop()
         if isinstance(item, list):
             pending.extend(item)
+        elif isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
         elif isinstance(item, str) and item.lstrip().startswith("{"):
-            problem = _graph_problem(item)
-            if problem:
-                raise InvalidRecord(f"field 'trace' holds an object graph TVM would load unchecked: {problem}")
+            found.append(item)
+    return found
+
+
+#: Object graphs this long and shorter are checked once a process: the same layout rewrite recurs across a key's records.
+_MEMO_GRAPH_CHARS = 16 << 10
+
+
+def _graph_problem_of(text: str) -> str | None:
+    return _memo_graph_problem(text) if len(text) <= _MEMO_GRAPH_CHARS else _graph_problem(text)
+
+
+@functools.lru_cache(maxsize=1024)
+def _memo_graph_problem(text: str) -> str | None:
+    return _graph_problem(text)
 
 
 def _graph_problem(text: str) -> str | None:

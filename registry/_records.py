@@ -124,7 +124,7 @@ def trace_field(obj: dict[str, Any]) -> str:
         raise InvalidRecord("field 'trace' must be the JSON text of a MetaSchedule trace") from None
     if not isinstance(parsed, list):
         raise InvalidRecord("field 'trace' must be a JSON list (MetaSchedule Trace.as_json())")
-    check_trace_content(parsed)
+    check_trace_content(parsed, trace)
     return trace
 
 
