@@ -122,8 +122,8 @@ def fused(session: HookSession, mod: tvm.IRModule, target: tvm.target.Target | N
             kept = module_kernels(session, fuse(rewrites), target)
             keep_kernels(session.cache, parts, kept)
         kernels[rewrites] = kept
-    session.prefetch([identity for each in kernels.values() for identity, _ in each])
-    holdings = [holding(rewrites, each, session.records) for rewrites, each in kernels.items()]
+    session.prefetch([identity for each in kernels.values() for identity, _ in each], candidates=False)  # the chosen option's misses ask theirs after
+    holdings = [holding(rewrites, each, session.fetched_records) for rewrites, each in kernels.items()]
     chosen = choose(holdings)
     session.rewrites = chosen.rewrites
     session.report.rewrites = chosen.rewrites.describe() or "none"

@@ -127,6 +127,7 @@ class HookSession(TransferServing, MissReporting):
         self._served_secs: dict[str, float] = {}  # kernel key: seconds per call of the transfer it served (measured or estimated)
         self._refused_keys: set[str] = set()
         self._refused_named = 0  # records left out at a lookup that this session named and complained about
+        self._told_refused: set[RefusedRecord] = set()  # what :meth:`_left_out` was told (a key asked again answers them again)
         self._served_objects: dict[str, tuple[Record, tuple[str, ...]]] = {}  # this compile's scheduled kernels by OBJECT_ID: record, cache parts
         self.originals: dict[str, tirx.PrimFunc] = {}  # this compile's kernels the apply pass scheduled, as they were, by name
         self._targets_checked: set[str] = set()
@@ -177,15 +178,18 @@ class HookSession(TransferServing, MissReporting):
             self._identities[cache_key] = workload_identity(mod, target, op, self.cache)
         return self._identities[cache_key]
 
-    def prefetch(self, identities: list[Identity]) -> None:
-        """Fetch every key not yet cached in one batch request."""
+    def prefetch(self, identities: list[Identity], candidates: bool = True) -> None:
+        """Fetch every key not yet cached in one batch request. ``candidates=False`` (weighing rewrites the compile may
+        not take, :mod:`.choice`): exact records only, and a key without one it would serve is not cached, so that a
+        later prefetch asks for it again with the candidates to transfer where the compile takes it."""
         wanted = list({i.key: i for i in identities if i.key not in self._records}.values())
         if not wanted or self.offline:
             return
+        near_too = self.transfer and candidates
         start = time.perf_counter()
         refused: list[RefusedRecord] = []
         try:
-            if self.transfer:
+            if near_too:
                 found, near = self.registry.lookup_with_candidates(wanted, per_key=DEFAULT_CANDIDATES, refused=refused, trust=self.trust)
             else:
                 found, near = self.registry.lookup([i.key for i in wanted], refused=refused), {}
@@ -196,14 +200,18 @@ class HookSession(TransferServing, MissReporting):
             self.report.lookups += 1
             self.report.lookup_secs += time.perf_counter() - start
         for identity in wanted:
-            self._records[identity.key] = found.get(identity.key, [])
+            records = found.get(identity.key, [])
+            if self.transfer and not near_too and not any(self.trusts(r) for r in records):
+                continue  # asked again, with candidates, where the compile takes this key
+            self._records[identity.key] = records
             self._candidates[identity.key] = [c for c in near.get(identity.key, []) if c.record.identity.structure == identity.structure]
-        self._left_out(list(dict.fromkeys(refused)))
+        self._left_out([item for item in dict.fromkeys(refused) if item not in self._told_refused])
 
     def _left_out(self, refused: list[RefusedRecord]) -> None:
         """Say which records the registry answered that this version's checks refuse, and complain about them (the
         registry checks each and takes it out of service): the first :data:`MAX_REFUSED_NAMED` a session meets, so
         a registry full of them costs a compile a bounded number of requests; the rest are counted."""
+        self._told_refused.update(refused)
         for n, item in enumerate(refused):
             if self._refused_named >= MAX_REFUSED_NAMED:
                 self._say(f"{len(refused) - n} more records left out, not named; the last: {refused[-1].reason[:200]}")
@@ -229,6 +237,10 @@ class HookSession(TransferServing, MissReporting):
         """The records this session would serve for ``identity``: the registry's in its order; with this process's own
         commits of the key, all of them best first by mean time, a trace once at its best."""
         self.prefetch([identity])
+        return self.fetched_records(identity)
+
+    def fetched_records(self, identity: Identity) -> list[Record]:
+        """:meth:`records` as fetched so far: a key not prefetched has none, and no request is made."""
         served = [r for r in self._records.get(identity.key, []) if self.trusts(r)]
         own = self._committed.get(identity.key)
         return best_first([*own.values(), *served]) if own else served

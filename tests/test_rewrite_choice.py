@@ -161,3 +161,20 @@ def test_a_later_compile_weighs_the_options_from_the_kernel_cache_and_fuses_only
     for session in (first, later, spoilt):
         report = session.report  # type: ignore[attr-defined]
         assert report.rewrites == NHWC_PACKED.describe() and report.hits == len(records[NHWC_PACKED]) and not report.misses, report.summary()
+
+
+def test_auto_serves_the_chosen_options_miss_by_transfer_and_asks_no_other_options_neighbours(records: dict, tmp_path: Path) -> None:
+    """Options are weighed on exact records alone: the compile's one request asks no option's neighbours, and only the
+    chosen option's misses are asked again, with candidates to transfer (here: one convolution's record on the other's)."""
+    convs = [r for r in records[GIVEN] if "conv2d" in r.identity.op]
+    assert len(convs) == 2 and convs[0].identity.structure == convs[1].identity.structure
+    registry = store(tmp_path / "store", {GIVEN: records[GIVEN]}, {GIVEN: 1e-4}, keep=lambda r: r.key != convs[1].key)
+    with use(registry, CPU, layout="auto", prepack="auto", trust="any", cache=tmp_path / "cache") as session:
+        tvm.compile(conv_net(), CPU)
+    report = session.report
+    assert report.rewrites == "none" and report.hits == len(records[GIVEN]) - 1 and report.transfers == 1, report.summary()
+    assert report.lookups == 2, "one request weighs every option, one asks the chosen option's miss for candidates"
+    full = store(tmp_path / "full", {GIVEN: records[GIVEN]}, {GIVEN: 1e-4})
+    with use(full, CPU, layout="auto", prepack="auto", trust="any", cache=tmp_path / "cache") as session:
+        tvm.compile(conv_net(), CPU)
+    assert session.report.hits == len(records[GIVEN]) and session.report.lookups == 1, session.report.summary()
