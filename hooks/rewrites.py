@@ -6,8 +6,8 @@ Prepacking (``prepack=True``): each fused kernel is marked with which of its arg
 ``AttachAttrLayoutFreeBuffers``: constants and parameters), so that MetaSchedule's ``RewriteLayout`` postprocessor
 chooses their layout with the schedule, as Ansor does on CPUs: a convolution's weights tiled as its loops read them,
 not strided across output channels. A compile splits that rewrite out of each such kernel after its schedule is applied
-(``SplitLayoutRewritePreproc``) and folds it into the constants (``FoldConstant``): the weights are prepacked once, at
-compile time. CPU schedules only: MetaSchedule's GPU postprocessors rewrite no layouts.
+(``SplitLayoutRewritePreproc``) and folds it into the constants (:mod:`.prepack`): the weights are prepacked at compile
+time, once per machine. CPU schedules only: MetaSchedule's GPU postprocessors rewrite no layouts.
 
 A record's workload is the kernel as it was rewritten when it was tuned, so the rewrites are part of what a kernel
 *is*: a compile finds only records tuned with the same rewrites, and the tuner (``tuner.models.kernels``) extracts

@@ -272,8 +272,8 @@ _ANNOTATION_KEYS = frozenset({"pragma_auto_unroll_max_step", "pragma_unroll_expl
 def check_trace_content(trace: list[Any], text: str | None = None) -> None:
     """Every check of what a parsed trace may hold, whoever reads it (a record's field, a job's or a caller's trace):
     only schedule hints annotated (:func:`check_annotations`), no instruction that changes what the kernel computes
-    (:func:`check_instruction_kinds`), no object graph TVM would load unchecked (:func:`check_object_graphs`; ``text``,
-    the JSON ``trace`` was parsed from, makes finding its strings cheap)."""
+    (:func:`check_instruction_kinds`), no object graph TVM would load unchecked (:func:`check_object_graphs`; given the
+    JSON ``text`` the trace was parsed from, one whose text cannot hold a graph is not walked for them)."""
     check_annotations(trace)
     check_instruction_kinds(trace)
     check_object_graphs(trace, text)
