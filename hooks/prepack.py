@@ -14,7 +14,8 @@ their machine code from the object cache (:mod:`.objects`) in 0.25 s all told. S
   shape and bytes; a later compile reads them instead of building the rewrite. An entry that does not read whole, or
   not as arrays of the call's shapes and dtypes, is computed again;
 - each prepacked kernel takes an object id of its own (its scheduled kernel's, split), so the object cache compiles
-  its machine code once and links it into later builds like any scheduled kernel's.
+  its machine code once and links it into later builds like any scheduled kernel's; a kernel whose schedule laid no
+  weights out is not split, and takes its scheduled kernel's object id back.
 
 Weights that are parameters, not constants, are rewritten where the model runs, as ``SplitLayoutRewritePreproc``
 leaves them.
@@ -58,11 +59,17 @@ def prepack_weights(mod: tvm.IRModule, cache: KernelCache) -> tvm.IRModule:
     split = relax.transform.SplitLayoutRewritePreproc()(mod)
     out = split.clone()
     for gv, func in split.functions_items():
-        if not (isinstance(func, tirx.PrimFunc) and gv.name_hint.endswith(PREPACKED)):
+        if not isinstance(func, tirx.PrimFunc):
             continue
-        func = func if func.attrs is not None and func.attrs.get(IS_SCHEDULED) else func.with_attr(IS_SCHEDULED, True)
-        packed_id = packed_ids.get(gv.name_hint[: -len(PREPACKED)])
-        out.update_func(gv, func if packed_id is None else func.with_attr(OBJECT_ID, split_object_id(packed_id, PREPACKED)))
+        name, attrs = gv.name_hint, dict(func.attrs or {})  # the split copies its kernel's attributes to both parts
+        func = func.without_attr(PACKED_OBJECT_ID) if PACKED_OBJECT_ID in attrs else func
+        if name in packed_ids:  # its schedule laid no weights out: not split, linked as it is
+            func = func.with_attr(OBJECT_ID, packed_ids[name])
+        elif name.endswith(PREPACKED):
+            func = func if attrs.get(IS_SCHEDULED) else func.with_attr(IS_SCHEDULED, True)
+            if (packed_id := packed_ids.get(name[: -len(PREPACKED)])) is not None:
+                func = func.with_attr(OBJECT_ID, split_object_id(packed_id, PREPACKED))
+        out.update_func(gv, func)
     folded = _ConstantRewrites(out, cache, packed_ids).run()
     return tvm.transform.Sequential([relax.transform.FoldConstant(), relax.transform.DeadCodeElimination()])(folded)
 

@@ -176,3 +176,26 @@ def test_weights_given_as_parameters_are_packed_where_the_model_runs(tmp_path: P
     assert any(name.endswith("_weight_prepack") for name in call_counts(applied)), call_counts(applied)
     assert not (tmp_path / "cache" / KIND).exists()
     np.testing.assert_allclose(relax.VirtualMachine(ex, tvm.cpu())["forward"](x, *weights).numpy(), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_a_kernel_whose_schedule_lays_no_weights_out_is_linked_as_it_is(tmp_path: Path) -> None:
+    """A kernel marked for prepacking whose record rewrites no layout is not split: it keeps its machine code's object
+    id and is linked from the object cache like the split kernels (it was compiled with the model on every compile)."""
+    identities = [k.identity for k in models.kernels(conv_net(), CPU, PREPACK)]
+    assert "conv2d" in identities[1].op
+
+    def plain(identity: Identity) -> Record:
+        sch = tvm.s_tir.Schedule(workload_module(identity.workload))
+        sch.parallel(sch.get_loops(sch.get_sblock("conv2d_nchw"))[0])
+        return Record(identity, json.dumps(plain_json(sch.trace.as_json()), separators=(",", ":")), [1e-4], {"tuner": "tests.test_prepack"})
+
+    store = store_of(tmp_path / "store", identities, lambda i: plain(i) if i == identities[1] else packing_record(i))
+    x = np.random.default_rng(4).standard_normal((1, 8, 10, 10)).astype("float32")
+    outputs = []
+    for _ in range(2):
+        with use(store, CPU, prepack=True, trust="any", transfer=False, report_misses=False, cache=tmp_path / "cache") as session:
+            outputs.append(run(tvm.compile(conv_net(), CPU), x))
+        assert session.report.hits == 2 and session.report.linked == 2, session.report.summary()
+    assert session.report.objects_compiled == 0, session.report.summary()
+    np.testing.assert_array_equal(outputs[1], outputs[0])
+    np.testing.assert_allclose(outputs[0], run(tvm.compile(conv_net(), CPU), x), rtol=1e-4, atol=1e-4)
