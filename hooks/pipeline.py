@@ -35,7 +35,7 @@ from .defaults import dlight_schedule, is_gpu
 from .identity import compiler_fingerprint, target_text
 from .rewrites import NO_REWRITES, Rewrites
 from .objects import OBJECT_ID, links_here
-from .prepack import IS_SCHEDULED, PACKED_OBJECT_ID, prepack_weights
+from .prepack import IS_SCHEDULED, PACKED_OBJECT_ID, fold_constant_rewrites, is_weight_rewrite, split_packed_kernels
 from .session import HookSession
 
 ACTIVE: contextvars.ContextVar[HookSession | None] = contextvars.ContextVar("schedhub_session", default=None)
@@ -167,7 +167,7 @@ def apply_records(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRM
         scheduled = session.scheduled(func, target, gv.name_hint)
         if scheduled is not None:
             new, attrs = scheduled["main"], dict(func.attrs or {})
-            packs = session.rewrites.prepack and LAYOUT_FREE in attrs  # its weights' rewrite is split out after (:func:`.prepack.prepack_weights`)
+            packs = session.rewrites.prepack and LAYOUT_FREE in attrs  # its weights' rewrite is split out after (:mod:`.prepack`)
             for name in [n for n in dict(new.attrs or {}) if n not in attrs and (n != OBJECT_ID or packs)]:  # global_symbol "main" of the normalized module
                 new = new.without_attr(name)
             if packs and (object_id := (scheduled["main"].attrs or {}).get(OBJECT_ID)) is not None:  # what is split out of it is linked
@@ -214,6 +214,17 @@ def check_lowering(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IR
 LAYOUT_FREE = "layout_free_buffers"
 
 
+def start_objects(session: HookSession, mod: tvm.IRModule) -> None:
+    """Begin compiling the object of each kernel of ``mod`` to be linked but a weights' rewrite (one of constant weights
+    is done at compile time, and leaves the module)."""
+    target = tvm.target.Target.current(allow_none=True)
+    if session.objects is None or target is None or not links_here(target):
+        return
+    for gv, func in mod.functions_items():
+        if isinstance(func, tirx.PrimFunc) and not is_weight_rewrite(gv.name_hint):
+            session.objects.start(func, target)
+
+
 def apply_database(mod: tvm.IRModule) -> tvm.IRModule:
     """Fuse, then (with a database in scope) prefetch every kernel and apply the database's records:
     the session's through :func:`apply_records`, another MetaSchedule database through TVM's pass."""
@@ -225,7 +236,9 @@ def apply_database(mod: tvm.IRModule) -> tvm.IRModule:
     mod = fused(session, mod, tvm.target.Target.current(allow_none=True))
     mod = check_lowering(link_objects(apply_records(prefetch(mod))))
     if session.rewrites.prepack:
-        mod = link_objects(prepack_weights(mod, session.cache))
+        mod = split_packed_kernels(mod)
+        start_objects(session, mod)  # compiled while the weights are rewritten
+        mod = link_objects(fold_constant_rewrites(mod, session.cache))
     session.end_compile()
     return mod
 

@@ -14,8 +14,9 @@ their machine code from the object cache (:mod:`.objects`) in 0.25 s all told. S
   shape and bytes; a later compile reads them instead of building the rewrite. An entry that does not read whole, or
   not as arrays of the call's shapes and dtypes, is computed again;
 - each prepacked kernel takes an object id of its own (its scheduled kernel's, split), so the object cache compiles
-  its machine code once and links it into later builds like any scheduled kernel's; a kernel whose schedule laid no
-  weights out is not split, and takes its scheduled kernel's object id back.
+  its machine code once (starting as soon as the kernel is split, while the weights are rewritten) and links it into
+  later builds like any scheduled kernel's; so does a rewrite left in the model (weights that are parameters). A
+  kernel whose schedule laid no weights out is not split, and takes its scheduled kernel's object id back.
 
 Weights that are parameters, not constants, are rewritten where the model runs, as ``SplitLayoutRewritePreproc``
 leaves them.
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +35,7 @@ import tvm
 from tvm import relax, tirx
 
 from .cache import KernelCache, atomic_file, mark_used
-from .objects import OBJECT_ID
+from .objects import OBJECT_ID, object_id_of
 from .relax_mutation import mutate_relax_functions
 
 #: The attribute a scheduled kernel that rewrites its weights' layout carries in place of ``OBJECT_ID``: its machine
@@ -50,10 +52,10 @@ def split_object_id(packed_object_id: str, part: str) -> str:
     return f"{packed_object_id}{part}"
 
 
-def prepack_weights(mod: tvm.IRModule, cache: KernelCache) -> tvm.IRModule:
+def split_packed_kernels(mod: tvm.IRModule) -> tvm.IRModule:
     """Each scheduled kernel that rewrites its weights' layout split in two, the rewrite and the kernel on rewritten
-    weights, and the rewrite of constant weights done now (read from ``cache`` where this machine did it before); the
-    prepacked kernels marked scheduled and, where their scheduled kernel had one, given an object id."""
+    weights, each part given an object id of its own where its kernel had one (its kernel's, split: the prepacked
+    kernel marked scheduled); a kernel whose schedule laid no weights out is not split, and takes its own id back."""
     packed_ids = {gv.name_hint: str(func.attrs[PACKED_OBJECT_ID]) for gv, func in mod.functions_items()
                   if isinstance(func, tirx.PrimFunc) and func.attrs is not None and PACKED_OBJECT_ID in func.attrs}  # fmt: skip
     split = relax.transform.SplitLayoutRewritePreproc()(mod)
@@ -63,31 +65,61 @@ def prepack_weights(mod: tvm.IRModule, cache: KernelCache) -> tvm.IRModule:
             continue
         name, attrs = gv.name_hint, dict(func.attrs or {})  # the split copies its kernel's attributes to both parts
         func = func.without_attr(PACKED_OBJECT_ID) if PACKED_OBJECT_ID in attrs else func
+        part = next((p for p in (PREPACKED, WEIGHT_PREPACK) if name.endswith(p)), None)
         if name in packed_ids:  # its schedule laid no weights out: not split, linked as it is
             func = func.with_attr(OBJECT_ID, packed_ids[name])
-        elif name.endswith(PREPACKED):
-            func = func if attrs.get(IS_SCHEDULED) else func.with_attr(IS_SCHEDULED, True)
-            if (packed_id := packed_ids.get(name[: -len(PREPACKED)])) is not None:
-                func = func.with_attr(OBJECT_ID, split_object_id(packed_id, PREPACKED))
+        elif part is not None:
+            func = func if part == WEIGHT_PREPACK or attrs.get(IS_SCHEDULED) else func.with_attr(IS_SCHEDULED, True)
+            if (packed_id := packed_ids.get(name[: -len(part)])) is not None:
+                func = func.with_attr(OBJECT_ID, split_object_id(packed_id, part))
         out.update_func(gv, func)
-    folded = _ConstantRewrites(out, cache, packed_ids).run()
+    return out
+
+
+def fold_constant_rewrites(mod: tvm.IRModule, cache: KernelCache) -> tvm.IRModule:
+    """``mod`` (:func:`split_packed_kernels`) with the rewrite of its constant weights done now, read from ``cache``
+    where this machine did it before; the rewrites done are left out of the module."""
+    rewrites = _ConstantRewrites(mod, cache)
+    folded = rewrites.run()
+    if rewrites.missed:  # rewrites this machine never did: built in one module, called, kept, then folded in
+        folded = _ConstantRewrites(folded, cache, done=rewrites.do_missed()).run()
     return tvm.transform.Sequential([relax.transform.FoldConstant(), relax.transform.DeadCodeElimination()])(folded)
+
+
+def is_weight_rewrite(name: str) -> bool:
+    """Whether a PrimFunc of that name is a weights' rewrite :func:`split_packed_kernels` split out."""
+    return name.endswith(WEIGHT_PREPACK)
+
+
+Shapes = list[tuple[tuple[int, ...], str]]
+
+
+@dataclass
+class _Missed:
+    """A rewrite's call on constants that the kernel cache did not hold: its rewrite, inputs, outputs' shapes, entry."""
+
+    func: str
+    inputs: list[np.ndarray]
+    shapes: Shapes
+    path: Path | None
 
 
 @relax.expr_functor.mutator
 class _ConstantRewrites(relax.PyExprMutator):
-    """Every call of a weights' rewrite on constants replaced by its outputs (a constant, or a tuple of them)."""
+    """Every call of a weights' rewrite on constants replaced by its outputs (a constant, or a tuple of them), as the
+    kernel cache holds them or ``done`` has them (by :func:`inputs_digest`); the rest are left, and noted in ``missed``."""
 
-    def __init__(self, mod: tvm.IRModule, cache: KernelCache, packed_ids: dict[str, str]) -> None:
+    def __init__(self, mod: tvm.IRModule, cache: KernelCache, done: dict[str, list[np.ndarray]] | None = None) -> None:
         super().__init__(mod)
-        self.mod, self.cache, self.packed_ids = mod, cache, packed_ids
+        self.mod, self.cache, self.done = mod, cache, done or {}
+        self.missed: dict[str, _Missed] = {}
 
     def run(self) -> tvm.IRModule:
         return mutate_relax_functions(self, self.mod)
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 (TVM's visitor name)
         call = super().visit_call_(call)
-        if not (call.op.same_as(_CALL_TIR) and call.args[0].name_hint.endswith(WEIGHT_PREPACK)):
+        if not (call.op.same_as(_CALL_TIR) and is_weight_rewrite(call.args[0].name_hint)):
             return call
         inputs = call.args[1].fields if isinstance(call.args[1], relax.Tuple) else [call.args[1]]
         if not all(isinstance(arg, tvm.ir.expr.Constant) for arg in inputs):
@@ -95,29 +127,42 @@ class _ConstantRewrites(relax.PyExprMutator):
         many = isinstance(call.ty, relax.TupleType)
         shapes = [(tuple(int(d) for d in t.shape.values), str(t.dtype)) for t in (call.ty.fields if many else [call.ty])]
         arrays = [arg.value.numpy() for arg in inputs]
-        owner = self.packed_ids.get(call.args[0].name_hint[: -len(WEIGHT_PREPACK)])
-        path = None if owner is None else entry_path(self.cache, split_object_id(owner, WEIGHT_PREPACK), arrays)
-        results = read_arrays(path, shapes) if path is not None else None
+        name = call.args[0].name_hint
+        owner = object_id_of(self.mod[call.args[0]])  # None: no scheduled kernel names it, so no entry either
+        digest = inputs_digest(owner or name, arrays)
+        path = None if owner is None or self.cache.root is None else self.cache.root / KIND / f"{KernelCache.name(KIND, digest)}.npz"
+        results = self.done.get(digest) or (read_arrays(path, shapes) if path is not None else None)
         if results is None:
-            results = rewritten(self.mod[call.args[0]], arrays, shapes)
-            if path is not None:
-                write_arrays(self.cache, path, results)
+            self.missed[digest] = _Missed(name, arrays, shapes, path)
+            return call
         consts = [relax.const(a, str(a.dtype)) for a in results]
         return relax.Tuple(consts) if many else consts[0]
 
+    def do_missed(self) -> dict[str, list[np.ndarray]]:
+        """The outputs of every missed call (by digest), each kept where the cache keeps them: the rewrites built for this
+        CPU in one module (one LLVM run, where ``FoldConstant`` built each alone) and called on their inputs."""
+        funcs = {m.func: self.mod[m.func].with_attr("global_symbol", m.func) for m in self.missed.values()}
+        lib: Any = tvm.tirx.build(tvm.IRModule(funcs), target=tvm.target.Target("llvm"))
+        dev, done = tvm.cpu(0), {}
+        for digest, m in self.missed.items():
+            outs = [tvm.runtime.empty(shape, dtype, dev) for shape, dtype in m.shapes]
+            lib[m.func](*[tvm.runtime.tensor(a, dev) for a in m.inputs], *outs)
+            done[digest] = [o.numpy() for o in outs]
+            if m.path is not None:
+                write_arrays(self.cache, m.path, done[digest])
+        return done
 
-def entry_path(cache: KernelCache, object_id: str, inputs: list[np.ndarray]) -> Path | None:
-    """Where the outputs of the rewrite ``object_id`` names, called on ``inputs``, are kept (None: a cache that keeps nothing)."""
-    if cache.root is None:
-        return None
-    digest = hashlib.sha256()
+
+def inputs_digest(object_id: str, inputs: list[np.ndarray]) -> str:
+    """The SHA-256 naming the rewrite ``object_id`` names called on ``inputs`` (their dtypes, shapes and bytes)."""
+    digest = hashlib.sha256(object_id.encode())
     for a in inputs:
-        digest.update(f"{a.dtype.str}{a.shape}".encode())
+        digest.update(f"\0{a.dtype.str}{a.shape}".encode())
         digest.update(np.ascontiguousarray(a).data)
-    return cache.root / KIND / f"{KernelCache.name(KIND, object_id, digest.hexdigest())}.npz"
+    return digest.hexdigest()
 
 
-def read_arrays(path: Path, shapes: list[tuple[tuple[int, ...], str]]) -> list[np.ndarray] | None:
+def read_arrays(path: Path, shapes: Shapes) -> list[np.ndarray] | None:
     """The arrays kept at ``path`` when they are exactly of ``shapes`` (shape, dtype), else None."""
     try:
         with np.load(path, allow_pickle=False) as held:
@@ -140,12 +185,3 @@ def write_arrays(cache: KernelCache, path: Path, arrays: list[np.ndarray]) -> No
         cache.writes += 1
     except OSError as exc:
         cache.unwritable.note(exc)
-
-
-def rewritten(func: tirx.PrimFunc, inputs: list[np.ndarray], shapes: list[tuple[tuple[int, ...], str]]) -> list[np.ndarray]:
-    """``func`` (a weights' rewrite: inputs, then outputs of ``shapes``) built for this CPU and called on ``inputs``."""
-    lib: Any = tvm.tirx.build(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=tvm.target.Target("llvm"))
-    dev = tvm.cpu(0)
-    outs = [tvm.runtime.empty(shape, dtype, dev) for shape, dtype in shapes]
-    lib["main"](*[tvm.runtime.tensor(a, dev) for a in inputs], *outs)
-    return [o.numpy() for o in outs]

@@ -161,7 +161,8 @@ def test_a_later_prepacked_compile_links_its_kernels_and_reads_its_packed_weight
 
 def test_weights_given_as_parameters_are_packed_where_the_model_runs(tmp_path: Path) -> None:
     """Weights the model takes as parameters are no constants to rewrite at compile time: their rewrite stays in the
-    model, runs on what it is given, and the model computes what the plain one does."""
+    model (linked from the object cache like the kernels), runs on what it is given, and the model computes what the
+    plain one does."""
     mod, params = ConvNet().export_tvm({"forward": {"x": nn.spec.Tensor((1, 8, 10, 10), "float32")}})
     convs = [k.identity for k in models.kernels(mod, CPU, PREPACK) if "conv2d" in k.name]
     store = store_of(tmp_path / "store", convs, packing_record)
@@ -173,7 +174,9 @@ def test_weights_given_as_parameters_are_packed_where_the_model_runs(tmp_path: P
         applied = apply_database(mod)
         ex = tvm.compile(mod, CPU)
     assert len(convs) == 2 and session.report.hits == 2, session.report.summary()
-    assert any(name.endswith("_weight_prepack") for name in call_counts(applied)), call_counts(applied)
+    rewrites = [gv for gv, f in applied.functions_items() if gv.name_hint.endswith("_weight_prepack")]
+    assert not rewrites and session.report.linked == 4, session.report.summary()  # both kernels, both rewrites: linked objects
+    assert str(applied["forward"]).count("call_dps_packed") == 4
     assert not (tmp_path / "cache" / KIND).exists()
     np.testing.assert_allclose(relax.VirtualMachine(ex, tvm.cpu())["forward"](x, *weights).numpy(), expected, rtol=1e-4, atol=1e-4)
 
