@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .report import REPO
-from .revisions import PACKAGES, check_imports_from, child_env, revision_source
+from .revisions import PACKAGES, alternating, checked_shims, child_env
 from .stats import summary
 
 _CHILD = """
@@ -59,13 +59,8 @@ def compile_secs(shim: Path, store: Path, network: str, rewrites: dict[str, Any]
 
 def against_revision(rev: str, store: Path, network: str, rewrites: dict[str, Any], rounds: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="schedhub-compile-cost-") as scratch:
-        shims = {name: revision_source(name, Path(scratch), PACKAGES) for name in ("worktree", rev)}
-        for shim in shims.values():
-            check_imports_from(shim, PACKAGES)
-        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in shims}
-        for round_ in range(rounds):
-            for name in list(shims)[:: 1 if round_ % 2 == 0 else -1]:
-                runs[name].append(compile_secs(shims[name], store, network, rewrites))
+        shims = checked_shims(("worktree", rev), Path(scratch), PACKAGES)
+        runs = alternating(shims, rounds, lambda _, shim: compile_secs(shim, store, network, rewrites))
     this, before = runs["worktree"], runs[rev]
     return {"against": rev, "network": network, "rewrites": rewrites, "rounds": rounds,
             "summaries": {"this": this[-1]["summary"], "before": before[-1]["summary"]},

@@ -99,15 +99,12 @@ print(json.dumps(times[1:]))
 
 def against_revision(rev: str, store: Path, scratch: Path, rounds: int, reps: int) -> dict[str, Any]:
     """The all-hit compile from ``store`` at ``rev`` and in the working tree, side by side (:data:`_COMPILES`)."""
-    shims = {name: revisions.revision_source(name, scratch, revisions.PACKAGES) for name in (rev, "worktree")}
-    for shim in shims.values():
-        revisions.check_imports_from(shim, revisions.PACKAGES)
-    medians: dict[str, list[float]] = {name: [] for name in shims}
-    for i in range(rounds):
-        for name in list(shims) if i % 2 == 0 else list(shims)[::-1]:
-            out = subprocess.run([sys.executable, "-c", _COMPILES, str(store), str(scratch / name / "cache"), str(reps)], cwd=REPO,
-                                 env=revisions.child_env(shims[name]), check=True, capture_output=True, text=True).stdout  # fmt: skip
-            medians[name].append(statistics.median(json.loads(out.strip().splitlines()[-1])))
+    def median_secs(name: str, shim: Path) -> float:
+        out = subprocess.run([sys.executable, "-c", _COMPILES, str(store), str(scratch / name / "cache"), str(reps)], cwd=REPO,
+                             env=revisions.child_env(shim), check=True, capture_output=True, text=True).stdout  # fmt: skip
+        return statistics.median(json.loads(out.strip().splitlines()[-1]))
+
+    medians = revisions.alternating(revisions.checked_shims((rev, "worktree"), scratch, revisions.PACKAGES), rounds, median_secs)
     return {"against": rev, "rounds": rounds, "reps": reps, **{f"{'this' if n == 'worktree' else 'before'}_ms": summary_ms(t) for n, t in medians.items()},
             "this_vs_before": ratio(summary_ms(medians[rev]), summary_ms(medians["worktree"]), paired=True)}  # fmt: skip  (> 1: this tree compiles faster)
 

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .revisions import check_imports_from, child_env, revision_source
+from .revisions import alternating, checked_shims, child_env
 from .stats import summary
 
 _CHILD = """
@@ -43,14 +43,8 @@ def lookup_ms(shim: Path, store: Path, reps: int) -> dict[str, Any]:
 
 def against_revision(rev: str, store: Path, rounds: int, reps: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="schedhub-lookup-") as scratch:
-        shims = {name: revision_source(name, Path(scratch)) for name in ("worktree", rev)}
-        for shim in shims.values():
-            check_imports_from(shim)
-        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in shims}
-        for round_ in range(rounds):
-            for name in list(shims)[:: 1 if round_ % 2 == 0 else -1]:
-                runs[name].append(lookup_ms(shims[name], store, reps))
-    this, before = ([r["ms"] for r in runs[name]] for name in shims)
+        runs = alternating(checked_shims(("worktree", rev), Path(scratch)), rounds, lambda _, shim: lookup_ms(shim, store, reps))
+    this, before = ([r["ms"] for r in runs[name]] for name in ("worktree", rev))
     answered = {(r["keys"], r["records"]) for each in runs.values() for r in each}
     return {"against": rev, "store": str(store), "rounds": rounds, "reps": reps, "keys_records": sorted(answered),
             "this_ms": summary(this), "before_ms": summary(before), "before_over_this": summary([b / t for b, t in zip(before, this)])}  # fmt: skip

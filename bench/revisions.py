@@ -13,7 +13,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("registry", "hooks", "tuner", "cli")  # the repo folders that are schedhub's subpackages (pyproject's package-dir)
@@ -45,3 +49,21 @@ def check_imports_from(shim: Path, packages: tuple[str, ...] = ("registry",)) ->
     for package, where in zip(packages, found):
         if not Path(where).resolve().is_relative_to((shim / "schedhub" / package).resolve()):
             raise SystemExit(f"bench: the child imported {where}, not {shim / 'schedhub' / package}")
+
+
+def checked_shims(revs: Sequence[str], scratch: Path, packages: tuple[str, ...] = ("registry",)) -> dict[str, Path]:
+    """A shim of ``packages`` for each of ``revs`` (``"worktree"``: this tree's), each checked to import what it holds."""
+    shims = {rev: revision_source(rev, scratch, packages) for rev in revs}
+    for shim in shims.values():
+        check_imports_from(shim, packages)
+    return shims
+
+
+def alternating(shims: dict[str, Path], rounds: int, measure: Callable[[str, Path], T]) -> dict[str, list[T]]:
+    """``measure(rev, shim)`` for each shim, ``rounds`` times, in the shims' order and then the other way round, so that
+    neither revision always runs first on a machine that warms or cools."""
+    runs: dict[str, list[T]] = {rev: [] for rev in shims}
+    for round_ in range(rounds):
+        for rev in list(shims)[:: 1 if round_ % 2 == 0 else -1]:
+            runs[rev].append(measure(rev, shims[rev]))
+    return runs
