@@ -34,7 +34,7 @@ from .choice import Kernel, choose, holding, keep_kernels, kept_kernels
 from .defaults import dlight_schedule, is_gpu
 from .identity import compiler_fingerprint, target_text
 from .rewrites import NO_REWRITES, Rewrites
-from .objects import OBJECT_ID, links_here
+from .objects import OBJECT_ID, ObjectCache, links_here
 from .prepack import IS_SCHEDULED, PACKED_OBJECT_ID, fold_constant_rewrites, is_weight_rewrite, split_packed_kernels
 from .session import HookSession
 
@@ -151,6 +151,11 @@ def gpu_backend(target: tvm.target.Target) -> Any:
     return importlib.import_module(f"tvm.relax.backend.{name}.pipeline")
 
 
+def linkable_objects(session: HookSession, target: tvm.target.Target) -> ObjectCache | None:
+    """The session's object cache where a build for ``target`` links its kernels from it (:func:`.objects.links_here`)."""
+    return session.objects if session.objects is not None and links_here(target) else None
+
+
 @tvm.transform.module_pass(opt_level=0, name="SchedhubApplyRecords")
 def apply_records(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
     """MetaScheduleApplyDatabase for the session: the same kernels, attributes and marks, but each
@@ -158,7 +163,7 @@ def apply_records(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRM
     session, target = ACTIVE.get(), tvm.target.Target.current(allow_none=True)
     if session is None or target is None:
         return mod
-    objects = session.objects if session.objects is not None and links_here(target) else None
+    objects = linkable_objects(session, target)
     updates = {}
     kernels = [(gv, func) for gv, func in mod.functions_items() if isinstance(func, tirx.PrimFunc) and not (func.attrs is not None and func.attrs.get(IS_SCHEDULED))]
     if session.measure > 0:  # the compile's measurement budget goes first to the kernels that cost the module most
@@ -192,9 +197,9 @@ def apply_records(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRM
 def link_objects(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
     """Scheduled kernels of a build for this machine: their machine code from the session's object cache."""
     session, target = ACTIVE.get(), tvm.target.Target.current(allow_none=True)
-    if session is None or session.objects is None or target is None or not links_here(target):
+    if session is None or target is None or (objects := linkable_objects(session, target)) is None:
         return mod
-    mod, done = session.objects.link(mod, target)
+    mod, done = objects.link(mod, target)
     session.report.linked += done.linked
     session.report.objects_compiled += done.compiled
     return session.unbuildable(mod, done.unbuildable) if done.unbuildable else mod
@@ -218,11 +223,11 @@ def start_objects(session: HookSession, mod: tvm.IRModule) -> None:
     """Begin compiling the object of each kernel of ``mod`` to be linked but a weights' rewrite (one of constant weights
     is done at compile time, and leaves the module)."""
     target = tvm.target.Target.current(allow_none=True)
-    if session.objects is None or target is None or not links_here(target):
+    if target is None or (objects := linkable_objects(session, target)) is None:
         return
     for gv, func in mod.functions_items():
         if isinstance(func, tirx.PrimFunc) and not is_weight_rewrite(gv.name_hint):
-            session.objects.start(func, target)
+            objects.start(func, target)
 
 
 def apply_database(mod: tvm.IRModule) -> tvm.IRModule:
