@@ -205,12 +205,14 @@ class HookSession(TransferServing, MissReporting):
                 continue  # asked again, with candidates, where the compile takes this key
             self._records[identity.key] = records
             self._candidates[identity.key] = [c for c in near.get(identity.key, []) if c.record.identity.structure == identity.structure]
-        self._left_out([item for item in dict.fromkeys(refused) if item not in self._told_refused])
+        self._left_out(refused)
 
     def _left_out(self, refused: list[RefusedRecord]) -> None:
         """Say which records the registry answered that this version's checks refuse, and complain about them (the
         registry checks each and takes it out of service): the first :data:`MAX_REFUSED_NAMED` a session meets, so
-        a registry full of them costs a compile a bounded number of requests; the rest are counted."""
+        a registry full of them costs a compile a bounded number of requests; the rest are counted. Each is told once,
+        though a key asked again (:meth:`prefetch`'s ``candidates``) answers it again."""
+        refused = [item for item in dict.fromkeys(refused) if item not in self._told_refused]
         self._told_refused.update(refused)
         for n, item in enumerate(refused):
             if self._refused_named >= MAX_REFUSED_NAMED:
