@@ -25,12 +25,12 @@ from collections.abc import Callable
 from typing import Any
 
 import tvm
-import tvm_ffi
 from tvm import relax, tirx
 from tvm.relax import pipeline as relax_pipeline
 from tvm.s_tir import meta_schedule as ms
 
-from .choice import Kernel, choose, holding, keep_kernels, kept_kernels
+from .choice import Kernel, choose, holding, keep_kernels, kept_kernels, network_digest
+from .constants import constant_passes
 from .defaults import dlight_schedule, is_gpu
 from .identity import compiler_fingerprint, target_text
 from .rewrites import NO_REWRITES, Rewrites
@@ -48,14 +48,15 @@ def fusion_passes(rewrites: Rewrites = NO_REWRITES) -> tvm.transform.Pass:
     """The zero pipeline's passes before MetaScheduleApplyDatabase (same passes as task extraction), after BatchNorm is
     folded into the convolution before it: ``torch.export`` keeps them apart, and a model must have one set of keys
     whether a user imported it with ``from_exported_program`` or ``schedhub tune`` did (``plan.from_torch_export``);
-    and after the network is rewritten as ``rewrites`` says (:mod:`.rewrites`: convolution layout, fast math)."""
+    and after the network is rewritten as ``rewrites`` says (:mod:`.rewrites`: convolution layout, fast math) and its
+    constants' transposes and reshapes are done in numpy (:mod:`.constants`)."""
     return tvm.transform.Sequential([unpacked_fusion_passes(rewrites), *rewrites.fused_passes()])
 
 
 def unpacked_fusion_passes(rewrites: Rewrites) -> tvm.transform.Pass:
     """:func:`fusion_passes` less what ``prepack`` adds after fusion: the same for a network prepacked or not."""
     return tvm.transform.Sequential([
-        relax.transform.FoldBatchnormToConv2D(), *rewrites.passes(), relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldBatchnormToConv2D(), *rewrites.passes(), *constant_passes(), relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR(),
     ])  # fmt: skip
 
@@ -113,7 +114,7 @@ def fused(session: HookSession, mod: tvm.IRModule, target: tvm.target.Target | N
         modules[rewrites] = tvm.transform.Sequential(rewrites.fused_passes())(unpacked[base])
         return modules[rewrites]
 
-    network = (compiler_fingerprint(), target_text(target), str(tvm_ffi.structural_hash(mod)))
+    network = (compiler_fingerprint(), target_text(target), network_digest(mod))
     kernels: dict[Rewrites, list[Kernel]] = {}
     for rewrites in options:  # each option's kernels as this machine found them before, else fused now and kept
         parts = (*network, repr(rewrites))

@@ -8,13 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tvm
-import tvm_ffi
-from tvm import relax
 from tvm.relax.frontend import nn
 
 from schedhub.cli.tune_cmds import LAYOUTS as CLI_LAYOUTS
 from schedhub.hooks import use
-from schedhub.hooks.layouts import LAYOUTS, check_layout, fold_constant_transposes
+from schedhub.hooks.layouts import LAYOUTS, check_layout
 from schedhub.hooks.rewrites import Rewrites
 from schedhub.tuner import models
 
@@ -75,22 +73,3 @@ def test_unknown_layout_is_refused_by_name() -> None:
 
 def test_cli_offers_the_hooks_layouts() -> None:
     assert tuple(CLI_LAYOUTS) == LAYOUTS
-
-
-def constant_transposes(mod: tvm.IRModule) -> int:
-    """How many ``permute_dims`` calls of the module's Relax functions transpose a constant."""
-    permute, found = tvm.ir.Op.get("relax.permute_dims"), []
-    for _, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            relax.analysis.post_order_visit(func.body, lambda e: found.append(e) if isinstance(e, relax.Call) and e.op == permute and isinstance(e.args[0], tvm.ir.expr.Constant) else None)
-    return len(found)
-
-
-def test_the_weights_transposes_are_folded_in_numpy_into_the_module_foldconstant_would_give() -> None:
-    """``FoldConstant`` builds and runs a TIR kernel for each weight's transpose (1.9 s of ResNet-18@224's conversion); numpy
-    transposes them at once, and the module after the conversion's passes is the same."""
-    converted = relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]})(conv_net())
-    assert constant_transposes(converted) >= 2
-    folded = fold_constant_transposes(converted)
-    assert constant_transposes(folded) == 0
-    assert tvm_ffi.structural_equal(relax.transform.FoldConstant()(folded), relax.transform.FoldConstant()(converted))

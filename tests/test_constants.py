@@ -1,0 +1,115 @@
+"""Constants moved in numpy before legalization (hooks/constants.py): a compile's weights' transposes and reshapes are
+done at once, and the fused module has the kernels (so the keys) and computes the outputs ``FoldConstant`` gave."""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+import tvm_ffi
+from tvm import relax
+from tvm.relax.frontend import nn
+
+from schedhub.hooks.constants import fold_constant_moves
+from schedhub.hooks.pipeline import fusion_passes
+from schedhub.hooks.rewrites import Rewrites
+
+from .networks import bound, run
+
+CPU = tvm.target.Target({"kind": "llvm", "num-cores": 1})
+
+
+class ConvLinear(nn.Module):
+    """A convolution with bias (its importer reshapes the bias), then a linear layer (its weight is transposed)."""
+
+    def __init__(self) -> None:
+        self.conv = nn.Conv2D(4, 8, 3, padding=1, bias=True)
+        self.linear = nn.Linear(8 * 6 * 6, 10)
+
+    def forward(self, x: nn.Tensor) -> nn.Tensor:
+        return self.linear(nn.op.reshape(nn.op.relu(self.conv(x)), (1, 8 * 6 * 6)))
+
+
+def conv_linear() -> tvm.IRModule:
+    return bound(ConvLinear(), (1, 4, 6, 6))
+
+
+def constant_moves(mod: tvm.IRModule) -> int:
+    """How many ``permute_dims`` or ``reshape`` calls of the module's Relax functions move a constant, or a variable bound to one."""
+    moves = (tvm.ir.Op.get("relax.permute_dims"), tvm.ir.Op.get("relax.reshape"))
+    found: list[relax.Call] = []
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            constants: list[relax.Var] = []
+
+            def visit(expr: relax.Expr) -> None:
+                if isinstance(expr, relax.Call) and expr.op in moves:
+                    arg = expr.args[0]
+                    if isinstance(arg, tvm.ir.expr.Constant) or any(arg.same_as(var) for var in constants):
+                        found.append(expr)
+
+            for block in func.body.blocks:
+                for binding in block.bindings:
+                    if isinstance(binding.value, tvm.ir.expr.Constant):
+                        constants.append(binding.var)
+                    relax.analysis.post_order_visit(binding.value, visit)
+    return len(found)
+
+
+def folded_by_tvm(rewrites: Rewrites) -> tvm.transform.Pass:
+    """The fusion as it was before :mod:`schedhub.hooks.constants`: every constant's move folded by ``FoldConstant``."""
+    return tvm.transform.Sequential([
+        relax.transform.FoldBatchnormToConv2D(), *rewrites.passes(), relax.transform.FoldConstant(), relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR()])  # fmt: skip
+
+
+def test_every_transpose_and_reshape_of_a_constant_is_done_in_numpy_to_the_same_values() -> None:
+    for layout in ("given", "NHWC"):
+        moved = tvm.transform.Sequential(Rewrites(layout).passes())(conv_linear())
+        assert constant_moves(moved) >= 2, layout  # the bias's reshape and the linear weight's transpose (and NHWC's)
+        folded = fold_constant_moves(moved)
+        assert constant_moves(folded) == 0, layout
+        assert tvm_ffi.structural_equal(relax.transform.FoldConstant()(folded), relax.transform.FoldConstant()(moved)), layout
+
+
+def test_a_reshape_to_a_shape_known_only_at_run_time_is_left_to_the_build() -> None:
+    n = tvm.tirx.Var("n", "int64")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((n, 4), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            weight = bb.emit(relax.const(np.arange(8, dtype="float32")))
+            fixed = bb.emit(relax.op.reshape(weight, relax.ShapeExpr([2, 4])))
+            dynamic = bb.emit(relax.op.reshape(weight, relax.ShapeExpr([n, 4])))
+            out = bb.emit_output(relax.Tuple([fixed, dynamic]))
+        bb.emit_func_output(out)
+    assert constant_moves(bb.get()) == 2
+    assert constant_moves(fold_constant_moves(bb.get())) == 1
+
+
+@tvm.ir.instrument.pass_instrument
+class MovesBeforeLegalizing:
+    """Counts the constants' moves left in the module each time ``LegalizeOps`` is about to run."""
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    def run_before_pass(self, mod: tvm.IRModule, info: tvm.transform.PassInfo) -> None:
+        if info.name == "LegalizeOps":
+            self.seen.append(constant_moves(mod))
+
+
+def test_a_fused_network_has_the_kernels_and_computes_the_outputs_foldconstant_gave() -> None:
+    """No constant is left for ``FoldConstant`` to move after legalization; the kernels are the same workloads (so a
+    record tuned before is found), and the outputs are the same bits."""
+    x = np.random.default_rng(0).standard_normal((1, 4, 6, 6)).astype("float32")
+    for layout in ("given", "NHWC"):
+        moves = MovesBeforeLegalizing()
+        with CPU, tvm.transform.PassContext(instruments=[moves]):
+            ours = fusion_passes(Rewrites(layout))(conv_linear())
+        assert moves.seen == [0], layout
+        with CPU:
+            theirs = folded_by_tvm(Rewrites(layout))(conv_linear())
+        kernels = [sorted(tvm_ffi.structural_hash(f) for _, f in m.functions_items() if isinstance(f, tvm.tirx.PrimFunc)) for m in (ours, theirs)]
+        assert kernels[0] == kernels[1] and len(kernels[0]) >= 3, layout
+        outputs = [run(tvm.compile(m, CPU), x) for m in (ours, theirs)]
+        np.testing.assert_array_equal(outputs[0], outputs[1])
