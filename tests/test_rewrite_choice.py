@@ -14,14 +14,14 @@ import pytest
 import tvm
 
 from schedhub.hooks import use
-from schedhub.hooks.choice import Holding, RewriteOptions, choose
+from schedhub.hooks.choice import Holding, RewriteOptions, choose, network_digest
 from schedhub.hooks.identity import plain_json
 from schedhub.hooks.rewrites import Rewrites
 from schedhub.registry import Identity, LocalRegistry, Record
 from schedhub.tuner import models
 
-from .networks import run
-from .test_prepack import conv_net, packing_schedule
+from .networks import bound, run
+from .test_prepack import ConvNet, conv_net, packing_schedule
 
 CPU = tvm.target.Target({"kind": "llvm", "num-cores": 1})
 GIVEN, NHWC_PACKED = Rewrites(), Rewrites("NHWC", prepack=True)
@@ -178,3 +178,26 @@ def test_auto_serves_the_chosen_options_miss_by_transfer_and_asks_no_other_optio
     with use(full, CPU, layout="auto", prepack="auto", trust="any", cache=tmp_path / "cache") as session:
         tvm.compile(conv_net(), CPU)
     assert session.report.hits == len(records[GIVEN]) and session.report.lookups == 1, session.report.summary()
+
+
+def scaled(factor: float) -> tvm.IRModule:
+    """``x * factor + 1``: legalization writes the scalar into the kernel, the 8 ones stay an argument."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 8), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.add(relax.op.multiply(x, relax.const(factor, "float32")), relax.const(np.ones(8, "float32"))))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_an_options_kernels_are_kept_by_the_networks_structure_and_scalar_constants_not_its_weights_values() -> None:
+    """Weights retrained keep the kernels (and their cost: a structural hash of ResNet-18's weights took 24 ms a compile);
+    a scalar written into a kernel, or another shape, names other kernels."""
+    assert network_digest(conv_net()) == network_digest(bound(ConvNet(), (1, 8, 10, 10), scale=2.0))
+    assert network_digest(conv_net()) != network_digest(bound(ConvNet(), (1, 8, 12, 12)))
+    kernels = {f: sorted(str(k.identity.key) for k in models.kernels(scaled(f), CPU)) for f in (0.5, 0.7)}
+    assert kernels[0.5] != kernels[0.7]
+    assert network_digest(scaled(0.5)) != network_digest(scaled(0.7))
