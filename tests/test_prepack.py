@@ -45,10 +45,15 @@ def conv_net() -> tvm.IRModule:
     return bound(ConvNet(), (1, 8, 10, 10))
 
 
+#: The design space's draws are seeded: a layout drawn at random can be one TVM sees as a reshape, which no object cache
+#: links (``has_reshape_pattern``), and a test asserting what is linked would pass or fail by the draw.
+SEED = 1
+
+
 def packing_schedule(identity: Identity) -> tvm.s_tir.Schedule:
     """A schedule from the kernel's own CPU design space with MetaSchedule's postprocessors applied, ``RewriteLayout`` among them."""
     mod = workload_module(identity.workload)
-    context = ms.TuneContext(mod=mod, target=CPU, space_generator="post-order-apply", search_strategy="replay-trace", task_name="main")
+    context = ms.TuneContext(mod=mod, target=CPU, space_generator="post-order-apply", search_strategy="replay-trace", task_name="main", rand_state=SEED)
     sch = context.space_generator.generate_design_space(mod)[0]
     for postproc in context.space_generator.postprocs:
         assert postproc.apply(sch), postproc
