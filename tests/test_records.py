@@ -150,3 +150,23 @@ def test_a_trace_may_not_change_what_the_kernel_computes(kind: str) -> None:
     Record.from_obj(_with(trace=json.dumps([[*start, ["StorageAlign", ["b0"], [0, 0, 32, 8], []]], []])))
     with pytest.raises(InvalidRecord, match=f"holds {kind}"):
         Record.from_obj(_with(trace=json.dumps([[*start, [kind, ["b0"], [0, "float16"], []]], []])))
+
+
+def test_an_identity_read_again_is_checked_once_and_one_changed_in_any_field_is_checked_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The records of one key repeat its identity, so a process checks it once; a record differing from it in any field
+    (its workload, its args_info) is no hit on that check, and is refused as it would be alone."""
+    from schedhub.registry import _records
+
+    parsed: list[str] = []
+    real = _records.check_workload_source
+    monkeypatch.setattr(_records, "check_workload_source", lambda text: (parsed.append(text), real(text))[1])
+    monkeypatch.setattr(_records, "_CHECKED_IDENTITIES", {})
+    obj = make_record(7, 1e-3).to_dict()
+    first, again = Record.from_obj(obj), Record.from_obj(dict(obj, run_secs=[2e-3]))
+    assert again.identity == first.identity and len(parsed) == 1
+    with pytest.raises(KeyMismatch, match="does not match its content"):
+        Record.from_obj(dict(obj, workload=obj["workload"] + "\n"))
+    with pytest.raises(InvalidRecord, match="args_info"):
+        Record.from_obj(dict(obj, args_info=[["TENSOR", "float32", [1]]]))
+    with pytest.raises(InvalidRecord, match="64 lowercase hex"):
+        Record.from_obj(dict(obj, key=obj["key"].upper()))
