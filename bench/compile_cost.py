@@ -1,20 +1,25 @@
 """A network's compile through the hook side by side with another revision's: the first compile on a machine (an empty
-kernel cache) and the next one, with the rewrites named.
+kernel cache), the next one in the same process, and one in a fresh process on the kernel cache those two filled (a
+user's script run again: the case that pays each process's one-time costs with nothing to build).
 
-    python -m bench.compile_cost --store DIR --against REV [--network resnet18] [--layout NHWC] [--prepack] [--rounds 3]
+    python -m bench.compile_cost --store DIR --against REV [--network resnet18] [--frontend torch.export]
+                                 [--layout NHWC] [--prepack | --auto] [--rounds 3]
 
-``--network`` is one of the full mode's networks at batch 1 (``resnet18`` and ``mobilenetv2`` at 224 px through
-``torch.export``, ``bert_layer`` at seq 128, ``mlp``); DIR a registry holding its records under the rewrites named (a
-``bench.models --keep-store``), copied for each process and not changed. Each round starts one fresh process per
-revision, in turn (this tree's first, then REV's, then the other way round), that compiles twice into a kernel cache of
-its own. Prints each revision's medians and their ratios (``before / this``: above 1, this tree compiles faster);
-writes nothing.
+``--network`` is one of the full mode's networks at batch 1 (``resnet18`` and ``mobilenetv2`` at 224 px, ``bert_layer``
+at seq 128, ``mlp``); ``--frontend`` how ResNet-18 and MobileNet-V2 are imported from their PyTorch twins: ``torch.export``
+as ``schedhub tune`` imports them (BatchNorm folded at import), ``torch.export plain`` by ``from_exported_program``
+alone, as the README imports a model. ``--auto`` compiles with ``layout="auto", prepack="auto"``. DIR is a registry
+holding the network's records (a ``bench.models --keep-store``), copied for each revision's processes and not changed.
+The network is built once and handed to every process as TVM's JSON. Each round runs one revision, then the other
+(this tree's first, then REV's, then the other way round). Prints each revision's medians and their ratios
+(``before / this``: above 1, this tree compiles faster); writes nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -24,48 +29,73 @@ from typing import Any
 from .report import REPO
 from .revisions import PACKAGES, alternating, checked_shims, child_env
 from .stats import summary
+from .torch_export import RELAX, TORCH_EXPORT, TORCH_EXPORT_PLAIN
 
 _CHILD = """
-import json, shutil, sys, tempfile, time
+import json, sys, time
 from pathlib import Path
 import tvm
 from schedhub import hooks
 from schedhub.registry import LocalRegistry
 from schedhub.tuner import tvm_env
-from bench.models import build_network, networks_of
-store, network, rewrites = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+module, store, cache, rewrites, compiles = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4]), int(sys.argv[5])
 tvm_env.prepare()
-with tempfile.TemporaryDirectory(prefix="schedhub-compile-cost-") as tmp:
-    mod, _, _, _ = build_network(networks_of("full", [network], 1)[0], Path(tmp))
-    shutil.copytree(store, Path(tmp) / "store")
-    target = tvm.target.Target(tvm_env.host_target())
-    secs, summaries = [], []
-    with LocalRegistry(Path(tmp) / "store") as reg:
-        for _ in range(2):
-            start = time.perf_counter()
-            with hooks.use(reg, target, report_misses=False, cache=Path(tmp) / "cache", **rewrites) as session:
-                tvm.compile(mod, target)
-            secs.append(time.perf_counter() - start)
-            summaries.append(session.report.summary())
-print(json.dumps({"first": secs[0], "next": secs[1], "summary": summaries[-1]}))
+mod = tvm.ir.load_json(Path(module).read_text())
+target = tvm.target.Target(tvm_env.host_target())
+secs, summaries = [], []
+with LocalRegistry(store) as reg:
+    for _ in range(compiles):
+        start = time.perf_counter()
+        with hooks.use(reg, target, report_misses=False, cache=cache, **rewrites) as session:
+            tvm.compile(mod, target)
+        secs.append(time.perf_counter() - start)
+        summaries.append(session.report.summary())
+print(json.dumps({"secs": secs, "summary": summaries[-1]}))
 """
 
+PHASES = ("first", "next", "rerun")
 
-def compile_secs(shim: Path, store: Path, network: str, rewrites: dict[str, Any]) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, "-c", _CHILD, str(store), network, json.dumps(rewrites)], cwd=REPO, env=child_env(shim),
-                         check=True, capture_output=True, text=True).stdout  # fmt: skip
+
+def _compiles(shim: Path, module: Path, store: Path, cache: Path, rewrites: dict[str, Any], compiles: int) -> dict[str, Any]:
+    cmd = [sys.executable, "-c", _CHILD, str(module), str(store), str(cache), json.dumps(rewrites), str(compiles)]
+    out = subprocess.run(cmd, cwd=REPO, env=child_env(shim), check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
-def against_revision(rev: str, store: Path, network: str, rewrites: dict[str, Any], rounds: int) -> dict[str, Any]:
+def compile_secs(shim: Path, module: Path, store: Path, rewrites: dict[str, Any]) -> dict[str, Any]:
+    """One revision's three compiles: two in one process on an empty kernel cache, then one in a fresh process on it."""
+    with tempfile.TemporaryDirectory(prefix="schedhub-compile-cost-") as tmp:
+        shutil.copytree(store, Path(tmp) / "store")
+        cache = Path(tmp) / "cache"
+        both = _compiles(shim, module, Path(tmp) / "store", cache, rewrites, 2)
+        again = _compiles(shim, module, Path(tmp) / "store", cache, rewrites, 1)
+    return {"first": both["secs"][0], "next": both["secs"][1], "rerun": again["secs"][0], "summary": again["summary"]}
+
+
+def network_json(network: str, frontend: str, scratch: Path) -> Path:
+    """The network (full mode, batch 1) as TVM's JSON, built once for every process."""
+    import tvm
+
+    from .models import Network, build_network, networks_of
+
+    shipped = networks_of("full", [network], 1)[0]
+    frontend = frontend if shipped.frontend != RELAX else RELAX  # the BERT layer and the MLP have no PyTorch import here
+    mod = build_network(Network(shipped.name, shipped.batch, shipped.shape, frontend), scratch)[0]
+    path = scratch / "network.json"
+    path.write_text(tvm.ir.save_json(mod))
+    return path
+
+
+def against_revision(rev: str, store: Path, network: str, frontend: str, rewrites: dict[str, Any], rounds: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="schedhub-compile-cost-") as scratch:
+        module = network_json(network, frontend, Path(scratch))
         shims = checked_shims(("worktree", rev), Path(scratch), PACKAGES)
-        runs = alternating(shims, rounds, lambda _, shim: compile_secs(shim, store, network, rewrites))
+        runs = alternating(shims, rounds, lambda _, shim: compile_secs(shim, module, store, rewrites))
     this, before = runs["worktree"], runs[rev]
-    return {"against": rev, "network": network, "rewrites": rewrites, "rounds": rounds,
+    return {"against": rev, "network": network, "frontend": frontend, "rewrites": rewrites, "rounds": rounds,
             "summaries": {"this": this[-1]["summary"], "before": before[-1]["summary"]},
-            **{f"{which}_{phase}_secs": summary([r[phase] for r in each]) for which, each in (("this", this), ("before", before)) for phase in ("first", "next")},
-            **{f"{phase}_before_over_this": summary([b[phase] / t[phase] for b, t in zip(before, this)]) for phase in ("first", "next")}}  # fmt: skip
+            **{f"{which}_{phase}_secs": summary([r[phase] for r in each]) for which, each in (("this", this), ("before", before)) for phase in PHASES},
+            **{f"{phase}_before_over_this": summary([b[phase] / t[phase] for b, t in zip(before, this)]) for phase in PHASES}}  # fmt: skip
 
 
 def main() -> None:
@@ -73,12 +103,17 @@ def main() -> None:
     parser.add_argument("--store", type=Path, required=True, help="a registry holding the network's records (copied, not changed)")
     parser.add_argument("--against", metavar="REV", required=True, help="the git revision to compare with")
     parser.add_argument("--network", default="resnet18", choices=["resnet18", "mobilenetv2", "bert_layer", "mlp"])
+    parser.add_argument("--frontend", default=TORCH_EXPORT, choices=[TORCH_EXPORT, TORCH_EXPORT_PLAIN])
     parser.add_argument("--layout", default="given", choices=["given", "NHWC"])
-    parser.add_argument("--prepack", action="store_true")
+    choice = parser.add_mutually_exclusive_group()
+    choice.add_argument("--prepack", action="store_true")
+    choice.add_argument("--auto", action="store_true", help='layout="auto", prepack="auto" (not with --layout)')
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    rewrites = {"layout": args.layout, "prepack": args.prepack}
-    print(json.dumps(against_revision(args.against, args.store, args.network, rewrites, args.rounds), indent=1))
+    if args.auto and args.layout != "given":
+        parser.error("--auto chooses the layout: leave --layout out")
+    rewrites: dict[str, Any] = {"layout": "auto", "prepack": "auto"} if args.auto else {"layout": args.layout, "prepack": args.prepack}
+    print(json.dumps(against_revision(args.against, args.store, args.network, args.frontend, rewrites, args.rounds), indent=1))
 
 
 if __name__ == "__main__":

@@ -62,7 +62,7 @@ from schedhub.tuner.torch_process import TorchProcess
 
 from .report import environment
 from .stats import ratio, summary
-from .torch_export import RELAX, TORCH_EXPORT, import_twin
+from .torch_export import RELAX, TORCH_EXPORT, TORCH_EXPORT_PLAIN, import_twin
 from .tuner import flops, require_device
 
 @dataclass(frozen=True)
@@ -286,8 +286,9 @@ def check_keep_store(keep: Path | None, seed: Path | None) -> str | None:
 def build_network(network: Network, workdir: Path) -> tuple[Any, str, dict[str, np.ndarray], tuple[int, ...]]:
     """The network's module, entry function, weights and input shape."""
     mod, weights, input_shape = models.export_with_weights(network.name, batch=network.batch, **network.shape)
-    if network.frontend == TORCH_EXPORT:
-        return import_twin(network.name, weights, {"batch": network.batch, **network.shape}, workdir), "main", weights, input_shape
+    if network.frontend in (TORCH_EXPORT, TORCH_EXPORT_PLAIN):
+        twin = import_twin(network.name, weights, {"batch": network.batch, **network.shape}, workdir, plain=network.frontend == TORCH_EXPORT_PLAIN)
+        return twin, "main", weights, input_shape
     if network.frontend != RELAX:
         raise ValueError(f"unknown frontend {network.frontend!r}")
     return mod, "forward", weights, input_shape

@@ -1,12 +1,13 @@
 """A shipped network's PyTorch twin imported through ``torch.export`` and TVM's PyTorch frontend.
 
-    python -m bench.torch_export NAME WEIGHTS.npz OUT.json [key=value ...]
+    python -m bench.torch_export NAME WEIGHTS.npz OUT.json [key=value ...] [plain=1]
 
 Runs in a process of its own (the benchmark process never imports PyTorch): builds the twin from
 ``bench.torch_models`` with the given weights (by Relax parameter name), exports it with
 ``torch.export`` and converts it as ``schedhub tune`` converts a PyTorch model
 (``schedhub.tuner.plan.from_torch_export``: weights bound as constants, BatchNorm folded into the
-convolutions), as a user importing a trained model for inference would. Writes the Relax module as TVM's
+convolutions), as a user importing a trained model for inference would; ``plain=1``: by ``from_exported_program``
+alone, as the README imports a model (BatchNorm apart, biases reshaped: the hook folds them). Writes the Relax module as TVM's
 JSON (``tvm.ir.save_json``; read it back with ``tvm.ir.load_json`` under the same TVM build).
 """
 
@@ -21,17 +22,19 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 TORCH_EXPORT = "torch.export"  # the frontend name of a network imported this way
+TORCH_EXPORT_PLAIN = "torch.export plain"  # imported by ``from_exported_program`` alone, as the README's user imports a model
 RELAX = "relax"  # the frontend name of a network built with Relax's nn modules (the shipped models)
 
 
-def import_twin(name: str, weights: dict[str, np.ndarray], shape: dict[str, int], workdir: Path) -> Any:
+def import_twin(name: str, weights: dict[str, np.ndarray], shape: dict[str, int], workdir: Path, plain: bool = False) -> Any:
     """The Relax module (entry ``main``) of ``name``'s PyTorch twin with ``weights``, through ``torch.export``,
-    converted in a child process (this process never imports PyTorch)."""
+    converted in a child process (this process never imports PyTorch); ``plain``: by ``from_exported_program`` alone."""
     import tvm
 
     np.savez(workdir / "weights.npz", **weights)
     out = workdir / "exported.json"
-    cmd = [sys.executable, "-m", "bench.torch_export", name, str(workdir / "weights.npz"), str(out), *(f"{k}={v}" for k, v in shape.items())]
+    cmd = [sys.executable, "-m", "bench.torch_export", name, str(workdir / "weights.npz"), str(out), *(f"{k}={v}" for k, v in shape.items()),
+           *(["plain=1"] if plain else [])]  # fmt: skip
     subprocess.run(cmd, cwd=REPO, check=True, timeout=600)
     return tvm.ir.load_json(out.read_text())
 
@@ -45,13 +48,19 @@ def main(name: str, weights_path: str, out: str, *options: str) -> None:
     from .torch_models import build
 
     shape = {k: int(v) for k, v in (o.split("=", 1) for o in options)}
+    plain = bool(shape.pop("plain", 0))
     with np.load(weights_path, allow_pickle=False) as data:
         weights = {k: data[k] for k in data.files}
     net = build(name, weights, **shape)
     x = torch.from_numpy(np.zeros(_input_shape(name, shape), "float32"))
     with torch.no_grad():
         exported = torch.export.export(net, (x,))
-    mod = from_torch_export(exported)
+    if plain:
+        from tvm.relax.frontend.torch import from_exported_program
+
+        mod = from_exported_program(exported)
+    else:
+        mod = from_torch_export(exported)
     Path(out).write_text(tvm.ir.save_json(mod))
 
 
