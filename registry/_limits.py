@@ -231,31 +231,73 @@ def check_workload_source(text: str) -> None:
         raise InvalidRecord(f"field 'workload' is not a plain TVMScript PrimFunc: {problem}")
 
 
+def _subclasses(*bases: type) -> frozenset[type]:
+    """Every class that is one of ``bases`` or derives from one: what ``isinstance(node, bases)`` accepts of ``ast``'s nodes."""
+    found: set[type] = set()
+    pending = list(bases)
+    while pending:
+        cls = pending.pop()
+        found.add(cls)
+        pending.extend(cls.__subclasses__())
+    return frozenset(found)
+
+
+_WORKLOAD_NODE_TYPES = _subclasses(*_WORKLOAD_NODES)
+
+
+def _name_problem(node: ast.Name) -> str | None:
+    if node.id.startswith("_") or (node.id in _PARSER_GLOBALS and not isinstance(node.ctx, ast.Load)):
+        return f"name {node.id!r} is not allowed there"
+    return None
+
+
+def _attribute_problem(node: ast.Attribute) -> str | None:
+    return f"attribute {node.attr!r} is not allowed" if node.attr.startswith("_") else None
+
+
+def _definition_problem(node: ast.FunctionDef | ast.ClassDef) -> str | None:
+    if isinstance(node, ast.ClassDef) and (node.bases or node.keywords):
+        return "a class with bases"
+    for d in node.decorator_list:
+        if dotted_name(d.func if isinstance(d, ast.Call) else d) not in _DECORATORS:
+            return "a decorator other than T.prim_func / I.ir_module"
+    return None
+
+
+def _call_problem(node: ast.Call) -> str | None:
+    name = dotted_name(node.func)
+    parts = name.split(".")
+    allowed = name == "range" or (parts[0] == "T" and (len(parts) == 2 or (len(parts) == 3 and parts[1] == "axis")))
+    return None if allowed and not _CALLS_OUT.search(name.lower()) else f"a call to {name or 'an expression'} is not allowed"
+
+
+#: The nodes checked beyond their kind, by their exact type.
+_NODE_PROBLEMS: dict[type, Callable[[Any], str | None]] = {
+    ast.Name: _name_problem, ast.Attribute: _attribute_problem, ast.FunctionDef: _definition_problem, ast.ClassDef: _definition_problem,
+    ast.Call: _call_problem,
+}  # fmt: skip
+
+
 @functools.lru_cache(maxsize=4096)
 def _workload_problem(text: str) -> str | None:
     try:
         tree = ast.parse(text)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return "it does not parse as Python"
-    for node in ast.walk(tree):
-        if not isinstance(node, _WORKLOAD_NODES):
-            return f"{type(node).__name__} is not allowed"
-        if isinstance(node, ast.Name) and (node.id.startswith("_") or (node.id in _PARSER_GLOBALS and not isinstance(node.ctx, ast.Load))):
-            return f"name {node.id!r} is not allowed there"
-        if isinstance(node, ast.Attribute) and node.attr.startswith("_"):
-            return f"attribute {node.attr!r} is not allowed"
-        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-            if isinstance(node, ast.ClassDef) and (node.bases or node.keywords):
-                return "a class with bases"
-            for d in node.decorator_list:
-                if dotted_name(d.func if isinstance(d, ast.Call) else d) not in _DECORATORS:
-                    return "a decorator other than T.prim_func / I.ir_module"
-        if isinstance(node, ast.Call):
-            name = dotted_name(node.func)
-            parts = name.split(".")
-            allowed = name == "range" or (parts[0] == "T" and (len(parts) == 2 or (len(parts) == 3 and parts[1] == "axis")))
-            if not allowed or _CALLS_OUT.search(name.lower()):
-                return f"a call to {name or 'an expression'} is not allowed"
+    nodes: list[ast.AST] = [tree]
+    for node in nodes:  # breadth first, as ast.walk, by exact type (what parsing makes): 0.5 ms a 3 KB workload, against 1.4
+        kind = type(node)
+        if kind not in _WORKLOAD_NODE_TYPES:
+            return f"{kind.__name__} is not allowed"
+        check = _NODE_PROBLEMS.get(kind)
+        if check is not None and (problem := check(node)) is not None:
+            return problem
+        for field in node._fields:
+            value = getattr(node, field, None)
+            if isinstance(value, ast.AST):
+                nodes.append(value)
+            elif type(value) is list:
+                nodes.extend(item for item in value if isinstance(item, ast.AST))
     return None
 
 
