@@ -33,10 +33,11 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from schedhub.registry import Identity, Record, RegistryError
+from schedhub.registry import Identity, Record
 
 from .cache import KernelCache
 from .defaults import is_gpu
+from .identity import kept_identity
 from .layouts import LAYOUTS, Layout
 from .rewrites import Math, Rewrites
 from .winograd import Conv
@@ -151,9 +152,11 @@ def kept_kernels(cache: KernelCache, parts: tuple[str, ...]) -> list[Kernel] | N
     try:
         if entry is None:
             return None
-        kernels = [(Identity.from_obj(each["identity"]), each["calls"]) for each in entry["kernels"]]
-        return kernels if all(type(calls) is int and calls > 0 for _, calls in kernels) else None
-    except (KeyError, TypeError, ValueError, RegistryError):  # an entry of another shape, a field out of bounds: fused again
+        kernels = [(kept_identity(each["identity"]), each["calls"]) for each in entry["kernels"]]
+        if all(identity is not None and type(calls) is int and calls > 0 for identity, calls in kernels):
+            return kernels  # type: ignore[return-value]
+        return None
+    except (KeyError, TypeError):  # an entry of another shape: fused again
         return None
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import tvm
 from tvm import tirx
 
-from schedhub.registry import SCHEMA_VERSION, Identity, canonical_target, check_workload_source, record_key
+from schedhub.registry import SCHEMA_VERSION, Identity, canonical_target, check_workload_source, record_key, vouch_for
 
 from .cache import KernelCache
 
@@ -183,7 +183,23 @@ def workload_identity(func: tvm.IRModule | tirx.PrimFunc, target: tvm.target.Tar
         workload, info = rename_parameters(script), args_info(module)
         if cache is not None:
             cache.put("identity", (fingerprint, script), {"workload": workload, "args_info": info})
-    return Identity(
+    identity = Identity(
         key=record_key(fingerprint, tgt, workload), schema=SCHEMA_VERSION, fingerprint=fingerprint,
         target=tgt, workload=workload, op=op or op_name(module, script), args_info=info,
     )  # fmt: skip
+    vouch_for(identity)  # printed here: a record carrying it is read without its workload parsed again
+    return identity
+
+
+def kept_identity(obj: Any) -> Identity | None:
+    """An identity as this machine's kernel cache kept it (``Identity.to_dict()``): read as written, as the cache's
+    identity entries are (the cache is this machine's own), its key derived again from its fields, so that an entry of
+    another shape is none; None for one that is not."""
+    fields = ("key", "schema", "fingerprint", "target", "workload", "op")
+    if not isinstance(obj, dict) or not all(isinstance(obj.get(name), str) for name in fields) or not isinstance(obj.get("args_info"), list):
+        return None
+    if obj["schema"] != SCHEMA_VERSION or record_key(obj["fingerprint"], obj["target"], obj["workload"]) != obj["key"]:
+        return None
+    identity = Identity(**{name: obj[name] for name in fields}, args_info=obj["args_info"])
+    vouch_for(identity)
+    return identity

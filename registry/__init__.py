@@ -45,7 +45,7 @@ from ._neighbours import COMPILER, SHAPE, TARGET, Candidate, Probe, shape_distan
 from ._networks import MAX_KERNELS as MAX_NETWORK_KERNELS, network_id
 from ._queue import DEAD, DONE, LEASED, PENDING, REFINE, TUNE, VERIFY, VERIFY_STREAK, Lease, MissQueue, task_label, verify_job_id
 from ._usage import by_bytes_held, every_caller, size_text
-from ._records import FLUSHED_SECS, Identity, Record, RefusedRecord, Served, keeps_default_schedule, packb, trace_id, trace_instructions, unpackb
+from ._records import FLUSHED_SECS, Identity, Record, RefusedRecord, Served, keeps_default_schedule, packb, trace_id, trace_instructions, unpackb, vouch_for
 from ._serve import InsecureServerError, ServerThread, serve
 from ._server import CallerBounds, create_app
 from ._service import LocalRegistry
@@ -75,7 +75,7 @@ def connect(spec: Registry | str | os.PathLike[str], **options: object) -> Regis
 __all__ = [
     "SCHEMA_VERSION", "record_key", "canonical_target", "is_key", "target_kind", "target_device",
     "skeleton", "structure_key", "workload_key", "Probe", "Candidate", "shape_distance", "COMPILER", "SHAPE", "TARGET",
-    "Record", "FLUSHED_SECS", "RefusedRecord", "Identity", "Served", "Trust", "trusted", "trust_filter", "parse_trust", "Trial", "TrialLog", "MAX_TRIALS_PER_ENTRY", "CostModelEntry", "Tree", "Trees", "MAX_TREE_DEPTH", "keeps_default_schedule", "trace_id", "trace_instructions", "packb", "unpackb", "signature_args_info", "check_workload_source", "check_annotations", "check_instruction_kinds", "check_object_graphs", "check_trace_content", "check_kind", "dotted_name",
+    "Record", "FLUSHED_SECS", "RefusedRecord", "Identity", "Served", "Trust", "trusted", "trust_filter", "parse_trust", "Trial", "TrialLog", "MAX_TRIALS_PER_ENTRY", "CostModelEntry", "Tree", "Trees", "MAX_TREE_DEPTH", "keeps_default_schedule", "vouch_for", "trace_id", "trace_instructions", "packb", "unpackb", "signature_args_info", "check_workload_source", "check_annotations", "check_instruction_kinds", "check_object_graphs", "check_trace_content", "check_kind", "dotted_name",
     "MAX_NETWORK_KERNELS", "network_id",
     "Principal", "TokenFile", "ROLES", "TUNE", "VERIFY", "VERIFY_STREAK", "REFINE", "task_label", "verify_job_id", "by_bytes_held", "every_caller", "size_text",
     "Store", "StoreFormatError", "MissQueue", "Lease", "KeyPage", "KeySummary", "PutResult",

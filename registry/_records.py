@@ -150,13 +150,33 @@ def trace_id(trace: str) -> str:
     return hashlib.sha256(trace.encode()).hexdigest()[:16]
 
 
-#: An identity's fields as text, in the order :data:`_CHECKED_IDENTITIES` keys them (its ``args_info`` follows, as repr).
-_IDENTITY_TEXTS = ("key", "schema", "fingerprint", "target", "workload", "op")
-#: Identities this process has checked, by their fields: the records of one key repeat its identity (a lookup of
-#: ResNet-18's kernels reads about 6 records a key), and checking one (its key derived, its workload parsed) cost 52 µs.
-#: Only an identity that passed every check is kept; the table is emptied whole when full.
+#: An identity's fields as text that name it, in the order :data:`_CHECKED_IDENTITIES` keys them (its ``args_info``
+#: follows, as repr; its ``op``, a label, is checked on each read).
+_IDENTITY_TEXTS = ("key", "schema", "fingerprint", "target", "workload")
+#: Identities this process has checked or vouches for (:func:`vouch_for`), by their fields: the records of one key repeat
+#: its identity (a lookup of ResNet-18's kernels reads about 6 records a key), and checking one (its key derived, its
+#: workload parsed as Python) cost 2.5 ms the first time a process met it. Only an identity that passed every check, or
+#: that this process derived itself, is kept; the table is emptied whole when full.
 _CHECKED_IDENTITIES: dict[tuple[str, ...], Identity] = {}
-_MAX_CHECKED_IDENTITIES = 1024
+_MAX_CHECKED_IDENTITIES = 4096
+
+
+def _memo_key(texts: tuple[Any, ...], args_info: Any) -> tuple[str, ...] | None:
+    return (*texts, repr(args_info)) if all(type(text) is str for text in texts) else None
+
+
+def _remember(identity: Identity, memo: tuple[str, ...] | None) -> None:
+    if memo is not None:
+        if len(_CHECKED_IDENTITIES) >= _MAX_CHECKED_IDENTITIES:
+            _CHECKED_IDENTITIES.clear()
+        _CHECKED_IDENTITIES[memo] = identity
+
+
+def vouch_for(identity: Identity) -> None:
+    """Take ``identity`` as checked: one this process derived from a kernel it printed itself (the compile hook's, or
+    its kernel cache's), so that a record carrying exactly its fields is read without its workload parsed again. Never
+    for an identity read from a registry, a file another machine wrote, or a caller."""
+    _remember(identity, _memo_key(tuple(getattr(identity, name) for name in _IDENTITY_TEXTS), identity.args_info))
 
 
 @dataclass(frozen=True)
@@ -179,16 +199,13 @@ class Identity:
             raise InvalidRecord("field 'key' must be 64 lowercase hex characters (sha256)")
         if expected_key is not None and key != expected_key:
             raise KeyMismatch(f"the URL names key {expected_key} but the body carries key {key}")
-        texts = tuple(obj.get(name) for name in _IDENTITY_TEXTS)
-        memo = (*texts, repr(obj.get("args_info"))) if all(type(text) is str for text in texts) else None
+        memo = _memo_key(tuple(obj.get(name) for name in _IDENTITY_TEXTS), obj.get("args_info"))
         known = _CHECKED_IDENTITIES.get(memo) if memo is not None else None
         if known is not None:
-            return known
+            op = check_op(_text(obj, "op", 256))
+            return known if op == known.op else dataclasses.replace(known, op=op)
         ident = cls._checked(obj, key)
-        if memo is not None:
-            if len(_CHECKED_IDENTITIES) >= _MAX_CHECKED_IDENTITIES:
-                _CHECKED_IDENTITIES.clear()
-            _CHECKED_IDENTITIES[memo] = ident
+        _remember(ident, memo)
         return ident
 
     @classmethod

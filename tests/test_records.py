@@ -9,7 +9,7 @@ import re
 import pytest
 
 from schedhub.registry import (
-    InvalidRecord, KeyMismatch, PayloadTooLarge, Record, canonical_target, keeps_default_schedule, packb, record_key, target_kind,
+    Identity, InvalidRecord, KeyMismatch, PayloadTooLarge, Record, canonical_target, keeps_default_schedule, packb, record_key, target_kind,
     trace_instructions, unpackb,
 )  # fmt: skip
 from schedhub.registry._records import MAX_TEXT_CHARS
@@ -123,6 +123,9 @@ PLAIN_MAIN = "@T.prim_func\ndef main(arg0: T.Buffer((1, 64), 'float32')):\n    {
         ('import os', "Import is not allowed"),
         ('T.evaluate([f() for f in ()])', "ListComp is not allowed"),
         ('T.evaluate(T.utils.deferred(0))', "call to T.utils.deferred"),
+        ('x = lambda: 0', "Lambda is not allowed"),
+        ('x = f"{T}"', "JoinedStr is not allowed"),
+        ('(x := 0)', "NamedExpr is not allowed"),
     ],
 )
 def test_a_workload_that_is_code_rather_than_tvmscript_data_is_refused(body: str, reason: str) -> None:
@@ -170,3 +173,26 @@ def test_an_identity_read_again_is_checked_once_and_one_changed_in_any_field_is_
         Record.from_obj(dict(obj, args_info=[["TENSOR", "float32", [1]]]))
     with pytest.raises(InvalidRecord, match="64 lowercase hex"):
         Record.from_obj(dict(obj, key=obj["key"].upper()))
+
+
+def test_a_record_carrying_an_identity_this_process_vouches_for_is_read_without_its_workload_parsed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compile hook vouches for the identities it derives from its own kernels: a registry's record of exactly one
+    (its op a label, checked and kept) is read without parsing the workload again; one differing in its workload is not."""
+    from schedhub.registry import _records, vouch_for
+
+    parsed: list[str] = []
+    real = _records.check_workload_source
+    monkeypatch.setattr(_records, "check_workload_source", lambda text: (parsed.append(text), real(text))[1])
+    obj = make_record(8, 1e-3).to_dict()
+    derived = Identity(**{name: obj[name] for name in ("key", "schema", "fingerprint", "target", "workload", "op", "args_info")})
+    monkeypatch.setattr(_records, "_CHECKED_IDENTITIES", {})
+    vouch_for(derived)  # as the hook does with the identities it derives
+    parsed.clear()
+    relabelled = Record.from_obj(dict(obj, op="fused_other"))
+    assert not parsed and relabelled.identity.op == "fused_other" and relabelled.key == obj["key"]
+    with pytest.raises(PayloadTooLarge, match="'op'"):
+        Record.from_obj(dict(obj, op="x" * 300))
+    hostile = PLAIN_MAIN.format('T.evaluate(__import__("os").system("id"))')
+    with pytest.raises(InvalidRecord, match="call to an expression"):
+        Record.from_obj(dict(obj, workload=hostile, key=record_key(obj["fingerprint"], obj["target"], hostile)))
+    assert parsed == [hostile]

@@ -201,3 +201,15 @@ def test_an_options_kernels_are_kept_by_the_networks_structure_and_scalar_consta
     kernels = {f: sorted(str(k.identity.key) for k in models.kernels(scaled(f), CPU)) for f in (0.5, 0.7)}
     assert kernels[0.5] != kernels[0.7]
     assert network_digest(scaled(0.5)) != network_digest(scaled(0.7))
+
+
+def test_a_kept_identity_is_taken_only_where_its_key_derives_from_its_fields() -> None:
+    """The kernel cache is this machine's own, read as written (as its identity entries are), but an entry that does not
+    name its kernel by its fields (another shape, a field changed) is no identity, and the option is fused again."""
+    from schedhub.hooks.identity import kept_identity
+
+    identity = kernel_identities(GIVEN)[0]
+    assert kept_identity(identity.to_dict()) == identity
+    for changed in ({"workload": identity.workload + " "}, {"schema": "other/9"}, {"args_info": "[]"}, {"op": None}):
+        assert kept_identity({**identity.to_dict(), **changed}) is None, changed
+    assert kept_identity("not an identity") is None
