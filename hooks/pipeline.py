@@ -123,7 +123,8 @@ def fused(session: HookSession, mod: tvm.IRModule, target: tvm.target.Target | N
             kept = module_kernels(session, fuse(rewrites), target)
             keep_kernels(session.cache, parts, kept)
         kernels[rewrites] = kept
-    session.prefetch([identity for each in kernels.values() for identity, _ in each], candidates=False)  # the chosen option's misses ask theirs after
+    first, *others = kernels.values()  # the first: what a compile takes where no option holds more, so its misses ask neighbours now
+    session.prefetch([i for i, _ in first], exact_only=[i for each in others for i, _ in each])  # another option chosen: its misses ask after
     holdings = [holding(rewrites, each, session.fetched_records) for rewrites, each in kernels.items()]
     chosen = choose(holdings)
     session.rewrites = chosen.rewrites

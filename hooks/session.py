@@ -25,7 +25,7 @@ import json
 import logging
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import tvm
@@ -178,30 +178,34 @@ class HookSession(TransferServing, MissReporting):
             self._identities[cache_key] = workload_identity(mod, target, op, self.cache)
         return self._identities[cache_key]
 
-    def prefetch(self, identities: list[Identity], candidates: bool = True) -> None:
+    def prefetch(self, identities: list[Identity], candidates: bool = True, exact_only: Sequence[Identity] = ()) -> None:
         """Fetch every key not yet cached in one batch request. ``candidates=False`` (weighing rewrites the compile may
         not take, :mod:`.choice`): exact records only, and a key without one it would serve is not cached, so that a
-        later prefetch asks for it again with the candidates to transfer where the compile takes it."""
+        later prefetch asks for it again with the candidates to transfer where the compile takes it. ``exact_only``:
+        more keys asked so in the same request (the options a compile weighs beside the one it most likely takes)."""
         wanted = list({i.key: i for i in identities if i.key not in self._records}.values())
-        if not wanted or self.offline:
+        asked = {i.key for i in wanted}
+        exact = list({i.key: i for i in exact_only if i.key not in self._records and i.key not in asked}.values())
+        if not (wanted or exact) or self.offline:
             return
         near_too = self.transfer and candidates
         start = time.perf_counter()
         refused: list[RefusedRecord] = []
         try:
             if near_too:
-                found, near = self.registry.lookup_with_candidates(wanted, per_key=DEFAULT_CANDIDATES, refused=refused, trust=self.trust)
+                also: dict[str, Any] = {"exact_only": exact} if exact else {}
+                found, near = self.registry.lookup_with_candidates(wanted, per_key=DEFAULT_CANDIDATES, refused=refused, trust=self.trust, **also)
             else:
-                found, near = self.registry.lookup([i.key for i in wanted], refused=refused), {}
+                found, near = self.registry.lookup([i.key for i in [*wanted, *exact]], refused=refused), {}
         except RegistryError as exc:
             self._go_offline(exc)
             return
         finally:
             self.report.lookups += 1
             self.report.lookup_secs += time.perf_counter() - start
-        for identity in wanted:
+        for identity in [*wanted, *exact]:
             records = found.get(identity.key, [])
-            if self.transfer and not near_too and not any(self.trusts(r) for r in records):
+            if self.transfer and not (near_too and identity.key in asked) and not any(self.trusts(r) for r in records):
                 continue  # asked again, with candidates, where the compile takes this key
             self._records[identity.key] = records
             self._candidates[identity.key] = [c for c in near.get(identity.key, []) if c.record.identity.structure == identity.structure]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -153,12 +153,14 @@ class RegistryClient:
         return self._lookup(list(dict.fromkeys(keys)), top, {}, 0)[0]
 
     def lookup_with_candidates(self, identities: list[Identity], top: int | None = None, per_key: int = 4,
-                               refused: list[RefusedRecord] | None = None, trust: Trust = "any") -> tuple[dict[str, list[Record]], dict[str, list[Candidate]]]:  # fmt: skip
+                               refused: list[RefusedRecord] | None = None, trust: Trust = "any",
+                               exact_only: Sequence[Identity] = ()) -> tuple[dict[str, list[Record]], dict[str, list[Candidate]]]:  # fmt: skip
         """Records of every key that has some and, for each key that has none ``trust`` accepts, candidates to
         transfer that it accepts, chosen by the server (a record this version refuses is left out and appended to
-        ``refused``)."""
+        ``refused``); ``exact_only``: keys whose records are asked in the same request, without candidates (the
+        server names neighbours only for the keys it is sent probes of)."""
         probes = {i.key: Probe.of(i) for i in identities}
-        found, near = self._lookup(list(probes), top, probes, per_key, trust)
+        found, near = self._lookup(list(dict.fromkeys([*probes, *(i.key for i in exact_only)])), top, probes, per_key, trust)
         with reading("POST /v1/lookup"):
             return _records_by_key(found, refused), served_candidates(near, refused)
 
@@ -170,8 +172,9 @@ class RegistryClient:
         while pending:
             chunk, pending = pending[:LOOKUP_CHUNK], pending[LOOKUP_CHUNK:]
             body: dict[str, Any] = {"keys": chunk, "top": top or 8}
-            if probes and per_key > 0:
-                body.update(probes=[probes[k].to_dict() for k in chunk], candidates=per_key, trust=trust_wire(trust))
+            probed = [probes[k].to_dict() for k in chunk if k in probes] if per_key > 0 else []
+            if probed:
+                body.update(probes=probed, candidates=per_key, trust=trust_wire(trust))
             answer = self._call("POST", "/v1/lookup", body)
             asked = set(chunk)
             with reading("POST /v1/lookup"):

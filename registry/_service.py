@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import lmdb
@@ -90,10 +90,12 @@ class LocalRegistry:
         return self.store.neighbours(probes, per_key, accepts)
 
     def lookup_with_candidates(self, identities: list[Identity], top: int | None = None, per_key: int = 4,
-                               refused: list[RefusedRecord] | None = None, trust: Trust = "any") -> tuple[dict[str, list[Record]], dict[str, list[Candidate]]]:  # fmt: skip
+                               refused: list[RefusedRecord] | None = None, trust: Trust = "any",
+                               exact_only: Sequence[Identity] = ()) -> tuple[dict[str, list[Record]], dict[str, list[Candidate]]]:  # fmt: skip
         """Records of every key that has some and, for each key that has none ``trust`` accepts, candidates to
-        transfer that it accepts (a stored record this version refuses is left out and appended to ``refused``)."""
-        found = self.lookup([i.key for i in identities], top, refused)
+        transfer that it accepts (a stored record this version refuses is left out and appended to ``refused``);
+        ``exact_only``: keys whose records are asked in the same request, without candidates."""
+        found = self.lookup(list(dict.fromkeys([i.key for i in identities] + [i.key for i in exact_only])), top, refused)
         accepts = trusted(trust)
         served = trust_filter(trust)
         probes = [Probe.of(i) for i in identities if not any(served(r) for r in found.get(i.key, []))]

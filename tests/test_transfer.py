@@ -76,6 +76,18 @@ def test_neighbours_come_nearest_first_and_never_of_another_structure(local: Loc
     assert structure_key(TARGET, stored[-1].identity.workload) != wanted.identity.structure
 
 
+def test_keys_asked_exactly_beside_others_get_their_records_and_no_candidates(local: LocalRegistry, client: RegistryClient) -> None:
+    """One request asks one set of keys with candidates and another for their records alone (an auto compile's options)."""
+    probed, exact, held = record(32), record(16), record(64, args=2)
+    stored = [record(30), record(256), held]
+    local.put_many(stored)
+    client.put_many(stored)
+    for registry in (local, client):
+        found, near = registry.lookup_with_candidates([probed.identity], per_key=8, exact_only=[exact.identity, held.identity])
+        assert list(found) == [held.key] and list(near) == [probed.key], registry
+        assert relations(near, probed.key) == [("shape", 30), ("shape", 256)]
+
+
 def test_keys_that_keep_the_default_schedule_are_not_offered(local: LocalRegistry, client: RegistryClient) -> None:
     """Their records are served on their own keys, but as candidates they would take a slot and transfer nothing."""
     wanted, default, tuned, far = record(32), record(30), record(256), record(512)
