@@ -193,8 +193,7 @@ class HookSession(TransferServing, MissReporting):
         refused: list[RefusedRecord] = []
         try:
             if near_too:
-                also: dict[str, Any] = {"exact_only": exact} if exact else {}
-                found, near = self.registry.lookup_with_candidates(wanted, per_key=DEFAULT_CANDIDATES, refused=refused, trust=self.trust, **also)
+                found, near = self.registry.lookup_with_candidates(wanted, per_key=DEFAULT_CANDIDATES, refused=refused, trust=self.trust, exact_only=exact)
             else:
                 found, near = self.registry.lookup([i.key for i in [*wanted, *exact]], refused=refused), {}
         except RegistryError as exc:

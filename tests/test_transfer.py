@@ -469,8 +469,8 @@ class ForeignCandidates(LocalRegistry):
         super().__init__(root, sync=False)
         self.foreign = foreign
 
-    def lookup_with_candidates(self, identities: list[Identity], top: int | None = None, per_key: int = 4, refused=None, trust="any"):  # type: ignore[no-untyped-def]
-        found = self.lookup([i.key for i in identities], top, refused)
+    def lookup_with_candidates(self, identities: list[Identity], top: int | None = None, per_key: int = 4, refused=None, trust="any", exact_only=()):  # type: ignore[no-untyped-def]
+        found = self.lookup([i.key for i in [*identities, *exact_only]], top, refused)
         near = {i.key: [Candidate(self.foreign, "shape", 0.0)] for i in identities if i.key not in found}
         return found, near
 
