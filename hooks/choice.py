@@ -36,6 +36,7 @@ from tvm import relax
 from schedhub.registry import Identity, Record
 
 from .cache import KernelCache
+from .constants import constant_tensor
 from .defaults import is_gpu
 from .identity import kept_identity
 from .layouts import LAYOUTS, Layout
@@ -135,8 +136,8 @@ def network_digest(mod: tvm.IRModule) -> str:
     digest = hashlib.sha256(str(tvm_ffi.structural_hash(mod, skip_tensor_content=True)).encode())
 
     def visit(expr: relax.Expr) -> None:
-        value = getattr(expr, "value", None) if isinstance(expr, tvm.ir.expr.Constant) else None
-        if isinstance(value, tvm.runtime.Tensor) and math.prod(int(d) for d in value.shape) <= _SMALL_CONSTANT:
+        value = constant_tensor(expr)
+        if value is not None and math.prod(int(d) for d in value.shape) <= _SMALL_CONSTANT:
             digest.update(f"{value.dtype}{tuple(value.shape)}".encode() + value.numpy().tobytes())
 
     for _, func in mod.functions_items():

@@ -54,8 +54,14 @@ class _ConstantMoves(PyExprMutator):  # type: ignore[misc]
         if isinstance(expr, relax.Var):
             bound = self.lookup_binding(expr)
             expr = bound if bound is not None else expr
-        value = getattr(expr, "value", None) if isinstance(expr, tvm.ir.expr.Constant) else None
-        return value.numpy() if isinstance(value, tvm.runtime.Tensor) else None
+        value = constant_tensor(expr)
+        return value.numpy() if value is not None else None
+
+
+def constant_tensor(expr: Any) -> tvm.runtime.Tensor | None:
+    """The tensor a Relax constant holds; None for any other expression (a ``PrimValue``'s literal among them)."""
+    value = getattr(expr, "value", None) if isinstance(expr, tvm.ir.expr.Constant) else None
+    return value if isinstance(value, tvm.runtime.Tensor) else None
 
 
 @tvm.transform.module_pass(opt_level=0, name="SchedhubFoldConstantMoves")
