@@ -1,4 +1,5 @@
-"""Constants moved before legalization: every ``permute_dims`` or ``reshape`` of a constant done in numpy.
+"""Constants computed before legalization: every ``permute_dims`` or ``reshape`` of a constant, and the elementwise
+arithmetic of constants that folding BatchNorm into a convolution leaves, done in numpy.
 
 A network imported for inference holds its weights as constants, and its frontend and the hook's rewrites move some of
 them: ``torch.export``'s importer reshapes each convolution's bias to ``(1, C, 1, 1)``, a linear layer's weight is
@@ -11,10 +12,18 @@ and 1.22 s of MobileNet-V2@224's (imported as the README imports them), 83 ms of
 gives (the same kernels, so the same keys; a kernel's name can differ in its number, e.g. ``fused_squeeze_transpose``
 for ``…transpose1`` where an earlier transpose no longer exists). What these two leave is folded after legalization,
 as before.
+
+``FoldBatchnormToConv2D`` leaves each folded convolution's weights and bias as arithmetic on constants (``add`` of the
+variance and ``epsilon``, ``sqrt``, ``divide``, ``multiply``, ``subtract``). Those are computed here too, in the
+constants' dtype, each operation IEEE-rounded as LLVM rounds it (no operation is fused with another, as no folded
+kernel fuses them): the same bytes. Done before the layout is converted, this also keeps ``ConvertLayout`` away from
+an ``add`` of a tensor and a scalar literal (the ``epsilon``), on which TVM 0.27's layout inference reads a null
+pointer and kills the process.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -26,14 +35,23 @@ from .relax_mutation import mutate_relax_functions
 
 _PERMUTE_DIMS = tvm.ir.Op.get("relax.permute_dims")
 _RESHAPE = tvm.ir.Op.get("relax.reshape")
+#: Elementwise operations computed in numpy where every operand is a constant: each one IEEE-rounded in numpy as in LLVM.
+_ARITHMETIC: dict[tvm.ir.Op, Callable[..., np.ndarray]] = {
+    tvm.ir.Op.get("relax.add"): np.add, tvm.ir.Op.get("relax.subtract"): np.subtract, tvm.ir.Op.get("relax.multiply"): np.multiply,
+    tvm.ir.Op.get("relax.divide"): np.divide, tvm.ir.Op.get("relax.sqrt"): np.sqrt,
+}  # fmt: skip
+_FLOATS = ("float16", "float32", "float64")
 
 
 @mutator
 class _ConstantMoves(PyExprMutator):  # type: ignore[misc]
-    """Each ``permute_dims`` or ``reshape`` of a constant (or of a variable bound to one) replaced by its result."""
+    """Each ``permute_dims`` or ``reshape`` of a constant (or of a variable bound to one), and each elementwise operation
+    of :data:`_ARITHMETIC` on constants (a float tensor's, or a scalar literal of its dtype), replaced by its result."""
 
     def visit_call_(self, call: relax.Call) -> Any:
         call = super().visit_call_(call)
+        if isinstance(call, relax.Call) and call.op in _ARITHMETIC:
+            return self._computed(call)
         if not (isinstance(call, relax.Call) and call.op in (_PERMUTE_DIMS, _RESHAPE)):
             return call
         data = self._constant(call.args[0])
@@ -49,6 +67,20 @@ class _ConstantMoves(PyExprMutator):  # type: ignore[misc]
             moved = np.reshape(data, [int(d) for d in shape.values])
         return relax.const(np.ascontiguousarray(moved), str(data.dtype))
 
+    def _computed(self, call: relax.Call) -> relax.Expr:
+        """``call``'s result where its operands are constant float tensors of one dtype (a scalar literal taken in that
+        dtype); else ``call`` as it is. Relax broadcasts as numpy does, and a float operation keeps its dtype."""
+        tensors = [self._constant(arg) for arg in call.args]
+        dtypes = {str(t.dtype) for t in tensors if t is not None}
+        if len(dtypes) != 1 or next(iter(dtypes)) not in _FLOATS:
+            return call
+        dtype = np.dtype(next(iter(dtypes)))
+        operands = [t if t is not None else _scalar(arg, dtype) for t, arg in zip(tensors, call.args, strict=True)]
+        if any(o is None for o in operands):
+            return call
+        result = np.asarray(_ARITHMETIC[call.op](*operands))
+        return relax.const(np.ascontiguousarray(result), str(dtype)) if result.dtype == dtype else call
+
     def _constant(self, expr: relax.Expr) -> np.ndarray | None:
         """The value of ``expr`` where it is a constant or a variable bound to one in this function, else None."""
         if isinstance(expr, relax.Var):
@@ -58,8 +90,16 @@ class _ConstantMoves(PyExprMutator):  # type: ignore[misc]
         return value.numpy() if value is not None else None
 
 
+def _scalar(expr: relax.Expr, dtype: np.dtype) -> np.ndarray | None:
+    """A float literal of ``dtype`` (a scalar operand, e.g. BatchNorm's ``epsilon``) as a numpy scalar of it; None for
+    anything else."""
+    if isinstance(expr, tvm.tirx.FloatImm) and str(getattr(expr.ty, "dtype", "")) == str(dtype):
+        return np.asarray(expr.value, dtype=dtype)
+    return None
+
+
 def constant_tensor(expr: Any) -> tvm.runtime.Tensor | None:
-    """The tensor a Relax constant holds; None for any other expression (a ``PrimValue``'s literal among them)."""
+    """The tensor a Relax constant holds; None for any other expression (a scalar literal among them)."""
     value = getattr(expr, "value", None) if isinstance(expr, tvm.ir.expr.Constant) else None
     return value if isinstance(value, tvm.runtime.Tensor) else None
 

@@ -49,14 +49,16 @@ def fusion_passes(rewrites: Rewrites = NO_REWRITES) -> tvm.transform.Pass:
     folded into the convolution before it: ``torch.export`` keeps them apart, and a model must have one set of keys
     whether a user imported it with ``from_exported_program`` or ``schedhub tune`` did (``plan.from_torch_export``);
     and after the network is rewritten as ``rewrites`` says (:mod:`.rewrites`: convolution layout, fast math) and its
-    constants' transposes and reshapes are done in numpy (:mod:`.constants`)."""
+    constants' transposes and reshapes are done in numpy (:mod:`.constants`). BatchNorm's folded arithmetic is computed
+    in numpy before the rewrites too: ``ConvertLayout`` must not meet it."""
     return tvm.transform.Sequential([unpacked_fusion_passes(rewrites), *rewrites.fused_passes()])
 
 
 def unpacked_fusion_passes(rewrites: Rewrites) -> tvm.transform.Pass:
     """:func:`fusion_passes` less what ``prepack`` adds after fusion: the same for a network prepacked or not."""
     return tvm.transform.Sequential([
-        relax.transform.FoldBatchnormToConv2D(), *rewrites.passes(), *constant_passes(), relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldBatchnormToConv2D(), *constant_passes(), *rewrites.passes(), *(constant_passes() if rewrites.passes() else []),
+        relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR(),
     ])  # fmt: skip
 
@@ -100,7 +102,7 @@ def fused(session: HookSession, mod: tvm.IRModule, target: tvm.target.Target | N
     """``mod`` rewritten and fused as the session's rewrites say; where it may choose among several
     (:mod:`.choice`), fused once for each, every option's kernels looked up in one request, and the option
     the registry's records favour kept (it becomes ``session.rewrites`` for this compile, and is reported)."""
-    options = session.rewrite_options.for_target(target)
+    options = session.rewrite_options.for_target(target)  # TMP
     if len(options) == 1 or target is None:
         session.rewrites = options[0]
         return fusion_passes(session.rewrites)(mod)

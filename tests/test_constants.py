@@ -1,9 +1,12 @@
-"""Constants moved in numpy before legalization (hooks/constants.py): a compile's weights' transposes and reshapes are
-done at once, and the fused module has the kernels (so the keys) and computes the outputs ``FoldConstant`` gave."""
+"""Constants computed in numpy before legalization (hooks/constants.py): a compile's weights' transposes and reshapes,
+and BatchNorm's folded arithmetic, are done at once, and the fused module has the kernels (so the keys) and computes
+the outputs ``FoldConstant`` gave."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
+import torch
 import tvm
 import tvm_ffi
 from tvm import relax
@@ -14,6 +17,7 @@ from schedhub.hooks.pipeline import fusion_passes
 from schedhub.hooks.rewrites import Rewrites
 
 from .networks import bound, run
+from .torch_factories import conv_bn
 
 CPU = tvm.target.Target({"kind": "llvm", "num-cores": 1})
 
@@ -113,3 +117,72 @@ def test_a_fused_network_has_the_kernels_and_computes_the_outputs_foldconstant_g
         assert kernels[0] == kernels[1] and len(kernels[0]) >= 3, layout
         outputs = [run(tvm.compile(m, CPU), x) for m in (ours, theirs)]
         np.testing.assert_array_equal(outputs[0], outputs[1])
+
+
+_ARITHMETIC = tuple(tvm.ir.Op.get(f"relax.{name}") for name in ("add", "subtract", "multiply", "divide", "sqrt"))
+
+
+def constant_arithmetic(mod: tvm.IRModule) -> int:
+    """How many elementwise operations of the module's Relax functions have only constants (or scalars) as operands."""
+    count = 0
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            constants: list[relax.Var] = []
+            for block in func.body.blocks:
+                for binding in block.bindings:
+                    value = binding.value
+                    if isinstance(value, tvm.ir.expr.Constant):
+                        constants.append(binding.var)
+                    elif isinstance(value, relax.Call) and value.op in _ARITHMETIC:
+                        if all(isinstance(a, tvm.ir.expr.Constant) or any(a.same_as(v) for v in constants) for a in value.args):
+                            constants.append(binding.var)
+                            count += 1
+    return count
+
+
+def users_conv_bn() -> tvm.IRModule:
+    """A convolution and a trained BatchNorm, imported as a user imports a model (``from_exported_program``)."""
+    from tvm.relax.frontend.torch import from_exported_program
+
+    x = torch.zeros((1, 3, 16, 16))
+    return from_exported_program(torch.export.export(conv_bn().eval(), (x,)))
+
+
+def test_batch_norms_folded_arithmetic_is_computed_in_numpy_to_the_bits_llvm_gives() -> None:
+    """``FoldBatchnormToConv2D`` leaves the weights' scale and the bias as arithmetic on constants (with ``epsilon`` a
+    scalar operand); numpy computes them to the same bytes as ``FoldConstant``'s kernels."""
+    folded = relax.transform.FoldBatchnormToConv2D()(users_conv_bn())
+    assert constant_arithmetic(folded) >= 5  # add epsilon, sqrt, divide, multiply (weights and mean), subtract
+    ours = fold_constant_moves(folded)
+    assert constant_arithmetic(ours) == 0
+    legalized = tvm.transform.Sequential([relax.transform.LegalizeOps(), relax.transform.FoldConstant()])
+    with CPU:
+        by_llvm, by_numpy = legalized(folded), legalized(relax.transform.CanonicalizeBindings()(ours))
+    weights = [[t.tobytes() for t in main_constants(m)] for m in (by_numpy, by_llvm)]
+    assert weights[0] == weights[1] and len(weights[0]) == 2  # the convolution's weights and its bias
+
+
+def main_constants(mod: tvm.IRModule) -> list[np.ndarray]:
+    found: list[np.ndarray] = []
+    relax.analysis.post_order_visit(mod["main"].body, lambda e: found.append(e.value.numpy()) if isinstance(getattr(e, "value", None), tvm.runtime.Tensor) else None)
+    return found
+
+
+@tvm.ir.instrument.pass_instrument
+class RefuseConstantArithmetic:
+    """Fails the compile where ``ConvertLayout`` would meet arithmetic on constants: on an ``add`` of a tensor and a
+    scalar its layout inference reads a null pointer and kills the process (TVM 0.27)."""
+
+    def run_before_pass(self, mod: tvm.IRModule, info: tvm.transform.PassInfo) -> None:
+        if info.name == "ConvertLayout" and constant_arithmetic(mod):
+            raise AssertionError(f"{constant_arithmetic(mod)} operations on constants reach ConvertLayout")
+
+
+@pytest.mark.parametrize("prepack", [False, True])
+def test_a_network_with_batch_norm_converts_to_nhwc_and_computes_the_same(prepack: bool) -> None:
+    x = np.random.default_rng(1).standard_normal((1, 3, 16, 16)).astype("float32")
+    with CPU, tvm.transform.PassContext(instruments=[RefuseConstantArithmetic()]):
+        converted = fusion_passes(Rewrites("NHWC", prepack=prepack))(users_conv_bn())
+    outputs = [relax.VirtualMachine(tvm.compile(m, CPU), tvm.cpu())["main"](tvm.runtime.tensor(x))[0].numpy()
+               for m in (converted, fusion_passes(Rewrites())(users_conv_bn()))]
+    np.testing.assert_allclose(outputs[0], outputs[1], rtol=1e-5, atol=1e-5)
