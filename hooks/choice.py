@@ -13,7 +13,8 @@ request, and compiles the option the registry's records say is fastest:
 
 Where no option holds more than another (an empty registry, one that is down), the first is compiled: the value a
 fixed compile takes by default (``"given"``, unpacked), so ``"auto"`` only ever moves a compile to rewrites that
-someone tuned. Misses are reported under the option compiled, as a fixed compile's are.
+someone tuned. Misses are reported under the option compiled, as a fixed compile's are. A layout that converts nothing
+in the network (NHWC where it has no convolutions) is not an option.
 
 Only the rewrites that keep the math exact are offered: the convolutions' layout (a transpose) and prepacking (a
 weights' repack). Fast math and Winograd round differently, so a compile takes them only when its caller names them.
@@ -39,7 +40,7 @@ from .cache import KernelCache
 from .constants import constant_tensor
 from .defaults import is_gpu
 from .identity import kept_identity
-from .layouts import LAYOUTS, Layout
+from .layouts import LAYOUTS, Layout, converts
 from .rewrites import Math, Rewrites
 from .winograd import Conv
 
@@ -79,12 +80,20 @@ class RewriteOptions:
     def first(self) -> Rewrites:
         return self.options[0]
 
-    def for_target(self, target: tvm.target.Target | None) -> tuple[Rewrites, ...]:
+    def for_target(self, target: tvm.target.Target | None) -> RewriteOptions:
         """The options that make sense on ``target``: on a GPU, no prepacking where unpacked weights are an option too."""
         if target is None or not is_gpu(target) or self.fixed:
-            return self.options
+            return self
         unpacked = tuple(r for r in self.options if not r.prepack)
-        return unpacked or self.options
+        return RewriteOptions(unpacked) if unpacked else self
+
+    def for_module(self, mod: tvm.IRModule) -> RewriteOptions:
+        """The options less those whose layout converts nothing in ``mod``, where the given layout is an option too:
+        they would fuse into the given layout's kernels (a network without convolutions is fused once a packing)."""
+        if self.fixed or not any(r.layout == "given" for r in self.options):
+            return self
+        changes = {layout: layout == "given" or converts(layout, mod) for layout in {r.layout for r in self.options}}  # type: ignore[arg-type]
+        return RewriteOptions(tuple(r for r in self.options if changes[r.layout]))
 
 
 @dataclass(frozen=True)

@@ -39,3 +39,21 @@ def layout_passes(layout: Layout) -> list[tvm.transform.Pass]:
     they leave are folded with every other constant's move (:mod:`.constants`)."""
     desired = _DESIRED.get(check_layout(layout))
     return [] if desired is None else [relax.transform.ConvertLayout(desired)]
+
+
+def converts(layout: Layout, mod: tvm.IRModule) -> bool:
+    """Whether converting ``mod`` to ``layout`` changes anything: it calls an operator the layout converts. A network
+    without 2-D convolutions (a transformer, an MLP) is the same network in every layout, and is fused once."""
+    desired = _DESIRED.get(check_layout(layout))
+    if not desired:
+        return False
+    found = False
+
+    def visit(expr: relax.Expr) -> None:
+        nonlocal found
+        found = found or (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name in desired)
+
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function) and not found:
+            relax.analysis.post_order_visit(func.body, visit)
+    return found

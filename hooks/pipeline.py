@@ -102,7 +102,7 @@ def fused(session: HookSession, mod: tvm.IRModule, target: tvm.target.Target | N
     """``mod`` rewritten and fused as the session's rewrites say; where it may choose among several
     (:mod:`.choice`), fused once for each, every option's kernels looked up in one request, and the option
     the registry's records favour kept (it becomes ``session.rewrites`` for this compile, and is reported)."""
-    options = session.rewrite_options.for_target(target)  # TMP
+    options = session.rewrite_options.for_target(target).for_module(mod).options
     if len(options) == 1 or target is None:
         session.rewrites = options[0]
         return fusion_passes(session.rewrites)(mod)

@@ -12,9 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tvm
+from tvm.relax.frontend import nn
 
 from schedhub.hooks import use
 from schedhub.hooks.choice import Holding, RewriteOptions, choose, network_digest
+from schedhub.hooks.layouts import converts
 from schedhub.hooks.identity import plain_json
 from schedhub.hooks.rewrites import Rewrites
 from schedhub.registry import Identity, LocalRegistry, Record
@@ -115,9 +117,31 @@ def test_options_are_every_combination_of_the_values_left_to_auto() -> None:
 def test_a_gpu_compile_does_not_weigh_prepacking() -> None:
     """MetaSchedule's GPU postprocessors lay out no weights: on a GPU target "auto" keeps them as given."""
     gpu = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
-    assert OPTIONS.for_target(gpu) == (Rewrites(), Rewrites("NHWC"))
-    assert OPTIONS.for_target(CPU) == OPTIONS.options
-    assert RewriteOptions.of("given", "exact", True, "direct").for_target(gpu) == (Rewrites(prepack=True),)  # asked for by name: kept
+    assert OPTIONS.for_target(gpu).options == (Rewrites(), Rewrites("NHWC"))
+    assert OPTIONS.for_target(CPU) == OPTIONS
+    assert RewriteOptions.of("given", "exact", True, "direct").for_target(gpu).options == (Rewrites(prepack=True),)  # asked for by name: kept
+
+
+class Dense(nn.Module):
+    def __init__(self) -> None:
+        self.fc = nn.Linear(16, 8)
+
+    def forward(self, x: nn.Tensor) -> nn.Tensor:
+        return nn.op.relu(self.fc(x))
+
+
+def test_a_network_without_convolutions_is_weighed_in_the_given_layout_only(tmp_path: Path) -> None:
+    """Converting convolutions changes nothing in a network without them: the default compile fuses it in the given
+    layout alone and weighs only its packing, where a network with convolutions is weighed in both layouts."""
+    dense = bound(Dense(), (2, 16))
+    assert not converts("NHWC", dense) and converts("NHWC", conv_net()) and not converts("given", conv_net())
+    assert OPTIONS.for_module(dense).options == (Rewrites(), Rewrites(prepack=True))
+    assert OPTIONS.for_module(conv_net()) == OPTIONS
+    assert RewriteOptions.of("NHWC", "exact", "auto", "direct").for_module(dense).options == (Rewrites("NHWC"), Rewrites("NHWC", prepack=True))  # named: kept
+    LocalRegistry(tmp_path / "store").close()
+    with use(tmp_path / "store", CPU, layout="auto", prepack="auto", report_misses=False, cache=tmp_path / "cache") as session:
+        tvm.compile(dense, CPU)
+    assert [each.split(":")[0] for each in session.report.rewrite_options] == ["no rewrites", "weights prepacked"], session.report.summary()
 
 
 def test_ties_go_to_the_earliest_option() -> None:
