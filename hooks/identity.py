@@ -9,14 +9,11 @@
 
 from __future__ import annotations
 
-import ast
 import functools
 import hashlib
 import importlib.metadata
-import io
 import json
 import re
-import tokenize
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +23,7 @@ from tvm import tirx
 from schedhub.registry import SCHEMA_VERSION, Identity, canonical_target, check_workload_source, record_key, vouch_for
 
 from .cache import KernelCache
+from .renaming import rename_parameters
 
 _SBLOCK = re.compile(r'T\.sblock\("([^"]+)"\)')
 
@@ -64,25 +62,6 @@ def as_module(func: tvm.IRModule | tirx.PrimFunc) -> tvm.IRModule:
 def canonical_workload(func: tvm.IRModule | tirx.PrimFunc) -> str:
     """TVMScript of the workload, parameters renamed ``arg0..argN``, comment lines dropped."""
     return rename_parameters(as_module(func).script())
-
-
-def rename_parameters(script: str) -> str:
-    tree = ast.parse(script)
-    funcs = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]
-    if len(funcs) != 1:
-        raise ValueError(f"expected one function in the workload script, found {len(funcs)}")
-    names = {a.arg: f"arg{i}" for i, a in enumerate(funcs[0].args.args)}
-    out: list[tokenize.TokenInfo] = []
-    previous = ""
-    for tok in tokenize.generate_tokens(io.StringIO(script).readline):
-        if tok.type == tokenize.COMMENT:
-            continue
-        if tok.type == tokenize.NAME and tok.string in names and previous != ".":
-            tok = tok._replace(string=names[tok.string])
-        previous = tok.string if tok.type == tokenize.OP else ""
-        out.append(tok)
-    text = tokenize.untokenize(out)
-    return "\n".join(line.rstrip() for line in text.splitlines() if line.strip()) + "\n"
 
 
 def workload_module(text: str) -> tvm.IRModule:
