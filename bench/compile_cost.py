@@ -3,12 +3,13 @@ kernel cache), the next one in the same process, and one in a fresh process on t
 user's script run again: the case that pays each process's one-time costs with nothing to build).
 
     python -m bench.compile_cost --store DIR --against REV [--network resnet18] [--frontend torch.export]
-                                 [--layout NHWC] [--prepack | --auto] [--rounds 3]
+                                 [--layout NHWC] [--prepack | --auto | --defaults] [--rounds 3]
 
 ``--network`` is one of the full mode's networks at batch 1 (``resnet18`` and ``mobilenetv2`` at 224 px, ``bert_layer``
 at seq 128, ``mlp``); ``--frontend`` how ResNet-18 and MobileNet-V2 are imported from their PyTorch twins: ``torch.export``
 as ``schedhub tune`` imports them (BatchNorm folded at import), ``torch.export plain`` by ``from_exported_program``
-alone, as the README imports a model. ``--auto`` compiles with ``layout="auto", prepack="auto"``. DIR is a registry
+alone, as the README imports a model. ``--auto`` compiles with ``layout="auto", prepack="auto"``, ``--defaults`` with
+no rewrite named (each revision's own defaults: what a user's plain ``use(...)`` gets there). DIR is a registry
 holding the network's records (a ``bench.models --keep-store``), copied for each revision's processes and not changed.
 The network is built once and handed to every process as TVM's JSON. Each round runs one revision, then the other
 (this tree's first, then REV's, then the other way round). Prints each revision's medians and their ratios
@@ -108,11 +109,16 @@ def main() -> None:
     choice = parser.add_mutually_exclusive_group()
     choice.add_argument("--prepack", action="store_true")
     choice.add_argument("--auto", action="store_true", help='layout="auto", prepack="auto" (not with --layout)')
+    choice.add_argument("--defaults", action="store_true", help="no rewrite named: each revision's own defaults (not with --layout)")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    if args.auto and args.layout != "given":
-        parser.error("--auto chooses the layout: leave --layout out")
-    rewrites: dict[str, Any] = {"layout": "auto", "prepack": "auto"} if args.auto else {"layout": args.layout, "prepack": args.prepack}
+    if (args.auto or args.defaults) and args.layout != "given":
+        parser.error("--auto and --defaults choose the layout: leave --layout out")
+    rewrites: dict[str, Any] = {}  # --defaults: none named
+    if args.auto:
+        rewrites = {"layout": "auto", "prepack": "auto"}
+    elif not args.defaults:
+        rewrites = {"layout": args.layout, "prepack": args.prepack}
     print(json.dumps(against_revision(args.against, args.store, args.network, args.frontend, rewrites, args.rounds), indent=1))
 
 

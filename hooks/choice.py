@@ -1,4 +1,4 @@
-"""Rewrites chosen by what the registry holds: ``use(..., layout="auto", prepack="auto")``.
+"""Rewrites chosen by what the registry holds: ``use(..., layout="auto", prepack="auto")``, ``use``'s defaults.
 
 A record is found only under the rewrites it was tuned with (:mod:`.rewrites`), so a compile with fixed rewrites
 misses every record tuned with others, however much faster they are. A compile that leaves a rewrite to ``"auto"``
@@ -12,9 +12,9 @@ request, and compiles the option the registry's records say is fastest:
    prepacked, the network 28.2 and 20.7 ms).
 
 Where no option holds more than another (an empty registry, one that is down), the first is compiled: the value a
-fixed compile takes by default (``"given"``, unpacked), so ``"auto"`` only ever moves a compile to rewrites that
-someone tuned. Misses are reported under the option compiled, as a fixed compile's are. A layout that converts nothing
-in the network (NHWC where it has no convolutions) is not an option.
+compile that names no rewrite took before ``"auto"`` was the default (``"given"``, unpacked), so ``"auto"`` only
+ever moves a compile to rewrites that someone tuned. Misses are reported under the option compiled, as a fixed
+compile's are. A layout that converts nothing in the network (NHWC where it has no convolutions) is not an option.
 
 Only the rewrites that keep the math exact are offered: the convolutions' layout (a transpose) and prepacking (a
 weights' repack). Fast math and Winograd round differently, so a compile takes them only when its caller names them.

@@ -55,13 +55,17 @@ def test_converted_network_hits_every_kernel_and_computes_the_same(nhwc_store: P
 
 
 def test_layout_is_part_of_what_a_kernel_is(nhwc_store: Path, tmp_path: Path) -> None:
-    """The NCHW compile of the same network finds none of the NHWC convolutions' records: a record is served only in its own layout."""
+    """The NCHW compile of the same network finds none of the NHWC convolutions' records: a record is served only in its
+    own layout. A compile that leaves the layout to the registry (the default) finds them."""
     given = {k.identity.key for k in models.kernels(conv_net(), CPU) if "conv2d" in k.identity.op}
     converted = {k.identity.key for k in models.kernels(conv_net(), CPU, Rewrites("NHWC")) if "conv2d" in k.identity.op}
     assert len(given) == len(converted) == 2 and not given & converted
-    with use(nhwc_store, CPU, trust="any", transfer=False, report_misses=False, cache=tmp_path / "cache") as session:
+    with use(nhwc_store, CPU, trust="any", transfer=False, report_misses=False, cache=tmp_path / "cache", layout="given") as session:
         tvm.compile(conv_net(), CPU)
     assert session.report.hits == 0 and session.report.misses == 2, session.report.summary()
+    with use(nhwc_store, CPU, trust="any", transfer=False, report_misses=False, cache=tmp_path / "cache") as session:
+        tvm.compile(conv_net(), CPU)
+    assert session.report.misses == 0 and session.rewrites.layout == "NHWC", session.report.summary()  # its transposes too
 
 
 def test_unknown_layout_is_refused_by_name() -> None:

@@ -87,13 +87,17 @@ def test_prepacked_network_hits_every_kernel_packs_its_weights_at_compile_time_a
 
 
 def test_prepacking_is_part_of_what_a_kernel_is(packing_store: Path, tmp_path: Path) -> None:
-    """A compile that does not prepack finds none of the prepacked kernels' records."""
+    """A compile that does not prepack finds none of the prepacked kernels' records; one that leaves prepacking to the
+    registry (the default) finds them."""
     plain = {k.identity.key for k in models.kernels(conv_net(), CPU)}
     packed = {k.identity.key for k in models.kernels(conv_net(), CPU, PREPACK)}
     assert len(plain) == len(packed) == 2 and not plain & packed
-    with use(packing_store, CPU, trust="any", transfer=False, report_misses=False, cache=tmp_path / "cache") as session:
+    with use(packing_store, CPU, trust="any", transfer=False, report_misses=False, cache=tmp_path / "cache", prepack=False) as session:
         tvm.compile(conv_net(), CPU)
     assert session.report.hits == 0 and session.report.misses == 2, session.report.summary()
+    with use(packing_store, CPU, trust="any", transfer=False, report_misses=False, cache=tmp_path / "cache") as session:
+        tvm.compile(conv_net(), CPU)
+    assert session.report.hits == 2 and session.rewrites.prepack, session.report.summary()
 
 
 def test_a_build_that_packs_weights_is_timed_on_them_and_checked_whole() -> None:
