@@ -15,6 +15,7 @@ from .common import EXIT_UNAVAILABLE, console, labelled, open_registry, out, pro
 #: ``schedhub.hooks.layouts.LAYOUTS``, ``schedhub.hooks.rewrites.MATHS`` and ``schedhub.hooks.winograd.CONVS``, spelled
 #: here: importing the hooks imports TVM, which a command's --help must not.
 LAYOUTS = ("given", "NHWC")
+AUTO = "auto"  # ``schedhub.tuner.plan.AUTO``: the target decides (``plan.tuning_rewrites``)
 MATHS = ("exact", "fast")
 CONVS = ("direct", "winograd")
 
@@ -61,15 +62,16 @@ def work_options(f: Any) -> Any:
     f = click.option("--concurrency", type=int, default=2, show_default=True, help="Workloads tuned at once (they share the devices).")(f)
     f = budget_options(f)
     f = click.option("--target", default="host", show_default=True, help="'host', a target JSON object, or a TVM target string.")(f)
-    f = click.option("--layout", type=click.Choice(LAYOUTS), default="given", show_default=True,
-                     help="Convert the models' 2-D convolutions to this layout first (given: as the frontend gives them); "
-                          "compile with hooks.use(..., layout=) the same or \"auto\", or the records are not found.")(f)  # fmt: skip
+    f = click.option("--layout", type=click.Choice((AUTO, *LAYOUTS)), default=AUTO, show_default=True,
+                     help="Convert the models' 2-D convolutions to this layout first (given: as the frontend gives them; auto: NHWC on "
+                          "a CPU with AVX-512 and direct convolutions, given elsewhere); a compile finds either by default "
+                          "(hooks.use(..., layout=\"auto\")).")(f)  # fmt: skip
     f = click.option("--math", type=click.Choice(MATHS), default="exact", show_default=True,
                      help="fast: GELU, erf, exp, tanh and softmax by TVM's vectorizable approximations (a few float32 ulps from exact); "
                           "compile with hooks.use(..., math=) the same, or the records are not found.")(f)  # fmt: skip
-    f = click.option("--prepack", is_flag=True,
-                     help="Let each kernel's schedule choose its weights' layout, packed at compile time (CPU); "
-                          "compile with hooks.use(..., prepack=True) or \"auto\", or the records are not found.")(f)  # fmt: skip
+    f = click.option("--prepack/--no-prepack", default=None,
+                     help="Let each kernel's schedule choose its weights' layout, packed at compile time (CPU); default: on a CPU "
+                          "with AVX-512. A compile finds either by default (hooks.use(..., prepack=\"auto\")).")(f)  # fmt: skip
     f = click.option("--conv", type=click.Choice(CONVS), default="direct", show_default=True,
                      help="winograd: 3×3 stride-1 convolutions by Winograd's F(4×4, 3×3), F(2×2, 3×3) on small images (float32 rounding apart from direct); "
                           "compile with hooks.use(..., conv=) the same, or the records are not found.")(f)  # fmt: skip
@@ -103,12 +105,11 @@ def network_options(f: Any) -> Any:
 @click.option("--dry-run", is_flag=True, help="List the workloads and stop.")
 @ray_option
 @reports_errors
-def tune(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: tuple[str, ...], target: str, layout: str, math: str, prepack: bool, conv: str, trials: int, trials_per_iter: int,
+def tune(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: tuple[str, ...], target: str, layout: str, math: str, prepack: bool | None, conv: str, trials: int, trials_per_iter: int,
          seed: int, population: int, final_repeat_ms: int, warm_model: bool, concurrency: int, retune: bool, until_text: str | None, policy: str, round_trials: int,
          max_trials: int | None, max_minutes: float | None, dry_run: bool, ray_address: str | None, num_cpus: int | None, num_gpus: int | None) -> None:  # fmt: skip
     """Tune every kernel of the given models and push the results (resumable: tuned keys are skipped); with --until, tune
     the network in rounds where its time goes until it beats a reference."""
-    from schedhub.hooks.rewrites import Rewrites
     from schedhub.tuner import cluster, plan
 
     from . import tune_network
@@ -117,10 +118,11 @@ def tune(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: 
     options = _options(trials, trials_per_iter, seed, population, final_repeat_ms, warm_model)
     refs = plan.expand([plan.parse_model(m) for m in model_specs], dict(plan.parse_sweep(s) for s in sweep))
     tgt = plan.resolve_target(target)
-    rewrites = Rewrites(layout, math, prepack, conv)  # type: ignore[arg-type]  # click checked them
+    rewrites = plan.tuning_rewrites(tgt, layout, math, prepack, conv)
     planned = plan.plan(refs, tgt, rewrites)
     model = "each search's cost model started from the registry's log" if options.warm_model else "each search's cost model started cold"
-    said = [text for text in (rewrites.describe(), model) if text]
+    chosen = rewrites.describe() + (" (this CPU's AVX-512: --layout given --no-prepack for none)" if (layout == AUTO or prepack is None) and plan.has_wide_vectors(tgt) else "")
+    said = [text for text in (chosen, model) if text]
     console.print(f"{len(refs)} model shape(s), {len(planned)} distinct kernels for {tgt}" + "".join(f", {text}" for text in said))
     if dry_run:
         for p in planned:
@@ -159,7 +161,7 @@ def tune(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: 
 @click.option("--python", default=None, help="Interpreter on the cluster (default: this one's path).")
 @click.option("--follow", is_flag=True, help="Stream the job's logs until it ends.")
 @reports_errors
-def submit(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: tuple[str, ...], target: str, layout: str, math: str, prepack: bool, conv: str, trials: int, trials_per_iter: int,
+def submit(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: tuple[str, ...], target: str, layout: str, math: str, prepack: bool | None, conv: str, trials: int, trials_per_iter: int,
            seed: int, population: int, final_repeat_ms: int, warm_model: bool, concurrency: int, retune: bool, address: str, attempt: int, python: str | None, follow: bool) -> None:  # fmt: skip
     """Submit a bulk tuning run as a Ray Job (idempotent: the same work is one job)."""
     from schedhub.tuner import jobs, plan
@@ -173,14 +175,16 @@ def submit(registry: str, token: str | None, model_specs: tuple[str, ...], sweep
             "--population", str(population), "--final-repeat-ms", str(final_repeat_ms), "--concurrency", str(concurrency), *(a for m in model_specs for a in ("--model", m)), *(a for s in sweep for a in ("--sweep", s))]  # fmt: skip
     if retune:
         args.append("--retune")
-    for name, value, default in (("layout", layout, "given"), ("math", math, "exact"), ("conv", conv, "direct")):
+    for name, value, default in (("layout", layout, AUTO), ("math", math, "exact"), ("conv", conv, "direct")):
         if value != default:  # the work's identity (and so its submission id) is unchanged for the defaults
             work[name] = value
             args += [f"--{name}", value]
-    for flag, on in (("prepack", prepack), ("cold_model", not warm_model)):  # the defaults' work is unchanged
-        if on:
-            work[flag] = True
-            args.append(f"--{flag.replace('_', '-')}")
+    if prepack is not None:  # named: the cluster's target does not decide
+        work["prepack"] = prepack
+        args.append("--prepack" if prepack else "--no-prepack")
+    if not warm_model:
+        work["cold_model"] = True
+        args.append("--cold-model")
     try:
         sub = jobs.submit(address, args, work, attempt=attempt, python=python, env={"SCHEDHUB_TOKEN": token} if token else None)
     except jobs.ClusterNotReady as exc:

@@ -62,7 +62,8 @@ class Rewrites:
         return [relax.transform.AttachAttrLayoutFreeBuffers()] if self.prepack else []
 
     def flags(self) -> list[str]:
-        """The ``schedhub tune`` options that ask for these rewrites (none for the defaults)."""
+        """The benches' options that ask for these rewrites (none for no rewrite); ``schedhub tune`` takes the same, though
+        where neither the layout nor the packing is named an AVX-512 CPU tunes NHWC prepacked (``tuner.plan.tuning_rewrites``)."""
         return [*(["--layout", self.layout] if self.layout != "given" else []), *(["--math", self.math] if self.math != "exact" else []),
                 *(["--prepack"] if self.prepack else []), *(["--conv", self.conv] if self.conv != "direct" else [])]  # fmt: skip
 

@@ -1049,6 +1049,30 @@ def test_tune_says_whether_its_searches_start_from_the_registrys_log_model(tmp_p
     assert "cost model started cold" in said[("--cold-model",)].stderr and "registry's log" not in said[("--cold-model",)].stderr
 
 
+def test_tune_takes_nhwc_and_prepacked_weights_on_a_cpu_with_avx512_where_no_rewrite_is_named(tmp_path: Path) -> None:
+    """The rewrites every winning row on AVX-512 CPUs was tuned with (README's table); elsewhere none, as before; a
+    rewrite named is taken as named. The dry run lists the keys a compile of those rewrites asks for."""
+    from schedhub.hooks.rewrites import Rewrites
+
+    znver4, znver1 = {"kind": "llvm", "mcpu": "znver4", "num-cores": 2}, {"kind": "llvm", "mcpu": "znver1", "num-cores": 2}
+    assert plan.tuning_rewrites(znver4, "auto", "exact", None, "direct") == Rewrites("NHWC", prepack=True)
+    assert plan.tuning_rewrites(znver1, "auto", "exact", None, "direct") == Rewrites()
+    assert plan.tuning_rewrites(znver4, "auto", "fast", None, "winograd") == Rewrites("given", "fast", True, "winograd")  # Winograd is NCHW's
+    assert plan.tuning_rewrites(znver4, "given", "exact", False, "direct") == Rewrites()
+    assert plan.tuning_rewrites({"kind": "cuda", "arch": "sm_90"}, "auto", "exact", None, "direct") == Rewrites()
+    model = "resnet18:image=32"
+    listed, said = {}, {}
+    for name, flags in (("default", []), ("named", ["--layout", "given", "--no-prepack"])):
+        cmd = [sys.executable, "-m", "schedhub.cli.main", "tune", "-r", str(tmp_path / "store"), "-m", model, "--target", json.dumps(znver4), "--dry-run", *flags]
+        done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=200, env={**os.environ, "COLUMNS": "300"})
+        assert done.returncode == 0, done.stderr
+        listed[name], said[name] = {line.split()[0] for line in done.stdout.splitlines() if line.strip()}, done.stderr
+    assert "convolutions NHWC, weights prepacked (this CPU's AVX-512" in said["default"] and "AVX-512" not in said["named"]
+    kernels = {name: {k.identity.key[:16] for k in models.kernels(plan.load(plan.parse_model(model)), znver4, rewrites)}
+               for name, rewrites in (("default", Rewrites("NHWC", prepack=True)), ("named", Rewrites()))}  # fmt: skip
+    assert listed == kernels and not listed["default"] & listed["named"]
+
+
 def test_tune_until_gives_each_kernel_a_round_then_where_it_gains_most_within_the_budget(ray_address: str, tmp_path: Path) -> None:
     store = tmp_path / "store"
     cmd = [sys.executable, "-m", "schedhub.cli.main", "tune", "-r", str(store), "--model", '{"name": "mlp", "features": 32, "hidden": 32, "batch": 2}',
