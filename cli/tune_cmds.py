@@ -110,6 +110,7 @@ def tune(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: 
          max_trials: int | None, max_minutes: float | None, dry_run: bool, ray_address: str | None, num_cpus: int | None, num_gpus: int | None) -> None:  # fmt: skip
     """Tune every kernel of the given models and push the results (resumable: tuned keys are skipped); with --until, tune
     the network in rounds where its time goes until it beats a reference."""
+    from schedhub.hooks.choice import has_wide_vectors
     from schedhub.tuner import cluster, plan
 
     from . import tune_network
@@ -121,7 +122,7 @@ def tune(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: 
     rewrites = plan.tuning_rewrites(tgt, layout, math, prepack, conv)
     planned = plan.plan(refs, tgt, rewrites)
     model = "each search's cost model started from the registry's log" if options.warm_model else "each search's cost model started cold"
-    chosen = rewrites.describe() + (" (this CPU's AVX-512: --layout given --no-prepack for none)" if (layout == AUTO or prepack is None) and plan.has_wide_vectors(tgt) else "")
+    chosen = rewrites.describe() + (" (this CPU's AVX-512: --layout given --no-prepack for none)" if (layout == AUTO or prepack is None) and has_wide_vectors(tgt) else "")
     said = [text for text in (chosen, model) if text]
     console.print(f"{len(refs)} model shape(s), {len(planned)} distinct kernels for {tgt}" + "".join(f", {text}" for text in said))
     if dry_run:

@@ -11,10 +11,13 @@ request, and compiles the option the registry's records say is fastest:
    the network's run as the registry knows it (on znver4, ResNet-18@224's sum was 28.0 ms NCHW and 21.9 ms NHWC
    prepacked, the network 28.2 and 20.7 ms).
 
-Where no option holds more than another (an empty registry, one that is down), the first is compiled: the value a
-compile that names no rewrite took before ``"auto"`` was the default (``"given"``, unpacked), so ``"auto"`` only
-ever moves a compile to rewrites that someone tuned. Misses are reported under the option compiled, as a fixed
-compile's are. A layout that converts nothing in the network (NHWC where it has no convolutions) is not an option.
+Where no option holds more than another, the first is compiled: the value a compile that names no rewrite took
+before ``"auto"`` was the default (``"given"``, unpacked), so that a registry's transfers to it are served. Where the
+registry holds nothing of the network at all (no option's record, no neighbour of the first option's kernels to
+transfer: an empty registry), the option the CPU is best tuned with is compiled (:func:`tuned_best`: NHWC prepacked
+on AVX-512, what ``schedhub tune`` tunes there), so that the misses queued are the kernels worth a worker's time; a
+registry that is down leaves the first. Misses are reported under the option compiled, as a fixed compile's are. A
+layout that converts nothing in the network (NHWC where it has no convolutions) is not an option.
 
 Only the rewrites that keep the math exact are offered: the convolutions' layout (a transpose) and prepacking (a
 weights' repack). Fast math and Winograd round differently, so a compile takes them only when its caller names them.
@@ -24,11 +27,12 @@ the weights as given.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import tvm
 import tvm_ffi
@@ -177,3 +181,37 @@ def keep_kernels(cache: KernelCache, parts: tuple[str, ...], kernels: Sequence[K
 def choose(holdings: Sequence[Holding]) -> Holding:
     """The option to compile: the best :meth:`Holding.rank`, the earliest on a tie."""
     return min(holdings, key=Holding.rank)
+
+
+#: The CPU feature of every machine where the registry's NHWC, prepacked records made a network beat PyTorch (znver4,
+#: znver5, rocketlake: README's table), and where the same tuning without them lost (ResNet-18@224 on znver4: 0.93×).
+WIDE_VECTORS = "avx512f"
+
+
+def has_wide_vectors(target: tvm.target.Target | dict[str, Any]) -> bool:
+    """Whether ``target`` is a CPU whose LLVM target has AVX-512 (its ``mcpu``'s or its ``mattr``'s)."""
+    tgt = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
+    return tgt.kind.name == "llvm" and bool(tvm.target.codegen.target_has_features(WIDE_VECTORS, tgt))
+
+
+def tuned_best(target: tvm.target.Target | dict[str, Any], math: Math, conv: Conv) -> Rewrites:
+    """The rewrites ``target``'s kernels are best tuned with, as far as measured: NHWC convolutions (the given layout
+    with Winograd, which converts NCHW ones) and prepacked weights on a CPU with AVX-512; none elsewhere (no machine
+    without it was measured to gain by them). What ``schedhub tune`` takes where none is named, and what a compile
+    takes, and so queues, where the registry holds nothing for the network (:func:`untouched`)."""
+    wide = has_wide_vectors(target)
+    return Rewrites("NHWC" if wide and conv == "direct" else "given", math, wide, conv)
+
+
+def unknown_network(holdings: Sequence[Holding], target: tvm.target.Target, neighbours: bool) -> Holding | None:
+    """Where no option holds a record and the first has no ``neighbours`` to transfer (the registry knows nothing of
+    the network), the option ``target`` is best tuned with (:func:`tuned_best`; its layout where the network has no
+    convolution to convert), so that the misses queued are the kernels worth tuning; else None (:func:`choose` decides).
+    A registry with neighbours keeps the first option: its transfers are served now."""
+    if neighbours or any(h.held for h in holdings):
+        return None
+    first = holdings[0].rewrites
+    best = tuned_best(target, first.math, first.conv)
+    layouts = {h.rewrites.layout for h in holdings}
+    wanted = dataclasses.replace(best, layout=best.layout if best.layout in layouts else first.layout)
+    return next((h for h in holdings if h.rewrites == wanted), None)

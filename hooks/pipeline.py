@@ -29,7 +29,7 @@ from tvm import relax, tirx
 from tvm.relax import pipeline as relax_pipeline
 from tvm.s_tir import meta_schedule as ms
 
-from .choice import Kernel, choose, holding, keep_kernels, kept_kernels, network_digest
+from .choice import Kernel, choose, holding, keep_kernels, kept_kernels, network_digest, unknown_network
 from .constants import constant_passes
 from .defaults import dlight_schedule, is_gpu
 from .identity import compiler_fingerprint, target_text
@@ -128,9 +128,13 @@ def fused(session: HookSession, mod: tvm.IRModule, target: tvm.target.Target | N
     first, *others = kernels.values()  # the first: what a compile takes where no option holds more, so its misses ask neighbours now
     session.prefetch([i for i, _ in first], exact_only=[i for each in others for i, _ in each])  # another option chosen: its misses ask after
     holdings = [holding(rewrites, each, session.fetched_records) for rewrites, each in kernels.items()]
-    chosen = choose(holdings)
+    neighbours = session.offline or any(session.has_neighbours(identity) for identity, _ in first)  # offline: as ever, the first
+    unknown = unknown_network(holdings, target, neighbours)
+    chosen = unknown or choose(holdings)
     session.rewrites = chosen.rewrites
     session.report.rewrites = chosen.rewrites.describe() or "none"
+    if unknown is not None and unknown is not holdings[0]:  # the first is what a compile takes where nothing is held anyway
+        session.report.rewrites_by = "what this CPU is best tuned with (the registry holds nothing of this network)"
     session.report.rewrite_options = [each.describe() for each in holdings]
     return modules[chosen.rewrites] if chosen.rewrites in modules else fuse(chosen.rewrites)
 

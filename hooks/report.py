@@ -45,6 +45,7 @@ class CompileReport:
     model_ranked: int = 0  # kernels whose candidates it ranked (the rest: the fit ranking)
     rewrites: str = ""  # where the compile chose its rewrites ("auto"): the option compiled, in words (:mod:`.choice`)
     rewrite_options: list[str] = field(default_factory=list)  # and what the registry held for each option it weighed
+    rewrites_by: str = "the registry's records"  # what chose them
 
     def count(self, outcome: str) -> int:
         return sum(k.outcome == outcome for k in self.kernels)
@@ -83,7 +84,7 @@ class CompileReport:
             linked = f"; the registry could not be reached: {offline} kernels kept TVM's default schedules, unreported" + linked
         linked += f"; {kept} misses kept the default schedule, faster than every candidate timed" if kept else ""
         if self.rewrite_options:
-            linked += f"; rewrites chosen by the registry's records: {self.rewrites} (weighed: {'; '.join(self.rewrite_options)})"
+            linked += f"; rewrites chosen by {self.rewrites_by}: {self.rewrites} (weighed: {'; '.join(self.rewrite_options)})"
         hits = f"{self.hits} hits ({self.default_hits} of them keep the default schedule: nothing beat it)" if self.default_hits else f"{self.hits} hits"
         return (f"schedhub: {len(self.kernels)} kernels: {hits}, {self.transfers} transfers{synthesized}, {self.count(MISS)} misses, {self.fallbacks} fallbacks "
                 f"({self.lookups} lookups in {self.lookup_secs * 1e3:.1f} ms, {self.misses_reported} misses reported){linked}")  # fmt: skip

@@ -26,6 +26,7 @@ from .networks import bound, run
 from .test_prepack import ConvNet, conv_net, packing_schedule
 
 CPU = tvm.target.Target({"kind": "llvm", "num-cores": 1})
+AVX512 = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 1})  # compiled for, never run
 GIVEN, NHWC_PACKED = Rewrites(), Rewrites("NHWC", prepack=True)
 OPTIONS = RewriteOptions.of("auto", "exact", "auto", "direct")
 
@@ -101,11 +102,40 @@ def test_auto_on_an_empty_registry_compiles_the_given_option_and_queues_only_its
     assert queued == {i.key for i in kernel_identities(GIVEN)}, "misses are reported under the option compiled, none under the others"
 
 
-def test_auto_with_the_registry_down_compiles_the_given_option(tmp_path: Path) -> None:
+@pytest.mark.parametrize("target", [CPU, AVX512], ids=["cpu", "avx512"])
+def test_auto_with_the_registry_down_compiles_the_given_option(target: tvm.target.Target, tmp_path: Path) -> None:
     with pytest.warns(UserWarning, match="registry"):
-        with use("http://127.0.0.1:9", CPU, layout="auto", prepack="auto", timeout=0.5, cache=tmp_path / "cache") as session:
-            tvm.compile(conv_net(), CPU)
+        with use("http://127.0.0.1:9", target, layout="auto", prepack="auto", timeout=0.5, cache=tmp_path / "cache") as session:
+            tvm.compile(conv_net(), target)
     assert session.report.rewrites == "none" and session.report.count("offline") == len(kernel_identities(GIVEN)), session.report.summary()
+
+
+def test_a_network_the_registry_knows_nothing_of_is_compiled_and_queued_as_this_cpu_tunes_best(tmp_path: Path) -> None:
+    """On a CPU with AVX-512, nothing held and nothing near: NHWC with prepacked weights, the misses queued what
+    ``schedhub tune`` tunes there; a network without convolutions in its own layout, prepacked (compiled, not run:
+    this machine may lack AVX-512)."""
+    LocalRegistry(tmp_path / "store").close()
+    with use(tmp_path / "store", AVX512, cache=tmp_path / "cache") as session:
+        tvm.compile(conv_net(), AVX512)
+    assert session.rewrites == NHWC_PACKED and session.report.misses == len(session.report.kernels), session.report.summary()
+    assert "rewrites chosen by what this CPU is best tuned with" in session.report.summary()
+    with LocalRegistry(tmp_path / "store") as reg:
+        queued = {job["key"] for job in reg.jobs("pending")}
+    assert queued == {k.identity.key for k in models.kernels(conv_net(), AVX512, NHWC_PACKED)}
+    with use(tmp_path / "store", AVX512, report_misses=False, cache=tmp_path / "cache") as session:
+        tvm.compile(bound(Dense(), (2, 16)), AVX512)
+    assert session.rewrites == Rewrites(prepack=True), session.report.summary()
+
+
+def test_a_network_with_neighbours_in_the_registry_keeps_the_given_option_and_is_served_their_transfers(tmp_path: Path) -> None:
+    """Records of the same kernels at another size: the given option's misses are served them now, so it stays."""
+    wider = [drawn(k.identity) for k in models.kernels(bound(ConvNet(), (1, 8, 12, 12)), AVX512)]
+    with LocalRegistry(tmp_path / "store") as reg:
+        for record in wider:
+            reg.put(record)
+    with use(tmp_path / "store", AVX512, trust="any", report_misses=False, cache=tmp_path / "cache") as session:
+        tvm.compile(conv_net(), AVX512)
+    assert session.rewrites == GIVEN and session.report.transfers == len(session.report.kernels) > 0, session.report.summary()
 
 
 def test_options_are_every_combination_of_the_values_left_to_auto() -> None:

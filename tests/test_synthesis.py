@@ -278,13 +278,13 @@ def test_a_cpu_model_new_to_the_registry_borrows_the_model_of_its_neighbours_cpu
     host = tvm.target.Target(HOST)
     sibling_log, sibling_records = as_sibling(training_log, 8)
     with registry_with(tmp_path / "log-only", sibling_log) as reg:  # another CPU's log, no neighbour of it: no model
-        with use(reg, host, cache=tmp_path / "log-only-cache", measure=120, synthesize=16) as alone:
+        with use(reg, host, cache=tmp_path / "log-only-cache", measure=120, synthesize=16, prepack=False) as alone:  # the kernels below
             tvm.compile(export(16), host)
         assert alone.report.synthesized == 0 and alone.log_model.borrowed == {} and alone.log_model.trained_on == {}
         lone = alone.report.kernels[0].op  # the first kernel a compile reaches; no record of the sibling's: no neighbour names it
         assert "matmul" in lone
         reg.put_many([r for r in sibling_records if r.identity.op != lone], "worker")  # the sibling CPU's records at batch 8
-        with use(reg, host, cache=tmp_path / "cache", measure=120, synthesize=16) as session:
+        with use(reg, host, cache=tmp_path / "cache", measure=120, synthesize=16, prepack=False) as session:
             ex = tvm.compile(export(16), host)  # the lone kernel is compiled first: it borrows through its neighbours' kernels
     report = session.report
     assert session.log_model.borrowed == {target_text(host): target_text(tvm.target.Target(SIBLING))}

@@ -28,17 +28,21 @@ def test_batch_norm_is_folded_into_the_convolution_and_the_output_kept() -> None
 
 def test_a_model_imported_as_users_do_gets_the_keys_schedhub_tune_tuned(tmp_path) -> None:
     """A user imports with ``from_exported_program(torch.export.export(...))``; ``schedhub tune`` and ``profile`` import
-    through ``plan.from_torch_export``, which folds BatchNorm. The hook's fusion folds it too: one model, one set of keys."""
+    through ``plan.from_torch_export``, which folds BatchNorm. The hook's fusion folds it too: one model, one set of keys.
+    Left to their defaults, both take the rewrites this CPU is best tuned with (NHWC prepacked on AVX-512), the compile
+    because the registry knows nothing of the model: it queues what ``schedhub tune`` would tune."""
     from tvm.relax.frontend.torch import from_exported_program
 
     from schedhub.hooks import use
 
     ref = plan.parse_model('{"torch": "tests.torch_factories:conv_bn", "inputs": {"x": [1, 3, 16, 16]}}')
-    target = tvm.target.Target(plan.resolve_target("host"))
-    tuned_keys = {k.identity.key for k in kernels(plan.load(ref), target)}
+    host = plan.resolve_target("host")
+    target = tvm.target.Target(host)
+    rewrites = plan.tuning_rewrites(host, plan.AUTO, "exact", None, "direct")
+    tuned_keys = {k.identity.key for k in kernels(plan.load(ref), target, rewrites)}
     x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype("float32")
     users = from_exported_program(torch.export.export(conv_bn().eval(), (torch.from_numpy(x),)))
-    assert {k.identity.key for k in kernels(users, target)} == tuned_keys
+    assert {k.identity.key for k in kernels(users, target, rewrites)} == tuned_keys
     with use(tmp_path / "store", target, report_misses=False) as session:
         ex = tvm.compile(users, target)
     assert {k.key for k in session.report.kernels} == tuned_keys

@@ -213,24 +213,14 @@ def plan(refs: list[ModelRef], target: dict[str, Any], rewrites: Rewrites | None
 
 #: What ``schedhub tune`` leaves to the target where a rewrite is not named (``--layout auto``, no ``--prepack`` flag).
 AUTO = "auto"
-#: The CPU feature of every machine where the registry's NHWC, prepacked records made a network beat PyTorch (znver4,
-#: znver5, rocketlake: README's table), and where the same tuning without them lost (ResNet-18@224 on znver4: 0.93×).
-WIDE_VECTORS = "avx512f"
 
 
 def tuning_rewrites(target: dict[str, Any], layout: str, math: str, prepack: bool | None, conv: str) -> Rewrites:
-    """The rewrites a tuning run takes: those named, and where the layout is ``"auto"`` or the packing None, NHWC
-    convolutions and prepacked weights on a CPU with AVX-512, the given layout and unpacked weights elsewhere (no
-    machine without it was measured to gain by them; Winograd converts NCHW convolutions only, so it keeps the given
-    layout). A compile finds either by default (``use(...)``'s ``"auto"``)."""
+    """The rewrites a tuning run takes: those named, and where the layout is ``"auto"`` or the packing None, those
+    ``target``'s kernels are best tuned with (``hooks.choice.tuned_best``: NHWC and prepacked on a CPU with AVX-512, none
+    elsewhere). A compile finds either by default (``use(...)``'s ``"auto"``)."""
+    from schedhub.hooks.choice import tuned_best
     from schedhub.hooks.rewrites import Rewrites
 
-    wide = has_wide_vectors(target)
-    chosen_layout = ("NHWC" if wide and conv == "direct" else "given") if layout == AUTO else layout
-    return Rewrites(chosen_layout, math, wide if prepack is None else prepack, conv)  # type: ignore[arg-type]
-
-
-def has_wide_vectors(target: dict[str, Any]) -> bool:
-    """Whether ``target`` is a CPU whose LLVM target has AVX-512 (its ``mcpu``'s or its ``mattr``'s)."""
-    tgt = tvm.target.Target(target)
-    return tgt.kind.name == "llvm" and bool(tvm.target.codegen.target_has_features(WIDE_VECTORS, tgt))
+    best = tuned_best(target, math, conv)  # type: ignore[arg-type]
+    return Rewrites(best.layout if layout == AUTO else layout, math, best.prepack if prepack is None else prepack, conv)  # type: ignore[arg-type]
