@@ -198,7 +198,7 @@ def tuned_best(target: tvm.target.Target | dict[str, Any], math: Math, conv: Con
     """The rewrites ``target``'s kernels are best tuned with, as far as measured: NHWC convolutions (the given layout
     with Winograd, which converts NCHW ones) and prepacked weights on a CPU with AVX-512; none elsewhere (no machine
     without it was measured to gain by them). What ``schedhub tune`` takes where none is named, and what a compile
-    takes, and so queues, where the registry holds nothing for the network (:func:`untouched`)."""
+    takes, and so queues, where the registry holds nothing of the network (:func:`unknown_network`)."""
     wide = has_wide_vectors(target)
     return Rewrites("NHWC" if wide and conv == "direct" else "given", math, wide, conv)
 
