@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -121,6 +122,8 @@ def tune(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: 
     tgt = plan.resolve_target(target)
     rewrites = plan.tuning_rewrites(tgt, layout, math, prepack, conv)
     planned = plan.plan(refs, tgt, rewrites)
+    if layout == AUTO and rewrites.layout != "given" and not any("conv2d" in p.kernel.identity.op for p in planned):
+        rewrites = dataclasses.replace(rewrites, layout="given")  # no convolution to convert: the same keys, said as they are
     model = "each search's cost model started from the registry's log" if options.warm_model else "each search's cost model started cold"
     chosen = rewrites.describe() + (" (this CPU's AVX-512: --layout given --no-prepack for none)" if (layout == AUTO or prepack is None) and has_wide_vectors(tgt) else "")
     said = [text for text in (chosen, model) if text]

@@ -1071,6 +1071,9 @@ def test_tune_takes_nhwc_and_prepacked_weights_on_a_cpu_with_avx512_where_no_rew
     kernels = {name: {k.identity.key[:16] for k in models.kernels(plan.load(plan.parse_model(model)), znver4, rewrites)}
                for name, rewrites in (("default", Rewrites("NHWC", prepack=True)), ("named", Rewrites()))}  # fmt: skip
     assert listed == kernels and not listed["default"] & listed["named"]
+    mlp = [sys.executable, "-m", "schedhub.cli.main", "tune", "-r", str(tmp_path / "store"), "-m", "mlp:batch=2", "--target", json.dumps(znver4), "--dry-run"]
+    said_mlp = subprocess.run(mlp, cwd=REPO, capture_output=True, text=True, timeout=200, env={**os.environ, "COLUMNS": "300"}).stderr
+    assert "weights prepacked (this CPU's AVX-512" in said_mlp and "NHWC" not in said_mlp  # nothing to convert: not said
 
 
 def test_tune_until_gives_each_kernel_a_round_then_where_it_gains_most_within_the_budget(ray_address: str, tmp_path: Path) -> None:
