@@ -56,8 +56,9 @@ def fusion_passes(rewrites: Rewrites = NO_REWRITES) -> tvm.transform.Pass:
 
 def unpacked_fusion_passes(rewrites: Rewrites) -> tvm.transform.Pass:
     """:func:`fusion_passes` less what ``prepack`` adds after fusion: the same for a network prepacked or not."""
+    rewriting = rewrites.passes()
     return tvm.transform.Sequential([
-        relax.transform.FoldBatchnormToConv2D(), *constant_passes(), *rewrites.passes(), *(constant_passes() if rewrites.passes() else []),
+        relax.transform.FoldBatchnormToConv2D(), *constant_passes(), *rewriting, *(constant_passes() if rewriting else []),
         relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR(),
     ])  # fmt: skip

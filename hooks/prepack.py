@@ -35,6 +35,7 @@ import tvm
 from tvm import relax, tirx
 
 from .cache import KernelCache, atomic_file, mark_used
+from .constants import host_view
 from .objects import OBJECT_ID, object_id_of
 from .relax_mutation import mutate_relax_functions
 
@@ -151,15 +152,6 @@ class _ConstantRewrites(relax.PyExprMutator):
             if m.path is not None:
                 write_arrays(self.cache, m.path, done[digest])
         return done
-
-
-def host_view(tensor: tvm.runtime.Tensor) -> np.ndarray:
-    """A constant's values as numpy reads them: its own memory where it is on the host (DLPack, no copy: ResNet-18@224's
-    weights are 44 MB, hashed on every prepacked compile), else a copy."""
-    try:
-        return np.from_dlpack(tensor)
-    except (BufferError, RuntimeError, TypeError):
-        return tensor.numpy()
 
 
 def inputs_digest(object_id: str, inputs: list[np.ndarray]) -> str:
