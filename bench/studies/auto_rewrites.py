@@ -4,8 +4,8 @@ tuned both ways.
 
     python -m bench.studies.auto_rewrites --store DIR [--network resnet18] [--compiles 3] [--rounds 5]
 
-The network is the shipped network's PyTorch twin imported through ``torch.export`` at batch 1 (ResNet-18 and
-MobileNet-V2 at 224 px). It is compiled for this CPU from a copy of ``--store`` (say the ``--keep-store`` of two
+The network is the full mode's network at batch 1 (ResNet-18 and MobileNet-V2 at 224 px imported through
+``torch.export``, the BERT layer at sequence 128, the MLP). It is compiled for this CPU from a copy of ``--store`` (say the ``--keep-store`` of two
 ``bench.models`` runs, one with no rewrite and one ``--seed-store``-ed from it with ``--layout NHWC --prepack``):
 in the given layout unpacked (``"given"``: what a compile that named nothing took before ``"auto"`` was the default),
 with ``"auto"``, and with the rewrites ``"auto"`` chose named; ``--compiles`` times each, in
@@ -40,7 +40,7 @@ ASKED: dict[str, dict[str, Any]] = {"given": {"layout": "given", "prepack": Fals
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.studies.auto_rewrites", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--store", type=Path, required=True, help="a registry holding the network's records (copied, not changed)")
-    parser.add_argument("--network", default="resnet18", choices=["resnet18", "mobilenetv2"])
+    parser.add_argument("--network", default="resnet18", choices=["resnet18", "mobilenetv2", "bert_layer", "mlp"])
     parser.add_argument("--compiles", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", type=Path)
