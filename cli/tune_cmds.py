@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import signal
@@ -120,10 +119,9 @@ def tune(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: 
     options = _options(trials, trials_per_iter, seed, population, final_repeat_ms, warm_model)
     refs = plan.expand([plan.parse_model(m) for m in model_specs], dict(plan.parse_sweep(s) for s in sweep))
     tgt = plan.resolve_target(target)
-    rewrites = plan.tuning_rewrites(tgt, layout, math, prepack, conv)
-    planned = plan.plan(refs, tgt, rewrites)
-    if layout == AUTO and rewrites.layout != "given" and not any("conv2d" in p.kernel.identity.op for p in planned):
-        rewrites = dataclasses.replace(rewrites, layout="given")  # no convolution to convert: the same keys, said as they are
+    modules = [plan.load(ref) for ref in refs]
+    rewrites = plan.tuning_rewrites(tgt, layout, math, prepack, conv, modules)
+    planned = plan.plan(refs, tgt, rewrites, modules)
     model = "each search's cost model started from the registry's log" if options.warm_model else "each search's cost model started cold"
     chosen = rewrites.describe() + (" (this CPU's AVX-512: --layout given --no-prepack for none)" if (layout == AUTO or prepack is None) and has_wide_vectors(tgt) else "")
     said = [text for text in (chosen, model) if text]
@@ -137,7 +135,7 @@ def tune(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: 
     cluster.start(ray_address, num_cpus, num_gpus)
     if until is not None:
         threads = int(tgt.get("num-cores") or num_cpus or 0) or os.cpu_count() or 1
-        tune_network.run(reg, refs, planned, options, until, policy, round_trials, max_trials, max_minutes, threads, tgt, rewrites)
+        tune_network.run(reg, refs, modules, planned, options, until, policy, round_trials, max_trials, max_minutes, threads, tgt, rewrites)
         return
     with progress("tuning", total=len(planned)) as bar:
         task = bar.add_task("tuning", total=len(planned))

@@ -36,20 +36,20 @@ def pytorch_secs(refs: list[Any], threads: int) -> float:
         return torch_proc.time_network(repeat=5, min_secs=0.2)
 
 
-def network_measure(reg: Any, refs: list[Any], target: dict[str, Any], rewrites: Any, threads: int) -> Callable[[], float] | None:
-    """The one model compiled through the hook from ``reg`` and timed on this machine's CPU on ``threads`` threads, as
-    PyTorch is (None: several models, or a target this machine does not run, where the estimate alone decides)."""
-    from schedhub.tuner import plan
+def network_measure(reg: Any, modules: list[Any], target: dict[str, Any], rewrites: Any, threads: int) -> Callable[[], float] | None:
+    """The one model (loaded: ``modules``) compiled through the hook from ``reg`` and timed on this machine's CPU on
+    ``threads`` threads, as PyTorch is (None: several models, or a target this machine does not run, where the estimate
+    alone decides)."""
     from schedhub.tuner.network_timing import hooked_network_secs
 
-    if len(refs) != 1 or target.get("kind") != "llvm":
+    if len(modules) != 1 or target.get("kind") != "llvm":
         return None
     os.environ.setdefault("TVM_NUM_THREADS", str(threads))  # before this process's TVM thread pool starts
-    mod = plan.load(refs[0])
+    mod = modules[0]
     return lambda: hooked_network_secs(mod, reg, target, rewrites)
 
 
-def run(reg: Any, refs: list[Any], planned: list[Any], options: Any, until: str | float, policy_name: str, round_trials: int,
+def run(reg: Any, refs: list[Any], modules: list[Any], planned: list[Any], options: Any, until: str | float, policy_name: str, round_trials: int,
         max_trials: int | None, max_minutes: float | None, threads: int, target: dict[str, Any], rewrites: Any) -> None:  # fmt: skip
     from schedhub.tuner.allocation import POLICIES, Goal
     from schedhub.tuner.network import Check, Round, tune_network
@@ -59,7 +59,7 @@ def run(reg: Any, refs: list[Any], planned: list[Any], options: Any, until: str 
     kernels = [(p.kernel.identity, p.kernel.calls) for p in planned]
     goal = Goal(latency_secs=reference, max_trials=max_trials if max_trials is not None else options.trials * len(kernels),
                 max_secs=max_minutes * 60 if max_minutes else None)  # fmt: skip
-    measure = network_measure(reg, refs, target, rewrites, threads)
+    measure = network_measure(reg, modules, target, rewrites, threads)
     console.print(f"{len(kernels)} kernels; {label}: {reference * 1e3:.3f} ms; budget {goal.max_trials} trials"
                   + (f", {max_minutes:g} min" if max_minutes else "") + f"; policy {policy_name}, {round_trials} trials a round; "
                   + ("the compiled network is timed when the estimate meets the goal" if measure else "the estimate alone decides (one CPU model is timed)"))

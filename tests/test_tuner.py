@@ -1061,6 +1061,10 @@ def test_tune_takes_nhwc_and_prepacked_weights_on_a_cpu_with_avx512_where_no_rew
     assert plan.tuning_rewrites(znver4, "given", "exact", False, "direct") == Rewrites()
     assert plan.tuning_rewrites({"kind": "cuda", "arch": "sm_90"}, "auto", "exact", None, "direct") == Rewrites()
     model = "resnet18:image=32"
+    resnet, mlp_module = plan.load(plan.parse_model(model)), plan.load(plan.parse_model("mlp:batch=2"))
+    assert plan.tuning_rewrites(znver4, "auto", "exact", None, "direct", [mlp_module]) == Rewrites(prepack=True)  # no convolution to convert
+    assert plan.tuning_rewrites(znver4, "auto", "exact", None, "direct", [mlp_module, resnet]) == Rewrites("NHWC", prepack=True)
+    assert plan.tuning_rewrites(znver4, "NHWC", "exact", None, "direct", [mlp_module]) == Rewrites("NHWC", prepack=True)  # named: as named
     listed, said = {}, {}
     for name, flags in (("default", []), ("named", ["--layout", "given", "--no-prepack"])):
         cmd = [sys.executable, "-m", "schedhub.cli.main", "tune", "-r", str(tmp_path / "store"), "-m", model, "--target", json.dumps(znver4), "--dry-run", *flags]
@@ -1068,7 +1072,7 @@ def test_tune_takes_nhwc_and_prepacked_weights_on_a_cpu_with_avx512_where_no_rew
         assert done.returncode == 0, done.stderr
         listed[name], said[name] = {line.split()[0] for line in done.stdout.splitlines() if line.strip()}, done.stderr
     assert "convolutions NHWC, weights prepacked (this CPU's AVX-512" in said["default"] and "AVX-512" not in said["named"]
-    kernels = {name: {k.identity.key[:16] for k in models.kernels(plan.load(plan.parse_model(model)), znver4, rewrites)}
+    kernels = {name: {k.identity.key[:16] for k in models.kernels(resnet, znver4, rewrites)}
                for name, rewrites in (("default", Rewrites("NHWC", prepack=True)), ("named", Rewrites()))}  # fmt: skip
     assert listed == kernels and not listed["default"] & listed["named"]
     mlp = [sys.executable, "-m", "schedhub.cli.main", "tune", "-r", str(tmp_path / "store"), "-m", "mlp:batch=2", "--target", json.dumps(znver4), "--dry-run"]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib
 import itertools
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -201,11 +202,12 @@ class PlannedKernel:
     models: list[str]
 
 
-def plan(refs: list[ModelRef], target: dict[str, Any], rewrites: Rewrites | None = None) -> list[PlannedKernel]:
-    """Every distinct kernel of the models on ``target`` after ``rewrites`` (by key), with the models that use it."""
+def plan(refs: list[ModelRef], target: dict[str, Any], rewrites: Rewrites | None = None, modules: Sequence[tvm.IRModule] | None = None) -> list[PlannedKernel]:
+    """Every distinct kernel of the models on ``target`` after ``rewrites`` (by key), with the models that use it;
+    ``modules``: the models already loaded (:func:`load`), one for each of ``refs``."""
     found: dict[str, PlannedKernel] = {}
-    for ref in refs:
-        for kernel in models.kernels(load(ref), target, rewrites):
+    for ref, mod in zip(refs, modules if modules is not None else [load(ref) for ref in refs], strict=True):
+        for kernel in models.kernels(mod, target, rewrites):
             entry = found.setdefault(kernel.identity.key, PlannedKernel(kernel, []))
             entry.models.append(ref.label)
     return list(found.values())
@@ -215,12 +217,16 @@ def plan(refs: list[ModelRef], target: dict[str, Any], rewrites: Rewrites | None
 AUTO = "auto"
 
 
-def tuning_rewrites(target: dict[str, Any], layout: str, math: str, prepack: bool | None, conv: str) -> Rewrites:
+def tuning_rewrites(target: dict[str, Any], layout: str, math: str, prepack: bool | None, conv: str, modules: Sequence[tvm.IRModule] = ()) -> Rewrites:
     """The rewrites a tuning run takes: those named, and where the layout is ``"auto"`` or the packing None, those
     ``target``'s kernels are best tuned with (``hooks.choice.tuned_best``: NHWC and prepacked on a CPU with AVX-512, none
-    elsewhere). A compile finds either by default (``use(...)``'s ``"auto"``)."""
+    elsewhere), the given layout where that one converts nothing in ``modules`` (no convolution: the same keys, said as
+    they are). A compile finds either by default (``use(...)``'s ``"auto"``)."""
     from schedhub.hooks.choice import tuned_best
+    from schedhub.hooks.layouts import converts
     from schedhub.hooks.rewrites import Rewrites
 
     best = tuned_best(target, math, conv)  # type: ignore[arg-type]
-    return Rewrites(best.layout if layout == AUTO else layout, math, best.prepack if prepack is None else prepack, conv)  # type: ignore[arg-type]
+    if layout == AUTO:
+        layout = best.layout if not modules or any(converts(best.layout, mod) for mod in modules) else "given"
+    return Rewrites(layout, math, best.prepack if prepack is None else prepack, conv)  # type: ignore[arg-type]
