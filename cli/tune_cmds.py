@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -121,7 +122,15 @@ def tune(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: 
     tgt = plan.resolve_target(target)
     modules = [plan.load(ref) for ref in refs]
     rewrites = plan.tuning_rewrites(tgt, layout, math, prepack, conv, modules)
-    planned = plan.plan(refs, tgt, rewrites, modules)
+    try:
+        planned = plan.plan(refs, tgt, rewrites, modules)
+    except Exception as exc:  # the layout the target chose, where TVM cannot convert these models: the given one, as a compile's "auto" does
+        if layout != AUTO or rewrites.layout == "given":
+            raise
+        said_tvm = str(exc).strip().splitlines()
+        console.print(f"convolutions {rewrites.layout} not taken: TVM could not convert these models ({type(exc).__name__}: {said_tvm[-1][:200] if said_tvm else ''})")
+        rewrites = dataclasses.replace(rewrites, layout="given")
+        planned = plan.plan(refs, tgt, rewrites, modules)
     model = "each search's cost model started from the registry's log" if options.warm_model else "each search's cost model started cold"
     chosen = rewrites.describe() + (" (this CPU's AVX-512: --layout given --no-prepack for none)" if (layout == AUTO or prepack is None) and has_wide_vectors(tgt) else "")
     said = [text for text in (chosen, model) if text]

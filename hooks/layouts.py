@@ -8,6 +8,11 @@ converts looks up the converted kernels, and the tuner (``tuner.models.kernels``
   folds away at compile time, in numpy (:mod:`.constants`), and only the network's input and output are
   transposed at run time).
 
+TVM 0.27's ``ConvertLayout`` raises on a ``squeeze`` with a negative axis (``std::bad_alloc``: ViT's attention has one)
+and on every ``stack``, wherever they are in the network, so before converting (:func:`convertible_forms`) a
+``squeeze`` takes its axes counted from the front and a ``stack`` becomes the ``concat`` of its inputs each expanded
+at its axis: the same values, in forms it converts.
+
 Blocked layouts (NCHW[x]c) are not offered: TVM 0.27's Relax legalizes a ``conv2d`` through TOPI only when its data
 and kernel layouts have four dimensions (``legalize_ops/nn.py``), so a blocked convolution would stay a Relax op no
 schedule applies to.
@@ -19,6 +24,9 @@ from typing import Literal, get_args
 
 import tvm
 from tvm import relax
+from tvm.relax import PyExprMutator, expr_functor
+
+from .relax_mutation import mutate_relax_functions
 
 Layout = Literal["given", "NHWC"]
 LAYOUTS: tuple[str, ...] = get_args(Layout)
@@ -38,7 +46,41 @@ def layout_passes(layout: Layout) -> list[tvm.transform.Pass]:
     """The passes that convert a Relax module's convolutions to ``layout`` (none for "given"); the weights' transposes
     they leave are folded with every other constant's move (:mod:`.constants`)."""
     desired = _DESIRED.get(check_layout(layout))
-    return [] if desired is None else [relax.transform.ConvertLayout(desired)]
+    return [] if desired is None else [convertible_forms, relax.transform.ConvertLayout(desired)]
+
+
+def _from_front(axis: int, ndim: int) -> int:
+    return axis + ndim if axis < 0 else axis
+
+
+@expr_functor.mutator
+class _Convertible(PyExprMutator):
+    """Each ``squeeze`` of known rank with its axes counted from the front, and each ``stack`` of known rank as the
+    ``concat`` of its inputs each expanded at its axis (the same values); the rest as it is."""
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 (TVM's visitor name)
+        call = super().visit_call_(call)
+        name = getattr(call.op, "name", "")
+        if name == "relax.squeeze" and call.attrs.axis is not None and any(int(a) < 0 for a in call.attrs.axis):
+            ndim = int(getattr(call.args[0].ty, "ndim", -1))
+            if ndim >= 0:
+                return self.builder_.normalize(relax.op.squeeze(call.args[0], [_from_front(int(a), ndim) for a in call.attrs.axis]))
+        if name == "relax.stack":
+            fields = list(getattr(call.args[0].ty, "fields", None) or [])
+            ndim = int(getattr(fields[0], "ndim", -1)) if fields else -1
+            if ndim >= 0:  # the result has one more dimension than each input
+                axis = _from_front(int(call.attrs.axis), ndim + 1)
+                tup = call.args[0]
+                items = list(tup.fields) if isinstance(tup, relax.Tuple) else [relax.TupleGetItem(tup, i) for i in range(len(fields))]
+                expanded = [self.builder_.emit(relax.op.expand_dims(item, [axis])) for item in items]
+                return self.builder_.normalize(relax.op.concat(expanded, axis))
+        return call
+
+
+@tvm.transform.module_pass(opt_level=0, name="SchedhubConvertibleForms")
+def convertible_forms(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+    """Every Relax function's ``squeeze`` and ``stack`` in the forms ``ConvertLayout`` reads (:class:`_Convertible`)."""
+    return mutate_relax_functions(_Convertible(mod), mod)
 
 
 def converts(layout: Layout, mod: tvm.IRModule) -> bool:

@@ -106,15 +106,20 @@ def fused(session: HookSession, mod: tvm.IRModule, target: tvm.target.Target | N
     options = session.rewrite_options.for_target(target).for_module(mod).options
     if len(options) == 1 or target is None:
         session.rewrites = options[0]
-        return fusion_passes(session.rewrites)(mod)
-    unpacked: dict[Rewrites, tvm.IRModule] = {}  # an option and its prepacked twin share their fusion
+        return rewritten(options[0], lambda: fusion_passes(options[0])(mod))
+    unpacked: dict[Rewrites, tvm.IRModule | Exception] = {}  # an option and its prepacked twin share their fusion
     modules: dict[Rewrites, tvm.IRModule] = {}
 
     def fuse(rewrites: Rewrites) -> tvm.IRModule:
         base = dataclasses.replace(rewrites, prepack=False)
         if base not in unpacked:
-            unpacked[base] = unpacked_fusion_passes(base)(mod)
-        modules[rewrites] = tvm.transform.Sequential(rewrites.fused_passes())(unpacked[base])
+            try:
+                unpacked[base] = unpacked_fusion_passes(base)(mod)
+            except Exception as exc:  # noqa: BLE001 (TVM raises InternalError, ValueError…; the twin fails alike)
+                unpacked[base] = exc
+        if isinstance(done := unpacked[base], Exception):
+            raise done
+        modules[rewrites] = tvm.transform.Sequential(rewrites.fused_passes())(done)
         return modules[rewrites]
 
     network = (compiler_fingerprint(), target_text(target), network_digest(mod))
@@ -123,7 +128,14 @@ def fused(session: HookSession, mod: tvm.IRModule, target: tvm.target.Target | N
         parts = (*network, repr(rewrites))
         kept = kept_kernels(session.cache, parts)
         if kept is None:
-            kept = module_kernels(session, fuse(rewrites), target)
+            try:
+                fused_now = rewritten(rewrites, lambda rewrites=rewrites: fuse(rewrites))
+            except RewriteFailed as exc:  # an option weighed, not asked for, never breaks the compile
+                if rewrites == options[0]:
+                    raise
+                session.say(f"not weighed: {exc}")
+                continue
+            kept = module_kernels(session, fused_now, target)
             keep_kernels(session.cache, parts, kept)
         kernels[rewrites] = kept
     first, *others = kernels.values()  # the first: what a compile takes where no option holds more, so its misses ask neighbours now
@@ -138,6 +150,25 @@ def fused(session: HookSession, mod: tvm.IRModule, target: tvm.target.Target | N
         session.report.rewrites_by = "what this CPU is best tuned with (the registry holds nothing of this network)"
     session.report.rewrite_options = [each.describe() for each in holdings]
     return modules[chosen.rewrites] if chosen.rewrites in modules else fuse(chosen.rewrites)
+
+
+class RewriteFailed(RuntimeError):  # not ValueError: tvm.compile swallows those and builds for the CPU
+    """TVM could not rewrite the network as a compile's rewrites say (its error names the pass)."""
+
+
+def rewritten(rewrites: Rewrites, fuse: Callable[[], tvm.IRModule]) -> tvm.IRModule:
+    """``fuse()``, the network rewritten and fused as ``rewrites`` say; where TVM cannot (a rewrite's pass raises), a
+    :class:`RewriteFailed` that names the rewrites and the compile that does without them. A network TVM cannot fuse
+    without rewrites raises TVM's own error."""
+    try:
+        return fuse()
+    except Exception as exc:
+        if not rewrites.describe():
+            raise
+        said = str(exc).strip().splitlines()
+        undo = ", ".join(f"{name}={plain!r}" for name, plain in dataclasses.asdict(NO_REWRITES).items() if getattr(rewrites, name) != plain)
+        raise RewriteFailed(f"TVM could not compile this network with {rewrites.describe()} ({type(exc).__name__}: {said[-1][:200] if said else ''}); "
+                            f"compile it without them: use(..., {undo})") from exc
 
 
 class UnsupportedTarget(RuntimeError):  # not ValueError: tvm.compile swallows those and builds for the CPU

@@ -150,12 +150,12 @@ class HookSession(TransferServing, MissReporting):
         self.flush_misses()
         self.report_network()
         if (why := self.cache.unwritable.tell()) is not None:
-            self._say(f"the kernel cache in {self.cache.root} cannot be written ({why}): later compiles redo this one's work")
+            self.say(f"the kernel cache in {self.cache.root} cannot be written ({why}): later compiles redo this one's work")
         if self.objects is not None and (why := self.objects.failed.tell()) is not None:
-            self._say(f"kernel objects not cached in {self.objects.root} ({why}): those kernels are built in the model's module")
+            self.say(f"kernel objects not cached in {self.objects.root} ({why}): those kernels are built in the model's module")
         log.info(self.report.summary())
 
-    def _say(self, problem: str) -> None:
+    def say(self, problem: str) -> None:
         """A problem the compile survived, in the report and the log, once a session."""
         self.report.problems.append(problem)
         log.warning("schedhub: %s", problem)
@@ -219,10 +219,10 @@ class HookSession(TransferServing, MissReporting):
         self._told_refused.update(refused)
         for n, item in enumerate(refused):
             if self._refused_named >= MAX_REFUSED_NAMED:
-                self._say(f"{len(refused) - n} more records left out, not named; the last: {refused[-1].reason[:200]}")
+                self.say(f"{len(refused) - n} more records left out, not named; the last: {refused[-1].reason[:200]}")
                 return
             self._refused_named += 1
-            self._say(f"record {item.trace_id or '(unnamed)'} of key {item.key[:16] or '(unnamed)'} left out: {item.reason}")
+            self.say(f"record {item.trace_id or '(unnamed)'} of key {item.key[:16] or '(unnamed)'} left out: {item.reason}")
             if item.key and item.trace_id:
                 self._complain(item.key, item.trace_id, item.reason)
 

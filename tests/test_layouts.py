@@ -8,10 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tvm
+from tvm import relax
 from tvm.relax.frontend import nn
 
 from schedhub.cli.tune_cmds import LAYOUTS as CLI_LAYOUTS
 from schedhub.hooks import use
+from schedhub.hooks import layouts
 from schedhub.hooks.layouts import LAYOUTS, check_layout
 from schedhub.hooks.rewrites import Rewrites
 from schedhub.tuner import models
@@ -66,6 +68,47 @@ def test_layout_is_part_of_what_a_kernel_is(nhwc_store: Path, tmp_path: Path) ->
     with use(nhwc_store, CPU, trust="any", transfer=False, report_misses=False, cache=tmp_path / "cache") as session:
         tvm.compile(conv_net(), CPU)
     assert session.report.misses == 0 and session.rewrites.layout == "NHWC", session.report.summary()  # its transposes too
+
+
+def squeeze_stack_net() -> tvm.IRModule:
+    """A convolution, then a ``squeeze`` with a negative axis and a ``stack``: forms TVM 0.27's ``ConvertLayout`` raises
+    on (ViT's attention squeezes so), wherever they are in the network."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 4, 12, 12), "float32"))
+    weight = relax.const(np.random.default_rng(2).standard_normal((8, 4, 3, 3)).astype("float32"))
+    with bb.function("forward", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, weight))
+            y = bb.emit(relax.op.squeeze(bb.emit(relax.op.expand_dims(y, [-2])), [-2]))
+            y = bb.emit(relax.op.stack([y, bb.emit(relax.op.multiply(y, relax.const(2.0, "float32")))], axis=-1))
+            out = bb.emit_output(bb.emit(relax.op.sum(y, axis=[-1])))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_a_negative_squeeze_and_a_stack_convert_and_compute_the_same(tmp_path: Path) -> None:
+    mod = squeeze_stack_net()
+    x = np.random.default_rng(1).standard_normal((1, 4, 12, 12)).astype("float32")
+    expected = run(tvm.compile(mod, CPU), x)
+    with use(tmp_path / "store", CPU, layout="NHWC", prepack=False, report_misses=False, cache=tmp_path / "cache") as session:
+        ex = tvm.compile(mod, CPU)
+    assert session.rewrites.layout == "NHWC" and not session.report.problems, session.report.problems
+    np.testing.assert_allclose(run(ex, x), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_a_layout_tvm_cannot_convert_is_not_weighed_and_is_named_where_asked_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rewrite TVM raises on never breaks a compile that only weighs it; one that names it is told what to name instead."""
+    monkeypatch.setitem(layouts._DESIRED, "NHWC", {"relax.nn.conv2d": ["NHWC", "XYZW"]})  # a kernel layout TVM cannot convert to
+    mod = conv_net()
+    x = np.random.default_rng(1).standard_normal((1, 4, 12, 12)).astype("float32")
+    with use(tmp_path / "store", CPU, report_misses=False, cache=tmp_path / "cache") as session:
+        ex = tvm.compile(mod, CPU)
+    assert session.rewrites.layout == "given" and not any("NHWC" in option for option in session.report.rewrite_options), session.report.summary()
+    assert any(p.startswith("not weighed: TVM could not compile this network with convolutions NHWC") for p in session.report.problems), session.report.problems
+    np.testing.assert_allclose(run(ex, x), run(tvm.compile(mod, CPU), x), rtol=1e-4, atol=1e-4)
+    with pytest.raises(RuntimeError, match="could not compile this network with convolutions NHWC.*use\\(..., layout='given'\\)"):  # RewriteFailed, through TVM's FFI
+        with use(tmp_path / "store", CPU, layout="NHWC", prepack=False, report_misses=False, cache=tmp_path / "cache"):
+            tvm.compile(mod, CPU)
 
 
 def test_unknown_layout_is_refused_by_name() -> None:

@@ -1080,6 +1080,23 @@ def test_tune_takes_nhwc_and_prepacked_weights_on_a_cpu_with_avx512_where_no_rew
     assert "weights prepacked (this CPU's AVX-512" in said_mlp and "NHWC" not in said_mlp  # nothing to convert: not said
 
 
+def test_tune_takes_the_given_layout_where_tvm_cannot_convert_the_models_to_the_one_the_cpu_chose(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As a compile's "auto" leaves out a layout TVM raises on, so does ``schedhub tune``'s; a layout named is not left out."""
+    from click.testing import CliRunner
+
+    from schedhub.cli.main import cli
+    from schedhub.hooks import layouts
+
+    monkeypatch.setitem(layouts._DESIRED, "NHWC", {"relax.nn.conv2d": ["NHWC", "XYZW"]})  # a kernel layout TVM cannot convert to
+    znver4 = json.dumps({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
+    args = ["tune", "-r", str(tmp_path / "store"), "-m", "resnet18:image=32", "--target", znver4, "--dry-run"]
+    done = CliRunner().invoke(cli, args, catch_exceptions=False)
+    assert done.exit_code == 0 and "convolutions NHWC not taken: TVM could not convert these models" in done.output, done.output
+    assert "weights prepacked (this CPU's AVX-512" in done.output and "convolutions NHWC, weights" not in done.output
+    named = CliRunner().invoke(cli, [*args, "--layout", "NHWC"])
+    assert named.exit_code != 0 and "not taken" not in named.output, named.output
+
+
 def test_tune_until_gives_each_kernel_a_round_then_where_it_gains_most_within_the_budget(ray_address: str, tmp_path: Path) -> None:
     store = tmp_path / "store"
     cmd = [sys.executable, "-m", "schedhub.cli.main", "tune", "-r", str(store), "--model", '{"name": "mlp", "features": 32, "hidden": 32, "batch": 2}',
