@@ -141,11 +141,13 @@ def networks_of(mode: str, only: list[str] | None = None, batch: int | None = No
 
 
 def run(mode: str, trials: int | None = None, only: list[str] | None = None, seed_store: Path | None = None, keep_store: Path | None = None,
-        say: Callable[[str], None] = print, device: str = "cpu", spending: Spending = Spending(), batch: int | None = None) -> dict[str, Any]:  # fmt: skip
+        say: Callable[[str], None] = print, device: str = "cpu", spending: Spending = Spending(), batch: int | None = None,
+        mcpu: str | None = None) -> dict[str, Any]:  # fmt: skip
     """The table for ``mode``; ``trials`` overrides the mode's per-kernel budget, ``only`` keeps the networks of
     these names, ``batch`` runs each at that batch instead of the mode's (:func:`networks_of`), ``seed_store`` is copied
     in as the starting registry and the registry is copied out to ``keep_store`` at the end (a row tuned in runs that
-    resume through the registry); ``device``: ``"cpu"`` or ``"cuda"``; ``spending``: how each network's trials are spent."""
+    resume through the registry); ``device``: ``"cpu"`` or ``"cuda"``; ``spending``: how each network's trials are spent;
+    ``mcpu``: the LLVM CPU to tune and compile for instead of this one (:func:`older_cpu`: PyTorch held to its vectors)."""
     import tvm
 
     from schedhub import hooks
@@ -157,16 +159,16 @@ def run(mode: str, trials: int | None = None, only: list[str] | None = None, see
         options = replace(options, trials=trials, trials_per_iter=min(options.trials_per_iter, trials))
     networks = networks_of(mode, only, batch)
     on_gpu = device != "cpu"
-    target = tvm_env.device_target(device)
+    target, isa = older_cpu(mcpu) if mcpu else (tvm_env.device_target(device), None)
     tvm_env.prepare()
-    out: dict[str, Any] = {"recorded": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": environment()["commit"], "mode": mode,
+    out: dict[str, Any] = {**({"pytorch_isa": isa} if isa else {}), "recorded": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": environment()["commit"], "mode": mode,
                            "device": device, "device_name": str(tvm.cuda(0).device_name) if on_gpu else tvm_env.host_target()["mcpu"],
                            "default": default_label(target_text(target)), "target": json.loads(target_text(target)), "options": asdict(options),
                            "networks": [asdict(n) for n in networks], "rounds": config["rounds"], "rows": [], "kernels": [], "spending": asdict(spending)}  # fmt: skip
     tuned: dict[str, TuneResult] = {}
     with contextlib.ExitStack() as stack:
         # PyTorch never shares a process with TVM; it starts before Ray's workers and sleeps while they tune
-        torch_proc = stack.enter_context(TorchProcess(cwd=Path(__file__).resolve().parent.parent, device=device))
+        torch_proc = stack.enter_context(TorchProcess(cwd=Path(__file__).resolve().parent.parent, device=device, isa=isa))
         cluster.start()
         root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="schedhub-bench-models-"))) / "store"
         if seed_store is not None:
@@ -216,6 +218,19 @@ def run(mode: str, trials: int | None = None, only: list[str] | None = None, see
             t = row["timing"]
             say(f"{network.label()}: PyTorch {t['pytorch']['median']:.3f} ms, untuned {t['untuned']['median']:.3f} ms, tuned {t['tuned']['median']:.3f} ms")
     return out
+
+
+def older_cpu(mcpu: str) -> tuple[Any, str]:
+    """This machine's CPU target with LLVM's ``mcpu`` CPU in its place, and the instruction set that holds PyTorch to the same
+    vectors (:data:`~schedhub.tuner.torch_process.ISA_ENV`): code for a CPU without AVX-512 (e.g. ``znver3``), timed on this one."""
+    import tvm
+
+    from schedhub.hooks.choice import has_wide_vectors
+
+    target = tvm.target.Target({**tvm_env.host_target(), "mcpu": mcpu})
+    if not has_wide_vectors(tvm_env.host_target()) or has_wide_vectors(target) or not tvm.target.codegen.target_has_features("avx2", target):
+        raise ValueError(f"--mcpu {mcpu}: an AVX2 CPU without AVX-512, on a machine with it (PyTorch is held to AVX2 only)")
+    return target, "avx2"
 
 
 def _tune_evenly(registry: LocalRegistry, network: Network, kernels: list[models.Kernel], tuned: dict[str, TuneResult], options: TuneOptions) -> int:
@@ -457,6 +472,8 @@ def main() -> None:
                         help="start each search's cost model trained on the registry's log (TuneOptions.warm_model; the default)")
     parser.add_argument("--cold-model", action="store_false", dest="warm_model",
                         help="start each search's cost model cold, as MetaSchedule does (rows recorded before warm was the default: cold)")
+    parser.add_argument("--mcpu", help="tune and compile for this LLVM CPU instead of this machine's, e.g. znver3: AVX2 code on an AVX-512 "
+                        "machine, PyTorch held to AVX2 too (a study of older CPUs; keep its --out apart from the table's)")  # fmt: skip
     parser.add_argument("--out", type=Path)
     parser.add_argument("--merge", type=Path, nargs="+", help="write these runs' tables as one (--out), tuning nothing")
     args = parser.parse_args()
@@ -480,12 +497,19 @@ def main() -> None:
     spending = Spending(args.policy, args.until == "pytorch", args.max_minutes, Rewrites(args.layout, args.math, args.prepack, args.conv), args.warm_model, args.round_trials)
     if args.batch is not None and args.batch < 1:
         parser.error("--batch must be at least 1")
+    if args.mcpu:
+        if args.device != "cpu" or not args.out:
+            parser.error("--mcpu is a CPU study: it takes --out (a file apart from the table's)")
+        try:
+            older_cpu(args.mcpu)
+        except ValueError as exc:
+            parser.error(str(exc))
     result = run(mode, args.trials, args.networks.split(",") if args.networks else None, args.seed_store, args.keep_store, device=args.device, spending=spending,
-                 batch=args.batch)  # fmt: skip
+                 batch=args.batch, mcpu=args.mcpu)  # fmt: skip
     result["wall_secs"] = time.time() - started
     result["command"] = " ".join(["python -m bench.models", *(["--quick"] if args.quick else []), *([f"--device {args.device}"] if args.device != "cpu" else []),
                                   *([f"--trials {args.trials}"] if args.trials else []),
-                                  *([f"--networks {args.networks}"] if args.networks else []), *([f"--batch {args.batch}"] if args.batch else []), *(["--seed-store DIR"] if args.seed_store else []), *(["--keep-store DIR"] if args.keep_store else []),
+                                  *([f"--networks {args.networks}"] if args.networks else []), *([f"--mcpu {args.mcpu}"] if args.mcpu else []), *([f"--batch {args.batch}"] if args.batch else []), *(["--seed-store DIR"] if args.seed_store else []), *(["--keep-store DIR"] if args.keep_store else []),
                                   *(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k in ("policy", "until", "max_minutes", "round_trials") and v),
                                   *spending.rewrites.flags(), "--warm-model" if args.warm_model else "--cold-model"])  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)

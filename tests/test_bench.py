@@ -689,3 +689,24 @@ def test_a_run_names_the_tree_its_schedhub_was_imported_from_where_that_is_not_t
     commit = bench_report.run_commit(other, source)
     assert commit.startswith(bench_report.tree_commit(other, [])) and f"schedhub imported from {source} at " in commit, commit
     assert "imported from" not in bench_report.run_commit(source, source)
+
+
+def test_a_study_of_an_older_cpu_holds_pytorch_to_its_vectors() -> None:
+    """``bench.models --mcpu znver3`` on an AVX-512 machine: TVM's code for the older CPU against PyTorch on AVX2 alone."""
+    from bench.models import older_cpu
+    from schedhub.hooks.choice import has_wide_vectors
+    from schedhub.tuner.torch_process import TorchProcess
+
+    with TorchProcess() as plain:
+        best = plain.cpu_capability()
+    if best not in ("AVX2", "AVX512"):
+        pytest.skip(f"PyTorch runs {best} here: no AVX2 to hold it to")
+    with TorchProcess(isa="avx2") as held:
+        assert held.cpu_capability() == "AVX2"
+    with pytest.raises(ValueError, match="an AVX2 CPU without AVX-512"):
+        older_cpu("znver4")  # AVX-512: not older on any machine
+    if has_wide_vectors(host_target()):
+        target, isa = older_cpu("znver3")
+        assert str(target.attrs["mcpu"]) == "znver3" and isa == "avx2" and not has_wide_vectors(target)
+    with pytest.raises(ValueError, match="held to one of avx2"):
+        TorchProcess(isa="sse")

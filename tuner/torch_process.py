@@ -16,6 +16,7 @@ timings still interleave with TVM's round by round.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -28,6 +29,11 @@ import numpy as np
 MLP_FACTORY = "schedhub.tuner.torch_process:mlp_twin"
 
 
+#: What holds PyTorch's CPU kernels (ATen's, oneDNN's, MKL's) to one instruction set: its baseline for code TVM built for an
+#: older CPU than this one (``bench.models --mcpu``), timed on the same vectors.
+ISA_ENV: dict[str, dict[str, str]] = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}}
+
+
 class TorchProcessError(RuntimeError):
     """The PyTorch process failed a request (its message says why)."""
 
@@ -35,16 +41,20 @@ class TorchProcessError(RuntimeError):
 class TorchProcess:
     """The PyTorch child; ``cwd`` where its factory modules import from (``bench`` needs the repository root).
 
-    ``device``: ``"cpu"`` or ``"cuda"``. On CUDA, TF32 is off (fp32 matmuls and convolutions, as TVM
+    ``device``: ``"cpu"`` or ``"cuda"``; ``isa``: on a CPU, the instruction set its kernels are held to (:data:`ISA_ENV`;
+    None: the best this CPU has). On CUDA, TF32 is off (fp32 matmuls and convolutions, as TVM
     computes them) and a timed forward pass ends when the GPU has finished it (synchronized), the
     input already on the device, as TVM's timings are taken."""
 
-    def __init__(self, cwd: str | Path | None = None, device: str = "cpu") -> None:
+    def __init__(self, cwd: str | Path | None = None, device: str = "cpu", isa: str | None = None) -> None:
         if device not in ("cpu", "cuda"):
             raise ValueError(f"PyTorch baselines run on 'cpu' or 'cuda', not {device!r}")
+        if isa is not None and isa not in ISA_ENV:
+            raise ValueError(f"PyTorch is held to one of {', '.join(ISA_ENV)}, not {isa!r}")
         self._dir = tempfile.TemporaryDirectory(prefix="schedhub-torch-")
+        env = {**os.environ, **ISA_ENV[isa]} if isa is not None else None
         self._proc = subprocess.Popen([sys.executable, "-u", "-m", "schedhub.tuner.torch_process", device], cwd=cwd, stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, text=True)  # fmt: skip
+                                      stdout=subprocess.PIPE, text=True, env=env)  # fmt: skip
 
     def __enter__(self) -> TorchProcess:
         return self
@@ -92,6 +102,10 @@ class TorchProcess:
     def time_network(self, repeat: int = 3, min_secs: float = 0.1) -> float:
         """Median seconds per forward pass of the loaded network."""
         return float(self._ask(cmd="time", repeat=repeat, min_secs=min_secs)["secs"])
+
+    def cpu_capability(self) -> str:
+        """The instruction set PyTorch's vectorized CPU kernels run (``torch.backends.cpu.get_cpu_capability``: "AVX512", "AVX2"…)."""
+        return str(self._ask(cmd="capability")["capability"])
 
     def time_kernel(self, op: str, args_info: list[Any], repeat: int = 5, min_secs: float = 0.05) -> float | None:
         """Median seconds of PyTorch's equivalent of a fused kernel (None: no equivalent)."""
@@ -180,6 +194,8 @@ def _serve(device: str = "cpu") -> None:
             elif request["cmd"] == "kernel":
                 fn = baselines.kernel_baseline(request["op"], request["args_info"], "torch")
                 answer = {"secs": statistics.median(baselines.time_callable(fn, request["repeat"], request["min_secs"])) if fn else None}
+            elif request["cmd"] == "capability":
+                answer = {"capability": torch.backends.cpu.get_cpu_capability()}
             else:
                 answer = {"error": f"unknown request {request['cmd']!r}"}
         except Exception as exc:  # the parent gets the reason, the child keeps serving
