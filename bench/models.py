@@ -225,10 +225,11 @@ def older_cpu(mcpu: str) -> tuple[Any, str]:
     vectors (:data:`~schedhub.tuner.torch_process.ISA_ENV`): code for a CPU without AVX-512 (e.g. ``znver3``), timed on this one."""
     import tvm
 
-    from schedhub.hooks.choice import has_wide_vectors
+    def has(feature: str, tgt: Any) -> bool:
+        return bool(tvm.target.codegen.target_has_features(feature, tgt))
 
-    target = tvm.target.Target({**tvm_env.host_target(), "mcpu": mcpu})
-    if not has_wide_vectors(tvm_env.host_target()) or has_wide_vectors(target) or not tvm.target.codegen.target_has_features("avx2", target):
+    host, target = tvm.target.Target(tvm_env.host_target()), tvm.target.Target({**tvm_env.host_target(), "mcpu": mcpu})
+    if not has("avx512f", host) or has("avx512f", target) or not has("avx2", target):
         raise ValueError(f"--mcpu {mcpu}: an AVX2 CPU without AVX-512, on a machine with it (PyTorch is held to AVX2 only)")
     return target, "avx2"
 

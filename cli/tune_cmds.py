@@ -65,14 +65,14 @@ def work_options(f: Any) -> Any:
     f = click.option("--target", default="host", show_default=True, help="'host', a target JSON object, or a TVM target string.")(f)
     f = click.option("--layout", type=click.Choice((AUTO, *LAYOUTS)), default=AUTO, show_default=True,
                      help="Convert the models' 2-D convolutions to this layout first (given: as the frontend gives them; auto: NHWC on "
-                          "a CPU with AVX-512 and direct convolutions, given elsewhere); a compile finds either by default "
+                          "a CPU with AVX2 or AVX-512 and direct convolutions, given elsewhere); a compile finds either by default "
                           "(hooks.use(..., layout=\"auto\")).")(f)  # fmt: skip
     f = click.option("--math", type=click.Choice(MATHS), default="exact", show_default=True,
                      help="fast: GELU, erf, exp, tanh and softmax by TVM's vectorizable approximations (a few float32 ulps from exact); "
                           "compile with hooks.use(..., math=) the same, or the records are not found.")(f)  # fmt: skip
     f = click.option("--prepack/--no-prepack", default=None,
                      help="Let each kernel's schedule choose its weights' layout, packed at compile time (CPU); default: on a CPU "
-                          "with AVX-512. A compile finds either by default (hooks.use(..., prepack=\"auto\")).")(f)  # fmt: skip
+                          "with AVX2 or AVX-512. A compile finds either by default (hooks.use(..., prepack=\"auto\")).")(f)  # fmt: skip
     f = click.option("--conv", type=click.Choice(CONVS), default="direct", show_default=True,
                      help="winograd: 3×3 stride-1 convolutions by Winograd's F(4×4, 3×3), F(2×2, 3×3) on small images (float32 rounding apart from direct); "
                           "compile with hooks.use(..., conv=) the same, or the records are not found.")(f)  # fmt: skip
@@ -132,7 +132,7 @@ def tune(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: 
         rewrites = dataclasses.replace(rewrites, layout="given")
         planned = plan.plan(refs, tgt, rewrites, modules)
     model = "each search's cost model started from the registry's log" if options.warm_model else "each search's cost model started cold"
-    chosen = rewrites.describe() + (" (this CPU's AVX-512: --layout given --no-prepack for none)" if (layout == AUTO or prepack is None) and has_wide_vectors(tgt) else "")
+    chosen = rewrites.describe() + (" (this CPU's AVX2 or AVX-512: --layout given --no-prepack for none)" if (layout == AUTO or prepack is None) and has_wide_vectors(tgt) else "")
     said = [text for text in (chosen, model) if text]
     console.print(f"{len(refs)} model shape(s), {len(planned)} distinct kernels for {tgt}" + "".join(f", {text}" for text in said))
     if dry_run:

@@ -111,7 +111,7 @@ def use(
     ``"given"`` (the frontend's, NCHW from PyTorch and ONNX) or ``"NHWC"`` (:mod:`.layouts`). A record is found only
     under the layout it was tuned in. ``"auto"`` (the default): whichever layout the registry's records say runs the
     network fastest (:mod:`.choice`; ``"given"`` where they hold no more of one, and for a network without convolutions;
-    where the registry holds nothing of the network, the layout this CPU is best tuned with, NHWC on AVX-512, its
+    where the registry holds nothing of the network, the layout this CPU is best tuned with, NHWC on AVX2 or AVX-512, its
     misses queued so).
     ``math``: ``"exact"``, or ``"fast"``: GELU, erf, exp, tanh and softmax by TVM's vectorizable approximations, a few
     float32 ulps from exact (:mod:`.fastmath`). Its kernels are other kernels: tune with the same ``--math``.
@@ -119,7 +119,7 @@ def use(
     ``RewriteLayout``), the weights rewritten once, at compile time (:mod:`.rewrites`; CPU). Tune with ``--prepack``.
     ``"auto"`` (the default): prepacked or not, as the registry's records say runs the network fastest (:mod:`.choice`;
     with ``layout="auto"``, the combinations are weighed together; unpacked where the records hold no more of either,
-    and on a GPU; prepacked on AVX-512 where the registry holds nothing of the network). Name both (``layout="given",
+    and on a GPU; prepacked on AVX2 or AVX-512 where the registry holds nothing of the network). Name both (``layout="given",
     prepack=False``) for a compile that weighs nothing.
     ``conv``: ``"direct"``, or ``"winograd"``: 3×3 stride-1 convolutions with enough output tiles by Winograd's
     F(4×4, 3×3), 4× fewer multiplications (F(2×2, 3×3), 2.25×, where 4×4 tiles are too few), float32 rounding apart from direct (:mod:`.winograd`). Tune with ``--conv``.

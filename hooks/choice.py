@@ -15,7 +15,7 @@ Where no option holds more than another, the first is compiled: the value a comp
 before ``"auto"`` was the default (``"given"``, unpacked), so that a registry's transfers to it are served. Where the
 registry holds nothing of the network at all (no option's record, no neighbour of the first option's kernels to
 transfer: an empty registry), the option the CPU is best tuned with is compiled (:func:`tuned_best`: NHWC prepacked
-on AVX-512, what ``schedhub tune`` tunes there), so that the misses queued are the kernels worth a worker's time; a
+on AVX2 and AVX-512, what ``schedhub tune`` tunes there), so that the misses queued are the kernels worth a worker's time; a
 registry that is down leaves the first. Misses are reported under the option compiled, as a fixed compile's are. A
 layout that converts nothing in the network (NHWC where it has no convolutions) is not an option.
 
@@ -183,21 +183,23 @@ def choose(holdings: Sequence[Holding]) -> Holding:
     return min(holdings, key=Holding.rank)
 
 
-#: The CPU feature of every machine where the registry's NHWC, prepacked records made a network beat PyTorch (znver4,
-#: znver5, rocketlake: README's table), and where the same tuning without them lost (ResNet-18@224 on znver4: 0.93×).
-WIDE_VECTORS = "avx512f"
+#: The CPU feature under which NHWC, prepacked records made a network beat PyTorch where the same tuning without them
+#: lost: every AVX-512 machine of README's table (znver4, znver5, rocketlake; ResNet-18@224 on znver4, 25 minutes each
+#: way: 1.24× against 0.93×), and AVX2 code on znver4 against PyTorch held to AVX2 (20 minutes each: 1.14× against 0.74×,
+#: ``bench/results/studies/avx2-resnet18-*.json``). AVX-512 CPUs have it too.
+WIDE_VECTORS = "avx2"
 
 
 def has_wide_vectors(target: tvm.target.Target | dict[str, Any]) -> bool:
-    """Whether ``target`` is a CPU whose LLVM target has AVX-512 (its ``mcpu``'s or its ``mattr``'s)."""
+    """Whether ``target`` is a CPU whose LLVM target has AVX2 or more (its ``mcpu``'s or its ``mattr``'s)."""
     tgt = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
     return tgt.kind.name == "llvm" and bool(tvm.target.codegen.target_has_features(WIDE_VECTORS, tgt))
 
 
 def tuned_best(target: tvm.target.Target | dict[str, Any], math: Math, conv: Conv) -> Rewrites:
     """The rewrites ``target``'s kernels are best tuned with, as far as measured: NHWC convolutions (the given layout
-    with Winograd, which converts NCHW ones) and prepacked weights on a CPU with AVX-512; none elsewhere (no machine
-    without it was measured to gain by them). What ``schedhub tune`` takes where none is named, and what a compile
+    with Winograd, which converts NCHW ones) and prepacked weights on a CPU with AVX2 or AVX-512; none elsewhere (no
+    other CPU was measured to gain by them). What ``schedhub tune`` takes where none is named, and what a compile
     takes, and so queues, where the registry holds nothing of the network (:func:`unknown_network`)."""
     wide = has_wide_vectors(target)
     return Rewrites("NHWC" if wide and conv == "direct" else "given", math, wide, conv)

@@ -63,7 +63,7 @@ class Rewrites:
 
     def flags(self) -> list[str]:
         """The benches' options that ask for these rewrites (none for no rewrite); ``schedhub tune`` takes the same, though
-        where neither the layout nor the packing is named an AVX-512 CPU tunes NHWC prepacked (``tuner.plan.tuning_rewrites``)."""
+        where neither the layout nor the packing is named an AVX2 or AVX-512 CPU tunes NHWC prepacked (``tuner.plan.tuning_rewrites``)."""
         return [*(["--layout", self.layout] if self.layout != "given" else []), *(["--math", self.math] if self.math != "exact" else []),
                 *(["--prepack"] if self.prepack else []), *(["--conv", self.conv] if self.conv != "direct" else [])]  # fmt: skip
 

@@ -694,8 +694,10 @@ def test_a_run_names_the_tree_its_schedhub_was_imported_from_where_that_is_not_t
 def test_a_study_of_an_older_cpu_holds_pytorch_to_its_vectors() -> None:
     """``bench.models --mcpu znver3`` on an AVX-512 machine: TVM's code for the older CPU against PyTorch on AVX2 alone."""
     from bench.models import older_cpu
-    from schedhub.hooks.choice import has_wide_vectors
     from schedhub.tuner.torch_process import TorchProcess
+
+    def has_avx512(target: dict | tvm.target.Target) -> bool:
+        return bool(tvm.target.codegen.target_has_features("avx512f", tvm.target.Target(target) if isinstance(target, dict) else target))
 
     with TorchProcess() as plain:
         best = plain.cpu_capability()
@@ -705,8 +707,8 @@ def test_a_study_of_an_older_cpu_holds_pytorch_to_its_vectors() -> None:
         assert held.cpu_capability() == "AVX2"
     with pytest.raises(ValueError, match="an AVX2 CPU without AVX-512"):
         older_cpu("znver4")  # AVX-512: not older on any machine
-    if has_wide_vectors(host_target()):
+    if has_avx512(host_target()):
         target, isa = older_cpu("znver3")
-        assert str(target.attrs["mcpu"]) == "znver3" and isa == "avx2" and not has_wide_vectors(target)
+        assert str(target.attrs["mcpu"]) == "znver3" and isa == "avx2" and not has_avx512(target)
     with pytest.raises(ValueError, match="held to one of avx2"):
         TorchProcess(isa="sse")

@@ -29,7 +29,7 @@ def test_batch_norm_is_folded_into_the_convolution_and_the_output_kept() -> None
 def test_a_model_imported_as_users_do_gets_the_keys_schedhub_tune_tuned(tmp_path) -> None:
     """A user imports with ``from_exported_program(torch.export.export(...))``; ``schedhub tune`` and ``profile`` import
     through ``plan.from_torch_export``, which folds BatchNorm. The hook's fusion folds it too: one model, one set of keys.
-    Left to their defaults, both take the rewrites this CPU is best tuned with (NHWC prepacked on AVX-512), the compile
+    Left to their defaults, both take the rewrites this CPU is best tuned with (NHWC prepacked on AVX2 or AVX-512), the compile
     because the registry knows nothing of the model: it queues what ``schedhub tune`` would tune."""
     from tvm.relax.frontend.torch import from_exported_program
 

@@ -1049,14 +1049,15 @@ def test_tune_says_whether_its_searches_start_from_the_registrys_log_model(tmp_p
     assert "cost model started cold" in said[("--cold-model",)].stderr and "registry's log" not in said[("--cold-model",)].stderr
 
 
-def test_tune_takes_nhwc_and_prepacked_weights_on_a_cpu_with_avx512_where_no_rewrite_is_named(tmp_path: Path) -> None:
-    """The rewrites every winning row on AVX-512 CPUs was tuned with (README's table); elsewhere none, as before; a
+def test_tune_takes_nhwc_and_prepacked_weights_on_a_cpu_with_avx2_or_avx512_where_no_rewrite_is_named(tmp_path: Path) -> None:
+    """The rewrites every winning row on AVX-512 CPUs was tuned with (README's table), and AVX2 code's (a study); elsewhere none; a
     rewrite named is taken as named. The dry run lists the keys a compile of those rewrites asks for."""
     from schedhub.hooks.rewrites import Rewrites
 
-    znver4, znver1 = {"kind": "llvm", "mcpu": "znver4", "num-cores": 2}, {"kind": "llvm", "mcpu": "znver1", "num-cores": 2}
+    znver4, haswell, btver2 = ({"kind": "llvm", "mcpu": cpu, "num-cores": 2} for cpu in ("znver4", "haswell", "btver2"))
     assert plan.tuning_rewrites(znver4, "auto", "exact", None, "direct") == Rewrites("NHWC", prepack=True)
-    assert plan.tuning_rewrites(znver1, "auto", "exact", None, "direct") == Rewrites()
+    assert plan.tuning_rewrites(haswell, "auto", "exact", None, "direct") == Rewrites("NHWC", prepack=True)  # AVX2
+    assert plan.tuning_rewrites(btver2, "auto", "exact", None, "direct") == Rewrites()  # AVX without AVX2
     assert plan.tuning_rewrites(znver4, "auto", "fast", None, "winograd") == Rewrites("given", "fast", True, "winograd")  # Winograd is NCHW's
     assert plan.tuning_rewrites(znver4, "given", "exact", False, "direct") == Rewrites()
     assert plan.tuning_rewrites({"kind": "cuda", "arch": "sm_90"}, "auto", "exact", None, "direct") == Rewrites()
@@ -1071,13 +1072,13 @@ def test_tune_takes_nhwc_and_prepacked_weights_on_a_cpu_with_avx512_where_no_rew
         done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=200, env={**os.environ, "COLUMNS": "300"})
         assert done.returncode == 0, done.stderr
         listed[name], said[name] = {line.split()[0] for line in done.stdout.splitlines() if line.strip()}, done.stderr
-    assert "convolutions NHWC, weights prepacked (this CPU's AVX-512" in said["default"] and "AVX-512" not in said["named"]
+    assert "convolutions NHWC, weights prepacked (this CPU's AVX2 or AVX-512" in said["default"] and "AVX2" not in said["named"]
     kernels = {name: {k.identity.key[:16] for k in models.kernels(resnet, znver4, rewrites)}
                for name, rewrites in (("default", Rewrites("NHWC", prepack=True)), ("named", Rewrites()))}  # fmt: skip
     assert listed == kernels and not listed["default"] & listed["named"]
     mlp = [sys.executable, "-m", "schedhub.cli.main", "tune", "-r", str(tmp_path / "store"), "-m", "mlp:batch=2", "--target", json.dumps(znver4), "--dry-run"]
     said_mlp = subprocess.run(mlp, cwd=REPO, capture_output=True, text=True, timeout=200, env={**os.environ, "COLUMNS": "300"}).stderr
-    assert "weights prepacked (this CPU's AVX-512" in said_mlp and "NHWC" not in said_mlp  # nothing to convert: not said
+    assert "weights prepacked (this CPU's AVX2 or AVX-512" in said_mlp and "NHWC" not in said_mlp  # nothing to convert: not said
 
 
 def test_tune_takes_the_given_layout_where_tvm_cannot_convert_the_models_to_the_one_the_cpu_chose(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1092,7 +1093,7 @@ def test_tune_takes_the_given_layout_where_tvm_cannot_convert_the_models_to_the_
     args = ["tune", "-r", str(tmp_path / "store"), "-m", "resnet18:image=32", "--target", znver4, "--dry-run"]
     done = CliRunner().invoke(cli, args, catch_exceptions=False)
     assert done.exit_code == 0 and "convolutions NHWC not taken: TVM could not convert these models" in done.output, done.output
-    assert "weights prepacked (this CPU's AVX-512" in done.output and "convolutions NHWC, weights" not in done.output
+    assert "weights prepacked (this CPU's AVX2 or AVX-512" in done.output and "convolutions NHWC, weights" not in done.output
     named = CliRunner().invoke(cli, [*args, "--layout", "NHWC"])
     assert named.exit_code != 0 and "not taken" not in named.output, named.output
 

@@ -219,7 +219,7 @@ AUTO = "auto"
 
 def tuning_rewrites(target: dict[str, Any], layout: str, math: str, prepack: bool | None, conv: str, modules: Sequence[tvm.IRModule] = ()) -> Rewrites:
     """The rewrites a tuning run takes: those named, and where the layout is ``"auto"`` or the packing None, those
-    ``target``'s kernels are best tuned with (``hooks.choice.tuned_best``: NHWC and prepacked on a CPU with AVX-512, none
+    ``target``'s kernels are best tuned with (``hooks.choice.tuned_best``: NHWC and prepacked on a CPU with AVX2 or AVX-512, none
     elsewhere), the given layout where that one converts nothing in ``modules`` (no convolution: the same keys, said as
     they are). A compile finds either by default (``use(...)``'s ``"auto"``)."""
     from schedhub.hooks.choice import tuned_best
