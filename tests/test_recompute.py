@@ -61,7 +61,7 @@ def test_a_transfer_that_recomputes_a_reduction_per_element_has_it_moved_out(tmp
         reg.put(recomputing_record(16))
         served = stores(softmax_kernel(reg, cols))
         as_recorded = stores(softmax_kernel(reg, cols, relocate=False))
-        unscheduled = stores(softmax_kernel(reg, cols, transfer=False))
+        unscheduled = stores(softmax_kernel(reg, cols, transfer=False, layout="given", prepack=False))  # no transfer: as if nothing were near
         with use(reg, CPU) as session:
             ex = tvm.compile(export(cols), CPU)
     assert served is not None and as_recorded is not None and unscheduled is not None

@@ -991,7 +991,9 @@ def test_an_idle_worker_searches_again_the_bottleneck_of_a_network_a_compile_rep
 
 def test_a_miss_from_the_hook_is_tuned_by_a_running_worker_and_then_hits(ray_address: str, tmp_path: Path) -> None:
     mod, weights, shape = models.export_with_weights("mlp", batch=4, features=32, hidden=64)
-    planned = {p.kernel.identity.key for p in plan.plan([plan.parse_model("mlp:batch=4,features=32,hidden=64")], TARGET)}
+    ref = plan.parse_model("mlp:batch=4,features=32,hidden=64")
+    rewrites = plan.tuning_rewrites(TARGET, plan.AUTO, "exact", None, "direct", [plan.load(ref)])  # `schedhub tune`'s defaults
+    planned = {p.kernel.identity.key for p in plan.plan([ref], TARGET, rewrites)}
     x = np.random.default_rng(0).standard_normal(shape).astype("float32")
     with ServerThread(tmp_path / "reg", tokens={TOKEN: "t"}, sync=False) as srv, RegistryClient(srv.url, token=TOKEN) as client:
         worker = start_worker(srv.url, ray_address, "--concurrency", "2", "--name", "background", "--no-refine")  # refinement: its own test
