@@ -112,6 +112,7 @@ def tune(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: 
     """Tune every kernel of the given models and push the results (resumable: tuned keys are skipped); with --until, tune
     the network in rounds where its time goes until it beats a reference."""
     from schedhub.hooks.choice import has_wide_vectors
+    from schedhub.hooks.errors import error_line
     from schedhub.tuner import cluster, plan
 
     from . import tune_network
@@ -127,8 +128,7 @@ def tune(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: 
     except Exception as exc:  # the layout the target chose, where TVM cannot convert these models: the given one, as a compile's "auto" does
         if layout != AUTO or rewrites.layout == "given":
             raise
-        said_tvm = str(exc).strip().splitlines()
-        console.print(f"convolutions {rewrites.layout} not taken: TVM could not convert these models ({type(exc).__name__}: {said_tvm[-1][:200] if said_tvm else ''})")
+        console.print(f"convolutions {rewrites.layout} not taken: TVM could not convert these models ({error_line(exc)})")
         rewrites = dataclasses.replace(rewrites, layout="given")
         planned = plan.plan(refs, tgt, rewrites, modules)
     model = "each search's cost model started from the registry's log" if options.warm_model else "each search's cost model started cold"

@@ -10,3 +10,10 @@ an error reaches it.
 from __future__ import annotations
 
 TVM_ERRORS: tuple[type[Exception], ...] = (RuntimeError, ValueError, TypeError)
+
+
+def error_line(exc: BaseException) -> str:
+    """An error in one line for a message: its type and its last line (TVM's C++ errors end with their message, after a
+    traceback), at most 200 characters of it."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[-1][:200] if lines else ''}"

@@ -32,6 +32,7 @@ from tvm.s_tir import meta_schedule as ms
 from .choice import Kernel, choose, holding, keep_kernels, kept_kernels, network_digest, unknown_network
 from .constants import constant_passes
 from .defaults import dlight_schedule, is_gpu
+from .errors import error_line
 from .identity import compiler_fingerprint, target_text
 from .rewrites import NO_REWRITES, Rewrites
 from .objects import OBJECT_ID, ObjectCache, links_here
@@ -165,9 +166,8 @@ def rewritten(rewrites: Rewrites, fuse: Callable[[], tvm.IRModule]) -> tvm.IRMod
     except Exception as exc:
         if not rewrites.describe():
             raise
-        said = str(exc).strip().splitlines()
         undo = ", ".join(f"{name}={plain!r}" for name, plain in dataclasses.asdict(NO_REWRITES).items() if getattr(rewrites, name) != plain)
-        raise RewriteFailed(f"TVM could not compile this network with {rewrites.describe()} ({type(exc).__name__}: {said[-1][:200] if said else ''}); "
+        raise RewriteFailed(f"TVM could not compile this network with {rewrites.describe()} ({error_line(exc)}); "
                             f"compile it without them: use(..., {undo})") from exc
 
 
