@@ -9,10 +9,10 @@ Where the weights are constants, the rewrite is done now and its outputs become 
 the model's build would then compile every prepacked kernel again, 2.8 s more, where the same kernels unpacked link
 their machine code from the object cache (:mod:`.objects`) in 0.25 s all told. So here:
 
-- each rewrite's outputs are kept in the kernel cache (kind ``prepacked``, one ``.npz`` of arrays read without
+- each rewrite's outputs are kept in the kernel cache (kind ``prepacked``, a ``.npy`` file per output, read without
   pickle), named by the scheduled kernel (its object id: key, trace, bounds) and the SHA-256 of every input's dtype,
-  shape and bytes; a later compile reads them instead of building the rewrite. An entry that does not read whole, or
-  not as arrays of the call's shapes and dtypes, is computed again;
+  shape and bytes; a later compile maps them into memory and copies them once, into the constants, instead of building
+  the rewrite. An entry that does not read whole, or not as arrays of the call's shapes and dtypes, is computed again;
 - each prepacked kernel takes an object id of its own (its scheduled kernel's, split), so the object cache compiles
   its machine code once (starting as soon as the kernel is split, while the weights are rewritten) and links it into
   later builds like any scheduled kernel's; so does a rewrite left in the model (weights that are parameters). A
@@ -25,7 +25,6 @@ leaves them.
 from __future__ import annotations
 
 import hashlib
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,7 @@ import tvm
 from tvm import relax, tirx
 
 from .cache import KernelCache, atomic_file, mark_used
-from .constants import host_view
+from .constants import host_constant, host_view
 from .objects import OBJECT_ID, object_id_of
 from .relax_mutation import mutate_relax_functions
 
@@ -102,7 +101,7 @@ class _Missed:
     func: str
     inputs: list[np.ndarray]
     shapes: Shapes
-    path: Path | None
+    entry: Path | None
 
 
 @relax.expr_functor.mutator
@@ -131,12 +130,12 @@ class _ConstantRewrites(relax.PyExprMutator):
         name = call.args[0].name_hint
         owner = object_id_of(self.mod[call.args[0]])  # None: no scheduled kernel names it, so no entry either
         digest = inputs_digest(owner or name, arrays)
-        path = None if owner is None or self.cache.root is None else self.cache.root / KIND / f"{KernelCache.name(KIND, digest)}.npz"
-        results = self.done.get(digest) or (read_arrays(path, shapes) if path is not None else None)
+        entry = None if owner is None or self.cache.root is None else self.cache.root / KIND / KernelCache.name(KIND, digest)
+        results = self.done.get(digest) or (read_arrays(entry, shapes) if entry is not None else None)
         if results is None:
-            self.missed[digest] = _Missed(name, arrays, shapes, path)
+            self.missed[digest] = _Missed(name, arrays, shapes, entry)
             return call
-        consts = [relax.const(a, str(a.dtype)) for a in results]
+        consts = [host_constant(a) for a in results]
         return relax.Tuple(consts) if many else consts[0]
 
     def do_missed(self) -> dict[str, list[np.ndarray]]:
@@ -149,8 +148,8 @@ class _ConstantRewrites(relax.PyExprMutator):
             outs = [tvm.runtime.empty(shape, dtype, dev) for shape, dtype in m.shapes]
             lib[m.func](*[tvm.runtime.tensor(a, dev) for a in m.inputs], *outs)
             done[digest] = [o.numpy() for o in outs]
-            if m.path is not None:
-                write_arrays(self.cache, m.path, done[digest])
+            if m.entry is not None:
+                write_arrays(self.cache, m.entry, done[digest])
         return done
 
 
@@ -163,26 +162,32 @@ def inputs_digest(object_id: str, inputs: list[np.ndarray]) -> str:
     return digest.hexdigest()
 
 
-def read_arrays(path: Path, shapes: Shapes) -> list[np.ndarray] | None:
-    """The arrays kept at ``path`` when they are exactly of ``shapes`` (shape, dtype), else None."""
+def output_path(entry: Path, index: int) -> Path:
+    """The file of an entry's ``index``-th array."""
+    return entry.with_name(f"{entry.name}.{index}.npy")
+
+
+def read_arrays(entry: Path, shapes: Shapes) -> list[np.ndarray] | None:
+    """The arrays kept under ``entry`` when they are exactly of ``shapes`` (shape, dtype), else None; mapped from their
+    files, not read (the caller copies each once, where it keeps it)."""
+    paths = [output_path(entry, i) for i in range(len(shapes))]
     try:
-        with np.load(path, allow_pickle=False) as held:
-            arrays = [held[f"out{i}"] for i in range(len(shapes))]
-            if len(held.files) != len(shapes):
-                return None
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        arrays = [np.load(path, mmap_mode="r", allow_pickle=False) for path in paths]
+    except (OSError, ValueError, EOFError):  # missing, cut short, not an .npy of plain values
         return None
     if any(a.shape != shape or str(a.dtype) != dtype for a, (shape, dtype) in zip(arrays, shapes, strict=True)):
         return None
-    mark_used(path)
+    for path in paths:
+        mark_used(path)
     return arrays
 
 
-def write_arrays(cache: KernelCache, path: Path, arrays: list[np.ndarray]) -> None:
-    """Keep ``arrays`` at ``path`` whole or not at all; a full or read-only disk only loses them."""
+def write_arrays(cache: KernelCache, entry: Path, arrays: list[np.ndarray]) -> None:
+    """Keep ``arrays`` under ``entry``, each file whole or not at all; a full or read-only disk only loses them."""
     try:
-        with atomic_file(path) as tmp, open(tmp, "wb") as f:
-            np.savez(f, **{f"out{i}": a for i, a in enumerate(arrays)})
+        for index, values in enumerate(arrays):
+            with atomic_file(output_path(entry, index)) as tmp, open(tmp, "wb") as f:
+                np.save(f, values, allow_pickle=False)
         cache.writes += 1
     except OSError as exc:
         cache.unwritable.note(exc)

@@ -12,7 +12,7 @@ import tvm_ffi
 from tvm import relax
 from tvm.relax.frontend import nn
 
-from schedhub.hooks.constants import fold_constant_moves
+from schedhub.hooks.constants import TENSOR_ALIGNMENT, fold_constant_moves, host_constant, host_view
 from schedhub.hooks.pipeline import fusion_passes
 from schedhub.hooks.rewrites import Rewrites
 
@@ -186,3 +186,24 @@ def test_a_network_with_batch_norm_converts_to_nhwc_and_computes_the_same(prepac
     outputs = [relax.VirtualMachine(tvm.compile(m, CPU), tvm.cpu())["main"](tvm.runtime.tensor(x))[0].numpy()
                for m in (converted, fusion_passes(Rewrites())(users_conv_bn()))]
     np.testing.assert_allclose(outputs[0], outputs[1], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("values", [
+    np.arange(24, dtype="float32").reshape(2, 3, 4).transpose(2, 0, 1),  # strided: a transpose's view
+    np.arange(7, dtype="int8"),
+    np.array(2.5, dtype="float64"),
+    np.zeros((0, 3), dtype="float32"),
+], ids=["transposed", "int8", "scalar", "empty"])
+def test_a_computed_constant_holds_its_own_copy_of_the_values(values: np.ndarray) -> None:
+    """A constant made from numpy values holds them in their shape and dtype, in memory of its own (aligned as TVM asks of
+    a tensor it is handed), so the values it was made from may change after."""
+    expected = values.copy()
+    const = host_constant(values)
+    held = host_view(const.value)
+    assert held.shape == expected.shape and held.dtype == expected.dtype
+    np.testing.assert_array_equal(held, expected)
+    assert held.size == 0 or held.ctypes.data % TENSOR_ALIGNMENT == 0
+    if values.size:
+        values[...] = 0
+        np.testing.assert_array_equal(host_view(const.value), expected)
+        assert not np.shares_memory(held, values)
