@@ -19,6 +19,7 @@ from tvm.s_tir import meta_schedule as ms
 from schedhub.hooks import use
 from schedhub.hooks.identity import plain_json, workload_module
 from schedhub.hooks.pipeline import apply_database, call_counts
+from schedhub.hooks import prepack
 from schedhub.hooks.prepack import KIND
 from schedhub.hooks.rewrites import Rewrites
 from schedhub.registry import Identity, Record
@@ -137,10 +138,33 @@ def test_a_kernel_timed_with_its_caches_flushed_is_flushed_before_every_run() ->
     assert answer["results"][0]["error"] is None and len(answer["results"][0]["run_secs"]) == 6, answer
 
 
-def test_a_later_prepacked_compile_links_its_kernels_and_reads_its_packed_weights_from_the_kernel_cache(packing_store: Path, tmp_path: Path) -> None:
-    """The first prepacked compile compiles each prepacked kernel's machine code and keeps its weights' rewrite; a later
-    one links the one and reads the other, and computes the same, bit for bit. What it reads is what the entry holds
-    (zeroed weights give another output); an entry cut short, of other shapes or dtypes, or gone is rewritten again."""
+def test_weights_tiled_by_their_schedule_are_packed_in_numpy_to_the_bits_of_tvms_rewrite(packing_store: Path, tmp_path: Path,
+                                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """``RewriteLayout``'s rewrites of the test network are tilings (hooks/tiling.py): a compile does them in numpy and
+    keeps nothing in the kernel cache, and the model computes what it computes with TVM's build of them, bit for bit."""
+    mod, x = conv_net(), np.random.default_rng(2).standard_normal((1, 8, 10, 10)).astype("float32")
+
+    def compile_prepacked(cache: Path) -> tuple[np.ndarray, Any]:
+        with use(packing_store, CPU, prepack=True, trust="any", transfer=False, report_misses=False, cache=cache) as session:
+            ex = tvm.compile(mod, CPU)
+        return run(ex, x), session.report
+
+    tiled, report = compile_prepacked(tmp_path / "tiled")
+    assert report.hits == 2 and not (tmp_path / "tiled" / KIND).exists(), report.summary()
+    monkeypatch.setattr(prepack, "tilings", lambda func, inputs: None)
+    built, report = compile_prepacked(tmp_path / "built")
+    assert report.hits == 2 and len(list((tmp_path / "built" / KIND).glob("*.npy"))) == 4, report.summary()  # two rewrites of two outputs
+    np.testing.assert_array_equal(tiled, built)
+    np.testing.assert_allclose(tiled, run(tvm.compile(mod, CPU), x), rtol=1e-4, atol=1e-4)
+
+
+def test_a_later_prepacked_compile_links_its_kernels_and_reads_its_packed_weights_from_the_kernel_cache(packing_store: Path, tmp_path: Path,
+                                                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where a weights' rewrite is no tiling numpy does, the first prepacked compile keeps its outputs (and compiles each
+    prepacked kernel's machine code); a later one reads the one and links the other, and computes the same, bit for bit.
+    What it reads is what the entry holds (zeroed weights give another output); an entry cut short, of other shapes or
+    dtypes, or gone is rewritten again."""
+    monkeypatch.setattr(prepack, "tilings", lambda func, inputs: None)
     mod, cache = conv_net(), tmp_path / "cache"
     x = np.random.default_rng(2).standard_normal((1, 8, 10, 10)).astype("float32")
 

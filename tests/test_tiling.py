@@ -1,0 +1,131 @@
+"""A weights' layout rewrite done in numpy (hooks/tiling.py): a rewrite that tiles its input is read as a reshape and a
+transpose that compute what TVM's build of it computes, bit for bit; any other form is left to TVM's build."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm.script import tirx as T
+
+from schedhub.hooks.tiling import tilings
+
+# fmt: off
+@T.prim_func(private=True, s_tir=True)
+def tiles(w: T.Buffer((T.int64(16), T.int64(3), T.int64(8)), "float32"), b: T.Buffer((T.int64(1), T.int64(16), T.int64(1)), "float32"),
+          w_out: T.Buffer((T.int64(2), T.int64(3), T.int64(2), T.int64(8), T.int64(4)), "float32"),
+          b_out: T.Buffer((T.int64(1), T.int64(4), T.int64(4)), "float32")):
+    for a0, a1, a2 in T.grid(T.int64(1), T.int64(16), T.int64(1)):  # dimensions of extent 1 dropped, and one added
+        with T.sblock("b_global"):
+            v0, v1, v2 = T.axis.remap("SSS", [a0, a1, a2])
+            b_out[T.int64(0), v1 // T.int64(4), v1 % T.int64(4)] = b[v0, v1, v2]
+    for a0, a1, a2 in T.grid(T.int64(16), T.int64(3), T.int64(8)):
+        with T.sblock("w_global"):
+            v0, v1, v2 = T.axis.remap("SSS", [a0, a1, a2])
+            w_out[v0 // T.int64(8), v1, v0 % T.int64(8) // T.int64(4), v2, v0 % T.int64(4)] = w[v0, v1, v2]
+
+
+@T.prim_func(private=True, s_tir=True)
+def padded(w: T.Buffer((T.int64(6),), "float32"), out: T.Buffer((T.int64(2), T.int64(4)), "float32")):
+    for a0 in range(T.int64(6)):  # 6 is no multiple of 4: the last tile is cut short
+        with T.sblock("w_global"):
+            v0 = T.axis.remap("S", [a0])
+            out[v0 // T.int64(4), v0 % T.int64(4)] = w[v0]
+
+
+@T.prim_func(private=True, s_tir=True)
+def summed(w: T.Buffer((T.int64(4), T.int64(4)), "float32"), out: T.Buffer((T.int64(16),), "float32")):
+    for a0, a1 in T.grid(T.int64(4), T.int64(4)):
+        with T.sblock("w_global"):
+            v0, v1 = T.axis.remap("SS", [a0, a1])
+            out[v1 * T.int64(4) + v0] = w[v0, v1]
+
+
+@T.prim_func(private=True, s_tir=True)
+def guarded(w: T.Buffer((T.int64(8),), "float32"), out: T.Buffer((T.int64(2), T.int64(4)), "float32")):
+    for a0 in range(T.int64(8)):
+        with T.sblock("w_global"):
+            v0 = T.axis.remap("S", [a0])
+            T.where(a0 < T.int64(4))
+            out[v0 // T.int64(4), v0 % T.int64(4)] = w[v0]
+
+
+@T.prim_func(private=True, s_tir=True)
+def partial(w: T.Buffer((T.int64(8),), "float32"), out: T.Buffer((T.int64(2), T.int64(4)), "float32")):
+    for a0 in range(T.int64(4)):  # half the input
+        with T.sblock("w_global"):
+            v0 = T.axis.spatial(T.int64(8), a0)
+            out[v0 // T.int64(4), v0 % T.int64(4)] = w[v0]
+
+
+@T.prim_func(private=True, s_tir=True)
+def gathered(w: T.Buffer((T.int64(8),), "float32"), out: T.Buffer((T.int64(2), T.int64(4)), "float32")):
+    for a0, a1 in T.grid(T.int64(2), T.int64(4)):  # over the output, reading where it comes from
+        with T.sblock("w_global"):
+            v0, v1 = T.axis.remap("SS", [a0, a1])
+            out[v0, v1] = w[v0 * T.int64(4) + v1]
+
+
+@T.prim_func(private=True, s_tir=True)
+def repeated(w: T.Buffer((T.int64(8),), "float32"), out: T.Buffer((T.int64(2), T.int64(4)), "float32")):
+    for a0 in range(T.int64(8)):  # one tile taken twice, the other never
+        with T.sblock("w_global"):
+            v0 = T.axis.remap("S", [a0])
+            out[v0 % T.int64(2), v0 % T.int64(4)] = w[v0]
+
+
+@T.prim_func(private=True, s_tir=True)
+def zeroed(w: T.Buffer((T.int64(8),), "float32"), out: T.Buffer((T.int64(2), T.int64(8)), "float32")):
+    for a0 in range(T.int64(8)):  # the second row never written
+        with T.sblock("w_global"):
+            v0 = T.axis.remap("S", [a0])
+            out[T.int64(0), v0] = w[v0]
+
+
+@T.prim_func(private=True, s_tir=True)
+def misshapen(w: T.Buffer((T.int64(8),), "float32"), out: T.Buffer((T.int64(4), T.int64(2)), "float32")):
+    for a0 in range(T.int64(8)):  # tiles of 4 and 2 written into dimensions of 2 and 4
+        with T.sblock("w_global"):
+            v0 = T.axis.remap("S", [a0])
+            out[v0 % T.int64(2), v0 // T.int64(2)] = w[v0]
+
+
+@T.prim_func(private=True, s_tir=True)
+def scaled(w: T.Buffer((T.int64(8),), "float32"), out: T.Buffer((T.int64(2), T.int64(4)), "float32")):
+    for a0 in range(T.int64(8)):
+        with T.sblock("w_global"):
+            v0 = T.axis.remap("S", [a0])
+            out[v0 // T.int64(4), v0 % T.int64(4)] = w[v0] * T.float32(2)
+# fmt: on
+
+
+def built(func: tvm.tirx.PrimFunc, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """What TVM's build of ``func`` writes to its outputs (zeroed first) given ``inputs``."""
+    lib = tvm.tirx.build(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=tvm.target.Target("llvm"))
+    outs = [tvm.runtime.tensor(np.zeros([int(d) for d in b.shape], b.dtype)) for b in list(func.params)[len(inputs) :]]
+    lib["main"](*[tvm.runtime.tensor(a) for a in inputs], *outs)
+    return [o.numpy() for o in outs]
+
+
+def test_a_rewrite_that_tiles_its_inputs_computes_in_numpy_what_tvm_builds() -> None:
+    rng = np.random.default_rng(0)
+    inputs = [rng.standard_normal((16, 3, 8)).astype("float32"), rng.standard_normal((1, 16, 1)).astype("float32")]
+    found = tilings(tiles, 2)
+    assert found is not None and [t.source for t in found] == [0, 1]
+    for ours, tvms in zip([t.apply(inputs) for t in found], built(tiles, inputs), strict=True):
+        assert ours.shape == tvms.shape
+        np.testing.assert_array_equal(ours, tvms)
+
+
+NOT_TILINGS = {"padded": padded, "summed": summed, "guarded": guarded, "partial": partial, "gathered": gathered, "repeated": repeated, "zeroed": zeroed,
+               "misshapen": misshapen, "scaled": scaled}
+
+
+@pytest.mark.parametrize("func", NOT_TILINGS.values(), ids=NOT_TILINGS.keys())
+def test_a_rewrite_that_is_not_plainly_a_tiling_is_left_to_tvm(func: tvm.tirx.PrimFunc) -> None:
+    assert tilings(func, 1) is None
+
+
+def test_a_tiling_is_read_only_with_its_inputs_counted_right() -> None:
+    assert tilings(tiles, 0) is None and tilings(tiles, 4) is None
+    assert tilings(tiles, 3) is None  # the first output taken for an input: no block writes it, one writes no output
