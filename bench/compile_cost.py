@@ -1,6 +1,8 @@
 """A network's compile through the hook side by side with another revision's: the first compile on a machine (an empty
-kernel cache), the next one in the same process, and one in a fresh process on the kernel cache those two filled (a
-user's script run again: the case that pays each process's one-time costs with nothing to build).
+kernel cache), the next one in the same process, one in a fresh process on the kernel cache those two filled (a
+user's script run again: the case that pays each process's one-time costs with nothing to build), and one of the same
+network with other weights in a fresh process on that cache (a new checkpoint of a model the machine compiled before:
+its kernels are known, its weights not).
 
     python -m bench.compile_cost --store DIR --against REV [--network resnet18] [--frontend torch.export]
                                  [--layout NHWC] [--prepack | --auto | --defaults] [--rounds 3]
@@ -54,7 +56,7 @@ with LocalRegistry(store) as reg:
 print(json.dumps({"secs": secs, "summary": summaries[-1]}))
 """
 
-PHASES = ("first", "next", "rerun")
+PHASES = ("first", "next", "rerun", "reweighted")
 
 
 def _compiles(shim: Path, module: Path, store: Path, cache: Path, rewrites: dict[str, Any], compiles: int) -> dict[str, Any]:
@@ -63,18 +65,21 @@ def _compiles(shim: Path, module: Path, store: Path, cache: Path, rewrites: dict
     return json.loads(out.strip().splitlines()[-1])
 
 
-def compile_secs(shim: Path, module: Path, store: Path, rewrites: dict[str, Any]) -> dict[str, Any]:
-    """One revision's three compiles: two in one process on an empty kernel cache, then one in a fresh process on it."""
+def compile_secs(shim: Path, modules: tuple[Path, Path], store: Path, rewrites: dict[str, Any]) -> dict[str, Any]:
+    """One revision's four compiles: two in one process on an empty kernel cache, then one in a fresh process on it, then
+    one of the network with other weights (``modules``: the network, then it reweighted) in another fresh process."""
+    module, other = modules
     with tempfile.TemporaryDirectory(prefix="schedhub-compile-cost-") as tmp:
         shutil.copytree(store, Path(tmp) / "store")
         cache = Path(tmp) / "cache"
         both = _compiles(shim, module, Path(tmp) / "store", cache, rewrites, 2)
         again = _compiles(shim, module, Path(tmp) / "store", cache, rewrites, 1)
-    return {"first": both["secs"][0], "next": both["secs"][1], "rerun": again["secs"][0], "summary": again["summary"]}
+        reweighted = _compiles(shim, other, Path(tmp) / "store", cache, rewrites, 1)
+    return {"first": both["secs"][0], "next": both["secs"][1], "rerun": again["secs"][0], "reweighted": reweighted["secs"][0], "summary": again["summary"]}
 
 
-def network_json(network: str, frontend: str, scratch: Path) -> Path:
-    """The network (full mode, batch 1) as TVM's JSON, built once for every process."""
+def network_json(network: str, frontend: str, scratch: Path) -> tuple[Path, Path]:
+    """The network (full mode, batch 1) as TVM's JSON, built once for every process; then the same with other weights."""
     import tvm
 
     from .models import Network, build_network, networks_of
@@ -82,16 +87,39 @@ def network_json(network: str, frontend: str, scratch: Path) -> Path:
     shipped = networks_of("full", [network], 1)[0]
     frontend = frontend if shipped.frontend != RELAX else RELAX  # the BERT layer and the MLP have no PyTorch import here
     mod = build_network(Network(shipped.name, shipped.batch, shipped.shape, frontend), scratch)[0]
-    path = scratch / "network.json"
-    path.write_text(tvm.ir.save_json(mod))
-    return path
+    paths = scratch / "network.json", scratch / "reweighted.json"
+    for path, each in zip(paths, (mod, reweighted(mod)), strict=True):
+        path.write_text(tvm.ir.save_json(each))
+    return paths
+
+
+def reweighted(mod: Any, factor: float = 1.5) -> Any:
+    """``mod`` with every float tensor constant of more than one element multiplied by ``factor``: the same network,
+    other weights."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.expr_functor import PyExprMutator, mutator
+
+    @mutator
+    class Reweighted(PyExprMutator):  # type: ignore[misc]
+        def visit_generic_const_(self, const: Any) -> Any:  # noqa: N802 (TVM's visitor name)
+            value = const.value.numpy() if isinstance(const.value, tvm.runtime.Tensor) else None
+            if value is None or value.size < 2 or value.dtype.kind != "f":
+                return const
+            return relax.const((value * factor).astype(value.dtype))
+
+    out = mod.clone()
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            out[gv] = Reweighted(mod).visit_expr(func)
+    return out
 
 
 def against_revision(rev: str, store: Path, network: str, frontend: str, rewrites: dict[str, Any], rounds: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="schedhub-compile-cost-") as scratch:
-        module = network_json(network, frontend, Path(scratch))
+        modules = network_json(network, frontend, Path(scratch))
         shims = checked_shims(("worktree", rev), Path(scratch), PACKAGES)
-        runs = alternating(shims, rounds, lambda _, shim: compile_secs(shim, module, store, rewrites))
+        runs = alternating(shims, rounds, lambda _, shim: compile_secs(shim, modules, store, rewrites))
     this, before = runs["worktree"], runs[rev]
     return {"against": rev, "network": network, "frontend": frontend, "rewrites": rewrites, "rounds": rounds,
             "summaries": {"this": this[-1]["summary"], "before": before[-1]["summary"]},

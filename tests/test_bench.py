@@ -712,3 +712,23 @@ def test_a_study_of_an_older_cpu_holds_pytorch_to_its_vectors() -> None:
         assert str(target.attrs["mcpu"]) == "znver3" and isa == "avx2" and not has_avx512(target)
     with pytest.raises(ValueError, match="held to one of avx2"):
         TorchProcess(isa="sse")
+
+
+def test_a_reweighted_network_is_the_same_network_with_other_weights() -> None:
+    """``bench.compile_cost``'s new checkpoint: every float tensor of the network's weights scaled, nothing else."""
+    import tvm_ffi
+
+    from bench.compile_cost import reweighted
+
+    def constants(mod: tvm.IRModule) -> list[np.ndarray]:
+        found: list[np.ndarray] = []
+        relax.analysis.post_order_visit(mod["forward"], lambda e: found.append(e.value.numpy()) if isinstance(getattr(e, "value", None), tvm.runtime.Tensor) else None)
+        return found
+
+    mod = models.export_with_weights("mlp", batch=1)[0]
+    other = reweighted(mod, 2.0)
+    assert tvm_ffi.structural_hash(other, skip_tensor_content=True) == tvm_ffi.structural_hash(mod, skip_tensor_content=True)
+    before, after = constants(mod), constants(other)
+    assert len(before) == len(after) >= 6  # three layers' weights and biases
+    for was, now in zip(before, after, strict=True):
+        np.testing.assert_array_equal(now, was * 2 if was.size > 1 and was.dtype.kind == "f" else was)
