@@ -8,9 +8,9 @@ them back from the kernel cache.
 
 :func:`tilings` reads that form from a rewrite's PrimFunc, strictly: only loops over each input's whole shape, each
 storing one output element from the input element at the loop position, each output index one of the input's
-indices divided and taken modulo by constants that tile it exactly, every output element written once. Anything else
-(padding, an index that sums tiles, a guard, another statement) answers None, and the rewrite is built and called
-as before.
+indices divided and taken modulo by constants that tile it (its outer tile may be cut short: padded with zeros), every
+output element written at most once. Anything else (an index that sums tiles, a guard, another statement) answers
+None, and the rewrite is built and called as before.
 """
 
 from __future__ import annotations
@@ -25,17 +25,23 @@ from tvm import s_tir, tirx
 
 @dataclass(frozen=True)
 class Tiling:
-    """One output of a rewrite: input ``source`` with each dimension split into its tiles (``split``, outer tile
-    first), the tiles in the output's order (``order``), then shaped as the output (``shape``)."""
+    """One output of a rewrite: input ``source`` padded with zeros to ``padded`` (each dimension to a whole number of
+    its outer tiles), each dimension split into its tiles (``split``, outer tile first), the tiles in the output's order
+    (``order``), then shaped as the output (``shape``)."""
 
     source: int
+    padded: tuple[int, ...]
     split: tuple[int, ...]
     order: tuple[int, ...]
     shape: tuple[int, ...]
 
     def apply(self, inputs: Sequence[np.ndarray]) -> np.ndarray:
-        """The output, a view of the input where numpy can make one."""
-        return inputs[self.source].reshape(self.split).transpose(self.order).reshape(self.shape)
+        """The output, a view of the input where numpy can make one. Where the rewrite pads, TVM's leaves the padding as
+        the output's memory was (the kernel never reads it into a result); here it is zero."""
+        values = inputs[self.source]
+        if values.shape != self.padded:
+            values = np.pad(values, [(0, p - n) for p, n in zip(self.padded, values.shape, strict=True)])
+        return values.reshape(self.split).transpose(self.order).reshape(self.shape)
 
 
 #: A part of one input index: (which index, tile size below it, its extent), e.g. ``i % 32 // 8`` is (i, 8, 4).
@@ -131,43 +137,47 @@ def _tiling(store: tirx.BufferStore, iterators: Iterators, inputs: list[tirx.Buf
         return None
     if len(store.indices) != len(shape):
         return None
-    parts: list[Part] = []  # the output's dimensions but those of extent 1 indexed by 0, each of its own extent
+    parts: list[Part] = []  # the output's dimensions of their own extent but those of extent 1 (always 0)
     for index, size in zip(store.indices, shape, strict=True):
-        if isinstance(index, tirx.IntImm) and int(index) == 0 and size == 1:
-            continue
-        part = _part(index, variables, extents)
+        part = (0, 1, 1) if isinstance(index, tirx.IntImm) and int(index) == 0 else _part(index, variables, extents)
         if part is None or part[2] != size:
             return None
-        parts.append(part)
+        if size > 1:
+            parts.append(part)
+    padded: list[int] = []
     split: list[int] = []
     position: dict[tuple[int, int], int] = {}  # (index, tile size below) → its dimension in ``split``
     for dim, extent in enumerate(extents):  # an index of extent 1 may take no part
         mine = sorted((p for p in parts if p[0] == dim), key=lambda p: -p[1])  # outer tile first
         below = 1
-        for _, lower, size in reversed(mine):  # each tile starts where the one inside it ends, and they cover the extent
+        for _, lower, size in reversed(mine):  # each tile starts where the one inside it ends
             if lower != below:
                 return None
             below *= size
-        if below != extent:
+        if below != extent and not (mine and extent < below < extent + mine[0][1]):  # they cover it, the outer tile cut short at most
             return None
+        padded.append(below)
         for _, lower, size in mine:
             position[(dim, lower)] = len(split)
             split.append(size)
     order = tuple(position[(dim, lower)] for dim, lower, _ in parts)
-    return Tiling(source, tuple(split), order, shape)
+    return Tiling(source, tuple(padded), tuple(split), order, shape)
 
 
 def _part(index: tirx.PrimExpr, variables: list[tirx.Var], extents: tuple[int, ...]) -> Part | None:
     """An output index as a part of one input index: the variable itself, or it divided or taken modulo by a
-    constant that its part's extent is a multiple of (no tile is cut short)."""
+    constant that its part's extent is a multiple of; the whole index by any constant (its outer tile is then cut
+    short: padded)."""
     if isinstance(index, tirx.Var):
         dim = _find(index, variables)
         return None if dim is None else (dim, 1, extents[dim])
     if not (isinstance(index, (tirx.FloorDiv, tirx.FloorMod)) and isinstance(index.b, tirx.IntImm)):
         return None
     inner, by = _part(index.a, variables, extents), int(index.b)
-    if inner is None or by <= 0 or inner[2] % by:
+    if inner is None or by <= 0 or (inner[2] % by and inner[1:] != (1, extents[inner[0]])):  # only the whole index may be padded
         return None
     dim, lower, extent = inner
-    return (dim, lower * by, extent // by) if isinstance(index, tirx.FloorDiv) else (dim, lower, by)
+    if isinstance(index, tirx.FloorDiv):
+        return dim, lower * by, -(-extent // by)
+    return inner if by >= extent else (dim, lower, by)  # a modulo past the values: them as they are
 
