@@ -70,8 +70,14 @@ def tilings(func: tirx.PrimFunc, inputs: int) -> list[Tiling] | None:
     return [found[i] for i in range(len(buffers) - inputs)] if len(found) == len(buffers) - inputs else None
 
 
+#: The most dimensions a tiling may split its input into (numpy's arrays have at most 64).
+MAX_SPLIT = 32
+
+
 def _static(buffer: tirx.Buffer) -> bool:
-    return all(isinstance(d, tirx.IntImm) for d in buffer.shape)
+    """A buffer of constant shape, compact (no strides of its own, no offset): as Relax passes a tensor."""
+    offset = buffer.elem_offset
+    return all(isinstance(d, tirx.IntImm) for d in buffer.shape) and not buffer.strides and isinstance(offset, tirx.IntImm) and int(offset) == 0
 
 
 def _shape(buffer: tirx.Buffer) -> tuple[int, ...]:
@@ -160,6 +166,8 @@ def _tiling(store: tirx.BufferStore, iterators: Iterators, inputs: list[tirx.Buf
         for _, lower, size in mine:
             position[(dim, lower)] = len(split)
             split.append(size)
+    if len(split) > MAX_SPLIT:
+        return None
     order = tuple(position[(dim, lower)] for dim, lower, _ in parts)
     return Tiling(source, tuple(padded), tuple(split), order, shape)
 

@@ -8,7 +8,7 @@ import pytest
 import tvm
 from tvm.script import tirx as T
 
-from schedhub.hooks.tiling import tilings
+from schedhub.hooks.tiling import MAX_SPLIT, tilings
 
 # fmt: off
 @T.prim_func(private=True, s_tir=True)
@@ -112,6 +112,14 @@ def misshapen(w: T.Buffer((T.int64(8),), "float32"), out: T.Buffer((T.int64(4), 
 
 
 @T.prim_func(private=True, s_tir=True)
+def strided(w: T.Buffer((T.int64(8),), "float32"), out: T.Buffer((T.int64(2), T.int64(4)), "float32", strides=(T.int64(8), T.int64(1)))):
+    for a0 in range(T.int64(8)):  # rows 8 apart: not the compact tensor Relax passes
+        with T.sblock("w_global"):
+            v0 = T.axis.remap("S", [a0])
+            out[v0 // T.int64(4), v0 % T.int64(4)] = w[v0]
+
+
+@T.prim_func(private=True, s_tir=True)
 def scaled(w: T.Buffer((T.int64(8),), "float32"), out: T.Buffer((T.int64(2), T.int64(4)), "float32")):
     for a0 in range(T.int64(8)):
         with T.sblock("w_global"):
@@ -145,7 +153,7 @@ def test_a_rewrite_that_tiles_its_inputs_computes_in_numpy_what_tvm_builds(name:
 
 
 NOT_TILINGS = {"ragged": ragged, "summed": summed, "guarded": guarded, "partial": partial, "gathered": gathered, "repeated": repeated, "zeroed": zeroed,
-               "misshapen": misshapen, "scaled": scaled}
+               "misshapen": misshapen, "strided": strided, "scaled": scaled}
 
 
 @pytest.mark.parametrize("func", NOT_TILINGS.values(), ids=NOT_TILINGS.keys())
@@ -156,3 +164,25 @@ def test_a_rewrite_that_is_not_plainly_a_tiling_is_left_to_tvm(func: tvm.tirx.Pr
 def test_a_tiling_is_read_only_with_its_inputs_counted_right() -> None:
     assert tilings(tiles, 0) is None and tilings(tiles, 4) is None
     assert tilings(tiles, 3) is None  # the first output taken for an input: no block writes it, one writes no output
+
+
+def split_in_halves(parts: int) -> tvm.tirx.PrimFunc:
+    """A rewrite of an input of 2**parts elements into ``parts`` dimensions of 2 (a bit each)."""
+    shape = ", ".join(["T.int64(2)"] * parts)
+    indices = ", ".join(f"v0 // T.int64({2 ** (parts - 1 - i)}) % T.int64(2)" for i in range(parts))
+    return tvm.script.from_source(f"""
+@T.prim_func(private=True, s_tir=True)
+def halves(w: T.Buffer((T.int64({2 ** parts}),), "float32"), out: T.Buffer(({shape}), "float32")):
+    for a0 in range(T.int64({2 ** parts})):
+        with T.sblock("w_global"):
+            v0 = T.axis.remap("S", [a0])
+            out[{indices}] = w[v0]
+""")
+
+
+def test_a_tiling_into_more_dimensions_than_numpy_takes_is_left_to_tvm() -> None:
+    small = tilings(split_in_halves(3), 1)
+    assert small is not None
+    np.testing.assert_array_equal(small[0].apply([np.arange(8, dtype="float32")]), np.arange(8, dtype="float32").reshape(2, 2, 2))
+    assert tilings(split_in_halves(MAX_SPLIT), 1) is not None
+    assert tilings(split_in_halves(MAX_SPLIT + 1), 1) is None
