@@ -28,10 +28,12 @@ the weights as given.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import tvm
@@ -176,6 +178,31 @@ def kept_kernels(cache: KernelCache, parts: tuple[str, ...]) -> list[Kernel] | N
 
 def keep_kernels(cache: KernelCache, parts: tuple[str, ...], kernels: Sequence[Kernel]) -> None:
     cache.put(OPTION_KERNELS, parts, {"kernels": [{"identity": identity.to_dict(), "calls": calls} for identity, calls in kernels]})
+
+
+#: The kernel cache's kind for an option TVM could not rewrite a network to, by what names the option's kernels and by
+#: this package's source (:func:`source_digest`): a version that rewrites the network otherwise tries again.
+OPTION_FAILED = "option-failed"
+
+
+def kept_failure(cache: KernelCache, parts: tuple[str, ...]) -> str | None:
+    """Why TVM could not rewrite the network as an option says, where an earlier compile on this machine found so."""
+    entry = cache.get(OPTION_FAILED, *parts, source_digest())
+    why = entry.get("failed") if isinstance(entry, dict) else None
+    return why if isinstance(why, str) else None
+
+
+def keep_failure(cache: KernelCache, parts: tuple[str, ...], why: str) -> None:
+    cache.put(OPTION_FAILED, (*parts, source_digest()), {"failed": why})
+
+
+@functools.cache
+def source_digest() -> str:
+    """The SHA-256 of this package's Python source (the hook's passes among it)."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
 
 
 def choose(holdings: Sequence[Holding]) -> Holding:

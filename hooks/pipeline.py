@@ -29,7 +29,7 @@ from tvm import relax, tirx
 from tvm.relax import pipeline as relax_pipeline
 from tvm.s_tir import meta_schedule as ms
 
-from .choice import Kernel, choose, holding, keep_kernels, kept_kernels, network_digest, unknown_network
+from .choice import Kernel, choose, holding, keep_failure, keep_kernels, kept_failure, kept_kernels, network_digest, unknown_network
 from .constants import constant_passes
 from .defaults import dlight_schedule, is_gpu
 from .errors import error_line
@@ -128,6 +128,9 @@ def fused(session: HookSession, mod: tvm.IRModule, target: tvm.target.Target | N
     for rewrites in options:  # each option's kernels as this machine found them before, else fused now and kept
         parts = (*network, repr(rewrites))
         kept = kept_kernels(session.cache, parts)
+        if kept is None and rewrites != options[0] and (failed := kept_failure(session.cache, parts)) is not None:
+            session.say(f"not weighed: {failed}")  # as an earlier compile here found, with this version
+            continue
         if kept is None:
             try:
                 fused_now = rewritten(rewrites, lambda rewrites=rewrites: fuse(rewrites))
@@ -135,6 +138,7 @@ def fused(session: HookSession, mod: tvm.IRModule, target: tvm.target.Target | N
                 if rewrites == options[0]:
                     raise
                 session.say(f"not weighed: {exc}")
+                keep_failure(session.cache, parts, str(exc))
                 continue
             kept = module_kernels(session, fused_now, target)
             keep_kernels(session.cache, parts, kept)

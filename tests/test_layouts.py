@@ -13,7 +13,7 @@ from tvm.relax.frontend import nn
 
 from schedhub.cli.tune_cmds import LAYOUTS as CLI_LAYOUTS
 from schedhub.hooks import use
-from schedhub.hooks import layouts
+from schedhub.hooks import choice, layouts, pipeline
 from schedhub.hooks.layouts import LAYOUTS, check_layout
 from schedhub.hooks.rewrites import Rewrites
 from schedhub.tuner import models
@@ -109,6 +109,28 @@ def test_a_layout_tvm_cannot_convert_is_not_weighed_and_is_named_where_asked_for
     with pytest.raises(RuntimeError, match="could not compile this network with convolutions NHWC.*use\\(..., layout='given'\\)"):  # RewriteFailed, through TVM's FFI
         with use(tmp_path / "store", CPU, layout="NHWC", prepack=False, report_misses=False, cache=tmp_path / "cache"):
             tvm.compile(mod, CPU)
+
+
+def test_a_layout_tvm_could_not_convert_is_not_tried_again_until_the_hook_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The failure is kept in the machine's kernel cache: the next compile says it without converting the network again,
+    and a version of the hook's source that may convert it tries again."""
+    monkeypatch.setitem(layouts._DESIRED, "NHWC", {"relax.nn.conv2d": ["NHWC", "XYZW"]})
+    fused: list[str] = []
+    unpacked = pipeline.unpacked_fusion_passes
+    monkeypatch.setattr(pipeline, "unpacked_fusion_passes", lambda rewrites: fused.append(rewrites.layout) or unpacked(rewrites))
+
+    def compile_weighing() -> list[str]:
+        fused.clear()
+        with use(tmp_path / "store", CPU, report_misses=False, cache=tmp_path / "cache") as session:
+            tvm.compile(conv_net(), CPU)
+        assert session.rewrites.layout == "given", session.report.summary()
+        assert any(p.startswith("not weighed: TVM could not compile this network with convolutions NHWC") for p in session.report.problems)
+        return sorted(fused)
+
+    assert compile_weighing() == ["NHWC", "given"]  # the first fuses both options
+    assert compile_weighing() == ["given"]  # the next only the one it compiles
+    monkeypatch.setattr(choice, "source_digest", lambda: "another version of the hook")
+    assert compile_weighing() == ["NHWC", "given"]
 
 
 def test_unknown_layout_is_refused_by_name() -> None:
