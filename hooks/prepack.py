@@ -1,4 +1,4 @@
-"""Weights prepacked at compile time, once per machine.
+"""Weights prepacked at compile time.
 
 A kernel scheduled with ``prepack=True`` (:mod:`.rewrites`) reads its weights in the layout its schedule chose.
 After the schedules are applied, Relax's ``SplitLayoutRewritePreproc`` splits each such kernel in two: the layout

@@ -47,6 +47,9 @@ class Tiling:
 #: A part of one input index: (which index, tile size below it, its extent), e.g. ``i % 32 // 8`` is (i, 8, 4).
 Part = tuple[int, int, int]
 
+#: The most dimensions a tiling may split its input into (numpy's arrays have at most 64).
+MAX_SPLIT = 32
+
 
 def tilings(func: tirx.PrimFunc, inputs: int) -> list[Tiling] | None:
     """Each output of ``func`` (its parameters after the first ``inputs``) as a :class:`Tiling` of an input, in order;
@@ -68,10 +71,6 @@ def tilings(func: tirx.PrimFunc, inputs: int) -> list[Tiling] | None:
             return None
         found[out] = tiling
     return [found[i] for i in range(len(buffers) - inputs)] if len(found) == len(buffers) - inputs else None
-
-
-#: The most dimensions a tiling may split its input into (numpy's arrays have at most 64).
-MAX_SPLIT = 32
 
 
 def _static(buffer: tirx.Buffer) -> bool:
