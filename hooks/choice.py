@@ -45,7 +45,7 @@ from schedhub.registry import Identity, Record
 from .cache import KernelCache
 from .constants import constant_tensor
 from .defaults import is_gpu
-from .identity import kept_identity
+from .identity import compiler_fingerprint, kept_identity, target_text
 from .layouts import LAYOUTS, Layout, converts
 from .rewrites import Math, Rewrites
 from .winograd import Conv
@@ -134,7 +134,8 @@ def holding(rewrites: Rewrites, kernels: Sequence[Kernel], records: Callable[[Id
     return Holding(rewrites, len(kernels), held, missed_calls, secs)
 
 
-#: The kernel cache's kind for an option's kernels, by compiler, target, network (:func:`network_digest`) and rewrites.
+#: The kernel cache's kind for an option's kernels, by compiler, target, network (:func:`network_digest`), this package's
+#: source (:func:`source_digest`: a version that rewrites the network otherwise fuses it anew) and rewrites.
 OPTION_KERNELS = "option-kernels"
 
 #: Constants of at most this many elements are part of :func:`network_digest` by value: legalization writes a scalar's
@@ -161,6 +162,12 @@ def network_digest(mod: tvm.IRModule) -> str:
     return digest.hexdigest()
 
 
+def network_parts(mod: tvm.IRModule, target: tvm.target.Target) -> tuple[str, ...]:
+    """What names the kernels of ``mod`` on ``target`` before the rewrites: the compiler, the target, the network
+    (:func:`network_digest`) and the hook's source (:func:`source_digest`: another version may rewrite it otherwise)."""
+    return (compiler_fingerprint(), target_text(target), network_digest(mod), source_digest())
+
+
 def kept_kernels(cache: KernelCache, parts: tuple[str, ...]) -> list[Kernel] | None:
     """An option's kernels as an earlier compile on this machine found them (None: not kept, or not readable as such).
     What lets a later compile weigh an option without fusing it and identifying its kernels."""
@@ -180,20 +187,20 @@ def keep_kernels(cache: KernelCache, parts: tuple[str, ...], kernels: Sequence[K
     cache.put(OPTION_KERNELS, parts, {"kernels": [{"identity": identity.to_dict(), "calls": calls} for identity, calls in kernels]})
 
 
-#: The kernel cache's kind for an option TVM could not rewrite a network to, by what names the option's kernels and by
-#: this package's source (:func:`source_digest`): a version that rewrites the network otherwise tries again.
+#: The kernel cache's kind for an option TVM could not rewrite a network to, by what names the option's kernels (this
+#: package's source among it: a version that rewrites the network otherwise tries again).
 OPTION_FAILED = "option-failed"
 
 
 def kept_failure(cache: KernelCache, parts: tuple[str, ...]) -> str | None:
     """Why TVM could not rewrite the network as an option says, where an earlier compile on this machine found so."""
-    entry = cache.get(OPTION_FAILED, *parts, source_digest())
+    entry = cache.get(OPTION_FAILED, *parts)
     why = entry.get("failed") if isinstance(entry, dict) else None
     return why if isinstance(why, str) else None
 
 
 def keep_failure(cache: KernelCache, parts: tuple[str, ...], why: str) -> None:
-    cache.put(OPTION_FAILED, (*parts, source_digest()), {"failed": why})
+    cache.put(OPTION_FAILED, parts, {"failed": why})
 
 
 @functools.cache

@@ -29,12 +29,11 @@ from tvm import relax, tirx
 from tvm.relax import pipeline as relax_pipeline
 from tvm.s_tir import meta_schedule as ms
 
-from .choice import Kernel, choose, holding, keep_failure, keep_kernels, kept_failure, kept_kernels, network_digest, unknown_network
+from .choice import Kernel, choose, holding, keep_failure, keep_kernels, kept_failure, kept_kernels, network_parts, unknown_network
 from .constants import constant_passes
 from .defaults import dlight_schedule, is_gpu
 from .errors import error_line
-from .identity import compiler_fingerprint, target_text
-from .rewrites import NO_REWRITES, Rewrites
+from .rewrites import NO_REWRITES, Rewrites, unlowered_operators
 from .objects import OBJECT_ID, ObjectCache, links_here
 from .prepack import IS_SCHEDULED, PACKED_OBJECT_ID, fold_constant_rewrites, is_weight_rewrite, split_packed_kernels
 from .session import HookSession
@@ -123,7 +122,7 @@ def fused(session: HookSession, mod: tvm.IRModule, target: tvm.target.Target | N
         modules[rewrites] = tvm.transform.Sequential(rewrites.fused_passes())(done)
         return modules[rewrites]
 
-    network = (compiler_fingerprint(), target_text(target), network_digest(mod))
+    network = network_parts(mod, target)
     kernels: dict[Rewrites, list[Kernel]] = {}
     for rewrites in options:  # each option's kernels as this machine found them before, else fused now and kept
         parts = (*network, repr(rewrites))
@@ -154,7 +153,17 @@ def fused(session: HookSession, mod: tvm.IRModule, target: tvm.target.Target | N
     if unknown is not None and unknown is not holdings[0]:  # the first is what a compile takes where nothing is held anyway
         session.report.rewrites_by = "what this CPU is best tuned with (the registry holds nothing of this network)"
     session.report.rewrite_options = [each.describe() for each in holdings]
-    return modules[chosen.rewrites] if chosen.rewrites in modules else fuse(chosen.rewrites)
+    if chosen.rewrites in modules:
+        return modules[chosen.rewrites]
+    try:
+        return rewritten(chosen.rewrites, lambda: fuse(chosen.rewrites))
+    except RewriteFailed as exc:  # weighed from what this machine kept; a fixed compile raised above
+        if chosen.rewrites == options[0]:
+            raise
+        session.say(f"not taken: {exc}")
+        keep_failure(session.cache, (*network, repr(chosen.rewrites)), str(exc))
+        session.rewrites, session.report.rewrites, session.report.rewrites_by = options[0], options[0].describe() or "none", "what TVM could rewrite"
+        return rewritten(options[0], lambda: fuse(options[0]))
 
 
 class RewriteFailed(RuntimeError):  # not ValueError: tvm.compile swallows those and builds for the CPU
@@ -162,17 +171,22 @@ class RewriteFailed(RuntimeError):  # not ValueError: tvm.compile swallows those
 
 
 def rewritten(rewrites: Rewrites, fuse: Callable[[], tvm.IRModule]) -> tvm.IRModule:
-    """``fuse()``, the network rewritten and fused as ``rewrites`` say; where TVM cannot (a rewrite's pass raises), a
+    """``fuse()``, the network rewritten and fused as ``rewrites`` say; where TVM cannot (a rewrite's pass raises, or
+    leaves an operator in a form legalization cannot lower: :func:`.rewrites.unlowered_operators`), a
     :class:`RewriteFailed` that names the rewrites and the compile that does without them. A network TVM cannot fuse
     without rewrites raises TVM's own error."""
-    try:
+    if not rewrites.describe():
         return fuse()
+    undo = ", ".join(f"{name}={plain!r}" for name, plain in dataclasses.asdict(NO_REWRITES).items() if getattr(rewrites, name) != plain)
+    try:
+        mod = fuse()
     except Exception as exc:
-        if not rewrites.describe():
-            raise
-        undo = ", ".join(f"{name}={plain!r}" for name, plain in dataclasses.asdict(NO_REWRITES).items() if getattr(rewrites, name) != plain)
         raise RewriteFailed(f"TVM could not compile this network with {rewrites.describe()} ({error_line(exc)}); "
                             f"compile it without them: use(..., {undo})") from exc
+    if left := unlowered_operators(mod):  # the build would fail in VM codegen, after the misses were reported
+        raise RewriteFailed(f"TVM could not compile this network with {rewrites.describe()} (it cannot lower {', '.join(left)} "
+                            f"as rewritten); compile it without them: use(..., {undo})")
+    return mod
 
 
 class UnsupportedTarget(RuntimeError):  # not ValueError: tvm.compile swallows those and builds for the CPU

@@ -82,5 +82,20 @@ class Rewrites:
         return cls(row.get("layout", "given"), row.get("math", "exact"), bool(row.get("prepack", False)), row.get("conv", "direct"))
 
 
+def unlowered_operators(mod: tvm.IRModule) -> list[str]:
+    """The Relax operators ``mod``'s functions still call though legalization lowers them: after ``LegalizeOps``, a call
+    left in a form TVM cannot lower (``conv2d_transpose`` in NHWC), which the build's VM codegen would refuse."""
+    left: set[str] = set()
+
+    def visit(expr: relax.Expr) -> None:
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.get_attr("FLegalize") is not None:
+            left.add(expr.op.name)
+
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func.body, visit)
+    return sorted(left)
+
+
 #: A compile's rewrites by default: none (what a parameter's default can share, the class being frozen).
 NO_REWRITES = Rewrites()
