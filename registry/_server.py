@@ -159,7 +159,7 @@ class RegistryApp:
     async def body(self, request: Request) -> Any:
         """The decoded body: size-limited, time-limited, nesting-limited, large ones decoded off the loop."""
         check_length(request.headers.get("content-length"), self.max_body)
-        if self.body_timeout is None:  # the HTTP protocol keeps the deadline (_serve.DeadlineProtocol)
+        if self.body_timeout is None:  # the HTTP protocol keeps the deadline (_protocol.DeadlineProtocol)
             data = await self._read(request)
         else:
             data = await within(self.body_timeout, self._read(request), f"the request body did not arrive within {self.body_timeout:g} s")
