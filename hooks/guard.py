@@ -55,8 +55,17 @@ class ScheduleLimits:
     max_split_loops: int = 512  # loops the trace's Split (and LoopPartition) instructions make, a Split in k making k: a chain
     #   of splits nests loops, and replaying 1000 of them took 8.7 s, 2000 55 s; one Split in 8,000 crashed the replaying
     #   process (a segmentation fault). MetaSchedule's own: at most 24 on a CPU, 39 in CUDA samples (parts of 4 and 5)
-    max_loop_depth: int = 256  # loops nested in the scheduled kernel: TVM's build crashed on 4,000 (3,000 built in 0.2 s);
-    #   MetaSchedule's own: at most 21 in a CPU registry's records
+    max_loop_depth: int = 64  # loops nested in the scheduled kernel: TVM's build crashed on 4,000 (3,000 built in 0.2 s), a
+    #   hostile review's 250-deep nest built in 29 s; MetaSchedule's own: at most 21 in a CPU registry's records
+    max_stages: int = 64  # instructions that add a stage to the kernel (a cache read or write, a reindex): 1,000 cache reads
+    #   of one buffer cost a compile 49 s to build and 24 s to replay. MetaSchedule's own add a few (a CPU matmul's: 1)
+    max_iteration_ratio: float = 64.0  # statements the scheduled kernel runs a call over the unscheduled one's, where both are
+    #   static: a reduction split into [4096, 4096, 64] built at once and took 8.2 s a call (2^30 predicated iterations).
+    #   A schedule's copies and padded tiles add iterations (a shared-memory copy per tile, a tile of 63 over 128: 1.5x)
+    max_kernel_statements: int = 1 << 13  # statements (a vector once) in all runs of code without a loop, summed over the
+    #   kernel: LLVM's time grows with them across runs too. A 64->128 matmul at batch 4 with i unrolled around a kept j
+    #   loop, each copy unrolling 32 j by 64 k (four runs of 4,096 statements, each within the run's bound) built in 12 s
+    #   against 0.1 s (134 s on a loaded machine); one run of 4,096 built in 1.1 s
     max_unrolled_statements: int = 1 << 17  # the kernel's lane-statements after TVM's unrolling (:func:`unrolled_code`)
     max_straight_statements: int = 1 << 12  # statements (a vector's lanes once) in one run of code without a loop. Scalar
     #   statements cost LLVM far more than the lanes of a vector: a matmul at batch 3 unrolled whole, 49,152 statements
@@ -107,11 +116,16 @@ def check_trace_size(trace_text: str, limits: ScheduleLimits) -> None:
                       if isinstance(inst, list) and len(inst) >= 4 and inst[0] in _LOOP_SPLITS and isinstance(inst[3], list))  # fmt: skip
     if split_loops > limits.max_split_loops:
         raise ScheduleTooCostly(f"trace splits {split_loops} loops, over the limit of {limits.max_split_loops}")
+    stages = sum(1 for inst in instructions if isinstance(inst, list) and inst and inst[0] in _STAGE_MAKERS)
+    if stages > limits.max_stages:
+        raise ScheduleTooCostly(f"trace adds {stages} stages to the kernel, over the limit of {limits.max_stages}")
     names = loop_name_chars(instructions)
     if names > limits.max_loop_names:
         raise ScheduleTooCostly(f"trace makes loop names of about {names:,} characters, over the limit of {limits.max_loop_names:,}")
 
 
+_STAGE_MAKERS = frozenset({"CacheRead", "CacheWrite", "CacheInplace", "CacheIndex", "ReIndex", "ReadAt", "WriteAt", "RFactor",
+                           "DecomposeReduction", "DecomposePadding", "Blockize", "PadEinsum"})  # each adds a block (or more)
 _LOOP_SPLITS = frozenset({"Split", "LoopPartition"})  # each part named '<name>_<i>'
 _LOOP_FUSES = frozenset({"Fuse", "Merge"})  # named '<name1>_<name2>_…_fused' (Merge: at most as long)
 _LOOP_NAME = 16  # a loop name of the workload, or of a block's new loops (ax0, …)
@@ -148,7 +162,9 @@ def check_scheduled(mod: tvm.IRModule, limits: ScheduleLimits, unscheduled: tvm.
     """Refuse a scheduled kernel whose lowering would blow up, or whose buffers of its own would: more bytes than
     ``max_scratch_ratio`` times its arguments' or the ``unscheduled`` kernel's own (a layout padded far past its data
     allocates and fills it on every call; see the module docstring)."""
-    before = sum(allocated_bytes(f.body) for _, f in unscheduled.functions_items() if isinstance(f, tirx.PrimFunc)) if unscheduled else 0
+    kernels = [f for _, f in unscheduled.functions_items() if isinstance(f, tirx.PrimFunc)] if unscheduled else []
+    before = sum(allocated_bytes(f.body) for f in kernels)
+    iterations_before = sum(loop_iterations(f.body) or 0 for f in kernels)
     for _, func in mod.functions_items():
         if isinstance(func, tirx.PrimFunc):
             _walk(func.body, limits)
@@ -157,6 +173,38 @@ def check_scheduled(mod: tvm.IRModule, limits: ScheduleLimits, unscheduled: tvm.
             if own > most:
                 raise ScheduleTooCostly(f"buffers of {own:,} bytes of its own, over the limit of {int(most):,} ({limits.max_scratch_ratio:g}× "
                                         f"its arguments' {arguments:,} or the unscheduled kernel's own {before:,})")  # fmt: skip
+            iterations = loop_iterations(func.body)
+            if iterations is not None and iterations_before and iterations > limits.max_iteration_ratio * iterations_before:
+                raise ScheduleTooCostly(f"{iterations:,} statements run a call, over the limit of {limits.max_iteration_ratio:g}× the "
+                                        f"unscheduled kernel's {iterations_before:,}")  # fmt: skip
+
+
+def loop_iterations(root: Any) -> int | None:
+    """How many statements a kernel runs a call (a block's init beside its body), loops' extents multiplied and what
+    runs one after the other added, conditions ignored (a predicated iteration costs its test); None where an extent is
+    not static."""
+    done: list[int] = []
+    stack: list[tuple[Any, list[int], list[int] | None]] = [(root, done, None)]
+    while stack:
+        node, sink, kids = stack.pop()
+        if kids is not None:
+            total = sum(kids)
+            if isinstance(node, tirx.For):
+                if not isinstance(node.extent, tirx.IntImm):
+                    return None
+                total *= max(0, node.extent.value)
+            sink.append(total)
+            continue
+        inside = [node.body] if isinstance(node, tirx.For) else nested_statements(node)
+        if node is None:
+            sink.append(0)
+        elif inside is None:
+            sink.append(1)
+        else:
+            counted: list[int] = []
+            stack.append((node, sink, counted))
+            stack.extend((s, counted, None) for s in inside)
+    return done[0]
 
 
 def buffer_bytes(buffer: Any, aligned: Sequence[tuple[int, int, int]] = ()) -> int | None:
@@ -240,6 +288,8 @@ def _walk(root: Any, limits: ScheduleLimits) -> None:
     if code.longest_run > limits.max_straight_line:
         raise ScheduleTooCostly(f"unrolling would hand LLVM {code.longest_run} lane-statements without a loop between them, over the "
                                 f"limit of {limits.max_straight_line}")  # fmt: skip
+    if code.statements > limits.max_kernel_statements:
+        raise ScheduleTooCostly(f"unrolling would hand LLVM {code.statements} statements in all, over the limit of {limits.max_kernel_statements}")
     if code.wide > limits.max_wide_vector_code:
         raise ScheduleTooCostly(f"unrolling would hand LLVM {code.wide} lane-statements in vectors of over {WIDE_VECTOR_LANES} lanes, over "
                                 f"the limit of {limits.max_wide_vector_code}")  # fmt: skip
@@ -257,16 +307,17 @@ class UnrolledCode(NamedTuple):
     wide: int  # of those, in vectors of more than WIDE_VECTOR_LANES lanes
     open_statements: int = 0  # statements (a vector once) of the run that reaches the statement's edges
     longest_statements: int = 0  # the most of them in a run closed inside
+    statements: int = 0  # statements (a vector once) in all
 
     def looped(self) -> UnrolledCode:
         """This, as the body of a loop kept as a loop."""
         return UnrolledCode(self.steps, self.loops + 1, self.unrolled, 0, max(self.longest_run, self.open_run), self.total, self.wide,
-                            0, max(self.longest_statements, self.open_statements))  # fmt: skip
+                            0, max(self.longest_statements, self.open_statements), self.statements)  # fmt: skip
 
     def repeated(self, copies: int) -> UnrolledCode:
         """This, as the body of a loop unrolled into ``copies``."""
         return UnrolledCode(self.steps * copies, self.loops, self.unrolled + 1, self.open_run * copies, self.longest_run, self.total * copies,
-                            self.wide * copies, self.open_statements * copies, self.longest_statements)  # fmt: skip
+                            self.wide * copies, self.open_statements * copies, self.longest_statements, self.statements * copies)  # fmt: skip
 
 
 NOTHING = UnrolledCode(0, 0, 0, 0, 0, 0, 0)
@@ -299,7 +350,7 @@ def unrolled_code(root: Any) -> UnrolledCode:
         if node is None:
             sink.append(NOTHING)
         elif inside is None:  # a store or an evaluation: one step
-            sink.append(UnrolledCode(1, 0, 0, lanes, 0, lanes, lanes if lanes > WIDE_VECTOR_LANES else 0, 1, 0))
+            sink.append(UnrolledCode(1, 0, 0, lanes, 0, lanes, lanes if lanes > WIDE_VECTOR_LANES else 0, 1, 0, 1))
         else:
             counted: list[UnrolledCode] = []
             stack.append((node, steps, lanes, sink, counted))
@@ -326,7 +377,7 @@ def _unrolled(node: Any, steps: int, kids: list[UnrolledCode]) -> UnrolledCode:
     depth = max if isinstance(node, (tirx.SeqStmt, s_tir.SBlock)) else sum
     return UnrolledCode(sum(k.steps for k in kids), depth(k.loops for k in kids), depth(k.unrolled for k in kids),
                         sum(k.open_run for k in kids), max(k.longest_run for k in kids), sum(k.total for k in kids), sum(k.wide for k in kids),
-                        sum(k.open_statements for k in kids), max(k.longest_statements for k in kids))  # fmt: skip
+                        sum(k.open_statements for k in kids), max(k.longest_statements for k in kids), sum(k.statements for k in kids))  # fmt: skip
 
 
 def _bind(seen: set[int], axis: str, extent: int) -> None:

@@ -19,7 +19,7 @@ from tvm.s_tir import meta_schedule as ms
 
 from schedhub.hooks import RegistryDatabase, RegistryFallbackWarning, ScheduleLimits, ScheduleTooCostly, use, workload_identity
 from schedhub.hooks.costmodel import Kernels
-from schedhub.hooks.guard import check_scheduled, check_trace_size, loop_name_chars, nested_statements, unrolled_code
+from schedhub.hooks.guard import check_scheduled, check_trace_size, loop_iterations, loop_name_chars, nested_statements, unrolled_code
 from schedhub.hooks.identity import workload_module
 from schedhub.hooks.session import MAX_REFUSED_NAMED, HookSession
 from schedhub.registry import CallerBounds, InvalidRecord, LocalRegistry, Principal, Record, RegistryClient, ServerThread, check_object_graphs
@@ -67,6 +67,14 @@ def schedule_record(model: dict, build: str, secs: float) -> Record:
         sch.vectorize(j1)
         sch.unroll(i1)
         sch.unroll(k)
+    elif build == "runs bomb":  # four runs of 4,096 statements, each within the run's bound: 12 s to build a 4x64x128 matmul
+        i, j, k = loops
+        i0, i1 = sch.split(i, [None, 4])
+        j0, j1 = sch.split(j, [None, 32])
+        k0, k1 = sch.split(k, [None, 64])
+        sch.reorder(i0, i1, j0, k0, j1, k1)
+        for loop in (i1, j1, k1):
+            sch.unroll(loop)
     return Record(model["identity"], trace_text(sch.trace), [secs])
 
 
@@ -143,7 +151,7 @@ def test_a_whole_unroll_of_a_small_matmul_is_refused_and_metaschedules_own_unrol
     check_scheduled(own.mod, ScheduleLimits())
 
 
-@pytest.mark.parametrize("build", ["bomb", "lanes bomb", "names bomb"])
+@pytest.mark.parametrize("build", ["bomb", "lanes bomb", "names bomb", "runs bomb"])
 def test_a_compile_bomb_is_refused_and_reported_and_costs_no_more_than_a_fallback(tmp_path: Path, model: dict, build: str) -> None:
     """The lanes bomb passed the bounds that counted statements without their lanes: its kernel took LLVM 65 s. The names
     bomb passed every bound after a replay that cost seconds and GiBs."""
@@ -164,6 +172,53 @@ def test_a_compile_bomb_is_refused_and_reported_and_costs_no_more_than_a_fallbac
         assert sorted(j["task"] for j in reg.jobs()) == ["tune", "verify"]
     # the review saw 44.36 s against 0.22 s; the bound is 1.5x (plus slack for a noisy shared machine)
     assert statistics.median(attacked) <= 1.5 * statistics.median(fallback) + 0.25, (attacked, fallback)
+
+
+def test_what_costs_llvm_or_the_first_call_across_the_kernel_is_refused() -> None:
+    """The fourth hostile review's forms, each within the bounds of one run: runs of unrolled code whose sum LLVM pays
+    for (12 s to build against 0.1), a nest 65 loops deep, a reduction split so its first call runs 2^40 iterations,
+    a trace that adds 100 stages. MetaSchedule's own kind of schedule passes."""
+    def matmul() -> tvm.s_tir.Schedule:
+        a, b = te.placeholder((4, 64), name="A"), te.placeholder((64, 128), name="B")
+        r = te.reduce_axis((0, 64), name="k")
+        return tvm.s_tir.Schedule(te.create_prim_func([a, b, te.compute((4, 128), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="matmul")]))
+
+    unscheduled, limits = matmul().mod, ScheduleLimits()
+    runs = matmul()
+    i, j, k = runs.get_loops(runs.get_sblock("matmul"))
+    j0, j1 = runs.split(j, [None, 32])
+    runs.reorder(i, j0, j1, k)
+    for loop in (i, j1, k):
+        runs.unroll(loop)
+    code = unrolled_code(runs.mod["main"].body)
+    assert code.longest_statements <= limits.max_straight_statements and code.statements == 16_384
+    with pytest.raises(ScheduleTooCostly, match="16384 statements in all"):
+        check_scheduled(runs.mod, limits, unscheduled)
+    deep = matmul()
+    loop = deep.get_loops(deep.get_sblock("matmul"))[2]
+    for _ in range(62):
+        loop = deep.split(loop, [None, 1])[0]
+    with pytest.raises(ScheduleTooCostly, match="nested 65 deep"):
+        check_scheduled(deep.mod, limits, unscheduled)
+    long_call = matmul()
+    long_call.split(long_call.get_loops(long_call.get_sblock("matmul"))[2], [4096, 4096, 64])
+    assert loop_iterations(long_call.mod["main"].body) == 2 * 4 * 128 * 4096 * 4096 * 64  # each with the block's init
+    with pytest.raises(ScheduleTooCostly, match="statements run a call"):
+        check_scheduled(long_call.mod, limits, unscheduled)
+    stages = matmul()
+    for _ in range(100):
+        stages.cache_read(stages.get_sblock("matmul"), 0, "global")
+    with pytest.raises(ScheduleTooCostly, match="adds 100 stages"):
+        check_trace_size(trace_text(stages.trace), limits)
+    own = matmul()  # tiles, a 32-lane vector, MetaSchedule's 512 unroll steps, a cache write
+    i, j, k = own.get_loops(own.get_sblock("matmul"))
+    j0, j1 = own.split(j, [None, 32])
+    own.reorder(i, j0, k, j1)
+    own.vectorize(j1)
+    own.annotate(i, "pragma_auto_unroll_max_step", 512)
+    own.cache_write(own.get_sblock("matmul"), 0, "global")
+    check_trace_size(trace_text(own.trace), limits)
+    check_scheduled(own.mod, limits, unscheduled)
 
 
 def lane_statements_after_tvms_unrolling(mod: tvm.IRModule) -> int:
@@ -259,13 +314,14 @@ def test_a_kernel_nested_deeper_than_tvms_build_survives_is_refused_before_it_is
     bounds (a loop given unit loops one instruction at a time); MetaSchedule's own nest at most 21 deep on a CPU."""
     a = te.placeholder((64,), name="A")
     func = te.create_prim_func([a, te.compute((64,), lambda i: a[i] + 1.0, name="B")])
-    for units, refused in ((255, False), (256, True)):
+    depth = ScheduleLimits().max_loop_depth
+    for units, refused in ((depth - 1, False), (depth, True)):
         sch = tvm.s_tir.Schedule(func)
         for _ in range(units):
             sch.add_unit_loop(sch.get_sblock("B"))
         check_trace_size(trace_text(sch.trace), ScheduleLimits())  # the trace alone is within its bounds
         if refused:
-            with pytest.raises(ScheduleTooCostly, match="nested 257 deep"):
+            with pytest.raises(ScheduleTooCostly, match=f"nested {depth + 1} deep"):
                 check_scheduled(sch.mod, ScheduleLimits())
         else:
             check_scheduled(sch.mod, ScheduleLimits())
