@@ -78,6 +78,9 @@ class ScheduleLimits:
     max_scratch_ratio: float = 16.0  # bytes of the kernel's own buffers over its arguments': a 2 KB trace that padded a cache of
     #   1,024 integers to 2^30 allocated 4 GiB and ran 5.9 s a call
     min_scratch_bytes: int = 64 << 20  # the kernel's own buffers are allowed this much whatever its arguments
+    max_build_secs: float = 20.0  # seconds a served kernel's machine code may take to build (linked builds, :mod:`.objects`):
+    #   past them the compile gives it up and goes on with the default schedule, whatever the bounds above let through.
+    #   A ResNet-18's tuned kernels build in 0.1-1.1 s each here
     max_auto_unroll: int = 4096  # pragma_auto_unroll_max_step / meta_schedule.unroll_* values
     max_vector_lanes: int = 1024  # product of vectorized extents around a statement. One such vector costs LLVM little
     #   (a copy of 255 lanes built in 0.10 s); copied by unrolling, one wider than WIDE_VECTOR_LANES costs it much more

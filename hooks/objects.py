@@ -103,9 +103,11 @@ class ObjectCache(KernelWork[str]):
         if object_id is not None and not has_reshape_pattern(func):
             self._compiling(self.file_id(object_id, self.build_id(target)), func, target)
 
-    def link(self, mod: tvm.IRModule, target: tvm.target.Target) -> tuple[tvm.IRModule, Linked]:
+    def link(self, mod: tvm.IRModule, target: tvm.target.Target, budget: float | None = None) -> tuple[tvm.IRModule, Linked]:
         """``mod`` with every linkable kernel replaced by a call of its cached object (compiled first when
-        missing), and how many objects it links and how many of those were compiled now."""
+        missing), and how many objects it links and how many of those were compiled now. A kernel whose object has been
+        compiling ``budget`` seconds is given up on (:class:`.background.TooSlow`) and reported unbuildable: its compile
+        runs on in the background, where nothing waits for it."""
         build = self.build_id(target)
         plain = _plainly_called(mod)
         wanted: dict[tvm.ir.GlobalVar, str] = {}
@@ -117,7 +119,7 @@ class ObjectCache(KernelWork[str]):
             wanted[gv] = self.file_id(object_id, build)
             funcs.setdefault(wanted[gv], func)
         compiling = {f: self._compiling(f, func, target) for f, func in funcs.items()}
-        outcomes = {f: future.result() for f, future in compiling.items() if future is not None}  # None: written
+        outcomes = {f: self.outcome(f, future, budget) for f, future in compiling.items() if future is not None}  # None: written
         built = {f for f, failure in outcomes.items() if failure is None}
         unbuildable = tuple((gv, outcomes[f]) for gv, f in wanted.items() if isinstance(outcomes.get(f), TVM_ERRORS))
         for f in compiling:

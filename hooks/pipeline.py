@@ -257,7 +257,7 @@ def link_objects(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRMo
     session, target = ACTIVE.get(), tvm.target.Target.current(allow_none=True)
     if session is None or target is None or (objects := linkable_objects(session, target)) is None:
         return mod
-    mod, done = objects.link(mod, target)
+    mod, done = objects.link(mod, target, session.limits.max_build_secs)
     session.report.linked += done.linked
     session.report.objects_compiled += done.compiled
     return session.unbuildable(mod, done.unbuildable) if done.unbuildable else mod

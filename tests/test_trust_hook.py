@@ -477,6 +477,31 @@ def test_a_record_whose_kernel_does_not_build_falls_back_and_the_compile_goes_on
     np.testing.assert_allclose(out, x @ w, rtol=1e-4, atol=1e-3)
 
 
+def test_a_kernel_whose_build_runs_past_its_budget_is_given_up_and_the_compile_goes_on(tmp_path: Path, model: dict) -> None:
+    """Whatever a record's bounds let through, a served kernel's machine code that takes longer than ``max_build_secs``
+    to build is given up on (its build runs on where nothing waits for it): the kernel keeps its default schedule, the
+    record is refused and complained about, and the next compile on this machine refuses it without building it."""
+    record = schedule_record(model, "split", 1e-6)
+    x = np.random.default_rng(5).standard_normal((128, 512)).astype("float32")
+    w = np.random.default_rng(6).standard_normal((512, 512)).astype("float32")
+    with LocalRegistry(tmp_path / "store", sync=False) as reg:
+        reg.put(record)
+        with use(reg, CPU, cache=tmp_path / "roomy") as session:  # the same record, a budget it keeps: a hit
+            tvm.compile(model["mod"], CPU)
+        assert [k.outcome for k in session.report.kernels] == ["hit"] and session.report.linked == 1
+        for again in (False, True):
+            with use(reg, CPU, cache=tmp_path / "cache", limits=ScheduleLimits(max_build_secs=0.0)) as session:
+                ex = tvm.compile(model["mod"], CPU)
+            (kernel,) = session.report.kernels
+            assert kernel.outcome == "fallback", session.report.summary()
+            assert [p for p in session.report.problems if "does not build: TooSlow" in p and "over 0 s" in p], session.report.problems
+            assert session.report.linked == 0
+        (entry,) = reg.get(record.key)
+        assert entry.served.complaints == 1
+    out = tvm.relax.VirtualMachine(ex, tvm.cpu())["forward"](tvm.runtime.tensor(x), tvm.runtime.tensor(w)).numpy()
+    np.testing.assert_allclose(out, x @ w, rtol=1e-4, atol=1e-3)
+
+
 def test_a_stored_record_that_a_newer_check_refuses_costs_a_compile_only_itself_and_is_taken_out(tmp_path: Path, model: dict) -> None:
     """A record stored before one of today's checks existed, ranked first: the compile serves the kernel's next record,
     says what it left out, and complains, on which the registry takes the record out of service by its own check. Such
