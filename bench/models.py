@@ -58,6 +58,7 @@ from schedhub.tuner.allocation import POLICIES, Goal
 from schedhub.tuner.network import tune_network
 from schedhub.tuner.network_timing import hooked_network_secs
 from schedhub.tuner.search import TuneOptions, TuneResult, default_label
+from schedhub.tuner.engines import ENGINES, EngineUnavailable, check_engine
 from schedhub.tuner.torch_process import TorchProcess
 
 from .report import environment
@@ -142,12 +143,14 @@ def networks_of(mode: str, only: list[str] | None = None, batch: int | None = No
 
 def run(mode: str, trials: int | None = None, only: list[str] | None = None, seed_store: Path | None = None, keep_store: Path | None = None,
         say: Callable[[str], None] = print, device: str = "cpu", spending: Spending = Spending(), batch: int | None = None,
-        mcpu: str | None = None) -> dict[str, Any]:  # fmt: skip
+        mcpu: str | None = None, engines: tuple[str, ...] = ()) -> dict[str, Any]:  # fmt: skip
     """The table for ``mode``; ``trials`` overrides the mode's per-kernel budget, ``only`` keeps the networks of
     these names, ``batch`` runs each at that batch instead of the mode's (:func:`networks_of`), ``seed_store`` is copied
     in as the starting registry and the registry is copied out to ``keep_store`` at the end (a row tuned in runs that
     resume through the registry); ``device``: ``"cpu"`` or ``"cuda"``; ``spending``: how each network's trials are spent;
-    ``mcpu``: the LLVM CPU to tune and compile for instead of this one (:func:`older_cpu`: PyTorch held to its vectors)."""
+    ``mcpu``: the LLVM CPU to tune and compile for instead of this one (:func:`older_cpu`: PyTorch held to its vectors);
+    ``engines``: what a user would run the network on instead, each timed beside eager PyTorch in a process of its own
+    (``inductor``, ``onnxruntime``, ``openvino``: ``schedhub.tuner.engines``), its output checked against PyTorch's."""
     import tvm
 
     from schedhub import hooks
@@ -169,6 +172,8 @@ def run(mode: str, trials: int | None = None, only: list[str] | None = None, see
     with contextlib.ExitStack() as stack:
         # PyTorch never shares a process with TVM; it starts before Ray's workers and sleeps while they tune
         torch_proc = stack.enter_context(TorchProcess(cwd=Path(__file__).resolve().parent.parent, device=device, isa=isa))
+        others = {e: stack.enter_context(TorchProcess(cwd=Path(__file__).resolve().parent.parent, device=device, isa=isa, engine=e)) for e in engines if e != "pytorch"}
+        out["engines"] = ["pytorch", *others]
         cluster.start()
         root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="schedhub-bench-models-"))) / "store"
         if seed_store is not None:
@@ -208,7 +213,7 @@ def run(mode: str, trials: int | None = None, only: list[str] | None = None, see
             report = session.report
             if report.hits != len(kernels) or report.misses:
                 raise RuntimeError(f"{network.label()}: the tuned compile hit {report.hits} of {len(kernels)} kernels")
-            row = _time_network(network, func, weights, input_shape, untuned_ex, tuned_ex, config["rounds"], torch_proc, device)
+            row = _time_network(network, func, weights, input_shape, untuned_ex, tuned_ex, config["rounds"], torch_proc, device, others)
             row.update({"kernels": len(kernels), "tuned_now": tuned_now, "tune_secs": tune_secs, "layout": spending.rewrites.layout, "math": spending.rewrites.math, "prepack": spending.rewrites.prepack, "conv": spending.rewrites.conv, "tuning": how,
                         "trials": how["trials"] if how else sum(tuned[k.identity.key].trials + tuned[k.identity.key].warm_started for k in kernels)})  # fmt: skip
             out["rows"].append(row)
@@ -216,7 +221,8 @@ def run(mode: str, trials: int | None = None, only: list[str] | None = None, see
             if not on_gpu:
                 out["kernels"] += [{**k, **asdict(spending.rewrites)} for k in _kernel_rows(network.name, network.batch, kernels, tuned, torch_proc, spending.rewrites.layout)]
             t = row["timing"]
-            say(f"{network.label()}: PyTorch {t['pytorch']['median']:.3f} ms, untuned {t['untuned']['median']:.3f} ms, tuned {t['tuned']['median']:.3f} ms")
+            say(f"{network.label()}: " + ", ".join(f"{name} {t[name]['median']:.3f} ms" for name in ("pytorch", *others)) +
+                f", untuned {t['untuned']['median']:.3f} ms, tuned {t['tuned']['median']:.3f} ms")
     return out
 
 
@@ -326,14 +332,16 @@ TORCH_TWINS = "bench.torch_models:build"  # the PyTorch twins of every shipped n
 
 
 def _time_network(network: Network, func: str, weights: dict[str, np.ndarray], input_shape: tuple[int, ...], untuned_ex: Any, tuned_ex: Any,
-                  rounds: int, torch_proc: TorchProcess, device: str = "cpu") -> dict[str, Any]:  # fmt: skip
+                  rounds: int, torch_proc: TorchProcess, device: str = "cpu", others: dict[str, TorchProcess] | None = None) -> dict[str, Any]:  # fmt: skip
     x = network_input(input_shape)
     pytorch = torch_proc.load_network(network.name, weights, x, factory=TORCH_TWINS, batch=network.batch, **network.shape)
-    timing, errors = time_side_by_side({"untuned": untuned_ex, "tuned": tuned_ex}, x, rounds, pytorch, torch_proc.time_network, func, device)
+    engines = {name: (proc.load_network(network.name, weights, x, factory=TORCH_TWINS, batch=network.batch, **network.shape), proc.time_network)
+               for name, proc in (others or {}).items()}  # fmt: skip
+    timing, errors = time_side_by_side({"untuned": untuned_ex, "tuned": tuned_ex}, x, rounds, pytorch, torch_proc.time_network, func, device, engines)
     check_agreement(network.label(), errors)
     return {"network": network.name, "batch": network.batch, "shape": network.shape, "frontend": network.frontend, "input_shape": list(input_shape),
             "timing": timing, "max_rel_error": errors, "speedup_vs_untuned": ratio(timing["untuned"], timing["tuned"], paired=True),
-            "speedup_vs_pytorch": ratio(timing["pytorch"], timing["tuned"], paired=True)}  # fmt: skip
+            **{f"speedup_vs_{name}": ratio(timing[name], timing["tuned"], paired=True) for name in ("pytorch", *engines)}}  # fmt: skip
 
 
 #: How far (relative to the first output's scale) the outputs of one network's executables may differ.
@@ -352,11 +360,13 @@ def check_agreement(label: str, errors: dict[str, float]) -> None:
 
 
 def time_side_by_side(executables: dict[str, Any], x: np.ndarray, rounds: int, pytorch_out: np.ndarray | None = None,
-                      pytorch_timer: Callable[[], float] | None = None, func: str = "forward", device: str = "cpu") -> tuple[dict[str, Any], dict[str, float]]:  # fmt: skip
-    """Time the executables (on ``device``) and PyTorch (in its process, when given) in interleaved rounds, in
-    ms; and the max error of each output relative to the first executable's output scale."""
+                      pytorch_timer: Callable[[], float] | None = None, func: str = "forward", device: str = "cpu",
+                      engines: dict[str, tuple[np.ndarray, Callable[[], float]]] | None = None) -> tuple[dict[str, Any], dict[str, float]]:  # fmt: skip
+    """Time the executables (on ``device``), PyTorch and the other ``engines`` (each in its process, when given: its output
+    and its timer) in interleaved rounds, in ms; and the max error of each output relative to the first executable's
+    output scale."""
     runs = {k: _vm_run(ex, x, func, device) for k, ex in executables.items()}
-    torch = {"pytorch": (pytorch_out, pytorch_timer)} if pytorch_timer is not None else {}
+    torch = ({"pytorch": (pytorch_out, pytorch_timer)} if pytorch_timer is not None else {}) | (engines or {})
     outputs = {k: out for k, (out, _) in (runs | torch).items()}
     first = outputs[next(iter(executables))]
     scale = float(np.abs(first).max()) or 1.0
@@ -475,6 +485,8 @@ def main() -> None:
                         help="start each search's cost model cold, as MetaSchedule does (rows recorded before warm was the default: cold)")
     parser.add_argument("--mcpu", help="tune and compile for this LLVM CPU instead of this machine's, e.g. znver3: AVX2 code on an AVX-512 "
                         "machine, PyTorch held to AVX2 too (a study of older CPUs; keep its --out apart from the table's)")  # fmt: skip
+    parser.add_argument("--engines", default="pytorch", help="comma-separated engines timed beside schedhub, each in a process of its own: "
+                        f"{', '.join(ENGINES)} (pip install 'schedhub[engines]'; pytorch is always timed)")  # fmt: skip
     parser.add_argument("--out", type=Path)
     parser.add_argument("--merge", type=Path, nargs="+", help="write these runs' tables as one (--out), tuning nothing")
     args = parser.parse_args()
@@ -498,6 +510,12 @@ def main() -> None:
     spending = Spending(args.policy, args.until == "pytorch", args.max_minutes, Rewrites(args.layout, args.math, args.prepack, args.conv), args.warm_model, args.round_trials)
     if args.batch is not None and args.batch < 1:
         parser.error("--batch must be at least 1")
+    engines = tuple(dict.fromkeys(e.strip().lower() for e in args.engines.split(",") if e.strip()))
+    try:
+        for engine in engines:
+            check_engine(engine, args.device)
+    except (ValueError, EngineUnavailable) as exc:
+        parser.error(str(exc))
     if args.mcpu:
         if args.device != "cpu" or not args.out:
             parser.error("--mcpu is a CPU study: it takes --out (a file apart from the table's)")
@@ -506,11 +524,11 @@ def main() -> None:
         except ValueError as exc:
             parser.error(str(exc))
     result = run(mode, args.trials, args.networks.split(",") if args.networks else None, args.seed_store, args.keep_store, device=args.device, spending=spending,
-                 batch=args.batch, mcpu=args.mcpu)  # fmt: skip
+                 batch=args.batch, mcpu=args.mcpu, engines=engines)  # fmt: skip
     result["wall_secs"] = time.time() - started
     result["command"] = " ".join(["python -m bench.models", *(["--quick"] if args.quick else []), *([f"--device {args.device}"] if args.device != "cpu" else []),
                                   *([f"--trials {args.trials}"] if args.trials else []),
-                                  *([f"--networks {args.networks}"] if args.networks else []), *([f"--mcpu {args.mcpu}"] if args.mcpu else []), *([f"--batch {args.batch}"] if args.batch else []), *(["--seed-store DIR"] if args.seed_store else []), *(["--keep-store DIR"] if args.keep_store else []),
+                                  *([f"--networks {args.networks}"] if args.networks else []), *([f"--engines {','.join(engines)}"] if engines != ("pytorch",) else []), *([f"--mcpu {args.mcpu}"] if args.mcpu else []), *([f"--batch {args.batch}"] if args.batch else []), *(["--seed-store DIR"] if args.seed_store else []), *(["--keep-store DIR"] if args.keep_store else []),
                                   *(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k in ("policy", "until", "max_minutes", "round_trials") and v),
                                   *spending.rewrites.flags(), "--warm-model" if args.warm_model else "--cold-model"])  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)

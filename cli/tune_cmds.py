@@ -93,10 +93,11 @@ def network_options(f: Any) -> Any:
     f = click.option("--policy", type=click.Choice(["gradient", "even"]), default="gradient", show_default=True,
                      help="With --until: which kernel each round goes to: where tuning is expected to lower the network's latency most "
                           "(calls x how fast its best time falls), or evenly.")(f)  # fmt: skip
-    return click.option("--until", "until_text", default=None, metavar="pytorch|MS",
+    return click.option("--until", "until_text", default=None, metavar="ENGINE|fastest|MS",
                         help="Tune the network in rounds, each to the kernel where it is expected to gain most, until its estimated "
-                             "latency beats PyTorch's (one PyTorch model, timed in a process of its own) or MS milliseconds, "
-                             "or the budget (--max-trials, --max-minutes) is spent.")(f)  # fmt: skip
+                             "latency beats ENGINE's (pytorch, inductor, onnxruntime or openvino, running the one PyTorch model in a "
+                             "process of its own, its output checked against eager PyTorch's), the fastest of those installed, or MS "
+                             "milliseconds, or the budget (--max-trials, --max-minutes) is spent.")(f)  # fmt: skip
 
 
 @click.command()

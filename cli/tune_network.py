@@ -11,29 +11,61 @@ import click
 from .common import console, out
 
 
+FASTEST = "fastest"
+
+
 def parse_until(text: str) -> str | float:
-    """``pytorch`` or a latency in milliseconds (returned in seconds)."""
-    if text.strip().lower() == "pytorch":
-        return "pytorch"
+    """An engine's name (``pytorch``, ``inductor``, ``onnxruntime``, ``openvino``: :mod:`schedhub.tuner.engines`),
+    ``fastest`` (the fastest of those installed), or a latency in milliseconds (returned in seconds)."""
+    from schedhub.tuner.engines import ENGINES
+
+    name = text.strip().lower()
+    if name in (*ENGINES, FASTEST):
+        return name
     try:
         ms = float(text)
     except ValueError:
-        raise click.BadParameter(f"--until takes 'pytorch' or a latency in milliseconds, not {text!r}") from None
+        raise click.BadParameter(f"--until takes an engine ({', '.join(ENGINES)}), '{FASTEST}' or a latency in milliseconds, not {text!r}") from None
     if not 0 < ms < 1e7:
         raise click.BadParameter("--until's latency must be a positive number of milliseconds")
     return ms / 1e3
 
 
-def pytorch_secs(refs: list[Any], threads: int) -> float:
-    """The one PyTorch model's latency, timed in a process of its own that never imports TVM, on ``threads`` threads."""
+def engine_secs(engine: str, refs: list[Any], threads: int) -> float:
+    """The one PyTorch model's latency as ``engine`` runs it, timed in a process of its own that never imports TVM, on
+    ``threads`` threads, its output checked against eager PyTorch's."""
     from schedhub.tuner.torch_process import TorchProcess
 
     if len(refs) != 1 or refs[0].source != "torch":
-        raise click.BadParameter("--until pytorch needs exactly one PyTorch model (a mapping {\"torch\": \"pkg.mod:factory\", \"inputs\": …}); "
+        raise click.BadParameter(f"--until {engine} needs exactly one PyTorch model (a mapping {{\"torch\": \"pkg.mod:factory\", \"inputs\": …}}); "
                                  "for other models state a latency in milliseconds")  # fmt: skip
-    with TorchProcess() as torch_proc:
-        torch_proc.load_module(refs[0].name, list(refs[0].inputs.values()), threads)
-        return torch_proc.time_network(repeat=5, min_secs=0.2)
+    with TorchProcess(engine=engine) as engine_proc:
+        engine_proc.load_module(refs[0].name, list(refs[0].inputs.values()), threads)
+        return engine_proc.time_network(repeat=5, min_secs=0.2)
+
+
+def goal_secs(until: str | float, refs: list[Any], threads: int) -> tuple[float, str]:
+    """The latency to beat and what it is called: an engine's, the fastest installed engine's, or the one stated."""
+    from schedhub.tuner.engines import ENGINES, EngineUnavailable, check_engine
+
+    if not isinstance(until, str):
+        return float(until), "the goal"
+    if until != FASTEST:
+        try:
+            return engine_secs(until, refs, threads), until
+        except EngineUnavailable as exc:
+            raise click.ClickException(str(exc)) from None
+    timed: dict[str, float] = {}
+    for engine in ENGINES:
+        try:
+            check_engine(engine)
+        except EngineUnavailable as exc:
+            console.print(f"not timed: {exc}")
+            continue
+        timed[engine] = engine_secs(engine, refs, threads)
+        console.print(f"{engine}: {timed[engine] * 1e3:.3f} ms")
+    fastest = min(timed, key=timed.__getitem__)
+    return timed[fastest], fastest
 
 
 def network_measure(reg: Any, modules: list[Any], target: dict[str, Any], rewrites: Any, threads: int) -> Callable[[], float] | None:
@@ -54,8 +86,7 @@ def run(reg: Any, refs: list[Any], modules: list[Any], planned: list[Any], optio
     from schedhub.tuner.allocation import POLICIES, Goal
     from schedhub.tuner.network import Check, Round, tune_network
 
-    reference = pytorch_secs(refs, threads) if until == "pytorch" else float(until)
-    label = "PyTorch" if until == "pytorch" else "the goal"
+    reference, label = goal_secs(until, refs, threads)
     kernels = [(p.kernel.identity, p.kernel.calls) for p in planned]
     goal = Goal(latency_secs=reference, max_trials=max_trials if max_trials is not None else options.trials * len(kernels),
                 max_secs=max_minutes * 60 if max_minutes else None)  # fmt: skip

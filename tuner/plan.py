@@ -19,6 +19,8 @@ from __future__ import annotations
 import importlib
 import itertools
 import json
+import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -161,10 +163,29 @@ def load(ref: ModelRef) -> tvm.IRModule:
         module_name, _, factory = ref.name.partition(":")
         if not factory or not ref.inputs:
             raise PlanError(f"torch model {ref.name!r} needs 'module:factory' and input shapes: write it as a mapping, {TORCH_FORM}")
-        module = getattr(importlib.import_module(module_name), factory)().eval()
+        module = torch_factory(module_name, factory)().eval()
         args = tuple(torch.randn(*shape) for shape in ref.inputs.values())
         return from_torch_export(torch.export.export(module, args))
     raise PlanError(f"unknown model source {ref.source!r}")
+
+
+def torch_factory(module_name: str, factory: str) -> Any:
+    """``module_name``'s ``factory``, the module found as ``python`` finds it from the current folder too (where a user's
+    own ``mynet.py`` lies), or a :class:`PlanError` that says which part is missing."""
+    here = os.getcwd()
+    added = here not in sys.path
+    if added:
+        sys.path.append(here)  # after the installed packages: a folder's file never shadows one of theirs
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise PlanError(f"torch model {module_name}:{factory}: no module {exc.name!r} in {here} or the installed packages") from None
+    finally:
+        if added:
+            sys.path.remove(here)
+    if not callable(found := getattr(module, factory, None)):
+        raise PlanError(f"torch model {module_name}:{factory}: {module_name} ({getattr(module, '__file__', '?')}) has no function {factory!r}")
+    return found
 
 
 def from_torch_export(exported: Any) -> tvm.IRModule:

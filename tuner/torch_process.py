@@ -1,4 +1,6 @@
-"""PyTorch baselines timed in a process of their own, which never imports TVM.
+"""PyTorch baselines timed in a process of their own, which never imports TVM; and the engines a user would pick
+instead (``engine=``: Inductor, ONNX Runtime, OpenVINO, :mod:`.engines`), each in a process of its own, its output checked
+against eager PyTorch's before it is timed.
 
 In a process that had imported TVM, PyTorch's ResNet-18 was seen 25–35× slower, intermittently
 (two runtimes' thread pools on the same cores). So the demo and the benchmarks keep PyTorch in a
@@ -25,6 +27,9 @@ from typing import Any
 
 import numpy as np
 
+from . import engines
+from .engines import check_engine
+
 #: The default factory: the shipped MLP (the demo's model) from its Relax weights.
 MLP_FACTORY = "schedhub.tuner.torch_process:mlp_twin"
 
@@ -46,14 +51,16 @@ class TorchProcess:
     computes them) and a timed forward pass ends when the GPU has finished it (synchronized), the
     input already on the device, as TVM's timings are taken."""
 
-    def __init__(self, cwd: str | Path | None = None, device: str = "cpu", isa: str | None = None) -> None:
+    def __init__(self, cwd: str | Path | None = None, device: str = "cpu", isa: str | None = None, engine: str = "pytorch") -> None:
         if device not in ("cpu", "cuda"):
             raise ValueError(f"PyTorch baselines run on 'cpu' or 'cuda', not {device!r}")
         if isa is not None and isa not in ISA_ENV:
             raise ValueError(f"PyTorch is held to one of {', '.join(ISA_ENV)}, not {isa!r}")
+        check_engine(engine, device)  # a missing package is one line here, not a child's traceback
+        self.engine = engine
         self._dir = tempfile.TemporaryDirectory(prefix="schedhub-torch-")
         env = {**os.environ, **ISA_ENV[isa]} if isa is not None else None
-        self._proc = subprocess.Popen([sys.executable, "-u", "-m", "schedhub.tuner.torch_process", device], cwd=cwd, stdin=subprocess.PIPE,
+        self._proc = subprocess.Popen([sys.executable, "-u", "-m", "schedhub.tuner.torch_process", device, engine], cwd=cwd, stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, text=True, env=env)  # fmt: skip
 
     def __enter__(self) -> TorchProcess:
@@ -83,7 +90,7 @@ class TorchProcess:
 
     def load_network(self, name: str, weights: dict[str, np.ndarray], x: np.ndarray, factory: str = MLP_FACTORY, **shape: int) -> np.ndarray:
         """Build the PyTorch twin of shipped model ``name`` with these weights (``factory(name, weights, **options)``);
-        its output on ``x``."""
+        its output on ``x`` as the process's engine computes it (checked against eager PyTorch's)."""
         from .models import MODELS  # here, not in the PyTorch process: it imports TVM
 
         if name in MODELS:
@@ -158,7 +165,23 @@ def _prepare_device(device: str) -> None:
         torch.backends.cudnn.allow_tf32 = False
 
 
-def _serve(device: str = "cpu") -> None:
+#: How far an engine's output may be from eager PyTorch's, relative to the output's scale.
+ENGINE_MAX_REL_ERROR = 1e-3
+
+
+def _engine_run(engine: str, net: Any, x: Any, threads: int, folder: Path, device: str) -> tuple[Any, np.ndarray]:
+    """``net`` on ``x`` as ``engine`` runs it: the run, and its output, checked against eager PyTorch's."""
+    inputs = x if isinstance(x, tuple) else (x,)
+    expected = engines.compiled("pytorch", net, inputs, threads, folder, device)()
+    run = engines.compiled(engine, net, inputs, threads, folder, device)
+    out = run()
+    error = float(np.abs(out - expected).max()) / (float(np.abs(expected).max()) or 1.0) if out.shape == expected.shape else float("inf")
+    if not error <= ENGINE_MAX_REL_ERROR:
+        raise RuntimeError(f"{engine}'s output is {error:.3g} of its scale from eager PyTorch's (at most {ENGINE_MAX_REL_ERROR:g})")
+    return run, out
+
+
+def _serve(device: str = "cpu", engine: str = "pytorch") -> None:
     """The child: answers one JSON request per line until stdin closes."""
     import importlib
     import statistics
@@ -167,9 +190,13 @@ def _serve(device: str = "cpu") -> None:
 
     from . import baselines
 
+    answers = os.fdopen(os.dup(1), "w")  # the protocol's own: what libraries print (ONNX's exporter does) goes to stderr
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     _prepare_device(device)
     net: Any = None
     x: Any = None
+    run: Any = None  # the loaded network as the engine runs it (eager PyTorch: timed as before, the device synchronized)
     for line in sys.stdin:
         request = json.loads(line)
         try:
@@ -180,16 +207,21 @@ def _serve(device: str = "cpu") -> None:
                 module, _, function = request["factory"].partition(":")
                 loaded_net = getattr(importlib.import_module(module), function)(request["name"], weights, **request["shape"]).to(device)
                 net, x = loaded_net, torch.from_numpy(np.load(folder / "x.npy", allow_pickle=False)).to(device)
-                np.save(folder / "out.npy", _forward(net, x))
+                if engine == "pytorch":
+                    run, out = None, _forward(net, x)
+                else:
+                    run, out = _engine_run(engine, net, x, torch.get_num_threads(), folder, device)
+                np.save(folder / "out.npy", out)
                 answer: dict[str, Any] = {"ok": True}
             elif request["cmd"] == "load_module":
                 torch.set_num_threads(int(request["threads"]))
                 module, _, function = request["factory"].partition(":")
                 net = getattr(importlib.import_module(module), function)().eval().to(device)
-                x = tuple(torch.randn(*shape, device=device) for shape in request["shapes"])
+                x = tuple(torch.randn(*shape, device=device, generator=torch.Generator(device).manual_seed(0)) for shape in request["shapes"])
+                run = None if engine == "pytorch" else _engine_run(engine, net, x, int(request["threads"]), Path(tempfile.mkdtemp()), device)[0]
                 answer = {"ok": True}
             elif request["cmd"] == "time":
-                samples = baselines.time_callable(_timed_forward(net, x, device), request["repeat"], request["min_secs"])
+                samples = baselines.time_callable(run or _timed_forward(net, x, device), request["repeat"], request["min_secs"])
                 answer = {"secs": statistics.median(samples)}
             elif request["cmd"] == "kernel":
                 fn = baselines.kernel_baseline(request["op"], request["args_info"], "torch")
@@ -202,8 +234,8 @@ def _serve(device: str = "cpu") -> None:
             answer = {"error": f"{exc.__class__.__name__}: {exc}"}
         if "tvm" in sys.modules:
             answer = {"error": "TVM got imported into the PyTorch process"}
-        print(json.dumps(answer), flush=True)
+        print(json.dumps(answer), file=answers, flush=True)
 
 
 if __name__ == "__main__":
-    _serve(sys.argv[1] if len(sys.argv) > 1 else "cpu")
+    _serve(*sys.argv[1:3])
