@@ -33,6 +33,10 @@ def ls(registry: str, token: str | None, op: str | None, target: str | None, lim
     rows = reg.summaries(op, target, limit=limit, newest=True)
     if as_json:
         return _dump([r.to_dict() for r in rows])
+    if not rows:
+        asked = " and ".join([*([f"op {op!r} (an op is matched whole, e.g. fused_matmul_add_relu)"] if op else []), *([f"target {target!r}"] if target else [])])
+        out.print(f"no keys{' of ' + asked if asked else ''} in {registry}", highlight=False, soft_wrap=True)
+        return
     table = Table("key", "op", "target", "records", "verified", "best µs")
     for r in rows:
         table.add_row(r.key[:16], r.op, target_summary(r.target), str(r.count), str(r.verified), f"{r.best_secs * 1e6:.2f}")
@@ -69,7 +73,14 @@ def resolve_key(reg: Registry, key: str) -> str:
 
 def resolve_job_key(reg: Registry, key: str) -> str:
     """A full queue job key (records or not) from a unique prefix of at least 8 hex characters."""
-    return _unique(key, lambda prefix: [j["key"] for j in reg.jobs(None, 2, prefix) if j["key"].startswith(prefix)])
+    return _unique(key, lambda prefix: [j["key"] for j in reg.jobs(None, 2, just_before(prefix)) if j["key"].startswith(prefix)])
+
+
+def just_before(prefix: str) -> str:
+    """The job id (64 hex characters) just before the first one ``prefix`` begins, as a listing's ``after`` cursor ("" for
+    none before it): a registry takes only a whole job id there."""
+    first = int(prefix.ljust(64, "0"), 16)
+    return f"{first - 1:064x}" if first else ""
 
 
 def _unique(key: str, starting_with: Callable[[str], list[str]]) -> str:
@@ -161,19 +172,24 @@ def stats_rows(stats: dict[str, Any]) -> list[tuple[str, str]]:
 @click.option("--state", type=click.Choice(["pending", "leased", "done", "dead"]), default=None)
 @click.option("--next", "upcoming", type=click.IntRange(1, 100_000), default=None, metavar="N",
               help="The next N pending jobs in the order they are handed out (the callers' turns, then most callers, then most demand).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (whole keys).")
 @reports_errors
-def queue(registry: str, token: str | None, state: str | None, upcoming: int | None) -> None:
-    """Jobs in the miss queue (by job id; --next: in the order workers get them)."""
+def queue(registry: str, token: str | None, state: str | None, upcoming: int | None, as_json: bool) -> None:
+    """Jobs in the miss queue (by job id; --next: in the order workers get them). Keys are shown by their first 16
+    characters, as ``ls`` shows them: every command takes such a prefix."""
+    reg = open_registry(registry, token, readonly=True)
+    if as_json:
+        return _dump(reg.jobs_in_lease_order(upcoming) if upcoming is not None else reg.jobs(state))
     if upcoming is not None:
         table = Table("#", "key", "task", "op", "target", "requester", "callers", "demand")
-        for place, job in enumerate(open_registry(registry, token, readonly=True).jobs_in_lease_order(upcoming), 1):
-            table.add_row(str(place), job["key"], task_label(job), job["op"], target_summary(job.get("target", "")), job.get("requester") or "(local)",
+        for place, job in enumerate(reg.jobs_in_lease_order(upcoming), 1):
+            table.add_row(str(place), job["key"][:16], task_label(job), job["op"], target_summary(job.get("target", "")), job.get("requester") or "(local)",
                           str(job.get("callers", "")), str(job["demand"]))  # fmt: skip
         out.print(table)
         return
     table = Table("key", "task", "op", "target", "state", "callers", "demand", "attempts", "last error")  # a worker times one CPU model: say whose
-    for job in open_registry(registry, token, readonly=True).jobs(state):
-        table.add_row(job["key"], task_label(job), job["op"], target_summary(job.get("target", "")), job["state"], str(job.get("callers", "")),
+    for job in reg.jobs(state):
+        table.add_row(job["key"][:16], task_label(job), job["op"], target_summary(job.get("target", "")), job["state"], str(job.get("callers", "")),
                       str(job["demand"]), str(job["attempts"]), job["last_error"][:60])  # fmt: skip
     out.print(table)
 

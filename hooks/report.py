@@ -87,4 +87,9 @@ class CompileReport:
             linked += f"; rewrites chosen by {self.rewrites_by}: {self.rewrites} (weighed: {'; '.join(self.rewrite_options)})"
         hits = f"{self.hits} hits ({self.default_hits} of them keep the default schedule: nothing beat it)" if self.default_hits else f"{self.hits} hits"
         return (f"schedhub: {len(self.kernels)} kernels: {hits}, {self.transfers} transfers{synthesized}, {self.count(MISS)} misses, {self.fallbacks} fallbacks "
-                f"({self.lookups} lookups in {self.lookup_secs * 1e3:.1f} ms, {self.misses_reported} misses reported){linked}")  # fmt: skip
+                f"({_count(self.lookups, 'lookup')} in {self.lookup_secs * 1e3:.1f} ms, {_count(self.misses_reported, 'miss', 'misses')} reported){linked}")  # fmt: skip
+
+
+def _count(n: int, one: str, many: str = "") -> str:
+    """``n`` things in words: "1 lookup", "2 lookups"."""
+    return f"{n} {one if n == 1 else many or one + 's'}"

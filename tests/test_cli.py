@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from schedhub.cli.main import cli, main
 from schedhub.cli.recordfiles import write_records
-from schedhub.registry import CallerBounds, LocalRegistry, Record, ServerThread
+from schedhub.registry import CallerBounds, LocalRegistry, Principal, Record, ServerThread
 
 from .conftest import TOKEN, make_record, store_unchecked
 
@@ -241,14 +241,15 @@ def test_serve_names_its_real_port_and_refuses_a_busy_one_before_starting(tmp_pa
         first.wait(10)
 
 
-def test_listings_print_whole_keys_and_short_curves_when_piped(tmp_path: Path) -> None:
+def test_listings_print_key_prefixes_whole_keys_in_json_and_short_curves_when_piped(tmp_path: Path) -> None:
     curve = json.dumps([[i, 1e-3 / (i + 1)] for i in range(64)])
     rec = make_record(5, 1e-3, provenance={"curve": curve, "host_cpu": "x", "flushed_secs": 1.5e-3})
     with LocalRegistry(tmp_path) as reg:
         reg.put(rec)
         reg.report_misses([make_record(6, 1e-3).identity])
     queue_out = run("queue", "-r", str(tmp_path))
-    assert make_record(6, 1e-3).key in queue_out  # whole, copyable into show/requeue
+    assert make_record(6, 1e-3).key[:16] in queue_out and make_record(6, 1e-3).key not in queue_out  # as ls shows keys: a prefix any command takes
+    assert [job["key"] for job in json.loads(run("queue", "--json", "-r", str(tmp_path)))] == [make_record(6, 1e-3).key]  # whole
     assert "llvm znver5 x2" in queue_out  # whose CPU the job is for: a worker times only its own
     shown = run("show", rec.key, "-r", str(tmp_path))
     assert "<64 points, best 15.62 µs after 63>" in shown and len(shown.splitlines()) < 20
@@ -263,7 +264,7 @@ def test_queue_next_lists_pending_jobs_in_the_order_workers_get_them(tmp_path: P
         reg.report_misses(ci, by="ci")
         reg.report_misses([dev], by="dev")
     cells = [[cell.strip() for cell in line.split("│")[1:-1]] for line in run("queue", "--next", "3", "-r", str(tmp_path)).splitlines()]
-    assert [(row[0], row[1], row[5]) for row in cells if row] == [("1", ci[0].key, "ci"), ("2", dev.key, "dev"), ("3", ci[1].key, "ci")]
+    assert [(row[0], row[1], row[5]) for row in cells if row] == [("1", ci[0].key[:16], "ci"), ("2", dev.key[:16], "dev"), ("3", ci[1].key[:16], "ci")]  # as ls shows keys
 
 
 def test_pull_into_a_store_carries_the_measurement_log_and_push_from_a_store_sends_it(server: ServerThread, tmp_path: Path) -> None:
@@ -431,3 +432,9 @@ def test_requeue_takes_the_key_prefix_ls_prints_and_an_empty_quarantine_says_so(
     with LocalRegistry(tmp_path, readonly=True) as reg:
         assert reg.job(missed[1].key)["state"] == "pending"
     assert "nothing is quarantined" in run("quarantined", "-r", str(tmp_path))
+    with LocalRegistry(tmp_path) as reg:
+        while leases := reg.lease("w", 3, 60):
+            for lease in leases:
+                reg.fail(lease.key, lease.lease_id, "boom")
+    with ServerThread(tmp_path, tokens={TOKEN: Principal("root", "admin")}, sync=False) as srv:  # a served registry takes only whole job ids as a listing's cursor
+        assert f"requeued {missed[2].key}" in run("requeue", missed[2].key[:16], "-r", srv.url, "--token", TOKEN)
