@@ -164,6 +164,7 @@ class RegistryApp:
         else:
             data = await within(self.body_timeout, self._read(request), f"the request body did not arrive within {self.body_timeout:g} s")
         content_type = request.headers.get("content-type", "")
+        request.state.body_bytes = len(data)
         if len(data) > _OFF_LOOP_BYTES:
             return await run_in_threadpool(decode_body, data, content_type)
         return decode_body(data, content_type)
@@ -184,23 +185,38 @@ class RegistryApp:
         assert self.committer is not None
         return await asyncio.wrap_future(self.committer.submit(fn))
 
-    def check_share(self, who: Principal) -> None:
-        """Refuse what an untrusted caller would add once the store has grown past its share of the map."""
+    def check_share(self, who: Principal, txn: Any = None, adding: int = 0) -> None:
+        """Refuse what an untrusted caller would add once the store's data (as ``txn`` sees it, with ``adding`` bytes
+        more: :meth:`.Store.held`, which deleting data lowers) is past its share of the map."""
         if who.trusted:
             return
-        filled = self.reg.store.filled()
-        if filled * 100 > self.bounds.unverified_percent:
-            raise TooManyRequests(f"the registry's store is {filled:.0%} full: past {self.bounds.unverified_percent}% it keeps the rest "
+        held = self.reg.store.held(txn) + adding / self.reg.store.env.info()["map_size"]
+        if held * 100 > self.bounds.unverified_percent:
+            raise TooManyRequests(f"the registry's store is {held:.0%} full: past {self.bounds.unverified_percent}% it keeps the rest "
                                   "for verified records, and takes no more misses, claims, complaints or unverified logs (its "
                                   "operator can give it a larger map: SCHEDHUB_MAP_SIZE)")  # fmt: skip
 
-    async def push(self, records: list[Record], who: Principal) -> list[PutResult]:
+    async def write_within_share(self, who: Principal, request: Request, fn: Callable[[Any], T]) -> T:
+        """:meth:`write` of an untrusted caller's data checked against the store's share inside the write transaction, its
+        own bytes counted (twice the body's: LMDB's pages hold a value of some KB in about twice its size), so that
+        concurrent writers cannot pass the share together; a trusted caller's as it is."""
+        if who.trusted:
+            return await self.write(fn)
+        self.check_share(who)  # at once, before the request waits for the writer
+        adding = 2 * getattr(request.state, "body_bytes", 0)
+
+        def within(txn: Any) -> T:
+            self.check_share(who, txn, adding)
+            return fn(txn)
+
+        return await self.write(within)
+
+    async def push(self, records: list[Record], who: Principal, request: Request) -> list[PutResult]:
         """Store ``records`` as ``who``'s push, within its bounds: claims awaiting verification, bytes of records in
         service (a trusted pusher's are not bounded), the store's share for unverified data."""
-        self.check_share(who)
         bytes_limit = None if who.trusted else self.bounds.records_bytes
-        return await self.write(lambda txn: self.reg.put_many(records, who.name, verified=who.trusted, claim_limit=self.bounds.claims_awaiting,
-                                                              bytes_limit=bytes_limit, txn=txn))  # fmt: skip
+        return await self.write_within_share(who, request, lambda txn: self.reg.put_many(records, who.name, verified=who.trusted, claim_limit=self.bounds.claims_awaiting,
+                                                                                          bytes_limit=bytes_limit, txn=txn))  # fmt: skip
 
 
 async def within(seconds: float, awaitable: Awaitable[T], message: str) -> T:
@@ -359,7 +375,7 @@ def create_app(
         key = path_key(request)
         who = state.require(request, "push")
         record = Record.from_obj(await state.body(request), expected_key=key)
-        result = (await state.push([record], who))[0]
+        result = (await state.push([record], who, request))[0]
         state.counters["puts"] += 1
         return reply(request, result.__dict__, 201 if result.kept else 200)
 
@@ -367,7 +383,7 @@ def create_app(
         who = state.require(request, "push")
         body = await state.body(request)
         records = await run_in_threadpool(parse_each, field(body, "records", list), Record.from_obj, "records")
-        results = await state.push(records, who)
+        results = await state.push(records, who, request)
         state.counters["puts"] += len(records)
         return reply(request, {"results": [r.__dict__ for r in results]})
 
@@ -439,10 +455,9 @@ def create_app(
         body = await state.body(request)
         trace_id, reason = trace_id_field(body), bounded_text(body, "reason")
         caller = state.caller(request, who)
-        state.check_share(who)
         if not state.complaints.allow(caller):
             raise TooManyRequests(f"{caller!r} is over {state.complaints.count} complaints a minute; try again later")
-        status = await state.write(lambda txn: state.reg.complain(key, trace_id, reason, caller, limit=state.bounds.claims_awaiting, txn=txn))
+        status = await state.write_within_share(who, request, lambda txn: state.reg.complain(key, trace_id, reason, caller, limit=state.bounds.claims_awaiting, txn=txn))
         if status is None:
             raise NotFound(f"key {key} has no record with trace_id {trace_id}")
         state.counters["complaints"] += 1
@@ -489,10 +504,9 @@ def create_app(
         body = await state.body(request)
         misses = await run_in_threadpool(parse_each, field(body, "misses", list), Identity.from_obj, "misses")
         caller = state.caller(request, who)
-        state.check_share(who)
         if not state.misses.allow(caller, len(misses)):
             raise TooManyRequests(f"{caller!r} is over {state.misses.count} reported misses a minute; try again later")
-        results = await state.write(lambda txn: state.reg.report_misses(misses, by=caller, limit=state.bounds.misses_awaiting, txn=txn))
+        results = await state.write_within_share(who, request, lambda txn: state.reg.report_misses(misses, by=caller, limit=state.bounds.misses_awaiting, txn=txn))
         state.counters["reported"] += len(misses)
         return reply(request, {"results": results})
 
@@ -500,10 +514,9 @@ def create_app(
         who = state.require(request, "read")
         kernels = parse_kernels(field(await state.body(request), "kernels", list))
         caller = state.caller(request, who)
-        state.check_share(who)
         if not state.misses.allow(caller, 1):
             raise TooManyRequests(f"{caller!r} is over {state.misses.count} reports a minute; try again later")
-        return reply(request, await state.write(lambda txn: state.reg.report_network(kernels, by=caller, txn=txn)))
+        return reply(request, await state.write_within_share(who, request, lambda txn: state.reg.report_network(kernels, by=caller, txn=txn)))
 
     async def refine_bottleneck(request: Request) -> Response:
         who = state.require(request, "worker")
@@ -518,8 +531,8 @@ def create_app(
     async def push_trials(request: Request) -> Response:
         who = state.require(request, "push")
         log = await run_in_threadpool(TrialLog.from_obj, await state.body(request))
-        state.check_share(who)
-        result = await state.write(lambda txn: state.reg.push_trials(log, who.name, verified=who.trusted, claimed_bytes=state.bounds.claimed_log_bytes, txn=txn))
+        result = await state.write_within_share(who, request, lambda txn: state.reg.push_trials(log, who.name, verified=who.trusted,
+                                                                                                 claimed_bytes=state.bounds.claimed_log_bytes, txn=txn))  # fmt: skip
         state.counters["trials"] += len(log.trials)
         return reply(request, result)
 

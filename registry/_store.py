@@ -7,6 +7,8 @@ durable commit; without one it opens and commits its own.
 
 from __future__ import annotations
 
+import contextlib
+
 import os
 import threading
 import time
@@ -417,6 +419,15 @@ class Store(Aggregates, Listings):
         info = self.env.info()
         return (info["last_pgno"] + 1) * self.env.stat()["psize"] / info["map_size"]
 
+    def held(self, txn: lmdb.Transaction | None = None) -> float:
+        """How much of its LMDB map the store's data holds (0..1): the pages of every database's tree, as ``txn`` (a write
+        transaction's own writes included) or a fresh read sees them. Deleting data lowers it, where :meth:`filled`
+        never falls: LMDB reuses freed pages."""
+        with contextlib.ExitStack() as stack:
+            t = txn if txn is not None else stack.enter_context(self.read())
+            pages = _META_PAGES + sum(_tree_pages(t.stat(db)) for db in self.dbs.values()) + _tree_pages(self.env.stat())
+            return pages * self.env.stat()["psize"] / self.env.info()["map_size"]
+
     def exists(self, key: str) -> bool:
         with self.read() as txn:
             return txn.get(key.encode(), db=self.dbs["records"]) is not None
@@ -805,6 +816,14 @@ def _foreign_key(env: lmdb.Environment) -> bytes | None:
     ours = {name.encode() for name in _DB_NAMES}
     with env.begin() as txn:
         return next((key for key in txn.cursor().iternext(values=False) if key not in ours), None)
+
+
+_META_PAGES = 2  # LMDB's two meta pages
+
+
+def _tree_pages(stat: dict[str, int]) -> int:
+    """The pages of one LMDB database's tree, from its ``stat``."""
+    return stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"]
 
 
 def _open_db(env: lmdb.Environment, name: str, readonly: bool) -> Any:

@@ -550,10 +550,43 @@ def test_untrusted_callers_cannot_fill_the_store_whatever_their_number(tmp_path:
                 refused = exc
             n += 1
         assert refused is not None and "keeps the rest" in str(refused) and n > 10
-        with pytest.raises(TooManyRequests, match="keeps the rest"):
-            by["a"].report_misses([shaped(7).identity])
+        with pytest.raises(TooManyRequests, match="keeps the rest"):  # the other token alike
+            by["a" if n % 2 else "b"].put(_big_record(10_000 + n, 0, 60_000))
         by["w"].put(shaped(8))  # the workers' share is left
         assert by["w"].get(shaped(8).key)
+
+
+def test_the_untrusted_share_holds_under_concurrent_writers_and_lifts_when_their_data_goes(tmp_path: Path) -> None:
+    """12 untrusted pushers at once took a 64 MiB map to 98.6% when the share was checked before the write transaction,
+    and a worker's pushes then got 507; an admin who forgot every caller left the store reading 87% (its high-water mark)
+    and every untrusted caller refused. The share is checked inside the write, each request's own bytes counted, on the
+    data the store holds."""
+    names = [f"u{i}" for i in range(12)]
+    roles = {f"{n}-tok": Principal(n) for n in names} | {"w-tok": Principal("w", "worker"), "adm-tok": Principal("root", "admin")}
+    with (LocalRegistry(tmp_path / "small", map_size=8 << 20, sync=False) as local,
+          ServerThread(tmp_path / "small", tokens=roles, sync=False, bounds=CallerBounds(unverified_percent=50, claims_awaiting=1000)) as s,
+          clients_by_name(s.url, roles) as by):  # fmt: skip
+        refused = []
+
+        def push(i: int) -> None:
+            for n in range(30):
+                try:
+                    by[names[i]].put(_big_record(20_000 + 100 * i + n, 0, 60_000))
+                except TooManyRequests:
+                    refused.append(i)
+                    return
+
+        with ThreadPoolExecutor(12) as pool:
+            list(pool.map(push, range(12)))
+        assert refused and local.store.held() <= 0.5 + 0.02, local.store.held()
+        for n in range(8):  # the workers' share is left, whole
+            by["w"].put(_big_record(30_000 + n, 0, 60_000))
+        with pytest.raises(TooManyRequests, match="keeps the rest"):
+            by["u0"].put(_big_record(40_000, 0, 60_000))
+        for name in names:
+            by["root"].forget(name)
+        assert local.store.held() < 0.4 and local.store.filled() > 0.5  # the file keeps its size; the data is gone
+        by["u0"].put(_big_record(40_001, 0, 60_000))  # the share lifted
 
 
 # -- 3. one request cannot stall the others -------------------------------------------------------
