@@ -55,6 +55,28 @@ def atomic_file(path: Path) -> Iterator[str]:
             os.unlink(tmp)
 
 
+def digest_path(path: Path) -> Path:
+    """Where the SHA-256 of a kept file's bytes is kept, beside it."""
+    return path.with_name(path.name + ".sha256")
+
+
+def keep_digest(path: Path) -> None:
+    """Write the SHA-256 of ``path``'s bytes beside it (atomically), for :func:`read_if_intact`."""
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    with atomic_file(digest_path(path)) as tmp:
+        Path(tmp).write_text(digest)
+
+
+def read_if_intact(path: Path) -> bytes | None:
+    """``path``'s bytes where they match the digest kept beside them (:func:`keep_digest`), else None: a file
+    overwritten, cut short or missing, or its digest gone."""
+    try:
+        data = path.read_bytes()
+        return data if digest_path(path).read_text().strip() == hashlib.sha256(data).hexdigest() else None
+    except OSError:
+        return None
+
+
 def default_dir() -> Path:
     return Path(os.environ.get(CACHE_ENV) or DEFAULT_DIR)
 

@@ -20,7 +20,6 @@ turns them into views) and so does a kernel called with symbolic shape arguments
 
 from __future__ import annotations
 
-import hashlib
 import os
 from concurrent.futures import Future
 from pathlib import Path
@@ -31,7 +30,7 @@ from tvm import relax, tirx
 from tvm.relax.analysis import all_global_vars, has_reshape_pattern, post_order_visit
 
 from .background import KernelWork
-from .cache import KernelCache, Untold, atomic_file, mark_used
+from .cache import KernelCache, Untold, atomic_file, digest_path, keep_digest, mark_used, read_if_intact
 from .errors import TVM_ERRORS
 from .relax_mutation import mutate_relax_functions
 
@@ -170,9 +169,7 @@ class ObjectCache(KernelWork[str]):
         lib = tvm.tirx.build(tvm.IRModule({symbol: func}), target=target)
         with atomic_file(path) as tmp:  # TVM writes an object file for the ".o" suffix
             lib.write_to_file(tmp)
-            digest = hashlib.sha256(Path(tmp).read_bytes()).hexdigest()
-        with atomic_file(digest_path(path)) as tmp:
-            Path(tmp).write_text(digest)
+        keep_digest(path)
 
 
 def object_id_of(func: Any) -> str | None:
@@ -183,18 +180,10 @@ def object_id_of(func: Any) -> str | None:
     return None if object_id is None else str(object_id)
 
 
-def digest_path(path: Path) -> Path:
-    """Where the SHA-256 of an object file's bytes is kept."""
-    return path.with_name(path.name + ".sha256")
-
-
 def intact(path: Path) -> bool:
     """Whether ``path`` holds an object file whose bytes match the digest written with it."""
-    try:
-        data = path.read_bytes()
-        return data[:4] == ELF_MAGIC and digest_path(path).read_text().strip() == hashlib.sha256(data).hexdigest()
-    except OSError:
-        return False
+    data = read_if_intact(path)
+    return data is not None and data[:4] == ELF_MAGIC
 
 
 def _plainly_called(mod: tvm.IRModule) -> set[tvm.ir.GlobalVar]:

@@ -11,8 +11,8 @@ their machine code from the object cache (:mod:`.objects`) in 0.25 s all told. S
 
 - a rewrite that tiles its weights (each dimension split, the tiles reordered: what ``RewriteLayout`` writes) is done in
   numpy, a reshape and a transpose (:mod:`.tiling`), on every compile: ResNet-18@224's 44 MB in about 30 ms;
-- any other rewrite's outputs are kept in the kernel cache (kind ``prepacked``, a ``.npy`` file per output, read without
-  pickle), named by the scheduled kernel (its object id: key, trace, bounds) and the SHA-256 of every input's dtype,
+- any other rewrite's outputs are kept in the kernel cache (kind ``prepacked``, a ``.npy`` file per output with the
+  SHA-256 of its bytes beside it, read without pickle and only where the bytes match), named by the scheduled kernel (its object id: key, trace, bounds) and the SHA-256 of every input's dtype,
   shape and bytes; a later compile maps them into memory and copies them once, into the constants, instead of building
   the rewrite. An entry that does not read whole, or not as arrays of the call's shapes and dtypes, is computed again;
 - each prepacked kernel takes an object id of its own (its scheduled kernel's, split), so the object cache compiles
@@ -35,7 +35,7 @@ import numpy as np
 import tvm
 from tvm import relax, tirx
 
-from .cache import KernelCache, atomic_file, mark_used
+from .cache import KernelCache, atomic_file, digest_path, keep_digest, mark_used, read_if_intact
 from .constants import host_constant, host_view
 from .objects import OBJECT_ID, object_id_of
 from .relax_mutation import mutate_relax_functions
@@ -193,6 +193,8 @@ def read_arrays(entry: Path, shapes: Shapes) -> list[np.ndarray] | None:
     files, not read (the caller copies each once, where it keeps it)."""
     paths = [output_path(entry, i) for i in range(len(shapes))]
     try:
+        if any(read_if_intact(path) is None for path in paths):  # overwritten or cut short since it was kept: computed again
+            return None
         arrays = [np.load(path, mmap_mode="r", allow_pickle=False) for path in paths]
     except (OSError, ValueError, EOFError):  # missing, cut short, not an .npy of plain values
         return None
@@ -200,6 +202,7 @@ def read_arrays(entry: Path, shapes: Shapes) -> list[np.ndarray] | None:
         return None
     for path in paths:
         mark_used(path)
+        mark_used(digest_path(path))  # pruned apart, the outputs would be computed again
     return arrays
 
 
@@ -209,6 +212,7 @@ def write_arrays(cache: KernelCache, entry: Path, arrays: list[np.ndarray]) -> N
         for index, values in enumerate(arrays):
             with atomic_file(output_path(entry, index)) as tmp, open(tmp, "wb") as f:
                 np.save(f, values, allow_pickle=False)
+            keep_digest(output_path(entry, index))
         cache.writes += 1
     except OSError as exc:
         cache.unwritable.note(exc)

@@ -17,6 +17,7 @@ from tvm.relax.frontend import nn
 from tvm.s_tir import meta_schedule as ms
 
 from schedhub.hooks import use
+from schedhub.hooks.cache import digest_path, keep_digest
 from schedhub.hooks.identity import plain_json, workload_module
 from schedhub.hooks.pipeline import apply_database, call_counts
 from schedhub.hooks import prepack
@@ -162,8 +163,8 @@ def test_a_later_prepacked_compile_links_its_kernels_and_reads_its_packed_weight
                                                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """Where a weights' rewrite is no tiling numpy does, the first prepacked compile keeps its outputs (and compiles each
     prepacked kernel's machine code); a later one reads the one and links the other, and computes the same, bit for bit.
-    What it reads is what the entry holds (zeroed weights give another output); an entry cut short, of other shapes or
-    dtypes, or gone is rewritten again."""
+    What it reads is what the entry holds (zeroed weights under their digest give another output); an entry overwritten
+    (its bytes no longer its digest's), cut short, of other shapes or dtypes, or gone, or its digest gone, is rewritten again."""
     monkeypatch.setattr(prepack, "tilings", lambda func, inputs: None)
     mod, cache = conv_net(), tmp_path / "cache"
     x = np.random.default_rng(2).standard_normal((1, 8, 10, 10)).astype("float32")
@@ -183,9 +184,13 @@ def test_a_later_prepacked_compile_links_its_kernels_and_reads_its_packed_weight
     np.testing.assert_array_equal(second, first)
     kept = np.load(entries[0], allow_pickle=False)
     np.save(entries[0], np.zeros_like(kept))
+    keep_digest(entries[0])  # an entry whose digest vouches for it is read as it is
     assert not np.array_equal(compile_prepacked()[0], first)
-    for spoilt in (lambda: entries[0].write_bytes(entries[0].read_bytes()[:-4]), lambda: np.save(entries[0], kept[:1]),
-                   lambda: np.save(entries[0], kept.astype("float64")), entries[0].unlink):
+    np.save(entries[0], kept)
+    keep_digest(entries[0])
+    for spoilt in (lambda: np.save(entries[0], np.zeros_like(kept)), lambda: entries[0].write_bytes(entries[0].read_bytes()[:-4]),
+                   lambda: np.save(entries[0], kept[:1]), lambda: np.save(entries[0], kept.astype("float64")), entries[0].unlink,
+                   digest_path(entries[0]).unlink):
         spoilt()
         np.testing.assert_array_equal(compile_prepacked()[0], first)
         np.testing.assert_array_equal(np.load(entries[0], allow_pickle=False), kept)
