@@ -24,6 +24,7 @@ from tvm.s_tir import meta_schedule as ms
 
 from schedhub.registry import Record
 
+from .guard import check_trace_size
 from .identity import plain_json
 from .msdb import trace_text, tuning_record
 from .session import HookSession
@@ -35,6 +36,10 @@ def measured(run_secs: list[float]) -> bool:
     """Whether ``run_secs`` are a measurement the registry keeps: some, each finite and above 0 (MetaSchedule marks a
     failed run 1e10 s; 0.0 is no time at all)."""
     return bool(run_secs) and all(math.isfinite(s) and 0 < s < 1e9 for s in run_secs)
+
+
+class TraceRefused(RuntimeError):  # not ValueError: what a caller through TVM's FFI sees as it is
+    """A committed record whose trace the hook would refuse to replay (too long, or holding what no record may)."""
 
 
 @derived_object
@@ -67,13 +72,20 @@ class RegistryDatabase(ms.database.PyDatabase):
 
     def commit_tuning_record(self, record: ms.database.TuningRecord) -> None:
         """Push ``record`` to the registry and serve it here from now on; not kept where :func:`measured` says its
-        ``run_secs`` are no measurement. The workload is canonicalized once per session (:meth:`HookSession.identity`)."""
+        ``run_secs`` are no measurement. The workload is canonicalized once per session (:meth:`HookSession.identity`).
+        A trace no compile would replay (past the session's bounds: :func:`.guard.check_trace_size`) is refused here,
+        with the bound it passes, rather than kept and never answered."""
         secs = [float(s) for s in plain_json(record.run_secs or [])]
         if not measured(secs):
             return
+        text = trace_text(record.trace)
+        try:
+            check_trace_size(text, self.session.limits)
+        except ValueError as exc:  # ScheduleTooCostly among them
+            raise TraceRefused(f"this record would never be answered, so it is not committed: {exc}") from None
         self.commit_workload(record.workload.mod)
         identity = self.session.identity(record.workload.mod, record.target)
-        pushed = Record(identity, trace_text(record.trace), secs, {"source": "RegistryDatabase"})
+        pushed = Record(identity, text, secs, {"source": "RegistryDatabase"})
         self.session.registry.put(pushed)
         self.session.committed(pushed)  # read-your-writes: the next query sees it
 

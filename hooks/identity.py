@@ -20,7 +20,7 @@ from typing import Any
 import tvm
 from tvm import tirx
 
-from schedhub.registry import SCHEMA_VERSION, Identity, canonical_target, check_workload_source, record_key, vouch_for
+from schedhub.registry import SCHEMA_VERSION, Identity, canonical_target, check_workload_source, fit_op, record_key, vouch_for
 
 from .cache import KernelCache
 from .renaming import rename_parameters
@@ -164,7 +164,7 @@ def workload_identity(func: tvm.IRModule | tirx.PrimFunc, target: tvm.target.Tar
             cache.put("identity", (fingerprint, script), {"workload": workload, "args_info": info})
     identity = Identity(
         key=record_key(fingerprint, tgt, workload), schema=SCHEMA_VERSION, fingerprint=fingerprint,
-        target=tgt, workload=workload, op=op or op_name(module, script), args_info=info,
+        target=tgt, workload=workload, op=fit_op(op or op_name(module, script)), args_info=info,
     )  # fmt: skip
     vouch_for(identity)  # printed here: a record carrying it is read without its workload parsed again
     return identity

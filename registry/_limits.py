@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import hashlib
 import json
 import math
 import re
@@ -72,6 +73,20 @@ def check_text(value: str, name: str) -> str:
     if _CONTROL.search(value):
         raise InvalidRecord(f"field {name!r} contains control characters")
     return value
+
+
+MAX_OP = 200  # characters of an op name, as the registry keeps it (an index key of LMDB's is at most 511 bytes)
+
+
+def fit_op(name: str) -> str:
+    """``name`` as an op name the registry keeps (:func:`check_op`): characters other than letters, digits, '_', '.' and
+    '-' as '_', and a name over :data:`MAX_OP` characters cut to its head, '-' and 16 hex characters of its SHA-256, so
+    that every process names one kernel alike. The op only describes a record: its key is the workload's."""
+    name = re.sub(r"[^A-Za-z0-9_.\-]", "_", name) or "main"
+    if len(name) <= MAX_OP:
+        return name
+    tail = "-" + hashlib.sha256(name.encode()).hexdigest()[:16]
+    return name[: MAX_OP - len(tail)] + tail
 
 
 def check_op(value: str) -> str:

@@ -105,3 +105,38 @@ def test_a_committed_workload_is_known_and_run_secs_that_are_no_measurement_are_
     with X86:
         assert db.get_top_k(workload, 4) == []
     assert reg.stats()["keys"] == 0
+
+
+def test_a_long_op_name_is_kept_under_a_name_every_process_reads_over_http_too(tmp_path: Path) -> None:
+    """A workload whose generated op name ran to 545 characters was kept where no other process could read it (a raw
+    LMDB error), and over HTTP the first commit raised: the name is now cut to the registry's 200, alike everywhere."""
+    from schedhub.registry import MAX_OP, RegistryClient, ServerThread
+
+    long_name = "fused_" + "_".join(f"matmul{i}_add{i}" for i in range(40))
+    assert len(long_name) > 500
+    mod = matmul()
+    mod = tvm.IRModule({"main": mod["main"]})
+    with ServerThread(tmp_path / "served", tokens={"t": "tuner"}, sync=False) as srv, RegistryClient(srv.url, token="t") as client:
+        for registry in (client, LocalRegistry(tmp_path / "local", sync=False)):
+            session = HookSession(registry)
+            identity = session.identity(mod, X86, long_name)
+            assert len(identity.op) == MAX_OP and identity.op.startswith("fused_matmul0_add0")
+            db = RegistryDatabase(session)
+            commit(db, mod, 4, [1e-4])
+            (stored,) = registry.get(identity.key)  # read back whole, as another process reads it
+            assert stored.identity.op == identity.op
+            if isinstance(registry, LocalRegistry):
+                registry.close()
+
+
+def test_a_trace_no_compile_would_replay_is_refused_at_commit(reg: LocalRegistry) -> None:
+    """A trace over 1,024 instructions was committed and then never answered: it is refused at the commit, saying why."""
+    mod = matmul()
+    sch = tvm.s_tir.Schedule(mod)
+    for _ in range(600):
+        sch.get_loops(sch.get_sblock("matmul"))
+    db = RegistryDatabase(HookSession(reg))
+    record = ms.database.TuningRecord(sch.trace, db.commit_workload(mod), [1e-4], X86, ms.arg_info.ArgInfo.from_prim_func(mod["main"]))
+    with pytest.raises(RuntimeError, match="not committed: trace has 1200 instructions, over the limit of 1024"):
+        db.commit_tuning_record(record)
+    assert not reg.summaries()

@@ -3,7 +3,7 @@
     python -m bench.studies.dbcommit [--commits 5000]
 
 Commits ``--commits`` distinct traces of one workload (as a search does) to a RegistryDatabase over a local store
-(sync off: the registry's own write is timed apart and taken out) and to a JSONDatabase; per commit: the median of
+(sync off unless ``--sync``, the default of a local store: the registry's own write is timed apart and taken out) and to a JSONDatabase; per commit: the median of
 the first 100 and of the last 100, in ms. "overhead" is the database's own work: the commit less the registry's put.
 """
 
@@ -85,12 +85,13 @@ def medians(samples: list[dict[str, float]]) -> dict[str, dict[str, float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.studies.dbcommit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--commits", type=int, default=1000)
+    parser.add_argument("--sync", action="store_true", help="a local store as LocalRegistry opens it by default: each commit durable (one fsync)")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "dbcommit.json")
     args = parser.parse_args()
     mod = workload()
     recs = records(mod, args.commits)
     with tempfile.TemporaryDirectory() as tmp:
-        with LocalRegistry(Path(tmp) / "store", sync=False) as reg:
+        with LocalRegistry(Path(tmp) / "store", sync=args.sync) as reg:
             puts = TimedPuts(reg)
             db = RegistryDatabase(HookSession(puts, report_misses=False))  # type: ignore[arg-type]
             with TARGET:
@@ -99,7 +100,7 @@ def main() -> None:
         json_db = ms.database.JSONDatabase(work_dir=str(Path(tmp) / "json"))
         own = json_db.commit_workload(mod)  # a JSONDatabase takes records of workloads committed to it
         theirs = per_commit(json_db, [ms.database.TuningRecord(r.trace, own, r.run_secs, r.target, r.args_info) for r in recs])
-    result = {"command": f"python -m bench.studies.dbcommit --commits {len(recs)}", "commits": len(recs),
+    result = {"command": f"python -m bench.studies.dbcommit --commits {len(recs)}" + (" --sync" if args.sync else ""), "commits": len(recs), "sync": args.sync,
               "registry_database": medians(ours), "json_database": medians(theirs), "environment": environment()}  # fmt: skip
     print(json.dumps({k: result[k] for k in ("commits", "registry_database", "json_database")}, indent=1))
     args.out.parent.mkdir(parents=True, exist_ok=True)
