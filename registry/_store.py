@@ -338,19 +338,29 @@ class Store(Aggregates, Listings):
 
     @contextmanager
     def write(self, txn: lmdb.Transaction | None = None) -> Iterator[lmdb.Transaction]:
-        """Use ``txn`` when given, else a new write transaction committed on success."""
+        """Use ``txn`` when given, else a new write transaction committed on success. Either way the store's format is
+        read again inside it: a process that opened the store before a newer schedhub upgraded it must not write in its
+        old format (its writes would miss the indexes the new one keeps, whose flags say they are whole)."""
         if self.readonly:
             raise RegistryError(f"the store at {self.root} is open read-only")
         try:
             if txn is not None:
+                self._refuse_other_format(txn)
                 yield txn
                 return
             with self.env.begin(write=True) as own:
+                self._refuse_other_format(own)
                 yield own
         except lmdb.MapFullError:  # every write fails until the operator acts: say what to do, not LMDB's advice to a programmer
             raise StoreFull(f"the registry's store is full (its LMDB map holds {self.env.info()['map_size']:,} bytes): nothing was "
                             "written; its operator must give it room (SCHEDHUB_MAP_SIZE, in bytes, read when a process opens it, and "
                             "the disk space behind it)") from None
+
+    def _refuse_other_format(self, txn: lmdb.Transaction) -> None:
+        found = txn.get(b"format", db=self.dbs["meta"])
+        if found is not None and bytes(found) != STORE_FORMAT:
+            raise StoreFormatError(f"{self.root} was upgraded to store format {bytes(found)!r} while this process had it open in format "
+                                   f"{STORE_FORMAT!r}: nothing was written; restart it with the schedhub that upgraded the store")  # fmt: skip
 
     @contextmanager
     def read(self) -> Iterator[lmdb.Transaction]:

@@ -87,6 +87,23 @@ def test_a_store_of_another_format_is_refused(tmp_path: Path) -> None:
         Store(tmp_path)
 
 
+def test_a_process_that_opened_the_store_before_a_newer_one_upgraded_it_writes_nothing(tmp_path: Path) -> None:
+    """A format-7 process that opened the store before a format-8 one upgraded it kept writing trial logs that never
+    entered the new index, whose flag said it was whole: every write reads the format again in its transaction."""
+    from schedhub.registry import Trial, TrialLog
+
+    with LocalRegistry(tmp_path, sync=False) as old:
+        old.put(make_record(1, 1e-3))
+        with old.store.env.begin(write=True) as txn:  # what a newer schedhub's upgrade leaves, from another process
+            txn.put(b"format", b"9", db=old.store.dbs["meta"])
+        with pytest.raises(StoreFormatError, match="upgraded to store format b'9' while this process had it open.*nothing was written"):
+            old.put(make_record(2, 1e-3))
+        log = TrialLog(make_record(3, 1e-3).identity, [Trial(make_record(3, 1e-3).trace, [1e-3])])
+        with pytest.raises(StoreFormatError, match="nothing was written"):
+            old.push_trials(log, "w", verified=True)
+        assert old.summaries() and len(old.summaries()) == 1
+
+
 @pytest.mark.parametrize("readonly", [True, False])
 def test_a_file_that_is_no_lmdb_store_is_refused_with_its_reason(tmp_path: Path, readonly: bool) -> None:
     (tmp_path / "data.mdb").write_bytes(b"not an LMDB file" * 4096)
