@@ -546,9 +546,13 @@ def create_app(
         if target and not target.startswith("{"):
             raise InvalidRecord("query parameter 'target' must be a canonical target (its JSON text)")
         structure = check_text(q.get("structure") or "", "structure")
-        logs, cursor, more = await run_in_threadpool(state.reg.trial_logs, q.get("cursor", ""), limit, verified_only=verified == "1", target=target,
-                                                     structure=structure)  # fmt: skip
-        return reply(request, {"items": [log.to_dict() for log in logs], "next": cursor, "more": more})
+        def page() -> tuple[bytes, bool]:  # read and encoded in a worker thread: a page of 8 MB stalls no other request
+            logs, cursor, more = state.reg.trial_logs(q.get("cursor", ""), limit, verified_only=verified == "1", target=target, structure=structure)
+            as_msgpack = wants_msgpack(request.headers.get("accept", ""))
+            return encode_body({"items": [log.to_dict() for log in logs], "next": cursor, "more": more}, as_msgpack), as_msgpack
+
+        body, as_msgpack = await run_in_threadpool(page)
+        return _response(body, as_msgpack, {}, 200)
 
     async def push_cost_model(request: Request) -> Response:
         who = state.require(request, "worker")  # a model decides every compile's transfers: no one could check a claim's

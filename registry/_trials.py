@@ -13,9 +13,11 @@ side by side); anyone else's is a claim, and readers choose which they train on.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import lmdb
@@ -86,22 +88,44 @@ class TrialLog:
                 "by": self.pushed_by, "verified": self.verified, "at": self.at}  # fmt: skip
 
     @classmethod
-    def from_stored(cls, obj: Any) -> TrialLog:
+    def from_stored(cls, obj: Any, own_store: bool = False) -> TrialLog:
         """A stored or served entry (the form :meth:`to_dict` writes), validated again: readers trust no record.
         A trial this version's checks refuse (stored before a check existed) is left out; an entry left with none
-        is refused."""
+        is refused. ``own_store``: the entry was read from this process's own store, where one written after these
+        very checks passed on it (stamped :data:`CHECKED_BY`) has its traces read as they are. Never for a served
+        entry: a server can stamp anything."""
         if not isinstance(obj, dict):
             raise InvalidRecord("a stored trial log must be a map")
         items = obj.get("trials")
         if not isinstance(items, list) or not 0 < len(items) <= MAX_TRIALS_PER_PUSH:
             raise InvalidRecord(f"a stored trial log's 'trials' must be a list of 1..{MAX_TRIALS_PER_PUSH}")
-        trials = [trial for trial in map(_readable_trial, items) if trial is not None]
+        read = _checked_trial if own_store and obj.get("checked") == CHECKED_BY else _readable_trial
+        trials = [trial for trial in map(read, items) if trial is not None]
         if not trials:
             raise InvalidRecord("a stored trial log holds no trial this version reads")
         by, verified, at = obj.get("by", ""), obj.get("verified", False), obj.get("at", 0.0)
         if not isinstance(by, str) or not isinstance(verified, bool) or isinstance(at, bool) or not isinstance(at, (int, float)):
             raise InvalidRecord("a stored trial log's 'by', 'verified' and 'at' must be a string, a boolean and a number")
         return cls(Identity.from_obj(obj.get("identity")), trials, by[:256], verified, float(at))
+
+
+def _checks_digest() -> str:
+    """What this version's checks of a trial log are: the source of the modules that make them."""
+    digest = hashlib.sha256()
+    for name in ("_limits.py", "_records.py", "_trials.py", "_keys.py"):
+        digest.update((Path(__file__).parent / name).read_bytes())
+    return digest.hexdigest()[:32]
+
+
+#: Stamped on each entry this store writes, whose trials passed this version's checks on their way in (:meth:`TrialStore.put`).
+CHECKED_BY = _checks_digest()
+
+
+def _checked_trial(item: Any) -> Trial | None:
+    """A trial of an entry stored after this version's checks: its trace not parsed again."""
+    if isinstance(item, dict) and isinstance(item.get("trace"), str) and isinstance(secs := item.get("secs"), float):
+        return Trial(item["trace"], secs)
+    return _readable_trial(item)
 
 
 def _readable_trial(item: Any) -> Trial | None:
@@ -111,13 +135,13 @@ def _readable_trial(item: Any) -> Trial | None:
         return None
 
 
-def stored_logs(entries: Iterable[Any]) -> list[TrialLog]:
-    """The entries of a page that this version reads (:meth:`TrialLog.from_stored`); one it refuses is left out,
-    so one entry stored before a check existed does not cost every reader of the log its page."""
+def stored_logs(entries: Iterable[Any], own_store: bool = False) -> list[TrialLog]:
+    """The entries of a page that this version reads (:meth:`TrialLog.from_stored`, ``own_store`` as there); one it
+    refuses is left out, so one entry stored before a check existed does not cost every reader of the log its page."""
     logs = []
     for entry in entries:
         try:
-            logs.append(TrialLog.from_stored(entry))
+            logs.append(TrialLog.from_stored(entry, own_store))
         except REFUSED_ON_READ:
             continue
     return logs
@@ -170,7 +194,7 @@ class TrialStore:
             raw_entries = dict(_prefixed(t, self._db, prefix))
             entries = {k: unpackb(v) for k, v in raw_entries.items()}
             mine = prefix + name.encode()
-            old = TrialLog.from_stored(entries[mine]) if mine in entries else None
+            old = TrialLog.from_stored(entries[mine], own_store=True) if mine in entries else None
             if old is None and len(entries) >= MAX_PUSHERS_PER_KEY:
                 claims = sorted((v.get("at", 0.0), k) for k, v in entries.items() if not v.get("verified"))
                 if not verified or not claims:
@@ -183,7 +207,7 @@ class TrialStore:
             kept = old.trials if old is not None and old.verified == verified else []  # a change of trust starts the entry again
             trials = merged(kept, log.trials)
             stored = TrialLog(log.identity, trials, name, verified, time.time())
-            value = packb(stored.to_dict())
+            value = packb({**stored.to_dict(), "checked": CHECKED_BY})  # its trials passed these checks: read without them
             if mine in raw_entries and not entries[mine].get("verified"):
                 self._count_claimed(t, name.encode(), -len(raw_entries[mine]))
             if not verified:
@@ -246,7 +270,7 @@ class TrialStore:
                     continue
                 if target and not (isinstance(entry.get("identity"), dict) and entry["identity"].get("target") == target):
                     continue
-                found = stored_logs([entry])
+                found = stored_logs([entry], own_store=True)
                 logs += [log for log in found if log.identity.structure == structure] if structure else found
                 size += len(raw)
         return logs, cursor_at, more
