@@ -38,7 +38,7 @@ from .winograd import Conv
 from .objects import ObjectCache, c_compiler_available
 from .report import CompileReport, KernelOutcome, RegistryFallbackWarning
 from .session import HookSession
-from .threads import IdleCoresWarning, host_target, runtime_threads
+from .threads import IdleCoresWarning, UnknownCPU, check_cpu, host_target, runtime_threads
 
 DEFAULT_TIMEOUT = 2.0
 ANSWER_DEADLINE = 5  # × timeout: the longest a registry may take to send one whole answer
@@ -125,6 +125,8 @@ def use(
     F(4×4, 3×3), 4× fewer multiplications (F(2×2, 3×3), 2.25×, where 4×4 tiles are too few), float32 rounding apart from direct (:mod:`.winograd`). Tune with ``--conv``.
     """
     rewrites = RewriteOptions.of(layout, math, prepack, conv)  # checked before anything opens
+    if target is not None:
+        check_cpu(target)
     install()
     cache_dir: str | os.PathLike[str] | None = None  # this block's own cache, bounded when it ends
     objects: ObjectCache | None = None
@@ -160,5 +162,5 @@ def use(
 
 __all__ = [
     "use", "host_target", "schedhub_pipeline", "KernelCache", "RegistryDatabase", "HookSession", "CompileReport", "KernelOutcome",
-    "RegistryFallbackWarning", "IdleCoresWarning", "Rewrites", "RewriteOptions", "AUTO", "runtime_threads", "ScheduleLimits", "ScheduleTooCostly", "Trust", "workload_identity", "canonical_workload", "target_text", "compiler_fingerprint",
+    "RegistryFallbackWarning", "IdleCoresWarning", "UnknownCPU", "Rewrites", "RewriteOptions", "AUTO", "runtime_threads", "ScheduleLimits", "ScheduleTooCostly", "Trust", "workload_identity", "canonical_workload", "target_text", "compiler_fingerprint",
 ]  # fmt: skip

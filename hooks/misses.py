@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from collections import Counter
 
 from schedhub.registry import (
     MAX_NETWORK_KERNELS,
@@ -16,8 +17,10 @@ from schedhub.registry import (
     signature_args_info,
 )
 
+from .measure import host_cpu
 from .ranking import effort, speed, work
 from .report import RegistryFallbackWarning
+from .threads import stranded_cpu
 
 log = logging.getLogger("schedhub")
 
@@ -41,6 +44,9 @@ class MissReporting:
         try:
             self.registry.report_misses(misses)
             self.report.misses_reported += len(misses)
+            for cpu, count in Counter(c for c in map(stranded_cpu, (m.target for m in misses)) if c).items():
+                self.say(f"{count} misses queued for {cpu}: a worker tunes only its own CPU model and this machine is a {host_cpu()}: run "
+                         f"`schedhub worker` on a {cpu} machine, or compile for this one (schedhub.hooks.host_target())")  # fmt: skip
         except RegistryError as exc:
             self.report.problems.append(f"misses not reported: {exc}")
             warnings.warn(f"schedhub could not report {len(misses)} misses: {exc}", RegistryFallbackWarning, stacklevel=2)

@@ -72,3 +72,31 @@ def host_target(cores: int | None = None) -> dict[str, Any]:
     """This machine's CPU as a target dict, its cores as ``num-cores`` (``mcpu: native`` silently means generic
     x86-64, and a target naming another CPU strands every miss on workers that cannot time it)."""
     return {"kind": "llvm", "mcpu": host_cpu(), "num-cores": int(cores or usable_cpus())}
+
+
+class UnknownCPU(ValueError):
+    """A CPU target whose ``mcpu`` LLVM does not know: LLVM would print its own complaint and build for a generic CPU."""
+
+
+def check_cpu(target: tvm.target.Target | Mapping[str, Any] | str) -> None:
+    """Raise :class:`UnknownCPU` (one line) where ``target`` is an llvm target naming a CPU LLVM does not know for its triple."""
+    spec = target.export() if isinstance(target, tvm.target.Target) else target
+    if not isinstance(spec, Mapping) or spec.get("kind") != "llvm" or not spec.get("mcpu"):
+        return
+    mcpu, triple = str(spec["mcpu"]), str(spec.get("mtriple") or tvm.target.codegen.llvm_get_system_triple())
+    if mcpu != "native" and not tvm.target.codegen.llvm_is_valid_cpu(mcpu, triple):
+        raise UnknownCPU(f"LLVM knows no CPU {mcpu!r} for {triple}: name one it knows (this machine's is {host_cpu()!r}: "
+                         "schedhub.hooks.host_target() gives it)")  # fmt: skip
+
+
+def stranded_cpu(target_text: str) -> str | None:
+    """The CPU a miss of canonical target ``target_text`` waits for where it is an llvm target for another CPU model than
+    this machine's (a worker times only its own), else None."""
+    import json
+
+    try:
+        spec = json.loads(target_text)
+    except ValueError:
+        return None
+    mcpu = spec.get("mcpu") if isinstance(spec, dict) and spec.get("kind") == "llvm" else None
+    return str(mcpu) if mcpu and mcpu not in ("native", host_cpu()) else None

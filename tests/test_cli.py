@@ -438,3 +438,22 @@ def test_requeue_takes_the_key_prefix_ls_prints_and_an_empty_quarantine_says_so(
                 reg.fail(lease.key, lease.lease_id, "boom")
     with ServerThread(tmp_path, tokens={TOKEN: Principal("root", "admin")}, sync=False) as srv:  # a served registry takes only whole job ids as a listing's cursor
         assert f"requeued {missed[2].key}" in run("requeue", missed[2].key[:16], "-r", srv.url, "--token", TOKEN)
+
+
+def test_a_bogus_cpu_and_a_missing_torch_module_are_one_line_each(tmp_path: Path) -> None:
+    bogus = run("tune", "-r", str(tmp_path), "-m", "mlp", "--target", '{"kind": "llvm", "mcpu": "bogus"}', ok=False)
+    assert "LLVM knows no CPU 'bogus'" in bogus and "Traceback" not in bogus
+    missing = run("tune", "-r", str(tmp_path), "-m", '{"torch": "no_such_module_here:net", "inputs": {"x": [1, 4]}}', ok=False)
+    assert "no module 'no_such_module_here'" in missing and "Traceback" not in missing
+
+
+def test_a_torch_factory_is_found_in_the_current_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`-m '{"torch": "mynet:net"}'` beside the user's own mynet.py needed PYTHONPATH=. before."""
+    from schedhub.tuner.plan import PlanError, torch_factory
+
+    (tmp_path / "schedhub_test_user_net.py").write_text("def net():\n    return 'the user net'\n")
+    monkeypatch.chdir(tmp_path)
+    assert torch_factory("schedhub_test_user_net", "net")() == "the user net"
+    assert str(tmp_path) not in sys.path  # the folder is looked in for the factory, not left on the path
+    with pytest.raises(PlanError, match="has no function 'other'"):
+        torch_factory("schedhub_test_user_net", "other")

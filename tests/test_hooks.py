@@ -201,6 +201,27 @@ def test_a_record_for_another_target_never_hits_and_serves_only_as_a_transfer(tm
         assert session.report.hits == 4
 
 
+def test_a_bogus_cpu_is_one_line_and_another_cpus_misses_are_named_at_compile_time(tmp_path: Path, tuned: dict) -> None:
+    """LLVM only printed its own lines for an ``mcpu`` it does not know, and a compile for another CPU model queued misses
+    that no worker on this machine would ever take, saying nothing."""
+    from schedhub.hooks import UnknownCPU, host_target
+
+    with pytest.raises(UnknownCPU, match="LLVM knows no CPU 'bogus'.*this machine's is"):
+        with use(tmp_path / "store", {"kind": "llvm", "mcpu": "bogus"}):
+            pass
+    elsewhere = tvm.target.Target({"kind": "llvm", "mcpu": "skylake" if host_target()["mcpu"] != "skylake" else "znver3", "num-cores": 2})
+    with use(tmp_path / "store", elsewhere) as session:
+        tvm.compile(tuned["mod"], elsewhere)
+    stranded = [p for p in session.report.problems if "misses queued for" in p]
+    assert stranded == [f"{session.report.misses_reported} misses queued for {elsewhere.attrs['mcpu']}: a worker tunes only its own CPU model "
+                        f"and this machine is a {host_target()['mcpu']}: run `schedhub worker` on a {elsewhere.attrs['mcpu']} machine, or "
+                        "compile for this one (schedhub.hooks.host_target())"]  # fmt: skip
+    own = tvm.target.Target(host_target())
+    with use(tmp_path / "store", own) as session:  # this machine's own: nothing to say
+        tvm.compile(tuned["mod"], own)
+    assert not [p for p in session.report.problems if "misses queued for" in p]
+
+
 def test_a_trace_that_fails_to_replay_falls_back_is_reported_and_verification_quarantines_it(tmp_path: Path, tuned: dict, registry: tuple[str, RegistryClient]) -> None:
     from schedhub.tuner.verify import verify_job
 

@@ -206,15 +206,26 @@ def resolve_target(spec: str | dict[str, Any] | None) -> dict[str, Any]:
     if spec is None or spec == "host":
         return host_target()
     if isinstance(spec, dict):
-        return spec
+        return _known_cpu(spec)
     if spec.strip().startswith("{"):
         try:
-            return json.loads(spec)
+            return _known_cpu(json.loads(spec))
         except json.JSONDecodeError as exc:
             raise PlanError(f"target {spec!r} is not valid JSON: {exc}") from None
     from schedhub.hooks.identity import plain_json
 
-    return plain_json(tvm.target.Target(spec).export())
+    return _known_cpu(plain_json(tvm.target.Target(spec).export()))
+
+
+def _known_cpu(spec: Any) -> Any:
+    """``spec``, where its CPU (an llvm target's ``mcpu``) is one LLVM knows; else a :class:`PlanError` in one line."""
+    from schedhub.hooks.threads import UnknownCPU, check_cpu
+
+    try:
+        check_cpu(spec)
+    except UnknownCPU as exc:
+        raise PlanError(f"target: {exc}") from None
+    return spec
 
 
 @dataclass
