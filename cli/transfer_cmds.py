@@ -89,20 +89,25 @@ def chunks(items: Iterable[T], size: int) -> Iterator[list[T]]:
 
 
 def push_records(reg: Registry, sources: list[Path], batch: int = 500, trust: Trust = "verified",
-                 left_out: Counter[str] | None = None) -> tuple[int, int, int]:  # fmt: skip
+                 left_out: Counter[str] | None = None, claims: Counter[str] | None = None) -> tuple[int, int, int]:  # fmt: skip
     """Push every source's records in batches, then the measurement log of each source that is a store;
     of a store, only what ``trust`` accepts (a claim it holds is not the pusher's to vouch for: pushed with
     a worker's token it would come out verified), the rest counted in ``left_out`` ("records", "log").
-    Returns (records sent, records kept in a top-k, log entries sent). Into a local store, what a store held keeps
-    who pushed it and who verified it (as a pull keeps it), where a server names the pusher by the token."""
+    Returns (records sent, records kept in a top-k, log entries sent); ``claims["kept"]`` counts the kept records that
+    are claims awaiting a worker's verification (a push token's, whoever verified them where they came from). Into a
+    local store, what a store held keeps who pushed it and who verified it (as a pull keeps it), where a server names
+    the pusher by the token."""
     left_out = left_out if left_out is not None else Counter()
+    claims = claims if claims is not None else Counter()
     accepts = trusted(trust)
     sent = kept = logged = 0
     with progress("push") as bar:
         task = bar.add_task("push", total=None)
         for chunk in chunks((r for source in sources for r in records_of(source, trust, left_out)), batch):
             try:
-                kept += sum(r.kept for r in _put(reg, chunk))
+                results = _put(reg, chunk)
+                kept += sum(r.kept for r in results)
+                claims["kept"] += sum(r.kept and not r.verified for r in results)
             except TooManyRequests as exc:  # the registry's bound on claims awaiting verification: say what got there
                 raise TooManyRequests(f"{sent + exc.stored} records were pushed, then the registry refused the rest: {exc}") from None
             sent += len(chunk)
@@ -151,9 +156,12 @@ def copy_log(source: Registry, local: LocalRegistry, keys: set[str] | None) -> i
 def push(sources: tuple[Path, ...], registry: str, token: str | None, trust: Trust) -> None:
     """Push records to a registry from files (.msgpack/.jsonl), schedhub stores (their measurement log too) or MetaSchedule JSONDatabase directories."""
     left_out: Counter[str] = Counter()
-    sent, kept, logged = push_records(open_registry(registry, token), list(sources), trust=trust, left_out=left_out)
+    claims: Counter[str] = Counter()
+    sent, kept, logged = push_records(open_registry(registry, token), list(sources), trust=trust, left_out=left_out, claims=claims)
     log_note = f"; {logged} measurement-log entries" if logged else ""
-    click.echo(f"pushed {sent} records to {registry}; {kept} are now among their key's best{log_note}")
+    claim_note = (f" ({claims['kept']} of them claims: served once a worker has verified them, as this token's pushes are)"
+                  if claims["kept"] else "")  # fmt: skip
+    click.echo(f"pushed {sent} records to {registry}; {kept} are now among their key's best{claim_note}{log_note}")
     if left_out["records"] or left_out["log"]:
         click.echo(f"left out {left_out['records']} unverified claims and {left_out['log']} unverified measurement-log entries "
                    "of the stores (--trust any, or the pushers' names, takes them)")  # fmt: skip

@@ -286,7 +286,8 @@ def worker(registry: str, token: str | None, trials: int, trials_per_iter: int, 
     w = Worker(reg, options, name=name, concurrency=concurrency, lease_secs=lease_secs, poll_secs=poll_secs, on_event=event, device=device, first_pass=first_pass,
                max_job_secs=max_job_secs, refine=refine)
     kinds = ", ".join(f"{kind} {device}" for kind, device in w.devices) or "no device it can time"
-    passes = "first passes, then searches" if w.first_pass else "searches only"
+    passes = ("first passes (each miss's transfers measured), then searches" if w.first_pass
+              else "searches only (no first pass of measured transfers: --no-first-pass)")  # fmt: skip
     out.print(f"worker {w.name} ({kinds} jobs; {passes}) on ray {info['address']}; registry {registry}", highlight=False)
     try:
         away_limit = wait_for_registry if wait_for_registry is not None else (600.0 if until_idle else None)

@@ -34,7 +34,11 @@ def records_file(tmp_path: Path) -> tuple[Path, list[Record]]:
 
 def test_push_http_pull_round_trip_is_byte_identical(server: ServerThread, tmp_path: Path, records_file: tuple[Path, list[Record]]) -> None:
     path, recs = records_file
-    assert "pushed 30 records" in run("push", str(path), "--registry", server.url, "--token", TOKEN)
+    pushed = run("push", str(path), "--registry", server.url, "--token", TOKEN)
+    assert "pushed 30 records" in pushed and "claims" not in pushed  # an admin's pushes are verified
+    with ServerThread(tmp_path / "claims", tokens={"pub": Principal("alice")}, sync=False) as other:
+        claimed = run("push", str(path), "--registry", other.url, "--token", "pub")
+    assert "are now among their key's best (" in claimed and "of them claims: served once a worker has verified them" in claimed
     out = tmp_path / "out.msgpack"
     run("pull", "--registry", server.url, "--out", str(out), "--format", "records")
     assert sorted(Record.from_bytes(b).to_bytes() for b in _split(out)) == sorted(r.to_bytes() for r in recs)
