@@ -120,6 +120,9 @@ def show(key: str, registry: str, token: str | None, as_json: bool, workload: bo
     out.print(full, style="bold")
     out.print(f"op {ident.op}\ntarget {ident.target}\ncompiler {ident.fingerprint}")
     out.print("args " + ", ".join(f"{a[1]}{a[2]}" for a in ident.args_info))
+    out.print("ranked as served: verified records first, then claims; within each, by the time on flushed caches where every "
+              "record of the group has one, else the warm time (a verified record's as its verifier timed it, a claim's as "
+              "claimed)", highlight=False, soft_wrap=True)  # fmt: skip
     table = Table("rank", "trace", "claimed µs", "pushed by", "verified by (µs warm, flushed)", "complaints")
     table.columns[1].no_wrap, table.columns[1].min_width = True, 16  # a trace id is what quarantine takes: never cut
     for i, r in enumerate(records):
