@@ -10,6 +10,8 @@ e.g. a ``git worktree`` of it linked there) and, one attack at a time, measures 
 - ``huge_header``: one connection sends one header as fast as it can, up to 24 MiB; the bytes the server took and the
   slowest ``/healthz`` meanwhile;
 - ``pipeline_flood``: 50 connections each write 3,000 pipelined ``GET /healthz`` at once; the slowest ``/healthz`` meanwhile;
+- ``trial_pagers``: a log of ~15 MB (80 entries of 64 trials, each trace ~3 KB) pushed, then 4 clients page
+  ``GET /v1/trials`` over and over for 10 s; the slowest ``/healthz`` meanwhile;
 - ``idle``: the slowest of 50 ``/healthz`` with nothing else going on.
 """
 
@@ -141,6 +143,50 @@ def _send_quietly(sock: socket.socket, data: bytes) -> None:
         pass
 
 
+def fill_trial_log(url: str, entries: int = 80, trials: int = 64) -> None:
+    """``entries`` trial logs of ``trials`` ~3 KB traces each, pushed to the registry at ``url`` (open: no token)."""
+    from tvm import te
+
+    from schedhub.hooks import workload_identity
+    from schedhub.registry import RegistryClient, Trial, TrialLog
+
+    def long_trace(variant: int) -> str:
+        loops = [["GetLoops", ["b0"], [], [f"l{4 * i}", f"l{4 * i + 1}", f"l{4 * i + 2}"]] for i in range(40)]
+        return json.dumps([[["GetSBlock", [], ["matmul", "main"], ["b0"]], *loops, ["Split", ["l1", "None", variant], [], ["l2", "l3"]]], []])
+
+    with RegistryClient(url, timeout=60) as client:
+        for n in range(entries):
+            a, b = te.placeholder((n + 1, 16), name="A"), te.placeholder((16, 16), name="B")
+            k = te.reduce_axis((0, 16), name="k")
+            func = te.create_prim_func([a, b, te.compute((n + 1, 16), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="matmul")])
+            identity = workload_identity(func, {"kind": "llvm", "num-cores": 2})
+            client.push_trials(TrialLog(identity, [Trial(long_trace(v), 1e-3 * (1 + v / 100)) for v in range(trials)]))
+
+
+def trial_pagers(url: str, clients: int = 4, seconds: float = 10.0) -> int:
+    """``clients`` threads paging the whole log again and again for ``seconds``; the pages read."""
+    from schedhub.registry import RegistryClient
+
+    stop, pages = threading.Event(), [0]
+
+    def page() -> None:
+        with RegistryClient(url, timeout=60) as client:
+            while not stop.is_set():
+                cursor, more = "", True
+                while more and not stop.is_set():
+                    _, cursor, more = client.trial_logs(cursor, 200)
+                    pages[0] += 1
+
+    threads = [threading.Thread(target=page) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    time.sleep(seconds)
+    stop.set()
+    for t in threads:
+        t.join()
+    return pages[0]
+
+
 def measure(pythonpath: str | None) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         proc, url = start_server(Path(tmp) / "store", pythonpath)
@@ -149,11 +195,14 @@ def measure(pythonpath: str | None) -> dict[str, float]:
             still_open, during_slowloris = slowest_healthz_while(url, lambda: pipelined_slowloris(url))
             taken, during_header = slowest_healthz_while(url, lambda: huge_header(url))
             _, during_flood = slowest_healthz_while(url, lambda: pipeline_flood(url))
+            fill_trial_log(url)
+            pages, during_pagers = slowest_healthz_while(url, lambda: trial_pagers(url))
         finally:
             proc.terminate()
             proc.wait(10)
     return {"idle_healthz_max_s": idle, "pipelined_slowloris_open_after_20s": still_open, "pipelined_slowloris_healthz_max_s": during_slowloris,
-            "huge_header_bytes_sent": taken, "huge_header_healthz_max_s": during_header, "pipeline_flood_healthz_max_s": during_flood}  # fmt: skip
+            "huge_header_bytes_sent": taken, "huge_header_healthz_max_s": during_header, "pipeline_flood_healthz_max_s": during_flood,
+            "trial_pages_read": pages, "trial_pagers_healthz_max_s": during_pagers}  # fmt: skip
 
 
 def main() -> None:
