@@ -83,7 +83,7 @@ def network_measure(reg: Any, modules: list[Any], target: dict[str, Any], rewrit
 
 def run(reg: Any, refs: list[Any], modules: list[Any], planned: list[Any], options: Any, until: str | float, policy_name: str, round_trials: int,
         max_trials: int | None, max_minutes: float | None, threads: int, target: dict[str, Any], rewrites: Any) -> None:  # fmt: skip
-    from schedhub.tuner.allocation import POLICIES, Goal
+    from schedhub.tuner.allocation import POLICIES, Goal, timed_so_far
     from schedhub.tuner.network import Check, Round, tune_network
 
     reference, label = goal_secs(until, refs, threads)
@@ -100,14 +100,17 @@ def run(reg: Any, refs: list[Any], modules: list[Any], planned: list[Any], optio
                   f"the estimate {c.estimate_secs * 1e3:.3f} ms", highlight=False, soft_wrap=True)  # fmt: skip
 
     def said(r: Round) -> None:
-        estimate = f"{r.network_secs * 1e3:.3f} ms ({reference / r.network_secs:.2f}× {label})" if r.network_secs else "not yet timed in full"
+        estimate = (f"{r.network_secs * 1e3:.3f} ms ({reference / r.network_secs:.2f}× {label})" if r.network_secs else
+                    f"≥ {r.timed_secs * 1e3:.3f} ms so far ({r.timed_kernels} of {len(kernels)} kernels timed; {label} {reference * 1e3:.3f} ms)")  # fmt: skip
         best = r.kernel.best_secs
         out.print(f"round {r.number:>3}  {r.trials_spent:>5} trials  {r.elapsed_secs / 60:5.1f} min  {r.kernel.op:<36} "
                   f"{(best or 0) * 1e6:10.1f} µs ×{r.kernel.calls}  network {estimate}", highlight=False)
 
     state = tune_network(reg, kernels, options, POLICIES[policy_name], goal, round_trials=round_trials, on_round=said, measure=measure, on_check=checked)
     final = state.network_secs
-    verdict = f"{final * 1e3:.3f} ms, {reference / final:.2f}× {label}" if final else "not every kernel was timed"
+    timed, so_far = timed_so_far(state.kernels)
+    verdict = (f"{final * 1e3:.3f} ms, {reference / final:.2f}× {label}" if final else
+               f"at least {so_far * 1e3:.3f} ms: {timed} of {len(kernels)} kernels were timed, the rest keep their default schedules")  # fmt: skip
     out.print(f"stopped: {state.stopped_because}; the network's estimate {verdict} (Σ calls × each kernel's best)", highlight=False, soft_wrap=True)
     if measure is not None and final and (not state.checks or state.checks[-1].trials_spent != state.trials):
         checked(Check(state.trials, final, measure()))

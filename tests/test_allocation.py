@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from schedhub.tuner.allocation import EvenPolicy, Goal, GradientPolicy, KernelTuning, network_secs
+from schedhub.tuner.allocation import EvenPolicy, Goal, GradientPolicy, KernelTuning, network_secs, timed_so_far
 
 
 def kernel(name: str, calls: int, *rounds: tuple[int, float], default: float | None = None, flops: float = 0.0) -> KernelTuning:
@@ -80,6 +80,15 @@ def test_the_goal_stops_at_the_latency_or_the_budget() -> None:
     assert "48 trials" in Goal(latency_secs=1e-3, max_trials=48).reached(kernels, 0.0)
     assert "min spent" in Goal(max_secs=60).reached(kernels, 61.0)
     assert Goal(latency_secs=1.0, max_trials=10).reached([kernel("a", 1)], 0.0) is None  # nothing timed yet: no estimate
+
+
+def test_a_round_that_would_end_past_the_time_budget_is_not_begun_and_the_estimate_so_far_is_said() -> None:
+    """A 12-minute budget ran 13.0 minutes (a round is not stopped once begun), and its progress said only "network not
+    yet timed in full" until every kernel had had a round."""
+    kernels = [kernel("a", 2, (16, 1e-3)), kernel("b", 1)]
+    assert Goal(max_secs=720).reached(kernels, 600.0, next_round_secs=100.0) is None
+    assert "the next round (about 2.5 min) would end past the budget of 12.0 min" in Goal(max_secs=720).reached(kernels, 600.0, next_round_secs=150.0)
+    assert timed_so_far(kernels) == (1, 2e-3) and network_secs(kernels) is None
 
 
 def test_a_kernels_later_rounds_replay_only_its_own_records() -> None:

@@ -131,8 +131,9 @@ class Goal:
         estimate = network_secs(kernels)
         return self.latency_secs is not None and estimate is not None and estimate * scale <= self.latency_secs
 
-    def reached(self, kernels: Sequence[KernelTuning], elapsed_secs: float, scale: float = 1.0) -> str | None:
-        """Why tuning stops now, or None to go on."""
+    def reached(self, kernels: Sequence[KernelTuning], elapsed_secs: float, scale: float = 1.0, next_round_secs: float = 0.0) -> str | None:
+        """Why tuning stops now, or None to go on; ``next_round_secs``: about how long the next round takes (a round is
+        not stopped once begun, so one that would end past ``max_secs`` is not begun)."""
         if self.latency_met(kernels, scale):
             estimate = network_secs(kernels) * scale  # type: ignore[operator]
             corrected = f" (corrected by the compiled network's {scale:.2f}× at the last check)" if scale != 1.0 else ""
@@ -142,4 +143,13 @@ class Goal:
             return f"{spent} trials spent (the budget: {self.max_trials})"
         if self.max_secs is not None and elapsed_secs >= self.max_secs:
             return f"{elapsed_secs / 60:.1f} min spent (the budget: {self.max_secs / 60:.1f} min)"
+        if self.max_secs is not None and elapsed_secs + next_round_secs > self.max_secs:
+            return (f"{elapsed_secs / 60:.1f} min spent, and the next round (about {next_round_secs / 60:.1f} min) would end past the "
+                    f"budget of {self.max_secs / 60:.1f} min")  # fmt: skip
         return None
+
+
+def timed_so_far(kernels: Sequence[KernelTuning]) -> tuple[int, float]:
+    """How many kernels have a time, and Σ calls × best time over them: the network's estimate so far, a lower bound."""
+    timed = [k for k in kernels if k.best_secs is not None]
+    return len(timed), sum(k.calls * k.best_secs for k in timed)  # type: ignore[operator]

@@ -22,7 +22,7 @@ from typing import Protocol, TypeVar
 from schedhub.registry import Identity, Registry
 
 from . import cluster
-from .allocation import Goal, KernelTuning, Policy, network_secs
+from .allocation import Goal, KernelTuning, Policy, network_secs, timed_so_far
 from .dispatch import push_result, start_tuning
 from .search import TuneOptions, TuneResult
 
@@ -39,6 +39,8 @@ class Round:
     network_secs: float | None
     trials_spent: int
     elapsed_secs: float
+    timed_kernels: int = 0  # kernels with a time so far (all of them once ``network_secs`` is known)
+    timed_secs: float = 0.0  # Σ calls × best time over those: the estimate so far, a lower bound
 
 
 @dataclass(frozen=True)
@@ -106,8 +108,10 @@ def round_options(options: TuneOptions, kernel: KernelTuning) -> TuneOptions:
 
 
 def _stop(state: NetworkTuning, goal: Goal, elapsed_secs: float, measure: Callable[[], float] | None, on_check: Callable[[Check], None] | None) -> str | None:
-    """Why tuning stops now, or None: a latency goal the estimate meets is checked by ``measure`` where there is one."""
-    why = goal.reached(state.kernels, elapsed_secs, state.scale)
+    """Why tuning stops now, or None: a latency goal the estimate meets is checked by ``measure`` where there is one; a
+    round that would end past the budget (the rounds' mean so far) is not begun."""
+    next_round_secs = elapsed_secs / len(state.rounds) if state.rounds else 0.0
+    why = goal.reached(state.kernels, elapsed_secs, state.scale, next_round_secs)
     if why is None or measure is None or not goal.latency_met(state.kernels, state.scale):
         return why
     check = Check(state.trials, state.network_secs, measure())  # type: ignore[arg-type]  # met: every kernel timed
@@ -135,7 +139,7 @@ def tune_network(registry: Registry, kernels: Sequence[tuple[Identity, int]], op
     by_key = {identity.key: identity for identity, _ in kernels}
     options = replace(options, trials=round_trials, trials_per_iter=min(options.trials_per_iter, round_trials))
     started = time.monotonic()
-    while (why := _stop(state, goal, time.monotonic() - started, measure, on_check)) is None:
+    while (why := _stop(state, goal, time.monotonic() - started, measure, on_check)) is None:  # a round's time: the mean so far
         left = [k for k in state.kernels if not k.failed]
         if not left:
             why = "the tuning of every kernel failed"
@@ -152,7 +156,7 @@ def tune_network(registry: Registry, kernels: Sequence[tuple[Identity, int]], op
             continue
         push_result(registry, result, pushed_by)
         kernel.record(round_trials, *result.ranked_times())
-        done = Round(len(state.rounds) + 1, kernel, result, state.network_secs, state.trials, time.monotonic() - started)
+        done = Round(len(state.rounds) + 1, kernel, result, state.network_secs, state.trials, time.monotonic() - started, *timed_so_far(state.kernels))
         state.rounds.append(done)
         if on_round is not None:
             on_round(done)
