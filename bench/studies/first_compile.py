@@ -1,20 +1,23 @@
 """An unseen network's first compile: TVM's default schedules against a sample of each kernel's own design space.
 
     python -m bench.studies.first_compile [--network resnet18] [--shape image=224] [--samples 1] [--rounds 5]
-                                          [--layout NHWC --prepack] [--out FILE]
+                                          [--layout NHWC --prepack] [--starter-store DIR] [--out FILE]
 
 What the first-compile issue asks before building anything: with no record and no measurement, how far is the plain
 default from PyTorch, and how much of that does the first schedule MetaSchedule's rules draw for each kernel (random
 decisions, seeded, postprocessors applied: ``hooks.synthesis.design_space_samples``; with ``--samples N`` the first
 of N that replays) recover, at what cost to the compile. Each kernel's sample is served as a record from a fresh
 store through ``use(...)``, as a hit would be; PyTorch runs the network's twin in a process of its own, same threads,
-same input; the three are timed side by side in interleaved rounds and their outputs checked.
+same input; the three are timed side by side in interleaved rounds and their outputs checked. ``--starter-store``:
+also the network compiled from a copy of a store tuned for other networks, every kernel a transfer where one
+replays (the issue's starter records).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -46,14 +49,14 @@ def sampled_records(kernels: list[models.Kernel], target: Any, samples: int) -> 
     return records, time.perf_counter() - start, len(records)
 
 
-def compiled(mod: Any, store: Path, target: Any, rewrites: Rewrites) -> tuple[Any, float, str]:
+def compiled(mod: Any, store: Path, target: Any, rewrites: Rewrites, transfer: bool = False) -> tuple[Any, float, str]:
     import tvm
 
     from schedhub import hooks
 
     with tempfile.TemporaryDirectory() as cache:
         start = time.perf_counter()
-        with hooks.use(store, target, cache=cache, report_misses=False, transfer=False, layout=rewrites.layout, prepack=rewrites.prepack) as session:
+        with hooks.use(store, target, cache=cache, report_misses=False, transfer=transfer, layout=rewrites.layout, prepack=rewrites.prepack) as session:
             ex = tvm.compile(mod, target)
         return ex, time.perf_counter() - start, session.report.summary()
 
@@ -70,6 +73,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--layout", default="given")
     parser.add_argument("--prepack", action="store_true")
+    parser.add_argument("--starter-store", type=Path, help="a store tuned for other networks: the network compiled from a copy of it too")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     shape = {k: int(v) for k, v in (s.split("=", 1) for s in args.shape)}
@@ -89,15 +93,18 @@ def main() -> None:
                 reg.put(record)
         default_ex, default_secs, default_report = compiled(mod, empty, target, rewrites)
         sampled_ex, sampled_secs, sampled_report = compiled(mod, sampled, target, rewrites)
-        timing, errors = time_side_by_side({"default": default_ex, "sampled": sampled_ex}, x, args.rounds, pytorch, torch_proc.time_network)
+        executables, secs, reports = {"default": default_ex, "sampled": sampled_ex}, {"default": default_secs, "sampled": sampled_secs}, {"default": default_report, "sampled": sampled_report}
+        if args.starter_store is not None:
+            shutil.copytree(args.starter_store, Path(tmp) / "starter")
+            executables["starter"], secs["starter"], reports["starter"] = compiled(mod, Path(tmp) / "starter", target, rewrites, transfer=True)
+        timing, errors = time_side_by_side(executables, x, args.rounds, pytorch, torch_proc.time_network)
     check_agreement(args.network, errors)
     result = {
-        "command": "python -m bench.studies.first_compile " + " ".join(f"--{k} {v}" for k, v in vars(args).items() if v and k not in ("out", "shape"))
+        "command": "python -m bench.studies.first_compile " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v and k not in ("out", "shape"))
                    + "".join(f" --shape {s}" for s in args.shape),
         "network": args.network, "shape": shape, "rewrites": rewrites.describe() or "none", "kernels": len(kernels), "sampled_kernels": covered,
-        "sampling_secs": sampling_secs, "compile_secs": {"default": default_secs, "sampled": sampled_secs},
-        "reports": {"default": default_report, "sampled": sampled_report}, "timing": timing, "max_rel_error": errors,
-        "over_pytorch": {name: timing[name]["median"] / timing["pytorch"]["median"] for name in ("default", "sampled")},
+        "sampling_secs": sampling_secs, "compile_secs": secs, "reports": reports, "timing": timing, "max_rel_error": errors,
+        "over_pytorch": {name: timing[name]["median"] / timing["pytorch"]["median"] for name in executables},
         "environment": environment(),
     }  # fmt: skip
     print(json.dumps({k: result[k] for k in ("network", "kernels", "sampled_kernels", "sampling_secs", "compile_secs", "over_pytorch")}, indent=1))
