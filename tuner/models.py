@@ -208,22 +208,20 @@ class Kernel:
 
 
 def kernels(mod: tvm.IRModule, target: Any, rewrites: Rewrites | None = None) -> list[Kernel]:
-    """The fused kernels the compile hook will look up for ``mod`` on ``target`` after ``rewrites``
-    (``hooks.use(..., layout=, math=, prepack=)``: same passes, same keys). None: what ``use(...)`` compiles by default
-    where the registry holds nothing of the network, and ``schedhub tune`` tunes: NHWC and prepacked on a CPU with AVX2
-    or AVX-512 (the given layout where the network has no convolution), no rewrite elsewhere
-    (:func:`default_rewrites`). Name ``NO_REWRITES`` for the network as the frontend gave it."""
+    """The fused kernels the compile hook will look up for ``mod`` on ``target`` after ``rewrites`` (None: none;
+    ``hooks.use(..., layout=, math=, prepack=)``: same passes, same keys)."""
     from tvm import tirx
 
     from schedhub.hooks.identity import workload_identity
     from schedhub.hooks.defaults import is_gpu
     from schedhub.hooks.pipeline import call_counts, fusion_passes, gpu_backend
+    from schedhub.hooks.rewrites import NO_REWRITES
 
     tgt = tvm.target.Target(target) if not isinstance(target, tvm.target.Target) else target
     with tgt:
         if is_gpu(tgt):  # the GPU route dispatches to libraries first
             mod = tvm.transform.Sequential(gpu_backend(tgt).library_dispatch_passes(tgt))(mod)
-        fused = fusion_passes(rewrites if rewrites is not None else default_rewrites(mod, tgt))(mod)
+        fused = fusion_passes(rewrites or NO_REWRITES)(mod)
     calls = call_counts(fused)
     found: dict[str, Kernel] = {}
     for gv, func in fused.functions_items():
@@ -233,18 +231,3 @@ def kernels(mod: tvm.IRModule, target: Any, rewrites: Rewrites | None = None) ->
             n = calls.get(gv.name_hint, 1)
             found[ident.key] = Kernel(gv.name_hint, ident, n + (prev.calls if prev else 0))
     return list(found.values())
-
-
-def default_rewrites(mod: tvm.IRModule, target: tvm.target.Target) -> Rewrites:
-    """The rewrites a default ``use(...)`` compiles ``mod`` with on ``target`` where the registry holds nothing of it
-    (``hooks.choice.unknown_network``): the layout and packing ``target`` is best tuned with, the given layout where the
-    network has no convolution to convert; exact math, direct convolutions."""
-    from schedhub.hooks.choice import tuned_best
-    from schedhub.hooks.defaults import is_gpu
-    from schedhub.hooks.layouts import converts
-    from schedhub.hooks.rewrites import NO_REWRITES, Rewrites
-
-    if is_gpu(target):  # the GPU route prepacks nothing, and keeps the given layout where nothing says otherwise
-        return NO_REWRITES
-    best = tuned_best(target, "exact", "direct")
-    return Rewrites(best.layout if converts(best.layout, mod) else "given", prepack=best.prepack)
