@@ -392,7 +392,8 @@ def test_a_transfer_whose_vectorized_loop_grows_past_the_lanes_bound_is_not_serv
             ex = tvm.compile(export(80), CPU)
         with use(reg, CPU) as home:
             tvm.compile(export(4), CPU)
-    assert {k.op: k.outcome for k in grown.report.kernels}["fused_matmul_add_relu"] == "miss" and grown.report.problems == []
+    said = [p for p in grown.report.problems if "misses queued for" not in p]  # that znver1 is not this CPU is said, nothing else
+    assert {k.op: k.outcome for k in grown.report.kernels}["fused_matmul_add_relu"] == "miss" and said == [], said
     assert {k.op: k.outcome for k in home.report.kernels}["fused_matmul_add_relu"] == "hit"
     x = np.random.default_rng(5).standard_normal((80, 64)).astype("float32")
     np.testing.assert_allclose(forward(ex, x), reference(x), rtol=1e-4, atol=1e-4)
