@@ -361,10 +361,16 @@ def test_verification_quarantines_a_correct_record_far_slower_than_the_default_s
     size, 1 ms: on one CI run that call took 2.1 ms, within the 10 ms margin, and the record was timed instead; padded
     to 16 MiB it ran 1.74 ms a call on another, within 20x the default's checking call (whose overhead is most of it)
     plus the margin."""
+    import functools
+
+    from schedhub.hooks import guard
     from schedhub.tuner import verify
     from schedhub.tuner.verify import verify_job
 
     monkeypatch.setattr(verify, "UNTIMED_MARGIN_SECS", 1e-3)
+    # what verification does with a record the guard lets through: the guard's own bound on a call's statements (64x the
+    # unscheduled kernel's, which refuses these paddings before anything is built) is tested in test_trust_hook.py
+    monkeypatch.setattr(guard, "ScheduleLimits", functools.partial(guard.ScheduleLimits, max_iteration_ratio=1e9))
 
     a = te.placeholder((1024,), "int32", name="A")
     func = te.create_prim_func([a, te.compute((1024,), lambda i: a[i] + 1, name="B")])
@@ -409,11 +415,18 @@ def test_verification_quarantines_a_record_whose_kernel_takes_llvm_far_longer_to
     assert verdicts["unrolled"]["run_secs"] is None and "to build" in verdicts["unrolled"]["reason"], verdicts
 
 
-def test_verification_quarantines_a_record_whose_trace_takes_long_to_replay() -> None:
-    """640 chained cache reads are within the hook's bounds (1,024 instructions) but replay in seconds, where
+def test_verification_quarantines_a_record_whose_trace_takes_long_to_replay(monkeypatch: pytest.MonkeyPatch) -> None:
+    """640 chained cache reads were within the hook's bounds (1,024 instructions) but replay in seconds, where
     MetaSchedule's own records replay in milliseconds; every compile that meets the record would pay it, once for
-    every kernel it is a candidate of. Verification quarantines it on the replay, before it builds anything."""
+    every kernel it is a candidate of. Verification quarantines it on the replay, before it builds anything. (The
+    guard now refuses a trace of over 64 stages, and a kernel running 64x the statements, before building it; lifted
+    here, what is checked is the replay's time.)"""
+    import functools
+
+    from schedhub.hooks import guard
     from schedhub.tuner.verify import REPLAY_SECS_AT_MOST, verify_job
+
+    monkeypatch.setattr(guard, "ScheduleLimits", functools.partial(guard.ScheduleLimits, max_stages=10_000, max_iteration_ratio=1e9))
 
     a = te.placeholder((64, 64), name="A")
     identity = workload_identity(te.create_prim_func([a, te.compute((64, 64), lambda i, j: a[i, j] + 1.0, name="B")]), TARGET, "add_one")
