@@ -15,6 +15,8 @@ import pytest
 
 from schedhub.registry import ServerThread
 
+from .test_trust import _raw
+
 HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
 
 
@@ -23,12 +25,6 @@ def srv(tmp_path: Path) -> Iterator[ServerThread]:
     bounds = {"max_connections_per_client": 40, "max_pipelined": 4}
     with ServerThread(tmp_path / "store", sync=False, header_timeout=1.0, body_timeout=1.0, wire_bounds=bounds) as s:
         yield s
-
-
-def _raw(srv: ServerThread, data: bytes) -> socket.socket:
-    sock = socket.create_connection((srv.host, srv.port), timeout=10)
-    sock.sendall(data)
-    return sock
 
 
 def _read_until_closed(sock: socket.socket, seconds: float) -> tuple[bool, bytes]:
