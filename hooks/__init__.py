@@ -75,6 +75,7 @@ def use(
     math: Math = "exact",
     prepack: bool | Auto = AUTO,
     conv: Conv = "direct",
+    rules: bool = True,
 ) -> Iterator[HookSession]:
     """Apply registry schedules to every Relax build in this block (this thread).
 
@@ -123,6 +124,9 @@ def use(
     prepack=False``) for a compile that weighs nothing.
     ``conv``: ``"direct"``, or ``"winograd"``: 3×3 stride-1 convolutions with enough output tiles by Winograd's
     F(4×4, 3×3), 4× fewer multiplications (F(2×2, 3×3), 2.25×, where 4×4 tiles are too few), float32 rounding apart from direct (:mod:`.winograd`). Tune with ``--conv``.
+    ``rules``: a CPU kernel the registry cannot serve (a miss, still reported and queued) gets its own design space's
+    schedule with every decision taken by rule, untimed (:mod:`.rules`), rather than TVM's unscheduled default;
+    False: the default, as TVM compiles without schedhub.
     """
     rewrites = RewriteOptions.of(layout, math, prepack, conv)  # checked before anything opens
     if target is not None:
@@ -140,7 +144,7 @@ def use(
         objects = ObjectCache(Path(cache_dir) / "objects") if link and cache_dir is not None and c_compiler_available() else None
         session = HookSession(reg, report_misses=report_misses, trust=trust, limits=limits, transfer=transfer, cache=KernelCache(cache_dir),
                               measure=measure, objects=objects, synthesize=synthesize, rank_by_model=rank_by_model, pad=pad,
-                              relocate=relocate, repostprocess=repostprocess, rewrites=rewrites)  # fmt: skip
+                              relocate=relocate, repostprocess=repostprocess, rewrites=rewrites, rules=rules)  # fmt: skip
     token = ACTIVE.set(session)
     try:
         with contextlib.ExitStack() as stack:

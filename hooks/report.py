@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from .ranking import SYNTHESIZED
 
 HIT, TRANSFER, MISS, FALLBACK, OFFLINE = "hit", "transfer", "miss", "fallback", "offline"  # and SYNTHESIZED
+RULED = "ruled"  # a miss's detail begins so where it got the CPU rules' schedule (:mod:`.rules`), not the default
 
 
 @dataclass(frozen=True)
@@ -85,8 +86,10 @@ class CompileReport:
         linked += f"; {kept} misses kept the default schedule, faster than every candidate timed" if kept else ""
         if self.rewrite_options:
             linked += f"; rewrites chosen by {self.rewrites_by}: {self.rewrites} (weighed: {'; '.join(self.rewrite_options)})"
+        ruled = sum(k.detail.startswith(f"{RULED}:") for k in self.kernels)
+        ruled_misses = f" ({ruled} of them given the CPU rules' schedules until tuned ones replace them)" if ruled else ""
         hits = f"{self.hits} hits ({self.default_hits} of them keep the default schedule: nothing beat it)" if self.default_hits else f"{self.hits} hits"
-        return (f"schedhub: {len(self.kernels)} kernels: {hits}, {self.transfers} transfers{synthesized}, {self.count(MISS)} misses, {self.fallbacks} fallbacks "
+        return (f"schedhub: {len(self.kernels)} kernels: {hits}, {self.transfers} transfers{synthesized}, {self.count(MISS)} misses{ruled_misses}, {self.fallbacks} fallbacks "
                 f"({_count(self.lookups, 'lookup')} in {self.lookup_secs * 1e3:.1f} ms, {_count(self.misses_reported, 'miss', 'misses')} reported){linked}")  # fmt: skip
 
 

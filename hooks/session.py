@@ -59,11 +59,13 @@ from .objects import OBJECT_ID, ObjectCache, object_id_of
 from .padding import PADDED, padded_dispatch
 from .ranking import Retiling, retiled
 from .recompute import RELOCATED, relocated
+from .rules import RULES, ruled_trace
 from .report import (
     FALLBACK,
     HIT,
     MISS,
     OFFLINE,
+    RULED,
     CompileReport,
     KeptDefault,
     KernelOutcome,
@@ -90,7 +92,7 @@ class HookSession(TransferServing, MissReporting):
     def __init__(self, registry: Registry, *, report_misses: bool = True, trust: Trust = "verified",
                  limits: ScheduleLimits | None = None, transfer: bool = True, cache: KernelCache | None = None,
                  measure: float = 0.0, objects: ObjectCache | None = None, synthesize: int = 0, rank_by_model: bool | None = None, pad: bool = True,
-                 relocate: bool = True, repostprocess: bool = True, rewrites: Rewrites | RewriteOptions = NO_REWRITES) -> None:  # fmt: skip
+                 relocate: bool = True, repostprocess: bool = True, rewrites: Rewrites | RewriteOptions = NO_REWRITES, rules: bool = True) -> None:  # fmt: skip
         check_sample_count(synthesize)
         self.rewrite_options = rewrites if isinstance(rewrites, RewriteOptions) else RewriteOptions((rewrites,))  # what a compile may rewrite (:mod:`.choice`)
         self.rewrites = self.rewrite_options.first  # what the compile rewrites before its kernels are looked up (:mod:`.rewrites`)
@@ -101,6 +103,7 @@ class HookSession(TransferServing, MissReporting):
         self.rank_by_model = rank_by_model  # transfers ranked with the registry's served cost model: always, never, None: where it decides
         self.pad = pad  # loops whose recorded tiles TVM would re-derive padded to them (:mod:`.padding`)
         self.relocate = relocate  # a transfer's compute locations that recompute a reduction moved out (:mod:`.recompute`)
+        self.rules = rules  # a CPU kernel the registry cannot serve gets a rule-decided schedule, not the unscheduled default (:mod:`.rules`)
         self.repostprocess = repostprocess  # a measured compile also times each transfer's sketch postprocessed here (:meth:`_repostprocessed`)
         self._budget = Budget(measure)
         self.build_workers = usable_cpus()  # candidates compiled at once
@@ -291,8 +294,9 @@ class HookSession(TransferServing, MissReporting):
                kernel: tuple[tvm.IRModule, Any] | None = None, transfers: bool = True) -> Any:  # fmt: skip
         """The first record (best first) that ``apply`` accepts; else (with ``transfers``) the first candidate that does (a transfer); else None."""
         if self.offline and not self._committed.get(identity.key):
-            self._note(identity, OFFLINE)
-            return None
+            ruled, detail = self._ruled(identity, apply, kernel)
+            self._note(identity, OFFLINE, detail)
+            return ruled
         for record in self.records(identity):
             try:
                 out = apply(record, None)
@@ -306,8 +310,30 @@ class HookSession(TransferServing, MissReporting):
         if transferred is not None and not isinstance(transferred, KeptDefault):
             return transferred
         kept = transferred or KeptDefault("", {})
-        self._note(identity, FALLBACK if identity.key in self._refused_keys else MISS, kept.detail, kept.measured)
-        return None
+        ruled, detail = self._ruled(identity, apply, kernel) if not kept.detail else (None, "")
+        self._note(identity, FALLBACK if identity.key in self._refused_keys else MISS, detail or kept.detail, kept.measured)
+        return ruled
+
+    def _ruled(self, identity: Identity, apply: Callable[[Record, list[Any] | None], Any], kernel: tuple[tvm.IRModule, Any] | None) -> tuple[Any, str]:
+        """A kernel nothing in the registry serves, scheduled by the CPU rules (:mod:`.rules`; the trace is worked out
+        once a machine and kept in the kernel cache), and the detail its miss reports; (None, "") where the session
+        does not rule (off, not a CPU, a symbolic size) or the rules give nothing that replays within the bounds."""
+        if not self.rules or kernel is None or identity.symbolic or kernel[1].kind.name != "llvm":
+            return None, ""
+        normalized, target = kernel
+        entry = self.cache.get(RULED, identity.key, RULES)
+        trace = entry.get("trace") if entry is not None else None
+        if not isinstance(trace, str):
+            trace = ruled_trace(normalized, target) or ""
+            self.cache.put(RULED, (identity.key, RULES), {"trace": trace})
+        if not trace:
+            return None, ""
+        record = Record(identity, trace, [], {"source": RULES})
+        try:
+            return apply(record, None), f"{RULED}:{record.trace_id}"
+        except Exception as exc:  # past the bounds, or TVM's errors: the default schedule (the cache remembers)
+            log.debug("schedhub: the ruled schedule of %s is not served: %s", identity.op, str(exc)[:200])
+            return None, ""
 
     def _schedule(self, record: Record, normalized: tvm.IRModule, identity: Identity, target: tvm.target.Target) -> tvm.IRModule:
         """``normalized`` with ``record``'s trace replayed once and checked against the bounds, or
@@ -366,7 +392,10 @@ class HookSession(TransferServing, MissReporting):
             out.update_func(gv, original)
             reason = f"the scheduled kernel does not build: {exc.__class__.__name__}: {str(exc)[:1000]}"
             self.cache.put("scheduled", parts, {"error": reason})
-            self._refuse(record, ReplayFailed(reason))
+            if record.provenance.get("source") == RULES:  # not the registry's: nothing to complain about
+                self.report.problems.append(f"the ruled schedule of {record.identity.op} does not build here; it keeps the default")
+            else:
+                self._refuse(record, ReplayFailed(reason))
             for kernel in self.report.kernels:
                 if kernel.key == parts[0] and kernel.outcome != FALLBACK:
                     kernel.outcome, kernel.detail, kernel.measured = FALLBACK, record.trace_id, {}
