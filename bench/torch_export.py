@@ -1,6 +1,7 @@
 """A shipped network's PyTorch twin imported through ``torch.export`` and TVM's PyTorch frontend.
 
     python -m bench.torch_export NAME WEIGHTS.npz OUT.json [key=value ...] [plain=1]
+    python -m bench.torch_export --factory PKG.MOD:FACTORY 1,3,224,224 OUTDIR
 
 Runs in a process of its own (the benchmark process never imports PyTorch): builds the twin from
 ``bench.torch_models`` with the given weights (by Relax parameter name), exports it with
@@ -39,6 +40,35 @@ def import_twin(name: str, weights: dict[str, np.ndarray], shape: dict[str, int]
     return tvm.ir.load_json(out.read_text())
 
 
+def export_factory(factory: str, input_shape: list[int], workdir: Path) -> tuple[Any, np.ndarray, np.ndarray]:
+    """A user's PyTorch model (``pkg.mod:factory``, zero arguments, seeding its own weights) imported as ``schedhub
+    tune`` imports it, in a child process: (the Relax module, the input ``TorchProcess.load_module`` times it on, eager
+    PyTorch's output on that input)."""
+    import tvm
+
+    cmd = [sys.executable, "-m", "bench.torch_export", "--factory", factory, ",".join(map(str, input_shape)), str(workdir)]
+    subprocess.run(cmd, cwd=REPO, check=True, timeout=900)
+    x, out = (np.load(workdir / f, allow_pickle=False) for f in ("x.npy", "out.npy"))
+    return tvm.ir.load_json((workdir / "exported.json").read_text()), x, out
+
+
+def _export_factory(factory: str, shape: str, workdir: str) -> None:
+    import torch
+    import tvm
+
+    from schedhub.tuner.plan import from_torch_export, torch_factory
+
+    module_name, _, function = factory.partition(":")
+    net = torch_factory(module_name, function)().eval()
+    x = torch.randn(*map(int, shape.split(",")), generator=torch.Generator("cpu").manual_seed(0))  # as TorchProcess.load_module draws it
+    with torch.no_grad():
+        out = net(x)
+        exported = torch.export.export(net, (x,))
+    np.save(Path(workdir) / "x.npy", x.numpy())
+    np.save(Path(workdir) / "out.npy", out.numpy())
+    Path(workdir, "exported.json").write_text(tvm.ir.save_json(from_torch_export(exported)))
+
+
 def main(name: str, weights_path: str, out: str, *options: str) -> None:
     import torch
     import tvm
@@ -73,4 +103,7 @@ def _input_shape(name: str, shape: dict[str, int]) -> tuple[int, ...]:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    if sys.argv[1] == "--factory":
+        _export_factory(*sys.argv[2:])
+    else:
+        main(*sys.argv[1:])

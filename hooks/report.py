@@ -76,18 +76,24 @@ class CompileReport:
     def fallbacks(self) -> int:
         return self.count(FALLBACK)
 
+    def ruled(self, outcome: str) -> int:
+        """How many kernels of ``outcome`` (a miss, a fallback, offline) got the CPU rules' schedule (:mod:`.rules`)."""
+        return sum(k.outcome == outcome and k.detail.startswith(f"{RULED}:") for k in self.kernels)
+
     def summary(self) -> str:
         linked = f"; {self.linked} kernel objects linked ({self.objects_compiled} compiled now)" if self.linked else ""
         linked += f"; {self.model_ranked} kernels' transfers ranked by {self.ranked_by}" if self.ranked_by else ""
         synthesized = f", {self.synthesized} synthesized" if self.synthesized else ""
         kept = sum(k.outcome == MISS and k.detail.startswith("default:") for k in self.kernels)
         if offline := self.count(OFFLINE):  # not "misses" as if the registry had answered: it did not
-            linked = f"; the registry could not be reached: {offline} kernels kept TVM's default schedules, unreported" + linked
+            ruled_offline = self.ruled(OFFLINE)
+            how = f": {ruled_offline} got the CPU rules' schedules, {offline - ruled_offline} TVM's default ones" if ruled_offline else " kept TVM's default schedules"
+            linked = f"; the registry could not be reached: {offline} kernels{how}, unreported" + linked
         linked += f"; {kept} misses kept the default schedule, faster than every candidate timed" if kept else ""
         if self.rewrite_options:
             linked += f"; rewrites chosen by {self.rewrites_by}: {self.rewrites} (weighed: {'; '.join(self.rewrite_options)})"
-        ruled = sum(k.detail.startswith(f"{RULED}:") for k in self.kernels)
-        ruled_misses = f" ({ruled} of them given the CPU rules' schedules until tuned ones replace them)" if ruled else ""
+        ruled = self.ruled(MISS)
+        ruled_misses = f" ({ruled} of them given the CPU rules' schedules until a worker tunes them: `schedhub worker`)" if ruled else ""
         hits = f"{self.hits} hits ({self.default_hits} of them keep the default schedule: nothing beat it)" if self.default_hits else f"{self.hits} hits"
         return (f"schedhub: {len(self.kernels)} kernels: {hits}, {self.transfers} transfers{synthesized}, {self.count(MISS)} misses{ruled_misses}, {self.fallbacks} fallbacks "
                 f"({_count(self.lookups, 'lookup')} in {self.lookup_secs * 1e3:.1f} ms, {_count(self.misses_reported, 'miss', 'misses')} reported){linked}")  # fmt: skip

@@ -1,16 +1,16 @@
-"""An unseen network's first compile: TVM's default schedules against a sample of each kernel's own design space.
+"""An unseen network's first compile from an empty registry: TVM's defaults against the CPU rules' schedules.
 
-    python -m bench.studies.first_compile [--network resnet18] [--shape image=224] [--samples 1] [--rounds 5]
-                                          [--layout NHWC --prepack] [--starter-store DIR] [--out FILE]
+    python -m bench.studies.first_compile (--torch PKG.MOD:FACTORY --input 1,3,224,224 | --network NAME [--shape image=224])
+                                          [--rounds 5] [--starter-store DIR] [--out FILE]
 
-What the first-compile issue asks before building anything: with no record and no measurement, how far is the plain
-default from PyTorch, and how much of that does the first schedule MetaSchedule's rules draw for each kernel (random
-decisions, seeded, postprocessors applied: ``hooks.synthesis.design_space_samples``; with ``--samples N`` the first
-of N that replays) recover, at what cost to the compile. Each kernel's sample is served as a record from a fresh
-store through ``use(...)``, as a hit would be; PyTorch runs the network's twin in a process of its own, same threads,
-same input; the three are timed side by side in interleaved rounds and their outputs checked. ``--starter-store``:
-also the network compiled from a copy of a store tuned for other networks, every kernel a transfer where one
-replays (the issue's starter records).
+What a new user meets: the network compiled through ``use(...)`` with its defaults (layout and prepacking chosen for an
+unknown network) from an empty registry, every kernel a miss: once with ``rules=False`` (TVM's unscheduled default, as
+before :mod:`schedhub.hooks.rules`) and once as shipped (each miss gets the CPU rules' schedule, untimed), each on an
+empty kernel cache, so the compile times are first compiles. ``--starter-store``: also from a copy of a store tuned
+for other networks, every kernel it can serve a transfer (the issue's starter records), the rest ruled. ``--torch``: a
+PyTorch model a user brings (``bench.networks``), imported by ``torch.export`` in a child process as ``schedhub tune``
+imports it; ``--network``: a shipped Relax network with its PyTorch twin. PyTorch eager runs in a process of its own
+(same threads, same input, outputs checked); everything is timed side by side in interleaved rounds.
 """
 
 from __future__ import annotations
@@ -25,38 +25,23 @@ from typing import Any
 
 import numpy as np
 
-from schedhub.hooks.rewrites import Rewrites
 from schedhub.tuner import models, tvm_env
 from schedhub.tuner.torch_process import TorchProcess
 
 from ..models import TORCH_TWINS, check_agreement, network_input, time_side_by_side
 from ..report import REPO, environment
+from ..torch_export import export_factory
 
 
-def sampled_records(kernels: list[models.Kernel], target: Any, samples: int) -> tuple[list[Any], float, int]:
-    """A record per kernel of its design space's first sample (the kernels whose rules draw none keep the default),
-    the seconds the sampling took, and how many kernels got one."""
-    from schedhub.hooks.identity import workload_module
-    from schedhub.hooks.msdb import normalize_mod, trace_text
-    from schedhub.hooks.synthesis import design_space_samples
-    from schedhub.registry import Record
-
-    records, start = [], time.perf_counter()
-    for kernel in kernels:
-        drawn = design_space_samples(normalize_mod(workload_module(kernel.identity.workload)), target, samples)
-        if drawn:
-            records.append(Record(kernel.identity, trace_text(drawn[0].trace), [1.0], {"source": "bench.studies.first_compile"}))
-    return records, time.perf_counter() - start, len(records)
-
-
-def compiled(mod: Any, store: Path, target: Any, rewrites: Rewrites, transfer: bool = False) -> tuple[Any, float, str]:
+def compiled(mod: Any, store: Path, target: Any, rules: bool) -> tuple[Any, float, str]:
+    """``mod`` compiled through the hook from ``store`` on an empty kernel cache: the executable, the seconds, the report."""
     import tvm
 
     from schedhub import hooks
 
     with tempfile.TemporaryDirectory() as cache:
         start = time.perf_counter()
-        with hooks.use(store, target, cache=cache, report_misses=False, transfer=transfer, layout=rewrites.layout, prepack=rewrites.prepack) as session:
+        with hooks.use(store, target, cache=cache, report_misses=False, rules=rules) as session:
             ex = tvm.compile(mod, target)
         return ex, time.perf_counter() - start, session.report.summary()
 
@@ -67,47 +52,50 @@ def main() -> None:
     from schedhub.registry import LocalRegistry
 
     parser = argparse.ArgumentParser(prog="python -m bench.studies.first_compile", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--network", default="resnet18", choices=models.model_names())
-    parser.add_argument("--shape", action="append", default=[], help="a shape option, e.g. image=224 (repeatable)")
-    parser.add_argument("--samples", type=int, default=1)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--torch", help="a PyTorch model's factory, pkg.mod:function (e.g. bench.networks:resnet50)")
+    source.add_argument("--network", choices=models.model_names(), help="a shipped Relax network")
+    parser.add_argument("--input", help="with --torch: the input shape, e.g. 1,3,224,224 (default: bench.networks.INPUTS)")
+    parser.add_argument("--shape", action="append", default=[], help="with --network: a shape option, e.g. image=224 (repeatable)")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--layout", default="given")
-    parser.add_argument("--prepack", action="store_true")
     parser.add_argument("--starter-store", type=Path, help="a store tuned for other networks: the network compiled from a copy of it too")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    shape = {k: int(v) for k, v in (s.split("=", 1) for s in args.shape)}
-    rewrites = Rewrites(args.layout, prepack=args.prepack)
     tvm_env.prepare()
     target = tvm.target.Target(tvm_env.host_target())
-    mod, weights, input_shape = models.export_with_weights(args.network, **shape)
-    x = network_input(input_shape)
+    threads = int(target.attrs["num-cores"])
     with TorchProcess(cwd=REPO) as torch_proc, tempfile.TemporaryDirectory() as tmp:
-        pytorch = torch_proc.load_network(args.network, weights, x, factory=TORCH_TWINS, **shape)
-        kernels = models.kernels(mod, target, rewrites)
-        empty, sampled = Path(tmp) / "empty", Path(tmp) / "sampled"
+        if args.torch:
+            from ..networks import INPUTS
+
+            input_shape = [int(d) for d in args.input.split(",")] if args.input else INPUTS[args.torch.rpartition(":")[2]]
+            mod, x, pytorch = export_factory(args.torch, input_shape, Path(tmp))
+            torch_proc.load_module(args.torch, [input_shape], threads)
+            func, label, shape = "main", args.torch, {"input": input_shape}
+        else:
+            shape = {k: int(v) for k, v in (s.split("=", 1) for s in args.shape)}
+            mod, weights, input_shape = models.export_with_weights(args.network, **shape)
+            x = network_input(input_shape)
+            pytorch = torch_proc.load_network(args.network, weights, x, factory=TORCH_TWINS, **shape)
+            func, label = "forward", args.network
+        empty = Path(tmp) / "empty"
         LocalRegistry(empty).close()
-        records, sampling_secs, covered = sampled_records(kernels, target, args.samples)
-        with LocalRegistry(sampled) as reg:
-            for record in records:
-                reg.put(record)
-        default_ex, default_secs, default_report = compiled(mod, empty, target, rewrites)
-        sampled_ex, sampled_secs, sampled_report = compiled(mod, sampled, target, rewrites)
-        executables, secs, reports = {"default": default_ex, "sampled": sampled_ex}, {"default": default_secs, "sampled": sampled_secs}, {"default": default_report, "sampled": sampled_report}
+        executables, secs, reports = {}, {}, {}
+        for name, rules in (("default", False), ("ruled", True)):
+            executables[name], secs[name], reports[name] = compiled(mod, empty, target, rules)
         if args.starter_store is not None:
             shutil.copytree(args.starter_store, Path(tmp) / "starter")
-            executables["starter"], secs["starter"], reports["starter"] = compiled(mod, Path(tmp) / "starter", target, rewrites, transfer=True)
-        timing, errors = time_side_by_side(executables, x, args.rounds, pytorch, torch_proc.time_network)
-    check_agreement(args.network, errors)
+            executables["starter"], secs["starter"], reports["starter"] = compiled(mod, Path(tmp) / "starter", target, True)
+        timing, errors = time_side_by_side(executables, x, args.rounds, pytorch, torch_proc.time_network, func)
+    check_agreement(label, errors)
     result = {
         "command": "python -m bench.studies.first_compile " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v and k not in ("out", "shape"))
                    + "".join(f" --shape {s}" for s in args.shape),
-        "network": args.network, "shape": shape, "rewrites": rewrites.describe() or "none", "kernels": len(kernels), "sampled_kernels": covered,
-        "sampling_secs": sampling_secs, "compile_secs": secs, "reports": reports, "timing": timing, "max_rel_error": errors,
+        "network": label, "shape": shape, "compile_secs": secs, "reports": reports, "timing": timing, "max_rel_error": errors,
         "over_pytorch": {name: timing[name]["median"] / timing["pytorch"]["median"] for name in executables},
         "environment": environment(),
     }  # fmt: skip
-    print(json.dumps({k: result[k] for k in ("network", "kernels", "sampled_kernels", "sampling_secs", "compile_secs", "over_pytorch")}, indent=1))
+    print(json.dumps({k: result[k] for k in ("network", "compile_secs", "over_pytorch")}, indent=1))
     print({k: round(v["median"], 3) for k, v in timing.items()})
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")

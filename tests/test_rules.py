@@ -1,0 +1,122 @@
+"""The CPU rules (hooks.rules): what a kernel the registry cannot serve gets instead of TVM's unscheduled default."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tvm
+from tvm.relax.frontend import nn
+
+from schedhub.hooks import rules, use
+from schedhub.hooks.identity import workload_module
+from schedhub.hooks.rules import Tile, tile_decisions
+from schedhub.registry import LocalRegistry
+from schedhub.tuner.models import kernels
+
+from .networks import bound, run
+
+CPU = tvm.target.Target({"kind": "llvm", "mcpu": "znver1", "num-cores": 2})  # AVX2: 8 float32 lanes
+GIVEN = {"layout": "given", "prepack": False}
+
+
+def conv_tiles(n: int, h: int, w: int, c: int, k: int, r: int) -> list[Tile]:
+    """MetaSchedule's tiles of an NHWC convolution: four levels per output axis, two per reduction axis."""
+    return [Tile(e, 4, 64) for e in (n, h, w, c)] + [Tile(e, 2, 64) for e in (r, r, k)]
+
+
+def test_a_convolution_gets_a_register_block_of_vectors_by_rows_and_its_rows_remainder_at_the_second_level() -> None:
+    n, h, w, c, ry, rx, rc = tile_decisions(conv_tiles(1, 56, 56, 64, 64, 3), lanes=8, most_accumulators=12)
+    assert c == [4, 1, 1, 16]  # two AVX2 vectors of output channels
+    assert w == [1, 14, 1, 4]  # 4 rows: 8 accumulators (6 rows do not divide 56)
+    assert h == [56, 1, 1, 1] and n == [1, 1, 1, 1]  # whole at the outer level, where the parallel loop is
+    assert rc == [8, 8] and ry == [1, 3] and rx == [1, 3]
+    _, _, w512, c512, *_ = tile_decisions(conv_tiles(1, 56, 56, 64, 64, 3), lanes=16, most_accumulators=24)
+    assert c512 == [2, 1, 1, 32] and w512 == [1, 7, 1, 8]  # AVX-512: twice the lanes, twice the accumulators
+
+
+def test_an_axis_no_vector_divides_keeps_its_own_factor_and_every_decision_multiplies_out() -> None:
+    *_, c, _, _, _ = tile_decisions(conv_tiles(1, 7, 7, 3, 3, 1), lanes=8, most_accumulators=12)
+    assert c == [1, 1, 1, 3]
+    rng = random.Random(0)
+    for _ in range(300):
+        tiles = [Tile(rng.choice([1, 2, 3, 7, 12, 49, 56, 64, 96, 100, 768, 2304]), rng.choice([2, 4]), 64) for _ in range(rng.randint(1, 7))]
+        for tile, factors in zip(tiles, tile_decisions(tiles, 8, 12), strict=True):
+            assert len(factors) == tile.levels and int(np.prod(factors)) == tile.extent and factors[-1] <= tile.max_innermost
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        self.l1 = nn.Linear(64, 256)
+        self.l2 = nn.Linear(256, 64)
+
+    def forward(self, x: nn.Tensor) -> nn.Tensor:
+        return self.l2(nn.relu(self.l1(x)))
+
+
+def test_a_kernel_the_registry_cannot_serve_gets_the_ruled_schedule_and_is_still_a_reported_miss(tmp_path: Path) -> None:
+    mod = bound(Net(), (32, 64), scale=0.1)
+    x = np.random.default_rng(1).standard_normal((32, 64)).astype("float32")
+    store = tmp_path / "store"
+    outputs, reports = {}, {}
+    for ruled in (False, True):
+        with use(store, CPU, cache=tmp_path / f"cache-{ruled}", rules=ruled, **GIVEN) as session:
+            ex = tvm.compile(mod, CPU)
+            matmul = next(k for k in kernels(mod, CPU) if "matmul" in k.name)
+            scheduled = session.scheduled(workload_module(matmul.identity.workload)["main"], CPU, matmul.name)
+        outputs[ruled], reports[ruled] = run(ex, x), session.reports[0]
+        if ruled:  # parallel outer loops and vectors, where the default is one thread of scalar loops
+            assert scheduled is not None and "T.parallel" in scheduled.script() and "T.vectorized" in scheduled.script()
+        else:
+            assert scheduled is None
+    assert all(k.outcome == "miss" and k.detail.startswith("ruled:") for k in reports[True].kernels)
+    assert not any(k.detail for k in reports[False].kernels)
+    assert f"{len(reports[True].kernels)} misses ({len(reports[True].kernels)} of them given the CPU rules' schedules" in reports[True].summary()
+    with LocalRegistry(store) as reg:  # queued all the same, for a worker to tune
+        assert {j["op"] for j in reg.jobs("pending")} >= {k.op for k in reports[True].kernels}
+    np.testing.assert_allclose(outputs[True], outputs[False], rtol=1e-4, atol=1e-4)
+
+
+def test_a_ruled_trace_is_worked_out_once_a_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mod = bound(Net(), (32, 64), scale=0.1)
+    with use(tmp_path / "store", CPU, cache=tmp_path / "cache", **GIVEN) as first:
+        tvm.compile(mod, CPU)
+
+    def refuse(*_args: object) -> None:
+        raise AssertionError("the kernel cache holds the ruled trace")
+
+    monkeypatch.setattr("schedhub.hooks.session.ruled_trace", refuse)
+    with use(tmp_path / "store", CPU, cache=tmp_path / "cache", **GIVEN) as again:
+        tvm.compile(mod, CPU)
+    assert [k.detail for k in again.reports[0].kernels] == [k.detail for k in first.reports[0].kernels]
+    assert all(k.detail.startswith("ruled:") for k in again.reports[0].kernels)
+
+
+def test_a_network_whose_kernels_no_rule_covers_compiles_with_the_default(tmp_path: Path) -> None:
+    """A symbolic batch: the rules need static sizes, so every kernel keeps TVM's default, and the compile works."""
+    mod, spec = Net().export_tvm({"forward": {"x": nn.spec.Tensor(("n", 64), "float32")}})
+    params = [np.random.default_rng(0).standard_normal([int(d) for d in p.shape]).astype("float32") * 0.1 for _, p in spec]
+    with use(tmp_path / "store", CPU, cache=tmp_path / "cache", **GIVEN) as session:
+        ex = tvm.compile(mod, CPU)
+    matmuls = [k for k in session.report.kernels if "matmul" in k.op]  # of a symbolic size (a weight's transpose is static)
+    assert len(matmuls) == 2 and all(k.outcome == "miss" and not k.detail for k in matmuls), session.report.kernels
+    x = np.random.default_rng(1).standard_normal((5, 64)).astype("float32")
+    vm = tvm.relax.VirtualMachine(ex, tvm.cpu())
+    out = vm["forward"](tvm.runtime.tensor(x), *[tvm.runtime.tensor(p) for p in params]).numpy()
+    np.testing.assert_allclose(out, np.maximum(x @ params[0].T + params[1], 0) @ params[2].T + params[3], rtol=1e-4, atol=1e-4)
+
+
+def test_a_kernel_whose_design_space_the_rules_cannot_complete_keeps_the_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_rule_fits(*_args: object) -> list[list[int]]:
+        raise ValueError("max() arg is an empty sequence")  # what a rule meets where no factor qualifies
+
+    monkeypatch.setattr(rules, "tile_decisions", no_rule_fits)
+    mod = bound(Net(), (32, 64), scale=0.1)
+    with use(tmp_path / "store", CPU, cache=tmp_path / "cache", **GIVEN) as session:
+        ex = tvm.compile(mod, CPU)
+    tiled = [k for k in session.report.kernels if "matmul" in k.op]
+    assert tiled and all(k.outcome == "miss" and not k.detail for k in tiled)
+    x = np.random.default_rng(1).standard_normal((32, 64)).astype("float32")
+    assert np.isfinite(run(ex, x)).all()
