@@ -380,8 +380,8 @@ def test_a_compile_takes_verified_records_unless_told_otherwise(server: ServerTh
             with use(reader, CPU, trust=trust) as session:
                 tvm.compile(model["mod"], CPU)
             (kernel,) = session.report.kernels
-            outcomes[str(trust)] = (kernel.outcome, kernel.detail)
-        assert outcomes == {"verified": ("miss", ""), "any": ("hit", claim.trace_id), "['alice']": ("hit", claim.trace_id), "['bob']": ("miss", "")}
+            outcomes[str(trust)] = (kernel.outcome, "ruled" if kernel.detail.startswith("ruled:") else kernel.detail)  # a miss: the CPU rules' schedule
+        assert outcomes == {"verified": ("miss", "ruled"), "any": ("hit", claim.trace_id), "['alice']": ("hit", claim.trace_id), "['bob']": ("miss", "ruled")}
         with RegistryClient(server.url, token="w") as tuner:
             tuner.put(verified)
         with use(reader, CPU, trust="any") as session:
@@ -464,7 +464,7 @@ def test_a_record_whose_kernel_does_not_build_falls_back_and_the_compile_goes_on
     with LocalRegistry(tmp_path / "store", sync=False) as reg:
         reg.put(broken)
         for again in (False, True):
-            with use(reg, CPU, cache=tmp_path / "cache", link=link) as session:
+            with use(reg, CPU, cache=tmp_path / "cache", link=link, rules=False) as session:  # the default, not the rules' schedule
                 ex = tvm.compile(model["mod"], CPU)
             (kernel,) = session.report.kernels
             assert kernel.outcome == "fallback" and (again or kernel.detail == broken.trace_id)
@@ -490,7 +490,7 @@ def test_a_kernel_whose_build_runs_past_its_budget_is_given_up_and_the_compile_g
             tvm.compile(model["mod"], CPU)
         assert [k.outcome for k in session.report.kernels] == ["hit"] and session.report.linked == 1
         for again in (False, True):
-            with use(reg, CPU, cache=tmp_path / "cache", limits=ScheduleLimits(max_build_secs=0.0)) as session:
+            with use(reg, CPU, cache=tmp_path / "cache", limits=ScheduleLimits(max_build_secs=0.0), rules=False) as session:
                 ex = tvm.compile(model["mod"], CPU)
             (kernel,) = session.report.kernels
             assert kernel.outcome == "fallback", session.report.summary()
