@@ -56,6 +56,7 @@ class TuneOptions:
     repostprocess: bool = True  # on a CPU or CUDA GPU, each registry trace's sketch also measured postprocessed again at this shape
     synthesize: int = 64  # design-space samples ranked by the registry's log model; its best ``seeds`` are seeded too (0: none)
     seeds: int = SEEDS  # synthesized schedules measured before the search
+    rules: bool = True  # on a CPU, the schedule the hook's rules give a miss (hooks.rules) measured too: a record is never slower than it
     search_threads: int = 0  # MetaSchedule's own threads; 0: physical cores. With 1, a seed gives the same first batch every time
     warm_model: bool = True  # start the search's cost model trained on the registry's verified log of this structure (logmodel.py)
     model_warmup: int = COLD_WARMUP  # candidates a cold cost model measures before it ranks any (below: at random)
@@ -90,8 +91,8 @@ class TuneOptions:
 
     def warm_measurements(self) -> int:
         """The most candidates a job measures before its search: the registry's traces (each with its twin
-        postprocessed here, with ``repostprocess``) and the synthesized seeds."""
-        return self.warm_start * (2 if self.repostprocess else 1) + (self.seeds if self.synthesize else 0)
+        postprocessed here, with ``repostprocess``), the synthesized seeds and the rules' schedule."""
+        return self.warm_start * (2 if self.repostprocess else 1) + (self.seeds if self.synthesize else 0) + int(self.rules)
 
 
 @dataclass
@@ -160,7 +161,8 @@ def tune_job(identity: dict[str, Any], warm_traces: list[str], options: dict[str
 def tune_workload(identity: Identity, warm_traces: list[str], options: TuneOptions, label: str = "", seeds: list[str] | None = None,
                   model_log: list[Any] | None = None, retime_traces: list[str] | None = None, settled_traces: list[str] | None = None) -> TuneResult:  # fmt: skip
     """Search schedules for one workload on the Ray cluster this process is connected to, measuring first
-    ``warm_traces`` (the registry's, at most ``options.warm_start``) and ``seeds`` (synthesized, at most ``options.seeds``);
+    ``warm_traces`` (the registry's, at most ``options.warm_start``), ``seeds`` (synthesized, at most ``options.seeds``) and,
+    with ``options.rules``, the schedule the hook's CPU rules give the kernel as a miss (the search starts from it too);
     with no trials, only those (a first pass). ``model_log`` (:func:`.logmodel.model_log`), with ``options.warm_model``:
     what the search's cost model is trained on before its first round. ``retime_traces``: the key's verified records
     without a flushed time (:func:`.retime.lacking_flushed`), timed again (:func:`time_traces`) after publishing where
@@ -171,7 +173,8 @@ def tune_workload(identity: Identity, warm_traces: list[str], options: TuneOptio
 
     from schedhub.hooks.cache import KernelCache, default_dir
     from schedhub.hooks.identity import compiler_fingerprint, target_from_text, workload_module
-    from schedhub.hooks.msdb import trace_text, tuning_target
+    from schedhub.hooks.msdb import normalize_mod, trace_text, tuning_target
+    from schedhub.hooks.rules import ruled_trace
 
     from .logmodel import pretrained
 
@@ -188,7 +191,8 @@ def tune_workload(identity: Identity, warm_traces: list[str], options: TuneOptio
         synthesized = (seeds or [])[: options.seeds if options.synthesize else 0]
         timeline.stage = "warm start"
         registry_traces = list(dict.fromkeys(warm_traces[: options.warm_start]))
-        traces = registry_traces + [t for t in dict.fromkeys(synthesized) if t not in registry_traces]
+        ruled = [t for t in [ruled_trace(normalize_mod(mod), target)] if t] if options.rules else []  # what a miss runs (hooks.rules)
+        traces = registry_traces + [t for t in dict.fromkeys(synthesized + ruled) if t not in registry_traces]
         twinned = len(registry_traces) if options.repostprocess else 0
         warm, skipped = _seed_database(database, mod, target, traces, builder, runner, twinned)
         started, phases = time.time(), {}
