@@ -1,5 +1,6 @@
-"""Constants computed before legalization: every ``permute_dims`` or ``reshape`` of a constant, and the elementwise
-arithmetic of constants that folding BatchNorm into a convolution leaves, done in numpy.
+"""Constants computed before legalization: every ``permute_dims`` or ``reshape`` of a constant, the elementwise
+arithmetic of constants that folding BatchNorm into a convolution leaves, and each ``full`` or ``full_like`` of a
+constant, done in numpy.
 
 A network imported for inference holds its weights as constants, and its frontend and the hook's rewrites move some of
 them: ``torch.export``'s importer reshapes each convolution's bias to ``(1, C, 1, 1)``, a linear layer's weight is
@@ -41,6 +42,7 @@ _ARITHMETIC: dict[tvm.ir.Op, Callable[..., np.ndarray]] = {
     tvm.ir.Op.get("relax.divide"): np.divide, tvm.ir.Op.get("relax.sqrt"): np.sqrt,
 }  # fmt: skip
 _FLOATS = ("float16", "float32", "float64")
+_FULL, _FULL_LIKE = tvm.ir.Op.get("relax.full"), tvm.ir.Op.get("relax.full_like")
 
 
 @mutator
@@ -52,6 +54,8 @@ class _ConstantMoves(PyExprMutator):  # type: ignore[misc]
         call = super().visit_call_(call)
         if isinstance(call, relax.Call) and call.op in _ARITHMETIC:
             return self._computed(call)
+        if isinstance(call, relax.Call) and call.op in (_FULL, _FULL_LIKE):
+            return self._filled(call)
         if not (isinstance(call, relax.Call) and call.op in (_PERMUTE_DIMS, _RESHAPE)):
             return call
         data = self._constant(call.args[0])
@@ -80,6 +84,22 @@ class _ConstantMoves(PyExprMutator):  # type: ignore[misc]
             return call
         result = np.asarray(_ARITHMETIC[call.op](*operands))
         return host_constant(result) if result.dtype == dtype else call
+
+    def _filled(self, call: relax.Call) -> relax.Expr:
+        """A ``full`` (or ``full_like``) of a static shape and a constant value as the constant it makes (the
+        ``torch.export`` importer fills attention's masked scores with ``full_like``; ``schedhub tune``'s import folds it,
+        and the kernel that reads it must have one key whichever way the model was imported); else ``call`` as it is."""
+        fill = self._constant(call.args[1])
+        if call.op == _FULL:
+            shape, like_dtype = call.args[0], None
+        else:
+            info = call.args[0].ty  # its static type: shape and dtype
+            shape, like_dtype = getattr(info, "shape", None), getattr(info, "dtype", None)
+        if fill is None or fill.size != 1 or not (isinstance(shape, relax.ShapeExpr) and all(isinstance(d, tvm.tirx.IntImm) for d in shape.values)):
+            return call
+        named = str(call.attrs.dtype) if call.attrs.dtype is not None else ""
+        dtype = named if named not in ("", "void") else str(like_dtype or fill.dtype)
+        return host_constant(np.full([int(d) for d in shape.values], fill.reshape(()), dtype=dtype))
 
     def _constant(self, expr: relax.Expr) -> np.ndarray | None:
         """The value of ``expr`` where it is a constant or a variable bound to one in this function, else None."""

@@ -50,3 +50,19 @@ def test_a_model_imported_as_users_do_gets_the_keys_schedhub_tune_tuned(tmp_path
         want = conv_bn().eval()(torch.from_numpy(x)).numpy()
     got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x))
     np.testing.assert_allclose((got[0] if not hasattr(got, "numpy") else got).numpy(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_an_encoder_layer_imported_as_users_do_has_the_keys_schedhub_tune_imports() -> None:
+    """``from_exported_program`` leaves attention's ``full_like`` of a constant where ``schedhub tune``'s import folds it:
+    the softmax kernel got another key (``…_full_where…``), one kernel a tuned network never hit. The hook folds it."""
+    from tvm.relax.frontend.torch import from_exported_program
+
+    from .torch_factories import encoder_layer
+
+    with torch.no_grad():
+        exported = torch.export.export(encoder_layer(), (torch.randn(1, 64, 32),))  # at 8 tokens TVM folds it itself
+    target = tvm.target.Target(plan.resolve_target("host"))
+    tuned = {k.identity.key: k.name for k in kernels(plan.from_torch_export(exported), target)}
+    imported = {k.identity.key: k.name for k in kernels(from_exported_program(exported), target)}
+    assert any("softmax" in name for name in imported.values())
+    assert imported == tuned

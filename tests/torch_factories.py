@@ -23,3 +23,9 @@ class ConvBn(torch.nn.Module):
 
 def conv_bn() -> torch.nn.Module:
     return ConvBn()
+
+
+def encoder_layer() -> torch.nn.Module:
+    """PyTorch's TransformerEncoderLayer, small: its attention fills masked scores with ``full_like``."""
+    torch.manual_seed(0)
+    return torch.nn.TransformerEncoderLayer(32, 2, 64, dropout=0.0, batch_first=True).eval()
