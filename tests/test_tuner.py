@@ -45,8 +45,10 @@ TARGET = {"kind": "llvm", "mcpu": "znver1", "num-cores": 2}
 
 
 def tiny(**budget: Any) -> TuneOptions:
-    """A test's tuning budget with the search and the final timings cut to size (:data:`.conftest.QUICK_SEARCH`)."""
-    quick = {"population": QUICK_SEARCH["population"], "final_timing": final_timing(QUICK_SEARCH["final_repeat_ms"])}
+    """A test's tuning budget with the search and the final timings cut to size (:data:`.conftest.QUICK_SEARCH`), and
+    without the rules' schedule in the warm start (these tests count what a warm start measures; the rules' own test
+    turns it on)."""
+    quick = {"population": QUICK_SEARCH["population"], "final_timing": final_timing(QUICK_SEARCH["final_repeat_ms"]), "rules": False}
     return TuneOptions(**{**quick, **budget})
 
 
@@ -449,6 +451,22 @@ def test_a_kernel_that_may_prepack_its_weights_is_searched_on_them_packed_and_pu
     assert result.records and result.trials >= 4, result.rejected
     assert any('"TransformLayout"' in r.trace for r in result.records), [r.provenance for r in result.records]
     assert not any("run failed" in why or "differs" in why for why in result.rejected), result.rejected
+
+
+def test_a_first_pass_measures_the_schedule_a_miss_runs_so_no_record_is_slower_than_it(ray_address: str) -> None:
+    """The hook gives a miss the CPU rules' schedule (hooks.rules); a search measures it in its warm start, so what it
+    publishes is that schedule or one measured faster, and its search starts from it."""
+    from schedhub.hooks.msdb import normalize_mod
+    from schedhub.hooks.rules import ruled_trace
+    from schedhub.hooks.identity import target_from_text
+
+    ident = matmul(64, 256, 128)
+    ruled = ruled_trace(normalize_mod(workload_module(ident.workload)), target_from_text(ident.target))
+    assert ruled
+    result = TuneResult.from_dict(cluster.result(tune(ident, tiny(trials=0, publish=1, rules=True))))
+    assert result.warm_started == 1 and [r.trace for r in result.records] == [ruled]  # the only candidate: published, beating the default
+    without = TuneResult.from_dict(cluster.result(tune(ident, tiny(trials=0, publish=1)))).records
+    assert without and all(keeps_default_schedule(r.trace) for r in without)  # without it, nothing to measure: "keep the default"
 
 
 def test_a_trace_of_another_structure_is_skipped_not_fatal(ray_address: str) -> None:
