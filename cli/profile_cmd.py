@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from .common import console, open_registry, out, registry_option, reports_errors
+from .tune_cmds import rewrite_options
 
 
 def _thread_counts(text: str | None) -> list[int]:
@@ -31,10 +32,12 @@ def _thread_counts(text: str | None) -> list[int]:
               help="CSV of one row per (kernel, schedule, threads); a .parquet beside it when pyarrow is installed.")  # fmt: skip
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), default=None, help="PNG of latency against threads per op (needs matplotlib).")
 @click.option("--defaults-only", is_flag=True, help="Time TVM's default schedules only (no registry).")
+@rewrite_options
 @reports_errors
 def profile(registry: str, token: str | None, model_spec: str, target: str, threads: str | None, out_path: Path, plot_path: Path | None,
-            defaults_only: bool) -> None:  # fmt: skip
-    """Time every kernel of a model with TVM's default schedule and the registry's (a hit or a transfer) across thread counts."""
+            defaults_only: bool, layout: str, math: str, prepack: bool | None, conv: str) -> None:  # fmt: skip
+    """Time every kernel of a model with TVM's default schedule and the registry's (a hit, a transfer, or the rules' schedule
+    a miss gets) across thread counts; its kernels planned with the rewrites `schedhub tune` takes."""
     import tvm
 
     from schedhub.tuner import plan, profile as profiling
@@ -47,11 +50,15 @@ def profile(registry: str, token: str | None, model_spec: str, target: str, thre
         except ImportError:
             raise click.BadParameter("plots need matplotlib: pip install matplotlib", param_hint="--plot") from None
     ref = plan.parse_model(model_spec)
-    tgt = tvm.target.Target(plan.resolve_target(target))
+    spec = plan.resolve_target(target)
+    tgt = tvm.target.Target(spec)
     if tgt.kind.name != "llvm":
         raise click.BadParameter(f"profiles run on this machine's CPU; {tgt.kind.name} targets are not profiled yet", param_hint="--target")
     reg = None if defaults_only else open_registry(registry, token, readonly=True)
-    rows = profiling.profile(plan.load(ref), tgt, reg, counts, say=lambda line: console.print(line, highlight=False, soft_wrap=True))
+    mod = plan.load(ref)
+    rewrites = plan.tuning_rewrites(spec, layout, math, prepack, conv, [mod])  # the kernels `schedhub tune` tunes
+    console.print(f"kernels planned with {rewrites.describe() or 'no rewrites'}", highlight=False)
+    rows = profiling.profile(mod, tgt, reg, counts, say=lambda line: console.print(line, highlight=False, soft_wrap=True), rewrites=rewrites)
     profiling.write_csv(rows, out_path)
     written = [str(out_path)]
     if profiling.write_parquet(rows, out_path.with_suffix(".parquet")):

@@ -57,12 +57,9 @@ def _options(trials: int, trials_per_iter: int, seed: int, population: int, fina
                        final_timing=final_timing(final_repeat_ms), warm_model=warm_model)
 
 
-def work_options(f: Any) -> Any:
-    """What a bulk run covers: shared by ``tune`` and ``submit``."""
-    f = click.option("--retune", is_flag=True, help="Tune workloads that already have records too.")(f)
-    f = click.option("--concurrency", type=int, default=2, show_default=True, help="Workloads tuned at once (they share the devices).")(f)
-    f = budget_options(f)
-    f = click.option("--target", default="host", show_default=True, help="'host', a target JSON object, or a TVM target string.")(f)
+def rewrite_options(f: Any) -> Any:
+    """The network rewrites a run plans its kernels under (``plan.tuning_rewrites``): shared by ``tune``, ``submit`` and
+    ``profile``, so a profile sees the kernels a tuning run tuned."""
     f = click.option("--layout", type=click.Choice((AUTO, *LAYOUTS)), default=AUTO, show_default=True,
                      help="Convert the models' 2-D convolutions to this layout first (given: as the frontend gives them; auto: NHWC on "
                           "a CPU with AVX2 or AVX-512 and direct convolutions, given elsewhere); a compile finds either by default "
@@ -76,6 +73,16 @@ def work_options(f: Any) -> Any:
     f = click.option("--conv", type=click.Choice(CONVS), default="direct", show_default=True,
                      help="winograd: 3×3 stride-1 convolutions by Winograd's F(4×4, 3×3), F(2×2, 3×3) on small images (float32 rounding apart from direct); "
                           "compile with hooks.use(..., conv=) the same, or the records are not found.")(f)  # fmt: skip
+    return f
+
+
+def work_options(f: Any) -> Any:
+    """What a bulk run covers: shared by ``tune`` and ``submit``."""
+    f = click.option("--retune", is_flag=True, help="Tune workloads that already have records too.")(f)
+    f = click.option("--concurrency", type=int, default=2, show_default=True, help="Workloads tuned at once (they share the devices).")(f)
+    f = budget_options(f)
+    f = click.option("--target", default="host", show_default=True, help="'host', a target JSON object, or a TVM target string.")(f)
+    f = rewrite_options(f)
     f = click.option("--sweep", multiple=True, help="A shape sweep, name=v1,v2 (e.g. batch=1,8); repeatable.")(f)
     return click.option(
         "--model", "-m", "model_specs", multiple=True, required=True,

@@ -30,7 +30,7 @@ def test_profile_writes_a_row_per_kernel_schedule_and_thread_count(tmp_path: Pat
         reg.put_many(list(records.values()))
     out, plot = tmp_path / "profile.csv", tmp_path / "profile.png"
     command = [sys.executable, "-m", "schedhub.cli.main", "profile", "-r", str(tmp_path / "store"), "-m", MODEL, "--threads", "2,1", "-o", str(out),
-               "--plot", str(plot)]  # fmt: skip
+               "--plot", str(plot), "--no-prepack"]  # fmt: skip  (the records were tuned unpacked)
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)  # a fresh process: TVM's thread pool sized by the command
     assert done.returncode == 0, done.stdout + done.stderr
     rows = list(csv.DictReader(out.open()))
@@ -52,3 +52,23 @@ def test_profile_refuses_bad_thread_counts() -> None:
     for bad in ("0", "two", ""):
         done = CliRunner().invoke(cli, ["profile", "--defaults-only", "-m", "mlp", "--threads", bad])
         assert done.exit_code == 2 and "--threads" in done.output
+
+
+def test_profile_plans_the_kernels_schedhub_tune_tunes(tmp_path: Path) -> None:
+    """A tuned network's kernels are NHWC and prepacked on AVX2 or AVX-512 (``schedhub tune``'s default rewrites): a profile
+    that planned them without the rewrites timed kernels no record was ever tuned for."""
+    model = json.dumps({"torch": "tests.torch_factories:conv_bn", "inputs": {"x": [1, 3, 16, 16]}})
+    spec = plan.resolve_target("host")
+    mod = plan.load(plan.parse_model(model))
+    tuning = plan.tuning_rewrites(spec, "auto", "exact", None, "direct", [mod])
+
+    def planned(rewrites: object) -> set[tuple[str, str]]:
+        return {(k.identity.op, " ".join("x".join(map(str, a[2])) for a in k.identity.args_info)) for k in kernels(mod, tvm.target.Target(spec), rewrites)}
+
+    if planned(tuning) == planned(None):
+        pytest.skip("this CPU tunes without rewrites (no AVX2)")
+    out = tmp_path / "profile.csv"
+    for flags, rewrites in (([], tuning), (["--layout", "given", "--no-prepack"], None)):
+        done = CliRunner().invoke(cli, ["profile", "--defaults-only", "-m", model, "--threads", "1", "-o", str(out), *flags], catch_exceptions=False)
+        assert done.exit_code == 0, done.output
+        assert {(r["op"], r["shapes"]) for r in csv.DictReader(out.open())} == planned(rewrites)

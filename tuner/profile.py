@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 
+from schedhub.hooks.rewrites import Rewrites
+
 from . import models
 
 COLUMNS = ("op", "calls", "shapes", "dtype", "gflop", "schedule", "source", "threads", "latency_us", "gflops")
@@ -30,7 +32,7 @@ class Row:
     shapes: str
     dtype: str
     gflop: float
-    schedule: str  # default | hit | transfer
+    schedule: str  # default | hit | transfer | ruled (a miss: the CPU rules' schedule)
     source: str  # the served trace id ("" for the default schedule)
     threads: int
     latency_us: float
@@ -81,12 +83,15 @@ def kernel_rows(kernel: models.Kernel, target: Any, served: tuple[str, str, Any]
     return rows
 
 
-def profile(mod: Any, target: Any, registry: Any, threads: list[int], say: Callable[[str], None] = lambda _: None) -> list[Row]:
-    """Every kernel of ``mod`` (a Relax module) on ``target``, as served by ``registry`` (None: defaults only)."""
+def profile(mod: Any, target: Any, registry: Any, threads: list[int], say: Callable[[str], None] = lambda _: None,
+            rewrites: Rewrites | None = None) -> list[Row]:  # fmt: skip
+    """Every kernel of ``mod`` (a Relax module) on ``target`` after ``rewrites`` (None: none), as served by ``registry``
+    (None: defaults only): a hit, a transfer, or for a miss the CPU rules' schedule (``ruled``)."""
     from schedhub.hooks import HookSession
     from schedhub.hooks.identity import workload_module
+    from schedhub.hooks.report import RULED
 
-    kernels = models.kernels(mod, target)
+    kernels = models.kernels(mod, target, rewrites)
     session = HookSession(registry, report_misses=False) if registry is not None else None
     if session is not None:
         session.prefetch([k.identity for k in kernels])
@@ -98,8 +103,9 @@ def profile(mod: Any, target: Any, registry: Any, threads: list[int], say: Calla
                 scheduled = session.scheduled(workload_module(kernel.identity.workload)["main"], target, kernel.identity.op)
                 outcome = session.report.kernels[-1]
                 if scheduled is not None:
-                    source = outcome.detail.split(":")[1] if outcome.outcome == "transfer" else outcome.detail
-                    served = (outcome.outcome, source, scheduled)
+                    ruled = outcome.detail.startswith(f"{RULED}:")
+                    source = outcome.detail.split(":")[1] if outcome.outcome == "transfer" or ruled else outcome.detail
+                    served = (RULED if ruled else outcome.outcome, source, scheduled)
             rows += kernel_rows(kernel, target, served, threads)
             say(f"[{i}/{len(kernels)}] {kernel.identity.op}: " + ", ".join(f"{r.schedule}@{r.threads} {r.latency_us:.1f} µs" for r in rows if r.op == kernel.identity.op))
     finally:
