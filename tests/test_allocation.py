@@ -92,14 +92,14 @@ def test_a_round_that_would_end_past_the_time_budget_is_not_begun_and_the_estima
 
 
 def test_a_kernels_later_rounds_replay_only_its_own_records() -> None:
-    """Its first round warm-starts in full (neighbours' traces, their twins, synthesized seeds: up to 19 timings before
-    16 trials); later rounds continue from its own published best only."""
+    """Its first round warm-starts in full (neighbours' traces, their twins, synthesized seeds, the rules' schedule: up
+    to 20 timings before 16 trials); later rounds continue from its own published best only."""
     from schedhub.tuner.network import round_options
     from schedhub.tuner.search import TuneOptions
 
     options = TuneOptions(trials=16, trials_per_iter=16, publish=3)
     kernel = KernelTuning("k", "conv", 1)
-    assert round_options(options, kernel) == options and options.warm_measurements() == 19
+    assert round_options(options, kernel) == options and options.warm_measurements() == 20
     kernel.record(16, 1e-3, 2e-3)
     later = round_options(options, kernel)
     assert later.warm_measurements() == 3 and (later.trials, later.publish, later.population) == (16, 3, options.population)

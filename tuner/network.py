@@ -99,12 +99,13 @@ def heaviest_first(kernels: Iterable[K]) -> list[K]:
 
 def round_options(options: TuneOptions, kernel: KernelTuning) -> TuneOptions:
     """A round's options: a kernel's first round warm-starts as any job does (the registry's traces of it and of its
-    neighbours, their twins postprocessed here, synthesized seeds); its later rounds replay only its own best records,
-    which its earlier rounds measured and published, so they spend their time on the search. With rounds of 16
-    trials a full warm start timed up to 19 schedules before each round's 16 (8 traces, their 8 twins, 3 seeds)."""
+    neighbours, their twins postprocessed here, synthesized seeds, the rules' schedule); its later rounds replay only
+    its own best records, which its earlier rounds measured and published (as fast as the rules' schedule or faster),
+    so they spend their time on the search. With rounds of 16 trials a full warm start timed up to 20 schedules before
+    each round's 16 (8 traces, their 8 twins, 3 seeds, the rules')."""
     if not kernel.rounds:
         return options
-    return replace(options, warm_start=max(1, options.publish), repostprocess=False, synthesize=0, seeds=0)
+    return replace(options, warm_start=max(1, options.publish), repostprocess=False, synthesize=0, seeds=0, rules=False)
 
 
 def _stop(state: NetworkTuning, goal: Goal, elapsed_secs: float, measure: Callable[[], float] | None, on_check: Callable[[Check], None] | None) -> str | None:
