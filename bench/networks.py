@@ -2,8 +2,8 @@
 
 Written from their published architectures (torchvision's wheels do not import beside the pinned CPU torch): each
 factory seeds its weights (and gives BatchNorm trained-looking statistics, so folding them changes the weights) and
-returns the network in eval mode. :data:`INPUTS` is each one's input shape. PyTorch only: the processes that time
-PyTorch never import TVM.
+returns the network in eval mode; ``bench.network_inputs.INPUTS`` holds each one's input shape (torch-free, for the TVM
+process). PyTorch only: the processes that time PyTorch never import TVM.
 """
 
 from __future__ import annotations
@@ -108,12 +108,3 @@ def convmixer() -> nn.Module:
     dim = 256
     stem = [nn.Conv2d(3, dim, 7, 7), nn.GELU(), nn.BatchNorm2d(dim)]
     return _seeded(nn.Sequential(*stem, *(ConvMixerLayer(dim, 9) for _ in range(8)), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(dim, 1000)))
-
-
-INPUTS: dict[str, list[int]] = {
-    "resnet50": [1, 3, 224, 224],
-    "encoder_layer": [1, 256, 512],
-    "mobilenetv2": [1, 3, 224, 224],
-    "unet": [1, 3, 128, 128],
-    "convmixer": [1, 3, 224, 224],
-}
