@@ -33,6 +33,13 @@ class ScheduleTooCostly(ValueError):
     """A record whose kernel would cost the compile more than the hook's bounds allow."""
 
 
+class WrongLayoutRewrite(ValueError):
+    """A weight-layout rewrite (MetaSchedule's ``RewriteLayout``: prepacking) of a buffer that is not one of the kernel's
+    layout-free arguments, or one that writes fewer elements than it reads: a trace tuned where a block's read was a
+    weight (a bias), replayed on a kernel of the same structure where it is an activation (a residual input). Its index
+    map drops axes and the kernel computes a wrong result."""
+
+
 class InconsistentLaunch(ValueError):
     """A GPU kernel that binds one thread axis to loops of different extents within one launch (it computes wrong)."""
 
@@ -170,6 +177,7 @@ def check_scheduled(mod: tvm.IRModule, limits: ScheduleLimits, unscheduled: tvm.
     iterations_before = sum(loop_iterations(f.body) or 0 for f in kernels)
     for _, func in mod.functions_items():
         if isinstance(func, tirx.PrimFunc):
+            check_layout_rewrites(func)
             _walk(func.body, limits)
             own, arguments = allocated_bytes(func.body), sum(b for b in map(buffer_bytes, func.params) if b is not None)
             most = max(limits.max_scratch_ratio * max(arguments, before), limits.min_scratch_bytes)
@@ -180,6 +188,41 @@ def check_scheduled(mod: tvm.IRModule, limits: ScheduleLimits, unscheduled: tvm.
             if iterations is not None and iterations_before and iterations > limits.max_iteration_ratio * iterations_before:
                 raise ScheduleTooCostly(f"{iterations:,} statements run a call, over the limit of {limits.max_iteration_ratio:g}× the "
                                         f"unscheduled kernel's {iterations_before:,}")  # fmt: skip
+
+
+LAYOUT_REWRITE = "meta_schedule.layout_rewrite_preproc"  # the block that lays a weight out as the schedule reads it
+
+
+def check_layout_rewrites(func: tirx.PrimFunc) -> None:
+    """Raise :class:`WrongLayoutRewrite` where a layout-rewrite block of ``func`` reads a buffer that is not one of its
+    ``layout_free_buffers`` arguments, or writes fewer elements than that buffer holds."""
+    free_attr = func.attrs["layout_free_buffers"] if func.attrs is not None and "layout_free_buffers" in func.attrs else []
+    free = [func.params[int(i)] for i in free_attr]
+    stack = [func.body]
+    while stack:
+        node = stack.pop()
+        if node is None:
+            continue
+        if isinstance(node, s_tir.SBlock) and LAYOUT_REWRITE in node.annotations:
+            source, target = node.reads[0].buffer, node.writes[0].buffer
+            if not any(source.same_as(b) or source.data.same_as(b.data) for b in free):
+                raise WrongLayoutRewrite(f"a weight-layout rewrite of {source.name}, which is not a layout-free argument of the kernel")
+            held, written = (_elements(b) for b in (source, target))
+            if held is not None and written is not None and written < held:
+                raise WrongLayoutRewrite(f"a weight-layout rewrite of {source.name} into {written:,} elements of its {held:,}")
+        if isinstance(node, tirx.For):
+            stack.append(node.body)
+        else:
+            stack.extend(nested_statements(node) or [])
+
+
+def _elements(buffer: Any) -> int | None:
+    total = 1
+    for dim in buffer.shape:
+        if not isinstance(dim, tirx.IntImm):
+            return None
+        total *= int(dim.value)
+    return total
 
 
 def loop_iterations(root: Any) -> int | None:

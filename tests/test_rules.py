@@ -120,3 +120,22 @@ def test_a_kernel_whose_design_space_the_rules_cannot_complete_keeps_the_default
     assert tiled and all(k.outcome == "miss" and not k.detail for k in tiled)
     x = np.random.default_rng(1).standard_normal((32, 64)).astype("float32")
     assert np.isfinite(run(ex, x)).all()
+
+
+def test_a_layout_rewrite_of_a_buffer_that_is_not_a_weight_is_refused() -> None:
+    """A trace tuned where a block's read was a weight (a bias) replayed where it is an activation (a residual input)
+    rewrites the activation's layout with an index map that drops its axes: ResNet-50's convolutions served transfers
+    from ResNet-18's computed a wrong result so. The guard refuses a layout rewrite of any buffer that is not one of the
+    kernel's layout-free arguments."""
+    from schedhub.hooks.guard import WrongLayoutRewrite, check_layout_rewrites
+    from schedhub.hooks.msdb import normalize_mod, replayed
+    from schedhub.hooks.rewrites import Rewrites
+
+    mod = bound(Net(), (32, 64), scale=0.1)
+    matmul = next(k for k in kernels(mod, CPU, Rewrites("given", prepack=True)) if "matmul" in k.name)
+    kernel = normalize_mod(workload_module(matmul.identity.workload))
+    scheduled = replayed(kernel, rules.ruled_trace(kernel, CPU))["main"]
+    assert "layout_rewrite_preproc" in scheduled.script()  # the weights are prepacked by the schedule
+    check_layout_rewrites(scheduled)  # as tuned: its weights only
+    with pytest.raises(WrongLayoutRewrite, match="not a layout-free argument"):
+        check_layout_rewrites(scheduled.with_attr("layout_free_buffers", []))  # as if they were activations
