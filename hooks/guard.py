@@ -204,7 +204,7 @@ def check_layout_rewrites(func: tirx.PrimFunc) -> None:
         if node is None:
             continue
         if isinstance(node, s_tir.SBlock) and LAYOUT_REWRITE in node.annotations:
-            source, target = node.reads[0].buffer, node.writes[0].buffer
+            source, target = (_region_buffer(r) for r in (node.reads[0], node.writes[0]))
             if not any(source.same_as(b) or source.data.same_as(b.data) for b in free):
                 raise WrongLayoutRewrite(f"a weight-layout rewrite of {source.name}, which is not a layout-free argument of the kernel")
             held, written = (_elements(b) for b in (source, target))
@@ -214,6 +214,12 @@ def check_layout_rewrites(func: tirx.PrimFunc) -> None:
             stack.append(node.body)
         else:
             stack.extend(nested_statements(node) or [])
+
+
+def _region_buffer(region: Any) -> Any:
+    """The buffer a block's read or write region is of (TVM 0.27's ``TensorRegion.source``; ``buffer`` before)."""
+    source = getattr(region, "source", None)
+    return source if source is not None else region.buffer
 
 
 def _elements(buffer: Any) -> int | None:
