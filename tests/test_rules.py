@@ -139,3 +139,6 @@ def test_a_layout_rewrite_of_a_buffer_that_is_not_a_weight_is_refused() -> None:
     check_layout_rewrites(scheduled)  # as tuned: its weights only
     with pytest.raises(WrongLayoutRewrite, match="not a layout-free argument"):
         check_layout_rewrites(scheduled.with_attr("layout_free_buffers", []))  # as if they were activations
+    activations = tvm.IRModule({"main": kernel["main"].with_attr("layout_free_buffers", [])})
+    with pytest.raises(WrongLayoutRewrite):  # every replay of a record goes through the guard
+        replayed(activations, rules.ruled_trace(kernel, CPU))
