@@ -21,6 +21,18 @@ QUICK_SEARCH = {"population": 64, "final_repeat_ms": 10}
 QUICK_FLAGS = [arg for name, value in QUICK_SEARCH.items() for arg in (f"--{name.replace('_', '-')}", str(value))]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _tensor_intrinsics_imported_cheaply() -> None:
+    """Where the collected tests import TVM: its tensor intrinsics imported once the cheap way, before any test makes a
+    MetaSchedule ``TuneContext`` (which imports them the slow way: about 100 s on the first, in this process)."""
+    import sys
+
+    if "tvm" in sys.modules:
+        from schedhub.hooks.intrinsics import load_tensor_intrinsics
+
+        load_tensor_intrinsics()
+
+
 def make_record(workload: int, secs: float, variant: int = 0, *, op: str | None = None, target: str = TARGET, provenance: dict | None = None) -> Record:
     """A valid record: workload ``workload`` (its text decides the key), schedule ``variant``."""
     text = f"# workload {workload}\n@T.prim_func\ndef main(arg0: T.Buffer(({workload}, 64), 'float32')): pass\n"
