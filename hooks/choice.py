@@ -11,13 +11,15 @@ request, and compiles the option the registry's records say is fastest:
    the network's run as the registry knows it (on znver4, ResNet-18@224's sum was 28.0 ms NCHW and 21.9 ms NHWC
    prepacked, the network 28.2 and 20.7 ms).
 
-Where no option holds more than another, the first is compiled: the value a compile that names no rewrite took
-before ``"auto"`` was the default (``"given"``, unpacked), so that a registry's transfers to it are served. Where the
-registry holds nothing of the network at all (no option's record, no neighbour of the first option's kernels to
-transfer: an empty registry), the option the CPU is best tuned with is compiled (:func:`tuned_best`: NHWC prepacked
-on AVX2 and AVX-512, what ``schedhub tune`` tunes there), so that the misses queued are the kernels worth a worker's time; a
-registry that is down leaves the first. Misses are reported under the option compiled, as a fixed compile's are. A
-layout that converts nothing in the network (NHWC where it has no convolutions) is not an option.
+Where no option holds more than another, the *lead* is compiled (:func:`leading`): the option the CPU is best tuned
+with (:func:`tuned_best`: NHWC prepacked on AVX2 and AVX-512, what ``schedhub tune`` tunes there; the given layout
+unpacked elsewhere), and the compile's one request asks neighbours to transfer for the lead's kernels only. Where no
+option holds a record of the network (an empty registry, one holding other networks or this one at other shapes, a
+registry that is down), the lead is compiled whatever its kernel count: its misses get the CPU rules' schedules
+(:mod:`.rules`), which beat the given layout's (ResNet-18@160 ran 24 ms ruled NHWC prepacked, 97 ms ruled in the given
+layout, znver3), and the misses queued are the kernels worth a worker's time. Misses are reported under the option
+compiled, as a fixed compile's are. A layout that converts nothing in the network (NHWC where it has no convolutions)
+is not an option.
 
 Only the rewrites that keep the math exact are offered: the convolutions' layout (a transpose) and prepacking (a
 weights' repack). Fast math and Winograd round differently, so a compile takes them only when its caller names them.
@@ -234,20 +236,18 @@ def tuned_best(target: tvm.target.Target | dict[str, Any], math: Math, conv: Con
     """The rewrites ``target``'s kernels are best tuned with, as far as measured: NHWC convolutions (the given layout
     with Winograd, which converts NCHW ones) and prepacked weights on a CPU with AVX2 or AVX-512; none elsewhere (no
     other CPU was measured to gain by them). What ``schedhub tune`` takes where none is named, and what a compile
-    takes, and so queues, where the registry holds nothing of the network (:func:`unknown_network`)."""
+    takes, and so queues, where the registry holds no record of the network (:func:`leading`)."""
     wide = has_wide_vectors(target)
     return Rewrites("NHWC" if wide and conv == "direct" else "given", math, wide, conv)
 
 
-def unknown_network(holdings: Sequence[Holding], target: tvm.target.Target, neighbours: bool) -> Holding | None:
-    """Where no option holds a record and the first has no ``neighbours`` to transfer (the registry knows nothing of
-    the network), the option ``target`` is best tuned with (:func:`tuned_best`; its layout where the network has no
-    convolution to convert), so that the misses queued are the kernels worth tuning; else None (:func:`choose` decides).
-    A registry with neighbours keeps the first option: its transfers are served now."""
-    if neighbours or any(h.held for h in holdings):
-        return None
-    first = holdings[0].rewrites
+def leading(options: Sequence[Rewrites], target: tvm.target.Target) -> Rewrites:
+    """The option a compile asks neighbours for at once and takes where no option holds more records than another:
+    the one ``target`` is best tuned with (:func:`tuned_best`; its layout where the network has no convolution to
+    convert), so that its misses get the CPU rules' schedules and transfers of what ``schedhub tune`` tunes there, and
+    the misses queued are the kernels worth a worker's time; the first where it is not among ``options``."""
+    first = options[0]
     best = tuned_best(target, first.math, first.conv)
-    layouts = {h.rewrites.layout for h in holdings}
+    layouts = {r.layout for r in options}
     wanted = dataclasses.replace(best, layout=best.layout if best.layout in layouts else first.layout)
-    return next((h for h in holdings if h.rewrites == wanted), None)
+    return wanted if wanted in options else first

@@ -29,7 +29,7 @@ from tvm import relax, tirx
 from tvm.relax import pipeline as relax_pipeline
 from tvm.s_tir import meta_schedule as ms
 
-from .choice import Kernel, choose, holding, keep_failure, keep_kernels, kept_failure, kept_kernels, network_parts, unknown_network
+from .choice import Kernel, choose, holding, keep_failure, keep_kernels, kept_failure, kept_kernels, leading, network_parts
 from .constants import constant_passes
 from .defaults import dlight_schedule, is_gpu
 from .errors import error_line
@@ -142,16 +142,18 @@ def fused(session: HookSession, mod: tvm.IRModule, target: tvm.target.Target | N
             kept = module_kernels(session, fused_now, target)
             keep_kernels(session.cache, parts, kept)
         kernels[rewrites] = kept
-    first, *others = kernels.values()  # the first: what a compile takes where no option holds more, so its misses ask neighbours now
-    session.prefetch([i for i, _ in first], exact_only=[i for each in others for i, _ in each])  # another option chosen: its misses ask after
-    holdings = [holding(rewrites, each, session.fetched_records) for rewrites, each in kernels.items()]
-    neighbours = session.offline or any(session.has_neighbours(identity) for identity, _ in first)  # offline: as ever, the first
-    unknown = unknown_network(holdings, target, neighbours)
-    chosen = unknown or choose(holdings)
+    lead = leading(options, target)
+    lead = lead if lead in kernels else options[0]  # the first is always weighed: a fixed compile of it raised above
+    order = sorted(kernels, key=lambda rewrites: rewrites != lead)  # the lead first: it wins a tie
+    others = [identity for rewrites in order[1:] for identity, _ in kernels[rewrites]]
+    session.prefetch([i for i, _ in kernels[lead]], exact_only=others)  # another option chosen: its misses ask after
+    holdings = [holding(rewrites, kernels[rewrites], session.fetched_records) for rewrites in order]
+    held = any(h.held for h in holdings)
+    chosen = choose(holdings) if held else holdings[0]  # nothing held: fewer kernels (no transposes) is no reason
     session.rewrites = chosen.rewrites
     session.report.rewrites = chosen.rewrites.describe() or "none"
-    if unknown is not None and unknown is not holdings[0]:  # the first is what a compile takes where nothing is held anyway
-        session.report.rewrites_by = "what this CPU is best tuned with (the registry holds nothing of this network)"
+    if chosen.rewrites != options[0] and not held:
+        session.report.rewrites_by = "what this CPU is best tuned with (the registry holds no record of this network)"
     session.report.rewrite_options = [each.describe() for each in holdings]
     if chosen.rewrites in modules:
         return modules[chosen.rewrites]
