@@ -20,6 +20,14 @@ class KeptDefault:
     measured: dict[str, float | None]
 
 
+@dataclass(frozen=True)
+class RuledFaster:
+    """A measured compile's verdict on a missed CPU kernel: the CPU rules' schedule ran faster than every candidate
+    timed, so the kernel keeps it (``measured``: the seconds of each schedule timed, the rules' among them)."""
+
+    measured: dict[str, float | None]
+
+
 class RegistryFallbackWarning(UserWarning):
     """The registry could not be used; kernels keep TVM's default schedules."""
 
@@ -29,7 +37,7 @@ class KernelOutcome:
     op: str
     key: str
     outcome: str  # hit | transfer | synthesized | miss | fallback (a record failed to replay) | offline
-    detail: str = ""  # hit: the trace id ("default:" before it where the record says nothing beat the default schedule); transfer, synthesized: "relation:trace id:source op"; miss: "default:…" where the default beat every candidate timed
+    detail: str = ""  # hit: the trace id ("default:" before it where the record says nothing beat the default schedule); transfer, synthesized: "relation:trace id:source op"; miss: "ruled:trace id" where it got the CPU rules' schedule, "default:…" where the default beat every candidate timed
     measured: dict[str, float | None] = field(default_factory=dict)  # candidates timed here: trace id → seconds (None: refused)
 
 

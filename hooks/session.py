@@ -70,6 +70,7 @@ from .report import (
     KeptDefault,
     KernelOutcome,
     RegistryFallbackWarning,
+    RuledFaster,
 )
 from .synthesis import LogModel, check_sample_count
 from .threads import usable_cpus, warn_idle_cores
@@ -294,8 +295,8 @@ class HookSession(TransferServing, MissReporting):
                kernel: tuple[tvm.IRModule, Any] | None = None, transfers: bool = True) -> Any:  # fmt: skip
         """The first record (best first) that ``apply`` accepts; else (with ``transfers``) the first candidate that does (a transfer); else None."""
         if self.offline and not self._committed.get(identity.key):
-            ruled, detail = self._ruled(identity, apply, kernel)
-            self._note(identity, OFFLINE, detail)
+            ruled, record = self._ruled(identity, apply, kernel)
+            self._note(identity, OFFLINE, _ruled_detail(record))
             return ruled
         for record in self.records(identity):
             try:
@@ -306,20 +307,25 @@ class HookSession(TransferServing, MissReporting):
             self._note(identity, HIT, f"default:{record.trace_id}" if keeps_default_schedule(record.trace) else record.trace_id)
             return out
         self._pending_misses[identity.key] = identity  # a transfer too: the exact schedule is still to tune
-        transferred = self._transfer(identity, apply, bench, kernel) if transfers else None
-        if transferred is not None and not isinstance(transferred, KeptDefault):
+        ruled, record = self._ruled(identity, apply, kernel)
+        transferred = self._transfer(identity, apply, bench, kernel, (record, ruled) if record is not None else None) if transfers else None
+        if transferred is not None and not isinstance(transferred, (KeptDefault, RuledFaster)):
             return transferred
-        kept = transferred or KeptDefault("", {})
-        ruled, detail = self._ruled(identity, apply, kernel) if not kept.detail else (None, "")
-        self._note(identity, FALLBACK if identity.key in self._refused_keys else MISS, detail or kept.detail, kept.measured)
+        measured = transferred.measured if transferred is not None else {}
+        outcome = FALLBACK if identity.key in self._refused_keys else MISS
+        if isinstance(transferred, KeptDefault) and transferred.detail:  # a GPU's default timed faster than every candidate
+            self._note(identity, outcome, transferred.detail, measured)
+            return None
+        self._note(identity, outcome, _ruled_detail(record), measured)
         return ruled
 
-    def _ruled(self, identity: Identity, apply: Callable[[Record, list[Any] | None], Any], kernel: tuple[tvm.IRModule, Any] | None) -> tuple[Any, str]:
+    def _ruled(self, identity: Identity, apply: Callable[[Record, list[Any] | None], Any],
+               kernel: tuple[tvm.IRModule, Any] | None) -> tuple[Any, Record | None]:  # fmt: skip
         """A kernel nothing in the registry serves, scheduled by the CPU rules (:mod:`.rules`; the trace is worked out
-        once a machine and kept in the kernel cache), and the detail its miss reports; (None, "") where the session
+        once a machine and kept in the kernel cache), and the rules' record of it; (None, None) where the session
         does not rule (off, not a CPU, a symbolic size) or the rules give nothing that replays within the bounds."""
-        if not self.rules or kernel is None or identity.symbolic or kernel[1].kind.name != "llvm":
-            return None, ""
+        if not self.rules or kernel is None or identity.symbolic or kernel[1].kind.name != "llvm":  # no cache entry for a GPU's
+            return None, None
         normalized, target = kernel
         entry = self.cache.get(RULED, identity.key, RULES)
         trace = entry.get("trace") if entry is not None else None
@@ -327,13 +333,13 @@ class HookSession(TransferServing, MissReporting):
             trace = ruled_trace(normalized, target) or ""
             self.cache.put(RULED, (identity.key, RULES), {"trace": trace})
         if not trace:
-            return None, ""
+            return None, None
         record = Record(identity, trace, [], {"source": RULES})
         try:
-            return apply(record, None), f"{RULED}:{record.trace_id}"
+            return apply(record, None), record
         except Exception as exc:  # past the bounds, or TVM's errors: the default schedule (the cache remembers)
             log.debug("schedhub: the ruled schedule of %s is not served: %s", identity.op, str(exc)[:200])
-            return None, ""
+            return None, None
 
     def _schedule(self, record: Record, normalized: tvm.IRModule, identity: Identity, target: tvm.target.Target) -> tvm.IRModule:
         """``normalized`` with ``record``'s trace replayed once and checked against the bounds, or
@@ -443,6 +449,11 @@ class HookSession(TransferServing, MissReporting):
         warnings.warn(message, RegistryFallbackWarning, stacklevel=2)
 
     # -- end of the block --------------------------------------------------------------------
+
+
+def _ruled_detail(record: Record | None) -> str:
+    """What a miss that got the CPU rules' schedule reports: ``ruled:`` and the trace's id; "" for TVM's default."""
+    return f"{RULED}:{record.trace_id}" if record is not None else ""
 
 
 def best_first(records: list[Record]) -> list[Record]:

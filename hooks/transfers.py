@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import tvm
 from schedhub.registry import (
+    COMPILER,
     TARGET,
     Candidate,
     Identity,
@@ -39,7 +40,7 @@ from .ranking import (
     speed,
     work,
 )
-from .report import TRANSFER, KeptDefault
+from .report import RULED, TRANSFER, KeptDefault, RuledFaster
 from .synthesis import TIMED, synthesize
 
 log = logging.getLogger("schedhub")
@@ -49,7 +50,7 @@ class TransferServing:
     """:class:`.session.HookSession`'s transfers (see the module's docstring)."""
 
     def _transfer(self, identity: Identity, apply: Callable[[Record, list[Any] | None], Any], bench: tuple[tvm.IRModule, Any] | None = None,
-                  kernel: tuple[tvm.IRModule, Any] | None = None) -> Any:  # fmt: skip
+                  kernel: tuple[tvm.IRModule, Any] | None = None, ruled: tuple[Record, Any] | None = None) -> Any:  # fmt: skip
         """A candidate that ``apply`` accepts on the kernel: the first by :func:`.ranking.rank_key` (its tiling fits
         the kernel as tuned, then its speed on its own workload) or, with ``rank_by_model`` where the registry
         serves a cost model the session trusts and ``kernel`` (the normalized kernel and its target) lets features be computed, by
@@ -62,9 +63,18 @@ class TransferServing:
 
         A candidate that does not apply is dropped for this session without a complaint: it was
         tuned for another kernel, and failing on this one says nothing against it.
+
+        ``ruled``: the CPU rules' record of the kernel and the kernel it schedules (:meth:`_ruled`). Untimed, it is
+        served ahead of every candidate but the very workload's under another compiler build (relation ``compiler``):
+        a schedule tuned at another shape or on another CPU ran slower than the rules' on every network measured
+        (ResNet-18@160 from records tuned 40 minutes at 224: 35.8 ms against the rules' 26.1, where at 224 the records
+        ran as fast as the rules, 44.4 ms against 44.5; znver3), so only those are offered. With ``bench`` it is timed
+        beside the candidates, and where it runs fastest the verdict (:class:`.report.RuledFaster`) is returned.
         """
         applied: list[tuple[Candidate, Any]] = []
         offered = [c for c in self._candidates.get(identity.key, []) if self.trusts(c.record) and not keeps_default_schedule(c.record.trace)]
+        if ruled is not None and bench is None:
+            offered = [c for c in offered if c.relation == COMPILER]
         if bench is not None and self.synthesize:
             offered += self._synthesized(identity, bench)
         for candidate in offered:
@@ -88,6 +98,9 @@ class TransferServing:
         else:
             ranked = {id(c): self._rank(identity.key, c, i) for i, (c, _) in enumerate(applied)}
         applied.sort(key=lambda pair: ranked[id(pair[0])])
+        rival = Candidate(ruled[0], RULED, 0.0) if ruled is not None and bench is not None else None
+        if rival is not None and ruled is not None:  # timed beside them; untimed, first but for the very workload's
+            applied.insert(int(applied[0][0].relation == COMPILER), (rival, ruled[1]))
         derived = any(c.relation in MEASURED_ONLY for c, _ in applied)
         contends = bench is not None and default_contends(bench[1])  # a GPU's default (DLight) is a schedule a candidate must beat
         measured, default_secs = self._measure(identity, applied, bench) if bench is not None and (len(applied) > 1 or derived or contends) else ({}, None)
@@ -103,6 +116,8 @@ class TransferServing:
         if not served:
             return None
         candidate, out = served[0]
+        if candidate is rival:
+            return RuledFaster(measured)
         self._candidates[identity.key] = [candidate, *(c for c in self._candidates.get(identity.key, []) if c is not candidate)]
         record = candidate.record
         self._served_secs[identity.key] = measured.get(record.trace_id) or transferred_secs(identity, record)

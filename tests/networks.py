@@ -4,6 +4,7 @@ and registries of records for their kernels: what the rewrite tests (layouts, fa
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -33,3 +34,13 @@ def store_of(root: Path, identities: Iterable[Identity], record: Callable[[Ident
         for identity in identities:
             reg.put(record(identity))
     return root
+
+
+def use_transfers(*args: Any, **kwargs: Any) -> Any:
+    """``hooks.use`` as the tests of transfers need it: the CPU rules off (an untimed compile with them ranks the rules'
+    schedules ahead of transfers on a CPU, and a measured one times them beside), and the given layout with unpacked
+    weights where a test names neither (their records are tuned so; left to "auto", an AVX2 CPU would compile the
+    network NHWC prepacked, which none of them holds)."""
+    from schedhub.hooks import use
+
+    return use(*args, **{"rules": False, "layout": "given", "prepack": False, **kwargs})

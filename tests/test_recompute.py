@@ -12,12 +12,12 @@ import tvm
 from tvm import relax
 from tvm.relax.frontend import nn
 
-from schedhub.hooks import use
 from schedhub.hooks.identity import plain_json, workload_module
 from schedhub.hooks.recompute import stores
 from schedhub.registry import LocalRegistry, Record, record_key
 from schedhub.tuner.models import kernels
 
+from .networks import use_transfers as use
 from .test_hooks import CPU, run
 
 

@@ -13,7 +13,7 @@ from tvm.relax.frontend import nn
 from schedhub.hooks import rules, use
 from schedhub.hooks.identity import workload_module
 from schedhub.hooks.rules import Tile, tile_decisions
-from schedhub.registry import LocalRegistry
+from schedhub.registry import LocalRegistry, Record
 from schedhub.tuner.models import kernels
 
 from .networks import bound, run
@@ -77,6 +77,37 @@ def test_a_kernel_the_registry_cannot_serve_gets_the_ruled_schedule_and_is_still
     with LocalRegistry(store) as reg:  # queued all the same, for a worker to tune
         assert {j["op"] for j in reg.jobs("pending")} >= {k.op for k in reports[True].kernels}
     np.testing.assert_allclose(outputs[True], outputs[False], rtol=1e-4, atol=1e-4)
+
+
+def test_on_a_cpu_the_rules_schedule_comes_before_a_transfer_and_a_measured_compile_times_both(tmp_path: Path) -> None:
+    """A neighbour tuned at another batch: untimed, the rules' schedule is served ahead of it (rules=False: it is
+    transferred, so it applies); a measured compile times it beside the rules' schedule and serves the faster."""
+    from schedhub.hooks.measure import host_cpu
+    from schedhub.hooks.msdb import normalize_mod
+
+    host = tvm.target.Target({"kind": "llvm", "mcpu": host_cpu(), "num-cores": 2})  # measured only for this machine's CPU
+    mod = bound(Net(), (32, 64), scale=0.1)
+    x = np.random.default_rng(1).standard_normal((32, 64)).astype("float32")
+    with LocalRegistry(tmp_path / "store") as reg:
+        for k in kernels(bound(Net(), (16, 64), scale=0.1), host):  # the neighbour's own ruled schedules stand in for tuned ones
+            trace = rules.ruled_trace(normalize_mod(workload_module(k.identity.workload)), host)
+            reg.put(Record(k.identity, trace or "", [1e-6], {"tuner": "tests.test_rules"}))
+    expected = run(tvm.compile(mod, host), x)
+    reports = {}
+    for name, options in (("transfers", {"rules": False}), ("untimed", {}), ("timed", {"measure": 30.0})):
+        with use(tmp_path / "store", host, trust="any", report_misses=False, cache=tmp_path / f"cache-{name}", **GIVEN, **options) as session:
+            ex = tvm.compile(mod, host)
+        reports[name] = session.reports[0]
+        np.testing.assert_allclose(run(ex, x), expected, rtol=1e-4, atol=1e-4)
+    assert reports["transfers"].transfers == len(reports["transfers"].kernels) > 0, reports["transfers"].summary()
+    untimed = reports["untimed"]
+    assert untimed.transfers == 0 and all(k.detail.startswith("ruled:") for k in untimed.kernels), untimed.summary()
+    for k in reports["timed"].kernels:  # each the faster of the two, both timed
+        ruled_id = next(u.detail.split(":")[1] for u in untimed.kernels if u.key == k.key)
+        served = k.detail.split(":")[1]
+        assert k.outcome in ("transfer", "miss") and len(k.measured) == 2 and ruled_id in k.measured, k
+        assert (served == ruled_id) == (k.outcome == "miss")
+        assert k.measured[served] == min(k.measured.values())
 
 
 def test_a_ruled_trace_is_worked_out_once_a_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

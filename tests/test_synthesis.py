@@ -10,7 +10,6 @@ import pytest
 import tvm
 import tvm_ffi
 
-from schedhub.hooks import use
 from schedhub.hooks.defaults import default_schedule
 from schedhub.hooks.identity import workload_module
 from schedhub.hooks.measure import KernelBench, build_all, host_cpu
@@ -19,6 +18,7 @@ from schedhub.hooks.synthesis import TIMED, design_space_samples
 from schedhub.registry import LocalRegistry, Record, Trial, TrialLog
 from schedhub.tuner.models import kernels
 
+from .networks import use_transfers as use
 from .test_transfer import export, forward, reference
 
 HOST = {"kind": "llvm", "mcpu": host_cpu(), "num-cores": 2}  # measured only for this machine's CPU

@@ -18,7 +18,7 @@ import tvm  # the test extra installs it: a missing TVM must fail, not skip
 from tvm import relax
 from tvm.relax.frontend import nn
 
-from schedhub.hooks import target_text, use
+from schedhub.hooks import target_text
 from schedhub.hooks.identity import plain_json, workload_module
 from schedhub.hooks.msdb import normalize_mod, postprocessors
 from schedhub.hooks.ranking import REPOSTPROCESSED
@@ -31,6 +31,7 @@ from schedhub.registry import (
 from schedhub.tuner.models import kernels
 
 from .hand_tuner import FACTORS, tune
+from .networks import use_transfers as use
 from .test_hooks import MLP, Uneven, mlp_reference, run
 
 TARGET = canonical_target({"kind": "llvm", "mcpu": "znver5", "num-cores": 2, "keys": ["cpu"]})

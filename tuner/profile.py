@@ -1,8 +1,9 @@
 """Op profiles (``schedhub profile``): a model's kernels, each timed with TVM's default schedule and
-with what the registry serves it (a hit, or a transfer from a neighbour), across thread counts.
+with what a compile would serve it (a hit, a transfer from a neighbour, or a miss's CPU rules' schedule), across
+thread counts.
 
 One row per (kernel, schedule, threads): op, calls per forward pass, argument shapes, dtype,
-FLOPs (TVM's estimate of the kernel), schedule (``default``, ``hit`` or ``transfer``) and where it
+FLOPs (TVM's estimate of the kernel), schedule (``default``, ``hit``, ``transfer`` or ``ruled``) and where it
 came from (trace id), threads, latency and GFLOPS. The rows go to CSV (and parquet with pyarrow),
 and a plot shows latency against threads per op. The same rows are what a cost model trains on.
 """
@@ -142,7 +143,7 @@ def plot(rows: list[Row], path: Path, top: int = 8) -> None:
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for i, op in enumerate(worst):
         colour = f"C{i % 10}"
-        for schedule, style in (("default", "--"), ("hit", "-"), ("transfer", "-")):
+        for schedule, style in (("default", "--"), ("hit", "-"), ("transfer", "-"), ("ruled", "-")):
             points = sorted((r.threads, r.latency_us) for r in rows if r.op == op and r.schedule == schedule)
             if points:
                 xs, ys = zip(*points)
@@ -164,7 +165,7 @@ def summary(rows: list[Row]) -> list[str]:
     for op in dict.fromkeys(r.op for r in rows):
         at = {r.schedule: r for r in rows if r.op == op and r.threads == most}
         d = at.get("default")
-        s = at.get("hit") or at.get("transfer")
+        s = at.get("hit") or at.get("transfer") or at.get("ruled")
         if d is not None:
             tail = f"; {s.schedule} {s.latency_us:.1f} µs ({d.latency_us / s.latency_us:.1f}×, {s.gflops:.1f} GFLOPS)" if s else "; nothing served"
             lines.append(f"{op}: default {d.latency_us:.1f} µs{tail}")
