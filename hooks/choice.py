@@ -5,11 +5,15 @@ misses every record tuned with others, however much faster they are. A compile t
 fuses the network once for each value it may take, looks every option's kernels up in the compile's one batch
 request, and compiles the option the registry's records say is fastest:
 
-1. the fewest kernel calls without a record the session would serve (its ``trust``), so that a network tuned in full
-   under one option is not left for one that is half tuned;
-2. then the least time those records claim, each kernel's best record's mean time × the calls of it in the module:
-   the network's run as the registry knows it (on znver4, ResNet-18@224's sum was 28.0 ms NCHW and 21.9 ms NHWC
-   prepacked, the network 28.2 and 20.7 ms).
+1. the largest share of its kernels with a record the session would serve (its ``trust``), so that a network tuned in
+   full under one option is not left for one that is half tuned;
+2. then, among options held in full, the least time those records claim, each kernel's best record's mean time × the
+   calls of it in the module: the network's run as the registry knows it (on znver4, ResNet-18@224's sum was 28.0 ms
+   NCHW and 21.9 ms NHWC prepacked, the network 28.2 and 20.7 ms). A share rather than a count of missed calls, and no
+   time where kernels are missed: options differ in their kernels (NHWC adds transposes), and MobileNet-V2 from a
+   store of ResNet-18's records held one NHWC kernel, the input's transpose both networks share, and nothing in the
+   given layout; ranked on missed calls and then time, the given layout (one kernel fewer, claiming nothing) won, and
+   ran its rules' schedules 2.6× slower.
 
 Where no option holds more than another, the *lead* is compiled (:func:`leading`): the option the CPU is best tuned
 with (:func:`tuned_best`: NHWC prepacked on AVX2 and AVX-512, what ``schedhub tune`` tunes there; the given layout
@@ -114,9 +118,13 @@ class Holding:
     missed_calls: int  # calls of the kernels without one
     held_secs: float  # Σ best record's mean time × calls, over the kernels with one
 
-    def rank(self) -> tuple[int, float]:
-        """Lower is better: the fewest calls the registry holds nothing for, then the least time it claims."""
-        return (self.missed_calls, self.held_secs)
+    def rank(self) -> tuple[float, float]:
+        """Lower is better: the largest share of the option's kernels held, then, where it holds them all, the least
+        time it claims. A share, not a count of missed calls: options differ in their kernels (NHWC adds the input's
+        and output's transposes), and where kernels are missed the times claimed are of different kernels (an option
+        holding one kernel another network shares claims more than one holding none), so they decide nothing."""
+        share = self.held / self.kernels if self.kernels else 0.0
+        return (-share, self.held_secs if share == 1.0 else 0.0)
 
     def describe(self) -> str:
         """e.g. "convolutions NHWC, weights prepacked: 22 of 22 kernels held, 21.9 ms"."""

@@ -148,11 +148,10 @@ def fused(session: HookSession, mod: tvm.IRModule, target: tvm.target.Target | N
     others = [identity for rewrites in order[1:] for identity, _ in kernels[rewrites]]
     session.prefetch([i for i, _ in kernels[lead]], exact_only=others)  # another option chosen: its misses ask after
     holdings = [holding(rewrites, kernels[rewrites], session.fetched_records) for rewrites in order]
-    held = any(h.held for h in holdings)
-    chosen = choose(holdings) if held else holdings[0]  # nothing held: fewer kernels (no transposes) is no reason
+    chosen = choose(holdings)  # nothing held: every option ties, and the lead is taken
     session.rewrites = chosen.rewrites
     session.report.rewrites = chosen.rewrites.describe() or "none"
-    if chosen.rewrites != options[0] and not held:
+    if chosen.rewrites != options[0] and not any(h.held for h in holdings):
         session.report.rewrites_by = "what this CPU is best tuned with (the registry holds no record of this network)"
     session.report.rewrite_options = [each.describe() for each in holdings]
     if chosen.rewrites in modules:

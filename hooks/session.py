@@ -248,10 +248,6 @@ class HookSession(TransferServing, MissReporting):
         self.prefetch([identity])
         return self.fetched_records(identity)
 
-    def has_neighbours(self, identity: Identity) -> bool:
-        """Whether the registry answered records of ``identity``'s structure at other shapes or builds (to transfer)."""
-        return bool(self._candidates.get(identity.key))
-
     def fetched_records(self, identity: Identity) -> list[Record]:
         """:meth:`records` as fetched so far: a key not prefetched has none, and no request is made."""
         served = [r for r in self._records.get(identity.key, []) if self.trusts(r)]

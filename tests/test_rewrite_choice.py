@@ -188,6 +188,16 @@ def test_ties_go_to_the_earliest_option() -> None:
     assert choose([*holdings, Holding(Rewrites("NHWC"), 4, 4, 0, 9.0)]).rewrites == Rewrites("NHWC")
 
 
+def test_options_are_ranked_by_the_share_of_their_kernels_held_and_time_only_where_all_are() -> None:
+    """Another network's records can hold a kernel two options do not both have (NHWC's input transpose): that option
+    holds a larger share and misses no more; the time the other claims, holding nothing, decides nothing."""
+    nothing, one = Holding(Rewrites(), 32, 0, 32, 0.0), Holding(NHWC_PACKED, 34, 1, 33, 3e-5)  # one kernel more missed, too
+    assert choose([nothing, one]) is one and choose([one, nothing]) is one
+    assert choose([Holding(Rewrites(), 32, 1, 31, 5e-5), one]).rewrites == Rewrites()  # a larger share
+    held = [Holding(Rewrites(), 32, 32, 0, 9e-3), Holding(NHWC_PACKED, 33, 33, 0, 8e-3)]
+    assert choose(held) is held[1]  # every kernel held: the least time
+
+
 @pytest.mark.parametrize(("layout", "prepack", "match"), [("Auto", False, "unknown convolution layout 'Auto'.*'auto'"), ("given", "yes", "prepack is True, False or 'auto'")])
 def test_a_misspelt_choice_is_refused_before_anything_opens(layout: str, prepack: object, match: str, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=match):
