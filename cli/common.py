@@ -143,8 +143,20 @@ def reports_errors(f: F) -> F:
         except (RegistryError, OSError, ValueError) as exc:
             console.print(labelled("error:", exc))
             raise SystemExit(EXIT_ERROR) from None
+        except RuntimeError as exc:
+            if not _cluster_error(exc):
+                raise
+            console.print(labelled("error:", exc))
+            raise SystemExit(EXIT_ERROR) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _cluster_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is the tuner's :class:`ClusterError` (Ray could not start, join, or lacks what tuning needs),
+    told without importing the tuner: a command that never imported it cannot have raised one."""
+    cluster = sys.modules.get("schedhub.tuner.cluster")
+    return cluster is not None and isinstance(exc, cluster.ClusterError)
 
 
 def progress(description: str, total: int | None = None) -> Progress:

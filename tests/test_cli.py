@@ -122,6 +122,19 @@ def test_errors_are_one_line_and_an_exit_code(server: ServerThread, tmp_path: Pa
     assert exited.value.code == 1
 
 
+@pytest.mark.slow  # Ray gives up on an address after about 80 s
+def test_a_ray_cluster_that_cannot_be_joined_is_one_line_and_an_exit_code(tmp_path: Path) -> None:
+    """Ray's own error (here: nothing listens at the address; under load, a local start that times out) is one line
+    that says what to do, not a traceback."""
+    LocalRegistry(tmp_path / "store").close()
+    command = [sys.executable, "-m", "schedhub.cli.main", "worker", "-r", str(tmp_path / "store"), "--ray-address", "127.0.0.1:9", "--max-jobs", "1"]
+    env = {**__import__("os").environ, "RAY_gcs_server_port_wait_time_s": "1", "RAY_gcs_rpc_server_connect_timeout_s": "1"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "could not join the Ray cluster at 127.0.0.1:9" in done.stderr and "ray start --head" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+
+
 def test_serve_refuses_a_public_address_without_a_token(tmp_path: Path) -> None:
     env = {k: v for k, v in __import__("os").environ.items() if k != "SCHEDHUB_TOKEN"}
     done = subprocess.run([sys.executable, "-m", "schedhub.cli.main", "serve", "--root", str(tmp_path), "--host", "0.0.0.0", "--port", "0"],

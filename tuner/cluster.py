@@ -75,19 +75,26 @@ def start(address: str | None = None, num_cpus: int | None = None, num_gpus: int
     import ray
 
     if not ray.is_initialized():
-        if address in (None, "", "local"):
-            _loopback_only()
-            os.makedirs(_TEMP_ROOT, exist_ok=True)
-            cpus = num_cpus or os.cpu_count() or 1
-            offered = {MEASURE_RESOURCE: 1, **({CUDA_BUILD_RESOURCE: cpus} if compiles_cuda() else {}), **(resources or {})}
-            ray.init(
-                address="local", num_cpus=cpus, num_gpus=num_gpus, resources=offered,
-                include_dashboard=False, _temp_dir=tempfile.mkdtemp(dir=_TEMP_ROOT), log_to_driver=False,
-                _node_ip_address="127.0.0.1",  # embedded: loopback only (other local drivers may join)
-                configure_logging=False,
-            )  # fmt: skip
-        else:
-            ray.init(address=address, log_to_driver=False, configure_logging=False)
+        try:
+            if address in (None, "", "local"):
+                _loopback_only()
+                os.makedirs(_TEMP_ROOT, exist_ok=True)
+                cpus = num_cpus or os.cpu_count() or 1
+                offered = {MEASURE_RESOURCE: 1, **({CUDA_BUILD_RESOURCE: cpus} if compiles_cuda() else {}), **(resources or {})}
+                ray.init(
+                    address="local", num_cpus=cpus, num_gpus=num_gpus, resources=offered,
+                    include_dashboard=False, _temp_dir=tempfile.mkdtemp(dir=_TEMP_ROOT), log_to_driver=False,
+                    _node_ip_address="127.0.0.1",  # embedded: loopback only (other local drivers may join)
+                    configure_logging=False,
+                )  # fmt: skip
+            else:
+                ray.init(address=address, log_to_driver=False, configure_logging=False)
+        except Exception as exc:  # Ray raises RuntimeError, ConnectionError, TimeoutError… (a loaded machine's slow start among them)
+            ray.shutdown()  # nothing half-started left behind
+            first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+            where = "start a local Ray cluster" if address in (None, "", "local") else f"join the Ray cluster at {address}"
+            raise ClusterError(f"could not {where} ({first}); try again, or start one with `ray start --head` and pass "
+                               f"--ray-address auto") from exc
     if not ray.cluster_resources().get(MEASURE_RESOURCE):
         raise ClusterError(
             f"the Ray cluster offers no {MEASURE_RESOURCE!r} resource: start each node with "
