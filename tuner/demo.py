@@ -144,6 +144,8 @@ def _tune_queue(client: RegistryClient, options: TuneOptions, on_queue: Callable
 def _kernel_row(result: TuneResult) -> dict[str, Any]:
     ident = result.identity
     fn = baselines.numpy_kernel(ident.op, ident.args_info)
+    if fn is not None:  # not while the last run's TVM threads spin (on 2 cores a kernel's numpy time came out above numpy's whole pass)
+        baselines.spin_down()
     numpy_ms = statistics.median(baselines.time_callable(fn)) * 1e3 if fn else None
     tuned_ms = (result.best_secs or 0) * 1e3
     return {"op": ident.op, "key": ident.key[:12], "untuned_ms": result.untuned_secs * 1e3, "tuned_ms": tuned_ms,
