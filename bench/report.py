@@ -7,7 +7,7 @@ import math
 import os
 import platform
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -204,6 +204,7 @@ def write(mode: str) -> Path:
 
     drawn = draw.all_plots(data, plots)
     lines = [f"# schedhub benchmarks ({mode} run)", ""]
+    lines += _standing(load(RESULTS / "full").get("models"), first_compiles(RESULTS / "studies"), engine_runs(RESULTS / "full" / "runs"))
     lines += _header(manifest)
     lines += _models(data.get("models"), drawn, "Models: PyTorch vs untuned TVM vs schedhub-tuned")
     if mode != "full":  # the full mode's model table, recorded on its own (hours on 2 cores), beside the quick run's
@@ -226,6 +227,69 @@ def write(mode: str) -> Path:
     lines += _agreement(load(RESULTS / f"{mode}.prev"), {**data, "manifest": manifest}, mode)
     RESULTS_MD.write_text("\n".join(lines) + "\n")
     return RESULTS_MD
+
+
+ENGINES = {"pytorch": "PyTorch eager", "onnxruntime": "ONNX Runtime", "openvino": "OpenVINO", "inductor": "Inductor"}
+
+
+def first_compiles(studies: Path) -> list[dict[str, Any]]:
+    """The first-compile studies (``bench.studies.first_compile``), each with the CPU it ran on: its ``cpu``, else its
+    file name's last part (``first-compile-NAME-CPU.json``, as the study's files are named)."""
+    found = []
+    for path in sorted(studies.glob("first-compile-*.json")):
+        study = json.loads(path.read_text())
+        found.append({**study, "cpu": study.get("cpu") or path.stem.rsplit("-", 1)[-1]})
+    return found
+
+
+def engine_runs(runs: Path) -> list[dict[str, Any]]:
+    """The model runs (``bench.models --engines``, ``bench/results/full/runs``) that timed engines beside PyTorch."""
+    return [run for run in (json.loads(p.read_text()) for p in sorted(runs.glob("*.json"))) if run.get("engines")]
+
+
+def standing_rows(full: dict[str, Any] | None, studies: list[dict[str, Any]], engine_run_list: Sequence[dict[str, Any]] = ()) -> list[list[str]]:
+    """One row per network, CPU and what schedhub served: each CPU's newest tuned row of each network (the full model
+    table) and each first compile from an empty registry (the rules' schedules, untuned), with every engine timed
+    beside it in the same run and the fastest of them over schedhub's time (above 1: schedhub is faster). A network
+    studied more than once on a CPU keeps its newest study (by file name order: the later file wins)."""
+    rows = []
+    for cpu, newest in latest_rows(full["rows"] if full else []).items():
+        for r in newest:
+            t, minutes = r["timing"], r.get("tune_secs", 0) / 60
+            rows.append([r["network"] + (f" b{r['batch']}" if r["batch"] != 1 else ""), cpu, f"tuned {minutes:.0f} min", f"{t['tuned']['median']:.3g}",
+                         f"{t['pytorch']['median']:.3g}", "", "", "", f"{t['pytorch']['median'] / t['tuned']['median']:.2f}×"])  # fmt: skip
+    for run in engine_run_list:
+        for r in run["rows"]:
+            t = r["timing"]
+            engines = {name: t[name]["median"] for name in ENGINES if name in t}
+            rows.append([r["network"] + (f" b{r['batch']}" if r["batch"] != 1 else ""), str(r.get("cpu") or run["target"].get("mcpu", "")),
+                         f"tuned {r.get('tune_secs', 0) / 60:.0f} min", f"{t['tuned']['median']:.3g}",
+                         *(f"{engines[name]:.3g}" if name in engines else "" for name in ENGINES), f"{min(engines.values()) / t['tuned']['median']:.2f}×"])  # fmt: skip
+    newest = {(study["network"], json.dumps(study.get("shape", {}), sort_keys=True), study["cpu"]): study for study in studies}
+    for study in newest.values():
+        t = study["timing"]
+        engines = {name: t[name]["median"] for name in ENGINES if name in t}
+        if "ruled" not in t or not engines:
+            continue
+        network = study["network"].rpartition(":")[2] + "".join(f" {k} {v}" for k, v in study.get("shape", {}).items() if k != "input")
+        rows.append([network, study["cpu"], "first compile, untuned", f"{t['ruled']['median']:.3g}",
+                     *(f"{engines[name]:.3g}" if name in engines else "" for name in ENGINES), f"{min(engines.values()) / t['ruled']['median']:.2f}×"])  # fmt: skip
+    return rows
+
+
+def _standing(full: dict[str, Any] | None, studies: list[dict[str, Any]], runs: Sequence[dict[str, Any]] = ()) -> list[str]:
+    rows = standing_rows(full, studies, runs)
+    if not rows:
+        return []
+    return ["## Where schedhub stands", "",
+            "Milliseconds a forward pass (batch 1 unless a row says b4 or b16, fp32, 2 threads, medians), schedhub beside each engine timed in the same run "
+            "on the same machine, every engine in a process of its own with its output checked. \"speedup\": the fastest engine "
+            "timed beside it over schedhub's time (above 1: schedhub is faster). Tuned rows: the full model table's newest "
+            "row of each network on each CPU (its section below), most timed against PyTorch eager only, although the engines a "
+            "user would pick instead are faster than eager (the encoder layer's first compile below: ONNX Runtime 1.5× eager); "
+            "rows with engines are runs of `python -m bench.models --engines` (`bench/results/full/runs`). First compiles: `python -m bench.studies.first_compile` "
+            "(docs/hook.md, \"What a miss runs\").", "",
+            *table(["network", "CPU", "schedhub", "schedhub ms", *ENGINES.values(), "speedup"], rows, "lllrrrrrr"), ""]  # fmt: skip
 
 
 def _header(m: dict[str, Any]) -> list[str]:
@@ -271,12 +335,14 @@ def _models(d: dict[str, Any] | None, drawn: dict[str, str], title: str) -> list
 
     target = (f"Rows from {len(cpus)} CPUs ({', '.join(cpus)}: the CPU column), each against PyTorch timed on its own machine in its own run; "
               f"the first run's target `{json.dumps(d['target'])}`" if by_cpu else f"Target `{json.dumps(d['target'])}`")  # fmt: skip
-    lines = [f"## {title} (`{d['command']}`)", "",
+    several = "; " in d["command"]  # a merged table of many runs: each run's command is listed below it
+    lines = [f"## {title}" + ("" if several else f" (`{d['command']}`)"), "",
              f"{recorded}{target}. {budget}, "
              f"evolutionary search {_search(o['population'], o['genetic_iters'], o['search_threads'])}, xgboost cost model, seed {o['seed']}, one tuning job at a time; "
              f"the best {o['publish']} candidates re-timed next to {'DLight' + chr(39) + 's schedule' if default == 'DLight' else 'the unscheduled kernel'}. {warm}"
              f"End to end: VM `forward` / PyTorch eager `inference_mode` (in a process of its own) on the same input and weights, "
-             f"{d['rounds']} interleaved rounds, each sample the median of 3 repeats of ≥ 100 ms; outputs agree to 1e-3 of their scale.",
+             f"{d['rounds']} interleaved rounds, each sample the median of 3 repeats of ≥ 100 ms; outputs agree to 1e-3 of their scale."
+             + (" Each run's command is listed under the table." if several else ""),
              ""]  # fmt: skip
     rows = []
     for r in d["rows"]:

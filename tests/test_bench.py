@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from pathlib import Path
@@ -502,10 +503,12 @@ def test_runs_on_different_cpus_merge_into_a_table_that_says_each_rows_cpu(tmp_p
     options = {"trials": 64, "trials_per_iter": 16, "population": 128, "genetic_iters": 2, "search_threads": 0, "seed": 0, "publish": 3, "warm_start": 8}
     lines = report._models({**merged, "options": options, "rounds": 5}, {}, "Models")
     assert "Rows from 2 CPUs (rocketlake, znver5" in lines[2]
+    assert lines[0] == "## Models" and "Each run's command is listed under the table." in lines[2]  # not a heading of commands
     header, _, *rows = first_table(lines)
     assert "| CPU |" in header and [row.split(" | ")[1] for row in rows] == ["rocketlake", "rocketlake", "znver5"]
     one = report._models({**merge([run("e", "znver5")]), "options": options, "rounds": 5}, {}, "Models")
     assert "Target `" in one[2] and "| CPU |" not in next(line for line in one if line.startswith("|"))
+    assert one[0] == "## Models (`python -m bench.models --networks e`)"
 
 
 def first_table(lines: list[str]) -> list[str]:
@@ -530,6 +533,37 @@ def test_a_merged_table_says_where_each_cpu_stands_by_its_newest_row_of_each_net
     _, _, rocketlake, znver5 = first_table(report._latest_rows(rows))
     assert "| 2 of 4 |" in rocketlake and f"{math.exp((math.log(0.9) + math.log(0.8) + math.log(4.0) + math.log(2.0)) / 4):.2f}×" in rocketlake
     assert "resnet18 b1 2" in znver5 and "| 1 of 1 | 2.00× |" in znver5
+
+
+def test_the_page_opens_with_where_schedhub_stands_beside_every_engine_timed(tmp_path: Path) -> None:
+    """RESULTS.md's summary: each CPU's newest tuned row of each network, and each first-compile study (its newest per
+    network, shape and CPU), with the fastest engine timed beside it over schedhub's time."""
+    def summary(ms: float) -> dict:
+        return {"median": ms, "min": ms, "max": ms}
+
+    full = {"rows": [{"cpu": "znver5", "network": "resnet18", "batch": 1, "recorded": "2026-11-28 10:00 UTC", "tune_secs": 1500,
+                      "timing": {"tuned": summary(10.0), "pytorch": summary(12.5)}, "speedup_vs_pytorch": summary(1.25)}]}  # fmt: skip
+    for name, timing in (("first-compile-unet-znver3.json", {"ruled": summary(40.0), "pytorch": summary(50.0)}),
+                         ("first-compile-unet-znver3b.json", {"ruled": summary(40.0), "pytorch": summary(50.0)}),
+                         ("first-compile-mobilenetv2-znver3.json", {"ruled": summary(9.0), "pytorch": summary(36.0), "onnxruntime": summary(8.1)}),
+                         ("first-compile-old-znver3.json", {"default": summary(900.0), "pytorch": summary(30.0)})):  # fmt: skip
+        network = "bench.networks:" + name.split("-")[2]
+        (tmp_path / name).write_text(json.dumps({"network": network, "shape": {"input": [1, 3, 224, 224]}, "timing": timing}))
+    studies = report.first_compiles(tmp_path)
+    assert [s["cpu"] for s in studies][:2] == ["znver3", "znver3"]
+    rows = report.standing_rows(full, studies)
+    assert rows[0] == ["resnet18", "znver5", "tuned 25 min", "10", "12.5", "", "", "", "1.25×"]
+    assert [r[0] for r in rows[1:]] == ["mobilenetv2", "unet", "unet"]  # two CPUs named by their files: both kept; no rules timed: left out
+    assert rows[1] == ["mobilenetv2", "znver3", "first compile, untuned", "9", "36", "8.1", "", "", "0.90×"]
+    assert {r[1] for r in rows[2:]} == {"znver3", "znver3b"}
+    page = report._standing(full, studies)
+    assert page[0] == "## Where schedhub stands" and "| mobilenetv2 | znver3 |" in "\n".join(page)
+    run = {"target": {"mcpu": "znver3"}, "engines": ["onnxruntime"], "rows": [{"network": "resnet18", "batch": 1, "tune_secs": 2400,
+           "timing": {"tuned": summary(40.0), "pytorch": summary(44.0), "onnxruntime": summary(28.0)}}]}  # fmt: skip
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "r.json").write_text(json.dumps(run))
+    (tmp_path / "runs" / "plain.json").write_text(json.dumps({**run, "engines": []}))  # eager only: in the model table already
+    assert report.standing_rows(None, [], report.engine_runs(tmp_path / "runs")) == [["resnet18", "znver3", "tuned 40 min", "40", "44", "28", "", "", "0.70×"]]
 
 
 def test_the_gap_study_replays_every_kernel_call_of_a_forward_pass_on_the_vms_own_tensors() -> None:
