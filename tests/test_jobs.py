@@ -65,6 +65,7 @@ def schedhub(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "schedhub.cli.main", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
 
 
+@pytest.mark.slow  # 73 s in a 2-core CI run: out of the default run
 def test_submit_runs_tune_as_a_ray_job_once_per_work(jobs_api: str, tmp_path: Path) -> None:
     store = str(tmp_path / "store")
     work = ["-r", store, "--model", "mlp:batch=2,features=16,hidden=16", "--target", '{"kind": "llvm", "mcpu": "znver1", "num-cores": 2}',

@@ -78,6 +78,7 @@ def overlaps(a: dict, b: dict) -> bool:
     return a["start"] < b["end"] and b["start"] < a["end"]
 
 
+@pytest.mark.slow  # 73 s in a 2-core CI run: out of the default run
 def test_two_jobs_share_the_device_without_overlapping_measurements(ray_address: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     options = tiny(trials=16, trials_per_iter=8, publish=2)
     refs = [tune(matmul(64, 128, 128), options, label="job-a"), tune(matmul(32, 256, 64), options, label="job-b")]
@@ -628,6 +629,7 @@ def test_a_build_that_outlives_its_timeout_is_cancelled_and_reported_failed(ray_
     assert built.error_msg is None and Path(built.artifact_path).is_file()
 
 
+@pytest.mark.slow  # 28 s in a 2-core CI run: out of the default run
 def test_a_seed_with_one_search_thread_measures_the_same_candidates_every_time(ray_address: str) -> None:
     # MetaSchedule's untrained cost model draws from numpy's global generator: the tuner seeds it too.
     options = tiny(trials=8, trials_per_iter=8, publish=8, search_threads=1, population=32, genetic_iters=1, seed=3)
@@ -667,6 +669,7 @@ def wait_for_line(proc: subprocess.Popen, prefix: str, timeout: float) -> str:
     raise AssertionError(f"no {prefix!r} line from the worker; it printed:\n{''.join(seen)}")
 
 
+@pytest.mark.slow  # 31 s in a 2-core CI run: out of the default run
 def test_a_search_started_from_the_registrys_log_model_measures_other_candidates_than_a_cold_one(ray_address: str, tmp_path: Path) -> None:
     """The log of a neighbour shape trains the search's cost model before its first round: with one search thread and
     a fixed seed, the candidates a cold search measures are fixed, and the warm one measures others."""
@@ -780,6 +783,7 @@ def test_the_log_model_reads_only_its_structures_entries_from_a_remote_registry(
     assert len(loaded) == len(mine)
 
 
+@pytest.mark.slow  # 31 s in a 2-core CI run: out of the default run
 def test_a_cold_model_that_ranks_after_one_batch_measures_other_candidates_than_one_that_ranks_at_random(ray_address: str) -> None:
     """MetaSchedule's model scores at random until it has measured 100 candidates; with ``model_warmup`` at one batch,
     the model trained on the first batch ranks the second: with one search thread, a fixed seed and no measured
@@ -881,6 +885,7 @@ def test_a_worker_outlives_a_registry_restart_and_delivers_what_it_tuned_meanwhi
             assert records and all(r.provenance["job"].endswith(ident.key[:8]) for r in records)
 
 
+@pytest.mark.slow  # 31 s in a 2-core CI run: out of the default run
 def test_a_worker_started_before_its_registry_waits_for_it_and_an_idle_one_gives_up_in_time(ray_address: str, tmp_path: Path) -> None:
     """Start order does not matter: the worker waits for a registry that is not up yet; one told to stop when the
     queue is idle gives up on a registry that never answers (--wait-for-registry) with the unavailable exit code."""
@@ -966,6 +971,7 @@ def test_a_result_the_registry_refuses_fails_its_job_with_the_reason_and_the_wor
     assert job["last_error"].startswith("the registry refused the result:") and "1024" in job["last_error"], job
 
 
+@pytest.mark.slow  # 35 s in a 2-core CI run: out of the default run
 def test_a_worker_gives_a_warm_startable_miss_a_first_pass_then_its_search(ray_address: str, tmp_path: Path) -> None:
     """The first pass pushes the best measured transfer at once and puts the job back for its search, which comes later;
     the worker, idle, serves the cost model of the log it grew (or says why it keeps the one served)."""
@@ -1000,6 +1006,7 @@ def test_a_worker_gives_a_warm_startable_miss_a_first_pass_then_its_search(ray_a
         assert (reg.cost_model(missed.target, missed.fingerprint, FEATURES) is not None) == (("model", missed.target) in models)
 
 
+@pytest.mark.slow  # 24 s in a 2-core CI run: out of the default run
 def test_an_idle_worker_searches_again_the_bottleneck_of_a_network_a_compile_reported(ray_address: str, tmp_path: Path) -> None:
     """Two kernels tuned once; a compile's network calls the slower one 4 times. With nothing queued, the worker has that
     one requeued and searches it again (from its best), not the other."""
@@ -1055,6 +1062,7 @@ def test_a_miss_from_the_hook_is_tuned_by_a_running_worker_and_then_hits(ray_add
     np.testing.assert_allclose(out, h @ weights["head.weight"].T + weights["head.bias"], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow  # 126 s in a 2-core CI run: out of the default run
 def test_tune_cli_pushes_every_kernel_and_resumes(ray_address: str, tmp_path: Path) -> None:
     store = tmp_path / "store"
     cmd = [sys.executable, "-m", "schedhub.cli.main", "tune", "-r", str(store), "--model", '{"name": "mlp", "features": 32, "hidden": 32}',
@@ -1071,6 +1079,7 @@ def test_tune_cli_pushes_every_kernel_and_resumes(ray_address: str, tmp_path: Pa
     assert again.returncode == 0 and "tuned 0, skipped 4" in again.stdout, again.stdout + again.stderr
 
 
+@pytest.mark.slow  # 31 s in a 2-core CI run: out of the default run
 def test_tune_says_whether_its_searches_start_from_the_registrys_log_model(tmp_path: Path) -> None:
     """Warm is the default; --cold-model starts MetaSchedule's own way, and the header says which."""
     cmd = [sys.executable, "-m", "schedhub.cli.main", "tune", "-r", str(tmp_path / "store"), "--model", '{"name": "mlp", "features": 32, "hidden": 32}',
@@ -1131,6 +1140,7 @@ def test_tune_takes_the_given_layout_where_tvm_cannot_convert_the_models_to_the_
     assert named.exit_code != 0 and "not taken" not in named.output, named.output
 
 
+@pytest.mark.slow  # 67 s in a 2-core CI run: out of the default run
 def test_tune_until_gives_each_kernel_a_round_then_where_it_gains_most_within_the_budget(ray_address: str, tmp_path: Path) -> None:
     store = tmp_path / "store"
     cmd = [sys.executable, "-m", "schedhub.cli.main", "tune", "-r", str(store), "--model", '{"name": "mlp", "features": 32, "hidden": 32, "batch": 2}',
@@ -1148,6 +1158,7 @@ def test_tune_until_gives_each_kernel_a_round_then_where_it_gains_most_within_th
         assert len(reg.summaries()) == 2  # every round's result pushed
 
 
+@pytest.mark.slow  # 25 s in a 2-core CI run: out of the default run
 def test_a_latency_goal_the_estimate_meets_is_checked_on_the_compiled_network(ray_address: str, tmp_path: Path) -> None:
     """The estimate (kernels timed alone) runs ahead of the network: ResNet-18 at 224 ran 15-25% slower than it. A goal
     the estimate meets is checked with ``measure``; where the network misses it, tuning goes on with the estimate
@@ -1230,6 +1241,7 @@ def test_a_build_task_loads_neither_pytorch_nor_the_tensor_intrinsics_and_pytorc
     assert done.stdout.splitlines() == ["None True False False", "2.0"]
 
 
+@pytest.mark.slow  # 28 s in a 2-core CI run: out of the default run
 def test_sigterm_gives_the_lease_back_and_leaves_no_ray_behind(tmp_path: Path) -> None:
     import psutil
 
