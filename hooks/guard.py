@@ -35,7 +35,7 @@ class ScheduleTooCostly(ValueError):
 
 class WrongLayoutRewrite(ValueError):
     """A weight-layout rewrite (MetaSchedule's ``RewriteLayout``: prepacking) of a buffer that is not one of the kernel's
-    layout-free arguments, or one that writes fewer elements than it reads: a trace tuned where a block's read was a
+    layout-free arguments, or one that writes fewer bytes than it reads: a trace tuned where a block's read was a
     weight (a bias), replayed on a kernel of the same structure where it is an activation (a residual input). Its index
     map drops axes and the kernel computes a wrong result."""
 
@@ -195,7 +195,7 @@ LAYOUT_REWRITE = "meta_schedule.layout_rewrite_preproc"  # the block that lays a
 
 def check_layout_rewrites(func: tirx.PrimFunc) -> None:
     """Raise :class:`WrongLayoutRewrite` where a layout-rewrite block of ``func`` reads a buffer that is not one of its
-    ``layout_free_buffers`` arguments, or writes fewer elements than that buffer holds."""
+    ``layout_free_buffers`` arguments, or writes fewer bytes than that buffer holds (:func:`buffer_bytes`)."""
     free_attr = func.attrs["layout_free_buffers"] if func.attrs is not None and "layout_free_buffers" in func.attrs else []
     free = [func.params[int(i)] for i in free_attr]
     stack = [func.body]
@@ -207,9 +207,9 @@ def check_layout_rewrites(func: tirx.PrimFunc) -> None:
             source, target = (_region_buffer(r) for r in (node.reads[0], node.writes[0]))
             if not any(source.same_as(b) or source.data.same_as(b.data) for b in free):
                 raise WrongLayoutRewrite(f"a weight-layout rewrite of {source.name}, which is not a layout-free argument of the kernel")
-            held, written = (_elements(b) for b in (source, target))
+            held, written = (buffer_bytes(b) for b in (source, target))
             if held is not None and written is not None and written < held:
-                raise WrongLayoutRewrite(f"a weight-layout rewrite of {source.name} into {written:,} elements of its {held:,}")
+                raise WrongLayoutRewrite(f"a weight-layout rewrite of {source.name} into {written:,} bytes of its {held:,}")
         if isinstance(node, tirx.For):
             stack.append(node.body)
         else:
@@ -220,15 +220,6 @@ def _region_buffer(region: Any) -> Any:
     """The buffer a block's read or write region is of (TVM 0.27's ``TensorRegion.source``; ``buffer`` before)."""
     source = getattr(region, "source", None)
     return source if source is not None else region.buffer
-
-
-def _elements(buffer: Any) -> int | None:
-    total = 1
-    for dim in buffer.shape:
-        if not isinstance(dim, tirx.IntImm):
-            return None
-        total *= int(dim.value)
-    return total
 
 
 def loop_iterations(root: Any) -> int | None:
