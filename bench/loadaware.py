@@ -32,6 +32,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from schedhub.hooks.rewrites import NO_REWRITES
 from schedhub.registry import LocalRegistry, keeps_default_schedule
 from schedhub.tuner import cluster, cores, dispatch, models, remembered, tvm_env
 from schedhub.tuner.network import heaviest_first
@@ -53,7 +54,7 @@ def matmul_kernels(device: str, count: int) -> list[Any]:
     """The BERT layer's ``count`` costliest matmul kernels (FLOPs × calls) on ``device``'s target, as identities."""
     target = tvm_env.device_target(device)
     mod = models.export_with_weights("bert_layer", batch=1, seq=SEQ[device])[0]
-    kernels = heaviest_first(k for k in models.kernels(mod, target) if "matmul" in k.identity.op)
+    kernels = heaviest_first(k for k in models.kernels(mod, target, NO_REWRITES) if "matmul" in k.identity.op)
     return [k.identity for k in kernels[:count]]
 
 

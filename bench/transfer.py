@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from schedhub.hooks.rewrites import NO_REWRITES
 from schedhub.hooks.ranking import Retiling, model_rank_key, rank_key
 from schedhub.registry import LocalRegistry
 from schedhub.tuner import cluster, dispatch, models, tvm_env
@@ -227,7 +228,7 @@ def fill(registry: LocalRegistry, source: dict[str, dict[str, int]], target: Any
     """Tune every kernel of the ``source`` networks (name → shape, at batch 1 unless it names one) for ``target`` into ``registry``."""
     for name, shape in source.items():
         mod, _, _ = models.export(name, **{"batch": 1, **shape})
-        tune_kernels(registry, models.kernels(mod, target), options)
+        tune_kernels(registry, models.kernels(mod, target, NO_REWRITES), options)
 
 
 def tune_kernels(registry: LocalRegistry, kernels: list[models.Kernel], options: TuneOptions, retune: bool = False) -> dict[str, TuneResult]:
@@ -242,7 +243,7 @@ def _held_out(name: str, shape: dict[str, int], frontend: str, target: Any, work
     func = "forward"
     if frontend == TORCH_EXPORT:  # the PyTorch twin with the same weights, imported the way a user imports a model
         mod, func = import_twin(name, weights, shape, workdir), "main"
-    return HeldOut(name, shape, frontend, mod, func, weights, input_shape, models.kernels(mod, target))
+    return HeldOut(name, shape, frontend, mod, func, weights, input_shape, models.kernels(mod, target, NO_REWRITES))
 
 
 def _compile_transferred(held: HeldOut, registry: LocalRegistry, target: Any, workdir: Path, measure_secs: float,

@@ -38,6 +38,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from schedhub.hooks.rewrites import NO_REWRITES
 from schedhub.hooks.msdb import scheduled, trace_text, tuning_target
 from schedhub.tuner import baselines, cluster, kernels, models, tvm_env
 from schedhub.tuner.search import (
@@ -79,7 +80,7 @@ def require_device(prog: str, device: str) -> None:
 
 def find_kernel(model: str, shape: dict[str, int], name: str, target: Any = TARGET) -> Any:
     mod = models.export_with_weights(model, **shape)[0]
-    for k in models.kernels(mod, target):
+    for k in models.kernels(mod, target, NO_REWRITES):
         if k.name == name:
             return k.identity
     raise LookupError(f"{model} has no kernel {name}")

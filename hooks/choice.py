@@ -249,6 +249,15 @@ def tuned_best(target: tvm.target.Target | dict[str, Any], math: Math, conv: Con
     return Rewrites("NHWC" if wide and conv == "direct" else "given", math, wide, conv)
 
 
+def compiled_first(target: tvm.target.Target | dict[str, Any], modules: Sequence[tvm.IRModule] = (), math: Math = "exact", conv: Conv = "direct") -> Rewrites:
+    """The rewrites a compile with ``use(...)``'s defaults takes for a network the registry holds nothing of, and what
+    ``schedhub tune`` takes where none is named: :func:`tuned_best`, with the given layout where that layout converts
+    nothing in ``modules`` (no convolution: the same keys, said as they are)."""
+    best = tuned_best(target, math, conv)
+    converted = not modules or any(converts(best.layout, mod) for mod in modules)
+    return best if converted else dataclasses.replace(best, layout="given")
+
+
 def leading(options: Sequence[Rewrites], target: tvm.target.Target) -> Rewrites:
     """The option a compile asks neighbours for at once and takes where no option holds more records than another:
     the one ``target`` is best tuned with (:func:`tuned_best`; its layout where the network has no convolution to

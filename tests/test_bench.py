@@ -14,6 +14,7 @@ from tvm import relax
 
 from bench import report, torch_models
 from bench.stats import ratio, summary
+from schedhub.hooks.rewrites import NO_REWRITES
 from schedhub.tuner import baselines, kernels, models
 from schedhub.tuner.tvm_env import host_target
 
@@ -42,7 +43,7 @@ def test_kernel_baselines_compute_what_the_tvm_kernel_computes() -> None:
     checked = 0
     for name, shape in (("mobilenetv2", {"image": 32}), ("bert_layer", {"seq": 8}), ("resnet18", {"image": 32})):
         mod, _, _ = models.export_with_weights(name, **shape)
-        for k in models.kernels(mod, target):
+        for k in models.kernels(mod, target, NO_REWRITES):
             if not baselines.supported(k.identity.op, k.identity.args_info):
                 continue
             from schedhub.hooks.identity import workload_module

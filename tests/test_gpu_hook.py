@@ -13,6 +13,7 @@ import pytest
 import tvm
 from tvm import relax
 
+from schedhub.hooks.rewrites import NO_REWRITES
 from schedhub.hooks import RegistryFallbackWarning, use
 from schedhub.hooks.guard import InconsistentLaunch, ScheduleLimits, Unlaunchable
 from schedhub.hooks.identity import workload_module
@@ -30,7 +31,7 @@ LIMITS = ScheduleLimits()
 @pytest.fixture(scope="module")
 def mlp() -> dict:
     mod, _, _ = models.export("mlp", batch=4, features=32, hidden=64)
-    return {"mod": mod, "kernels": {k.identity.op: k.identity for k in models.kernels(mod, CUDA)}}
+    return {"mod": mod, "kernels": {k.identity.op: k.identity for k in models.kernels(mod, CUDA, NO_REWRITES)}}
 
 
 def launch_bounds(executable: relax.VMExecutable) -> dict[str, int]:
@@ -98,7 +99,7 @@ def drawn() -> dict:
     MetaSchedule's design space, kept as data (drawing it needs TVM's tensor intrinsics, ~25 s; the file says how)."""
     data = json.loads((Path(__file__).parent / "data" / "cuda_matmul_trace.json").read_text())
     mod = models.export("mlp", batch=64, features=32, hidden=64)[0]
-    return {"trace": json.dumps(data["trace"]), "identity": next(k.identity for k in models.kernels(mod, CUDA) if k.identity.op == "fused_matmul_add_relu")}
+    return {"trace": json.dumps(data["trace"]), "identity": next(k.identity for k in models.kernels(mod, CUDA, NO_REWRITES) if k.identity.op == "fused_matmul_add_relu")}
 
 
 def thread_extents(mod: tvm.IRModule) -> set[int]:
@@ -165,7 +166,7 @@ def test_a_gpu_record_whose_kernel_tvm_cannot_lower_leaves_it_to_the_default_and
     next compile refuses it from the kernel cache. On CUDA, VerifyGPUCode lowers each kernel at replay and refused it
     as past the block's limits; the reason is now TVM's."""
     gpu = CUDA if kind == "cuda" else tvm.target.Target({"kind": kind})
-    kernels = {k.identity.op: k.identity for k in models.kernels(mlp["mod"], gpu)}
+    kernels = {k.identity.op: k.identity for k in models.kernels(mlp["mod"], gpu, NO_REWRITES)}
     broken, good = threads_record(kernels["transpose"], 64, pipelined=True), threads_record(kernels["transpose"], 64)
     with LocalRegistry(tmp_path / "reg") as reg:
         reg.put(broken)
@@ -267,7 +268,7 @@ def test_a_kernel_of_symbolic_batch_keeps_dlights_schedule_on_a_gpu(tmp_path: Pa
     def export(batch: int | str) -> tvm.IRModule:
         return Shifted().export_tvm({"forward": {"x": nn.spec.Tensor((batch, 256), "float32")}})[0]
 
-    (kernel,) = models.kernels(export(4), CUDA)
+    (kernel,) = models.kernels(export(4), CUDA, NO_REWRITES)
     with LocalRegistry(tmp_path) as reg:
         reg.put(threads_record(kernel.identity, 64))
         with use(reg, CUDA) as static:

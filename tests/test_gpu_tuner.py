@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import tvm
 
+from schedhub.hooks.rewrites import NO_REWRITES
 from schedhub.hooks.identity import target_text, workload_module
 from schedhub.hooks.measure import host_cpu
 from schedhub.hooks.msdb import tuning_target
@@ -30,7 +31,7 @@ CUDA_TEXT = target_text(CUDA)
 @pytest.fixture(scope="module")
 def matmul() -> tvm.IRModule:
     mod, _, _ = models.export("mlp", batch=4, features=32, hidden=64)
-    kernel = next(k for k in models.kernels(mod, CUDA) if k.identity.op == "fused_matmul_add_relu")
+    kernel = next(k for k in models.kernels(mod, CUDA, NO_REWRITES) if k.identity.op == "fused_matmul_add_relu")
     return workload_module(kernel.identity.workload)
 
 
@@ -125,7 +126,7 @@ def cpu_cluster() -> Iterator[dict]:
 @pytest.mark.skipif(tvm.cuda(0).exist, reason="this machine has a GPU")
 def test_a_worker_asks_the_gpu_and_leaves_cuda_jobs_it_cannot_time(declared_gpu_cluster: dict, tmp_path: Path) -> None:
     mod, _, _ = models.export("mlp", batch=4, features=32, hidden=64)
-    identity = models.kernels(mod, CUDA)[0].identity
+    identity = models.kernels(mod, CUDA, NO_REWRITES)[0].identity
     with LocalRegistry(tmp_path / "reg", sync=False) as reg:
         reg.report_misses([identity])
         worker = Worker(reg, TuneOptions(trials=4, trials_per_iter=4), name="cpu-only", poll_secs=0.1)
@@ -140,7 +141,7 @@ def test_a_worker_asks_the_gpu_and_leaves_cuda_jobs_it_cannot_time(declared_gpu_
 def test_tuning_a_cuda_kernel_where_no_gpu_can_time_it_fails_at_once(cpu_cluster: dict) -> None:
     """Ray would wait forever for a GPU node that does not exist; the tuning job says so instead."""
     mod, _, _ = models.export("mlp", batch=4, features=32, hidden=64)
-    identity = models.kernels(mod, CUDA)[0].identity
+    identity = models.kernels(mod, CUDA, NO_REWRITES)[0].identity
     ref = cluster.submit("tune", identity=identity.to_dict(), warm_traces=[], options=TuneOptions(trials=4).__dict__, label="")
     with pytest.raises(Exception, match="none offers"):
         cluster.result(ref, timeout=120)

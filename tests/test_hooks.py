@@ -22,6 +22,7 @@ import tvm  # the test extra installs it: a missing TVM must fail, not skip  # n
 from tvm import relax  # noqa: E402
 from tvm.relax.frontend import nn  # noqa: E402
 
+from schedhub.hooks.rewrites import NO_REWRITES
 from schedhub.hooks import ANSWER_DEADLINE, IdleCoresWarning, RegistryFallbackWarning, target_text, use, workload_identity  # noqa: E402
 from schedhub.hooks.measure import host_cpu  # noqa: E402
 from schedhub.hooks.identity import workload_module  # noqa: E402
@@ -148,7 +149,7 @@ def test_outside_use_tvm_is_untouched(registry: tuple[str, RegistryClient], tune
 def test_a_target_as_a_dict_or_a_target_object_gets_the_same_keys(tuned: dict) -> None:
     as_dict = {"kind": "llvm", "mcpu": "znver3", "num-cores": 2}
     assert target_text(as_dict) == target_text(tvm.target.Target(as_dict)) and '"keys":["cpu"]' in target_text(as_dict)
-    identity = kernels(tuned["mod"], as_dict)[0].identity
+    identity = kernels(tuned["mod"], as_dict, NO_REWRITES)[0].identity
     kernel = workload_module(identity.workload)
     assert workload_identity(kernel, as_dict).key == workload_identity(kernel, tvm.target.Target(as_dict)).key == identity.key
 
@@ -159,7 +160,7 @@ def test_a_record_of_a_kernel_the_hook_identified_is_read_without_its_workload_c
     from schedhub.registry import _records
 
     monkeypatch.setattr(_records, "_CHECKED_IDENTITIES", {})
-    identity = workload_identity(workload_module(kernels(tuned["mod"], CPU)[0].identity.workload), CPU)
+    identity = workload_identity(workload_module(kernels(tuned["mod"], CPU, NO_REWRITES)[0].identity.workload), CPU)
     record = Record(identity, json.dumps([[], []]), [1e-3], {})
     monkeypatch.setattr(_records, "check_workload_source", lambda text: pytest.fail("checked again"))
     assert Record.from_bytes(record.to_bytes()).identity == identity
@@ -170,7 +171,7 @@ def test_a_record_of_a_kernel_the_hook_identified_is_read_without_its_workload_c
 
 def test_a_workload_text_is_parsed_once_a_process_and_each_caller_gets_a_module_of_its_own(tuned: dict, monkeypatch: pytest.MonkeyPatch) -> None:
     """A tuning worker parsed every workload of its cost model's log again each round (0.1-0.2 s a convolution)."""
-    text = kernels(tuned["mod"], CPU)[0].identity.workload
+    text = kernels(tuned["mod"], CPU, NO_REWRITES)[0].identity.workload
     first = workload_module(text)
     monkeypatch.setattr(tvm.script, "from_source", lambda *a, **k: pytest.fail("parsed again"))
     second = workload_module(text)
@@ -414,7 +415,7 @@ def test_a_compile_queues_its_misses_costliest_first_counting_every_call(tmp_pat
 
     mod, _ = export(Uneven(), "x")
     layers = {(64, 256): "wide", (64, 64): "block", (256, 24): "head"}  # by the matmul's weight operand
-    found = {k.identity.key: (layers.get(tuple(k.identity.args_info[1][2])) if "matmul" in k.name else None, k.calls) for k in kernels(mod, CPU)}
+    found = {k.identity.key: (layers.get(tuple(k.identity.args_info[1][2])) if "matmul" in k.name else None, k.calls) for k in kernels(mod, CPU, NO_REWRITES)}
     assert sorted(v for v in found.values() if v[0]) == [("block", 3), ("head", 1), ("wide", 1)]  # and three transposes
     with LocalRegistry(tmp_path / "store") as store:
         with use(store, CPU, cache=tmp_path / "cache", **GIVEN) as session:

@@ -13,6 +13,7 @@ import pytest
 import tvm
 from tvm import relax
 
+from schedhub.hooks.rewrites import NO_REWRITES
 from schedhub.hooks import use
 from schedhub.hooks.cache import MAX_BYTES_ENV, KernelCache, prune
 from schedhub.hooks.objects import OBJECT_ID
@@ -28,7 +29,7 @@ from .test_transfer import CPU, export, forward, reference
 def registry(tmp_path_factory: pytest.TempPathFactory) -> LocalRegistry:
     """Hand-tuned records of every kernel of the MLP at batch 4."""
     reg = LocalRegistry(tmp_path_factory.mktemp("cached"), sync=False)
-    reg.put_many([tune(k.identity) for k in kernels(export(4), CPU)])
+    reg.put_many([tune(k.identity) for k in kernels(export(4), CPU, NO_REWRITES)])
     return reg
 
 
@@ -177,7 +178,7 @@ def export_kernel() -> tvm.IRModule:
     """One kernel of the MLP as its own module."""
     from schedhub.hooks.identity import workload_module
 
-    return workload_module(kernels(export(4), CPU)[0].identity.workload)
+    return workload_module(kernels(export(4), CPU, NO_REWRITES)[0].identity.workload)
 
 
 def test_each_kernels_object_compiles_from_the_moment_it_is_scheduled(tmp_path: Path, registry: LocalRegistry) -> None:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from schedhub.hooks.rewrites import NO_REWRITES
 from schedhub.registry import (
     DONE,
     PENDING,
@@ -135,7 +136,7 @@ def test_a_compile_reports_its_modules_kernels_once_a_session(tmp_path: Path) ->
 
     cpu = tvm.target.Target({"kind": "llvm", "num-cores": 1})
     mod, _, _ = models.export("mlp", batch=2, features=16, hidden=16)
-    kernels = [(k.identity.key, k.calls) for k in models.kernels(mod, cpu)]
+    kernels = [(k.identity.key, k.calls) for k in models.kernels(mod, cpu, NO_REWRITES)]
     with LocalRegistry(tmp_path / "store", sync=False) as reg:
         with use(reg, cpu, cache=tmp_path / "cache", transfer=False):
             tvm.compile(mod, cpu)

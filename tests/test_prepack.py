@@ -22,7 +22,7 @@ from schedhub.hooks.identity import plain_json, workload_module
 from schedhub.hooks.pipeline import apply_database, call_counts
 from schedhub.hooks import prepack
 from schedhub.hooks.prepack import KIND
-from schedhub.hooks.rewrites import Rewrites
+from schedhub.hooks.rewrites import NO_REWRITES, Rewrites
 from schedhub.registry import Identity, Record
 from schedhub.tuner import kernels as tasks
 from schedhub.tuner import models, tvm_env
@@ -91,7 +91,7 @@ def test_prepacked_network_hits_every_kernel_packs_its_weights_at_compile_time_a
 def test_prepacking_is_part_of_what_a_kernel_is(packing_store: Path, tmp_path: Path) -> None:
     """A compile that does not prepack finds none of the prepacked kernels' records; one that leaves prepacking to the
     registry (the default) finds them."""
-    plain = {k.identity.key for k in models.kernels(conv_net(), CPU)}
+    plain = {k.identity.key for k in models.kernels(conv_net(), CPU, NO_REWRITES)}
     packed = {k.identity.key for k in models.kernels(conv_net(), CPU, PREPACK)}
     assert len(plain) == len(packed) == 2 and not plain & packed
     with use(packing_store, CPU, trust="any", transfer=False, report_misses=False, cache=tmp_path / "cache", prepack=False) as session:
@@ -132,7 +132,7 @@ def test_a_kernel_timed_with_its_caches_flushed_is_flushed_before_every_run() ->
     """``flush_cache`` (every argument but the first flushed, as a network's kernel finds its weights) times each run
     on its own: TVM flushes before each repeat, so ``number`` runs a repeat would time one flushed run and the rest
     warm. (It also failed every run before: TVM 0.27's Device has no ``device_type`` any more.)"""
-    identity = models.kernels(conv_net(), CPU)[0].identity
+    identity = models.kernels(conv_net(), CPU, NO_REWRITES)[0].identity
     default = tasks.build(tvm.ir.save_json(workload_module(identity.workload)), identity.target)
     answer = tasks.measure([default["artifact"]], identity.args_info, {"number": 3, "repeat": 2, "min_repeat_ms": 10, "flush_cache": True},
                            target_text=identity.target)  # fmt: skip

@@ -12,6 +12,7 @@ import pytest
 import tvm
 from click.testing import CliRunner
 
+from schedhub.hooks.rewrites import NO_REWRITES
 from schedhub.cli.main import cli
 from schedhub.registry import LocalRegistry
 from schedhub.tuner import plan
@@ -24,7 +25,7 @@ MODEL = json.dumps({"name": "mlp", "features": 32, "hidden": 64})
 
 def test_profile_writes_a_row_per_kernel_schedule_and_thread_count(tmp_path: Path) -> None:
     target = tvm.target.Target(plan.resolve_target("host"))
-    mlp = kernels(plan.load(plan.parse_model(MODEL)), target)
+    mlp = kernels(plan.load(plan.parse_model(MODEL)), target, NO_REWRITES)
     with LocalRegistry(tmp_path / "store", sync=False) as reg:
         records = {r.key: r for r in (tune(k.identity) for k in mlp[:2])}  # two kernels tuned, the rest never
         reg.put_many(list(records.values()))

@@ -12,6 +12,7 @@ import tvm
 from tvm import relax
 from tvm.relax.frontend import nn
 
+from schedhub.hooks.rewrites import NO_REWRITES
 from schedhub.hooks.identity import plain_json, workload_module
 from schedhub.hooks.recompute import stores
 from schedhub.registry import LocalRegistry, Record, record_key
@@ -34,7 +35,7 @@ def export(cols: int | str) -> tvm.IRModule:
 def recomputing_record(cols: int) -> Record:
     """A record of the softmax at ``cols`` columns that computes each row's maximum under the loop over the row's
     elements (MetaSchedule's ``SampleComputeLocation``, decided 1): the maximum again for every element."""
-    kernel = next(k for k in kernels(export(cols), CPU) if k.identity.op == "softmax")
+    kernel = next(k for k in kernels(export(cols), CPU, NO_REWRITES) if k.identity.op == "softmax")
     sch = tvm.s_tir.Schedule(workload_module(kernel.identity.workload))
     maximum = sch.get_sblock("T_softmax_maxelem")
     sch.compute_at(maximum, sch.sample_compute_location(maximum, decision=1))
@@ -86,6 +87,6 @@ def test_a_record_of_the_kernels_own_shape_keeps_its_compute_locations(tmp_path:
         with use(reg, CPU) as session:
             tvm.compile(export(16), CPU)
     assert {k.op: k.outcome for k in session.report.kernels}["softmax"] == ("hit" if fingerprint is None else "transfer")
-    kernel = next(k for k in kernels(export(16), CPU) if k.identity.op == "softmax")
+    kernel = next(k for k in kernels(export(16), CPU, NO_REWRITES) if k.identity.op == "softmax")
     unscheduled = stores(workload_module(kernel.identity.workload)["main"])
     assert served is not None and unscheduled is not None and served > 2 * unscheduled

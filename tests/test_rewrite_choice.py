@@ -18,7 +18,7 @@ from schedhub.hooks import use
 from schedhub.hooks.choice import Holding, RewriteOptions, choose, network_digest
 from schedhub.hooks.layouts import converts
 from schedhub.hooks.identity import plain_json
-from schedhub.hooks.rewrites import Rewrites
+from schedhub.hooks.rewrites import NO_REWRITES, Rewrites
 from schedhub.registry import Identity, LocalRegistry, Record
 from schedhub.tuner import models
 
@@ -126,6 +126,21 @@ def test_a_network_the_registry_knows_nothing_of_is_compiled_and_queued_as_this_
     with use(tmp_path / "store", AVX512, report_misses=False, cache=tmp_path / "cache") as session:
         tvm.compile(bound(Dense(), (2, 16)), AVX512)
     assert session.rewrites == Rewrites(prepack=True), session.report.summary()
+
+
+def test_the_planning_apis_kernels_are_by_default_those_a_default_compile_looks_up(tmp_path: Path) -> None:
+    """``models.kernels(mod, target)`` (to seed, inspect or push) addresses the keys ``use(...)``'s defaults compile and
+    queue for a network the registry holds nothing of: a convolutional one NHWC and prepacked, a dense one prepacked."""
+    LocalRegistry(tmp_path / "store").close()
+    networks = (conv_net(), bound(Dense(), (2, 16)))
+    for net in networks:
+        with use(tmp_path / "store", AVX512, cache=tmp_path / "cache"):
+            tvm.compile(net, AVX512)
+    with LocalRegistry(tmp_path / "store") as reg:
+        queued = {job["key"] for job in reg.jobs("pending")}
+    planned = {k.identity.key for net in networks for k in models.kernels(net, AVX512)}
+    assert queued == planned
+    assert not planned & {k.identity.key for net in networks for k in models.kernels(net, AVX512, NO_REWRITES)}, "the rewrites changed every key"
 
 
 @pytest.mark.parametrize("tuned", [NHWC_PACKED, GIVEN], ids=["nhwc-prepacked", "given"])
@@ -281,7 +296,7 @@ def test_an_options_kernels_are_kept_by_the_networks_structure_and_scalar_consta
     a scalar written into a kernel, or another shape, names other kernels."""
     assert network_digest(conv_net()) == network_digest(bound(ConvNet(), (1, 8, 10, 10), scale=2.0))
     assert network_digest(conv_net()) != network_digest(bound(ConvNet(), (1, 8, 12, 12)))
-    kernels = {f: sorted(str(k.identity.key) for k in models.kernels(scaled(f), CPU)) for f in (0.5, 0.7)}
+    kernels = {f: sorted(str(k.identity.key) for k in models.kernels(scaled(f), CPU, NO_REWRITES)) for f in (0.5, 0.7)}
     assert kernels[0.5] != kernels[0.7]
     assert network_digest(scaled(0.5)) != network_digest(scaled(0.7))
 

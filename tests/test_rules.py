@@ -10,6 +10,7 @@ import pytest
 import tvm
 from tvm.relax.frontend import nn
 
+from schedhub.hooks.rewrites import NO_REWRITES
 from schedhub.hooks import rules, use
 from schedhub.hooks.identity import workload_module
 from schedhub.hooks.rules import Tile, tile_decisions
@@ -64,7 +65,7 @@ def test_a_kernel_the_registry_cannot_serve_gets_the_ruled_schedule_and_is_still
     for ruled in (False, True):
         with use(store, CPU, cache=tmp_path / f"cache-{ruled}", rules=ruled, **GIVEN) as session:
             ex = tvm.compile(mod, CPU)
-            matmul = next(k for k in kernels(mod, CPU) if "matmul" in k.name)
+            matmul = next(k for k in kernels(mod, CPU, NO_REWRITES) if "matmul" in k.name)
             scheduled = session.scheduled(workload_module(matmul.identity.workload)["main"], CPU, matmul.name)
         outputs[ruled], reports[ruled] = run(ex, x), session.reports[0]
         if ruled:  # parallel outer loops and vectors, where the default is one thread of scalar loops
@@ -89,7 +90,7 @@ def test_on_a_cpu_the_rules_schedule_comes_before_a_transfer_and_a_measured_comp
     mod = bound(Net(), (32, 64), scale=0.1)
     x = np.random.default_rng(1).standard_normal((32, 64)).astype("float32")
     with LocalRegistry(tmp_path / "store") as reg:
-        for k in kernels(bound(Net(), (16, 64), scale=0.1), host):  # the neighbour's own ruled schedules stand in for tuned ones
+        for k in kernels(bound(Net(), (16, 64), scale=0.1), host, NO_REWRITES):  # the neighbour's own ruled schedules stand in for tuned ones
             trace = rules.ruled_trace(normalize_mod(workload_module(k.identity.workload)), host)
             reg.put(Record(k.identity, trace or "", [1e-6], {"tuner": "tests.test_rules"}))
     expected = run(tvm.compile(mod, host), x)

@@ -10,6 +10,7 @@ import pytest
 import tvm
 import tvm_ffi
 
+from schedhub.hooks.rewrites import NO_REWRITES
 from schedhub.hooks.defaults import default_schedule
 from schedhub.hooks.identity import workload_module
 from schedhub.hooks.measure import KernelBench, build_all, host_cpu
@@ -29,7 +30,7 @@ def measured_log(batch: int) -> list[TrialLog]:
     """The MLP's kernels at ``batch``: design-space samples, each timed here, as the log a tuner pushes."""
     target = tvm.target.Target(HOST)
     logs = []
-    for kernel in kernels(export(batch), target):
+    for kernel in kernels(export(batch), target, NO_REWRITES):
         normalized = normalize_mod(workload_module(kernel.identity.workload)["main"])
         samples = design_space_samples(normalized, target, DRAWN)
         default, *built = build_all([normalized, *(s.mod for s in samples)], target, workers=2)
@@ -56,7 +57,7 @@ def test_the_default_schedule_is_timed_on_the_bench_inputs_as_a_contender() -> N
     """``KernelBench.time_default`` times the kernel as its target builds it without records (on a GPU DLight's
     schedule, the contender a candidate must beat; here the unscheduled kernel, which the samples beat)."""
     target = tvm.target.Target(HOST)
-    kernel = kernels(export(8), target)[0]
+    kernel = kernels(export(8), target, NO_REWRITES)[0]
     normalized = normalize_mod(workload_module(kernel.identity.workload)["main"])
     samples = design_space_samples(normalized, target, 8)
     default, *built = build_all([default_schedule(normalized, target), *(s.mod for s in samples)], target, workers=2)
@@ -66,7 +67,7 @@ def test_the_default_schedule_is_timed_on_the_bench_inputs_as_a_contender() -> N
 
 
 def test_a_design_space_sample_replays_from_its_trace_text() -> None:
-    kernel = kernels(export(8), tvm.target.Target(HOST))[0]
+    kernel = kernels(export(8), tvm.target.Target(HOST), NO_REWRITES)[0]
     normalized = normalize_mod(workload_module(kernel.identity.workload)["main"])
     samples = design_space_samples(normalized, tvm.target.Target(HOST), 4)
     assert len(samples) >= 2 and len({trace_text(s.trace) for s in samples}) == len(samples)
@@ -233,10 +234,10 @@ def as_sibling(logs: list[TrialLog], batch: int) -> tuple[list[TrialLog], list[R
     """``logs`` as a sibling CPU's tuner would have pushed them (the same workloads under its target), and a
     record of that CPU for each kernel at ``batch``: what makes it a neighbour of this CPU's kernels."""
     sibling = tvm.target.Target(SIBLING)
-    by_workload = {k.identity.workload: k.identity for k in kernels(export(4), sibling)}
+    by_workload = {k.identity.workload: k.identity for k in kernels(export(4), sibling, NO_REWRITES)}
     relabelled = [TrialLog(by_workload[e.identity.workload], e.trials) for e in logs]
     records = []
-    for kernel in kernels(export(batch), sibling):
+    for kernel in kernels(export(batch), sibling, NO_REWRITES):
         normalized = normalize_mod(workload_module(kernel.identity.workload)["main"])
         records.append(Record(kernel.identity, trace_text(design_space_samples(normalized, sibling, 1)[0].trace), [1e-4], {"tuner": "test"}))
     return relabelled, records

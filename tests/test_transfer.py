@@ -18,6 +18,7 @@ import tvm  # the test extra installs it: a missing TVM must fail, not skip
 from tvm import relax
 from tvm.relax.frontend import nn
 
+from schedhub.hooks.rewrites import NO_REWRITES
 from schedhub.hooks import target_text
 from schedhub.hooks.identity import plain_json, workload_module
 from schedhub.hooks.msdb import normalize_mod, postprocessors
@@ -199,12 +200,12 @@ def reference(x: np.ndarray) -> np.ndarray:
 def registry(tmp_path_factory: pytest.TempPathFactory) -> LocalRegistry:
     """A registry holding hand-tuned records of the MLP at batch 4 only."""
     reg = LocalRegistry(tmp_path_factory.mktemp("transfer"), sync=False)
-    reg.put_many([tune(k.identity) for k in kernels(export(4), CPU)])
+    reg.put_many([tune(k.identity) for k in kernels(export(4), CPU, NO_REWRITES)])
     return reg
 
 
 def test_a_held_out_shape_is_served_by_transfer_with_correct_output_and_queued(registry: LocalRegistry) -> None:
-    held_out = kernels(export(16), CPU)
+    held_out = kernels(export(16), CPU, NO_REWRITES)
     with use(registry, CPU) as session:
         ex = tvm.compile(export(16), CPU)
     with use(registry, CPU, link=False):  # the kernels stay in the module (linked, they are objects)
@@ -248,7 +249,7 @@ def postprocessed_record(batch: int, row_tiles: list[int], cache_write: bool = F
     """A MetaSchedule-style record of the MLP's first kernel at ``batch``: its rows tiled by a sampled perfect tiling
     (``row_tiles``, the decision), columns by [8, 16] (the result written through a cache block: ``cache_write``),
     then postprocessing that finds the root's children."""
-    kernel = next(k for k in kernels(export(batch), CPU) if k.identity.op == "fused_matmul_add_relu")
+    kernel = next(k for k in kernels(export(batch), CPU, NO_REWRITES) if k.identity.op == "fused_matmul_add_relu")
     sch = tvm.s_tir.Schedule(workload_module(kernel.identity.workload))
     rows, cols, red = sch.get_loops(sch.get_sblock("matmul"))
     r0, r1, r2 = sch.split(rows, sch.sample_perfect_tile(rows, n=3, decision=row_tiles))
@@ -325,7 +326,7 @@ def test_a_kernel_padded_on_two_symbolic_loops_unrolls_less(tmp_path: Path) -> N
     """Both loops of the attention scores are the sequence: the padded buffers' strides are symbolic in every statement
     the recorded unrolling (512 steps) emits, and lowering them cost seconds. The padded levels keep 64 steps; TVM's
     re-derivation keeps the record's. Right at every size."""
-    kernel = next(k for k in kernels(scores(16), CPU) if k.identity.op == "matmul")
+    kernel = next(k for k in kernels(scores(16), CPU, NO_REWRITES) if k.identity.op == "matmul")
     sch = tvm.s_tir.Schedule(workload_module(kernel.identity.workload))
     rows, cols, red = sch.get_loops(sch.get_sblock("matmul"))
     r0, r1, r2 = sch.split(rows, sch.sample_perfect_tile(rows, n=3, decision=[2, 2, 4]))
@@ -357,7 +358,7 @@ def test_a_transfer_that_would_vectorize_a_symbolic_loop_is_not_served(tmp_path:
     """LLVM's vectorizer needs a constant extent. A record that vectorizes the batch loop at batch 4 replays on a
     dynamic batch, but the kernel would fail TVM's lowering, and with it the user's compile: the hook drops it (the
     kernel keeps the default) and serves it where the batch is static."""
-    kernel = next(k for k in kernels(export(4), CPU) if k.identity.op == "fused_matmul_add_relu")
+    kernel = next(k for k in kernels(export(4), CPU, NO_REWRITES) if k.identity.op == "fused_matmul_add_relu")
     sch = tvm.s_tir.Schedule(workload_module(kernel.identity.workload))
     rows, cols = sch.get_loops(sch.get_sblock("compute"))
     sch.reorder(cols, rows)
@@ -380,7 +381,7 @@ def test_a_transfer_whose_vectorized_loop_grows_past_the_lanes_bound_is_not_serv
     1,280 lanes at batch 80, past the bound of 1,024 (unrolled copies of far fewer cost LLVM most: a ResNet-18 transfer
     of 121 lanes unrolled 128 times took 84 s). The hook drops it without complaint (the kernel keeps the default) and
     serves it at batch 4."""
-    kernel = next(k for k in kernels(export(4), CPU) if k.identity.op == "fused_matmul_add_relu")
+    kernel = next(k for k in kernels(export(4), CPU, NO_REWRITES) if k.identity.op == "fused_matmul_add_relu")
     sch = tvm.s_tir.Schedule(workload_module(kernel.identity.workload))
     rows, cols = sch.get_loops(sch.get_sblock("compute"))
     outer, inner = sch.split(cols, [None, 16])
@@ -405,7 +406,7 @@ def test_a_default_schedule_record_is_never_transferred(tmp_path: Path, registry
     default schedule under another name (seen serving a 52 ms kernel where the next candidate took 13 ms)."""
     with LocalRegistry(tmp_path, sync=False) as reg:
         reg.put_many([r for s in registry.summaries() for r in registry.get(s.key)])
-        defaults = [k for k in kernels(export(8), CPU) if "matmul" in k.identity.op]  # nearer to batch 16 than the batch-4 records
+        defaults = [k for k in kernels(export(8), CPU, NO_REWRITES) if "matmul" in k.identity.op]  # nearer to batch 16 than the batch-4 records
         for k in defaults:
             reg.put(default_schedule_record(k.identity))
         with use(reg, CPU, link=False) as session:
@@ -435,7 +436,7 @@ def test_a_transfer_is_replaced_by_the_exact_record_once_it_exists(tmp_path: Pat
         with use(reg, CPU) as session:
             tvm.compile(export(16), CPU)
         assert session.report.transfers == 2
-        exact = [tune(k.identity) for k in kernels(export(16), CPU) if k.identity.key in {j["key"] for j in reg.jobs("pending")}]
+        exact = [tune(k.identity) for k in kernels(export(16), CPU, NO_REWRITES) if k.identity.key in {j["key"] for j in reg.jobs("pending")}]
         reg.put_many(exact)  # what the worker pushes after tuning the queued miss
         with use(reg, CPU) as session:
             ex = tvm.compile(export(16), CPU)
@@ -479,7 +480,7 @@ class ForeignCandidates(LocalRegistry):
 
 def test_a_candidate_of_another_structure_is_never_served(tmp_path: Path, registry: LocalRegistry) -> None:
     transpose = next(r for s in registry.summaries() for r in registry.get(s.key) if r.identity.op.startswith("transpose"))
-    matmul = next(k.identity for k in kernels(export(16), CPU) if "matmul" in k.identity.op)
+    matmul = next(k.identity for k in kernels(export(16), CPU, NO_REWRITES) if "matmul" in k.identity.op)
     impostor = dataclasses.replace(transpose, identity=matmul)  # a transpose's trace claiming a matmul's structure
     for foreign in (transpose, impostor):
         with ForeignCandidates(tmp_path / foreign.trace_id / str(id(foreign)), foreign) as reg:
@@ -493,7 +494,7 @@ def test_a_candidate_of_another_structure_is_never_served(tmp_path: Path, regist
 
 
 def test_the_probe_carries_what_the_hook_computed(registry: LocalRegistry) -> None:
-    ident = kernels(export(16), CPU)[0].identity
+    ident = kernels(export(16), CPU, NO_REWRITES)[0].identity
     probe = Probe.of(ident)
     assert probe.target == target_text(CPU) == ident.target and probe.dims == [a[2] for a in ident.args_info]
     assert Probe.from_obj(probe.to_dict()) == probe
@@ -517,9 +518,9 @@ def test_measured_transfers_serve_the_fastest_candidate_that_agrees(tmp_path: Pa
     monkeypatch.setattr(measure, "build", recorded(builds, measure.build))
     monkeypatch.setattr(measure.KernelBench, "time", recorded(timings, measure.KernelBench.time))
     with LocalRegistry(tmp_path / "store", sync=False) as reg:
-        ours = [tune(k.identity) for k in kernels(export(4), host)]
+        ours = [tune(k.identity) for k in kernels(export(4), host, NO_REWRITES)]
         reg.put_many(ours)
-        for k in kernels(export(64), host):  # a second neighbour, with another schedule, for every batch-dependent kernel
+        for k in kernels(export(64), host, NO_REWRITES):  # a second neighbour, with another schedule, for every batch-dependent kernel
             reg.put(next(r for r in (split_record(k.identity, f) for f in FACTORS) if r.trace not in {o.trace for o in ours}))
         with use(reg, host, cache=tmp_path / "cache", measure=60, repostprocess=False) as session:  # the records' own candidates only
             ex = tvm.compile(export(16), host)
@@ -544,7 +545,7 @@ def test_a_measured_compile_keeps_a_contending_default_that_beats_every_candidat
     every timed candidate is slower keeps it: reported as a miss that says why, queued, and timed once a machine."""
     host = tvm.target.Target({"kind": "llvm", "mcpu": host_cpu(), "num-cores": 2})
     with LocalRegistry(tmp_path / "store", sync=False) as reg:
-        slow = slow_record(next(k.identity for k in kernels(export(4), host) if k.identity.op == "fused_matmul_add_relu"))
+        slow = slow_record(next(k.identity for k in kernels(export(4), host, NO_REWRITES) if k.identity.op == "fused_matmul_add_relu"))
         reg.put(slow)
         with use(reg, host, cache=tmp_path / "plain", measure=60) as plain:  # a CPU's unscheduled kernel does not contend
             tvm.compile(export(16), host)
@@ -570,7 +571,7 @@ def test_a_measured_compile_whose_default_cannot_be_scheduled_serves_the_ranking
     measured; the compile completes and computes right."""
     host = tvm.target.Target({"kind": "llvm", "mcpu": host_cpu(), "num-cores": 2})
     op = "fused_matmul_add_relu"
-    record = parallel_record(next(k.identity for k in kernels(export(4), host) if k.identity.op == op), 8, 16)  # it has a twin here
+    record = parallel_record(next(k.identity for k in kernels(export(4), host, NO_REWRITES) if k.identity.op == op), 8, 16)  # it has a twin here
 
     def failing(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
         raise RuntimeError("no default schedule for this kernel")
@@ -604,7 +605,7 @@ def test_a_measured_compile_also_times_a_transfer_postprocessed_again_at_the_ker
     unmeasured: ``repostprocess=False``, or no measuring, serves the record alone (nothing to choose: not timed)."""
     host = tvm.target.Target({"kind": "llvm", "mcpu": host_cpu(), "num-cores": 2})
     op = "fused_matmul_add_relu"
-    record = parallel_record(next(k.identity for k in kernels(export(4), host) if k.identity.op == op), 8, 16)
+    record = parallel_record(next(k.identity for k in kernels(export(4), host, NO_REWRITES) if k.identity.op == op), 8, 16)
     with LocalRegistry(tmp_path / "store", sync=False) as reg:
         reg.put(record)
         with use(reg, host, cache=tmp_path / "cache", measure=60) as session:
@@ -628,7 +629,7 @@ def test_a_measured_compile_refuses_a_candidate_whose_outputs_differ_from_the_de
     unsafe primitive on every read, so the record is left out, complained about and quarantined, and the kernel gets the
     candidate that agrees, although the ranking had put the other first (far faster for its work at home)."""
     host = tvm.target.Target({"kind": "llvm", "mcpu": host_cpu(), "num-cores": 2})
-    identity = next(k.identity for k in kernels(export(4), host) if k.identity.op == "fused_matmul_add_relu")
+    identity = next(k.identity for k in kernels(export(4), host, NO_REWRITES) if k.identity.op == "fused_matmul_add_relu")
     kernel = normalize_mod(workload_module(identity.workload))
     sch = tvm.s_tir.Schedule(kernel)
     sch.unsafe_set_dtype(sch.get_sblock("matmul"), 0, "float16")
@@ -637,7 +638,7 @@ def test_a_measured_compile_refuses_a_candidate_whose_outputs_differ_from_the_de
     assert bench.time(halved).secs is None and "differs from TVM's default schedule" in bench.time(halved).error
     assert (bench.time(default).secs or 0) > 0
     wrong = Record(identity, json.dumps(plain_json(sch.trace.as_json()), separators=(",", ":")), [1e-9], {"tuner": "hostile"})
-    right = split_record(next(k.identity for k in kernels(export(8), host) if k.identity.op == identity.op), 4)  # another neighbour
+    right = split_record(next(k.identity for k in kernels(export(8), host, NO_REWRITES) if k.identity.op == identity.op), 4)  # another neighbour
     with LocalRegistry(tmp_path / "store", sync=False) as reg:
         reg.put_many([wrong, right])  # stored as a registry without today's checks would have kept it
         with use(reg, host, cache=tmp_path / "cache", measure=60, repostprocess=False) as session:  # the two records alone
@@ -689,7 +690,7 @@ def test_candidates_that_schedule_the_kernel_alike_are_built_and_timed_once(tmp_
     real_build = measure.build
     monkeypatch.setattr(measure, "build", lambda *args: builds.append(args) or real_build(*args))
     with LocalRegistry(tmp_path / "store", sync=False) as reg:
-        sources = {batch: next(k.identity for k in kernels(export(batch), host) if k.identity.op == "fused_matmul_add_relu") for batch in (64, 32)}
+        sources = {batch: next(k.identity for k in kernels(export(batch), host, NO_REWRITES) if k.identity.op == "fused_matmul_add_relu") for batch in (64, 32)}
         alike = [tiled_record(sources[64], 0, [2, 32]), tiled_record(sources[32], 0, [2, 16])]
         reg.put_many(alike)
         with use(reg, host, cache=tmp_path / "cache", measure=60, repostprocess=False) as session:
@@ -705,9 +706,9 @@ def test_without_measuring_the_candidate_whose_tiles_still_fit_is_served_before_
     """Batch 8 is nearer to 16 than batch 64, but its record tiles the batch loop (re-derived at 16);
     the record from batch 64 tiles a loop whose extent does not change, so it replays as tuned."""
     with LocalRegistry(tmp_path / "store", sync=False) as reg:
-        retiled = {k.name: tiled_record(k.identity, 0, [2, 4]) for k in kernels(export(8), CPU) if "matmul" in k.name}
+        retiled = {k.name: tiled_record(k.identity, 0, [2, 4]) for k in kernels(export(8), CPU, NO_REWRITES) if "matmul" in k.name}
         kept = {}
-        for k in kernels(export(64), CPU):
+        for k in kernels(export(64), CPU, NO_REWRITES):
             if "matmul" in k.name:
                 extent = k.identity.args_info[-1][2][1]  # the output's columns: the same at every batch
                 kept[k.name] = tiled_record(k.identity, 1, [extent // 2, 2])
@@ -716,7 +717,7 @@ def test_without_measuring_the_candidate_whose_tiles_still_fit_is_served_before_
             ex = tvm.compile(export(16), CPU)
         transfers = {k.op: k.detail.split(":")[1] for k in session.report.kernels if k.outcome == "transfer"}
         assert transfers == {name: r.trace_id for name, r in kept.items()}
-        found = reg.lookup_with_candidates([k.identity for k in kernels(export(16), CPU) if "matmul" in k.name], per_key=4)[1]
+        found = reg.lookup_with_candidates([k.identity for k in kernels(export(16), CPU, NO_REWRITES) if "matmul" in k.name], per_key=4)[1]
         assert all(cs[0].record.trace_id == retiled[cs[0].record.identity.op].trace_id for cs in found.values())  # nearest first: batch 8
         with use(reg, CPU, cache=tmp_path / "cache") as again:  # the replays come from this machine's cache: same pick
             tvm.compile(export(16), CPU)
@@ -738,9 +739,9 @@ def test_a_cost_model_the_registry_serves_decides_between_transfers_that_fit_ali
         extent = k.identity.args_info[-1][2][1]
         return tiled_record(k.identity, 1, [extent // parts, parts])
 
-    small = {k.name: columns(k, 4) for k in kernels(export(8), CPU) if "matmul" in k.name}
-    large = {k.name: columns(k, 2) for k in kernels(export(64), CPU) if "matmul" in k.name}
-    held_out = [k for k in kernels(export(16), CPU) if "matmul" in k.name]
+    small = {k.name: columns(k, 4) for k in kernels(export(8), CPU, NO_REWRITES) if "matmul" in k.name}
+    large = {k.name: columns(k, 2) for k in kernels(export(64), CPU, NO_REWRITES) if "matmul" in k.name}
+    held_out = [k for k in kernels(export(16), CPU, NO_REWRITES) if "matmul" in k.name]
     rows, labels = [], []
     for k in held_out:
         normalized = normalize_mod(workload_module(k.identity.workload)["main"])
@@ -806,13 +807,13 @@ def test_a_tiling_that_was_all_ones_where_it_was_tuned_ranks_after_one_that_deci
     from schedhub.hooks.ranking import Retiling
 
     with LocalRegistry(tmp_path / "store", sync=False) as reg:
-        blind = {k.name: tiled_record(k.identity, 0, [1, 1], secs=1e-7) for k in kernels(export(1), CPU) if "matmul" in k.name}
-        decided = {k.name: tiled_record(k.identity, 0, [8, 8]) for k in kernels(export(64), CPU) if "matmul" in k.name}
+        blind = {k.name: tiled_record(k.identity, 0, [1, 1], secs=1e-7) for k in kernels(export(1), CPU, NO_REWRITES) if "matmul" in k.name}
+        decided = {k.name: tiled_record(k.identity, 0, [8, 8]) for k in kernels(export(64), CPU, NO_REWRITES) if "matmul" in k.name}
         reg.put_many([*blind.values(), *decided.values()])
         with use(reg, CPU) as session:
             ex = tvm.compile(export(16), CPU)
     assert {k.op: k.detail for k in session.report.kernels if "matmul" in k.op} == {name: f"shape:{r.trace_id}:{name}" for name, r in decided.items()}
-    at16 = {k.name: normalize_mod(workload_module(k.identity.workload)["main"]) for k in kernels(export(16), CPU)}
+    at16 = {k.name: normalize_mod(workload_module(k.identity.workload)["main"]) for k in kernels(export(16), CPU, NO_REWRITES)}
     assert all(replay(at16[name], r.trace)[1] == Retiling(1, 1) for name, r in blind.items())
     assert all(replay(at16[name], r.trace)[1] == Retiling(1, 0) for name, r in decided.items())
     x = np.random.default_rng(8).standard_normal((16, 64)).astype("float32")
@@ -825,8 +826,8 @@ def test_a_compile_whose_measurement_budget_ran_out_serves_what_the_ranking_pick
     after a small budget worse than no budget at all."""
     host = tvm.target.Target({"kind": "llvm", "mcpu": host_cpu(), "num-cores": 2})  # measured only for this machine's CPU
     with LocalRegistry(tmp_path / "store", sync=False) as reg:
-        reg.put_many([tiled_record(k.identity, 0, [2, 4]) for k in kernels(export(8), host) if "matmul" in k.name])  # nearest, retiled at 16
-        kept = {k.name: tiled_record(k.identity, 1, [k.identity.args_info[-1][2][1] // 2, 2]) for k in kernels(export(64), host) if "matmul" in k.name}
+        reg.put_many([tiled_record(k.identity, 0, [2, 4]) for k in kernels(export(8), host, NO_REWRITES) if "matmul" in k.name])  # nearest, retiled at 16
+        kept = {k.name: tiled_record(k.identity, 1, [k.identity.args_info[-1][2][1] // 2, 2]) for k in kernels(export(64), host, NO_REWRITES) if "matmul" in k.name}
         reg.put_many(list(kept.values()))
         served = {}
         for budget in (0, 1e-9):
@@ -858,7 +859,7 @@ def test_the_work_the_ranking_reads_from_a_workload_text_is_tvms_flop_estimate()
     from schedhub.hooks.costmodel import flops
 
     resnet, _, _ = models.export("resnet18", batch=1, image=32)
-    found = [k for k in [*kernels(export(16), CPU), *kernels(resnet, CPU)] if flops(workload_module(k.identity.workload)) > 1]
+    found = [k for k in [*kernels(export(16), CPU, NO_REWRITES), *kernels(resnet, CPU, NO_REWRITES)] if flops(workload_module(k.identity.workload)) > 1]
     assert len(found) > 10 and any("conv2d" in k.name for k in found)
     for k in found:
         assert work(k.identity.workload) == flops(workload_module(k.identity.workload)), k.name
@@ -869,7 +870,7 @@ def test_the_effort_of_a_kernel_counts_the_elements_it_writes_beside_its_arithme
     """What orders the misses a compile reports: a transpose has no arithmetic but writes every element."""
     from schedhub.hooks.ranking import effort, work
 
-    mlp = kernels(export(16), CPU)
+    mlp = kernels(export(16), CPU, NO_REWRITES)
     transpose = next(k for k in mlp if k.name == "transpose")  # the first layer's weight: 128 × 64
     assert work(transpose.identity.workload) == 1.0 and effort(transpose.identity.workload) == 128 * 64
     matmul = next(k for k in mlp if k.name == "fused_matmul_add_relu")  # 16 × 64 @ 64 × 128, then the bias and the ReLU
@@ -894,10 +895,10 @@ def test_a_transferred_miss_is_queued_by_the_time_its_transfer_is_expected_to_ta
     so the head, left to the default schedule, is queued first."""
     from schedhub.hooks.ranking import work
 
-    wide_at_8 = next(k.identity for k in kernels(uneven(8), CPU) if layer(k) == "wide")
+    wide_at_8 = next(k.identity for k in kernels(uneven(8), CPU, NO_REWRITES) if layer(k) == "wide")
     record = split_record(wide_at_8, 4)
     fast = dataclasses.replace(record, run_secs=[work(wide_at_8.workload) / 1e12])  # 1000× the default's assumed 1e9 a second
-    layers = {k.identity.key: layer(k) for k in kernels(uneven(4), CPU)}
+    layers = {k.identity.key: layer(k) for k in kernels(uneven(4), CPU, NO_REWRITES)}
     with LocalRegistry(tmp_path / "store", sync=False) as store:
         store.put_many([fast])
         with use(store, CPU, cache=tmp_path / "cache") as session:
@@ -915,8 +916,8 @@ def test_a_compile_that_measures_spends_its_budget_on_the_costliest_kernels_firs
     home_secs = {"head": 1e-3, "block": 1e-4, "wide": 1e-5}  # expected at batch 4: head 0.5 ms, block 3 × 0.05, wide 0.005
     with LocalRegistry(tmp_path / "store", sync=False) as reg:
         for batch, factor in ((8, FACTORS[0]), (16, FACTORS[1])):  # two neighbours a layer, each with its own schedule
-            reg.put_many([dataclasses.replace(split_record(k.identity, factor), run_secs=[home_secs[layer(k)]]) for k in kernels(uneven(batch), host) if layer(k)])
-        layers = {k.identity.key: layer(k) for k in kernels(uneven(4), host) if layer(k)}
+            reg.put_many([dataclasses.replace(split_record(k.identity, factor), run_secs=[home_secs[layer(k)]]) for k in kernels(uneven(batch), host, NO_REWRITES) if layer(k)])
+        layers = {k.identity.key: layer(k) for k in kernels(uneven(4), host, NO_REWRITES) if layer(k)}
         served = {}
         for budget in (0, 60):
             with use(reg, host, cache=tmp_path / f"cache-{budget}", measure=budget, repostprocess=False) as session:  # two candidates a kernel

@@ -17,6 +17,7 @@ from tvm import te, tirx
 from tvm.relax.frontend import nn
 from tvm.s_tir import meta_schedule as ms
 
+from schedhub.hooks.rewrites import NO_REWRITES
 from schedhub.hooks import RegistryDatabase, RegistryFallbackWarning, ScheduleLimits, ScheduleTooCostly, use, workload_identity
 from schedhub.hooks.costmodel import Kernels
 from schedhub.hooks.guard import check_scheduled, check_trace_size, loop_iterations, loop_name_chars, nested_statements, unrolled_code
@@ -43,7 +44,7 @@ def model() -> dict:
     mod, _ = MatMul().export_tvm({"forward": {"x": nn.spec.Tensor((128, 512), "float32")}})
     from schedhub.tuner import models
 
-    (kernel,) = models.kernels(mod, CPU)
+    (kernel,) = models.kernels(mod, CPU, NO_REWRITES)
     return {"mod": mod, "identity": kernel.identity, "kernel": workload_module(kernel.identity.workload)}
 
 

@@ -27,6 +27,7 @@ import pytest
 import tvm
 from tvm import relax, te
 
+from schedhub.hooks.rewrites import NO_REWRITES
 from schedhub.hooks import ScheduleLimits, ScheduleTooCostly, use
 from schedhub.hooks.guard import check_scheduled
 from schedhub.hooks.identity import workload_identity, workload_module
@@ -502,7 +503,7 @@ def seeding() -> SimpleNamespace:
     from .test_synthesis import HOST, measured_log
     from .test_transfer import export
 
-    identity = next(k.identity for k in models.kernels(export(16), tvm.target.Target(HOST)) if "matmul" in k.identity.op)
+    identity = next(k.identity for k in models.kernels(export(16), tvm.target.Target(HOST), NO_REWRITES) if "matmul" in k.identity.op)
     return SimpleNamespace(logs=measured_log(4), identity=identity)
 
 
@@ -534,7 +535,7 @@ def test_a_job_for_a_cpu_new_to_the_registry_is_seeded_by_the_model_of_its_neigh
 
     sibling_log, sibling_records = as_sibling(seeding.logs, 8)  # another CPU's log, then its records at batch 8
     options = tiny(trials=4, trials_per_iter=4, publish=1, warm_start=2, synthesize=16)
-    lone = next(k.identity for k in models.kernels(export(16), tvm.target.Target(HOST)) if "matmul" in k.identity.op and k.identity != seeding.identity)
+    lone = next(k.identity for k in models.kernels(export(16), tvm.target.Target(HOST), NO_REWRITES) if "matmul" in k.identity.op and k.identity != seeding.identity)
     with registry_with(tmp_path / "store", sibling_log) as reg:
         assert warm_start(reg, seeding.identity, options, Seeder(reg, 16)) == ([], [])  # no neighbour names the sibling
         reg.put_many([r for r in sibling_records if r.identity.op != lone.op], "worker")  # none for the lone kernel

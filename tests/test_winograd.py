@@ -20,7 +20,7 @@ from schedhub.cli.tune_cmds import CONVS as CLI_CONVS
 from schedhub.hooks import use, winograd
 from schedhub.hooks.identity import plain_json, workload_module
 from schedhub.hooks.pipeline import fusion_passes
-from schedhub.hooks.rewrites import Rewrites
+from schedhub.hooks.rewrites import NO_REWRITES, Rewrites
 from schedhub.hooks.winograd import CONVS, MIN_TILES, TILES, winograd_weights
 from schedhub.registry import Identity, Record
 from schedhub.tuner import baselines, kernels, models
@@ -103,7 +103,7 @@ def test_the_input_transform_computes_its_tiles_where_it_reads_them_whatever_the
 
 def test_only_eligible_convolutions_are_rewritten() -> None:
     """The stride-1 convolution is another kernel under Winograd; the stride-2 one is the same kernel with the same key."""
-    direct = {k.name: k.identity.key for k in models.kernels(conv_net(), CPU)}
+    direct = {k.name: k.identity.key for k in models.kernels(conv_net(), CPU, NO_REWRITES)}
     winograd = {k.name: k.identity.key for k in models.kernels(conv_net(), CPU, Rewrites(conv="winograd"))}
     assert [name for name in winograd if "winograd" in name] == ["fused_conv2d_winograd_add_relu"], winograd
     assert set(direct.values()) - set(winograd.values()) and len(set(direct.values()) & set(winograd.values())) == 1

@@ -208,20 +208,22 @@ class Kernel:
 
 
 def kernels(mod: tvm.IRModule, target: Any, rewrites: Rewrites | None = None) -> list[Kernel]:
-    """The fused kernels the compile hook will look up for ``mod`` on ``target`` after ``rewrites`` (None: none;
-    ``hooks.use(..., layout=, math=, prepack=)``: same passes, same keys)."""
+    """The fused kernels the compile hook looks up for ``mod`` on ``target`` after ``rewrites``: by default those a
+    compile with ``use(...)``'s defaults takes for a network the registry holds nothing of, and ``schedhub tune`` tunes
+    (``hooks.choice.compiled_first``: NHWC and prepacked on a CPU with AVX2 or AVX-512); ``hooks.rewrites.NO_REWRITES``
+    for the network as given; the rewrites of ``hooks.use(..., layout=, math=, prepack=)``: same passes, same keys."""
     from tvm import tirx
 
     from schedhub.hooks.identity import workload_identity
     from schedhub.hooks.defaults import is_gpu
     from schedhub.hooks.pipeline import call_counts, fusion_passes, gpu_backend
-    from schedhub.hooks.rewrites import NO_REWRITES
+    from schedhub.hooks.choice import compiled_first
 
     tgt = tvm.target.Target(target) if not isinstance(target, tvm.target.Target) else target
     with tgt:
         if is_gpu(tgt):  # the GPU route dispatches to libraries first
             mod = tvm.transform.Sequential(gpu_backend(tgt).library_dispatch_passes(tgt))(mod)
-        fused = fusion_passes(rewrites or NO_REWRITES)(mod)
+        fused = fusion_passes(rewrites if rewrites is not None else compiled_first(tgt, [mod]))(mod)
     calls = call_counts(fused)
     found: dict[str, Kernel] = {}
     for gv, func in fused.functions_items():

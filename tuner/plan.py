@@ -16,6 +16,7 @@ shipped models it sets the shape option of that name, for ONNX/PyTorch ``batch``
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import itertools
 import json
@@ -254,11 +255,7 @@ def tuning_rewrites(target: dict[str, Any], layout: str, math: str, prepack: boo
     ``target``'s kernels are best tuned with (``hooks.choice.tuned_best``: NHWC and prepacked on a CPU with AVX2 or AVX-512, none
     elsewhere), the given layout where that one converts nothing in ``modules`` (no convolution: the same keys, said as
     they are). A compile finds either by default (``use(...)``'s ``"auto"``)."""
-    from schedhub.hooks.choice import tuned_best
-    from schedhub.hooks.layouts import converts
-    from schedhub.hooks.rewrites import Rewrites
+    from schedhub.hooks.choice import compiled_first
 
-    best = tuned_best(target, math, conv)  # type: ignore[arg-type]
-    if layout == AUTO:
-        layout = best.layout if not modules or any(converts(best.layout, mod) for mod in modules) else "given"
-    return Rewrites(layout, math, best.prepack if prepack is None else prepack, conv)  # type: ignore[arg-type]
+    first = compiled_first(target, modules, math, conv)  # type: ignore[arg-type]
+    return dataclasses.replace(first, layout=first.layout if layout == AUTO else layout, prepack=first.prepack if prepack is None else prepack)

@@ -21,6 +21,7 @@ from typing import Any
 import tvm
 from tvm.relax.frontend import nn
 
+from schedhub.hooks.rewrites import NO_REWRITES
 from schedhub.hooks import use
 from schedhub.hooks.identity import workload_module
 from schedhub.hooks.msdb import trace_text
@@ -87,7 +88,7 @@ def compile_once(store: Path, mod: tvm.IRModule) -> tuple[float, dict[str, Any]]
 
 def measure(rounds: int) -> dict[str, Any]:
     mod, _ = MatMul().export_tvm({"forward": {"x": nn.spec.Tensor((4, 64), "float32")}})
-    (kernel,) = models.kernels(mod, CPU)
+    (kernel,) = models.kernels(mod, CPU, NO_REWRITES)
     rows: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         stores = {"default": Path(tmp) / "empty"}

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from schedhub.hooks.rewrites import NO_REWRITES
 from schedhub.tuner import cuda_build, models
 from schedhub.tuner.network import heaviest_first
 
@@ -41,7 +42,7 @@ def candidate_sources(arch: str, kernels: int, candidates: int) -> list[tuple[st
     target = tvm.target.Target({"kind": "cuda", "arch": arch, "max_threads_per_block": 1024, "max_num_threads": 1024, "thread_warp_size": 32,
                                 "max_shared_memory_per_block": 49152, "registers_per_block": 65536})  # an H100/H200's limits, as from_device gives them
     mod = models.export_with_weights("bert_layer", batch=1, seq=128)[0]
-    found = heaviest_first(k for k in models.kernels(mod, target) if "matmul" in k.identity.op)
+    found = heaviest_first(k for k in models.kernels(mod, target, NO_REWRITES) if "matmul" in k.identity.op)
     out: list[tuple[str, str, float]] = []
     used = 0
     for kernel in found:  # the heaviest first; a kernel none of whose draws completes (the fused GELU's, here) is passed over

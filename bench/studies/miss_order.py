@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from schedhub.hooks.rewrites import NO_REWRITES
 from schedhub.registry import LocalRegistry
 from schedhub.tuner import cluster, models, profile, tvm_env
 
@@ -57,11 +58,11 @@ def run(source_store: Path) -> dict[str, Any]:
         shutil.copytree(source_store, root)
         cluster.start()
         with LocalRegistry(root) as registry:
-            warm = models.kernels(models.export(MODEL_WARM_UP[0], **MODEL_WARM_UP[1])[0], target)
+            warm = models.kernels(models.export(MODEL_WARM_UP[0], **MODEL_WARM_UP[1])[0], target, NO_REWRITES)
             tune_kernels(registry, warm[:1], options)
             for name, shape in QUICK_CONVNETS:
                 mod, _, _ = models.export(name, **shape)
-                by_key = {k.identity.key: k for k in models.kernels(mod, target)}
+                by_key = {k.identity.key: k for k in models.kernels(mod, target, NO_REWRITES)}
                 with hooks.use(registry, target, cache=Path(tmp) / f"cache-{name}") as session:
                     tvm.compile(mod, target)
                 module_order = list(dict.fromkeys(k.key for k in session.report.kernels if k.key in by_key))
@@ -90,7 +91,7 @@ def run(source_store: Path) -> dict[str, Any]:
 def _latencies(mod: Any, target: Any, registry: LocalRegistry) -> dict[str, float]:
     """Each kernel's µs per call as the registry serves it now (``schedhub profile``'s timing, this machine's threads)."""
     threads = [int(target.attrs["num-cores"])]
-    by_op = {k.identity.op: k.identity.key for k in models.kernels(mod, target)}
+    by_op = {k.identity.op: k.identity.key for k in models.kernels(mod, target, NO_REWRITES)}
     rows = profile.profile(mod, target, registry, threads)
     served = {by_op[r.op]: r.latency_us for r in rows if r.schedule != "default"}
     default = {by_op[r.op]: r.latency_us for r in rows if r.schedule == "default"}

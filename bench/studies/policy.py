@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from schedhub.hooks.rewrites import NO_REWRITES
 from schedhub.registry import LocalRegistry
 from schedhub.tuner import cluster, models, tvm_env
 from schedhub.tuner.allocation import POLICIES, Goal
@@ -87,7 +88,7 @@ def main() -> None:
     target = tvm.target.Target(tvm_env.host_target())
     shape = {"image": args.image} if args.network in ("resnet18", "mobilenetv2") else {}
     mod, weights, input_shape = models.export_with_weights(args.network, batch=args.batch, **shape)
-    kernels = models.kernels(mod, target)
+    kernels = models.kernels(mod, target, NO_REWRITES)
     budget = args.per_kernel * len(kernels)
     result: dict[str, Any] = {"command": "python -m bench.studies.policy " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out"),
                               "network": args.network, "shape": {"batch": args.batch, **shape}, "kernels": len(kernels), "budget_trials": budget,

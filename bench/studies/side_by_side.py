@@ -13,6 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from schedhub.hooks.rewrites import NO_REWRITES
 from schedhub.registry import LocalRegistry
 from schedhub.tuner import cluster, models, tvm_env
 from schedhub.tuner.search import TuneOptions
@@ -72,7 +73,7 @@ def tuned_copy(source_store: Path, root: Path, name: str, shape: dict[str, int],
     with LocalRegistry(root) as registry:
         started = time.time()
         mod, _, _ = models.export(name, **shape)  # type: ignore[arg-type]
-        results = tune_kernels(registry, models.kernels(mod, target), options, retune=True)
+        results = tune_kernels(registry, models.kernels(mod, target, NO_REWRITES), options, retune=True)
         cell = f"{label} {name} {shape}".strip()
         out.setdefault("tuning_secs", {})[cell] = time.time() - started
         out.setdefault("warm_measured", {})[cell] = sum(r.warm_started for r in results.values())

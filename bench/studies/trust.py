@@ -27,6 +27,7 @@ import tvm
 from tvm import relax
 from tvm.relax.frontend import nn
 
+from schedhub.hooks.rewrites import NO_REWRITES
 from schedhub.cli.transfer_cmds import pull_into
 from schedhub.hooks import use
 from schedhub.hooks.identity import workload_module
@@ -51,7 +52,7 @@ class MatMul(nn.Module):
 
 def matmul_model() -> tuple[tvm.IRModule, Any]:
     mod, _ = MatMul().export_tvm({"forward": {"x": nn.spec.Tensor((128, 512), "float32")}})
-    (kernel,) = models.kernels(mod, CPU)
+    (kernel,) = models.kernels(mod, CPU, NO_REWRITES)
     return mod, kernel.identity
 
 
