@@ -149,11 +149,13 @@ def tune(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: 
         return
     until = tune_network.parse_until(until_text) if until_text is not None else None
     reg = open_registry(registry, token)
-    cluster.start(ray_address, num_cpus, num_gpus)
     if until is not None:
         threads = int(tgt.get("num-cores") or num_cpus or 0) or os.cpu_count() or 1
-        tune_network.run(reg, refs, modules, planned, options, until, policy, round_trials, max_trials, max_minutes, threads, tgt, rewrites)
+        goal = tune_network.goal_secs(until, refs, threads)  # before Ray starts: its start-up would slow the engines timed
+        cluster.start(ray_address, num_cpus, num_gpus)
+        tune_network.run(reg, planned, modules, options, goal, policy, round_trials, max_trials, max_minutes, threads, tgt, rewrites)
         return
+    cluster.start(ray_address, num_cpus, num_gpus)
     with progress("tuning", total=len(planned)) as bar:
         task = bar.add_task("tuning", total=len(planned))
         summary = tune_many(reg, [p.kernel.identity for p in planned], options, concurrency=concurrency, retune=retune,

@@ -81,12 +81,14 @@ def network_measure(reg: Any, modules: list[Any], target: dict[str, Any], rewrit
     return lambda: hooked_network_secs(mod, reg, target, rewrites)
 
 
-def run(reg: Any, refs: list[Any], modules: list[Any], planned: list[Any], options: Any, until: str | float, policy_name: str, round_trials: int,
+def run(reg: Any, planned: list[Any], modules: list[Any], options: Any, goal_timed: tuple[float, str], policy_name: str, round_trials: int,
         max_trials: int | None, max_minutes: float | None, threads: int, target: dict[str, Any], rewrites: Any) -> None:  # fmt: skip
+    """Tune the network in rounds until it beats ``goal_timed`` (the latency and its name, :func:`goal_secs`) or the
+    budget is spent, saying each round's estimate against it."""
     from schedhub.tuner.allocation import POLICIES, Goal, timed_so_far
     from schedhub.tuner.network import Check, Round, tune_network
 
-    reference, label = goal_secs(until, refs, threads)
+    reference, label = goal_timed
     kernels = [(p.kernel.identity, p.kernel.calls) for p in planned]
     goal = Goal(latency_secs=reference, max_trials=max_trials if max_trials is not None else options.trials * len(kernels),
                 max_secs=max_minutes * 60 if max_minutes else None)  # fmt: skip
