@@ -153,7 +153,8 @@ def tune(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: 
         threads = int(tgt.get("num-cores") or num_cpus or 0) or os.cpu_count() or 1
         goal = tune_network.goal_secs(until, refs, threads)  # before Ray starts: its start-up would slow the engines timed
         cluster.start(ray_address, num_cpus, num_gpus)
-        tune_network.run(reg, planned, modules, options, goal, policy, round_trials, max_trials, max_minutes, threads, tgt, rewrites)
+        tune_network.run(reg, planned, modules, options, goal, policy, round_trials, max_trials, max_minutes, threads, tgt, rewrites,
+                         name=refs[0].label if len(refs) == 1 else None)  # fmt: skip
         return
     cluster.start(ray_address, num_cpus, num_gpus)
     with progress("tuning", total=len(planned)) as bar:

@@ -81,15 +81,29 @@ def network_measure(reg: Any, modules: list[Any], target: dict[str, Any], rewrit
     return lambda: hooked_network_secs(mod, reg, target, rewrites)
 
 
+def report(reg: Any, kernels: list[tuple[Any, int]], name: str, reference: float, label: str) -> None:
+    """Tell the registry the network (its kernels and calls), its name and its goal, so that its page shows where the
+    network stands against the goal as the tuning goes (a registry that refuses says one line; the tuning goes on)."""
+    from schedhub.registry import MAX_NETWORK_KERNELS, RegistryError
+
+    called = sorted(((i.key, calls) for i, calls in kernels), key=lambda kc: -kc[1])[:MAX_NETWORK_KERNELS]
+    try:
+        reg.report_network(called, name=name[:80].strip(), goal={"label": label[:40], "secs": reference})
+    except RegistryError as exc:
+        console.print(f"the network was not reported to the registry's page: {exc}")
+
+
 def run(reg: Any, planned: list[Any], modules: list[Any], options: Any, goal_timed: tuple[float, str], policy_name: str, round_trials: int,
-        max_trials: int | None, max_minutes: float | None, threads: int, target: dict[str, Any], rewrites: Any) -> None:  # fmt: skip
+        max_trials: int | None, max_minutes: float | None, threads: int, target: dict[str, Any], rewrites: Any, name: str | None = None) -> None:  # fmt: skip
     """Tune the network in rounds until it beats ``goal_timed`` (the latency and its name, :func:`goal_secs`) or the
-    budget is spent, saying each round's estimate against it."""
+    budget is spent, saying each round's estimate against it; ``name``: the network's, reported with its goal."""
     from schedhub.tuner.allocation import POLICIES, Goal, timed_so_far
     from schedhub.tuner.network import Check, Round, tune_network
 
     reference, label = goal_timed
     kernels = [(p.kernel.identity, p.kernel.calls) for p in planned]
+    if name:
+        report(reg, kernels, name, reference, label)
     goal = Goal(latency_secs=reference, max_trials=max_trials if max_trials is not None else options.trials * len(kernels),
                 max_secs=max_minutes * 60 if max_minutes else None)  # fmt: skip
     measure = network_measure(reg, modules, target, rewrites, threads)

@@ -24,7 +24,7 @@ from typing import Any
 
 import tvm
 
-from schedhub.registry import LocalRegistry, Registry, RegistryClient, Trust, connect
+from schedhub.registry import InvalidRecord, LocalRegistry, Registry, RegistryClient, Trust, check_network_name, connect
 
 from .cache import KernelCache, default_dir, max_bytes, prune
 from .database import RegistryDatabase
@@ -76,6 +76,7 @@ def use(
     prepack: bool | Auto = AUTO,
     conv: Conv = "direct",
     rules: bool = True,
+    name: str | None = None,
 ) -> Iterator[HookSession]:
     """Apply registry schedules to every Relax build in this block (this thread).
 
@@ -127,8 +128,15 @@ def use(
     ``rules``: a CPU kernel the registry cannot serve (a miss, still reported and queued) gets its own design space's
     schedule with every decision taken by rule, untimed (:mod:`.rules`), rather than TVM's unscheduled default;
     False: the default, as TVM compiles without schedhub.
+    ``name``: what the registry's page calls the network this block compiles (a compile reports its kernels and their
+    calls once, for the queue to refine its slowest; the page shows how much of it is tuned). None: unnamed.
     """
     rewrites = RewriteOptions.of(layout, math, prepack, conv)  # checked before anything opens
+    if name is not None:
+        try:
+            check_network_name(name)
+        except InvalidRecord as exc:
+            raise ValueError(str(exc)) from None
     if target is not None:
         check_cpu(target)
     install()
@@ -144,7 +152,9 @@ def use(
         objects = ObjectCache(Path(cache_dir) / "objects") if link and cache_dir is not None and c_compiler_available() else None
         session = HookSession(reg, report_misses=report_misses, trust=trust, limits=limits, transfer=transfer, cache=KernelCache(cache_dir),
                               measure=measure, objects=objects, synthesize=synthesize, rank_by_model=rank_by_model, pad=pad,
-                              relocate=relocate, repostprocess=repostprocess, rewrites=rewrites, rules=rules)  # fmt: skip
+                              relocate=relocate, repostprocess=repostprocess, rewrites=rewrites, rules=rules, network_name=name)  # fmt: skip
+    if name is not None:
+        session.network_name = name
     token = ACTIVE.set(session)
     try:
         with contextlib.ExitStack() as stack:

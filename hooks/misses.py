@@ -3,6 +3,7 @@ request at its end, the kernel expected to cost the module most first. A part of
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import warnings
 from collections import Counter
@@ -61,11 +62,12 @@ class MissReporting:
             return
         self._networks_reported.add(network)
         kernels = sorted(network, key=lambda kc: -kc[1])[:MAX_NETWORK_KERNELS]
-        mark = self.cache.root / "networks" / network_id(kernels) if self.cache.root is not None else None
+        named = f"-{hashlib.sha256(self.network_name.encode()).hexdigest()[:16]}" if self.network_name else ""  # a name given later is sent
+        mark = self.cache.root / "networks" / (network_id(kernels) + named) if self.cache.root is not None else None
         if mark is not None and mark.exists():
             return
         try:
-            self.registry.report_network(kernels)
+            self.registry.report_network(kernels, name=self.network_name)
         except RegistryError as exc:  # refinement is the registry's extra: the compile and its report are whole without it
             log.info("schedhub: this module's kernels were not reported for refinement: %s", exc)
             return

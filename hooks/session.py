@@ -93,8 +93,10 @@ class HookSession(TransferServing, MissReporting):
     def __init__(self, registry: Registry, *, report_misses: bool = True, trust: Trust = "verified",
                  limits: ScheduleLimits | None = None, transfer: bool = True, cache: KernelCache | None = None,
                  measure: float = 0.0, objects: ObjectCache | None = None, synthesize: int = 0, rank_by_model: bool | None = None, pad: bool = True,
-                 relocate: bool = True, repostprocess: bool = True, rewrites: Rewrites | RewriteOptions = NO_REWRITES, rules: bool = True) -> None:  # fmt: skip
+                 relocate: bool = True, repostprocess: bool = True, rewrites: Rewrites | RewriteOptions = NO_REWRITES, rules: bool = True,
+                 network_name: str | None = None) -> None:  # fmt: skip
         check_sample_count(synthesize)
+        self.network_name = network_name  # what the registry's page calls the network this session compiles
         self.rewrite_options = rewrites if isinstance(rewrites, RewriteOptions) else RewriteOptions((rewrites,))  # what a compile may rewrite (:mod:`.choice`)
         self.rewrites = self.rewrite_options.first  # what the compile rewrites before its kernels are looked up (:mod:`.rewrites`)
         self.registry = registry
@@ -199,7 +201,8 @@ class HookSession(TransferServing, MissReporting):
             if near_too:
                 found, near = self.registry.lookup_with_candidates(wanted, per_key=DEFAULT_CANDIDATES, refused=refused, trust=self.trust, exact_only=exact)
             else:
-                found, near = self.registry.lookup([i.key for i in [*wanted, *exact]], refused=refused), {}
+                weighing = [i.key for i in [*wanted, *exact]] if not candidates else [i.key for i in exact]
+                found, near = self.registry.lookup([i.key for i in [*wanted, *exact]], refused=refused, weighing=weighing), {}
         except RegistryError as exc:
             self._go_offline(exc)
             return

@@ -42,7 +42,7 @@ from ._keys import SCHEMA_VERSION, canonical_target, is_key, record_key, skeleto
 from ._limits import MAX_OP, check_annotations, check_instruction_kinds, check_kind, fit_op, check_object_graphs, check_trace_content, check_workload_source, dotted_name, signature_args_info
 from ._models import MAX_TREE_DEPTH, CostModelEntry, Tree, Trees
 from ._neighbours import COMPILER, SHAPE, TARGET, Candidate, Probe, shape_distance
-from ._networks import MAX_KERNELS as MAX_NETWORK_KERNELS, network_id
+from ._networks import MAX_KERNELS as MAX_NETWORK_KERNELS, network_id, parse_name as check_network_name
 from ._queue import DEAD, DONE, LEASED, PENDING, REFINE, TUNE, VERIFY, VERIFY_STREAK, Lease, MissQueue, task_label, verify_job_id
 from ._usage import by_bytes_held, every_caller, size_text
 from ._records import FLUSHED_SECS, Identity, Record, RefusedRecord, Served, keeps_default_schedule, packb, trace_id, trace_instructions, unpackb, vouch_for
@@ -76,7 +76,7 @@ __all__ = [
     "SCHEMA_VERSION", "record_key", "canonical_target", "is_key", "target_kind", "target_device",
     "skeleton", "structure_key", "workload_key", "Probe", "Candidate", "shape_distance", "COMPILER", "SHAPE", "TARGET",
     "Record", "FLUSHED_SECS", "RefusedRecord", "Identity", "Served", "Trust", "trusted", "trust_filter", "parse_trust", "Trial", "TrialLog", "MAX_TRIALS_PER_ENTRY", "CostModelEntry", "Tree", "Trees", "MAX_TREE_DEPTH", "keeps_default_schedule", "vouch_for", "trace_id", "trace_instructions", "packb", "unpackb", "signature_args_info", "check_workload_source", "check_annotations", "check_instruction_kinds", "check_object_graphs", "check_trace_content", "check_kind", "fit_op", "MAX_OP", "dotted_name",
-    "MAX_NETWORK_KERNELS", "network_id",
+    "MAX_NETWORK_KERNELS", "network_id", "check_network_name",
     "Principal", "TokenFile", "ROLES", "TUNE", "VERIFY", "VERIFY_STREAK", "REFINE", "task_label", "verify_job_id", "by_bytes_held", "every_caller", "size_text",
     "Store", "StoreFormatError", "MissQueue", "Lease", "KeyPage", "KeySummary", "PutResult",
     "PENDING", "LEASED", "DONE", "DEAD",

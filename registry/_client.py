@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -160,11 +160,12 @@ class RegistryClient:
         ``refused``); ``exact_only``: keys whose records are asked in the same request, without candidates (the
         server names neighbours only for the keys it is sent probes of)."""
         probes = {i.key: Probe.of(i) for i in identities}
-        found, near = self._lookup(list(dict.fromkeys([*probes, *(i.key for i in exact_only)])), top, probes, per_key, trust)
+        weighing = {i.key for i in exact_only} - set(probes)
+        found, near = self._lookup(list(dict.fromkeys([*probes, *(i.key for i in exact_only)])), top, probes, per_key, trust, weighing)
         with reading("POST /v1/lookup"):
             return _records_by_key(found, refused), served_candidates(near, refused)
 
-    def _lookup(self, keys: list[str], top: int | None, probes: dict[str, Probe], per_key: int, trust: Trust = "any") -> tuple[
+    def _lookup(self, keys: list[str], top: int | None, probes: dict[str, Probe], per_key: int, trust: Trust = "any", weighing: Collection[str] = ()) -> tuple[
             dict[str, list[tuple[bytes, dict[str, Any]]]], dict[str, list[tuple[bytes, dict[str, Any], str, float]]]]:  # fmt: skip
         found: dict[str, list[tuple[bytes, dict[str, Any]]]] = {}
         near: dict[str, list[tuple[bytes, dict[str, Any], str, float]]] = {}
@@ -175,6 +176,8 @@ class RegistryClient:
             probed = [probes[k].to_dict() for k in chunk if k in probes] if per_key > 0 else []
             if probed:
                 body.update(probes=probed, candidates=per_key, trust=trust_wire(trust))
+            if weighed := [k for k in chunk if k in weighing]:
+                body["weighing"] = weighed
             answer = self._call("POST", "/v1/lookup", body)
             asked = set(chunk)
             with reading("POST /v1/lookup"):
@@ -195,10 +198,11 @@ class RegistryClient:
     def lookup_raw(self, keys: list[str]) -> dict[str, list[bytes]]:
         return {k: [b for b, _ in v] for k, v in self.lookup_entries(keys).items()}
 
-    def lookup(self, keys: list[str], top: int | None = None, refused: list[RefusedRecord] | None = None) -> dict[str, list[Record]]:
+    def lookup(self, keys: list[str], top: int | None = None, refused: list[RefusedRecord] | None = None, weighing: Collection[str] = ()) -> dict[str, list[Record]]:
         """Records of many keys, best first, each with its ``served`` status (owner, verifier); a record this
-        version refuses is left out and appended to ``refused``."""
-        found = self.lookup_entries(keys, top)
+        version refuses is left out and appended to ``refused``. ``weighing``: those of ``keys`` asked only to weigh a
+        rewrite the compile may not take (the server counts them apart from a compile's hits and misses)."""
+        found = self._lookup(list(dict.fromkeys(keys)), top, {}, 0, weighing=set(weighing))[0]
         with reading("POST /v1/lookup"):
             return _records_by_key(found, refused)
 
@@ -347,12 +351,21 @@ class RegistryClient:
         with reading("POST /v1/misses"):
             return [mapping(r, "result") for r in listing(mapping(answer, "answer")["results"], "results")]
 
-    def report_network(self, kernels: list[tuple[str, int]]) -> dict[str, Any]:
-        """Tell the registry which kernels one compile built and their calls per forward pass (``_networks``)."""
-        answer = self._call("POST", "/v1/networks", {"kernels": [{"key": k, "calls": c} for k, c in kernels]}, idempotent=True)
+    def report_network(self, kernels: list[tuple[str, int]], *, name: str | None = None, goal: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Tell the registry which kernels one compile built and their calls per forward pass, and optionally the
+        network's name and the latency it aims at ({"label", "secs"}) (``_networks``)."""
+        body: dict[str, Any] = {"kernels": [{"key": k, "calls": c} for k, c in kernels]}
+        body.update({k: v for k, v in (("name", name), ("goal", goal)) if v is not None})
+        answer = self._call("POST", "/v1/networks", body, idempotent=True)
         with reading("POST /v1/networks"):
             out = mapping(answer, "answer")
             return {"network": text(out["network"], "network"), "kernels": int(number(out["kernels"], "kernels")), "reports": int(number(out["reports"], "reports"))}
+
+    def recent_networks(self) -> list[dict[str, Any]]:
+        """The networks reported last and where each stands (``_networks.NetworkBook.recent``)."""
+        answer = self._call("GET", "/v1/networks")
+        with reading("GET /v1/networks"):
+            return [mapping(n, "network") for n in listing(mapping(answer, "answer")["networks"], "networks")]
 
     def refine_bottleneck(self, fingerprint: str, kind: str, device: str = "") -> dict[str, Any] | None:
         """Requeue the reported networks' bottleneck kernel this worker can tune (worker role); what was requeued, or None."""

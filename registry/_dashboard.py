@@ -21,6 +21,8 @@ from ._usage import SCANNED_CALLERS, size_text
 BUCKET_SECS = 600  # lookup activity in 10-minute buckets
 BUCKETS = 144  # the last 24 hours
 TOP = 12  # rows per ranking (ops, targets, pushers, speedups)
+CHAR_PX = 7  # a 12 px label's character, wide enough for most fonts' average
+LABEL_MAX_PX = 420  # a bar chart's labels take at most this; a longer one is cut in its middle, and its bar's tooltip says it whole
 
 
 class Activity:
@@ -70,17 +72,29 @@ def bars(items: list[tuple[str, float]], *, unit: str = "", log: bool = False, w
     """Horizontal bars (log scale when asked), one row per item, values printed at the bar's end."""
     if not items:
         return "<p class=muted>nothing yet</p>"
-    row, label_w = 20, 190
+    row = 20
+    label_w = min(LABEL_MAX_PX, max(60, CHAR_PX * max(len(label) for label, _ in items) + 12))  # the longest label whole, as far as it fits
+    width = max(width, label_w + 200)
     top = max(v for _, v in items) or 1.0
     scale = (lambda v: math.log10(max(v, 1.0)) / max(math.log10(top), 1e-9)) if log and top > 1 else (lambda v: v / top)
     parts = [f'<svg role="img" id="{e(ident)}" width="{width}" height="{row * len(items) + 4}" xmlns="http://www.w3.org/2000/svg">']
     for i, (label, value) in enumerate(items):
         length = max(1.0, (width - label_w - 70) * scale(value))
         y = i * row + 2
-        parts.append(f'<text x="{label_w - 6}" y="{y + 14}" text-anchor="end" font-size="12">{e(label[:28])}</text>'
+        parts.append(f'<text x="{label_w - 6}" y="{y + 14}" text-anchor="end" font-size="12">{e(_fitted(label, label_w))}</text>'
                      f'<rect x="{label_w}" y="{y + 3}" width="{length:.1f}" height="{row - 6}" fill="#4a7ab5"><title>{e(label)}: {value:g}{unit}</title></rect>'
                      f'<text x="{label_w + length + 4:.1f}" y="{y + 14}" font-size="12">{value:.3g}{e(unit)}</text>')  # fmt: skip
     return "".join(parts) + "</svg>"
+
+
+def _fitted(label: str, label_w: int) -> str:
+    """``label`` whole where it fits ``label_w`` pixels, else its start and end around an ellipsis (two labels that
+    differ only at their ends, as kernels' names do, stay apart)."""
+    fits = (label_w - 12) // CHAR_PX
+    if len(label) <= fits:
+        return label
+    head = (fits - 1) // 2
+    return label[:head] + "…" + label[len(label) - (fits - 1 - head) :]
 
 
 def timeline(series: list[tuple[int, Counter[str]]], width: int = 720, height: int = 140) -> str:
@@ -130,6 +144,32 @@ h2{font-size:16px;margin:24px 0 8px;border-bottom:1px solid #ddd}.cards{display:
 code{font-size:12px;word-break:break-all}.grid{display:grid;grid-template-columns:1fr 1fr;gap:16px}"""
 
 
+def _ms(secs: float) -> str:
+    return f"{secs * 1e3:.3g} ms"
+
+
+def networks_section(networks: list[dict[str, Any]], now: float) -> str:
+    """The networks compiles reported last: each one's kernels, how many the registry holds a verified record of, the
+    estimate those give (Σ calls × best time; a lower bound until every kernel is held) against its goal."""
+    rows = []
+    for n in networks:
+        name = e(n["name"]) if n.get("name") else f"<span class=muted>unnamed</span> <code>{e(n['network'][:12])}</code>"
+        share = n["held"] / n["kernels"] if n["kernels"] else 0.0
+        estimate = _ms(n["estimate_secs"]) if n["complete"] else (f"≥ {_ms(n['estimate_secs'])}" if n["held"] else "–")
+        goal = n.get("goal")
+        against = "–"
+        if goal:
+            against = f"{e(goal['label'])} {_ms(goal['secs'])}"
+            if n["complete"] and n["estimate_secs"] > 0:
+                against += f" ({goal['secs'] / n['estimate_secs']:.2f}×)"
+        rows.append([name, f"{n['kernels']:,}", f"{n['held']:,} ({share:.0%})", estimate, against, f"{n['reports']:,}", e(n.get("by") or "local"),
+                     e(_ago(n.get("last_seen"), now))])  # fmt: skip
+    return ("<h2>Networks</h2><p class=muted>the networks compiles reported last; a kernel is held when the registry has a verified record of "
+            "it; the estimate is Σ calls × each held kernel's best time (≥: a lower bound until every kernel is held), and the goal's "
+            "ratio is its latency over that estimate (above 1: faster than the goal)</p>"
+            + table(["network", "kernels", "held", "estimate", "goal", "reports", "reported by", "last seen"], rows, "networks"))  # fmt: skip
+
+
 def render(stats: dict[str, Any], data: dict[str, Any], activity: list[tuple[int, Counter[str]]], since_start: dict[str, int]) -> str:
     """The whole page."""
     now = time.time()
@@ -142,7 +182,7 @@ def render(stats: dict[str, Any], data: dict[str, Any], activity: list[tuple[int
     out = [f"<!doctype html><html lang=en><head><meta charset=utf-8><title>schedhub registry</title><style>{STYLE}</style></head><body>",
            f"<h1>schedhub registry</h1><div class=muted>change cursor "
            f"<span id=cursor>{stats['cursor']}</span>; API <a href='/openapi.json'>/openapi.json</a>, figures <a href='/v1/stats'>/v1/stats</a></div>",
-           "<h2>Coverage</h2><div class=cards>"]  # fmt: skip
+           networks_section(data.get("networks") or [], now), "<h2>Coverage</h2><div class=cards>"]  # fmt: skip
     out += [f'<div class=card><b id="{ident}">{value:,}</b>{e(label)}</div>' for ident, value, label in cards]
     out.append(f"</div><div class=grid><div><h3>Keys per op{_cut(cov['ops'])}</h3>" + bars(_top(agg["op"]), ident="chart-ops") + "</div>")
     out.append(f"<div><h3>Keys per target{_cut(cov['targets'])}</h3>" + bars(_top(agg["target"], target_label), ident="chart-targets") + "</div>")
@@ -159,7 +199,9 @@ def render(stats: dict[str, Any], data: dict[str, Any], activity: list[tuple[int
                       unit="×", log=True, ident="chart-speedups") + "</div></div>")  # fmt: skip
     out.append(f"<h2>Compiles: lookups since the server started</h2><p><span id=lookups-hits>{totals['hits']:,}</span> keys found, "
                f"<span id=lookups-misses>{totals['misses']:,}</span> missed, of which <span id=lookups-transfers>{totals['transfers']:,}</span> "
-               f"got transfer candidates; <span id=misses-reported>{since_start.get('reported', 0):,}</span> misses reported to the queue.</p>")  # fmt: skip
+               f"got transfer candidates; <span id=misses-reported>{since_start.get('reported', 0):,}</span> misses reported to the queue. "
+               f"<span id=lookups-weighed>{since_start.get('weighed', 0):,}</span> more keys were asked only to weigh rewrites a compile "
+               "did not take (another layout or packing of the same network) and are counted in neither (one found while weighing stays counted here where the compile then takes it).</p>")  # fmt: skip
     out.append(timeline(activity))
     out.append("<h2>Queue</h2><div class=cards>" + "".join(f'<div class=card><b id="queue-{e(s)}">{n:,}</b>{e(s)}</div>' for s, n in queue.items()) + "</div>")
     wanted = [[e(task_label(j)), e(j.get("op", "")), e(target_label(j.get("target", ""))), f"{j.get('demand', 0):,}",

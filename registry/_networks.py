@@ -4,7 +4,10 @@ refine a network's bottleneck, not each kernel in isolation.
 A compile inside ``hooks.use(...)`` reports its module's kernels (keys and calls per forward pass), once a session.
 A network is stored under a digest of its sorted (key, calls) list: the same network reported again counts one more
 report, not one more row. A caller keeps at most :data:`MAX_PER_CALLER` networks and the registry :data:`MAX_NETWORKS`;
-past either, a new network is refused (429) and nothing is lost.
+past either, a new network is refused (429) and nothing is lost. A report may name its network and the latency it
+aims at (an engine's, say); its first reporter's name and goal stay. The registry's page shows the
+:data:`RECENT` networks reported last (:meth:`NetworkBook.recent`): kernels, how many hold a verified record, and
+the estimate those give against the goal.
 
 :meth:`NetworkBook.bottleneck` is what a worker asks for when the queue has nothing for it. It reads, for a few
 networks at a time in rotation (:data:`SCAN`: the work of one call is bounded, and every network's turn comes), each
@@ -18,6 +21,7 @@ refine job (leased after every first pass), asked for by the network's first rep
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +45,10 @@ MAX_SEARCHES = 4  # searches a kernel gets for its networks' sake
 _COUNT = b"networks"  # meta row: networks kept
 _CURSOR = b"networks:cursor"  # meta row: the last network a bottleneck search read
 _OF = b"networks_of:"  # meta rows: networks each caller keeps
+_RECENT = b"networks:recent"  # meta row: the ids of the networks reported last, newest first
+RECENT = 12  # networks the page shows
+MAX_NAME = 80  # characters of a network's name
+MAX_GOAL_SECS = 3600.0  # a goal's latency
 
 
 def network_id(kernels: list[tuple[str, int]]) -> str:
@@ -67,6 +75,49 @@ def parse_kernels(value: Any) -> list[tuple[str, int]]:
     return sorted((k, min(c, MAX_CALLS)) for k, c in out.items())
 
 
+def parse_name(value: Any) -> str | None:
+    """A network report's optional ``name``: printable text of 1 to :data:`MAX_NAME` characters."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 1 <= len(value) <= MAX_NAME or not value.isprintable() or value != value.strip():
+        raise InvalidRecord(f"a network's 'name' is 1 to {MAX_NAME} printable characters, without spaces at its ends")
+    return value
+
+
+def parse_goal(value: Any) -> dict[str, Any] | None:
+    """A network report's optional ``goal``: {"label": what it is (an engine's name), "secs": its latency}."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) != {"label", "secs"}:
+        raise InvalidRecord('a network\'s \'goal\' is {"label": <text>, "secs": <seconds>}')
+    label, secs = value["label"], value["secs"]
+    if not isinstance(label, str) or not 1 <= len(label) <= 40 or not label.isprintable():
+        raise InvalidRecord("a goal's 'label' is 1 to 40 printable characters")
+    if isinstance(secs, bool) or not isinstance(secs, (int, float)) or not math.isfinite(secs) or not 0 < secs <= MAX_GOAL_SECS:
+        raise InvalidRecord(f"a goal's 'secs' is a latency above 0 and at most {MAX_GOAL_SECS:g} seconds")
+    return {"label": label, "secs": float(secs)}
+
+
+@dataclass(frozen=True)
+class NetworkStanding:
+    """Where one reported network stands: its kernels, how many hold a verified record, and what those give."""
+
+    network: str
+    name: str | None
+    by: str
+    reports: int
+    last_seen: float
+    kernels: int
+    held: int
+    estimate_secs: float  # Σ calls × best verified time, over the kernels held (all of them when held == kernels)
+    goal: dict[str, Any] | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"network": self.network, "name": self.name, "by": self.by, "reports": self.reports, "last_seen": self.last_seen,
+                "kernels": self.kernels, "held": self.held, "estimate_secs": self.estimate_secs, "complete": self.held == self.kernels,
+                "goal": self.goal}  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Bottleneck:
     """The kernel a network's time is expected to fall most by searching again, and why."""
@@ -91,8 +142,11 @@ class NetworkBook:
         self.store, self.queue = store, queue
         self._db, self._meta = store.dbs["networks"], store.dbs["meta"]
 
-    def report(self, kernels: list[tuple[str, int]], by: str, txn: lmdb.Transaction | None = None) -> dict[str, Any]:
-        """Keep a network (or count one more report of it); returns its id and how often it was reported."""
+    def report(self, kernels: list[tuple[str, int]], by: str, txn: lmdb.Transaction | None = None, *, name: str | None = None,
+               goal: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+        """Keep a network (or count one more report of it); returns its id and how often it was reported. ``name`` and
+        ``goal`` (:func:`parse_name`, :func:`parse_goal`) are kept where the network has none yet, or its first
+        reporter sends them."""
         ident = network_id(kernels)
         now = time.time()
         with self.store.write(txn) as t:
@@ -110,12 +164,34 @@ class NetworkBook:
                 network = unpackb(raw)
             network["reports"] += 1
             network["last_seen"] = now
+            first = network.get("by") == by
+            for field, value in (("name", name), ("goal", goal)):
+                if value is not None and (first or not network.get(field)):
+                    network[field] = value
             t.put(ident.encode(), packb(network), db=self._db)
+            recent = [n for n in unpackb(t.get(_RECENT, db=self._meta) or packb([])) if n != ident]
+            t.put(_RECENT, packb([ident, *recent][:RECENT]), db=self._meta)
             return {"network": ident, "kernels": len(kernels), "reports": network["reports"]}
 
     def count(self) -> int:
         with self.store.read() as t:
             return read_count(t, self._meta, _COUNT)
+
+    def recent(self) -> list[NetworkStanding]:
+        """The :data:`RECENT` networks reported last, newest first, each with where it stands (bounded: their kernels'
+        best records only)."""
+        out: list[NetworkStanding] = []
+        with self.store.read() as t:
+            for ident in unpackb(t.get(_RECENT, db=self._meta) or packb([])):
+                raw = t.get(ident.encode(), db=self._db)
+                if raw is None:
+                    continue
+                network = unpackb(raw)
+                held = [(best[0], int(calls)) for key, calls in network["kernels"] if (best := self._best_verified(t, key)) is not None]
+                out.append(NetworkStanding(ident, network.get("name"), str(network.get("by", "")), int(network.get("reports", 0)),
+                                           float(network.get("last_seen", 0.0)), len(network["kernels"]), len(held),
+                                           sum(secs * calls for secs, calls in held), network.get("goal")))  # fmt: skip
+        return out
 
     def bottleneck(self, fingerprint: str, kind: str, device: str, by: str = "", txn: lmdb.Transaction | None = None) -> Bottleneck | None:
         """Requeue for refinement the kernel (of those a worker of ``fingerprint``, ``kind`` and ``device`` can tune) whose

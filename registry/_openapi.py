@@ -79,7 +79,9 @@ OPENAPI: dict[str, Any] = {
         "/v1/lookup": {"post": _op("records of many keys in one round trip; with probes, candidates of the same structure for keys that have none", "Lookup")},
         "/v1/misses": {"post": _op("report workloads without records (read role; queued for tuning; rate-limited per caller, and 429 past the caller's bound of jobs awaiting tuning)", "MissBatch", auth=True)},
         "/v1/networks": {"post": _op("report which kernels one compile built and each one's calls per forward pass (read role; rate-limited; 429 past "
-                                     "the caller's or the registry's bound of networks kept): what the queue refines a network's bottleneck by", "Network", auth=True)},
+                                     "the caller's or the registry's bound of networks kept): what the queue refines a network's bottleneck by", "Network", auth=True),
+                         "get": _op("the networks reported last, newest first: each one's kernels, how many hold a verified record, the estimate those "
+                                    "give (Σ calls × best time) and its goal (read role)", auth=True)},
         "/v1/trials": {
             "get": _op("page through the measurement log: every trial tuners measured, per key and pusher (at most 200 a page)", params=["cursor", "limit", "verified", "log_target", "log_structure"]),
             "post": _op("push a tuning run's measured trials for one workload (push role; merged into your entry, newest 64 kept; 429 past your bound of unverified log bytes)", "TrialLog", auth=True),
@@ -125,7 +127,10 @@ OPENAPI: dict[str, Any] = {
                               "description": "node i: children left[i], right[i] (later nodes, or both -1: a leaf), feature[i] < value[i] goes left (missing: default_left[i]); a leaf's value is its output"}}}}}},
             "Network": {"type": "object", "required": ["kernels"], "properties": {"kernels": {"type": "array", "minItems": 1, "maxItems": 512, "items": {
                 "type": "object", "required": ["key", "calls"], "additionalProperties": False, "properties": {
-                    "key": {"type": "string", "pattern": "^[0-9a-f]{64}$"}, "calls": {"type": "integer", "minimum": 1, "maximum": 1048576}}}}}},
+                    "key": {"type": "string", "pattern": "^[0-9a-f]{64}$"}, "calls": {"type": "integer", "minimum": 1, "maximum": 1048576}}}},
+                "name": {"type": "string", "minLength": 1, "maxLength": 80, "description": "printable, no spaces at its ends; the first reporter's stays"},
+                "goal": {"type": "object", "required": ["label", "secs"], "additionalProperties": False, "description": "the latency the network aims at",
+                         "properties": {"label": {"type": "string", "minLength": 1, "maxLength": 40}, "secs": {"type": "number", "exclusiveMinimum": 0, "maximum": 3600}}}}},
             "RefineRequest": {"type": "object", "required": ["fingerprint", "kind"], "properties": {
                 "fingerprint": {"type": "string", "minLength": 1, "maxLength": 4096}, "kind": {"type": "string", "minLength": 1, "maxLength": 64},
                 "device": {"type": "string", "maxLength": 64}}},
@@ -134,6 +139,8 @@ OPENAPI: dict[str, Any] = {
                 "keys": {"type": "array", "items": {"type": "string", "pattern": "^[0-9a-f]{64}$"}, "maxItems": 4096},
                 "top": {"type": "integer", "minimum": 1, "maximum": 64},
                 "candidates": {"type": "integer", "minimum": 0, "maximum": 8},
+                "weighing": {"type": "array", "maxItems": 4096, "items": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+                             "description": "those of 'keys' asked only to weigh a rewrite the compile may not take: counted apart from its hits and misses"},
                 "trust": {"description": "whose records the caller serves: candidates are chosen among them, and a key with none of them gets candidates (absent: any)",
                           "oneOf": [{"type": "string", "enum": ["verified", "any"]},
                                     {"type": "array", "maxItems": 64, "items": {"type": "string", "minLength": 1, "maxLength": 128}}]},

@@ -36,7 +36,7 @@ from ._keys import is_key
 from ._neighbours import Probe
 from ._limits import MAX_CURSOR, MAX_SECS, MAX_TARGET_QUERY, check_number, check_op, check_text, parse_each, query_int, query_target
 from ._models import MAX_FEATURES_CHARS, CostModelEntry
-from ._networks import parse_kernels
+from ._networks import parse_goal, parse_kernels, parse_name
 from ._openapi import OPENAPI
 from ._queue import DONE, PENDING, REFINE, STATES, TASKS, TUNE
 from ._records import Identity, Record, run_secs_field
@@ -426,6 +426,10 @@ def create_app(
         per_key = int(check_number(field(body, "candidates", int, 0), "candidates", low=0, high=MAX_CANDIDATES, integer=True))
         if len(keys) > MAX_LOOKUP_KEYS or not all(isinstance(k, str) and is_key(k) for k in keys):
             raise InvalidRecord(f"'keys' must be at most {MAX_LOOKUP_KEYS} sha256 hex keys")
+        raw_weighing = field(body, "weighing", list, [])
+        if len(raw_weighing) > MAX_LOOKUP_KEYS or not all(isinstance(k, str) for k in raw_weighing) or not set(raw_weighing) <= set(keys):
+            raise InvalidRecord("'weighing' names keys of 'keys' only: those asked to weigh a rewrite, not to compile")
+        weighing = set(raw_weighing)
         raw_probes = field(body, "probes", list, [])
         if len(raw_probes) > MAX_LOOKUP_KEYS:
             raise InvalidRecord(f"'probes' must be at most {MAX_LOOKUP_KEYS} probes")
@@ -444,7 +448,9 @@ def create_app(
             wanted = [probes[k] for k in unique if k in probes and not any(accepts_entry(accepts, st) for _, st in found.get(k, []))]
             near = await run_in_threadpool(state.reg.neighbours, wanted, per_key, accepts) if wanted else {}
         result, size = lookup_answer(found, missing, near, stored_as(request))
-        counts = {"hits": len(result["records"]) + len(result["truncated"]), "misses": len(result["missing"]), "transfers": len(result["candidates"])}
+        taken = [k for k in unique if k not in weighing]  # the keys a compile takes; the rest only weigh rewrites it may not take
+        counts = {"hits": sum(k in found for k in taken), "misses": sum(k not in found for k in taken),
+                  "transfers": sum(k in result["candidates"] for k in taken), "weighed": len(unique) - len(taken)}  # fmt: skip
         state.counters.update(counts)
         state.activity.add(**counts)
         return await reply_records(request, result, size)
@@ -512,11 +518,17 @@ def create_app(
 
     async def report_network(request: Request) -> Response:
         who = state.require(request, "read")
-        kernels = parse_kernels(field(await state.body(request), "kernels", list))
+        body = await state.body(request)
+        kernels = parse_kernels(field(body, "kernels", list))
+        name, goal = parse_name(body.get("name")), parse_goal(body.get("goal"))
         caller = state.caller(request, who)
         if not state.misses.allow(caller, 1):
             raise TooManyRequests(f"{caller!r} is over {state.misses.count} reports a minute; try again later")
-        return reply(request, await state.write_within_share(who, request, lambda txn: state.reg.report_network(kernels, by=caller, txn=txn)))
+        return reply(request, await state.write_within_share(who, request, lambda txn: state.reg.report_network(kernels, by=caller, txn=txn, name=name, goal=goal)))
+
+    async def recent_networks(request: Request) -> Response:
+        state.require(request, "read")
+        return reply(request, {"networks": await run_in_threadpool(state.reg.recent_networks)})
 
     async def refine_bottleneck(request: Request) -> Response:
         who = state.require(request, "worker")
@@ -688,6 +700,7 @@ def create_app(
         Route("/v1/lookup", lookup, methods=["POST"]),
         Route("/v1/misses", report_misses, methods=["POST"]),
         Route("/v1/networks", report_network, methods=["POST"]),
+        Route("/v1/networks", recent_networks, methods=["GET"]),
         Route("/v1/queue/refine", refine_bottleneck, methods=["POST"]),
         Route("/v1/trials", list_trials, methods=["GET"]),
         Route("/v1/trials", push_trials, methods=["POST"]),

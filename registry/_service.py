@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from typing import Any
 
 import lmdb
@@ -19,7 +19,7 @@ from ._forget import Step, forget, forget_steps
 from ._history import DEFAULT_KEPT_BYTES
 from ._queue import DEFAULT_MAX_ATTEMPTS, DEFAULT_TOLERANCE, TUNE, Lease, MissQueue, lease_order_cursor
 from ._models import CostModelEntry, CostModelStore
-from ._networks import NetworkBook, parse_kernels
+from ._networks import NetworkBook, parse_goal, parse_kernels, parse_name
 from ._neighbours import Candidate, Probe, served_candidates
 from ._records import Identity, Record, RefusedRecord, served_records
 from ._listing import KeyPage, KeySummary
@@ -79,9 +79,10 @@ class LocalRegistry:
     def lookup_raw(self, keys: list[str]) -> dict[str, list[bytes]]:
         return self.store.get_many(keys)
 
-    def lookup(self, keys: list[str], top: int | None = None, refused: list[RefusedRecord] | None = None) -> dict[str, list[Record]]:
+    def lookup(self, keys: list[str], top: int | None = None, refused: list[RefusedRecord] | None = None, weighing: Collection[str] = ()) -> dict[str, list[Record]]:
         """Records of many keys, best first, each with its ``served`` status (owner, verifier); a stored record
-        this version refuses is left out and appended to ``refused`` (a key with none left is a miss)."""
+        this version refuses is left out and appended to ``refused`` (a key with none left is a miss). ``weighing``:
+        what a served registry counts apart (a local store counts no lookups)."""
         found = ((k, served_records(v, refused)) for k, v in self.store.entries_many(keys, top).items())
         return {k: records for k, records in found if records}
 
@@ -263,9 +264,15 @@ class LocalRegistry:
         with self.store.write(txn) as t:
             return [self.queue.report(m, by=by, limit=limit, txn=t) for m in misses]
 
-    def report_network(self, kernels: list[tuple[str, int]], *, by: str = "", txn: lmdb.Transaction | None = None) -> dict[str, Any]:
-        """Keep the network one compile built: its kernels' keys and calls per forward pass (``_networks``)."""
-        return self.networks.report(parse_kernels([{"key": k, "calls": c} for k, c in kernels]), by, txn)
+    def report_network(self, kernels: list[tuple[str, int]], *, by: str = "", txn: lmdb.Transaction | None = None, name: str | None = None,
+                       goal: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+        """Keep the network one compile built: its kernels' keys and calls per forward pass, and optionally its name and
+        the latency it aims at ({"label", "secs"}) (``_networks``)."""
+        return self.networks.report(parse_kernels([{"key": k, "calls": c} for k, c in kernels]), by, txn, name=parse_name(name), goal=parse_goal(goal))
+
+    def recent_networks(self) -> list[dict[str, Any]]:
+        """The networks reported last and where each stands (``_networks.NetworkBook.recent``)."""
+        return [n.to_dict() for n in self.networks.recent()]
 
     def refine_bottleneck(self, fingerprint: str, kind: str, device: str = "", *, by: str = "", txn: lmdb.Transaction | None = None) -> dict[str, Any] | None:
         """Requeue for one more search the kernel (of those a worker of ``fingerprint``, ``kind`` and ``device`` tunes) whose
@@ -316,10 +323,11 @@ class LocalRegistry:
 
     def dashboard_data(self, recent: int = 20, top: int | None = None) -> dict[str, Any]:
         """What the dashboard shows beside the stats: aggregates (each dimension's ``top``), the newest log entries, the most wanted jobs, quarantine,
-        the callers holding the most bytes."""
+        the callers holding the most bytes, the networks reported last."""
         with self.store.read() as txn:
             callers, more = largest(txn, self.store.dbs["meta"], top or recent)
         served, read = self.store.served_speedups()
         return {"aggregates": self.store.aggregates(top), "recent": self.store.recent_log(recent), "wanted": self.queue.most_wanted(recent),
-                "quarantined": self.store.quarantined(recent), "callers": callers, "more_callers": more, "served": served, "served_read": read}  # fmt: skip
+                "quarantined": self.store.quarantined(recent), "callers": callers, "more_callers": more, "served": served, "served_read": read,
+                "networks": self.recent_networks()}  # fmt: skip
 

@@ -61,6 +61,8 @@ def test_the_dashboard_shows_what_the_stats_say(tmp_path: Path, browser: webdriv
         with RegistryClient(srv.url, token="pusher-token") as pusher:
             pusher.report_misses([missed[5]])  # asked for by a second caller
         admin.lookup([make_record(w, 1e-4).key for w in (1, 2, 3)] + [m.key for m in missed])
+        admin.report_network([(make_record(w, 1e-4).key, 1 + w % 2) for w in range(1, 7)] + [(missed[0].key, 1)], name="resnet50 (example)",
+                             goal={"label": "onnxruntime", "secs": 0.0025})  # fmt: skip
         stats = httpx.get(f"{srv.url}/v1/stats").json()
 
         browser.get(srv.url + "/")
@@ -76,7 +78,8 @@ def test_the_dashboard_shows_what_the_stats_say(tmp_path: Path, browser: webdriv
         assert number("quarantined") == stats["quarantined"] == 1 and number("measurements") == stats["measurements"]
         assert all(number(f"queue-{state}") == n for state, n in stats["queue"].items()) and number("queue-pending") == 6 + 1  # six misses, one claim to verify
         assert number("lookups-hits") == stats["since_start"]["hits"] == 3 and number("lookups-misses") == stats["since_start"]["misses"] == 6
-        assert number("misses-reported") == 9
+        assert number("misses-reported") == 9 and number("lookups-weighed") == 0
+        assert [td.text for td in browser.find_elements(By.CSS_SELECTOR, "#networks td")][:3] == ["resnet50 (example)", "7", "6 (86%)"]
         assert len(browser.find_elements(By.CSS_SELECTOR, "#chart-ops rect")) == 7
         assert len(browser.find_elements(By.CSS_SELECTOR, "#chart-speedups rect")) == 12  # a bar a served key, the claim's not among them
         assert "(the first 12 of 18)" in browser.page_source  # 18 keys serve a verified record: the cut is said
@@ -157,3 +160,45 @@ def test_the_served_speedup_is_each_keys_served_record_not_an_ops_every_push(tmp
         page = _dashboard.render(reg.stats() | {"coverage": reg.store.stats()["coverage"]}, data, [], {})
     assert f"fused_dense 50x64: {50 / mean:g}×" in page and f"fused_dense 51x64: {1 / mean:g}×" in page
     assert f"<code>{FINGERPRINT}</code>" in page  # the compiler build whole, where a bar's label cut it at 28 characters
+
+
+def test_the_dashboard_names_each_network_how_much_of_it_is_held_and_its_estimate_against_its_goal(tmp_path: Path, browser: webdriver.Chrome) -> None:
+    """The networks compiles (and ``schedhub tune --until``) reported, newest first: kernels, how many hold a verified
+    record, Σ calls × their best time (a lower bound until all are held) against the goal; keys a compile asked only to
+    weigh a rewrite are counted apart from its misses; a long op name is not cut."""
+    long_op = "fused_conv2d_transpose_add_relu_concatenate_conv2d"  # 50 characters: whole (the page cut at 28)
+    secs = {w: 1e-4 * w for w in range(1, 7)}
+    mean = {w: (s + s * 1.01) / 2 for w, s in secs.items()}  # a verified record's time: the mean of its runs
+    key = {w: make_record(w, 1e-4).key for w in range(1, 9)}
+    tokens = {TOKEN: "admin-tester", "reader-token": Principal("bob", "read")}
+    with ServerThread(tmp_path / "served", tokens=tokens, sync=False) as srv, RegistryClient(srv.url, token=TOKEN) as admin:
+        admin.put_many([tuned(w, s, 4e-3, op=long_op if w == 6 else None) for w, s in secs.items()])
+        admin.report_network([(key[1], 1), (key[2], 2), (key[3], 3), (key[7], 1)], name="resnet <b>50</b>", goal={"label": "onnxruntime", "secs": 0.01})
+        admin.report_network([(key[4], 1), (key[5], 2)], name="encoder", goal={"label": "openvino", "secs": 2e-3})
+        admin.report_network([(key[6], 4)])
+        with RegistryClient(srv.url, token="reader-token") as bob:
+            bob.report_network([(key[4], 1), (key[5], 2)], name="renamed by bob", goal={"label": "mine", "secs": 1.0})  # the first reporter's stay
+        admin.report_network([(key[4], 1), (key[5], 2)])  # reported again, last
+        admin.lookup([key[1], key[8], key[2], key[7]], weighing=[key[2], key[7]])
+        for weighing in ([key[3]], [{"a": 1}], "x"):  # a key not asked, an unhashable item, not a list: refused whole
+            refused = httpx.post(f"{srv.url}/v1/lookup", json={"keys": [key[1]], "weighing": weighing}, headers={"authorization": f"Bearer {TOKEN}"})
+            assert refused.status_code == 400 and "weighing" in refused.json()["message"], refused.text
+        listed = admin.recent_networks()
+
+        browser.get(srv.url + "/")
+        rows = [[td.text for td in row.find_elements(By.TAG_NAME, "td")] for row in browser.find_elements(By.CSS_SELECTOR, "#networks tr")[1:]]
+        text = {el.get_attribute("id"): el.text for el in browser.find_elements(By.CSS_SELECTOR, "[id]")}
+        labels = [t.text for t in browser.find_elements(By.CSS_SELECTOR, "#chart-ops text")]
+
+    assert [n["name"] for n in listed] == ["encoder", None, "resnet <b>50</b>"]  # the last reported first
+    encoder, unnamed, resnet = listed
+    assert (encoder["kernels"], encoder["held"], encoder["complete"]) == (2, 2, True)
+    assert encoder["estimate_secs"] == pytest.approx(mean[4] + 2 * mean[5])
+    assert (resnet["kernels"], resnet["held"], resnet["complete"]) == (4, 3, False)
+    assert resnet["estimate_secs"] == pytest.approx(mean[1] + 2 * mean[2] + 3 * mean[3])
+    assert [r[0] for r in rows] == ["encoder", f"unnamed {unnamed['network'][:12]}", "resnet <b>50</b>"]  # a name is text
+    assert rows[0][1:5] == ["2", "2 (100%)", f"{encoder['estimate_secs'] * 1e3:.3g} ms", f"openvino 2 ms ({2e-3 / encoder['estimate_secs']:.2f}×)"]
+    assert rows[2][1:5] == ["4", "3 (75%)", f"≥ {resnet['estimate_secs'] * 1e3:.3g} ms", "onnxruntime 10 ms"]  # no ratio to a lower bound
+    assert rows[1][4] == "–"
+    assert (text["lookups-hits"], text["lookups-misses"], text["lookups-weighed"]) == ("1", "1", "2")
+    assert long_op in labels

@@ -151,3 +151,34 @@ def test_a_compile_reports_its_modules_kernels_once_a_session(tmp_path: Path) ->
         with use(reg, cpu, cache=tmp_path / "cache", transfer=False, report_misses=False):
             tvm.compile(models.export("mlp", batch=4, features=16, hidden=16)[0], cpu)
         assert reg.stats()["networks"] == 1  # a session that reports nothing reports no network either
+
+
+def test_a_compile_named_reports_its_network_under_that_name_and_a_bad_name_is_refused_before_anything_opens(tmp_path: Path) -> None:
+    import tvm
+
+    from schedhub.hooks import use
+    from schedhub.tuner import models
+
+    cpu = tvm.target.Target({"kind": "llvm", "num-cores": 1})
+    mod, _, _ = models.export("mlp", batch=2, features=16, hidden=16)
+    with LocalRegistry(tmp_path / "store", sync=False) as reg:
+        with use(reg, cpu, cache=tmp_path / "cache", transfer=False):
+            tvm.compile(mod, cpu)
+        with use(reg, cpu, cache=tmp_path / "cache", transfer=False, name="my mlp"):
+            tvm.compile(mod, cpu)  # reported on this machine already, unnamed: the name is sent
+        (network,) = reg.recent_networks()
+        assert (network["name"], network["reports"], network["kernels"]) == ("my mlp", 2, len(models.kernels(mod, cpu)))
+    for bad in ("", " padded ", "a\nb", "x" * 81):
+        with pytest.raises(ValueError, match="name"):
+            with use(tmp_path / "never opened", cpu, name=bad):
+                pass
+    assert not (tmp_path / "never opened").exists()
+
+
+@pytest.mark.parametrize(("name", "goal"), [(3, None), ("", None), ("tab\there", None), (None, {"label": "x"}), (None, {"label": "x", "secs": 0}),
+                                            (None, {"label": "x", "secs": float("nan")}), (None, {"label": "x", "secs": True}),
+                                            (None, {"label": "", "secs": 1.0}), (None, {"label": "x", "secs": 1.0, "more": 1}), (None, [1])])  # fmt: skip
+def test_a_malformed_name_or_goal_is_refused_and_nothing_is_kept(name: object, goal: object, local: LocalRegistry) -> None:
+    with pytest.raises(InvalidRecord):
+        local.report_network([(f"{1:064x}", 1)], by="alice", name=name, goal=goal)  # type: ignore[arg-type]
+    assert local.stats()["networks"] == 0 and local.recent_networks() == []
