@@ -41,7 +41,7 @@ from tvm.relax.frontend import nn
 from tvm.s_tir import meta_schedule as ms
 
 from schedhub.hooks import use
-from schedhub.hooks.msdb import tuning_record
+from schedhub.hooks.metaschedule.msdb import tuning_record
 from schedhub.registry import LocalRegistry, RegistryClient, ServerThread
 
 from . import revisions

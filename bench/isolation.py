@@ -78,8 +78,8 @@ def _beside(artifact: bytes, identity: Any, held: bool) -> float:
 def run(rounds: int) -> dict[str, Any]:
     import tvm
 
-    from schedhub.hooks.identity import workload_module
-    from schedhub.hooks.msdb import scheduled
+    from schedhub.hooks.kernels.identity import workload_module
+    from schedhub.hooks.metaschedule.msdb import scheduled
     from schedhub.tuner.search import replay
 
     tvm_env.prepare()

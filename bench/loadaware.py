@@ -105,8 +105,8 @@ def timed_alone(identity: Any, traces: list[str], timing: dict[str, Any], label:
     """The target's default schedule of ``identity`` and each trace replayed on it, timed side by side with nothing
     else running: the default's mean seconds and each trace's (None where it did not run). A trace that keeps the
     default schedule (``registry.keeps_default_schedule``) is the default (DLight's on a GPU), not the bare kernel."""
-    from schedhub.hooks.identity import target_from_text, workload_module
-    from schedhub.hooks.msdb import replay_schedule
+    from schedhub.hooks.kernels.identity import target_from_text, workload_module
+    from schedhub.hooks.metaschedule.msdb import replay_schedule
 
     mod = workload_module(identity.workload)
     target = target_from_text(identity.target)
@@ -140,7 +140,7 @@ def retime_alone(identity: Any, modes: dict[str, dict[str, Any]], timing: dict[s
 
 
 def run(device: str, jobs: int, count: int, options: TuneOptions, runs: int, shared_core: bool = False) -> dict[str, Any]:
-    from schedhub.hooks.identity import target_text
+    from schedhub.hooks.kernels.identity import target_text
 
     identities = matmul_kernels(device, count)
     out: dict[str, Any] = {"device": device, "default": default_name(target_text(tvm_env.device_target(device))), "jobs": jobs, "seq": SEQ[device],

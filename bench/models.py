@@ -49,9 +49,9 @@ from typing import Any
 
 import numpy as np
 
-from schedhub.hooks.layouts import LAYOUTS
+from schedhub.hooks.rewrites.layouts import LAYOUTS
 from schedhub.hooks.rewrites import MATHS, Rewrites
-from schedhub.hooks.winograd import CONVS
+from schedhub.hooks.rewrites.winograd import CONVS
 from schedhub.registry import LocalRegistry
 from schedhub.tuner import baselines, cluster, dispatch, models, tvm_env
 from schedhub.tuner.allocation import POLICIES, Goal
@@ -154,7 +154,7 @@ def run(mode: str, trials: int | None = None, only: list[str] | None = None, see
     import tvm
 
     from schedhub import hooks
-    from schedhub.hooks.identity import target_text
+    from schedhub.hooks.kernels.identity import target_text
 
     config = MODES[mode]
     options: TuneOptions = replace(config["options"], warm_model=spending.warm_model)
@@ -474,10 +474,10 @@ def main() -> None:
     parser.add_argument("--until", choices=["pytorch"], help="with --policy: stop a network once it is faster than PyTorch (timed before it "
                         "is tuned): checked on the compiled network whenever the estimate is")  # fmt: skip
     parser.add_argument("--max-minutes", type=float, help="with --policy: stop a network's tuning after this many minutes")
-    parser.add_argument("--layout", choices=list(LAYOUTS), default="given", help="convert the networks' convolutions first (hooks.layouts)")
-    parser.add_argument("--math", choices=list(MATHS), default="exact", help="fast: GELU, erf, exp, tanh, softmax approximated (hooks.fastmath)")
+    parser.add_argument("--layout", choices=list(LAYOUTS), default="given", help="convert the networks' convolutions first (hooks.rewrites.layouts)")
+    parser.add_argument("--math", choices=list(MATHS), default="exact", help="fast: GELU, erf, exp, tanh, softmax approximated (hooks.rewrites.fastmath)")
     parser.add_argument("--prepack", action="store_true", help="weights laid out by each kernel's schedule, packed at compile time (hooks.rewrites)")
-    parser.add_argument("--conv", choices=list(CONVS), default="direct", help="winograd: 3×3 stride-1 convolutions by Winograd's F(4×4, 3×3), F(2×2, 3×3) on small images (hooks.winograd)")
+    parser.add_argument("--conv", choices=list(CONVS), default="direct", help="winograd: 3×3 stride-1 convolutions by Winograd's F(4×4, 3×3), F(2×2, 3×3) on small images (hooks.rewrites.winograd)")
     parser.add_argument("--round-trials", type=int, help="with --policy: trials a round (default: the mode's 16 on a CPU, 32 on a GPU; Ansor's is 64)")
     parser.add_argument("--warm-model", action="store_true", default=True,
                         help="start each search's cost model trained on the registry's log (TuneOptions.warm_model; the default)")

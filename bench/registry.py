@@ -70,7 +70,7 @@ def target() -> Any:
 def matmuls() -> Any:
     """``workload(n, op=, fingerprint=)``: the identity fields (a dict) of the matmul of ``n`` rows, canonical as the hook
     makes it (TVM prints one template; the rest are its text with the sentinel replaced), for this compiler or another."""
-    from schedhub.hooks.identity import args_info, canonical_workload, compiler_fingerprint, target_text
+    from schedhub.hooks.kernels.identity import args_info, canonical_workload, compiler_fingerprint, target_text
 
     template, args_template = canonical_workload(matmul(SENTINEL)), json.dumps(args_info(matmul(SENTINEL)))
     ours, tgt = compiler_fingerprint(), target_text(target())
@@ -112,7 +112,7 @@ def lease_ms(root: Path, unsuitable: int, rounds: int = 7) -> dict[str, Any]:
 def build_store(root: Path, records: int, own_ops: bool = False) -> float:
     """A schedhub store of ``records`` records over records/4 keys, all of one op or (``own_ops``) each key
     its own (as a pusher that names a new op with every record makes it); returns seconds to build."""
-    from schedhub.hooks.msdb import plain_json
+    from schedhub.hooks.metaschedule.msdb import plain_json
 
     traces = [json.dumps(plain_json(trace_of(matmul(SENTINEL), t).as_json()), separators=(",", ":")) for t in (4, 8, 16, 32)]
     workload = matmuls()

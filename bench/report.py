@@ -542,7 +542,7 @@ def _transfer(d: dict[str, Any] | None, drawn: dict[str, str], judged: dict[str,
     lines += ["", "Each time is the compile and the first load (a VM on the executable), where LLVM's JIT emits a plain build's machine "
               "code and cached kernel objects are linked. Tuned kernels cost LLVM more than default schedules (unrolled, vectorized loops); "
               "with a warm cache the hook neither replays nor compiles them again: each scheduled kernel's object was compiled once on "
-              "this machine and is linked (`hooks/objects.py`).", ""]  # fmt: skip
+              "this machine and is linked (`hooks/build/objects.py`).", ""]  # fmt: skip
     ranked = [(r["label"], r["ranking"]) for r in d["rows"] if r.get("ranking", {}).get("compared")]
     if ranked:
         lines += ["### Ranking: the hook's pick against the fastest candidate measured here", "",

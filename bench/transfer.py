@@ -8,7 +8,7 @@
    lengths, and ResNet-18 imported through ``torch.export`` and TVM's PyTorch frontend (weights
    bound as constants; exported in a process of its own, ``bench.torch_export``). Each compiles with
    plain ``tvm.compile`` (TVM's default schedules) and inside ``hooks.use(registry)``, where
-   kernels without a record get a transfer, ranked by ``hooks.ranking``: with an empty kernel cache, then again
+   kernels without a record get a transfer, ranked by ``hooks.metaschedule.ranking``: with an empty kernel cache, then again
    with this machine's cache (medians of 3, interleaved); then once with measured transfers
    (``measure=``: every applicable candidate timed here, the fastest served), which also tells
    how often the hook's ranking (and each alternative ranking) picked the fastest candidate; then
@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from schedhub.hooks.rewrites import NO_REWRITES
-from schedhub.hooks.ranking import Retiling, model_rank_key, rank_key
+from schedhub.hooks.metaschedule.ranking import Retiling, model_rank_key, rank_key
 from schedhub.registry import LocalRegistry
 from schedhub.tuner import cluster, dispatch, models, tvm_env
 from schedhub.tuner.search import TuneOptions, TuneResult
@@ -59,11 +59,11 @@ from .stats import ratio, summary
 from .torch_export import RELAX, TORCH_EXPORT, import_twin
 
 if TYPE_CHECKING:
-    from schedhub.hooks.costmodel import CostModel
+    from schedhub.hooks.metaschedule.costmodel import CostModel
 
 REPO = Path(__file__).resolve().parent.parent
 RANKED_BY = ("the fewest tile sizes re-derived on the kernel, then the most GFLOPS on its own workload, or the served cost model's "
-             "prediction where the kernel's own layer was tuned at two shapes (hooks.ranking)")
+             "prediction where the kernel's own layer was tuned at two shapes (hooks.metaschedule.ranking)")
 
 MODES: dict[str, dict[str, Any]] = {
     "quick": {
@@ -139,7 +139,7 @@ def run(mode: str, say: Callable[[str], None] = print, source_store: Path | None
     runs (filled there when empty, copied from there otherwise), so a rerun skips step 1."""
     import tvm
 
-    from schedhub.hooks.synthesis import TIMED
+    from schedhub.hooks.metaschedule.synthesis import TIMED
 
     config = MODES[mode]
     options: TuneOptions = config["options"]
@@ -285,14 +285,14 @@ def _candidates(registry: LocalRegistry, held: HeldOut, model: CostModel | None 
     """By kernel key and trace id (``key:tid``): how each candidate the hook is offered for a held-out kernel
     relates to it (``order``: its place in the registry's answer, nearest first), how fast it ran on its own
     workload (GFLOPS: TVM's FLOP estimate over its recorded seconds; ``source_speed``: the hook's measure of the
-    same, ``hooks.ranking.work`` over those seconds), how many of its tile sizes TVM re-derived
+    same, ``hooks.metaschedule.ranking.work`` over those seconds), how many of its tile sizes TVM re-derived
     replayed on the held-out kernel (``retiled``; ``blind``: of those, tilings that were all ones at home) and, with
     ``model``, the speed the cost model predicts for it there."""
-    from schedhub.hooks import costmodel
-    from schedhub.hooks.identity import target_from_text, workload_module
-    from schedhub.hooks.msdb import normalize_mod, replay
-    from schedhub.hooks.ranking import speed, work
-    from schedhub.hooks.session import DEFAULT_CANDIDATES
+    from schedhub.hooks.metaschedule import costmodel
+    from schedhub.hooks.kernels.identity import target_from_text, workload_module
+    from schedhub.hooks.metaschedule.msdb import normalize_mod, replay
+    from schedhub.hooks.metaschedule.ranking import speed, work
+    from schedhub.hooks.serving.session import DEFAULT_CANDIDATES
 
     _, near = registry.lookup_with_candidates([k.identity for k in held.kernels], per_key=DEFAULT_CANDIDATES)
     by_key = {k.identity.key: k.identity for k in held.kernels}
@@ -320,7 +320,7 @@ def cost_model(registry: LocalRegistry) -> tuple[CostModel, dict[str, Any]]:
     """xgboost over per-store features, trained on the registry's measurement log (every trial its tuners
     measured, verified pushers only) or, for a registry without one, on every record it serves; and which,
     how many samples it took and how long."""
-    from schedhub.hooks import costmodel
+    from schedhub.hooks.metaschedule import costmodel
 
     started = time.perf_counter()
     data, source = list(costmodel.log_samples(registry.iter_trial_logs(verified_only=True))), "measurement log"
@@ -332,7 +332,7 @@ def cost_model(registry: LocalRegistry) -> tuple[CostModel, dict[str, Any]]:
 
 
 def _retiling(candidate: dict[str, Any]) -> Retiling:
-    """A recorded candidate's :class:`~schedhub.hooks.ranking.Retiling` (runs recorded before ``blind`` was: none)."""
+    """A recorded candidate's :class:`~schedhub.hooks.metaschedule.ranking.Retiling` (runs recorded before ``blind`` was: none)."""
     return Retiling(candidate["retiled"], candidate.get("blind", 0))
 
 

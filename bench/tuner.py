@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from schedhub.hooks.rewrites import NO_REWRITES
-from schedhub.hooks.msdb import scheduled, trace_text, tuning_target
+from schedhub.hooks.metaschedule.msdb import scheduled, trace_text, tuning_target
 from schedhub.tuner import baselines, cluster, kernels, models, tvm_env
 from schedhub.tuner.search import (
     TuneOptions, TuneResult, best_so_far, default_schedule, mean_secs, profiled_tune_tir, reference_build, replay, search_settings,
@@ -117,7 +117,7 @@ def tune_plain(identity: Any, options: TuneOptions) -> tuple[float, str, list, d
     """As :func:`tune_ray`, with MetaSchedule's own builder and runner in this process (no Ray tasks)."""
     from tvm.s_tir import meta_schedule as ms
 
-    from schedhub.hooks.identity import target_from_text, workload_module
+    from schedhub.hooks.kernels.identity import target_from_text, workload_module
 
     mod = workload_module(identity.workload)
     target = tuning_target(target_from_text(identity.target))
@@ -136,7 +136,7 @@ def tune_plain(identity: Any, options: TuneOptions) -> tuple[float, str, list, d
 def side_by_side(identity: Any, traces: dict[str, str], rounds: int) -> dict[str, dict[str, float]]:
     """The target's default ("untuned": unscheduled on a CPU, DLight's on a GPU), each tuned schedule and
     (on a CPU) numpy, timed in this process; medians over ``rounds``."""
-    from schedhub.hooks.identity import target_from_text, workload_module
+    from schedhub.hooks.kernels.identity import target_from_text, workload_module
 
     mod = workload_module(identity.workload)
     target = target_from_text(identity.target)
@@ -175,7 +175,7 @@ def run(trials: int, runs: int, rounds: int, trials_per_iter: int = 16, search: 
         raise ValueError(f"no workload is named {only}; there are {[w[2] for w in WORKLOADS]}")
     import tvm
 
-    from schedhub.hooks.identity import target_text
+    from schedhub.hooks.kernels.identity import target_text
 
     search = search or {}
     tvm_env.prepare()
@@ -232,7 +232,7 @@ def _tiny_mod_json(text: str) -> str:
     import tvm
     from tvm import te
 
-    from schedhub.hooks.identity import target_from_text
+    from schedhub.hooks.kernels.identity import target_from_text
 
     a = te.placeholder((8,), name="a")
     mod = tvm.IRModule({"main": te.create_prim_func([a, te.compute((8,), lambda i: a[i] + 1.0)])})

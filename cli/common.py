@@ -59,7 +59,7 @@ def _target_filter(ctx: click.Context, param: click.Parameter, spec: str | None)
     if spec == "host" and (known := _known_host_target()) is not None:
         return known
     try:
-        from schedhub.hooks.identity import target_text
+        from schedhub.hooks.kernels.identity import target_text
         from schedhub.tuner.plan import resolve_target
     except ImportError:
         raise click.BadParameter("a target other than a kind (llvm, cuda) needs TVM: pip install 'schedhub[tvm]'") from None

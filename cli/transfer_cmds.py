@@ -66,7 +66,7 @@ def records_of(source: Path, trust: Trust = "verified", left_out: Counter[str] |
         left_out["refused"] += len(refused)
     elif (source / "database_tuning_record.json").is_file():
         _needs_tvm("reading a MetaSchedule database")
-        from schedhub.hooks.msdb import read_json_database
+        from schedhub.hooks.metaschedule.msdb import read_json_database
 
         yield from read_json_database(source)
     elif not source.exists():
@@ -212,7 +212,7 @@ def pull_into(reg: Registry, out: Path, fmt: str, op: str | None, target: str | 
         pulled.written = write_records(out, (r.to_bytes() for r in accepted(served(), trust, left_out)))
     elif fmt == "metaschedule":
         _needs_tvm("writing a MetaSchedule database")
-        from schedhub.hooks.msdb import write_json_database
+        from schedhub.hooks.metaschedule.msdb import write_json_database
 
         pulled.written, pulled.unusable = write_json_database(out, accepted(served(), trust, left_out))
     else:

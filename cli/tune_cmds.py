@@ -13,7 +13,7 @@ from rich.table import Table
 
 from .common import EXIT_UNAVAILABLE, console, labelled, open_registry, out, progress, registry_option, reports_errors
 
-#: ``schedhub.hooks.layouts.LAYOUTS``, ``schedhub.hooks.rewrites.MATHS`` and ``schedhub.hooks.winograd.CONVS``, spelled
+#: ``schedhub.hooks.rewrites.layouts.LAYOUTS``, ``schedhub.hooks.rewrites.MATHS`` and ``schedhub.hooks.rewrites.winograd.CONVS``, spelled
 #: here: importing the hooks imports TVM, which a command's --help must not.
 LAYOUTS = ("given", "NHWC")
 AUTO = "auto"  # ``schedhub.tuner.plan.AUTO``: the target decides (``plan.tuning_rewrites``)
@@ -119,8 +119,8 @@ def tune(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: 
          max_trials: int | None, max_minutes: float | None, dry_run: bool, ray_address: str | None, num_cpus: int | None, num_gpus: int | None) -> None:  # fmt: skip
     """Tune every kernel of the given models and push the results (resumable: tuned keys are skipped); with --until, tune
     the network in rounds where its time goes until it beats a reference."""
-    from schedhub.hooks.choice import has_wide_vectors
-    from schedhub.hooks.errors import error_line
+    from schedhub.hooks.serving.choice import has_wide_vectors
+    from schedhub.hooks.kernels.errors import error_line
     from schedhub.tuner import cluster, plan
 
     from . import tune_network

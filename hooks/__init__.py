@@ -26,19 +26,19 @@ import tvm
 
 from schedhub.registry import InvalidRecord, LocalRegistry, Registry, RegistryClient, Trust, check_network_name, connect
 
-from .cache import KernelCache, default_dir, max_bytes, prune
-from .database import RegistryDatabase
-from .identity import canonical_workload, compiler_fingerprint, target_text, workload_identity
+from .kernels.cache import KernelCache, default_dir, max_bytes, prune
+from .serving.database import RegistryDatabase
+from .kernels.identity import canonical_workload, compiler_fingerprint, target_text, workload_identity
 from .pipeline import ACTIVE, install, schedhub_pipeline
-from .guard import ScheduleLimits, ScheduleTooCostly
-from .layouts import Layout
-from .choice import AUTO, Auto, RewriteOptions
+from .metaschedule.guard import ScheduleLimits, ScheduleTooCostly
+from .rewrites.layouts import Layout
+from .serving.choice import AUTO, Auto, RewriteOptions
 from .rewrites import Math, Rewrites
-from .winograd import Conv
-from .objects import ObjectCache, c_compiler_available
-from .report import CompileReport, KernelOutcome, RegistryFallbackWarning
-from .session import HookSession
-from .threads import IdleCoresWarning, UnknownCPU, check_cpu, host_target, runtime_threads
+from .rewrites.winograd import Conv
+from .build.objects import ObjectCache, c_compiler_available
+from .serving.report import CompileReport, KernelOutcome, RegistryFallbackWarning
+from .serving.session import HookSession
+from .kernels.threads import IdleCoresWarning, UnknownCPU, check_cpu, host_target, runtime_threads
 
 DEFAULT_TIMEOUT = 2.0
 ANSWER_DEADLINE = 5  # × timeout: the longest a registry may take to send one whole answer

@@ -29,14 +29,14 @@ from tvm import relax, tirx
 from tvm.relax import pipeline as relax_pipeline
 from tvm.s_tir import meta_schedule as ms
 
-from .choice import Kernel, choose, holding, keep_failure, keep_kernels, kept_failure, kept_kernels, leading, network_parts
-from .constants import constant_passes
-from .defaults import dlight_schedule, is_gpu
-from .errors import error_line
+from .serving.choice import Kernel, choose, holding, keep_failure, keep_kernels, kept_failure, kept_kernels, leading, network_parts
+from .rewrites.constants import constant_passes
+from .kernels.defaults import dlight_schedule, is_gpu
+from .kernels.errors import error_line
 from .rewrites import NO_REWRITES, Rewrites, unlowered_operators
-from .objects import OBJECT_ID, ObjectCache, links_here
-from .prepack import IS_SCHEDULED, PACKED_OBJECT_ID, fold_constant_rewrites, is_weight_rewrite, split_packed_kernels
-from .session import HookSession
+from .build.objects import OBJECT_ID, ObjectCache, links_here
+from .rewrites.prepack import IS_SCHEDULED, PACKED_OBJECT_ID, fold_constant_rewrites, is_weight_rewrite, split_packed_kernels
+from .serving.session import HookSession
 
 ACTIVE: contextvars.ContextVar[HookSession | None] = contextvars.ContextVar("schedhub_session", default=None)
 _install_lock = threading.Lock()

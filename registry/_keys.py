@@ -1,7 +1,7 @@
 """The content address of a workload: sha256 over canonical strings.
 
 The inputs are text so that the registry can verify a key without TVM: the hook side
-(``schedhub.hooks.identity``) produces the canonical strings, this module only hashes them.
+(``schedhub.hooks.kernels.identity``) produces the canonical strings, this module only hashes them.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Cost models the registry serves, so a compile ranks schedules without training a model itself.
 
 A trusted worker trains a gradient-boosted tree ensemble on a target's verified measurement log
-(``schedhub.hooks.costmodel``) and pushes its trees; a compile that misses ranks its transfer
+(``schedhub.hooks.metaschedule.costmodel``) and pushes its trees; a compile that misses ranks its transfer
 candidates with them and synthesizes schedules from them. Training one costs a compile 14–29 s on a
 fresh machine (featurizing every logged trial, then fitting): served, it costs one download.
 

@@ -28,7 +28,7 @@ def _tensor_intrinsics_imported_cheaply() -> None:
     import sys
 
     if "tvm" in sys.modules:
-        from schedhub.hooks.intrinsics import load_tensor_intrinsics
+        from schedhub.hooks.kernels.intrinsics import load_tensor_intrinsics
 
         load_tensor_intrinsics()
 

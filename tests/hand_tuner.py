@@ -15,7 +15,7 @@ import numpy as np
 import tvm
 from tvm.s_tir import meta_schedule as ms
 
-from schedhub.hooks.identity import plain_json, target_from_text, workload_module
+from schedhub.hooks.kernels.identity import plain_json, target_from_text, workload_module
 from schedhub.registry import Identity, Record, RegistryClient
 
 FACTORS = (2, 4, 8, 16)

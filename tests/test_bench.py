@@ -46,7 +46,7 @@ def test_kernel_baselines_compute_what_the_tvm_kernel_computes() -> None:
         for k in models.kernels(mod, target, NO_REWRITES):
             if not baselines.supported(k.identity.op, k.identity.args_info):
                 continue
-            from schedhub.hooks.identity import workload_module
+            from schedhub.hooks.kernels.identity import workload_module
 
             lib = tvm.compile(workload_module(k.identity.workload), target)
             args = [tvm.runtime.tensor(a) for a in kernels.random_arguments(k.identity.args_info)]
@@ -63,7 +63,7 @@ def test_kernel_baselines_compute_what_the_tvm_kernel_computes() -> None:
 
 def test_baselines_and_kernels_are_timed_on_the_same_inputs() -> None:
     """The TVM-free copy the PyTorch process uses makes the arrays the hook's measurements make."""
-    from schedhub.hooks.measure import random_inputs
+    from schedhub.hooks.kernels.measure import random_inputs
 
     info = [["TENSOR", "float32", [3, 5]], ["TENSOR", "int64", [4]], ["TENSOR", "bool", [6]], ["TENSOR", "float16", [2, 2]], ["TENSOR", "uint8", [3]],
             ["TENSOR", "float32", [7]]]  # a mask drew from the stream in the copy, so every array after it differed

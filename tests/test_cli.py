@@ -385,7 +385,7 @@ def client_records(server: ServerThread) -> list[Record]:
 
 
 def test_ls_and_pull_take_host_or_any_target_form_as_the_canonical_target_it_completes_to(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from schedhub.hooks.identity import target_text
+    from schedhub.hooks.kernels.identity import target_text
     from schedhub.tuner.tvm_env import host_target
 
     monkeypatch.setenv("SCHEDHUB_CACHE_DIR", str(tmp_path / "cache"))

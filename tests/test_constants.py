@@ -1,4 +1,4 @@
-"""Constants computed in numpy before legalization (hooks/constants.py): a compile's weights' transposes and reshapes,
+"""Constants computed in numpy before legalization (hooks/rewrites/constants.py): a compile's weights' transposes and reshapes,
 and BatchNorm's folded arithmetic, are done at once, and the fused module has the kernels (so the keys) and computes
 the outputs ``FoldConstant`` gave."""
 
@@ -12,7 +12,7 @@ import tvm_ffi
 from tvm import relax
 from tvm.relax.frontend import nn
 
-from schedhub.hooks.constants import TENSOR_ALIGNMENT, fold_constant_moves, host_constant, host_view
+from schedhub.hooks.rewrites.constants import TENSOR_ALIGNMENT, fold_constant_moves, host_constant, host_view
 from schedhub.hooks.pipeline import fusion_passes
 from schedhub.hooks.rewrites import Rewrites
 
@@ -60,7 +60,7 @@ def constant_moves(mod: tvm.IRModule) -> int:
 
 
 def folded_by_tvm(rewrites: Rewrites) -> tvm.transform.Pass:
-    """The fusion as it was before :mod:`schedhub.hooks.constants`: every constant's move folded by ``FoldConstant``."""
+    """The fusion as it was before :mod:`schedhub.hooks.rewrites.constants`: every constant's move folded by ``FoldConstant``."""
     return tvm.transform.Sequential([
         relax.transform.FoldBatchnormToConv2D(), *rewrites.passes(), relax.transform.FoldConstant(), relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR()])  # fmt: skip

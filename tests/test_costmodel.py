@@ -9,9 +9,9 @@ import pytest
 import tvm
 from tvm import te
 
-from schedhub.hooks import costmodel
-from schedhub.hooks.identity import plain_json, workload_identity, workload_module
-from schedhub.hooks.msdb import normalize_mod, replayed
+from schedhub.hooks.metaschedule import costmodel
+from schedhub.hooks.kernels.identity import plain_json, workload_identity, workload_module
+from schedhub.hooks.metaschedule.msdb import normalize_mod, replayed
 from schedhub.registry import InvalidRecord, Record, Trial, TrialLog, packb, unpackb
 
 TARGET = {"kind": "llvm", "mcpu": "znver1", "num-cores": 2}

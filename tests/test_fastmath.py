@@ -1,6 +1,6 @@
 """Fast math: a network compiled with ``math="fast"`` finds the records tuned with it, computes what the exact compile
 computes to float32 rounding, calls no scalar ``erf``, and is a different set of kernels from the exact network
-(hooks/fastmath.py, hooks/rewrites.py)."""
+(hooks/rewrites/fastmath.py, hooks/rewrites/__init__.py)."""
 
 from __future__ import annotations
 

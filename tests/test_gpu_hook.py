@@ -15,14 +15,14 @@ from tvm import relax
 
 from schedhub.hooks.rewrites import NO_REWRITES
 from schedhub.hooks import RegistryFallbackWarning, use
-from schedhub.hooks.guard import InconsistentLaunch, ScheduleLimits, Unlaunchable
-from schedhub.hooks.identity import workload_module
-from schedhub.hooks.measure import runs_here
+from schedhub.hooks.metaschedule.guard import InconsistentLaunch, ScheduleLimits, Unlaunchable
+from schedhub.hooks.kernels.identity import workload_module
+from schedhub.hooks.kernels.measure import runs_here
 from schedhub.hooks.pipeline import UnsupportedTarget
 from schedhub.registry import LocalRegistry, Record
 from schedhub.tuner import models
 from schedhub.tuner.verify import verify_job
-from schedhub.hooks.msdb import normalize_mod, postprocessed_here, replay_launchable, replay_within, repostprocessed, trace_text, tuning_record
+from schedhub.hooks.metaschedule.msdb import normalize_mod, postprocessed_here, replay_launchable, replay_within, repostprocessed, trace_text, tuning_record
 
 CUDA = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
 LIMITS = ScheduleLimits()

@@ -16,9 +16,9 @@ import pytest
 import tvm
 
 from schedhub.hooks.rewrites import NO_REWRITES
-from schedhub.hooks.identity import target_text, workload_module
-from schedhub.hooks.measure import host_cpu
-from schedhub.hooks.msdb import tuning_target
+from schedhub.hooks.kernels.identity import target_text, workload_module
+from schedhub.hooks.kernels.measure import host_cpu
+from schedhub.hooks.metaschedule.msdb import tuning_target
 from schedhub.registry import LocalRegistry
 from schedhub.tuner import cluster, kernels, models, tvm_env
 from schedhub.tuner.search import TuneOptions, default_schedule
@@ -90,7 +90,7 @@ def test_a_cuda_candidates_trace_applied_again_finds_the_searchs_build(matmul: t
     import tvm_ffi
     from tvm.s_tir import meta_schedule as ms
 
-    from schedhub.hooks.msdb import scheduled
+    from schedhub.hooks.metaschedule.msdb import scheduled
     from schedhub.tuner.backends import BuiltKernels
 
     context = ms.TuneContext(mod=matmul, target=tuning_target(CUDA), space_generator="post-order-apply",

@@ -24,8 +24,8 @@ from tvm.relax.frontend import nn  # noqa: E402
 
 from schedhub.hooks.rewrites import NO_REWRITES
 from schedhub.hooks import ANSWER_DEADLINE, IdleCoresWarning, RegistryFallbackWarning, target_text, use, workload_identity  # noqa: E402
-from schedhub.hooks.measure import host_cpu  # noqa: E402
-from schedhub.hooks.identity import workload_module  # noqa: E402
+from schedhub.hooks.kernels.measure import host_cpu  # noqa: E402
+from schedhub.hooks.kernels.identity import workload_module  # noqa: E402
 from schedhub.tuner.models import kernels  # noqa: E402
 from schedhub.registry import InvalidRecord, Record, RegistryClient, ServerThread, packb, record_key  # noqa: E402
 
@@ -329,7 +329,7 @@ def test_a_dead_hanging_or_wrong_registry_never_breaks_the_compile(kind: str, tu
     assert all(k.outcome == "offline" for r in session.reports for k in r.kernels)
     kernels = len(session.reports[0].kernels)
     assert " 0 misses, 0 fallbacks (1 lookup in" in session.reports[0].summary()  # not misses, as if the registry had answered
-    # a registry that is down still leaves the CPU's kernels the rules' schedules (hooks.rules), not the unscheduled default
+    # a registry that is down still leaves the CPU's kernels the rules' schedules (hooks.metaschedule.rules), not the unscheduled default
     assert f"the registry could not be reached: {kernels} kernels: {kernels} got the CPU rules' schedules, 0 TVM's default ones" in session.reports[0].summary()
     assert all(k.detail.startswith("ruled:") for k in session.reports[0].kernels)
     x = np.random.default_rng(4).standard_normal((4, 64)).astype("float32")

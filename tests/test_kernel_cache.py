@@ -15,8 +15,8 @@ from tvm import relax
 
 from schedhub.hooks.rewrites import NO_REWRITES
 from schedhub.hooks import use
-from schedhub.hooks.cache import MAX_BYTES_ENV, KernelCache, prune
-from schedhub.hooks.objects import OBJECT_ID
+from schedhub.hooks.kernels.cache import MAX_BYTES_ENV, KernelCache, prune
+from schedhub.hooks.build.objects import OBJECT_ID
 from schedhub.hooks.pipeline import IS_SCHEDULED, apply_records, fusion_passes, prefetch
 from schedhub.registry import LocalRegistry
 from schedhub.tuner.models import kernels
@@ -129,7 +129,7 @@ def test_objects_that_cannot_be_written_or_built_leave_their_kernels_to_the_mode
     built in the model's own module, as without the cache, and the report says so once. An object build that TVM
     refuses would fail the model's build as well: those kernels go back to their unscheduled form (their records are
     refused and complained about), and the compile goes on."""
-    from schedhub.hooks import objects
+    from schedhub.hooks.build import objects
 
     x = np.random.default_rng(9).standard_normal((4, 64)).astype("float32")
     cache = tmp_path / "cache"
@@ -164,7 +164,7 @@ def test_objects_that_cannot_be_written_or_built_leave_their_kernels_to_the_mode
 
 def test_what_tvm_raises_is_what_the_hook_catches_as_a_tvm_error() -> None:
     """apache-tvm 0.27 raises Python's own types through tvm-ffi; ``tvm.TVMError`` is gone."""
-    from schedhub.hooks.errors import TVM_ERRORS
+    from schedhub.hooks.kernels.errors import TVM_ERRORS
 
     assert not hasattr(tvm, "TVMError") and not hasattr(tvm.error, "TVMError")
     sch = tvm.s_tir.Schedule(export_kernel())
@@ -176,7 +176,7 @@ def test_what_tvm_raises_is_what_the_hook_catches_as_a_tvm_error() -> None:
 
 def export_kernel() -> tvm.IRModule:
     """One kernel of the MLP as its own module."""
-    from schedhub.hooks.identity import workload_module
+    from schedhub.hooks.kernels.identity import workload_module
 
     return workload_module(kernels(export(4), CPU, NO_REWRITES)[0].identity.workload)
 

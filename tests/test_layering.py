@@ -20,30 +20,73 @@ def test_registry_and_cli_import_neither_tvm_nor_ray() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def _imports(path: Path, package: str) -> set[str]:
-    """Modules of ``package`` that a file imports anywhere (function-level imports included)."""
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = {"registry": "schedhub.registry", "hooks": "schedhub.hooks", "tuner": "schedhub.tuner", "cli": "schedhub.cli"}
+#: The hook's subpackages, lowest first: each may import only those before it (and ``pipeline``, the top, all of them).
+HOOK_LAYERS = ["kernels", "build", "metaschedule", "rewrites", "serving"]
+UNORDERED = {("metaschedule", "rewrites")}  # side by side: neither imports the other
+
+
+def _module_name(path: Path, folder: str) -> str:
+    """``hooks/serving/session.py`` → ``schedhub.hooks.serving.session`` (a package's ``__init__`` is the package)."""
+    parts = path.relative_to(ROOT / folder).with_suffix("").parts
+    return ".".join([PACKAGES[folder], *(parts[:-1] if parts[-1] == "__init__" else parts)])
+
+
+def _imports(path: Path, folder: str) -> set[str]:
+    """The modules of ``folder``'s package that a file imports anywhere (function-level imports included), by full name."""
     import ast
 
+    name = _module_name(path, folder)
+    package = name if path.stem == "__init__" else name.rsplit(".", 1)[0]
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.level == 1:
-            names = [node.module] if node.module else [a.name for a in node.names]
-            found.update(n.split(".")[0] for n in names)
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(package + "."):
-            found.add(node.module.split(".")[2])
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join([*package.split(".")[: len(package.split(".")) - node.level + 1], *([node.module] if node.module else [])])
+            if not base.startswith(PACKAGES[folder]):
+                continue
+            found.add(base)
+            found.update(f"{base}.{a.name}" for a in node.names)  # `from package import module`
     return found
 
 
+def _graph(folder: str) -> dict[str, set[str]]:
+    files = {_module_name(p, folder): p for p in (ROOT / folder).rglob("*.py")}
+    return {name: {m for m in _imports(path, folder) if m in files and m != name} for name, path in files.items()}
+
+
 def test_no_import_cycles_inside_a_package() -> None:
-    root = Path(__file__).resolve().parent.parent
-    for folder, package in (("registry", "schedhub.registry"), ("hooks", "schedhub.hooks"), ("tuner", "schedhub.tuner"), ("cli", "schedhub.cli")):
-        graph = {p.stem: _imports(p, package) - {p.stem} for p in (root / folder).glob("*.py") if p.stem != "__init__"}
+    for folder in PACKAGES:
+        graph = {m: deps for m, deps in _graph(folder).items()}
+        inits = {m for m in graph if (ROOT / folder / Path(*m.split(".")[2:]) / "__init__.py").exists()}  # a package's __init__ may re-export
 
         def reaches(start: str, goal: str, seen: set[str]) -> bool:
-            return any(n == goal or (n not in seen and reaches(n, goal, seen | {n})) for n in graph.get(start, ()))
+            return any(n == goal or (n not in seen and n not in inits and reaches(n, goal, seen | {n})) for n in graph.get(start, ()))
 
-        cycles = sorted(m for m in graph if reaches(m, m, {m}))
-        assert not cycles, f"{package}: modules on an import cycle: {cycles}"
+        cycles = sorted(m for m in graph if m not in inits and reaches(m, m, {m}))
+        assert not cycles, f"{PACKAGES[folder]}: modules on an import cycle: {cycles}"
+
+
+def test_the_hooks_subpackages_are_layers_each_importing_only_those_below() -> None:
+    """kernels < build < metaschedule, rewrites < serving < pipeline: what a newcomer reads from the tree holds."""
+    layer = {name: i for i, name in enumerate(HOOK_LAYERS)}
+    wrong = []
+    for module, deps in _graph("hooks").items():
+        parts = module.split(".")
+        if len(parts) < 4 and parts[-1] != "rewrites":  # hooks' own top level (__init__, pipeline) imports every layer
+            continue
+        mine = parts[2]
+        for dep in deps:
+            dparts = dep.split(".")
+            theirs = dparts[2] if len(dparts) > 2 else None
+            if theirs == mine:
+                continue
+            if theirs not in layer or layer[theirs] > layer[mine] or (mine, theirs) in UNORDERED or (theirs, mine) in UNORDERED:
+                wrong.append(f"{module} imports {dep}")
+    assert not wrong, wrong
+    assert sorted(p.name for p in (ROOT / "hooks").iterdir() if p.is_dir() and p.name != "__pycache__") == sorted(HOOK_LAYERS)
 
 
 def test_the_pytorch_twins_build_without_tvm() -> None:

@@ -1,5 +1,5 @@
 """Every operator form a network may hold computes the same once its convolutions are converted to NHWC, and a network
-with a transpose convolution compiles under the defaults (hooks/layouts.py: what TVM's ``ConvertLayout`` gets wrong
+with a transpose convolution compiles under the defaults (hooks/rewrites/layouts.py: what TVM's ``ConvertLayout`` gets wrong
 keeps the given layout; hooks/pipeline.py: a rewrite that leaves an operator TVM cannot lower is not taken)."""
 
 from __future__ import annotations
@@ -14,9 +14,11 @@ from torch import nn
 from tvm import relax
 from tvm.relax.frontend.torch import from_exported_program
 
-from schedhub.hooks import layouts, use
-from schedhub.hooks.choice import has_wide_vectors
-from schedhub.hooks.threads import host_target
+from schedhub.hooks import use
+
+from schedhub.hooks.rewrites import layouts
+from schedhub.hooks.serving.choice import has_wide_vectors
+from schedhub.hooks.kernels.threads import host_target
 from schedhub.registry import LocalRegistry
 
 CPU = tvm.target.Target({"kind": "llvm", "num-cores": 1})

@@ -1,5 +1,5 @@
 """Convolution layouts: a network whose convolutions the hook converts to NHWC finds the records tuned in NHWC, runs right,
-and is a different set of kernels from the layout the frontend gave (hooks/layouts.py)."""
+and is a different set of kernels from the layout the frontend gave (hooks/rewrites/layouts.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ from tvm.relax.frontend import nn
 
 from schedhub.cli.tune_cmds import LAYOUTS as CLI_LAYOUTS
 from schedhub.hooks import use
-from schedhub.hooks import choice, layouts, pipeline
-from schedhub.hooks.layouts import LAYOUTS, check_layout
+from schedhub.hooks import pipeline
+from schedhub.hooks.serving import choice
+from schedhub.hooks.rewrites import layouts
+from schedhub.hooks.rewrites.layouts import LAYOUTS, check_layout
 from schedhub.hooks.rewrites import NO_REWRITES, Rewrites
 from schedhub.tuner import models
 

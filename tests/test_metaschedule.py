@@ -16,8 +16,8 @@ from tvm.relax.frontend import nn  # noqa: E402
 from tvm.s_tir import meta_schedule as ms  # noqa: E402
 
 from schedhub.cli.main import cli  # noqa: E402
-from schedhub.hooks.identity import target_from_text, workload_identity, workload_module  # noqa: E402
-from schedhub.hooks.msdb import record_from_tuning_record, tuning_record  # noqa: E402
+from schedhub.hooks.kernels.identity import target_from_text, workload_identity, workload_module  # noqa: E402
+from schedhub.hooks.metaschedule.msdb import record_from_tuning_record, tuning_record  # noqa: E402
 from schedhub.registry import LocalRegistry, Record, ServerThread  # noqa: E402
 
 from .conftest import TOKEN  # noqa: E402
@@ -96,7 +96,7 @@ def test_metaschedule_database_push_pull_round_trip(tmp_path: Path) -> None:
     assert all(again[t].identity.op == first[t].identity.op and again[t].provenance == first[t].provenance for t in first)
     (out / "schedhub_records.jsonl").write_text('{"workload_id": 1}\nnot json\n' + json.dumps(
         {"workload_id": next(iter(first.values())).identity.workload_id, "trace_id": next(iter(first)), "op": "x" * 10_000, "provenance": {}}) + "\n")
-    from schedhub.hooks.msdb import read_json_database
+    from schedhub.hooks.metaschedule.msdb import read_json_database
 
     hostile = {r.trace_id: r for r in read_json_database(out)}  # a damaged or hostile sidecar: records as MetaSchedule has them
     assert hostile.keys() == first.keys() and all(r.identity.op != "x" * 10_000 for r in hostile.values())

@@ -1,6 +1,6 @@
 """Prepacked weights: a kernel whose schedule lays its weights out as it reads them (MetaSchedule's ``RewriteLayout``)
 is served with that rewrite split out and folded into the constants at compile time, computes what the plain network
-computes, and is a different kernel from the one compiled without prepacking (hooks/rewrites.py, hooks/pipeline.py);
+computes, and is a different kernel from the one compiled without prepacking (hooks/rewrites/__init__.py, hooks/pipeline.py);
 the tuner's builds time such a kernel on its packed weights and check it whole (tuner/kernels.py)."""
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from tvm.relax.frontend import nn
 from tvm.s_tir import meta_schedule as ms
 
 from schedhub.hooks import use
-from schedhub.hooks.cache import digest_path, keep_digest
-from schedhub.hooks.identity import plain_json, workload_module
+from schedhub.hooks.kernels.cache import digest_path, keep_digest
+from schedhub.hooks.kernels.identity import plain_json, workload_module
 from schedhub.hooks.pipeline import apply_database, call_counts
-from schedhub.hooks import prepack
-from schedhub.hooks.prepack import KIND
+from schedhub.hooks.rewrites import prepack
+from schedhub.hooks.rewrites.prepack import KIND
 from schedhub.hooks.rewrites import NO_REWRITES, Rewrites
 from schedhub.registry import Identity, Record
 from schedhub.tuner import kernels as tasks
@@ -141,7 +141,7 @@ def test_a_kernel_timed_with_its_caches_flushed_is_flushed_before_every_run() ->
 
 def test_weights_tiled_by_their_schedule_are_packed_in_numpy_to_the_bits_of_tvms_rewrite(packing_store: Path, tmp_path: Path,
                                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """``RewriteLayout``'s rewrites of the test network are tilings (hooks/tiling.py): a compile does them in numpy and
+    """``RewriteLayout``'s rewrites of the test network are tilings (hooks/rewrites/tiling.py): a compile does them in numpy and
     keeps nothing in the kernel cache, and the model computes what it computes with TVM's build of them, bit for bit."""
     mod, x = conv_net(), np.random.default_rng(2).standard_normal((1, 8, 10, 10)).astype("float32")
 

@@ -1,5 +1,5 @@
 """A transfer that recomputes a reduction for every element of its consumer gets its compute locations moved out
-(``hooks.recompute``); an exact hit keeps what was measured. Real TVM builds and runs."""
+(``hooks.metaschedule.recompute``); an exact hit keeps what was measured. Real TVM builds and runs."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from tvm import relax
 from tvm.relax.frontend import nn
 
 from schedhub.hooks.rewrites import NO_REWRITES
-from schedhub.hooks.identity import plain_json, workload_module
-from schedhub.hooks.recompute import stores
+from schedhub.hooks.kernels.identity import plain_json, workload_module
+from schedhub.hooks.metaschedule.recompute import stores
 from schedhub.registry import LocalRegistry, Record, record_key
 from schedhub.tuner.models import kernels
 

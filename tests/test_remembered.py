@@ -13,9 +13,9 @@ import pytest
 import tvm
 from tvm import te
 
-from schedhub.hooks.identity import workload_identity
+from schedhub.hooks.kernels.identity import workload_identity
 from schedhub.tuner import kernels
-from schedhub.hooks.cache import CACHE_ENV
+from schedhub.hooks.kernels.cache import CACHE_ENV
 from schedhub.tuner.remembered import BRIEF_KEPT_SECS, FOLDER, KernelMemory, forget_all, kernel_key, memory
 
 TARGET = {"kind": "llvm", "mcpu": "znver1", "num-cores": 2}

@@ -1,4 +1,4 @@
-"""A workload's parameters renamed (hooks/renaming.py): the one-pass scan gives, byte for byte, the text the tokenizer
+"""A workload's parameters renamed (hooks/kernels/renaming.py): the one-pass scan gives, byte for byte, the text the tokenizer
 gave every key, and leaves to the tokenizer any script it does not read as the tokenizer does."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import tvm
 
-from schedhub.hooks.identity import as_module
+from schedhub.hooks.kernels.identity import as_module
 from schedhub.hooks.pipeline import fusion_passes
-from schedhub.hooks.renaming import _renamed_by_scan, _renamed_by_tokens, rename_parameters
+from schedhub.hooks.kernels.renaming import _renamed_by_scan, _renamed_by_tokens, rename_parameters
 from schedhub.hooks.rewrites import Rewrites
 from schedhub.tuner import models
 

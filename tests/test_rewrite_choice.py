@@ -1,4 +1,4 @@
-"""Rewrites chosen by the registry's records (``use(..., layout="auto", prepack="auto")``, hooks/choice.py): a compile
+"""Rewrites chosen by the registry's records (``use(..., layout="auto", prepack="auto")``, hooks/serving/choice.py): a compile
 weighs every option's kernels in one lookup, compiles the option the records hold in full and claim fastest, computes
 what the plain network computes, and falls back to the given option where the records say nothing."""
 
@@ -15,9 +15,9 @@ import tvm
 from tvm.relax.frontend import nn
 
 from schedhub.hooks import use
-from schedhub.hooks.choice import Holding, RewriteOptions, choose, network_digest
-from schedhub.hooks.layouts import converts
-from schedhub.hooks.identity import plain_json
+from schedhub.hooks.serving.choice import Holding, RewriteOptions, choose, network_digest
+from schedhub.hooks.rewrites.layouts import converts
+from schedhub.hooks.kernels.identity import plain_json
 from schedhub.hooks.rewrites import NO_REWRITES, Rewrites
 from schedhub.registry import Identity, LocalRegistry, Record
 from schedhub.tuner import models
@@ -227,7 +227,7 @@ def test_a_later_compile_weighs_the_options_from_the_kernel_cache_and_fuses_only
     """Each option's kernels are kept on the machine: converting ResNet-18 to NHWC costs 2 s of fusion that a later compile
     choosing the given layout need not pay. An entry that does not read as kernels is fused again, never served."""
     from schedhub.hooks import pipeline
-    from schedhub.hooks.choice import OPTION_KERNELS
+    from schedhub.hooks.serving.choice import OPTION_KERNELS
 
     registry = store(tmp_path / "store", records, {NHWC_PACKED: 1e-5, GIVEN: 1e-4})
     fused: list[Rewrites] = []
@@ -304,7 +304,7 @@ def test_an_options_kernels_are_kept_by_the_networks_structure_and_scalar_consta
 def test_a_kept_identity_is_taken_only_where_its_key_derives_from_its_fields() -> None:
     """The kernel cache is this machine's own, read as written (as its identity entries are), but an entry that does not
     name its kernel by its fields (another shape, a field changed) is no identity, and the option is fused again."""
-    from schedhub.hooks.identity import kept_identity
+    from schedhub.hooks.kernels.identity import kept_identity
 
     identity = kernel_identities(GIVEN)[0]
     assert kept_identity(identity.to_dict()) == identity

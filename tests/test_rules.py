@@ -1,4 +1,4 @@
-"""The CPU rules (hooks.rules): what a kernel the registry cannot serve gets instead of TVM's unscheduled default."""
+"""The CPU rules (hooks.metaschedule.rules): what a kernel the registry cannot serve gets instead of TVM's unscheduled default."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import tvm
 from tvm.relax.frontend import nn
 
 from schedhub.hooks.rewrites import NO_REWRITES
-from schedhub.hooks import rules, use
-from schedhub.hooks.identity import workload_module
-from schedhub.hooks.rules import Tile, tile_decisions
+from schedhub.hooks import use
+from schedhub.hooks.metaschedule import rules
+from schedhub.hooks.kernels.identity import workload_module
+from schedhub.hooks.metaschedule.rules import Tile, tile_decisions
 from schedhub.registry import LocalRegistry, Record
 from schedhub.tuner.models import kernels
 
@@ -83,8 +84,8 @@ def test_a_kernel_the_registry_cannot_serve_gets_the_ruled_schedule_and_is_still
 def test_on_a_cpu_the_rules_schedule_comes_before_a_transfer_and_a_measured_compile_times_both(tmp_path: Path) -> None:
     """A neighbour tuned at another batch: untimed, the rules' schedule is served ahead of it (rules=False: it is
     transferred, so it applies); a measured compile times it beside the rules' schedule and serves the faster."""
-    from schedhub.hooks.measure import host_cpu
-    from schedhub.hooks.msdb import normalize_mod
+    from schedhub.hooks.kernels.measure import host_cpu
+    from schedhub.hooks.metaschedule.msdb import normalize_mod
 
     host = tvm.target.Target({"kind": "llvm", "mcpu": host_cpu(), "num-cores": 2})  # measured only for this machine's CPU
     mod = bound(Net(), (32, 64), scale=0.1)
@@ -119,7 +120,7 @@ def test_a_ruled_trace_is_worked_out_once_a_machine(tmp_path: Path, monkeypatch:
     def refuse(*_args: object) -> None:
         raise AssertionError("the kernel cache holds the ruled trace")
 
-    monkeypatch.setattr("schedhub.hooks.session.ruled_trace", refuse)
+    monkeypatch.setattr("schedhub.hooks.serving.session.ruled_trace", refuse)
     with use(tmp_path / "store", CPU, cache=tmp_path / "cache", **GIVEN) as again:
         tvm.compile(mod, CPU)
     assert [k.detail for k in again.reports[0].kernels] == [k.detail for k in first.reports[0].kernels]
@@ -159,8 +160,8 @@ def test_a_layout_rewrite_of_a_buffer_that_is_not_a_weight_is_refused() -> None:
     rewrites the activation's layout with an index map that drops its axes: ResNet-50's convolutions served transfers
     from ResNet-18's computed a wrong result so. The guard refuses a layout rewrite of any buffer that is not one of the
     kernel's layout-free arguments."""
-    from schedhub.hooks.guard import WrongLayoutRewrite, check_layout_rewrites
-    from schedhub.hooks.msdb import normalize_mod, replayed
+    from schedhub.hooks.metaschedule.guard import WrongLayoutRewrite, check_layout_rewrites
+    from schedhub.hooks.metaschedule.msdb import normalize_mod, replayed
     from schedhub.hooks.rewrites import Rewrites
 
     mod = bound(Net(), (32, 64), scale=0.1)

@@ -11,11 +11,11 @@ import tvm
 import tvm_ffi
 
 from schedhub.hooks.rewrites import NO_REWRITES
-from schedhub.hooks.defaults import default_schedule
-from schedhub.hooks.identity import workload_module
-from schedhub.hooks.measure import KernelBench, build_all, host_cpu
-from schedhub.hooks.msdb import normalize_mod, replayed, trace_text
-from schedhub.hooks.synthesis import TIMED, design_space_samples
+from schedhub.hooks.kernels.defaults import default_schedule
+from schedhub.hooks.kernels.identity import workload_module
+from schedhub.hooks.kernels.measure import KernelBench, build_all, host_cpu
+from schedhub.hooks.metaschedule.msdb import normalize_mod, replayed, trace_text
+from schedhub.hooks.metaschedule.synthesis import TIMED, design_space_samples
 from schedhub.registry import LocalRegistry, Record, Trial, TrialLog
 from schedhub.tuner.models import kernels
 
@@ -126,10 +126,10 @@ def test_synthesis_needs_a_measurement_budget_and_a_sane_sample_count(tmp_path: 
 
 
 def test_the_model_is_trained_once_per_log_content_and_a_grown_log_featurizes_only_its_new_trials(tmp_path: Path, training_log: list[TrialLog]) -> None:
-    from schedhub.hooks.cache import KernelCache
-    from schedhub.hooks.identity import target_text
-    from schedhub.hooks.measure import Budget
-    from schedhub.hooks.synthesis import LogModel
+    from schedhub.hooks.kernels.cache import KernelCache
+    from schedhub.hooks.kernels.identity import target_text
+    from schedhub.hooks.kernels.measure import Budget
+    from schedhub.hooks.metaschedule.synthesis import LogModel
 
     target = target_text(tvm.target.Target(HOST))
     first, rest = training_log[:1], training_log[1:]
@@ -152,11 +152,11 @@ def test_the_model_is_trained_once_per_log_content_and_a_grown_log_featurizes_on
 
 
 def test_a_worker_publishes_the_model_when_the_log_grew_and_a_compile_uses_it_without_training(tmp_path: Path, training_log: list[TrialLog]) -> None:
-    from schedhub.hooks.cache import KernelCache
-    from schedhub.hooks.costmodel import FEATURES
-    from schedhub.hooks.identity import compiler_fingerprint, target_text
-    from schedhub.hooks.measure import Budget
-    from schedhub.hooks.synthesis import LogModel
+    from schedhub.hooks.kernels.cache import KernelCache
+    from schedhub.hooks.metaschedule.costmodel import FEATURES
+    from schedhub.hooks.kernels.identity import compiler_fingerprint, target_text
+    from schedhub.hooks.kernels.measure import Budget
+    from schedhub.hooks.metaschedule.synthesis import LogModel
     from schedhub.tuner.publish import publish_cost_model
 
     target = target_text(tvm.target.Target(HOST))
@@ -187,9 +187,9 @@ def test_a_model_past_the_logs_cap_is_trained_again_once_enough_of_what_it_would
     while the trials it covers change (here a second worker's timings of the same kernels take half the places):
     the machine that published the model counts what is new to it and trains again; another machine, which does
     not know what the served model learned from, counts the log's growth (none)."""
-    from schedhub.hooks import synthesis
-    from schedhub.hooks.cache import KernelCache
-    from schedhub.hooks.identity import target_text
+    from schedhub.hooks.metaschedule import synthesis
+    from schedhub.hooks.kernels.cache import KernelCache
+    from schedhub.hooks.kernels.identity import target_text
     from schedhub.tuner import publish
     from schedhub.tuner.publish import publish_cost_model
 
@@ -212,9 +212,9 @@ def test_a_model_past_the_logs_cap_is_trained_again_once_enough_of_what_it_would
 def test_a_registry_that_refuses_a_model_is_answered_per_target_and_nothing_is_served(tmp_path: Path, training_log: list[TrialLog]) -> None:
     """A token without the worker role trains the model and is refused the push: each target's refusal comes
     back once to the caller (a worker stops trying; ``tune --publish`` logs it), and no model is served."""
-    from schedhub.hooks.cache import KernelCache
-    from schedhub.hooks.costmodel import FEATURES
-    from schedhub.hooks.identity import compiler_fingerprint, target_text
+    from schedhub.hooks.kernels.cache import KernelCache
+    from schedhub.hooks.metaschedule.costmodel import FEATURES
+    from schedhub.hooks.kernels.identity import compiler_fingerprint, target_text
     from schedhub.registry import Forbidden, Principal, RegistryClient, ServerThread
     from schedhub.tuner.dispatch import publish_each, publish_models
 
@@ -244,11 +244,11 @@ def as_sibling(logs: list[TrialLog], batch: int) -> tuple[list[TrialLog], list[R
 
 
 def test_a_small_own_log_is_topped_up_with_a_siblings_log(tmp_path: Path, training_log: list[TrialLog], monkeypatch: pytest.MonkeyPatch) -> None:
-    from schedhub.hooks import synthesis
-    from schedhub.hooks.cache import KernelCache
-    from schedhub.hooks.identity import target_text
-    from schedhub.hooks.measure import Budget
-    from schedhub.hooks.synthesis import LogModel
+    from schedhub.hooks.metaschedule import synthesis
+    from schedhub.hooks.kernels.cache import KernelCache
+    from schedhub.hooks.kernels.identity import target_text
+    from schedhub.hooks.kernels.measure import Budget
+    from schedhub.hooks.metaschedule.synthesis import LogModel
 
     host, sibling = target_text(tvm.target.Target(HOST)), target_text(tvm.target.Target(SIBLING))
     sibling_log, _ = as_sibling(training_log, 8)
@@ -274,7 +274,7 @@ def test_a_small_own_log_is_topped_up_with_a_siblings_log(tmp_path: Path, traini
 
 
 def test_a_cpu_model_new_to_the_registry_borrows_the_model_of_its_neighbours_cpu(tmp_path: Path, training_log: list[TrialLog]) -> None:
-    from schedhub.hooks.identity import target_text
+    from schedhub.hooks.kernels.identity import target_text
 
     host = tvm.target.Target(HOST)
     sibling_log, sibling_records = as_sibling(training_log, 8)
@@ -304,11 +304,11 @@ def test_a_served_model_the_compile_cannot_use_is_only_a_model_less(tmp_path: Pa
 
     import msgpack
 
-    from schedhub.hooks.cache import KernelCache
-    from schedhub.hooks.costmodel import FEATURES, WIDTH
-    from schedhub.hooks.identity import compiler_fingerprint, target_text
-    from schedhub.hooks.measure import Budget
-    from schedhub.hooks.synthesis import LogModel
+    from schedhub.hooks.kernels.cache import KernelCache
+    from schedhub.hooks.metaschedule.costmodel import FEATURES, WIDTH
+    from schedhub.hooks.kernels.identity import compiler_fingerprint, target_text
+    from schedhub.hooks.kernels.measure import Budget
+    from schedhub.hooks.metaschedule.synthesis import LogModel
     from schedhub.registry import CostModelEntry, RegistryClient
 
     from .scripted_server import Reply, ScriptedServer

@@ -1,4 +1,4 @@
-"""A weights' layout rewrite done in numpy (hooks/tiling.py): a rewrite that tiles its input is read as a reshape and a
+"""A weights' layout rewrite done in numpy (hooks/rewrites/tiling.py): a rewrite that tiles its input is read as a reshape and a
 transpose that compute what TVM's build of it computes, bit for bit; any other form is left to TVM's build."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 import tvm
 from tvm.script import tirx as T
 
-from schedhub.hooks.tiling import MAX_SPLIT, tilings
+from schedhub.hooks.rewrites.tiling import MAX_SPLIT, tilings
 
 # fmt: off
 @T.prim_func(private=True, s_tir=True)

@@ -20,11 +20,12 @@ from tvm.relax.frontend import nn
 
 from schedhub.hooks.rewrites import NO_REWRITES
 from schedhub.hooks import target_text
-from schedhub.hooks.identity import plain_json, workload_module
-from schedhub.hooks.msdb import normalize_mod, postprocessors
-from schedhub.hooks.ranking import REPOSTPROCESSED
-from schedhub.hooks import measure, session as hook_session, transfers as hook_transfers
-from schedhub.hooks.measure import host_cpu
+from schedhub.hooks.kernels.identity import plain_json, workload_module
+from schedhub.hooks.metaschedule.msdb import normalize_mod, postprocessors
+from schedhub.hooks.metaschedule.ranking import REPOSTPROCESSED
+from schedhub.hooks.kernels import measure
+from schedhub.hooks.serving import session as hook_session, transfers as hook_transfers
+from schedhub.hooks.kernels.measure import host_cpu
 from schedhub.registry import (
     SCHEMA_VERSION, Candidate, CostModelEntry, Identity, InvalidRecord, LocalRegistry, Probe, Record, RegistryClient,
     canonical_target, packb, record_key, structure_key, unpackb,
@@ -731,9 +732,9 @@ def test_a_cost_model_the_registry_serves_decides_between_transfers_that_fit_ali
     re-derived). The fit ranking serves batch 64's: as fast per call at home for 8x the work. Ranked by it (by
     default too: each kernel's own layer was tuned at two batches), a served model that predicts batch 8's to run faster on these kernels serves those instead, with correct
     output; a model pushed as a claim is used only by a session that trusts its pusher."""
-    from schedhub.hooks.costmodel import FEATURES, CostModel, features, flops
-    from schedhub.hooks.identity import compiler_fingerprint
-    from schedhub.hooks.msdb import replayed
+    from schedhub.hooks.metaschedule.costmodel import FEATURES, CostModel, features, flops
+    from schedhub.hooks.kernels.identity import compiler_fingerprint
+    from schedhub.hooks.metaschedule.msdb import replayed
 
     def columns(k: Any, parts: int) -> Record:
         extent = k.identity.args_info[-1][2][1]
@@ -777,7 +778,7 @@ def test_a_served_model_decides_where_the_kernels_own_layer_was_tuned_at_two_sha
     """``rank_by_model=None`` (the default): a candidate is the kernel's own layer when its weights are the kernel's (what else
     differs is shaped as the output: a residual); the model ranks only where the contenders hold that layer at
     two shapes other than the kernel's."""
-    from schedhub.hooks.ranking import model_decides, same_layer
+    from schedhub.hooks.metaschedule.ranking import model_decides, same_layer
 
     def conv(batch: int, image: int, channels: int = 64, inputs: int = 64, stride: int = 2) -> list[Any]:
         out = [batch, channels, image // stride, image // stride]
@@ -803,8 +804,8 @@ def test_a_tiling_that_was_all_ones_where_it_was_tuned_ranks_after_one_that_deci
     """A record tuned at batch 1 tiled its batch loop all ones, which decided nothing (a matmul at batch 1 is a
     matrix-vector schedule). At batch 16, where another candidate re-derives as many tiles, that one is served,
     although the batch-1 record is far faster for its work at home."""
-    from schedhub.hooks.msdb import replay
-    from schedhub.hooks.ranking import Retiling
+    from schedhub.hooks.metaschedule.msdb import replay
+    from schedhub.hooks.metaschedule.ranking import Retiling
 
     with LocalRegistry(tmp_path / "store", sync=False) as reg:
         blind = {k.name: tiled_record(k.identity, 0, [1, 1], secs=1e-7) for k in kernels(export(1), CPU, NO_REWRITES) if "matmul" in k.name}
@@ -838,7 +839,7 @@ def test_a_compile_whose_measurement_budget_ran_out_serves_what_the_ranking_pick
 
 
 def test_the_ranking_puts_the_same_workload_first_then_fitting_tiles_then_speed_then_the_registry_order() -> None:
-    from schedhub.hooks.ranking import Retiling, model_rank_key, rank_key
+    from schedhub.hooks.metaschedule.ranking import Retiling, model_rank_key, rank_key
 
     fits, one, one_blind, two = Retiling(0, 0), Retiling(1, 0), Retiling(1, 1), Retiling(2, 0)
     ranked = sorted([rank_key("shape", fits, 5.0, 3), rank_key("shape", one, 90.0, 0), rank_key("compiler", two, 1.0, 4), rank_key("shape", fits, 9.0, 2),
@@ -854,9 +855,9 @@ def test_the_ranking_puts_the_same_workload_first_then_fitting_tiles_then_speed_
 
 def test_the_work_the_ranking_reads_from_a_workload_text_is_tvms_flop_estimate() -> None:
     """The hook ranks candidates by speed for their work without TVM parsing their workloads (~180 ms each)."""
-    from schedhub.hooks.ranking import work
+    from schedhub.hooks.metaschedule.ranking import work
     from schedhub.tuner import models
-    from schedhub.hooks.costmodel import flops
+    from schedhub.hooks.metaschedule.costmodel import flops
 
     resnet, _, _ = models.export("resnet18", batch=1, image=32)
     found = [k for k in [*kernels(export(16), CPU, NO_REWRITES), *kernels(resnet, CPU, NO_REWRITES)] if flops(workload_module(k.identity.workload)) > 1]
@@ -868,7 +869,7 @@ def test_the_work_the_ranking_reads_from_a_workload_text_is_tvms_flop_estimate()
 
 def test_the_effort_of_a_kernel_counts_the_elements_it_writes_beside_its_arithmetic() -> None:
     """What orders the misses a compile reports: a transpose has no arithmetic but writes every element."""
-    from schedhub.hooks.ranking import effort, work
+    from schedhub.hooks.metaschedule.ranking import effort, work
 
     mlp = kernels(export(16), CPU, NO_REWRITES)
     transpose = next(k for k in mlp if k.name == "transpose")  # the first layer's weight: 128 × 64
@@ -893,7 +894,7 @@ def test_a_transferred_miss_is_queued_by_the_time_its_transfer_is_expected_to_ta
     this kernel's work), not what TVM's default would: the wide layer's neighbour, 1000× as fast as a default
     schedule is assumed to be, serves the wide and the block layers (one structure: matmul, bias, activation),
     so the head, left to the default schedule, is queued first."""
-    from schedhub.hooks.ranking import work
+    from schedhub.hooks.metaschedule.ranking import work
 
     wide_at_8 = next(k.identity for k in kernels(uneven(8), CPU, NO_REWRITES) if layer(k) == "wide")
     record = split_record(wide_at_8, 4)

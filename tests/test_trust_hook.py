@@ -19,12 +19,12 @@ from tvm.s_tir import meta_schedule as ms
 
 from schedhub.hooks.rewrites import NO_REWRITES
 from schedhub.hooks import RegistryDatabase, RegistryFallbackWarning, ScheduleLimits, ScheduleTooCostly, use, workload_identity
-from schedhub.hooks.costmodel import Kernels
-from schedhub.hooks.guard import check_scheduled, check_trace_size, loop_iterations, loop_name_chars, nested_statements, unrolled_code
-from schedhub.hooks.identity import workload_module
-from schedhub.hooks.session import MAX_REFUSED_NAMED, HookSession
+from schedhub.hooks.metaschedule.costmodel import Kernels
+from schedhub.hooks.metaschedule.guard import check_scheduled, check_trace_size, loop_iterations, loop_name_chars, nested_statements, unrolled_code
+from schedhub.hooks.kernels.identity import workload_module
+from schedhub.hooks.serving.session import MAX_REFUSED_NAMED, HookSession
 from schedhub.registry import CallerBounds, InvalidRecord, LocalRegistry, Principal, Record, RegistryClient, ServerThread, check_object_graphs
-from schedhub.hooks.msdb import replay_schedule, replay_within, trace_text
+from schedhub.hooks.metaschedule.msdb import replay_schedule, replay_within, trace_text
 
 from .conftest import make_record, store_unchecked
 

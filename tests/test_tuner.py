@@ -29,9 +29,9 @@ from tvm import relax, te
 
 from schedhub.hooks.rewrites import NO_REWRITES
 from schedhub.hooks import ScheduleLimits, ScheduleTooCostly, use
-from schedhub.hooks.guard import check_scheduled
-from schedhub.hooks.identity import workload_identity, workload_module
-from schedhub.hooks.msdb import first_line, trace_text
+from schedhub.hooks.metaschedule.guard import check_scheduled
+from schedhub.hooks.kernels.identity import workload_identity, workload_module
+from schedhub.hooks.metaschedule.msdb import first_line, trace_text
 from schedhub.registry import DONE, PENDING, REFINE, Identity, LocalRegistry, Record, RegistryClient, ServerThread, keeps_default_schedule, packb, trace_id
 from schedhub.tuner import cluster, models, plan, search
 from schedhub.tuner.kernels import final_timing
@@ -130,7 +130,7 @@ def test_a_default_that_wins_one_timing_is_timed_again_before_it_is_published(ra
     case: the first timing is taken in a busy moment (each candidate's times made 10× the default's slowest call; a fixed
     factor was not enough where the unscheduled default is itself ~100× slower); what is published is the second
     timing's verdict."""
-    from schedhub.hooks.msdb import tuning_record
+    from schedhub.hooks.metaschedule.msdb import tuning_record
 
     ident = matmul(64, 128, 128)
     searched = TuneResult.from_dict(cluster.result(tune(ident, tiny(trials=16, trials_per_iter=8, publish=1))))
@@ -299,7 +299,7 @@ def test_retime_gives_verified_records_flushed_times_and_their_key_ranks_by_them
 def test_a_round_times_again_only_the_fastest_of_the_records_the_registry_keeps_as_they_are(ray_address: str, tmp_path: Path) -> None:
     """The registry keeps a verified record's time as first verified: a round's publishing times again only the fastest
     of the key's settled records (the one its new schedules must beat), not each of them."""
-    from schedhub.hooks.synthesis import design_space_samples
+    from schedhub.hooks.metaschedule.synthesis import design_space_samples
     from schedhub.registry import FLUSHED_SECS
     from schedhub.tuner.retime import settled
 
@@ -319,7 +319,7 @@ def test_a_round_times_again_only_the_fastest_of_the_records_the_registry_keeps_
 def test_settled_records_are_verified_with_the_times_a_re_push_would_give() -> None:
     """A verified CPU record without a flushed time gets one from a trusted re-push, so it is not settled; a GPU's
     records are never timed flushed; a claim is not settled."""
-    from schedhub.hooks.identity import target_text
+    from schedhub.hooks.kernels.identity import target_text
     from schedhub.registry import FLUSHED_SECS, Served
     from schedhub.tuner.retime import settled
 
@@ -367,7 +367,7 @@ def test_verification_quarantines_a_correct_record_far_slower_than_the_default_s
     plus the margin."""
     import functools
 
-    from schedhub.hooks import guard
+    from schedhub.hooks.metaschedule import guard
     from schedhub.tuner import verify
     from schedhub.tuner.verify import verify_job
 
@@ -427,7 +427,7 @@ def test_verification_quarantines_a_record_whose_trace_takes_long_to_replay(monk
     here, what is checked is the replay's time.)"""
     import functools
 
-    from schedhub.hooks import guard
+    from schedhub.hooks.metaschedule import guard
     from schedhub.tuner.verify import REPLAY_SECS_AT_MOST, verify_job
 
     monkeypatch.setattr(guard, "ScheduleLimits", functools.partial(guard.ScheduleLimits, max_stages=10_000, max_iteration_ratio=1e9))
@@ -456,11 +456,11 @@ def test_a_kernel_that_may_prepack_its_weights_is_searched_on_them_packed_and_pu
 
 
 def test_a_first_pass_measures_the_schedule_a_miss_runs_so_no_record_is_slower_than_it(ray_address: str) -> None:
-    """The hook gives a miss the CPU rules' schedule (hooks.rules); a search measures it in its warm start, so what it
+    """The hook gives a miss the CPU rules' schedule (hooks.metaschedule.rules); a search measures it in its warm start, so what it
     publishes is that schedule or one measured faster, and its search starts from it."""
-    from schedhub.hooks.msdb import normalize_mod
-    from schedhub.hooks.rules import ruled_trace
-    from schedhub.hooks.identity import target_from_text
+    from schedhub.hooks.metaschedule.msdb import normalize_mod
+    from schedhub.hooks.metaschedule.rules import ruled_trace
+    from schedhub.hooks.kernels.identity import target_from_text
 
     ident = matmul(64, 256, 128)
     ruled = ruled_trace(normalize_mod(workload_module(ident.workload)), target_from_text(ident.target))
@@ -508,7 +508,7 @@ def seeding() -> SimpleNamespace:
 
 
 def test_a_job_is_seeded_with_the_log_models_synthesized_schedules(ray_address: str, tmp_path: Path, seeding: SimpleNamespace) -> None:
-    from schedhub.hooks.msdb import normalize_mod, replayed
+    from schedhub.hooks.metaschedule.msdb import normalize_mod, replayed
 
     from .test_synthesis import registry_with
 
@@ -602,7 +602,7 @@ def test_a_seeder_trains_at_most_its_bound_per_call_and_goes_on_from_the_cache(t
     """A worker seeds while it holds leases: one call trains the model for ``train_secs`` at most (here too
     short for the minimum of trials), and each later call goes on from the features cached until the model
     has the whole log, the model an unbounded seeder trains."""
-    from schedhub.hooks.cache import KernelCache
+    from schedhub.hooks.kernels.cache import KernelCache
 
     from .test_synthesis import registry_with
 
@@ -702,8 +702,8 @@ def test_a_machine_featurizes_each_logged_schedule_once_for_the_searches_cost_mo
     import numpy as np
     from tvm.s_tir import meta_schedule as ms
 
-    from schedhub.hooks.cache import KernelCache
-    from schedhub.hooks.synthesis import design_space_samples
+    from schedhub.hooks.kernels.cache import KernelCache
+    from schedhub.hooks.metaschedule.synthesis import design_space_samples
     from schedhub.tuner import logmodel
 
     target = tvm.target.Target(TARGET)
@@ -743,8 +743,8 @@ def test_the_log_model_trains_once_on_every_logged_trial(tmp_path: Path, monkeyp
     logged trials of a ResNet-18 convolution). It trains once, on all of them."""
     import xgboost
 
-    from schedhub.hooks.cache import KernelCache
-    from schedhub.hooks.synthesis import design_space_samples
+    from schedhub.hooks.kernels.cache import KernelCache
+    from schedhub.hooks.metaschedule.synthesis import design_space_samples
     from schedhub.tuner import logmodel
 
     target = tvm.target.Target(TARGET)
@@ -976,7 +976,7 @@ def test_a_result_the_registry_refuses_fails_its_job_with_the_reason_and_the_wor
 def test_a_worker_gives_a_warm_startable_miss_a_first_pass_then_its_search(ray_address: str, tmp_path: Path) -> None:
     """The first pass pushes the best measured transfer at once and puts the job back for its search, which comes later;
     the worker, idle, serves the cost model of the log it grew (or says why it keeps the one served)."""
-    from schedhub.hooks.costmodel import FEATURES
+    from schedhub.hooks.metaschedule.costmodel import FEATURES
 
     source = TuneResult.from_dict(cluster.result(tune(matmul(64, 64, 128))))
     assert not keeps_default_schedule(source.records[0].trace)  # something to transfer
@@ -1129,7 +1129,7 @@ def test_tune_takes_the_given_layout_where_tvm_cannot_convert_the_models_to_the_
     from click.testing import CliRunner
 
     from schedhub.cli.main import cli
-    from schedhub.hooks import layouts
+    from schedhub.hooks.rewrites import layouts
 
     monkeypatch.setitem(layouts._DESIRED, "NHWC", {"relax.nn.conv2d": ["NHWC", "XYZW"]})  # a kernel layout TVM cannot convert to
     znver4 = json.dumps({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
@@ -1212,7 +1212,7 @@ def test_plan_parses_models_and_sweeps_without_eval() -> None:
 
 def test_a_worker_verifies_claims_and_refuses_a_poisoned_one(ray_address: str, tmp_path: Path) -> None:
     from schedhub.registry import Principal, Record
-    from schedhub.hooks.msdb import trace_text
+    from schedhub.hooks.metaschedule.msdb import trace_text
 
     ident = matmul(64, 64, 128)
     unscheduled = trace_text(tvm.s_tir.Schedule(workload_module(ident.workload)).trace)

@@ -43,7 +43,7 @@ def old_tvm_venv() -> Path:
 
 
 def fingerprint_of(python: Path) -> str:
-    code = "from schedhub.hooks.identity import compiler_fingerprint; print(compiler_fingerprint())"
+    code = "from schedhub.hooks.kernels.identity import compiler_fingerprint; print(compiler_fingerprint())"
     return subprocess.run([str(python), "-c", code], check=True, capture_output=True, text=True).stdout.strip()
 
 
@@ -51,7 +51,7 @@ def fingerprint_of(python: Path) -> str:
 def test_records_an_older_tvm_build_tuned_are_served_as_compiler_transfers(tmp_path: Path) -> None:
     venv = old_tvm_venv()
     old_fingerprint = fingerprint_of(venv / "bin" / "python")
-    new_fingerprint = hooks.identity.compiler_fingerprint()
+    new_fingerprint = hooks.kernels.identity.compiler_fingerprint()
     assert old_fingerprint.startswith("tvm=0.27.0;") and old_fingerprint != new_fingerprint
 
     store = tmp_path / "store"

@@ -1,7 +1,7 @@
 """Winograd convolutions: a network compiled with ``conv="winograd"`` computes its eligible 3×3 convolutions by
 F(4×4, 3×3) on weights transformed at compile time, finds the records tuned that way (its schedules from MetaSchedule's
 own design space, Winograd's rules and weight prepacking among them), and computes what the direct network computes to
-float32 rounding (hooks/winograd.py, hooks/rewrites.py)."""
+float32 rounding (hooks/rewrites/winograd.py, hooks/rewrites/__init__.py)."""
 
 from __future__ import annotations
 
@@ -17,11 +17,12 @@ from tvm.relax.frontend import nn
 from tvm.s_tir import meta_schedule as ms
 
 from schedhub.cli.tune_cmds import CONVS as CLI_CONVS
-from schedhub.hooks import use, winograd
-from schedhub.hooks.identity import plain_json, workload_module
+from schedhub.hooks import use
+from schedhub.hooks.rewrites import winograd
+from schedhub.hooks.kernels.identity import plain_json, workload_module
 from schedhub.hooks.pipeline import fusion_passes
 from schedhub.hooks.rewrites import NO_REWRITES, Rewrites
-from schedhub.hooks.winograd import CONVS, MIN_TILES, TILES, winograd_weights
+from schedhub.hooks.rewrites.winograd import CONVS, MIN_TILES, TILES, winograd_weights
 from schedhub.registry import Identity, Record
 from schedhub.tuner import baselines, kernels, models
 

@@ -11,7 +11,7 @@ import tvm
 from tvm.s_tir import meta_schedule as ms
 from tvm.ir.utils import derived_object
 
-from schedhub.hooks.identity import plain_json, target_text
+from schedhub.hooks.kernels.identity import plain_json, target_text
 
 from . import cluster
 from .kernels import TUNING_TIMING

@@ -28,7 +28,7 @@ def _ops(op: str) -> list[str]:
 
 
 def is_winograd(op: str) -> bool:
-    """Whether ``op`` names a Winograd convolution kernel (``hooks.winograd``)."""
+    """Whether ``op`` names a Winograd convolution kernel (``hooks.rewrites.winograd``)."""
     return _ops(op)[:2] == ["conv2d", "winograd"]
 
 
@@ -43,7 +43,7 @@ def direct_equivalent(op: str, args_info: list[Any]) -> tuple[str, list[Any]]:
 
 
 def in_nchw(op: str, args_info: list[Any], layout: str) -> list[Any]:
-    """``args_info`` of a kernel compiled with convolutions in ``layout`` ("given" or "NHWC", ``hooks.layouts``), as the
+    """``args_info`` of a kernel compiled with convolutions in ``layout`` ("given" or "NHWC", ``hooks.rewrites.layouts``), as the
     same kernel's in NCHW data and OIHW weights: the layout numpy's and PyTorch's baselines compute a convolution in
     (the libraries' own, as their users run them). Every 4-D tensor but the weights is NHWC there, the weights OHWI."""
     if layout == "given" or _ops(op)[:1] != ["conv2d"]:

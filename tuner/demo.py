@@ -87,7 +87,7 @@ def _run_demo(trials: int, registry_dir: str, ray_address: str | None, say: Call
     import tvm
 
     from schedhub import hooks
-    from schedhub.hooks.identity import target_text
+    from schedhub.hooks.kernels.identity import target_text
 
     run_kernels_on_usable_cpus()  # before a kernel runs: the target's cores, not half of them
     started = time.time()

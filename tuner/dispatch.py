@@ -48,7 +48,7 @@ def _traces(own: list[Record], near: list[Candidate], limit: int) -> list[str]:
 
 class Seeder:
     """Warm-start seeds no one tuned: the best of a workload's own design-space samples (``samples`` drawn) as
-    ranked by a cost model trained on the registry's verified measurement log (:mod:`schedhub.hooks.synthesis`,
+    ranked by a cost model trained on the registry's verified measurement log (:mod:`schedhub.hooks.metaschedule.synthesis`,
     what a compile with ``synthesize=`` serves once timed). A transfer seed is a schedule tuned for another
     shape; these are drawn for this one. The model is kept in ``cache`` (this machine's kernel cache) by the
     log's content and read again from the log every ``refresh_secs``, so a long-running worker learns from what
@@ -61,7 +61,7 @@ class Seeder:
     """
 
     def __init__(self, registry: Registry, samples: int, refresh_secs: float = 600.0, train_secs: float = math.inf, cache: Any = None) -> None:
-        from schedhub.hooks.synthesis import check_sample_count
+        from schedhub.hooks.metaschedule.synthesis import check_sample_count
 
         self.registry = registry
         self.samples = check_sample_count(samples)
@@ -75,10 +75,10 @@ class Seeder:
     def traces(self, identity: Identity, keep: int = SEEDS, siblings: Sequence[str] = ()) -> list[str]:
         """The model's best ``keep`` samples of ``identity``'s workload as trace texts, best first ([]: none).
         ``siblings``: targets whose logs may top up the workload's own target's
-        (:meth:`~schedhub.hooks.synthesis.LogModel.get`), then those earlier jobs of the same target named, so a
+        (:meth:`~schedhub.hooks.metaschedule.synthesis.LogModel.get`), then those earlier jobs of the same target named, so a
         job without such a neighbour borrows too. Drawn holding a CPU of this node
         (:func:`cluster.holding_driver_cpu`), so no kernel is timed meanwhile."""
-        from schedhub.hooks.identity import compiler_fingerprint
+        from schedhub.hooks.kernels.identity import compiler_fingerprint
 
         if not self.samples or identity.fingerprint != compiler_fingerprint():
             return []
@@ -88,12 +88,12 @@ class Seeder:
             return self._draw(identity, keep, list(dict.fromkeys([*siblings, *known])))
 
     def _draw(self, identity: Identity, keep: int, siblings: Sequence[str]) -> list[str]:
-        from schedhub.hooks.cache import KernelCache, default_dir
-        from schedhub.hooks.errors import TVM_ERRORS
-        from schedhub.hooks.identity import target_from_text, workload_module
-        from schedhub.hooks.measure import Budget
-        from schedhub.hooks.msdb import normalize_mod
-        from schedhub.hooks.synthesis import LogModel, synthesize
+        from schedhub.hooks.kernels.cache import KernelCache, default_dir
+        from schedhub.hooks.kernels.errors import TVM_ERRORS
+        from schedhub.hooks.kernels.identity import target_from_text, workload_module
+        from schedhub.hooks.kernels.measure import Budget
+        from schedhub.hooks.metaschedule.msdb import normalize_mod
+        from schedhub.hooks.metaschedule.synthesis import LogModel, synthesize
 
         if self._model is None or time.monotonic() - self._since > self.refresh_secs or self._model.partial & {identity.target, *siblings}:
             self.cache = self.cache or KernelCache(default_dir())

@@ -68,7 +68,7 @@ def build(mod_json: str, target_text: str, checkable: bool = False, whole_only: 
     so is ``"error"`` where it built."""
     import tvm
 
-    from schedhub.hooks.identity import target_from_text
+    from schedhub.hooks.kernels.identity import target_from_text
 
     start = time.time()
     tvm_env.prepare_kernels()
@@ -87,7 +87,7 @@ def build(mod_json: str, target_text: str, checkable: bool = False, whole_only: 
 
 def random_arguments(args_info: list[Any], seed: int = 0) -> list[np.ndarray]:
     """Host arrays for ``ArgInfo`` JSON values (``["TENSOR", dtype, shape]``): the arrays
-    ``hooks.measure.random_inputs`` makes, here without TVM (the PyTorch baselines' process uses it;
+    ``hooks.kernels.measure.random_inputs`` makes, here without TVM (the PyTorch baselines' process uses it;
     ``schedhub.hooks`` imports TVM), so a baseline and a kernel are timed on the same inputs."""
     rng = np.random.default_rng(seed)
     arrays = []
@@ -136,7 +136,7 @@ def probe_gpu() -> dict[str, Any]:
     code built for (compute 9.0: ``sm_90`` and its arch-specific ``sm_90a``), or ``{"archs": [], "error": …}``."""
     import tvm
 
-    from schedhub.hooks.measure import gpu_archs
+    from schedhub.hooks.kernels.measure import gpu_archs
 
     try:
         archs = gpu_archs()

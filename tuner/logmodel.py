@@ -67,7 +67,7 @@ def replayed_each(mod: Any, trials: list[list[Any]]) -> list[Any]:
     """Each of ``trials``' traces replayed on ``mod`` as a measure candidate, or None where it does not replay."""
     from tvm.s_tir import meta_schedule as ms
 
-    from schedhub.hooks.msdb import replay_schedule
+    from schedhub.hooks.metaschedule.msdb import replay_schedule
 
     args_info = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
     out = []
@@ -87,7 +87,7 @@ def pretrained(groups: list[list[Any]], target: Any, cache: Any = None) -> Any:
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    from schedhub.hooks.identity import workload_module
+    from schedhub.hooks.kernels.identity import workload_module
 
     extractor = LoggedFeatures(cache)
     model = ms.cost_model.XGBModel(extractor=extractor, num_warmup_samples=WARMUP_SAMPLES, adaptive_training=True)
@@ -112,7 +112,7 @@ def pretrained(groups: list[list[Any]], target: Any, cache: Any = None) -> Any:
     used = sum(len(features) for _, features, _ in usable)
     log.info("schedhub: the search's cost model starts trained on %d logged trials", used)
     if cache is not None and cache.writes and cache.root is not None:  # the cache grew: kept within its bound
-        from schedhub.hooks.cache import max_bytes, prune
+        from schedhub.hooks.kernels.cache import max_bytes, prune
 
         prune(cache.root, max_bytes())
     # XGBModel retrains only once its data has grown by a fifth since the last training: started on hundreds of
@@ -129,7 +129,7 @@ def _logged_features_class() -> type:
     from tvm.s_tir import meta_schedule as ms
     from tvm.ir.utils import derived_object
 
-    from schedhub.hooks.identity import compiler_fingerprint
+    from schedhub.hooks.kernels.identity import compiler_fingerprint
 
     @derived_object
     class _LoggedFeatures(ms.feature_extractor.PyFeatureExtractor):

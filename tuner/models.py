@@ -210,14 +210,14 @@ class Kernel:
 def kernels(mod: tvm.IRModule, target: Any, rewrites: Rewrites | None = None) -> list[Kernel]:
     """The fused kernels the compile hook looks up for ``mod`` on ``target`` after ``rewrites``: by default those a
     compile with ``use(...)``'s defaults takes for a network the registry holds nothing of, and ``schedhub tune`` tunes
-    (``hooks.choice.compiled_first``: NHWC and prepacked on a CPU with AVX2 or AVX-512); ``hooks.rewrites.NO_REWRITES``
+    (``hooks.serving.choice.compiled_first``: NHWC and prepacked on a CPU with AVX2 or AVX-512); ``hooks.rewrites.NO_REWRITES``
     for the network as given; the rewrites of ``hooks.use(..., layout=, math=, prepack=)``: same passes, same keys."""
     from tvm import tirx
 
-    from schedhub.hooks.identity import workload_identity
-    from schedhub.hooks.defaults import is_gpu
+    from schedhub.hooks.kernels.identity import workload_identity
+    from schedhub.hooks.kernels.defaults import is_gpu
     from schedhub.hooks.pipeline import call_counts, fusion_passes, gpu_backend
-    from schedhub.hooks.choice import compiled_first
+    from schedhub.hooks.serving.choice import compiled_first
 
     tgt = tvm.target.Target(target) if not isinstance(target, tvm.target.Target) else target
     with tgt:

@@ -75,8 +75,8 @@ class NetworkTuning:
 
 def workload_flops(identity: Identity) -> float:
     """TVM's FLOP estimate of one call of the kernel (0 where it has none)."""
-    from schedhub.hooks.costmodel import flops
-    from schedhub.hooks.identity import workload_module
+    from schedhub.hooks.metaschedule.costmodel import flops
+    from schedhub.hooks.kernels.identity import workload_module
 
     try:
         return flops(workload_module(identity.workload))

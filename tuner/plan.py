@@ -213,14 +213,14 @@ def resolve_target(spec: str | dict[str, Any] | None) -> dict[str, Any]:
             return _known_cpu(json.loads(spec))
         except json.JSONDecodeError as exc:
             raise PlanError(f"target {spec!r} is not valid JSON: {exc}") from None
-    from schedhub.hooks.identity import plain_json
+    from schedhub.hooks.kernels.identity import plain_json
 
     return _known_cpu(plain_json(tvm.target.Target(spec).export()))
 
 
 def _known_cpu(spec: Any) -> Any:
     """``spec``, where its CPU (an llvm target's ``mcpu``) is one LLVM knows; else a :class:`PlanError` in one line."""
-    from schedhub.hooks.threads import UnknownCPU, check_cpu
+    from schedhub.hooks.kernels.threads import UnknownCPU, check_cpu
 
     try:
         check_cpu(spec)
@@ -252,10 +252,10 @@ AUTO = "auto"
 
 def tuning_rewrites(target: dict[str, Any], layout: str, math: str, prepack: bool | None, conv: str, modules: Sequence[tvm.IRModule] = ()) -> Rewrites:
     """The rewrites a tuning run takes: those named, and where the layout is ``"auto"`` or the packing None, those
-    ``target``'s kernels are best tuned with (``hooks.choice.tuned_best``: NHWC and prepacked on a CPU with AVX2 or AVX-512, none
+    ``target``'s kernels are best tuned with (``hooks.serving.choice.tuned_best``: NHWC and prepacked on a CPU with AVX2 or AVX-512, none
     elsewhere), the given layout where that one converts nothing in ``modules`` (no convolution: the same keys, said as
     they are). A compile finds either by default (``use(...)``'s ``"auto"``)."""
-    from schedhub.hooks.choice import compiled_first
+    from schedhub.hooks.serving.choice import compiled_first
 
     first = compiled_first(target, modules, math, conv)  # type: ignore[arg-type]
     return dataclasses.replace(first, layout=first.layout if layout == AUTO else layout, prepack=first.prepack if prepack is None else prepack)

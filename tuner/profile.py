@@ -63,8 +63,8 @@ def kernel_rows(kernel: models.Kernel, target: Any, served: tuple[str, str, Any]
     import tvm
     from tvm.s_tir.analysis import estimate_tir_flops
 
-    from schedhub.hooks.identity import workload_module
-    from schedhub.hooks.measure import random_inputs
+    from schedhub.hooks.kernels.identity import workload_module
+    from schedhub.hooks.kernels.measure import random_inputs
 
     default = workload_module(kernel.identity.workload)
     gflop = float(estimate_tir_flops(default)) / 1e9
@@ -89,8 +89,8 @@ def profile(mod: Any, target: Any, registry: Any, threads: list[int], say: Calla
     """Every kernel of ``mod`` (a Relax module) on ``target`` after ``rewrites`` (None: none), as served by ``registry``
     (None: defaults only): a hit, a transfer, or for a miss the CPU rules' schedule (``ruled``)."""
     from schedhub.hooks import HookSession
-    from schedhub.hooks.identity import workload_module
-    from schedhub.hooks.report import RULED
+    from schedhub.hooks.kernels.identity import workload_module
+    from schedhub.hooks.serving.report import RULED
 
     kernels = models.kernels(mod, target, rewrites)
     session = HookSession(registry, report_misses=False) if registry is not None else None

@@ -1,6 +1,6 @@
 """Publishing cost models: a worker trains a target's model on the verified measurement log and serves it.
 
-A compile that misses ranks its transfer candidates with the registry's model (``schedhub.hooks.session``)
+A compile that misses ranks its transfer candidates with the registry's model (``schedhub.hooks.serving.session``)
 and synthesizes from it, for one download instead of 14–29 s of training on a fresh machine. The model is
 trained where the log grows: a worker that pushed trials of a target publishes its model when the queue
 runs dry (:class:`schedhub.tuner.worker.Worker`), and ``schedhub tune`` after its jobs. A model is trained
@@ -44,11 +44,11 @@ def publish_cost_model(registry: Registry, target: str, cache: Any = None, pushe
     """Train canonical ``target``'s model on its verified measurement log (this machine's kernel cache keeps each
     trial's features, so a grown log costs only its new trials) and push it, unless the served model learned from
     nearly as much (``force``: push all the same). Raises RegistryError when the registry cannot be read or refuses the push."""
-    from schedhub.hooks.cache import KernelCache, default_dir
-    from schedhub.hooks.costmodel import FEATURES
-    from schedhub.hooks.identity import compiler_fingerprint
-    from schedhub.hooks.measure import Budget
-    from schedhub.hooks.synthesis import LogModel
+    from schedhub.hooks.kernels.cache import KernelCache, default_dir
+    from schedhub.hooks.metaschedule.costmodel import FEATURES
+    from schedhub.hooks.kernels.identity import compiler_fingerprint
+    from schedhub.hooks.kernels.measure import Budget
+    from schedhub.hooks.metaschedule.synthesis import LogModel
 
     compiler = compiler_fingerprint()
     served = registry.cost_model(target, compiler, FEATURES)

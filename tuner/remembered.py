@@ -7,10 +7,10 @@ seed 0), so a round after the first has the reference's outputs already. BERT's 
 call: three calls a round (the reference, and the default's brief timing) were a third of its round.
 
 An entry is one ``.npz`` file (arrays only, read without pickle) under the machine's kernel cache
-(``hooks.cache.default_dir()``, ``references/``), named by the SHA-256 of the build's bytes, its arguments and the
+(``hooks.kernels.cache.default_dir()``, ``references/``), named by the SHA-256 of the build's bytes, its arguments and the
 device; it holds only the arguments the call changed (a weight it reads is made again from the seed). It is on disk,
 not in the worker, because Ray ends idle workers: in memory, half of a BERT run's later rounds found nothing. The
-folder is bounded with the rest of the cache (``hooks.cache.prune``). A file that cannot be read, or does not fit
+folder is bounded with the rest of the cache (``hooks.kernels.cache.prune``). A file that cannot be read, or does not fit
 the arguments, is a miss: the kernel is simply called.
 """
 
@@ -89,7 +89,7 @@ class KernelMemory:
                 entry = Remembered(key, changed, float(held["call_secs"]), brief or None, float(held["brief_at"]) if brief else 0.0)
         except (OSError, ValueError, KeyError, IndexError, TypeError, EOFError, zipfile.BadZipFile):  # a file we did not write whole, or not ours
             return None
-        from schedhub.hooks.cache import mark_used
+        from schedhub.hooks.kernels.cache import mark_used
 
         mark_used(path)
         return entry
@@ -114,7 +114,7 @@ class KernelMemory:
 
     def _write(self, entry: Remembered) -> None:
         """Write ``entry`` whole or not at all; a full or read-only disk only loses it. The cache is kept within its bound."""
-        from schedhub.hooks.cache import atomic_file, max_bytes, prune
+        from schedhub.hooks.kernels.cache import atomic_file, max_bytes, prune
 
         path = self._path(entry.key)
         if path is None:
@@ -137,13 +137,13 @@ def forget_all() -> None:
     that never tuned these kernels."""
     import shutil
 
-    from schedhub.hooks.cache import default_dir
+    from schedhub.hooks.kernels.cache import default_dir
 
     shutil.rmtree(default_dir() / FOLDER, ignore_errors=True)
 
 
 def memory() -> KernelMemory:
     """This machine's memory: under the kernel cache's folder (``SCHEDHUB_CACHE_DIR``)."""
-    from schedhub.hooks.cache import default_dir
+    from schedhub.hooks.kernels.cache import default_dir
 
     return KernelMemory(default_dir())

@@ -56,7 +56,7 @@ class TuneOptions:
     repostprocess: bool = True  # on a CPU or CUDA GPU, each registry trace's sketch also measured postprocessed again at this shape
     synthesize: int = 64  # design-space samples ranked by the registry's log model; its best ``seeds`` are seeded too (0: none)
     seeds: int = SEEDS  # synthesized schedules measured before the search
-    rules: bool = True  # on a CPU, the schedule the hook's rules give a miss (hooks.rules) measured too: a record is never slower than it
+    rules: bool = True  # on a CPU, the schedule the hook's rules give a miss (hooks.metaschedule.rules) measured too: a record is never slower than it
     search_threads: int = 0  # MetaSchedule's own threads; 0: physical cores. With 1, a seed gives the same first batch every time
     warm_model: bool = True  # start the search's cost model trained on the registry's verified log of this structure (logmodel.py)
     model_warmup: int = COLD_WARMUP  # candidates a cold cost model measures before it ranks any (below: at random)
@@ -78,9 +78,9 @@ class TuneOptions:
 
     def first_pass(self) -> TuneOptions:
         """These options for a first pass: the registry's traces and as many synthesized seeds as a compile
-        times (``hooks.synthesis.TIMED``) measured, the best published, no search (a worker queues the search
+        times (``hooks.metaschedule.synthesis.TIMED``) measured, the best published, no search (a worker queues the search
         after every miss had one)."""
-        from schedhub.hooks.synthesis import TIMED
+        from schedhub.hooks.metaschedule.synthesis import TIMED
 
         return replace(self, trials=0, seeds=max(self.seeds, TIMED))
 
@@ -171,10 +171,10 @@ def tune_workload(identity: Identity, warm_traces: list[str], options: TuneOptio
     again at most one of them (:func:`to_publish`)."""
     from tvm.s_tir import meta_schedule as ms
 
-    from schedhub.hooks.cache import KernelCache, default_dir
-    from schedhub.hooks.identity import compiler_fingerprint, target_from_text, workload_module
-    from schedhub.hooks.msdb import normalize_mod, trace_text, tuning_target
-    from schedhub.hooks.rules import ruled_trace
+    from schedhub.hooks.kernels.cache import KernelCache, default_dir
+    from schedhub.hooks.kernels.identity import compiler_fingerprint, target_from_text, workload_module
+    from schedhub.hooks.metaschedule.msdb import normalize_mod, trace_text, tuning_target
+    from schedhub.hooks.metaschedule.rules import ruled_trace
 
     from .logmodel import pretrained
 
@@ -191,7 +191,7 @@ def tune_workload(identity: Identity, warm_traces: list[str], options: TuneOptio
         synthesized = (seeds or [])[: options.seeds if options.synthesize else 0]
         timeline.stage = "warm start"
         registry_traces = list(dict.fromkeys(warm_traces[: options.warm_start]))
-        ruled = [t for t in [ruled_trace(normalize_mod(mod), target)] if t] if options.rules else []  # what a miss runs (hooks.rules)
+        ruled = [t for t in [ruled_trace(normalize_mod(mod), target)] if t] if options.rules else []  # what a miss runs (hooks.metaschedule.rules)
         traces = registry_traces + [t for t in dict.fromkeys(synthesized + ruled) if t not in registry_traces]
         twinned = len(registry_traces) if options.repostprocess else 0
         warm, skipped = _seed_database(database, mod, target, traces, builder, runner, twinned)
@@ -248,10 +248,10 @@ def tuning_phases(profile: dict[str, Any]) -> dict[str, float]:
 
 
 def default_schedule(mod: Any, target: Any) -> Any:
-    """:func:`schedhub.hooks.defaults.default_schedule`, the schedule every record must beat, under the target
-    MetaSchedule searches (:func:`schedhub.hooks.msdb.tuning_target`: a CUDA target with the per-block limits its GPU rules read)."""
-    from schedhub.hooks.defaults import default_schedule as target_default
-    from schedhub.hooks.msdb import tuning_target
+    """:func:`schedhub.hooks.kernels.defaults.default_schedule`, the schedule every record must beat, under the target
+    MetaSchedule searches (:func:`schedhub.hooks.metaschedule.msdb.tuning_target`: a CUDA target with the per-block limits its GPU rules read)."""
+    from schedhub.hooks.kernels.defaults import default_schedule as target_default
+    from schedhub.hooks.metaschedule.msdb import tuning_target
 
     return target_default(mod, tuning_target(target))
 
@@ -329,7 +329,7 @@ def replay(mod: Any, text: str) -> Any:
 
     Raises TVM's error when the trace does not fit the workload's structure.
     """
-    from schedhub.hooks.msdb import replay_schedule
+    from schedhub.hooks.metaschedule.msdb import replay_schedule
 
     return replay_schedule(mod, json.loads(text)).trace
 
@@ -341,13 +341,13 @@ def _seed_database(database: Any, mod: Any, target: Any, traces: list[str], buil
     trace was skipped. A trace is someone else's data (a claim of any pusher): one past the
     hook's cost bounds is skipped, not built (it would hold a build slot until the builder's timeout). Each of the
     first ``twinned`` traces that replays brings its twin postprocessed here where that differs
-    (``hooks.msdb.postprocessed_here``: its postprocessing was decided for the record's own loop extents), measured beside it.
-    Of traces that schedule the kernel alike (``hooks.measure.first_equal``), the first is measured."""
+    (``hooks.metaschedule.msdb.postprocessed_here``: its postprocessing was decided for the record's own loop extents), measured beside it.
+    Of traces that schedule the kernel alike (``hooks.kernels.measure.first_equal``), the first is measured."""
     from tvm.s_tir import meta_schedule as ms
 
-    from schedhub.hooks.guard import ScheduleLimits
-    from schedhub.hooks.measure import first_equal
-    from schedhub.hooks.msdb import first_line, postprocessed_here, replay_launchable
+    from schedhub.hooks.metaschedule.guard import ScheduleLimits
+    from schedhub.hooks.kernels.measure import first_equal
+    from schedhub.hooks.metaschedule.msdb import first_line, postprocessed_here, replay_launchable
 
     workload = database.commit_workload(mod)
     limits = ScheduleLimits()
@@ -424,7 +424,7 @@ def side_by_side(identity: Identity, mod: Any, candidates: list[Any], timing: di
     """
     import tvm
 
-    from schedhub.hooks.identity import target_from_text
+    from schedhub.hooks.kernels.identity import target_from_text
 
     timing = {"brief_first_past": BRIEF_DEFAULT_PAST, **timing}
     host = reference_build(mod, identity.target)
@@ -473,7 +473,7 @@ def to_publish(measured: list[Any], count: int, settled: frozenset[str]) -> dict
     """The ``count`` fastest distinct schedules the job measured (TuningRecords by trace text, fastest first), less
     every ``settled`` one after the fastest of them: the registry keeps a verified record's time as first verified, so
     timing it again is worth nothing; the fastest stays, so that a round's best is timed beside what it has to beat."""
-    from schedhub.hooks.msdb import trace_text
+    from schedhub.hooks.metaschedule.msdb import trace_text
 
     best: dict[str, Any] = {}
     for tr in sorted(measured, key=mean_secs):
@@ -490,7 +490,7 @@ def _publish(identity: Identity, mod: Any, measured: list[Any], options: TuneOpt
     """Verify and re-measure the best distinct schedules (:func:`to_publish`; ``kept``: the builds the job's warm start
     and search made, timed again as they are); returns (records best first, the default schedule as a record, timed beside
     them, rejections: ``"<trace id>: <why>"`` for each schedule the search measured that is not published)."""
-    from schedhub.hooks.msdb import scheduled
+    from schedhub.hooks.metaschedule.msdb import scheduled
 
     best = to_publish(measured, options.publish, settled)
     candidates = [scheduled(mod, tr.trace) for tr in best.values()]
@@ -521,7 +521,7 @@ def _against_default(identity: Identity, mod: Any, traces: list[str], results: l
     first), the default as a record, and why each other was rejected."""
     import tvm
 
-    from schedhub.hooks.msdb import trace_text
+    from schedhub.hooks.metaschedule.msdb import trace_text
 
     default = Record(identity, trace_text(tvm.s_tir.Schedule(mod).trace), results[0]["run_secs"],
                      {"default_schedule": True, "default": default_name(identity.target), **flushed_claim(results[0]),
@@ -551,9 +551,9 @@ def time_traces(identity: Identity, traces: list[str], timing: dict[str, Any] | 
     """Records of ``identity`` (``traces``, a registry's) timed side by side with the default schedule as ``timing`` says
     (default :data:`.kernels.FINAL_TIMING`: warm and flushed), outputs checked: records to push again with their flushed
     means, and what was timed. A trace that does not replay within the hook's bounds is left out, and why said."""
-    from schedhub.hooks.guard import ScheduleLimits
-    from schedhub.hooks.identity import workload_module
-    from schedhub.hooks.msdb import replay_within
+    from schedhub.hooks.metaschedule.guard import ScheduleLimits
+    from schedhub.hooks.kernels.identity import workload_module
+    from schedhub.hooks.metaschedule.msdb import replay_within
 
     tvm_env.prepare()
     done = Retimed(identity.key, identity.op)

@@ -4,7 +4,7 @@ Two facts shape this module:
 
 - MetaSchedule's ``TuneContext`` and its stock build function import TVM's tensor intrinsics, which
   takes 35–120 s done the ordinary way: :func:`prepare` imports them once the cheap way
-  (:mod:`schedhub.hooks.intrinsics`), so later imports are free.
+  (:mod:`schedhub.hooks.kernels.intrinsics`), so later imports are free.
 - Built kernels cross process (and node) boundaries as the bytes of a shared library; modules go
   as TVM's JSON serialisation. Nothing is pickled.
 """
@@ -21,7 +21,7 @@ from typing import Any
 def prepare() -> None:
     """Make this process ready to tune (search, replay schedules): :func:`prepare_kernels`, and TVM's tensor
     intrinsics loaded the fast way (once)."""
-    from schedhub.hooks.intrinsics import load_tensor_intrinsics  # imports TVM: not when this module is
+    from schedhub.hooks.kernels.intrinsics import load_tensor_intrinsics  # imports TVM: not when this module is
 
     prepare_kernels()
     load_tensor_intrinsics()
@@ -60,7 +60,7 @@ def import_tvm_without_torch() -> None:
 def run_kernels_on_usable_cpus() -> None:
     """Size TVM's CPU thread pool to this process's CPUs unless the user chose (``TVM_NUM_THREADS``):
     TVM's own default is half the hardware threads. Only before the first kernel runs does it count."""
-    from schedhub.hooks.threads import usable_cpus
+    from schedhub.hooks.kernels.threads import usable_cpus
 
     os.environ.setdefault("TVM_NUM_THREADS", str(usable_cpus()))
 
@@ -92,7 +92,7 @@ def packed_args_info(mod: Any) -> list[Any] | None:
     (:func:`build_kernel`), where that differs from its own: None for a kernel whose schedule rewrites no weights."""
     from tvm.s_tir import meta_schedule as ms
 
-    from schedhub.hooks.identity import plain_json
+    from schedhub.hooks.kernels.identity import plain_json
 
     def args(remove_preproc: bool) -> list[Any]:
         return [plain_json(a.as_json()) for a in ms.arg_info.ArgInfo.from_entry_func(mod, remove_preproc=remove_preproc)]
@@ -122,7 +122,7 @@ def load_library(data: bytes, directory: str) -> Any:
 
 def host_target(cores: int | None = None) -> dict[str, Any]:
     """This machine's CPU as a target dict (``mcpu: native`` silently means generic x86-64)."""
-    from schedhub.hooks.threads import host_target as hooks_host_target
+    from schedhub.hooks.kernels.threads import host_target as hooks_host_target
 
     return hooks_host_target(cores)
 

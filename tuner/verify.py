@@ -48,9 +48,9 @@ REPLAY_SECS_AT_MOST = 1.0
 def verify_job(job: dict[str, Any], timing: dict[str, Any] | None = None) -> dict[str, Any]:
     """The verdict on one verification job: ``{"run_secs": [...] | None, "reason": str}``, with ``flushed_secs`` where the
     timing took them (:data:`.kernels.FINAL_TIMING` does on a CPU)."""
-    from schedhub.hooks.guard import ScheduleLimits
-    from schedhub.hooks.identity import compiler_fingerprint, target_from_text, workload_module
-    from schedhub.hooks.msdb import check_launchable, replay_within
+    from schedhub.hooks.metaschedule.guard import ScheduleLimits
+    from schedhub.hooks.kernels.identity import compiler_fingerprint, target_from_text, workload_module
+    from schedhub.hooks.metaschedule.msdb import check_launchable, replay_within
 
     from .search import ToolchainMismatch, default_name, side_by_side
 

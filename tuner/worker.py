@@ -104,8 +104,8 @@ class Worker:
         why (a hostile or mistaken miss of a kernel too large to time would otherwise hold the worker for good).
         ``refine``: when the queue has nothing for this worker, have the registry requeue the kernel whose search is expected
         to lower a reported network's time most (``registry._networks``), and tune that."""
-        from schedhub.hooks.identity import compiler_fingerprint
-        from schedhub.hooks.measure import host_cpu
+        from schedhub.hooks.kernels.identity import compiler_fingerprint
+        from schedhub.hooks.kernels.measure import host_cpu
 
         self.registry = registry
         self.options = options

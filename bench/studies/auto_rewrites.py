@@ -1,5 +1,5 @@
 """What a compile gets when the registry's records choose its rewrites (``use(..., layout="auto", prepack="auto")``,
-``hooks.choice``, the defaults) against the given layout with unpacked weights, from one registry that holds the network
+``hooks.serving.choice``, the defaults) against the given layout with unpacked weights, from one registry that holds the network
 tuned both ways.
 
     python -m bench.studies.auto_rewrites --store DIR [--network resnet18] [--compiles 3] [--rounds 5]

@@ -50,7 +50,7 @@ ORDERS = ("costliest", "module")
 @contextlib.contextmanager
 def module_order() -> Iterator[None]:
     """The pass as it was: every kernel's priority equal, so the stable sort keeps the module's order."""
-    from schedhub.hooks.session import HookSession
+    from schedhub.hooks.serving.session import HookSession
 
     real = HookSession.measure_priority
     HookSession.measure_priority = lambda self, identity: 0.0  # type: ignore[method-assign]

@@ -23,8 +23,8 @@ from tvm.relax.frontend import nn
 
 from schedhub.hooks.rewrites import NO_REWRITES
 from schedhub.hooks import use
-from schedhub.hooks.identity import workload_module
-from schedhub.hooks.msdb import trace_text
+from schedhub.hooks.kernels.identity import workload_module
+from schedhub.hooks.metaschedule.msdb import trace_text
 from schedhub.registry import LocalRegistry, Record
 from schedhub.tuner import models
 

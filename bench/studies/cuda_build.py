@@ -35,9 +35,9 @@ def candidate_sources(arch: str, kernels: int, candidates: int) -> list[tuple[st
     BERT layer's ``kernels`` heaviest matmuls."""
     import tvm
 
-    from schedhub.hooks.identity import workload_module
-    from schedhub.hooks.msdb import normalize_mod
-    from schedhub.hooks.synthesis import design_space_samples
+    from schedhub.hooks.kernels.identity import workload_module
+    from schedhub.hooks.metaschedule.msdb import normalize_mod
+    from schedhub.hooks.metaschedule.synthesis import design_space_samples
 
     target = tvm.target.Target({"kind": "cuda", "arch": arch, "max_threads_per_block": 1024, "max_num_threads": 1024, "thread_warp_size": 32,
                                 "max_shared_memory_per_block": 49152, "registers_per_block": 65536})  # an H100/H200's limits, as from_device gives them

@@ -4,9 +4,9 @@ MetaSchedule tunes static shapes only, so a model exported with a symbolic batch
 (``nn.spec.Tensor(("n", 256))``) has no exact record anywhere. Its kernels find the same ops at static shapes
 as neighbours (``registry._keys.skeleton``), and the hook serves the nearest in the static dimensions, its
 symbolic loops padded to the recorded tiles, chosen at run time by the size, or as TVM replays them (one untiled
-loop) for sizes under half a tile (``hooks.padding``; ``--no-padding``: TVM's replay alone), and a reduction the
+loop) for sizes under half a tile (``hooks.metaschedule.padding``; ``--no-padding``: TVM's replay alone), and a reduction the
 record computes again for every element of its consumer (the softmax's row maximum) computed once where that stores
-less (``hooks.recompute``; ``--no-relocation``: the recorded compute locations). Ranked, never measured: a symbolic
+less (``hooks.metaschedule.recompute``; ``--no-relocation``: the recorded compute locations). Ranked, never measured: a symbolic
 kernel has no inputs to time it on.
 This compares, at several sizes the model is then run at:
 

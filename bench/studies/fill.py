@@ -38,7 +38,7 @@ def main() -> None:
     parser.add_argument("--round-trials", type=int, default=16)
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "studies" / "fill.json")
     args = parser.parse_args()
-    from schedhub.hooks import winograd
+    from schedhub.hooks.rewrites import winograd
 
     target, network, rewrites, said = host_network(args)
     if args.tiles:

@@ -5,7 +5,7 @@
 
 What a new user meets: the network compiled through ``use(...)`` with its defaults (layout and prepacking chosen for an
 unknown network) from an empty registry, every kernel a miss: once with ``rules=False`` (TVM's unscheduled default, as
-before :mod:`schedhub.hooks.rules`) and once as shipped (each miss gets the CPU rules' schedule, untimed), each on an
+before :mod:`schedhub.hooks.metaschedule.rules`) and once as shipped (each miss gets the CPU rules' schedule, untimed), each on an
 empty kernel cache, so the compile times are first compiles. ``--starter-store``: also from a copy of a store tuned
 for other networks, every kernel it can serve a transfer (the issue's starter records), the rest ruled. ``--torch``: a
 PyTorch model a user brings (``bench.networks``), imported by ``torch.export`` in a child process as ``schedhub tune``

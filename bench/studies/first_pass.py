@@ -3,7 +3,7 @@
 A worker's first pass (``TuneOptions.first_pass``) measures a missed kernel's transfers and the log model's
 synthesized schedules and publishes the fastest. A transfer replays its record's postprocessing, decided for the
 record's own loop extents; with ``TuneOptions.repostprocess`` (the default) each transfer's sketch is also measured
-with the target's postprocessors applied again on the kernel (``hooks.msdb.postprocessed_here``), as a compile that
+with the target's postprocessors applied again on the kernel (``hooks.metaschedule.msdb.postprocessed_here``), as a compile that
 measures does. Each held-out network (``bench.studies.postprocessing``'s) gets its first passes with the twins and without,
 each into a copy of the registry of its own, and compiles from each copy (every kernel a hit); the two executables are
 timed side by side in interleaved rounds (outputs compared).

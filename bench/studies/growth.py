@@ -57,7 +57,7 @@ FAMILIES: dict[str, dict[str, dict[str, dict[str, int]]]] = {
 ALL = 600.0  # seconds: every candidate of every kernel measured
 #: label → (registry, measurement budget, ``use(..., rank_by_model=)``). "ranked": by the registry's cost model (each
 #: fill publishes it, as ``schedhub tune`` does); "fit": the fit ranking, the model hidden; "decides": the model only
-#: where a kernel's competing candidates hold its own layer at two shapes (``hooks.ranking.model_decides``).
+#: where a kernel's competing candidates hold its own layer at two shapes (``hooks.metaschedule.ranking.model_decides``).
 CONFIGS: dict[str, tuple[str, float, bool | None]] = {
     "ranked, " + ONE: (ONE, 0.0, True), "ranked, " + TWO: (TWO, 0.0, True), "fit, " + ONE: (ONE, 0.0, False), "fit, " + TWO: (TWO, 0.0, False),
     "decides, " + ONE: (ONE, 0.0, None), "decides, " + TWO: (TWO, 0.0, None),

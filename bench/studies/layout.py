@@ -1,5 +1,5 @@
 """Which convolution layout MetaSchedule tunes fastest on this CPU: the network's heaviest convolutions searched in the
-layout the frontend gives (NCHW) and converted to NHWC (``hooks.layouts``), the same trials, options and seed.
+layout the frontend gives (NCHW) and converted to NHWC (``hooks.rewrites.layouts``), the same trials, options and seed.
 
     python -m bench.studies.layout [--network resnet18 --image 224] [--kernels 3] [--trials 64] [--prepack] [--conv winograd]
 
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from schedhub.tuner import cluster, models, tvm_env
-from schedhub.hooks.layouts import LAYOUTS
+from schedhub.hooks.rewrites.layouts import LAYOUTS
 from schedhub.hooks.rewrites import Rewrites
 from schedhub.tuner.network import workload_flops
 from schedhub.tuner.search import TuneOptions, tune_workload

@@ -47,7 +47,7 @@ def held_out(entry: Any, others: list[Any]) -> dict[str, Any] | None:
     from scipy.stats import spearmanr
     from tvm.s_tir import meta_schedule as ms
 
-    from schedhub.hooks.identity import target_from_text, workload_module
+    from schedhub.hooks.kernels.identity import target_from_text, workload_module
 
     target = target_from_text(entry.identity.target)
     model = pretrained([logged(e) for e in others], target)

@@ -5,7 +5,7 @@ candidates it times. This draws ``--samples`` design-space schedules of every ke
 builds and times each at every ``--levels`` opt level (the ``opt-level`` target attribute), and
 reports, per level, the build seconds against level 3's and what its picks (each kernel's fastest at
 that level) cost when built at level 3, against level 3's own picks. Not part of ``bench all``: the
-answer (docs/ARCHITECTURE.md §8) is why ``hooks.measure`` builds at the target's own level.
+answer (docs/ARCHITECTURE.md §8) is why ``hooks.kernels.measure`` builds at the target's own level.
 
     python -m bench.studies.optlevel [--network resnet18] [--shape '{"batch": 2, "image": 96}'] [--samples 8]
 """
@@ -28,11 +28,11 @@ def measure(network: str, shape: dict[str, int], levels: list[int], samples: int
     from tvm import tirx
     from tvm.s_tir import meta_schedule as ms
 
-    from schedhub.hooks.errors import TVM_ERRORS
-    from schedhub.hooks.measure import KernelBench, build
-    from schedhub.hooks.msdb import normalize_mod
+    from schedhub.hooks.kernels.errors import TVM_ERRORS
+    from schedhub.hooks.kernels.measure import KernelBench, build
+    from schedhub.hooks.metaschedule.msdb import normalize_mod
     from schedhub.hooks.pipeline import fusion_passes
-    from schedhub.hooks.synthesis import design_space_samples
+    from schedhub.hooks.metaschedule.synthesis import design_space_samples
     from schedhub.tuner import models, tvm_env
 
     tvm_env.prepare()

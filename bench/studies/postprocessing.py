@@ -3,7 +3,7 @@
 A record's trace ends with its postprocessing: which outer loops are fused into the parallel one, which are
 vectorized, how far loops are unrolled, all decided for the record's own loop extents. A transfer replays them at
 another shape. With ``use(..., measure=SECONDS)`` the hook also times each transfer's sketch with the target's
-postprocessors applied again on the kernel (``hooks.msdb.repostprocessed``), served where it runs faster
+postprocessors applied again on the kernel (``hooks.metaschedule.msdb.repostprocessed``), served where it runs faster
 (``repostprocess=True``, the default). Each held-out network is compiled with every candidate measured, with the
 re-postprocessed candidates and without them (``repostprocess=False``), each compile with an empty kernel cache,
 and the two executables are timed side by side in interleaved rounds (outputs compared).
@@ -22,7 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from schedhub.hooks.ranking import REPOSTPROCESSED
+from schedhub.hooks.metaschedule.ranking import REPOSTPROCESSED
 
 from .side_by_side import study
 from ..stats import store_study_main

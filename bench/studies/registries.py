@@ -5,11 +5,11 @@ tuning buy the network anything, measured at one moment of the machine (runs hou
                                        [--prepack] [--conv winograd] [--math fast] [--layout NHWC] [--rounds 7] [--out FILE]
                                        [--min-tiles NAME=N] [--tiles NAME=M[,M]]
 
-``--min-tiles NAME=N`` compiles store NAME with Winograd's threshold at N output tiles (``hooks.winograd.MIN_TILES``)
+``--min-tiles NAME=N`` compiles store NAME with Winograd's threshold at N output tiles (``hooks.rewrites.winograd.MIN_TILES``)
 instead of the hook's: one registry holding both a layer's direct and its Winograd records, compiled both ways
 (``--store wino=DIR --store direct3=DIR --min-tiles direct3=17``: ResNet-18's 14×14 stage direct), says which the
 network runs faster at one moment. ``--tiles NAME=4`` compiles store NAME with Winograd's F(4×4, 3×3) alone
-(``hooks.winograd.TILES``): ResNet-18's 7×7 stage direct rather than F(2×2, 3×3).
+(``hooks.rewrites.winograd.TILES``): ResNet-18's 7×7 stage direct rather than F(2×2, 3×3).
 
 Each registry must hold a record of every kernel the compile looks up (``hooks.use`` with the given rewrites): a miss
 or a transfer is an error, not a figure. The networks and PyTorch (in a process of its own) run in interleaved rounds;
@@ -54,7 +54,7 @@ def min_tiles_of(text: str) -> tuple[str, int]:
 
 
 def tile_sizes(text: str) -> tuple[int, ...]:
-    """``M[,M...]`` as Winograd's tile sizes, largest first (``hooks.winograd.TILES``)."""
+    """``M[,M...]`` as Winograd's tile sizes, largest first (``hooks.rewrites.winograd.TILES``)."""
     parts = text.split(",")
     if not all(m in ("2", "4") for m in parts):
         raise argparse.ArgumentTypeError(f"{text!r}: write Winograd's tile sizes as M[,M], each M 4 or 2")
@@ -72,7 +72,7 @@ def tiles_of(text: str) -> tuple[str, tuple[int, ...]]:
 def compiled_with_winograd(mod: Any, target: Any, store: Path, rewrites: Rewrites, min_tiles: int | None, tiles: tuple[int, ...] | None) -> Any:
     """:func:`.cache_flush.compiled`, with Winograd's threshold at ``min_tiles`` output tiles and its tile sizes
     ``tiles`` where given."""
-    from schedhub.hooks import winograd
+    from schedhub.hooks.rewrites import winograd
 
     kept = winograd.MIN_TILES, winograd.TILES
     winograd.MIN_TILES, winograd.TILES = min_tiles or kept[0], tiles or kept[1]

@@ -1,4 +1,4 @@
-"""What moving a transfer's recomputing compute locations buys a static network (``hooks.recompute``).
+"""What moving a transfer's recomputing compute locations buys a static network (``hooks.metaschedule.recompute``).
 
 A record can compute a reduction again for every element of its consumer (the BERT layer's softmax tuned at
 sequence 32 computes each row's maximum inside the loop over the row): cheap where it was tuned, a factor of the

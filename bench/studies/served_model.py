@@ -2,7 +2,7 @@
 
 A worker trains a target's model on the verified measurement log and the registry serves it
 (``schedhub.tuner.publish``); a compile ranks its transfer candidates by the model's predicted speed on
-its own kernels instead of the fit ranking (``hooks.ranking``), paying only the candidates' features.
+its own kernels instead of the fit ranking (``hooks.metaschedule.ranking``), paying only the candidates' features.
 This compares both in one run:
 
 1. a registry filled as ``bench.transfer --quick`` fills it (``--source-store DIR``: filled there when
@@ -46,7 +46,7 @@ NETWORKS = [(name, shape) for name, shape, frontend in MODES["quick"]["held_out"
 @contextlib.contextmanager
 def model_hidden() -> Iterator[None]:
     """Sessions that see no served model: the fit ranking, as a registry without one gives."""
-    from schedhub.hooks.synthesis import LogModel
+    from schedhub.hooks.metaschedule.synthesis import LogModel
 
     real = LogModel.served
     LogModel.served = lambda self, target: None  # type: ignore[method-assign]
@@ -59,8 +59,8 @@ def model_hidden() -> Iterator[None]:
 def run(source_store: Path, runs: int, rounds: int) -> dict[str, Any]:
     import tvm
 
-    from schedhub.hooks.costmodel import FEATURES
-    from schedhub.hooks.identity import compiler_fingerprint, target_text
+    from schedhub.hooks.metaschedule.costmodel import FEATURES
+    from schedhub.hooks.kernels.identity import compiler_fingerprint, target_text
     from schedhub.tuner.publish import publish_cost_model
 
     tvm_env.prepare()

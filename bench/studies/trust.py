@@ -30,10 +30,10 @@ from tvm.relax.frontend import nn
 from schedhub.hooks.rewrites import NO_REWRITES
 from schedhub.cli.transfer_cmds import pull_into
 from schedhub.hooks import use
-from schedhub.hooks.identity import workload_module
+from schedhub.hooks.kernels.identity import workload_module
 from schedhub.registry import Identity, LocalRegistry, Principal, Record, RegistryClient, ServerThread, record_key
 from schedhub.tuner import models
-from schedhub.hooks.msdb import trace_text
+from schedhub.hooks.metaschedule.msdb import trace_text
 
 from .. import fuzz
 from ..stats import percentile

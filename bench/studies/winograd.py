@@ -1,4 +1,4 @@
-"""Whether MetaSchedule tunes ResNet's 3×3 convolutions faster as Winograd's F(4×4, 3×3) (``hooks.winograd``) than as
+"""Whether MetaSchedule tunes ResNet's 3×3 convolutions faster as Winograd's F(4×4, 3×3) (``hooks.rewrites.winograd``) than as
 direct convolutions on this CPU: each of ResNet-18@224's four 3×3 stride-1 shapes, as a layer (convolution + bias +
 ReLU, weights bound and prepacked, as ``bench.models --prepack`` compiles the network), searched both ways with the same
 trials, options and seed, from a cold start; PyTorch's convolution (oneDNN, its own process) beside them.
@@ -12,7 +12,7 @@ time (the same work either way), the search's wall time; per shape, PyTorch's ti
 in PyTorch) is timed after the cluster stops, with PyTorch's convolutions.
 
 Every shape is computed by each Winograd tile here, those with fewer output tiles than a compile's
-``hooks.winograd.MIN_TILES`` too (ResNet's 7×7 stage): the study is what that threshold and ``TILES`` rest on.
+``hooks.rewrites.winograd.MIN_TILES`` too (ResNet's 7×7 stage): the study is what that threshold and ``TILES`` rest on.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 
 from schedhub.tuner import cluster, models, tvm_env
 from schedhub.hooks.rewrites import Rewrites
-from schedhub.hooks import winograd
+from schedhub.hooks.rewrites import winograd
 from schedhub.tuner.torch_process import TorchProcess
 
 from ..models import practical_peak

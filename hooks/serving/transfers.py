@@ -22,14 +22,14 @@ from schedhub.registry import (
     keeps_default_schedule,
 )
 
-from .costmodel import WIDTH, CostModel, features, flops
-from .defaults import default_contends, default_schedule
-from .identity import compiler_fingerprint
-from .measure import TIMING, KernelBench, Timing, build_all, first_equal, machine
+from ..metaschedule.costmodel import WIDTH, CostModel, features, flops
+from ..kernels.defaults import default_contends, default_schedule
+from ..kernels.identity import compiler_fingerprint
+from ..kernels.measure import TIMING, KernelBench, Timing, build_all, first_equal, machine
 from .misses import transferred_secs
-from .msdb import postprocessed_here, repostprocesses, trace_text
-from .objects import OBJECT_ID
-from .ranking import (
+from ..metaschedule.msdb import postprocessed_here, repostprocesses, trace_text
+from ..build.objects import OBJECT_ID
+from ..metaschedule.ranking import (
     MEASURED_ONLY,
     REPOSTPROCESSED,
     SYNTHESIZED,
@@ -41,7 +41,7 @@ from .ranking import (
     work,
 )
 from .report import RULED, TRANSFER, KeptDefault, RuledFaster
-from .synthesis import TIMED, synthesize
+from ..metaschedule.synthesis import TIMED, synthesize
 
 log = logging.getLogger("schedhub")
 

@@ -28,8 +28,8 @@ from typing import Any
 import tvm
 from tvm.s_tir import meta_schedule as ms
 
-from .errors import TVM_ERRORS
-from .intrinsics import load_tensor_intrinsics
+from ..kernels.errors import TVM_ERRORS
+from ..kernels.intrinsics import load_tensor_intrinsics
 from .msdb import trace_text
 
 log = logging.getLogger("schedhub")

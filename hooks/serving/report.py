@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .ranking import SYNTHESIZED
+from ..metaschedule.ranking import SYNTHESIZED
 
 HIT, TRANSFER, MISS, FALLBACK, OFFLINE = "hit", "transfer", "miss", "fallback", "offline"  # and SYNTHESIZED
 RULED = "ruled"  # a miss's detail begins so where it got the CPU rules' schedule (:mod:`.rules`), not the default
@@ -50,7 +50,7 @@ class CompileReport:
     problems: list[str] = field(default_factory=list)
     linked: int = 0  # scheduled kernels whose machine code came from this machine's object cache
     objects_compiled: int = 0  # of those, compiled in this build (the rest were cached)
-    ranked_by: str = ""  # the cost model that ranked this compile's transfers ('': the fit ranking, hooks.ranking.rank_key)
+    ranked_by: str = ""  # the cost model that ranked this compile's transfers ('': the fit ranking, hooks.metaschedule.ranking.rank_key)
     model_ranked: int = 0  # kernels whose candidates it ranked (the rest: the fit ranking)
     rewrites: str = ""  # where the compile chose its rewrites ("auto"): the option compiled, in words (:mod:`.choice`)
     rewrite_options: list[str] = field(default_factory=list)  # and what the registry held for each option it weighed

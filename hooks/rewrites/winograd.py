@@ -47,7 +47,7 @@ from tvm import relax, te, topi
 from tvm.relax import PyExprMutator, expr_functor
 from tvm.topi.nn.winograd_util import winograd_transform_matrices
 
-from .relax_mutation import mutate_relax_functions
+from ..kernels.relax_mutation import mutate_relax_functions
 
 Conv = Literal["direct", "winograd"]
 CONVS: tuple[str, ...] = get_args(Conv)

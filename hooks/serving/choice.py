@@ -48,13 +48,13 @@ from tvm import relax
 
 from schedhub.registry import Identity, Record
 
-from .cache import KernelCache
-from .constants import constant_tensor
-from .defaults import is_gpu
-from .identity import compiler_fingerprint, kept_identity, target_text
-from .layouts import LAYOUTS, Layout, converts
-from .rewrites import Math, Rewrites
-from .winograd import Conv
+from ..kernels.cache import KernelCache
+from ..rewrites.constants import constant_tensor
+from ..kernels.defaults import is_gpu
+from ..kernels.identity import compiler_fingerprint, kept_identity, target_text
+from ..rewrites.layouts import LAYOUTS, Layout, converts
+from ..rewrites import Math, Rewrites
+from ..rewrites.winograd import Conv
 
 AUTO = "auto"
 Auto = Literal["auto"]
@@ -215,10 +215,11 @@ def keep_failure(cache: KernelCache, parts: tuple[str, ...], why: str) -> None:
 
 @functools.cache
 def source_digest() -> str:
-    """The SHA-256 of this package's Python source (the hook's passes among it)."""
+    """The SHA-256 of the hook's Python source, every subpackage's (its passes among it)."""
     digest = hashlib.sha256()
-    for path in sorted(Path(__file__).parent.glob("*.py")):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    hooks = Path(__file__).resolve().parent.parent
+    for path in sorted(hooks.rglob("*.py")):
+        digest.update(path.relative_to(hooks).as_posix().encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 
 

@@ -21,7 +21,7 @@ import tvm
 from tvm import relax, te, topi
 from tvm.relax import PyExprMutator, expr_functor
 
-from .relax_mutation import mutate_relax_functions
+from ..kernels.relax_mutation import mutate_relax_functions
 
 _FAST_TYPES = ("float32", "float16")  # the types TOPI's fast_erf and fast_tanh compute
 _SQRT_HALF = math.sqrt(0.5)

@@ -18,10 +18,10 @@ from schedhub.registry import (
     signature_args_info,
 )
 
-from .measure import host_cpu
-from .ranking import effort, speed, work
+from ..kernels.measure import host_cpu
+from ..metaschedule.ranking import effort, speed, work
 from .report import RegistryFallbackWarning
-from .threads import stranded_cpu
+from ..kernels.threads import stranded_cpu
 
 log = logging.getLogger("schedhub")
 

@@ -33,7 +33,7 @@ import tvm
 from tvm import relax
 from tvm.relax import PyExprMutator, expr_functor
 
-from .relax_mutation import mutate_relax_functions
+from ..kernels.relax_mutation import mutate_relax_functions
 
 Layout = Literal["given", "NHWC"]
 LAYOUTS: tuple[str, ...] = get_args(Layout)

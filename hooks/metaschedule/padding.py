@@ -28,7 +28,7 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
-from .errors import TVM_ERRORS
+from ..kernels.errors import TVM_ERRORS
 from .msdb import postprocessing_starts, sketch
 
 

@@ -27,12 +27,12 @@ from tvm.s_tir import meta_schedule as ms
 
 from schedhub.registry import CostModelEntry, Identity, Registry, RegistryError, Trial, TrialLog, target_kind, trace_id
 
-from .cache import KernelCache
-from .errors import TVM_ERRORS
+from ..kernels.cache import KernelCache
+from ..kernels.errors import TVM_ERRORS
 from .costmodel import FEATURES, WIDTH, CostModel, Kernels, features, flops, log2_gflops
-from .identity import compiler_fingerprint
-from .intrinsics import load_tensor_intrinsics
-from .measure import Budget
+from ..kernels.identity import compiler_fingerprint
+from ..kernels.intrinsics import load_tensor_intrinsics
+from ..kernels.measure import Budget
 from .msdb import trace_text
 
 log = logging.getLogger("schedhub")

@@ -45,21 +45,21 @@ from schedhub.registry import (
 from tvm import tirx
 from tvm_ffi.serialization import from_json_graph_str, to_json_graph_str
 
-from .cache import KernelCache, default_dir
+from ..kernels.cache import KernelCache, default_dir
 from .choice import RewriteOptions
-from .defaults import default_contends
-from .guard import ScheduleLimits, check_scheduled
-from .rewrites import NO_REWRITES, Rewrites
-from .identity import as_module, plain_json, workload_identity
-from .lowering import Lowerings
-from .measure import Budget, runs_here
+from ..kernels.defaults import default_contends
+from ..metaschedule.guard import ScheduleLimits, check_scheduled
+from ..rewrites import NO_REWRITES, Rewrites
+from ..kernels.identity import as_module, plain_json, workload_identity
+from ..build.lowering import Lowerings
+from ..kernels.measure import Budget, runs_here
 from .misses import MissReporting
-from .msdb import normalize_mod, replay_launchable
-from .objects import OBJECT_ID, ObjectCache, object_id_of
-from .padding import PADDED, padded_dispatch
-from .ranking import Retiling, retiled
-from .recompute import RELOCATED, relocated
-from .rules import RULES, ruled_trace
+from ..metaschedule.msdb import normalize_mod, replay_launchable
+from ..build.objects import OBJECT_ID, ObjectCache, object_id_of
+from ..metaschedule.padding import PADDED, padded_dispatch
+from ..metaschedule.ranking import Retiling, retiled
+from ..metaschedule.recompute import RELOCATED, relocated
+from ..metaschedule.rules import RULES, ruled_trace
 from .report import (
     FALLBACK,
     HIT,
@@ -72,8 +72,8 @@ from .report import (
     RegistryFallbackWarning,
     RuledFaster,
 )
-from .synthesis import LogModel, check_sample_count
-from .threads import usable_cpus, warn_idle_cores
+from ..metaschedule.synthesis import LogModel, check_sample_count
+from ..kernels.threads import usable_cpus, warn_idle_cores
 from .transfers import TransferServing
 
 log = logging.getLogger("schedhub")

@@ -29,10 +29,10 @@ import tvm
 from tvm import relax, tirx
 from tvm.relax.analysis import all_global_vars, has_reshape_pattern, post_order_visit
 
-from .background import KernelWork
-from .cache import KernelCache, Untold, atomic_file, digest_path, keep_digest, mark_used, read_if_intact
-from .errors import TVM_ERRORS
-from .relax_mutation import mutate_relax_functions
+from ..kernels.background import KernelWork
+from ..kernels.cache import KernelCache, Untold, atomic_file, digest_path, keep_digest, mark_used, read_if_intact
+from ..kernels.errors import TVM_ERRORS
+from ..kernels.relax_mutation import mutate_relax_functions
 
 OBJECT_ID = "schedhub.object_id"  # PrimFunc attribute: the cache name of a scheduled kernel's machine code
 ELF_MAGIC = b"\x7fELF"

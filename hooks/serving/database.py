@@ -24,9 +24,9 @@ from tvm.s_tir import meta_schedule as ms
 
 from schedhub.registry import Record
 
-from .guard import check_trace_size
-from .identity import plain_json
-from .msdb import trace_text, tuning_record
+from ..metaschedule.guard import check_trace_size
+from ..kernels.identity import plain_json
+from ..metaschedule.msdb import trace_text, tuning_record
 from .session import HookSession
 
 log = logging.getLogger("schedhub")

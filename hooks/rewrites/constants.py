@@ -32,7 +32,7 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from .relax_mutation import mutate_relax_functions
+from ..kernels.relax_mutation import mutate_relax_functions
 
 _PERMUTE_DIMS = tvm.ir.Op.get("relax.permute_dims")
 _RESHAPE = tvm.ir.Op.get("relax.reshape")

@@ -21,9 +21,9 @@ import tvm
 from tvm import tirx
 from tvm_ffi import DLDeviceType
 
-from .background import KernelWork
-from .cache import KernelCache
-from .errors import TVM_ERRORS
+from ..kernels.background import KernelWork
+from ..kernels.cache import KernelCache
+from ..kernels.errors import TVM_ERRORS
 from .objects import ObjectCache, object_id_of
 
 LOWERED = "lowered"  # kernel-cache kind: a scheduled kernel that TVM's TIR pipeline lowered on this machine

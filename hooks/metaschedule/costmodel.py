@@ -26,8 +26,8 @@ from tvm.s_tir import meta_schedule as ms
 
 from schedhub.registry import MAX_TREE_DEPTH, Identity, Record, Tree, TrialLog, Trees
 
-from .identity import target_from_text, workload_module
-from .intrinsics import load_tensor_intrinsics
+from ..kernels.identity import target_from_text, workload_module
+from ..kernels.intrinsics import load_tensor_intrinsics
 from .msdb import normalize_mod, replayed
 
 PER_STORE = 164  # MetaSchedule's PerStoreFeature width (extract_workload=False)

@@ -23,10 +23,10 @@ from tvm.s_tir.meta_schedule import _ffi_api as ms_ffi
 
 from schedhub.registry import Record, RegistryError
 
-from .errors import TVM_ERRORS
+from ..kernels.errors import TVM_ERRORS
 from .guard import InconsistentLaunch, ScheduleLimits, Unlaunchable, check_scheduled, check_trace_size
-from .identity import block_names, plain_json, target_from_text, workload_identity, workload_module
-from .lowering import lowering_error
+from ..kernels.identity import block_names, plain_json, target_from_text, workload_identity, workload_module
+from ..build.lowering import lowering_error
 from .ranking import retiled
 
 

@@ -35,10 +35,10 @@ import numpy as np
 import tvm
 from tvm import relax, tirx
 
-from .cache import KernelCache, atomic_file, digest_path, keep_digest, mark_used, read_if_intact
+from ..kernels.cache import KernelCache, atomic_file, digest_path, keep_digest, mark_used, read_if_intact
 from .constants import host_constant, host_view
-from .objects import OBJECT_ID, object_id_of
-from .relax_mutation import mutate_relax_functions
+from ..build.objects import OBJECT_ID, object_id_of
+from ..kernels.relax_mutation import mutate_relax_functions
 from .tiling import Tiling, tilings
 
 #: The attribute a scheduled kernel that rewrites its weights' layout carries in place of ``OBJECT_ID``: its machine
