@@ -40,7 +40,7 @@ from pathlib import Path
 import tvm
 from schedhub import hooks
 from schedhub.registry import LocalRegistry
-from schedhub.tuner import tvm_env
+from schedhub.tuner.execution import tvm_env
 module, store, cache, rewrites, compiles = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4]), int(sys.argv[5])
 tvm_env.prepare()
 mod = tvm.ir.load_json(Path(module).read_text())

@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from schedhub.registry import LocalRegistry
-from schedhub.tuner import cluster, tvm_env
-from schedhub.tuner.torch_process import TorchProcess
+from schedhub.tuner.execution import cluster, tvm_env
+from schedhub.tuner.compare.torch_process import TorchProcess
 
 from .models import MODES as MODEL_MODES
 from .models import TORCH_TWINS, check_agreement, network_input, time_side_by_side

@@ -25,8 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from schedhub.tuner import cluster, kernels, tvm_env
-from schedhub.tuner.search import TuneResult
+from schedhub.tuner.execution import cluster, kernels, tvm_env
+from schedhub.tuner.workloads.search import TuneResult
 
 from .models import MODES as MODEL_MODES
 from .stats import ratio, summary
@@ -80,7 +80,7 @@ def run(rounds: int) -> dict[str, Any]:
 
     from schedhub.hooks.kernels.identity import workload_module
     from schedhub.hooks.metaschedule.msdb import scheduled
-    from schedhub.tuner.search import replay
+    from schedhub.tuner.workloads.search import replay
 
     tvm_env.prepare()
     cluster.start(num_cpus=2)

@@ -7,7 +7,7 @@
 The kernels are the BERT layer's heaviest matmuls (seq 128 on a GPU, 32 on a CPU: minutes, not hours, on 2 cores).
 Each run tunes them twice into fresh registries with ``dispatch.tune_many``: one job at a time and ``--jobs`` at once
 (the order alternates between runs), cold (no registry traces, no synthesized seeds), the same seed and options.
-Each mode starts with no reference remembered (``tuner.remembered``: a later mode would otherwise skip the calls an
+Each mode starts with no reference remembered (``tuner.execution.remembered``: a later mode would otherwise skip the calls an
 earlier one made). Recorded per mode: wall time, trials/s, each search's seconds by phase (search, build, measure, cost model), and
 the search threads each job ran. Then, with nothing else running, every kernel's best record of each mode is timed
 again side by side with the target's default (DLight on a GPU, TVM's default schedule on a CPU), in one measurement
@@ -17,7 +17,7 @@ published (``seen``), which under load may be off.
 Where the loss comes from: per kernel and mode, :data:`SAMPLED` of the search's own candidates (its fastest and an
 even spread) are timed again alone with the search's timing, and ``seen / alone`` says how far the search's view of
 them was off (one job at a time is the control). On a GPU node every GPU's measurement runs alone on a core of its
-own (``tuner.cores``); ``--shared-core`` adds the N-job mode with that reservation off, as it was before.
+own (``tuner.execution.cores``); ``--shared-core`` adds the N-job mode with that reservation off, as it was before.
 """
 
 from __future__ import annotations
@@ -34,10 +34,12 @@ from typing import Any
 
 from schedhub.hooks.rewrites import NO_REWRITES
 from schedhub.registry import LocalRegistry, keeps_default_schedule
-from schedhub.tuner import cluster, cores, dispatch, models, remembered, tvm_env
-from schedhub.tuner.network import heaviest_first
-from schedhub.tuner.kernels import FINAL_TIMING
-from schedhub.tuner.search import Timeline, TuneOptions, TuneResult, default_name, default_schedule, side_by_side
+from schedhub.tuner.execution import cluster, cores, remembered, tvm_env
+from schedhub.tuner.workloads import dispatch
+from schedhub.tuner.networks import models
+from schedhub.tuner.networks.network import heaviest_first
+from schedhub.tuner.execution.kernels import FINAL_TIMING
+from schedhub.tuner.workloads.search import Timeline, TuneOptions, TuneResult, default_name, default_schedule, side_by_side
 
 from .report import REPO, environment
 from .tuner import require_device, warm_workers
@@ -203,7 +205,7 @@ def main() -> None:
     parser.add_argument("--kernels", type=int, default=4)
     parser.add_argument("--trials", type=int, default=OPTIONS.trials)
     parser.add_argument("--runs", type=int, default=1, help="runs of both modes, alternating which goes first")
-    parser.add_argument("--shared-core", action="store_true", help="also run N jobs with no core kept for the GPU's measurements (tuner.cores)")
+    parser.add_argument("--shared-core", action="store_true", help="also run N jobs with no core kept for the GPU's measurements (tuner.execution.cores)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     require_device(parser.prog, args.device)

@@ -11,7 +11,7 @@ Quick mode: every shipped network (ResNet-18, MobileNet-V2, a BERT-base layer, a
 shapes, batch 1 and 4. Full mode: the networks at real sizes, ResNet-18 and MobileNet-V2 at 224
 imported from their PyTorch twins through ``torch.export`` (BatchNorm folded, as a user imports a
 trained model), at a budget of 64 trials per kernel. PyTorch always runs in a process of its own
-(``schedhub.tuner.torch_process``: beside TVM it was seen 25–35× slower).
+(``schedhub.tuner.compare.torch_process``: beside TVM it was seen 25–35× slower).
 
 1. the kernels are tuned with ``schedhub.tuner`` on a local Ray cluster into an embedded LMDB
    registry (a kernel shared with an earlier network is not tuned twice), budget from the mode;
@@ -53,13 +53,16 @@ from schedhub.hooks.rewrites.layouts import LAYOUTS
 from schedhub.hooks.rewrites import MATHS, Rewrites
 from schedhub.hooks.rewrites.winograd import CONVS
 from schedhub.registry import LocalRegistry
-from schedhub.tuner import baselines, cluster, dispatch, models, tvm_env
-from schedhub.tuner.allocation import POLICIES, Goal
-from schedhub.tuner.network import tune_network
-from schedhub.tuner.network_timing import hooked_network_secs
-from schedhub.tuner.search import TuneOptions, TuneResult, default_label
-from schedhub.tuner.engines import ENGINES, EngineUnavailable, check_engine
-from schedhub.tuner.torch_process import TorchProcess
+from schedhub.tuner.compare import baselines
+from schedhub.tuner.execution import cluster, tvm_env
+from schedhub.tuner.workloads import dispatch
+from schedhub.tuner.networks import models
+from schedhub.tuner.networks.allocation import POLICIES, Goal
+from schedhub.tuner.networks.network import tune_network
+from schedhub.tuner.networks.network_timing import hooked_network_secs
+from schedhub.tuner.workloads.search import TuneOptions, TuneResult, default_label
+from schedhub.tuner.compare.engines import ENGINES, EngineUnavailable, check_engine
+from schedhub.tuner.compare.torch_process import TorchProcess
 
 from .report import environment
 from .stats import ratio, summary
@@ -117,7 +120,7 @@ PEAK_SGEMM_N = 2048
 @dataclass(frozen=True)
 class Spending:
     """How a network's trials are spent: each kernel the same budget (``policy`` None), or in rounds (of ``round_trials``)
-    to the kernel a policy of ``tuner.allocation`` picks (budget: trials per kernel × kernels), stopping early once the compiled network
+    to the kernel a policy of ``tuner.networks.allocation`` picks (budget: trials per kernel × kernels), stopping early once the compiled network
     beats PyTorch's latency (``until_pytorch``: checked when the estimate does) or after ``max_minutes``; the networks rewritten as
     ``rewrites`` says (convolution layout, fast math: ``hooks.rewrites``)."""
 
@@ -150,7 +153,7 @@ def run(mode: str, trials: int | None = None, only: list[str] | None = None, see
     resume through the registry); ``device``: ``"cpu"`` or ``"cuda"``; ``spending``: how each network's trials are spent;
     ``mcpu``: the LLVM CPU to tune and compile for instead of this one (:func:`older_cpu`: PyTorch held to its vectors);
     ``engines``: what a user would run the network on instead, each timed beside eager PyTorch in a process of its own
-    (``inductor``, ``onnxruntime``, ``openvino``: ``schedhub.tuner.engines``), its output checked against PyTorch's."""
+    (``inductor``, ``onnxruntime``, ``openvino``: ``schedhub.tuner.compare.engines``), its output checked against PyTorch's."""
     import tvm
 
     from schedhub import hooks
@@ -228,7 +231,7 @@ def run(mode: str, trials: int | None = None, only: list[str] | None = None, see
 
 def older_cpu(mcpu: str) -> tuple[Any, str]:
     """This machine's CPU target with LLVM's ``mcpu`` CPU in its place, and the instruction set that holds PyTorch to the same
-    vectors (:data:`~schedhub.tuner.torch_process.ISA_ENV`): code for a CPU without AVX-512 (e.g. ``znver3``), timed on this one."""
+    vectors (:data:`~schedhub.tuner.compare.torch_process.ISA_ENV`): code for a CPU without AVX-512 (e.g. ``znver3``), timed on this one."""
     import tvm
 
     def has(feature: str, tgt: Any) -> bool:
@@ -256,7 +259,7 @@ def _tune_evenly(registry: LocalRegistry, network: Network, kernels: list[models
 
 def _tune_in_rounds(registry: LocalRegistry, network: Network, kernels: list[models.Kernel], tuned: dict[str, TuneResult], options: TuneOptions,
                     spending: Spending, reference_secs: float | None, say: Callable[[str], None], measure: Callable[[], float] | None) -> tuple[int, dict[str, Any]]:  # fmt: skip
-    """The network tuned in rounds of ``options.trials_per_iter`` (``tuner.network``); each kernel's last round is its
+    """The network tuned in rounds of ``options.trials_per_iter`` (``tuner.networks.network``); each kernel's last round is its
     result (a round starts from the kernel's best so far, so its side-by-side timing holds the best). With
     ``reference_secs`` the estimate meeting it is checked by ``measure`` (the compiled network timed; None: not checked). Returns the kernels
     tuned and how: per round the trials, minutes and the network's estimate; the checks; why it stopped; PyTorch's latency it aimed at."""

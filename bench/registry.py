@@ -194,7 +194,7 @@ def filtered_reads(url: str, rounds: int, by_server: Callable[[Any], int], by_cl
 
 
 def structure_read_ms(url: str, rounds: int) -> dict[str, Any]:
-    """What a search's cost model starts from (``tuner.logmodel.model_log``): the log entries of one structure that the
+    """What a search's cost model starts from (``tuner.workloads.logmodel.model_log``): the log entries of one structure that the
     store's target logged a few of, paged with the structure given to the server, against the target's entries paged
     and kept by the client (what ``model_log`` did before the server filtered by structure, up to 2,000 entries)."""
     from schedhub.registry import Identity

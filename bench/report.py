@@ -325,7 +325,7 @@ def _models(d: dict[str, Any] | None, drawn: dict[str, str], title: str) -> list
             f"already held is tuned again at this budget), up to {o['warm_start']} traces. ") if d.get("seed_keys") else (
             f"Kernels of batch b>1 are warm-started from batch 1's schedules (up to {o['warm_start']} traces). ")  # fmt: skip
     budget = (f"Tuning budget per kernel: {o['trials']} trials in rounds of {o['trials_per_iter']}" if not any(r.get("tuning") for r in d["rows"]) else
-              f"Each network tuned where its time goes (`tuner.network`: rounds of {o['trials_per_iter']} trials unless its run says otherwise, each to the kernel the row's policy picks; "
+              f"Each network tuned where its time goes (`tuner.networks.network`: rounds of {o['trials_per_iter']} trials unless its run says otherwise, each to the kernel the row's policy picks; "
               f"budget {o['trials']} trials × the network's kernels, or the row's minutes), the rows' runs listed below the table")  # fmt: skip
     cpus = sorted({str(r.get("cpu") or d.get("device_name", "")) for r in d["rows"]})
     by_cpu = len(cpus) > 1  # a merged table of runs on different machines: each row says which
@@ -393,7 +393,7 @@ def _models(d: dict[str, Any] | None, drawn: dict[str, str], title: str) -> list
     header = ["network", *(["CPU"] if by_cpu else []), "batch", "kernel", "calls", "GFLOP", "untuned", "tuned", *(["of peak"] if peak else []), "numpy", "PyTorch"]
     lines += table(header, rows, ("ll" if by_cpu else "l") + "rlrr" + "r" * (len(header) - 5 - by_cpu))
     lines += ["", "Untuned and tuned are the tuner's own side-by-side re-timing (since f7469da an untuned kernel 10× slower than every "
-              "candidate gets 3 calls, not 50: `tuner.search.BRIEF_DEFAULT_PAST`); numpy (im2col + GEMM for convolutions) and "
+              "candidate gets 3 calls, not 50: `tuner.workloads.search.BRIEF_DEFAULT_PAST`); numpy (im2col + GEMM for convolutions) and "
               "PyTorch (`F.conv2d` / `torch.matmul`, oneDNN/MKL) run the same kernel shapes with the epilogue, timed here.", ""]  # fmt: skip
     beyond = sorted({k.get("cpu", "") for k in d["kernels"] if peak and not k.get("flops_direct_equivalent") and k.get("flops") and of_peak(k) > 1})
     if beyond:
@@ -663,7 +663,7 @@ def _tuner_phases(d: dict[str, Any]) -> list[str]:
     runs = [(name, r, tuner) for name, e in d["workloads"].items() for r in e["runs"] for tuner in ("ray", "plain") if r[tuner].get("phases")]
     if not runs:
         return []
-    phases = list(runs[0][1][runs[0][2]]["phases"])  # as ``tuner.search.tuning_phases`` orders them
+    phases = list(runs[0][1][runs[0][2]]["phases"])  # as ``tuner.workloads.search.tuning_phases`` orders them
     tasks = any(r[tuner].get("tasks") for _, r, tuner in runs)  # runs recorded before the tasks' own seconds have none
 
     def inside(t: dict[str, Any]) -> str:
@@ -785,7 +785,7 @@ def _registry(d: dict[str, Any] | None) -> list[str]:
                          fmt(r["client_filtered_ms"]), times(r["client_over_server"])] for n, r in reads.items()]) + [""]  # fmt: skip
     structures = {n: v["structure_read"] for n, v in d.get("dashboard", {}).items() if "structure_read" in v}
     if structures:
-        lines += ["What a search's cost model starts from (`tuner.logmodel.model_log`): the verified entries of one structure the "
+        lines += ["What a search's cost model starts from (`tuner.workloads.logmodel.model_log`): the verified entries of one structure the "
                   "store's target logged a few of, paged with `structure=` (the server reads its index by target and structure), "
                   "against the target's first 2,000 entries paged and kept by the client, as `model_log` read them before (it found "
                   "only those of the structure among them). Medians of 3.", ""]

@@ -13,7 +13,7 @@ of its own with its own Ray cluster. With ``--against`` each run is made at both
 Per round, from the job's own timeline: wall seconds, and of them the warm start (its traces built and timed), the
 search (MetaSchedule's phases: search, build, measure, cost model) and publishing (built and timed beside the
 default); "other" is the rest (the driver between rounds, Ray, the job's start and its warm cost model). A round whose
-publishing measurement recalled its reference's outputs from an earlier round (``tuner.remembered``) says
+publishing measurement recalled its reference's outputs from an earlier round (``tuner.execution.remembered``) says
 ``reference_recalled``.
 """
 
@@ -36,7 +36,7 @@ from .stats import ratio, summary
 
 ROUND_TRIALS = 16
 STAGES = ("warm start", "search", "publish", "other")
-#: The search's own phases (``tuner.search.PHASES``), each a part of its "search" stage.
+#: The search's own phases (``tuner.workloads.search.PHASES``), each a part of its "search" stage.
 PHASES = ("search", "build", "measure", "cost model")
 #: The tasks of the warm start and of publishing: each stage is the span of its builds, then of its measurement.
 TASK_KINDS = ("build", "measure")
@@ -70,9 +70,10 @@ def run_here(network: str, layout: str, prepack: bool, kernels: int, rounds: int
     heaviest ``kernels`` tuned in turn."""
     from schedhub.hooks.rewrites import Rewrites
     from schedhub.registry import LocalRegistry
-    from schedhub.tuner import cluster, models, tvm_env
-    from schedhub.tuner.allocation import POLICIES, Goal
-    from schedhub.tuner.network import heaviest_first, tune_network
+    from schedhub.tuner.execution import cluster, tvm_env
+    from schedhub.tuner.networks import models
+    from schedhub.tuner.networks.allocation import POLICIES, Goal
+    from schedhub.tuner.networks.network import heaviest_first, tune_network
 
     from .models import MODES, build_network
 

@@ -6,7 +6,7 @@
 Runs in a process of its own (the benchmark process never imports PyTorch): builds the twin from
 ``bench.torch_models`` with the given weights (by Relax parameter name), exports it with
 ``torch.export`` and converts it as ``schedhub tune`` converts a PyTorch model
-(``schedhub.tuner.plan.from_torch_export``: weights bound as constants, BatchNorm folded into the
+(``schedhub.tuner.networks.plan.from_torch_export``: weights bound as constants, BatchNorm folded into the
 convolutions), as a user importing a trained model for inference would; ``plain=1``: by ``from_exported_program``
 alone, as the README imports a model (BatchNorm apart, biases reshaped: the hook folds them). Writes the Relax module as TVM's
 JSON (``tvm.ir.save_json``; read it back with ``tvm.ir.load_json`` under the same TVM build).
@@ -56,7 +56,7 @@ def _export_factory(factory: str, shape: str, workdir: str) -> None:
     import torch
     import tvm
 
-    from schedhub.tuner.plan import from_torch_export, torch_factory
+    from schedhub.tuner.networks.plan import from_torch_export, torch_factory
 
     module_name, _, function = factory.partition(":")
     net = torch_factory(module_name, function)().eval()
@@ -73,7 +73,7 @@ def main(name: str, weights_path: str, out: str, *options: str) -> None:
     import torch
     import tvm
 
-    from schedhub.tuner.plan import from_torch_export
+    from schedhub.tuner.networks.plan import from_torch_export
 
     from .torch_models import build
 

@@ -1,4 +1,4 @@
-"""The shipped Relax models (``schedhub.tuner.models``) rebuilt in PyTorch: the baseline.
+"""The shipped Relax models (``schedhub.tuner.networks.models``) rebuilt in PyTorch: the baseline.
 
 Module and parameter names mirror the Relax ones, so the Relax weights load with
 ``load_state_dict(strict=True)``: a missing, extra or differently shaped parameter is an error,
@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from schedhub.tuner.architectures import MOBILENETV2_STAGES
+from schedhub.tuner.networks.architectures import MOBILENETV2_STAGES
 
 
 class ConvBN(nn.Module):
@@ -126,7 +126,7 @@ def build(name: str, weights: dict[str, np.ndarray], **shape: int) -> nn.Module:
     """
     options = shape
     if name == "mlp" and not {"features", "hidden"} <= set(shape):
-        from schedhub.tuner.models import MODELS  # imports TVM
+        from schedhub.tuner.networks.models import MODELS  # imports TVM
 
         options = {**MODELS[name].defaults, **shape}
     factories: dict[str, Any] = {

@@ -48,9 +48,11 @@ import numpy as np
 from schedhub.hooks.rewrites import NO_REWRITES
 from schedhub.hooks.metaschedule.ranking import Retiling, model_rank_key, rank_key
 from schedhub.registry import LocalRegistry
-from schedhub.tuner import cluster, dispatch, models, tvm_env
-from schedhub.tuner.search import TuneOptions, TuneResult
-from schedhub.tuner.torch_process import TorchProcess
+from schedhub.tuner.execution import cluster, tvm_env
+from schedhub.tuner.workloads import dispatch
+from schedhub.tuner.networks import models
+from schedhub.tuner.workloads.search import TuneOptions, TuneResult
+from schedhub.tuner.compare.torch_process import TorchProcess
 
 from .models import MODES as MODEL_MODES
 from .models import TORCH_TWINS, check_agreement, network_input, time_side_by_side

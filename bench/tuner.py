@@ -10,13 +10,13 @@ plus bias and residual (``fused_matmul3_add1_add2``).
 Per workload and run, with the same trial budget, candidates per round, seed and
 one search thread (so both search the same first-round candidates):
 
-- **ray**: :func:`schedhub.tuner.search.tune_workload` on a local Ray cluster (2 CPUs): builds as
+- **ray**: :func:`schedhub.tuner.workloads.search.tune_workload` on a local Ray cluster (2 CPUs): builds as
   parallel tasks, measurements holding the device resource;
 - **plain**: ``ms.tune_tir`` with MetaSchedule's LocalBuilder/LocalRunner (the builder given the
   schedhub's build function: the stock one times out on every candidate here) and the same timing.
 
 Search throughput is trials / wall seconds of the search; MetaSchedule's profiler splits each search's
-seconds by phase (``tuner.search.tuning_phases``: search, build, measure, cost model, rest), so a
+seconds by phase (``tuner.workloads.search.tuning_phases``: search, build, measure, cost model, rest), so a
 difference in throughput shows where it arises. Then the best schedule of each, the
 target's default (the unscheduled kernel on a CPU, DLight's schedule on a GPU) and, on a CPU,
 numpy (``numpy.matmul`` / im2col + GEMM) are timed side by side in one process with longer
@@ -40,8 +40,10 @@ from typing import Any
 
 from schedhub.hooks.rewrites import NO_REWRITES
 from schedhub.hooks.metaschedule.msdb import scheduled, trace_text, tuning_target
-from schedhub.tuner import baselines, cluster, kernels, models, tvm_env
-from schedhub.tuner.search import (
+from schedhub.tuner.compare import baselines
+from schedhub.tuner.execution import cluster, kernels, tvm_env
+from schedhub.tuner.networks import models
+from schedhub.tuner.workloads.search import (
     TuneOptions, TuneResult, best_so_far, default_schedule, mean_secs, profiled_tune_tir, reference_build, replay, search_settings,
 )  # fmt: skip
 

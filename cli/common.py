@@ -60,7 +60,7 @@ def _target_filter(ctx: click.Context, param: click.Parameter, spec: str | None)
         return known
     try:
         from schedhub.hooks.kernels.identity import target_text
-        from schedhub.tuner.plan import resolve_target
+        from schedhub.tuner.networks.plan import resolve_target
     except ImportError:
         raise click.BadParameter("a target other than a kind (llvm, cuda) needs TVM: pip install 'schedhub[tvm]'") from None
     try:
@@ -155,7 +155,7 @@ def reports_errors(f: F) -> F:
 def _cluster_error(exc: BaseException) -> bool:
     """Whether ``exc`` is the tuner's :class:`ClusterError` (Ray could not start, join, or lacks what tuning needs),
     told without importing the tuner: a command that never imported it cannot have raised one."""
-    cluster = sys.modules.get("schedhub.tuner.cluster")
+    cluster = sys.modules.get("schedhub.tuner.execution.cluster")
     return cluster is not None and isinstance(exc, cluster.ClusterError)
 
 

@@ -40,7 +40,7 @@ def profile(registry: str, token: str | None, model_spec: str, target: str, thre
     a miss gets) across thread counts; its kernels planned with the rewrites `schedhub tune` takes."""
     import tvm
 
-    from schedhub.tuner import plan, profile as profiling
+    from schedhub.tuner.networks import plan, profile as profiling
 
     counts = _thread_counts(threads)
     os.environ["TVM_NUM_THREADS"] = str(max(counts))  # before TVM's thread pool starts: it can shrink and regrow, never grow past it

@@ -19,8 +19,8 @@ def retime(registry: str, token: str | None, op: str | None, target: str | None,
     """Time a key's verified records again, warm and on flushed caches, where some lack a flushed time, and push them
     again with it (a worker's or an admin's token, or a local store): a key ranks by flushed time once all its verified
     records have one, as a network meets its kernels' weights."""
-    from schedhub.tuner import cluster
-    from schedhub.tuner.retime import retime as retime_keys
+    from schedhub.tuner.execution import cluster
+    from schedhub.tuner.workloads.retime import retime as retime_keys
 
     reg = open_registry(registry, token)
     cluster.start(ray_address, num_cpus, num_gpus)

@@ -16,7 +16,7 @@ from .common import EXIT_UNAVAILABLE, console, labelled, open_registry, out, pro
 #: ``schedhub.hooks.rewrites.layouts.LAYOUTS``, ``schedhub.hooks.rewrites.MATHS`` and ``schedhub.hooks.rewrites.winograd.CONVS``, spelled
 #: here: importing the hooks imports TVM, which a command's --help must not.
 LAYOUTS = ("given", "NHWC")
-AUTO = "auto"  # ``schedhub.tuner.plan.AUTO``: the target decides (``plan.tuning_rewrites``)
+AUTO = "auto"  # ``schedhub.tuner.networks.plan.AUTO``: the target decides (``plan.tuning_rewrites``)
 MATHS = ("exact", "fast")
 CONVS = ("direct", "winograd")
 
@@ -46,8 +46,8 @@ def budget_options(f: Any) -> Any:
 
 
 def _options(trials: int, trials_per_iter: int, seed: int, population: int, final_repeat_ms: int, warm_model: bool) -> Any:
-    from schedhub.tuner.kernels import final_timing
-    from schedhub.tuner.search import TuneOptions
+    from schedhub.tuner.execution.kernels import final_timing
+    from schedhub.tuner.workloads.search import TuneOptions
 
     if trials < 1 or trials_per_iter < 1:
         raise click.BadParameter("--trials and --trials-per-iter must be at least 1")
@@ -121,10 +121,11 @@ def tune(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: 
     the network in rounds where its time goes until it beats a reference."""
     from schedhub.hooks.serving.choice import has_wide_vectors
     from schedhub.hooks.kernels.errors import error_line
-    from schedhub.tuner import cluster, plan
+    from schedhub.tuner.execution import cluster
+    from schedhub.tuner.networks import plan
 
     from . import tune_network
-    from schedhub.tuner.dispatch import tune_many
+    from schedhub.tuner.workloads.dispatch import tune_many
 
     options = _options(trials, trials_per_iter, seed, population, final_repeat_ms, warm_model)
     refs = plan.expand([plan.parse_model(m) for m in model_specs], dict(plan.parse_sweep(s) for s in sweep))
@@ -186,7 +187,8 @@ def tune(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: 
 def submit(registry: str, token: str | None, model_specs: tuple[str, ...], sweep: tuple[str, ...], target: str, layout: str, math: str, prepack: bool | None, conv: str, trials: int, trials_per_iter: int,
            seed: int, population: int, final_repeat_ms: int, warm_model: bool, concurrency: int, retune: bool, address: str, attempt: int, python: str | None, follow: bool) -> None:  # fmt: skip
     """Submit a bulk tuning run as a Ray Job (idempotent: the same work is one job)."""
-    from schedhub.tuner import jobs, plan
+    from schedhub.tuner.workloads import jobs
+    from schedhub.tuner.networks import plan
 
     models = [plan.parse_model(m) for m in model_specs]  # fail here, not on the cluster
     sweeps = dict(plan.parse_sweep(s) for s in sweep)
@@ -228,7 +230,7 @@ def jobs_group() -> None:
 @click.option("--address", required=True, envvar="RAY_API_SERVER_ADDRESS", help="The cluster's Jobs API (http://head:8265).")
 @reports_errors
 def job_status(submission_id: str, address: str) -> None:
-    from schedhub.tuner import jobs
+    from schedhub.tuner.workloads import jobs
 
     info = jobs.status(address, submission_id)
     out.print(f"{info['submission_id']}: {info['status']} {info['message']}", highlight=False)
@@ -240,7 +242,7 @@ def job_status(submission_id: str, address: str) -> None:
 @click.option("--follow", "-f", is_flag=True, help="Stream until the job ends.")
 @reports_errors
 def job_logs(submission_id: str, address: str, follow: bool) -> None:
-    from schedhub.tuner import jobs
+    from schedhub.tuner.workloads import jobs
 
     if follow:
         jobs.follow(address, submission_id, out.file.write)
@@ -279,7 +281,7 @@ def worker(registry: str, token: str | None, trials: int, trials_per_iter: int, 
     """Lease jobs from the registry's queue (verifications of pushed claims first, then misses), run them on Ray, push and ack.
 
     SIGTERM or SIGINT: stop leasing, give held leases back at once, stop Ray."""
-    from schedhub.tuner import cluster
+    from schedhub.tuner.execution import cluster
     from schedhub.tuner.worker import Worker
 
     options = _options(trials, trials_per_iter, seed, population, final_repeat_ms, warm_model)
@@ -319,7 +321,8 @@ def worker(registry: str, token: str | None, trials: int, trials_per_iter: int, 
 @reports_errors
 def demo(trials: int, registry_dir: str | None, device: str, ray_address: str | None, num_cpus: int | None, num_gpus: int | None) -> None:
     """Compile a shipped model through the hook, tune its misses on Ray, recompile, compare."""
-    from schedhub.tuner import cluster, demo as demo_run, tvm_env
+    from schedhub.tuner import demo as demo_run
+    from schedhub.tuner.execution import cluster, tvm_env
 
     logging.getLogger("schedhub").setLevel(logging.WARNING)
     try:

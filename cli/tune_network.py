@@ -1,4 +1,4 @@
-"""``schedhub tune --until …``: a network tuned where its time goes until it beats a reference (tuner.network)."""
+"""``schedhub tune --until …``: a network tuned where its time goes until it beats a reference (tuner.networks.network)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ FASTEST = "fastest"
 
 
 def parse_until(text: str) -> str | float:
-    """An engine's name (``pytorch``, ``inductor``, ``onnxruntime``, ``openvino``: :mod:`schedhub.tuner.engines`),
+    """An engine's name (``pytorch``, ``inductor``, ``onnxruntime``, ``openvino``: :mod:`schedhub.tuner.compare.engines`),
     ``fastest`` (the fastest of those installed), or a latency in milliseconds (returned in seconds)."""
-    from schedhub.tuner.engines import ENGINES
+    from schedhub.tuner.compare.engines import ENGINES
 
     name = text.strip().lower()
     if name in (*ENGINES, FASTEST):
@@ -34,7 +34,7 @@ def parse_until(text: str) -> str | float:
 def engine_secs(engine: str, refs: list[Any], threads: int) -> float:
     """The one PyTorch model's latency as ``engine`` runs it, timed in a process of its own that never imports TVM, on
     ``threads`` threads, its output checked against eager PyTorch's."""
-    from schedhub.tuner.torch_process import TorchProcess
+    from schedhub.tuner.compare.torch_process import TorchProcess
 
     if len(refs) != 1 or refs[0].source != "torch":
         raise click.BadParameter(f"--until {engine} needs exactly one PyTorch model (a mapping {{\"torch\": \"pkg.mod:factory\", \"inputs\": …}}); "
@@ -46,7 +46,7 @@ def engine_secs(engine: str, refs: list[Any], threads: int) -> float:
 
 def goal_secs(until: str | float, refs: list[Any], threads: int) -> tuple[float, str]:
     """The latency to beat and what it is called: an engine's, the fastest installed engine's, or the one stated."""
-    from schedhub.tuner.engines import ENGINES, EngineUnavailable, check_engine
+    from schedhub.tuner.compare.engines import ENGINES, EngineUnavailable, check_engine
 
     if not isinstance(until, str):
         return float(until), "the goal"
@@ -72,7 +72,7 @@ def network_measure(reg: Any, modules: list[Any], target: dict[str, Any], rewrit
     """The one model (loaded: ``modules``) compiled through the hook from ``reg`` and timed on this machine's CPU on
     ``threads`` threads, as PyTorch is (None: several models, or a target this machine does not run, where the estimate
     alone decides)."""
-    from schedhub.tuner.network_timing import hooked_network_secs
+    from schedhub.tuner.networks.network_timing import hooked_network_secs
 
     if len(modules) != 1 or target.get("kind") != "llvm":
         return None
@@ -97,8 +97,8 @@ def run(reg: Any, planned: list[Any], modules: list[Any], options: Any, goal_tim
         max_trials: int | None, max_minutes: float | None, threads: int, target: dict[str, Any], rewrites: Any, name: str | None = None) -> None:  # fmt: skip
     """Tune the network in rounds until it beats ``goal_timed`` (the latency and its name, :func:`goal_secs`) or the
     budget is spent, saying each round's estimate against it; ``name``: the network's, reported with its goal."""
-    from schedhub.tuner.allocation import POLICIES, Goal, timed_so_far
-    from schedhub.tuner.network import Check, Round, tune_network
+    from schedhub.tuner.networks.allocation import POLICIES, Goal, timed_so_far
+    from schedhub.tuner.networks.network import Check, Round, tune_network
 
     reference, label = goal_timed
     kernels = [(p.kernel.identity, p.kernel.calls) for p in planned]

@@ -13,7 +13,7 @@ the estimate those give against the goal.
 networks at a time in rotation (:data:`SCAN`: the work of one call is bounded, and every network's turn comes), each
 kernel's best verified time and how many searches its queue job has had, and names the kernel whose next search is
 expected to lower its network's time most: calls × best time / (searches + 1), the forward estimate of
-``tuner.allocation``'s gradient policy. A kernel is refined only while that is at least :data:`MIN_SHARE` of its
+``tuner.networks.allocation``'s gradient policy. A kernel is refined only while that is at least :data:`MIN_SHARE` of its
 network's time and it has had fewer than :data:`MAX_SEARCHES`: refinement ends. The pick goes back to the queue as a
 refine job (leased after every first pass), asked for by the network's first reporter.
 """

@@ -1,4 +1,4 @@
-"""Where a network's tuning rounds go (tuner.allocation): scripted kernels, no tuning."""
+"""Where a network's tuning rounds go (tuner.networks.allocation): scripted kernels, no tuning."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from schedhub.tuner.allocation import EvenPolicy, Goal, GradientPolicy, KernelTuning, network_secs, timed_so_far
+from schedhub.tuner.networks.allocation import EvenPolicy, Goal, GradientPolicy, KernelTuning, network_secs, timed_so_far
 
 
 def kernel(name: str, calls: int, *rounds: tuple[int, float], default: float | None = None, flops: float = 0.0) -> KernelTuning:
@@ -94,8 +94,8 @@ def test_a_round_that_would_end_past_the_time_budget_is_not_begun_and_the_estima
 def test_a_kernels_later_rounds_replay_only_its_own_records() -> None:
     """Its first round warm-starts in full (neighbours' traces, their twins, synthesized seeds, the rules' schedule: up
     to 20 timings before 16 trials); later rounds continue from its own published best only."""
-    from schedhub.tuner.network import round_options
-    from schedhub.tuner.search import TuneOptions
+    from schedhub.tuner.networks.network import round_options
+    from schedhub.tuner.workloads.search import TuneOptions
 
     options = TuneOptions(trials=16, trials_per_iter=16, publish=3)
     kernel = KernelTuning("k", "conv", 1)

@@ -15,8 +15,10 @@ from tvm import relax
 from bench import report, torch_models
 from bench.stats import ratio, summary
 from schedhub.hooks.rewrites import NO_REWRITES
-from schedhub.tuner import baselines, kernels, models
-from schedhub.tuner.tvm_env import host_target
+from schedhub.tuner.compare import baselines
+from schedhub.tuner.execution import kernels
+from schedhub.tuner.networks import models
+from schedhub.tuner.execution.tvm_env import host_target
 
 SMALL = {"mlp": {}, "resnet18": {"image": 32}, "mobilenetv2": {"image": 32}, "bert_layer": {"seq": 8}}
 
@@ -117,8 +119,8 @@ def test_the_run_to_run_noise_is_measured_on_same_code_figures_and_judges_the_tu
 def test_pytorch_runs_in_its_own_process_without_tvm() -> None:
     import numpy as np
 
-    from schedhub.tuner import models
-    from schedhub.tuner.torch_process import TorchProcess, TorchProcessError
+    from schedhub.tuner.networks import models
+    from schedhub.tuner.compare.torch_process import TorchProcess, TorchProcessError
 
     _, weights, input_shape = models.export_with_weights("mlp", batch=2, features=32, hidden=64)
     x = np.random.default_rng(0).standard_normal(input_shape).astype("float32")
@@ -729,7 +731,7 @@ def test_a_run_names_the_tree_its_schedhub_was_imported_from_where_that_is_not_t
 def test_a_study_of_an_older_cpu_holds_pytorch_to_its_vectors() -> None:
     """``bench.models --mcpu znver3`` on an AVX-512 machine: TVM's code for the older CPU against PyTorch on AVX2 alone."""
     from bench.models import older_cpu
-    from schedhub.tuner.torch_process import TorchProcess
+    from schedhub.tuner.compare.torch_process import TorchProcess
 
     def has_avx512(target: dict | tvm.target.Target) -> bool:
         return bool(tvm.target.codegen.target_has_features("avx512f", tvm.target.Target(target) if isinstance(target, dict) else target))

@@ -386,7 +386,7 @@ def client_records(server: ServerThread) -> list[Record]:
 
 def test_ls_and_pull_take_host_or_any_target_form_as_the_canonical_target_it_completes_to(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from schedhub.hooks.kernels.identity import target_text
-    from schedhub.tuner.tvm_env import host_target
+    from schedhub.tuner.execution.tvm_env import host_target
 
     monkeypatch.setenv("SCHEDHUB_CACHE_DIR", str(tmp_path / "cache"))
     host = target_text(host_target())
@@ -466,7 +466,7 @@ def test_a_bogus_cpu_and_a_missing_torch_module_are_one_line_each(tmp_path: Path
 
 def test_a_torch_factory_is_found_in_the_current_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`-m '{"torch": "mynet:net"}'` beside the user's own mynet.py needed PYTHONPATH=. before."""
-    from schedhub.tuner.plan import PlanError, torch_factory
+    from schedhub.tuner.networks.plan import PlanError, torch_factory
 
     (tmp_path / "schedhub_test_user_net.py").write_text("def net():\n    return 'the user net'\n")
     monkeypatch.chdir(tmp_path)

@@ -1,4 +1,4 @@
-"""CUDA candidates compiled with NVRTC in-process, headers from PyPI (tuner/cuda_build.py): no GPU needed, only the
+"""CUDA candidates compiled with NVRTC in-process, headers from PyPI (tuner/execution/cuda_build.py): no GPU needed, only the
 test extra's ``cuda-nvrtc`` wheels. The CUDA C is what TVM generates here for a network's kernels (DLight's schedules)."""
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 import tvm
 
-from schedhub.tuner import cuda_build, models
+from schedhub.tuner.execution import cuda_build
+
+from schedhub.tuner.networks import models
 
 CUDA = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
 ELF = b"\x7fELF"  # a cubin is an ELF image

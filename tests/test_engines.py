@@ -1,4 +1,4 @@
-"""The engines a user would pick instead of schedhub (tuner/engines.py), each in a process of its own: their outputs
+"""The engines a user would pick instead of schedhub (tuner/compare/engines.py), each in a process of its own: their outputs
 checked against eager PyTorch's, their absence said in one line, and ``schedhub tune --until ENGINE`` aiming at one."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import click
 import pytest
 
 from schedhub.cli.tune_network import goal_secs, parse_until
-from schedhub.tuner.engines import ENGINES, EngineUnavailable, check_engine
-from schedhub.tuner.plan import ModelRef
-from schedhub.tuner.torch_process import TorchProcess, TorchProcessError
+from schedhub.tuner.compare.engines import ENGINES, EngineUnavailable, check_engine
+from schedhub.tuner.networks.plan import ModelRef
+from schedhub.tuner.compare.torch_process import TorchProcess, TorchProcessError
 
 REPO = Path(__file__).resolve().parent.parent
 CONV_NET = ModelRef("torch", "tests.engine_nets:conv_net", inputs={"x": [1, 3, 16, 16]})

@@ -15,7 +15,7 @@ from schedhub.cli.tune_cmds import MATHS as CLI_MATHS
 from schedhub.hooks import use
 from schedhub.hooks.pipeline import fusion_passes
 from schedhub.hooks.rewrites import MATHS, NO_REWRITES, Rewrites
-from schedhub.tuner import models
+from schedhub.tuner.networks import models
 
 from .hand_tuner import tune
 from .networks import bound, run, store_of

@@ -90,7 +90,7 @@ def test_a_hostile_server_s_flushed_time_is_refused(vfmean: object) -> None:
 def test_a_network_s_estimate_takes_a_round_s_times_in_the_measure_its_records_rank_by() -> None:
     """A round's best and default, as a network's tuning sums them: flushed where the default and every record were
     timed so (the record the registry serves is the best flushed, not the best warm), else warm."""
-    from schedhub.tuner.search import TuneResult
+    from schedhub.tuner.workloads.search import TuneResult
 
     records = [timed(0, 1.0, 3.0), timed(1, 1.5, 2.0)]
 

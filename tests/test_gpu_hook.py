@@ -20,8 +20,8 @@ from schedhub.hooks.kernels.identity import workload_module
 from schedhub.hooks.kernels.measure import runs_here
 from schedhub.hooks.pipeline import UnsupportedTarget
 from schedhub.registry import LocalRegistry, Record
-from schedhub.tuner import models
-from schedhub.tuner.verify import verify_job
+from schedhub.tuner.networks import models
+from schedhub.tuner.workloads.verify import verify_job
 from schedhub.hooks.metaschedule.msdb import normalize_mod, postprocessed_here, replay_launchable, replay_within, repostprocessed, trace_text, tuning_record
 
 CUDA = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})

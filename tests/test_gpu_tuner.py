@@ -20,8 +20,9 @@ from schedhub.hooks.kernels.identity import target_text, workload_module
 from schedhub.hooks.kernels.measure import host_cpu
 from schedhub.hooks.metaschedule.msdb import tuning_target
 from schedhub.registry import LocalRegistry
-from schedhub.tuner import cluster, kernels, models, tvm_env
-from schedhub.tuner.search import TuneOptions, default_schedule
+from schedhub.tuner.execution import cluster, kernels, tvm_env
+from schedhub.tuner.networks import models
+from schedhub.tuner.workloads.search import TuneOptions, default_schedule
 from schedhub.tuner.worker import Worker
 
 CUDA = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
@@ -91,7 +92,7 @@ def test_a_cuda_candidates_trace_applied_again_finds_the_searchs_build(matmul: t
     from tvm.s_tir import meta_schedule as ms
 
     from schedhub.hooks.metaschedule.msdb import scheduled
-    from schedhub.tuner.backends import BuiltKernels
+    from schedhub.tuner.execution.backends import BuiltKernels
 
     context = ms.TuneContext(mod=matmul, target=tuning_target(CUDA), space_generator="post-order-apply",
                              search_strategy=ms.search_strategy.ReplayTrace(), task_name="matmul", num_threads=1)  # fmt: skip
@@ -158,7 +159,7 @@ def test_the_demo_on_cuda_without_a_gpu_stops_at_once_and_says_why() -> None:
 
 
 def test_a_gpu_node_keeps_a_core_for_each_gpus_measurements() -> None:
-    from schedhub.tuner.cores import cores_for, reserved_cores
+    from schedhub.tuner.execution.cores import cores_for, reserved_cores
 
     sixteen = tuple(range(16))
     assert reserved_cores(sixteen, 2) == (15, 14) and reserved_cores((0, 1), 4) == (1,) and reserved_cores((3,), 1) == ()
@@ -171,7 +172,7 @@ def _affinities_after_confining(measures_on_gpu: bool) -> list[list[int]]:
     import os
     import threading
 
-    from schedhub.tuner import cores
+    from schedhub.tuner.execution import cores
 
     started, stop = threading.Event(), threading.Event()
     threading.Thread(target=lambda: (started.set(), stop.wait()), daemon=True).start()

@@ -26,7 +26,7 @@ from schedhub.hooks.rewrites import NO_REWRITES
 from schedhub.hooks import ANSWER_DEADLINE, IdleCoresWarning, RegistryFallbackWarning, target_text, use, workload_identity  # noqa: E402
 from schedhub.hooks.kernels.measure import host_cpu  # noqa: E402
 from schedhub.hooks.kernels.identity import workload_module  # noqa: E402
-from schedhub.tuner.models import kernels  # noqa: E402
+from schedhub.tuner.networks.models import kernels  # noqa: E402
 from schedhub.registry import InvalidRecord, Record, RegistryClient, ServerThread, packb, record_key  # noqa: E402
 
 from .conftest import TOKEN  # noqa: E402
@@ -231,7 +231,7 @@ def test_a_bogus_cpu_is_one_line_and_another_cpus_misses_are_named_at_compile_ti
 
 
 def test_a_trace_that_fails_to_replay_falls_back_is_reported_and_verification_quarantines_it(tmp_path: Path, tuned: dict, registry: tuple[str, RegistryClient]) -> None:
-    from schedhub.tuner.verify import verify_job
+    from schedhub.tuner.workloads.verify import verify_job
 
     _, source = registry
     by_op = {s.op: source.get(s.key)[0] for s in source.summaries()}

@@ -19,7 +19,7 @@ from schedhub.hooks.kernels.cache import MAX_BYTES_ENV, KernelCache, prune
 from schedhub.hooks.build.objects import OBJECT_ID
 from schedhub.hooks.pipeline import IS_SCHEDULED, apply_records, fusion_passes, prefetch
 from schedhub.registry import LocalRegistry
-from schedhub.tuner.models import kernels
+from schedhub.tuner.networks.models import kernels
 
 from .hand_tuner import tune
 from .test_transfer import CPU, export, forward, reference

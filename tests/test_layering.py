@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 
 def test_registry_and_cli_import_neither_tvm_nor_ray() -> None:
     code = (
@@ -22,9 +24,10 @@ def test_registry_and_cli_import_neither_tvm_nor_ray() -> None:
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = {"registry": "schedhub.registry", "hooks": "schedhub.hooks", "tuner": "schedhub.tuner", "cli": "schedhub.cli"}
-#: The hook's subpackages, lowest first: each may import only those before it (and ``pipeline``, the top, all of them).
-HOOK_LAYERS = ["kernels", "build", "metaschedule", "rewrites", "serving"]
-UNORDERED = {("metaschedule", "rewrites")}  # side by side: neither imports the other
+#: Each package's subpackages, lowest first: each may import only those before it (and the package's own top-level
+#: modules, such as ``hooks.pipeline`` or the tuner's worker, any of them); a pair in UNORDERED imports neither way.
+LAYERS = {"hooks": ["kernels", "build", "metaschedule", "rewrites", "serving"], "tuner": ["execution", "workloads", "networks", "compare"]}
+UNORDERED = {("metaschedule", "rewrites")}
 
 
 def _module_name(path: Path, folder: str) -> str:
@@ -69,13 +72,15 @@ def test_no_import_cycles_inside_a_package() -> None:
         assert not cycles, f"{PACKAGES[folder]}: modules on an import cycle: {cycles}"
 
 
-def test_the_hooks_subpackages_are_layers_each_importing_only_those_below() -> None:
-    """kernels < build < metaschedule, rewrites < serving < pipeline: what a newcomer reads from the tree holds."""
-    layer = {name: i for i, name in enumerate(HOOK_LAYERS)}
+@pytest.mark.parametrize("folder", sorted(LAYERS))
+def test_subpackages_are_layers_each_importing_only_those_below(folder: str) -> None:
+    """hooks: kernels < build < metaschedule, rewrites < serving < pipeline; tuner: execution < workloads < networks <
+    compare < worker, demo. What a newcomer reads from the tree holds."""
+    layer = {name: i for i, name in enumerate(LAYERS[folder])}
     wrong = []
-    for module, deps in _graph("hooks").items():
+    for module, deps in _graph(folder).items():
         parts = module.split(".")
-        if len(parts) < 4 and parts[-1] != "rewrites":  # hooks' own top level (__init__, pipeline) imports every layer
+        if len(parts) < 4 and not (ROOT / folder / parts[-1]).is_dir():  # the package's own top level imports every layer
             continue
         mine = parts[2]
         for dep in deps:
@@ -86,7 +91,7 @@ def test_the_hooks_subpackages_are_layers_each_importing_only_those_below() -> N
             if theirs not in layer or layer[theirs] > layer[mine] or (mine, theirs) in UNORDERED or (theirs, mine) in UNORDERED:
                 wrong.append(f"{module} imports {dep}")
     assert not wrong, wrong
-    assert sorted(p.name for p in (ROOT / "hooks").iterdir() if p.is_dir() and p.name != "__pycache__") == sorted(HOOK_LAYERS)
+    assert sorted(p.name for p in (ROOT / folder).iterdir() if p.is_dir() and p.name != "__pycache__") == sorted(LAYERS[folder])
 
 
 def test_the_pytorch_twins_build_without_tvm() -> None:

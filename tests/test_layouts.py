@@ -18,7 +18,7 @@ from schedhub.hooks.serving import choice
 from schedhub.hooks.rewrites import layouts
 from schedhub.hooks.rewrites.layouts import LAYOUTS, check_layout
 from schedhub.hooks.rewrites import NO_REWRITES, Rewrites
-from schedhub.tuner import models
+from schedhub.tuner.networks import models
 
 from .hand_tuner import tune
 from .networks import bound, run, store_of

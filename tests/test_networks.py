@@ -132,7 +132,7 @@ def test_a_compile_reports_its_modules_kernels_once_a_session(tmp_path: Path) ->
     import tvm
 
     from schedhub.hooks import use
-    from schedhub.tuner import models
+    from schedhub.tuner.networks import models
 
     cpu = tvm.target.Target({"kind": "llvm", "num-cores": 1})
     mod, _, _ = models.export("mlp", batch=2, features=16, hidden=16)
@@ -157,7 +157,7 @@ def test_a_compile_named_reports_its_network_under_that_name_and_a_bad_name_is_r
     import tvm
 
     from schedhub.hooks import use
-    from schedhub.tuner import models
+    from schedhub.tuner.networks import models
 
     cpu = tvm.target.Target({"kind": "llvm", "num-cores": 1})
     mod, _, _ = models.export("mlp", batch=2, features=16, hidden=16)

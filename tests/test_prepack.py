@@ -1,7 +1,7 @@
 """Prepacked weights: a kernel whose schedule lays its weights out as it reads them (MetaSchedule's ``RewriteLayout``)
 is served with that rewrite split out and folded into the constants at compile time, computes what the plain network
 computes, and is a different kernel from the one compiled without prepacking (hooks/rewrites/__init__.py, hooks/pipeline.py);
-the tuner's builds time such a kernel on its packed weights and check it whole (tuner/kernels.py)."""
+the tuner's builds time such a kernel on its packed weights and check it whole (tuner/execution/kernels.py)."""
 
 from __future__ import annotations
 
@@ -24,8 +24,9 @@ from schedhub.hooks.rewrites import prepack
 from schedhub.hooks.rewrites.prepack import KIND
 from schedhub.hooks.rewrites import NO_REWRITES, Rewrites
 from schedhub.registry import Identity, Record
-from schedhub.tuner import kernels as tasks
-from schedhub.tuner import models, tvm_env
+from schedhub.tuner.execution import kernels as tasks
+from schedhub.tuner.networks import models
+from schedhub.tuner.execution import tvm_env
 
 from .networks import bound, run, store_of
 

@@ -15,8 +15,8 @@ from click.testing import CliRunner
 from schedhub.hooks.rewrites import NO_REWRITES
 from schedhub.cli.main import cli
 from schedhub.registry import LocalRegistry
-from schedhub.tuner import plan
-from schedhub.tuner.models import kernels
+from schedhub.tuner.networks import plan
+from schedhub.tuner.networks.models import kernels
 
 from .hand_tuner import tune
 

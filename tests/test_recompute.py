@@ -16,7 +16,7 @@ from schedhub.hooks.rewrites import NO_REWRITES
 from schedhub.hooks.kernels.identity import plain_json, workload_module
 from schedhub.hooks.metaschedule.recompute import stores
 from schedhub.registry import LocalRegistry, Record, record_key
-from schedhub.tuner.models import kernels
+from schedhub.tuner.networks.models import kernels
 
 from .networks import use_transfers as use
 from .test_hooks import CPU, run

@@ -1,5 +1,5 @@
 """A machine's measurement tasks remember, between rounds, a reference's outputs and the default's brief timing
-(``tuner.remembered``): a tuning round of a kernel does not call its unscheduled kernel again, and a candidate that
+(``tuner.execution.remembered``): a tuning round of a kernel does not call its unscheduled kernel again, and a candidate that
 computes otherwise is still refused."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import tvm
 from tvm import te
 
 from schedhub.hooks.kernels.identity import workload_identity
-from schedhub.tuner import kernels
+from schedhub.tuner.execution import kernels
 from schedhub.hooks.kernels.cache import CACHE_ENV
-from schedhub.tuner.remembered import BRIEF_KEPT_SECS, FOLDER, KernelMemory, forget_all, kernel_key, memory
+from schedhub.tuner.execution.remembered import BRIEF_KEPT_SECS, FOLDER, KernelMemory, forget_all, kernel_key, memory
 
 TARGET = {"kind": "llvm", "mcpu": "znver1", "num-cores": 2}
 #: The default's brief timing as publishing asks for it, here with a few repeats and for candidates 3x faster, not

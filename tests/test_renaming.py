@@ -10,7 +10,7 @@ from schedhub.hooks.kernels.identity import as_module
 from schedhub.hooks.pipeline import fusion_passes
 from schedhub.hooks.kernels.renaming import _renamed_by_scan, _renamed_by_tokens, rename_parameters
 from schedhub.hooks.rewrites import Rewrites
-from schedhub.tuner import models
+from schedhub.tuner.networks import models
 
 CPU = tvm.target.Target({"kind": "llvm", "num-cores": 1})
 

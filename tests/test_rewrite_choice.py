@@ -20,7 +20,7 @@ from schedhub.hooks.rewrites.layouts import converts
 from schedhub.hooks.kernels.identity import plain_json
 from schedhub.hooks.rewrites import NO_REWRITES, Rewrites
 from schedhub.registry import Identity, LocalRegistry, Record
-from schedhub.tuner import models
+from schedhub.tuner.networks import models
 
 from .networks import bound, run
 from .test_prepack import ConvNet, conv_net, packing_schedule

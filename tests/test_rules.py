@@ -16,7 +16,7 @@ from schedhub.hooks.metaschedule import rules
 from schedhub.hooks.kernels.identity import workload_module
 from schedhub.hooks.metaschedule.rules import Tile, tile_decisions
 from schedhub.registry import LocalRegistry, Record
-from schedhub.tuner.models import kernels
+from schedhub.tuner.networks.models import kernels
 
 from .networks import bound, run
 

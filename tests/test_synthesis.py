@@ -17,7 +17,7 @@ from schedhub.hooks.kernels.measure import KernelBench, build_all, host_cpu
 from schedhub.hooks.metaschedule.msdb import normalize_mod, replayed, trace_text
 from schedhub.hooks.metaschedule.synthesis import TIMED, design_space_samples
 from schedhub.registry import LocalRegistry, Record, Trial, TrialLog
-from schedhub.tuner.models import kernels
+from schedhub.tuner.networks.models import kernels
 
 from .networks import use_transfers as use
 from .test_transfer import export, forward, reference
@@ -157,7 +157,7 @@ def test_a_worker_publishes_the_model_when_the_log_grew_and_a_compile_uses_it_wi
     from schedhub.hooks.kernels.identity import compiler_fingerprint, target_text
     from schedhub.hooks.kernels.measure import Budget
     from schedhub.hooks.metaschedule.synthesis import LogModel
-    from schedhub.tuner.publish import publish_cost_model
+    from schedhub.tuner.workloads.publish import publish_cost_model
 
     target = target_text(tvm.target.Target(HOST))
     logged = sum(len(e.trials) for e in training_log)
@@ -190,8 +190,8 @@ def test_a_model_past_the_logs_cap_is_trained_again_once_enough_of_what_it_would
     from schedhub.hooks.metaschedule import synthesis
     from schedhub.hooks.kernels.cache import KernelCache
     from schedhub.hooks.kernels.identity import target_text
-    from schedhub.tuner import publish
-    from schedhub.tuner.publish import publish_cost_model
+    from schedhub.tuner.workloads import publish
+    from schedhub.tuner.workloads.publish import publish_cost_model
 
     target = target_text(tvm.target.Target(HOST))
     logged = sum(len(e.trials) for e in training_log)
@@ -216,7 +216,7 @@ def test_a_registry_that_refuses_a_model_is_answered_per_target_and_nothing_is_s
     from schedhub.hooks.metaschedule.costmodel import FEATURES
     from schedhub.hooks.kernels.identity import compiler_fingerprint, target_text
     from schedhub.registry import Forbidden, Principal, RegistryClient, ServerThread
-    from schedhub.tuner.dispatch import publish_each, publish_models
+    from schedhub.tuner.workloads.dispatch import publish_each, publish_models
 
     target = target_text(tvm.target.Target(HOST))
     registry_with(tmp_path / "store", training_log).close()

@@ -8,8 +8,8 @@ import tvm
 from tvm import relax
 
 from schedhub.hooks.rewrites import NO_REWRITES
-from schedhub.tuner import plan
-from schedhub.tuner.models import kernels
+from schedhub.tuner.networks import plan
+from schedhub.tuner.networks.models import kernels
 
 from .torch_factories import conv_bn
 

@@ -30,7 +30,7 @@ from schedhub.registry import (
     SCHEMA_VERSION, Candidate, CostModelEntry, Identity, InvalidRecord, LocalRegistry, Probe, Record, RegistryClient,
     canonical_target, packb, record_key, structure_key, unpackb,
 )  # fmt: skip
-from schedhub.tuner.models import kernels
+from schedhub.tuner.networks.models import kernels
 
 from .hand_tuner import FACTORS, tune
 from .networks import use_transfers as use
@@ -856,7 +856,7 @@ def test_the_ranking_puts_the_same_workload_first_then_fitting_tiles_then_speed_
 def test_the_work_the_ranking_reads_from_a_workload_text_is_tvms_flop_estimate() -> None:
     """The hook ranks candidates by speed for their work without TVM parsing their workloads (~180 ms each)."""
     from schedhub.hooks.metaschedule.ranking import work
-    from schedhub.tuner import models
+    from schedhub.tuner.networks import models
     from schedhub.hooks.metaschedule.costmodel import flops
 
     resnet, _, _ = models.export("resnet18", batch=1, image=32)
@@ -884,7 +884,7 @@ def uneven(batch: int) -> tvm.IRModule:
 
 
 def layer(k: Any) -> str | None:
-    """Which of :class:`Uneven`'s layers a kernel (``tuner.models.kernels``) is, by its matmul's weight operand."""
+    """Which of :class:`Uneven`'s layers a kernel (``tuner.networks.models.kernels``) is, by its matmul's weight operand."""
     names = {(64, 256): "wide", (64, 64): "block", (256, 24): "head"}
     return names.get(tuple(k.identity.args_info[1][2])) if "matmul" in k.name else None
 

@@ -123,7 +123,7 @@ def test_a_targets_logs_are_read_from_its_index_and_a_page_reads_a_bounded_numbe
 
 def test_a_structures_logs_are_read_from_their_own_index_and_nothing_of_the_targets_other_logs(
         as_: dict[str, RegistryClient], srv: ServerThread, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    """What a search's cost model starts from (tuner.logmodel): one structure's entries on one target, read from
+    """What a search's cost model starts from (tuner.workloads.logmodel): one structure's entries on one target, read from
     ``trials_by_structure``; the target's other structures and other targets' entries of the structure are not loaded."""
     from schedhub.registry import _trials
 

@@ -42,7 +42,7 @@ class MatMul(nn.Module):
 @pytest.fixture(scope="module")
 def model() -> dict:
     mod, _ = MatMul().export_tvm({"forward": {"x": nn.spec.Tensor((128, 512), "float32")}})
-    from schedhub.tuner import models
+    from schedhub.tuner.networks import models
 
     (kernel,) = models.kernels(mod, CPU, NO_REWRITES)
     return {"mod": mod, "identity": kernel.identity, "kernel": workload_module(kernel.identity.workload)}

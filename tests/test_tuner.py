@@ -33,10 +33,12 @@ from schedhub.hooks.metaschedule.guard import check_scheduled
 from schedhub.hooks.kernels.identity import workload_identity, workload_module
 from schedhub.hooks.metaschedule.msdb import first_line, trace_text
 from schedhub.registry import DONE, PENDING, REFINE, Identity, LocalRegistry, Record, RegistryClient, ServerThread, keeps_default_schedule, packb, trace_id
-from schedhub.tuner import cluster, models, plan, search
-from schedhub.tuner.kernels import final_timing
-from schedhub.tuner.dispatch import Seeder, start_tuning, submit_tuning, warm_start, warm_start_traces
-from schedhub.tuner.search import TuneOptions, TuneResult
+from schedhub.tuner.execution import cluster
+from schedhub.tuner.networks import models, plan
+from schedhub.tuner.workloads import search
+from schedhub.tuner.execution.kernels import final_timing
+from schedhub.tuner.workloads.dispatch import Seeder, start_tuning, submit_tuning, warm_start, warm_start_traces
+from schedhub.tuner.workloads.search import TuneOptions, TuneResult
 from schedhub.tuner.worker import Worker
 
 from .conftest import QUICK_FLAGS, QUICK_SEARCH, TOKEN, store_unchecked
@@ -163,8 +165,8 @@ def test_a_default_far_slower_than_every_candidate_is_timed_briefly_beside_them(
     faster than the default's (an unscheduled matmul here: 14 ms against 0.3 ms), the default gets a few calls, not a
     full timing; the candidates are timed in full. One candidate as slow as the default, or a caller that turns it off,
     and the default is timed in full too. A later timing of the same kernels on this machine reads the default's brief
-    timing back (``tuner.remembered``) instead of calling it."""
-    from schedhub.tuner.kernels import BRIEF_CALLS
+    timing back (``tuner.execution.remembered``) instead of calling it."""
+    from schedhub.tuner.execution.kernels import BRIEF_CALLS
 
     a, b = te.placeholder((256, 256), name="A"), te.placeholder((256, 256), name="B")
     r = te.reduce_axis((0, 256), name="k")
@@ -195,7 +197,7 @@ def test_a_default_far_slower_than_every_candidate_is_timed_briefly_beside_them(
 def test_a_job_keeps_its_builds_by_module_structure_within_a_byte_budget() -> None:
     """What publishing reuses: the artifact of a module structurally equal to the one asked for (a trace applied
     again gives such a module), none for another schedule; past the byte budget the oldest builds go first."""
-    from schedhub.tuner.backends import BuiltKernels
+    from schedhub.tuner.execution.backends import BuiltKernels
 
     mod = workload_module(matmul(32, 32, 32).workload)
     schedules = []
@@ -217,7 +219,7 @@ def test_a_cpu_default_that_is_the_reference_is_checked_by_its_own_first_call() 
     """On a CPU the default schedule is the unscheduled kernel: with ``first_is_reference`` its first call gives the
     outputs every other kernel is checked against (it is not built or called again as a reference of its own). A kernel
     of the same arguments that computes otherwise is not timed; one given another reference besides is refused."""
-    from schedhub.tuner import kernels
+    from schedhub.tuner.execution import kernels
 
     def matmul_plus(extra: float) -> Any:
         a, b = te.placeholder((64, 64), name="A"), te.placeholder((64, 64), name="B")
@@ -268,8 +270,8 @@ def test_retime_gives_verified_records_flushed_times_and_their_key_ranks_by_them
     """Records verified before flushed times were taken rank by warm time; re-timed, each gets its flushed time (its
     warm one kept) and the key ranks by those; a key re-timed once is not again."""
     from schedhub.registry import FLUSHED_SECS
-    from schedhub.tuner.dispatch import push_result
-    from schedhub.tuner.retime import lacking_flushed, needs_retime, retime
+    from schedhub.tuner.workloads.dispatch import push_result
+    from schedhub.tuner.workloads.retime import lacking_flushed, needs_retime, retime
 
     ident = matmul(64, 64, 128)
     tuned = TuneResult.from_dict(cluster.result(tune(ident, tiny(trials=2, trials_per_iter=2, publish=1), label="retime"))).records[0]
@@ -301,7 +303,7 @@ def test_a_round_times_again_only_the_fastest_of_the_records_the_registry_keeps_
     of the key's settled records (the one its new schedules must beat), not each of them."""
     from schedhub.hooks.metaschedule.synthesis import design_space_samples
     from schedhub.registry import FLUSHED_SECS
-    from schedhub.tuner.retime import settled
+    from schedhub.tuner.workloads.retime import settled
 
     ident = matmul(64, 64, 128)
     samples = design_space_samples(workload_module(ident.workload), tvm.target.Target(TARGET), 3)
@@ -321,7 +323,7 @@ def test_settled_records_are_verified_with_the_times_a_re_push_would_give() -> N
     records are never timed flushed; a claim is not settled."""
     from schedhub.hooks.kernels.identity import target_text
     from schedhub.registry import FLUSHED_SECS, Served
-    from schedhub.tuner.retime import settled
+    from schedhub.tuner.workloads.retime import settled
 
     cuda = dataclasses.replace(matmul(16, 16, 16), target=target_text({"kind": "cuda", "arch": "sm_90"}))
 
@@ -368,8 +370,8 @@ def test_verification_quarantines_a_correct_record_far_slower_than_the_default_s
     import functools
 
     from schedhub.hooks.metaschedule import guard
-    from schedhub.tuner import verify
-    from schedhub.tuner.verify import verify_job
+    from schedhub.tuner.workloads import verify
+    from schedhub.tuner.workloads.verify import verify_job
 
     monkeypatch.setattr(verify, "UNTIMED_MARGIN_SECS", 1e-3)
     # what verification does with a record the guard lets through: the guard's own bound on a call's statements (64x the
@@ -398,7 +400,7 @@ def test_verification_quarantines_a_record_whose_kernel_takes_llvm_far_longer_to
     meets such a record pays it. Verification builds both beside each other and quarantines it; the same kernel
     vectorized without the unrolling passes. (The bounds are lowered here to the test's size: 10x and 0.5 s; on a
     znver5 host the unrolled kernel built in 1.4-2.0 s, the default in 0.06-0.07, so 1 s was too close.)"""
-    from schedhub.tuner import verify
+    from schedhub.tuner.workloads import verify
 
     monkeypatch.setattr(verify, "BUILD_SLOWER_THAN_DEFAULT", 10.0)
     monkeypatch.setattr(verify, "BUILD_SECS_AT_LEAST", 0.5)
@@ -428,7 +430,7 @@ def test_verification_quarantines_a_record_whose_trace_takes_long_to_replay(monk
     import functools
 
     from schedhub.hooks.metaschedule import guard
-    from schedhub.tuner.verify import REPLAY_SECS_AT_MOST, verify_job
+    from schedhub.tuner.workloads.verify import REPLAY_SECS_AT_MOST, verify_job
 
     monkeypatch.setattr(guard, "ScheduleLimits", functools.partial(guard.ScheduleLimits, max_stages=10_000, max_iteration_ratio=1e9))
 
@@ -621,7 +623,7 @@ def test_a_seeder_trains_at_most_its_bound_per_call_and_goes_on_from_the_cache(t
 def test_a_build_that_outlives_its_timeout_is_cancelled_and_reported_failed(ray_address: str, tmp_path: Path) -> None:
     from tvm.s_tir import meta_schedule as ms
 
-    from schedhub.tuner.backends import RayBuilder, Timeline
+    from schedhub.tuner.execution.backends import RayBuilder, Timeline
 
     inputs = [ms.builder.BuilderInput(workload_module(matmul(64, 64, 64).workload), tvm.target.Target(TARGET))]
     [late] = RayBuilder(str(tmp_path), Timeline("late"), timeout_secs=0.001).build(inputs)  # no LLVM build takes 1 ms
@@ -674,8 +676,8 @@ def wait_for_line(proc: subprocess.Popen, prefix: str, timeout: float) -> str:
 def test_a_search_started_from_the_registrys_log_model_measures_other_candidates_than_a_cold_one(ray_address: str, tmp_path: Path) -> None:
     """The log of a neighbour shape trains the search's cost model before its first round: with one search thread and
     a fixed seed, the candidates a cold search measures are fixed, and the warm one measures others."""
-    from schedhub.tuner.dispatch import push_result
-    from schedhub.tuner.logmodel import model_log, pretrained
+    from schedhub.tuner.workloads.dispatch import push_result
+    from schedhub.tuner.workloads.logmodel import model_log, pretrained
 
     with LocalRegistry(tmp_path / "reg", sync=False) as reg:
         neighbour = TuneResult.from_dict(cluster.result(tune(matmul(32, 64, 128), tiny(trials=16, trials_per_iter=16, search_threads=1))))
@@ -704,7 +706,7 @@ def test_a_machine_featurizes_each_logged_schedule_once_for_the_searches_cost_mo
 
     from schedhub.hooks.kernels.cache import KernelCache
     from schedhub.hooks.metaschedule.synthesis import design_space_samples
-    from schedhub.tuner import logmodel
+    from schedhub.tuner.workloads import logmodel
 
     target = tvm.target.Target(TARGET)
     groups = []
@@ -745,7 +747,7 @@ def test_the_log_model_trains_once_on_every_logged_trial(tmp_path: Path, monkeyp
 
     from schedhub.hooks.kernels.cache import KernelCache
     from schedhub.hooks.metaschedule.synthesis import design_space_samples
-    from schedhub.tuner import logmodel
+    from schedhub.tuner.workloads import logmodel
 
     target = tvm.target.Target(TARGET)
     groups = []
@@ -766,7 +768,7 @@ def test_the_log_model_reads_only_its_structures_entries_from_a_remote_registry(
     from its index by structure, nothing of what else the target logged (a worker would otherwise download a target's
     whole log per job), and the workload's own entry comes first."""
     from schedhub.registry import Principal, Trial, TrialLog, _trials
-    from schedhub.tuner import logmodel
+    from schedhub.tuner.workloads import logmodel
 
     from .conftest import of_structure
 
@@ -1157,6 +1159,8 @@ def test_tune_until_gives_each_kernel_a_round_then_where_it_gains_most_within_th
     assert "check at 8 trials: the compiled network" in done.stdout  # the network timed once at the end
     with LocalRegistry(store, readonly=True) as reg:
         assert len(reg.summaries()) == 2  # every round's result pushed
+        (network,) = reg.recent_networks()  # reported for the registry's page: its name, its goal, its two kernels held
+        assert network["name"].startswith("mlp[") and network["goal"] == {"label": "the goal", "secs": 1e-5} and network["held"] == network["kernels"] == 2
 
 
 @pytest.mark.slow  # 25 s in a 2-core CI run: out of the default run
@@ -1164,8 +1168,8 @@ def test_a_latency_goal_the_estimate_meets_is_checked_on_the_compiled_network(ra
     """The estimate (kernels timed alone) runs ahead of the network: ResNet-18 at 224 ran 15-25% slower than it. A goal
     the estimate meets is checked with ``measure``; where the network misses it, tuning goes on with the estimate
     corrected, until the budget; where the network meets it, tuning stops there."""
-    from schedhub.tuner.allocation import Goal, GradientPolicy
-    from schedhub.tuner.network import tune_network
+    from schedhub.tuner.networks.allocation import Goal, GradientPolicy
+    from schedhub.tuner.networks.network import tune_network
 
     kernels = [(matmul(32, 32, 32), 1), (matmul(32, 64, 32), 1)]
     options = tiny(trials=2, trials_per_iter=2, publish=1)
@@ -1277,8 +1281,8 @@ def _listening(process: object) -> list:
 def test_a_kernel_whose_tuning_fails_keeps_its_default_and_the_network_goes_on(ray_address: str, tmp_path: Path) -> None:
     """One kernel MetaSchedule cannot search (on a GPU: a split whose block is not affine) failed the whole network's
     tuning, and everything after it was lost; now it is set aside with the reason and the other kernels get the rounds."""
-    from schedhub.tuner.allocation import Goal, GradientPolicy
-    from schedhub.tuner.network import tune_network
+    from schedhub.tuner.networks.allocation import Goal, GradientPolicy
+    from schedhub.tuner.networks.network import tune_network
 
     good = matmul(32, 32, 32)
     bad = dataclasses.replace(matmul(64, 64, 64), fingerprint="tvm-0.0-elsewhere")  # keyed under another compiler: its job refuses it
@@ -1292,8 +1296,8 @@ def test_a_kernel_whose_tuning_fails_keeps_its_default_and_the_network_goes_on(r
 def test_a_model_started_from_the_log_learns_from_each_batch_the_search_measures(ray_address: str, tmp_path: Path) -> None:
     """A model trained on a large log retrained only after a fifth as many new trials (MetaSchedule's adaptive
     training): a 64-trial search ranked every candidate by the log alone. Each batch the search measures retrains it."""
-    from schedhub.tuner.dispatch import push_result
-    from schedhub.tuner.logmodel import model_log, pretrained, replayed
+    from schedhub.tuner.workloads.dispatch import push_result
+    from schedhub.tuner.workloads.logmodel import model_log, pretrained, replayed
     from tvm.s_tir import meta_schedule as ms
 
     wanted = matmul(64, 64, 128)

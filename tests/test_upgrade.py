@@ -21,7 +21,8 @@ import tvm
 
 from schedhub import hooks
 from schedhub.registry import LocalRegistry
-from schedhub.tuner import models, tvm_env
+from schedhub.tuner.networks import models
+from schedhub.tuner.execution import tvm_env
 
 REPO = Path(__file__).resolve().parent.parent
 OLD_TVM = "apache-tvm==0.27.0"

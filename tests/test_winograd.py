@@ -24,7 +24,9 @@ from schedhub.hooks.pipeline import fusion_passes
 from schedhub.hooks.rewrites import NO_REWRITES, Rewrites
 from schedhub.hooks.rewrites.winograd import CONVS, MIN_TILES, TILES, winograd_weights
 from schedhub.registry import Identity, Record
-from schedhub.tuner import baselines, kernels, models
+from schedhub.tuner.compare import baselines
+from schedhub.tuner.execution import kernels
+from schedhub.tuner.networks import models
 
 from bench.tuner import flops
 

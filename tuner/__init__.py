@@ -4,7 +4,7 @@
 - :func:`tune_workload` searches one workload (builds as parallel CPU tasks, measurements under
   an exclusive per-device resource), then verifies and re-measures what it publishes;
 - :class:`Worker` drains the registry's miss queue with leases; :func:`tune_many` tunes a list;
-- :mod:`.plan` turns models (shipped, ONNX, PyTorch) and shape sweeps into kernels.
+- :mod:`.networks.plan` turns models (shipped, ONNX, PyTorch) and shape sweeps into kernels.
 
 Importing this package imports neither TVM nor Ray; its submodules do.
 """
@@ -14,13 +14,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # for type checkers; at run time __getattr__ imports them (ruff cannot read a computed __all__)
-    from .dispatch import BulkSummary, tune_many  # noqa: F401
-    from .search import ToolchainMismatch, TuneOptions, TuneResult, tune_workload  # noqa: F401
+    from .workloads.dispatch import BulkSummary, tune_many  # noqa: F401
+    from .workloads.search import ToolchainMismatch, TuneOptions, TuneResult, tune_workload  # noqa: F401
     from .worker import Worker  # noqa: F401
 
 _EXPORTS = {
-    "TuneOptions": "search", "TuneResult": "search", "tune_workload": "search", "ToolchainMismatch": "search",
-    "Worker": "worker", "tune_many": "dispatch", "BulkSummary": "dispatch",
+    "TuneOptions": "workloads.search", "TuneResult": "workloads.search", "tune_workload": "workloads.search", "ToolchainMismatch": "workloads.search",
+    "Worker": "worker", "tune_many": "workloads.dispatch", "BulkSummary": "workloads.dispatch",
 }  # fmt: skip
 
 

@@ -29,10 +29,14 @@ import numpy as np
 
 from schedhub.registry import RegistryClient, ServerThread
 
-from . import baselines, cluster, models
-from .search import TuneOptions, TuneResult, default_label
-from .torch_process import TorchProcess
-from .tvm_env import device_target, run_kernels_on_usable_cpus
+from .compare import baselines
+
+from .execution import cluster
+
+from .networks import models
+from .workloads.search import TuneOptions, TuneResult, default_label
+from .compare.torch_process import TorchProcess
+from .execution.tvm_env import device_target, run_kernels_on_usable_cpus
 from .worker import Worker
 
 #: The demo model: an MLP at batch 32 (three dense kernels; a few minutes to tune on 2 cores).

@@ -55,10 +55,10 @@ from schedhub.registry import (
     target_device,
 )
 
-from . import cluster
-from .dispatch import KeyRecords, Seeder, key_records, publish_each, push_result, submit_tuning, warm_start
-from .logmodel import model_log
-from .search import TuneOptions, TuneResult
+from .execution import cluster
+from .workloads.dispatch import KeyRecords, Seeder, key_records, publish_each, push_result, submit_tuning, warm_start
+from .workloads.logmodel import model_log
+from .workloads.search import TuneOptions, TuneResult
 
 log = logging.getLogger("schedhub.tuner.worker")
 AWAY = (RegistryUnavailable, MalformedAnswer)  # down, restarting, or a proxy's page in its place: try again later

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from schedhub.registry import LocalRegistry
-from schedhub.tuner import tvm_env
-from schedhub.tuner.torch_process import TorchProcess
+from schedhub.tuner.execution import tvm_env
+from schedhub.tuner.compare.torch_process import TorchProcess
 
 from ..models import TORCH_TWINS, build_network, check_agreement, network_input, networks_of, time_side_by_side
 from ..report import REPO, environment

@@ -37,7 +37,8 @@ from typing import Any
 
 
 from schedhub.registry import LocalRegistry
-from schedhub.tuner import models, tvm_env
+from schedhub.tuner.networks import models
+from schedhub.tuner.execution import tvm_env
 
 from ..models import check_agreement, network_input, time_side_by_side
 from ..stats import study_arguments, write_study

@@ -32,10 +32,11 @@ import numpy as np
 
 from schedhub.hooks.rewrites import Rewrites
 from schedhub.registry import LocalRegistry, Registry
-from schedhub.tuner import cluster, models, tvm_env
-from schedhub.tuner.dispatch import start_tuning
-from schedhub.tuner.search import TuneOptions, TuneResult
-from schedhub.tuner.torch_process import TorchProcess
+from schedhub.tuner.execution import cluster, tvm_env
+from schedhub.tuner.networks import models
+from schedhub.tuner.workloads.dispatch import start_tuning
+from schedhub.tuner.workloads.search import TuneOptions, TuneResult
+from schedhub.tuner.compare.torch_process import TorchProcess
 
 from ..models import TORCH_TWINS, check_agreement, network_input, time_side_by_side
 from ..report import REPO, environment

@@ -26,7 +26,7 @@ from schedhub.hooks import use
 from schedhub.hooks.kernels.identity import workload_module
 from schedhub.hooks.metaschedule.msdb import trace_text
 from schedhub.registry import LocalRegistry, Record
-from schedhub.tuner import models
+from schedhub.tuner.networks import models
 
 from ..report import environment
 

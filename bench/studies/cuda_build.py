@@ -1,6 +1,6 @@
 """What a CUDA candidate's build costs a tuning round: TVM's lowering to CUDA C, then NVRTC in-process as TVM calls it
 (``nvrtc-tvm``), NVRTC as the tuner calls it (``nvrtc``: CCCL's headers precompiled once per process,
-``tuner.cuda_build``) and, where installed, nvcc (a subprocess, a fatbin, as TVM's ``nvcc`` mode), on the same candidates.
+``tuner.execution.cuda_build``) and, where installed, nvcc (a subprocess, a fatbin, as TVM's ``nvcc`` mode), on the same candidates.
 No GPU needed: all compile for ``--arch``.
 
     python -m bench.studies.cuda_build [--kernels 2] [--candidates 8] [--arch sm_90] [--compilers nvrtc-tvm,nvrtc,nvcc]
@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from schedhub.hooks.rewrites import NO_REWRITES
-from schedhub.tuner import cuda_build, models
-from schedhub.tuner.network import heaviest_first
+from schedhub.tuner.execution import cuda_build
+from schedhub.tuner.networks import models
+from schedhub.tuner.networks.network import heaviest_first
 
 from ..report import REPO, environment
 

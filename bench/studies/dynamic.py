@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from schedhub.registry import LocalRegistry
-from schedhub.tuner import models, tvm_env
+from schedhub.tuner.networks import models
+from schedhub.tuner.execution import tvm_env
 
 from ..models import check_agreement, network_input, time_side_by_side
 from ..stats import medians_by_cell, store_study_main, timings_and_compiles

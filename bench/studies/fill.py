@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from schedhub.registry import LocalRegistry
-from schedhub.tuner import cluster, models
-from schedhub.tuner.dispatch import push_result, start_tuning
-from schedhub.tuner.search import TuneResult
+from schedhub.tuner.execution import cluster
+from schedhub.tuner.networks import models
+from schedhub.tuner.workloads.dispatch import push_result, start_tuning
+from schedhub.tuner.workloads.search import TuneResult
 
 from ..models import MODES, build_network
 from ..report import REPO, environment

@@ -11,7 +11,7 @@ for other networks, every kernel it can serve a transfer (the issue's starter re
 PyTorch model a user brings (``bench.networks``), imported by ``torch.export`` in a child process as ``schedhub tune``
 imports it; ``--network``: a shipped Relax network with its PyTorch twin. PyTorch eager runs in a process of its own
 (same threads, same input, outputs checked); with ``--torch``, ``--engines`` runs what a user would pick instead too, each
-in a process of its own (``schedhub.tuner.engines``; its output checked against eager PyTorch's there); everything is
+in a process of its own (``schedhub.tuner.compare.engines``; its output checked against eager PyTorch's there); everything is
 timed side by side in interleaved rounds.
 """
 
@@ -28,8 +28,10 @@ from typing import Any
 
 import numpy as np
 
-from schedhub.tuner import models, tvm_env
-from schedhub.tuner.torch_process import TorchProcess
+from schedhub.tuner.networks import models
+
+from schedhub.tuner.execution import tvm_env
+from schedhub.tuner.compare.torch_process import TorchProcess
 
 from ..models import TORCH_TWINS, check_agreement, network_input, time_side_by_side
 from ..report import REPO, environment

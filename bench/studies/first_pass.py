@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from schedhub.tuner import cluster, tvm_env
+from schedhub.tuner.execution import cluster, tvm_env
 
 from .postprocessing import HELD_OUT
 from .side_by_side import side_by_side, summary, tuned_copy

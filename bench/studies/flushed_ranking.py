@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from schedhub.registry import LocalRegistry
-from schedhub.tuner import cluster, models, tvm_env
-from schedhub.tuner.kernels import FINAL_TIMING
+from schedhub.tuner.execution import cluster, tvm_env
+from schedhub.tuner.networks import models
+from schedhub.tuner.execution.kernels import FINAL_TIMING
 
 from ..loadaware import timed_alone
 from ..models import build_network

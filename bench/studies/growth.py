@@ -38,7 +38,8 @@ from typing import Any
 
 
 from schedhub.registry import LocalRegistry
-from schedhub.tuner import cluster, models, tvm_env
+from schedhub.tuner.execution import cluster, tvm_env
+from schedhub.tuner.networks import models
 
 from ..models import MODES as MODEL_MODES
 from ..models import check_agreement, network_input, time_side_by_side

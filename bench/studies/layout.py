@@ -22,12 +22,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from schedhub.tuner import cluster, models, tvm_env
+from schedhub.tuner.execution import cluster, tvm_env
+
+from schedhub.tuner.networks import models
 from schedhub.hooks.rewrites.layouts import LAYOUTS
 from schedhub.hooks.rewrites import Rewrites
-from schedhub.tuner.network import workload_flops
-from schedhub.tuner.search import TuneOptions, tune_workload
-from schedhub.tuner.torch_process import TorchProcess
+from schedhub.tuner.networks.network import workload_flops
+from schedhub.tuner.workloads.search import TuneOptions, tune_workload
+from schedhub.tuner.compare.torch_process import TorchProcess
 
 from ..models import practical_peak
 from ..report import REPO, environment

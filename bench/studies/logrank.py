@@ -3,7 +3,7 @@
     python -m bench.studies.logrank --store DIR [--min-trials 16] [--out FILE]
 
 For every workload in the registry's verified log whose structure the log holds at other shapes too, a model is
-trained as a warm search's would be (:func:`schedhub.tuner.logmodel.pretrained`) on those other workloads alone, and
+trained as a warm search's would be (:func:`schedhub.tuner.workloads.logmodel.pretrained`) on those other workloads alone, and
 ranks the held-out workload's own logged schedules. Recorded per workload: how many of them one would measure in the
 model's order before one within 5% of their best (against the median over random orders), Spearman's correlation of
 the predictions with the speeds, and the best of the model's top five against the best. No tuning, no timing: the
@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 
 from schedhub.registry import LocalRegistry
-from schedhub.tuner import tvm_env
-from schedhub.tuner.logmodel import logged, pretrained, replayed
+from schedhub.tuner.execution import tvm_env
+from schedhub.tuner.workloads.logmodel import logged, pretrained, replayed
 
 from ..report import REPO, environment
 

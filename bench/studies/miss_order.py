@@ -35,7 +35,8 @@ from typing import Any
 
 from schedhub.hooks.rewrites import NO_REWRITES
 from schedhub.registry import LocalRegistry
-from schedhub.tuner import cluster, models, profile, tvm_env
+from schedhub.tuner.execution import cluster, tvm_env
+from schedhub.tuner.networks import models, profile
 
 from ..models import MODES as MODEL_MODES
 from ..transfer import MODEL_WARM_UP, QUICK_CONVNETS, tune_kernels

@@ -3,7 +3,7 @@
     python -m bench.studies.model_warmup [--network resnet18 --image 224] [--prepack] [--kernels 2] [--trials 64] [--seeds 0,1]
 
 MetaSchedule's XGBoost model scores candidates at random until it has measured 100 of its own
-(``tuner.search.COLD_WARMUP``): every search of up to 100 trials, as the tuner's are, picks the candidates it measures
+(``tuner.workloads.search.COLD_WARMUP``): every search of up to 100 trials, as the tuner's are, picks the candidates it measures
 from the evolutionary search at random. For each of the network's ``--kernels`` heaviest kernels (calls × FLOPs) and
 each seed, the kernel is searched twice with the same options, no warm start and no synthesized seeds: ``random`` (the
 model's warm-up at 100) and ``ranked`` (``TuneOptions.model_warmup`` at one batch, ``trials_per_iter``: the model
@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from schedhub.hooks.rewrites import Rewrites
-from schedhub.tuner import cluster, models, tvm_env
-from schedhub.tuner.dispatch import submit_tuning
-from schedhub.tuner.network import heaviest_first
-from schedhub.tuner.search import TuneResult
+from schedhub.tuner.execution import cluster, tvm_env
+from schedhub.tuner.networks import models
+from schedhub.tuner.workloads.dispatch import submit_tuning
+from schedhub.tuner.networks.network import heaviest_first
+from schedhub.tuner.workloads.search import TuneResult
 
 from ..report import REPO, environment
 from .warmmodel import OPTIONS, trials_to_reach

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from schedhub.registry import LocalRegistry
-from schedhub.tuner import models, tvm_env
+from schedhub.tuner.networks import models
+from schedhub.tuner.execution import tvm_env
 
 from ..models import build_network, network_input
 from ..report import REPO, environment

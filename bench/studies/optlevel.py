@@ -33,7 +33,8 @@ def measure(network: str, shape: dict[str, int], levels: list[int], samples: int
     from schedhub.hooks.metaschedule.msdb import normalize_mod
     from schedhub.hooks.pipeline import fusion_passes
     from schedhub.hooks.metaschedule.synthesis import design_space_samples
-    from schedhub.tuner import models, tvm_env
+    from schedhub.tuner.networks import models
+    from schedhub.tuner.execution import tvm_env
 
     tvm_env.prepare()
     base = tvm_env.host_target()

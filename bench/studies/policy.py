@@ -2,7 +2,7 @@
 
     python -m bench.studies.policy [--network resnet18 --image 64 --batch 1] [--per-kernel 12] [--round-trials 8]
 
-Each policy tunes the network into a registry of its own (``tuner.network.tune_network``: rounds of
+Each policy tunes the network into a registry of its own (``tuner.networks.network.tune_network``: rounds of
 ``--round-trials``, warm-started from that registry), with the same options, seed and total trials (``--per-kernel``
 times the kernels). Recorded per round: the kernel, the trials spent, the network's estimate (Σ calls × best). Then
 the network is compiled through the hook from each registry and timed side by side with its untuned build and its
@@ -23,11 +23,12 @@ import numpy as np
 
 from schedhub.hooks.rewrites import NO_REWRITES
 from schedhub.registry import LocalRegistry
-from schedhub.tuner import cluster, models, tvm_env
-from schedhub.tuner.allocation import POLICIES, Goal
-from schedhub.tuner.network import tune_network
-from schedhub.tuner.search import TuneOptions
-from schedhub.tuner.torch_process import TorchProcess
+from schedhub.tuner.execution import cluster, tvm_env
+from schedhub.tuner.networks import models
+from schedhub.tuner.networks.allocation import POLICIES, Goal
+from schedhub.tuner.networks.network import tune_network
+from schedhub.tuner.workloads.search import TuneOptions
+from schedhub.tuner.compare.torch_process import TorchProcess
 
 from ..models import TORCH_TWINS, check_agreement, network_input, time_side_by_side
 from ..report import REPO, environment

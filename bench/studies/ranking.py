@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from schedhub.registry import LocalRegistry
-from schedhub.tuner import tvm_env
+from schedhub.tuner.execution import tvm_env
 
 from .. import transfer
 from ..torch_export import RELAX

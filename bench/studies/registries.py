@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from schedhub.hooks.rewrites import Rewrites
-from schedhub.tuner import tvm_env
-from schedhub.tuner.torch_process import TorchProcess
+from schedhub.tuner.execution import tvm_env
+from schedhub.tuner.compare.torch_process import TorchProcess
 
 from ..models import MODES, TORCH_TWINS, Network, build_network, check_agreement, network_input, time_side_by_side
 from ..report import REPO, environment

@@ -1,7 +1,7 @@
 """What a served cost model does for a compile that misses: the transfers it picks, and what it costs.
 
 A worker trains a target's model on the verified measurement log and the registry serves it
-(``schedhub.tuner.publish``); a compile ranks its transfer candidates by the model's predicted speed on
+(``schedhub.tuner.workloads.publish``); a compile ranks its transfer candidates by the model's predicted speed on
 its own kernels instead of the fit ranking (``hooks.metaschedule.ranking``), paying only the candidates' features.
 This compares both in one run:
 
@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from schedhub.registry import LocalRegistry
-from schedhub.tuner import cluster, models, tvm_env
+from schedhub.tuner.execution import cluster, tvm_env
+from schedhub.tuner.networks import models
 
 from ..models import check_agreement, network_input, time_side_by_side
 from ..stats import store_study_main
@@ -61,7 +62,7 @@ def run(source_store: Path, runs: int, rounds: int) -> dict[str, Any]:
 
     from schedhub.hooks.metaschedule.costmodel import FEATURES
     from schedhub.hooks.kernels.identity import compiler_fingerprint, target_text
-    from schedhub.tuner.publish import publish_cost_model
+    from schedhub.tuner.workloads.publish import publish_cost_model
 
     tvm_env.prepare()
     target = tvm.target.Target(tvm_env.host_target())

@@ -32,8 +32,9 @@ from typing import Any
 
 
 from schedhub.registry import LocalRegistry
-from schedhub.tuner import cluster, models, tvm_env
-from schedhub.tuner.torch_process import TorchProcess
+from schedhub.tuner.execution import cluster, tvm_env
+from schedhub.tuner.networks import models
+from schedhub.tuner.compare.torch_process import TorchProcess
 
 from ..models import MODES as MODEL_MODES
 from ..models import TORCH_TWINS, network_input, time_side_by_side

@@ -15,8 +15,9 @@ from typing import Any
 
 from schedhub.hooks.rewrites import NO_REWRITES
 from schedhub.registry import LocalRegistry
-from schedhub.tuner import cluster, models, tvm_env
-from schedhub.tuner.search import TuneOptions
+from schedhub.tuner.execution import cluster, tvm_env
+from schedhub.tuner.networks import models
+from schedhub.tuner.workloads.search import TuneOptions
 
 from ..models import check_agreement, network_input, time_side_by_side
 from ..stats import medians_by_cell, timings_and_compiles

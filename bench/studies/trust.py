@@ -32,7 +32,7 @@ from schedhub.cli.transfer_cmds import pull_into
 from schedhub.hooks import use
 from schedhub.hooks.kernels.identity import workload_module
 from schedhub.registry import Identity, LocalRegistry, Principal, Record, RegistryClient, ServerThread, record_key
-from schedhub.tuner import models
+from schedhub.tuner.networks import models
 from schedhub.hooks.metaschedule.msdb import trace_text
 
 from .. import fuzz
@@ -466,7 +466,7 @@ def durability(tmp: Path, pushers: int, per_pusher: int, kills: int) -> dict[str
 def ray_exposure() -> dict[str, Any]:
     import psutil
 
-    from schedhub.tuner import cluster
+    from schedhub.tuner.execution import cluster
 
     cluster.start(num_cpus=2)
     time.sleep(2)

@@ -25,11 +25,12 @@ from typing import Any
 
 from schedhub.hooks.rewrites import Rewrites
 from schedhub.registry import LocalRegistry
-from schedhub.tuner import cluster, models, tvm_env
-from schedhub.tuner.dispatch import push_result, submit_tuning
-from schedhub.tuner.logmodel import model_log
-from schedhub.tuner.network import heaviest_first
-from schedhub.tuner.search import TuneOptions, TuneResult
+from schedhub.tuner.execution import cluster, tvm_env
+from schedhub.tuner.networks import models
+from schedhub.tuner.workloads.dispatch import push_result, submit_tuning
+from schedhub.tuner.workloads.logmodel import model_log
+from schedhub.tuner.networks.network import heaviest_first
+from schedhub.tuner.workloads.search import TuneOptions, TuneResult
 
 from ..report import REPO, environment
 

@@ -23,10 +23,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from schedhub.tuner import cluster, models, tvm_env
+from schedhub.tuner.execution import cluster, tvm_env
+
+from schedhub.tuner.networks import models
 from schedhub.hooks.rewrites import Rewrites
 from schedhub.hooks.rewrites import winograd
-from schedhub.tuner.torch_process import TorchProcess
+from schedhub.tuner.compare.torch_process import TorchProcess
 
 from ..models import practical_peak
 from ..report import REPO, environment

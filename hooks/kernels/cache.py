@@ -7,7 +7,7 @@ skips the work: never a record itself (the registry decides what is served), onl
   the trace id and the bounds, as TVM's JSON of the scheduled kernel: loading it costs a fraction
   of a replay, and the check is not repeated;
 - features of logged schedules: the served and synthesis cost models' (``features``) and, for the tuner's
-  searches, MetaSchedule's per-store features (``logfeatures``, ``schedhub.tuner.logmodel``).
+  searches, MetaSchedule's per-store features (``logfeatures``, ``schedhub.tuner.workloads.logmodel``).
 
 One JSON file per entry under ``~/.cache/schedhub/kernels`` (``SCHEDHUB_CACHE_DIR``), named by the
 sha256 of what it was derived from (the compiler fingerprint included), written atomically; the

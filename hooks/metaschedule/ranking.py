@@ -25,7 +25,7 @@ batch-1 records with its batch-64 ones and run it 1.055x the fit ranking's laten
 transformers``, 3 runs); now the batch-64 records are its only contenders and it is the fit ranking's pick.
 
 Where the registry serves a cost model for the kernel's target (trained by a worker on the measurement log,
-:mod:`schedhub.tuner.publish`) that the session trusts, step 4 is the speed the model predicts for the
+:mod:`schedhub.tuner.workloads.publish`) that the session trusts, step 4 is the speed the model predicts for the
 candidate replayed on this kernel instead (:func:`model_rank_key`), for the kernels whose competing candidates
 hold the kernel's own layer at two shapes or more (:func:`model_decides`; ``use(..., rank_by_model=True)``: for
 every kernel, False: never). A record's speed at home says little once records of the same layer at

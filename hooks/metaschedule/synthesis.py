@@ -108,7 +108,7 @@ class LogModel:
     trains none): what the bench compares against.
 
     A model the registry serves for the target under this compiler (:meth:`served`: trained by a worker
-    on the target's own log, :mod:`schedhub.tuner.publish`) comes first when ``use_served`` and the session
+    on the target's own log, :mod:`schedhub.tuner.workloads.publish`) comes first when ``use_served`` and the session
     trusts its pusher: it costs one download instead of the training. Where siblings could top the log up, it
     comes first only once it learned from :data:`SERVED_ALONE` trials. A worker that trains the models it
     publishes sets ``use_served`` False.

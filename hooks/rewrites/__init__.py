@@ -10,7 +10,7 @@ not strided across output channels. A compile splits that rewrite out of each su
 time, once per machine. CPU schedules only: MetaSchedule's GPU postprocessors rewrite no layouts.
 
 A record's workload is the kernel as it was rewritten when it was tuned, so the rewrites are part of what a kernel
-*is*: a compile finds only records tuned with the same rewrites, and the tuner (``tuner.models.kernels``) extracts
+*is*: a compile finds only records tuned with the same rewrites, and the tuner (``tuner.networks.models.kernels``) extracts
 kernels with the same passes the hook runs (``hooks.pipeline.fusion_passes``).
 """
 
@@ -63,7 +63,7 @@ class Rewrites:
 
     def flags(self) -> list[str]:
         """The benches' options that ask for these rewrites (none for no rewrite); ``schedhub tune`` takes the same, though
-        where neither the layout nor the packing is named an AVX2 or AVX-512 CPU tunes NHWC prepacked (``tuner.plan.tuning_rewrites``)."""
+        where neither the layout nor the packing is named an AVX2 or AVX-512 CPU tunes NHWC prepacked (``tuner.networks.plan.tuning_rewrites``)."""
         return [*(["--layout", self.layout] if self.layout != "given" else []), *(["--math", self.math] if self.math != "exact" else []),
                 *(["--prepack"] if self.prepack else []), *(["--conv", self.conv] if self.conv != "direct" else [])]  # fmt: skip
 

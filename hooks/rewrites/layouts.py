@@ -1,7 +1,7 @@
 """Convolution layouts: the layout a compile converts a network's 2-D convolutions to before they are fused and looked up.
 
 A record's workload is in the layout it was tuned in, so the layout is part of what a kernel *is*: a compile that
-converts looks up the converted kernels, and the tuner (``tuner.models.kernels``) extracts them with the same passes.
+converts looks up the converted kernels, and the tuner (``tuner.networks.models.kernels``) extracts them with the same passes.
 
 - ``"given"``: the layout the frontend gave (``torch.export`` and ONNX give NCHW): no conversion.
 - ``"NHWC"``: data NHWC, weights OHWI (Relax's ``ConvertLayout``; the weights are constants, so their transpose

@@ -15,7 +15,7 @@ from typing import Any
 
 from schedhub.registry import TARGET, Candidate, Identity, Record, RefusedRecord, Registry, RegistryError
 
-from . import cluster
+from ..execution import cluster
 from .logmodel import model_log
 from .retime import lacking_flushed, settled
 from .publish import Published, publish_cost_model

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .cluster import configure_environment
+from ..execution.cluster import configure_environment
 
 
 class ClusterNotReady(RuntimeError):

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .kernels import random_arguments
+from ..execution.kernels import random_arguments
 
 _EPILOGUE = {"add", "relu", "multiply"}
 

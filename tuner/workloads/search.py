@@ -26,9 +26,9 @@ from typing import Any
 
 from schedhub.registry import FLUSHED_SECS, MAX_TRIALS_PER_ENTRY, Identity, Record, Trial, TrialLog, trace_id
 
-from . import cluster, tvm_env
-from .backends import BuiltKernels, RayBuilder, RayRunner, Timeline
-from .kernels import FINAL_TIMING, TUNING_TIMING
+from ..execution import cluster, tvm_env
+from ..execution.backends import BuiltKernels, RayBuilder, RayRunner, Timeline
+from ..execution.kernels import FINAL_TIMING, TUNING_TIMING
 
 log = logging.getLogger("schedhub.tuner")
 TUNER_NAME = "schedhub.tuner/0.1"

@@ -130,11 +130,11 @@ def stop() -> None:
 #: the task bodies (search, verify) submit tasks themselves, so importing them here would be a cycle.
 #: A killed Ray worker re-runs a build or measurement; a candidate that fails to build is a result, not an error.
 TASKS: dict[str, tuple[str, str, dict[str, Any]]] = {
-    "build": ("schedhub.tuner.kernels", "build", {"num_cpus": 1, "max_retries": 2}),
-    "measure": ("schedhub.tuner.kernels", "measure", {"num_cpus": 1, "max_retries": 2}),  # placed by placement()
-    "probe": ("schedhub.tuner.kernels", "probe_gpu", {"num_cpus": 0, "num_gpus": 1, "max_retries": 0}),
-    "tune": ("schedhub.tuner.search", "tune_job", {"num_cpus": 1, "max_retries": 0}),
-    "verify": ("schedhub.tuner.verify", "verify_job", {"num_cpus": 1, "max_retries": 1}),
+    "build": ("schedhub.tuner.execution.kernels", "build", {"num_cpus": 1, "max_retries": 2}),
+    "measure": ("schedhub.tuner.execution.kernels", "measure", {"num_cpus": 1, "max_retries": 2}),  # placed by placement()
+    "probe": ("schedhub.tuner.execution.kernels", "probe_gpu", {"num_cpus": 0, "num_gpus": 1, "max_retries": 0}),
+    "tune": ("schedhub.tuner.workloads.search", "tune_job", {"num_cpus": 1, "max_retries": 0}),
+    "verify": ("schedhub.tuner.workloads.verify", "verify_job", {"num_cpus": 1, "max_retries": 1}),
 }
 
 

@@ -17,9 +17,9 @@ from typing import Any
 
 from schedhub.registry import Identity
 
-from . import cluster, tvm_env
-from .backends import Timeline
-from .kernels import FINAL_TIMING, UNTIMED_MARGIN_SECS
+from ..execution import cluster, tvm_env
+from ..execution.backends import Timeline
+from ..execution.kernels import FINAL_TIMING, UNTIMED_MARGIN_SECS
 
 
 #: A record re-measured this many times slower than the target's default schedule, timed beside it (and by more than

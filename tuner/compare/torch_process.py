@@ -31,7 +31,7 @@ from . import engines
 from .engines import check_engine
 
 #: The default factory: the shipped MLP (the demo's model) from its Relax weights.
-MLP_FACTORY = "schedhub.tuner.torch_process:mlp_twin"
+MLP_FACTORY = "schedhub.tuner.compare.torch_process:mlp_twin"
 
 
 #: What holds PyTorch's CPU kernels (ATen's, oneDNN's, MKL's) to one instruction set: its baseline for code TVM built for an
@@ -60,7 +60,7 @@ class TorchProcess:
         self.engine = engine
         self._dir = tempfile.TemporaryDirectory(prefix="schedhub-torch-")
         env = {**os.environ, **ISA_ENV[isa]} if isa is not None else None
-        self._proc = subprocess.Popen([sys.executable, "-u", "-m", "schedhub.tuner.torch_process", device, engine], cwd=cwd, stdin=subprocess.PIPE,
+        self._proc = subprocess.Popen([sys.executable, "-u", "-m", "schedhub.tuner.compare.torch_process", device, engine], cwd=cwd, stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, text=True, env=env)  # fmt: skip
 
     def __enter__(self) -> TorchProcess:
@@ -91,7 +91,7 @@ class TorchProcess:
     def load_network(self, name: str, weights: dict[str, np.ndarray], x: np.ndarray, factory: str = MLP_FACTORY, **shape: int) -> np.ndarray:
         """Build the PyTorch twin of shipped model ``name`` with these weights (``factory(name, weights, **options)``);
         its output on ``x`` as the process's engine computes it (checked against eager PyTorch's)."""
-        from .models import MODELS  # here, not in the PyTorch process: it imports TVM
+        from ..networks.models import MODELS  # here, not in the PyTorch process: it imports TVM
 
         if name in MODELS:
             shape = {**MODELS[name].defaults, **shape}

@@ -21,10 +21,10 @@ from typing import Protocol, TypeVar
 
 from schedhub.registry import Identity, Registry
 
-from . import cluster
+from ..execution import cluster
 from .allocation import Goal, KernelTuning, Policy, network_secs, timed_so_far
-from .dispatch import push_result, start_tuning
-from .search import TuneOptions, TuneResult
+from ..workloads.dispatch import push_result, start_tuning
+from ..workloads.search import TuneOptions, TuneResult
 
 log = logging.getLogger("schedhub.tuner")
 

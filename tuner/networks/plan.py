@@ -202,7 +202,7 @@ def from_torch_export(exported: Any) -> tvm.IRModule:
 
 def resolve_target(spec: str | dict[str, Any] | None) -> dict[str, Any]:
     """``"host"``/None → this CPU; a JSON object or a mapping → as given; TVM's string forms too."""
-    from .tvm_env import host_target
+    from ..execution.tvm_env import host_target
 
     if spec is None or spec == "host":
         return host_target()
