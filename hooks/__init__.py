@@ -154,7 +154,7 @@ def use(
                               measure=measure, objects=objects, synthesize=synthesize, rank_by_model=rank_by_model, pad=pad,
                               relocate=relocate, repostprocess=repostprocess, rewrites=rewrites, rules=rules, network_name=name)  # fmt: skip
     if name is not None:
-        session.network_name = name
+        session.reporting.name = name
     token = ACTIVE.set(session)
     try:
         with contextlib.ExitStack() as stack:

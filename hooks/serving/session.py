@@ -53,7 +53,7 @@ from ..rewrites import NO_REWRITES, Rewrites
 from ..kernels.identity import as_module, plain_json, workload_identity
 from ..build.lowering import Lowerings
 from ..kernels.measure import Budget, runs_here
-from .misses import MissReporting
+from .misses import MissReporter, transferred_secs, untuned_secs
 from ..metaschedule.msdb import normalize_mod, replay_launchable
 from ..build.objects import OBJECT_ID, ObjectCache, object_id_of
 from ..metaschedule.padding import PADDED, padded_dispatch
@@ -89,14 +89,13 @@ class ReplayFailed(RuntimeError):
     """A trace that failed to replay on this kernel before (the per-machine cache remembers)."""
 
 
-class HookSession(TransferServing, MissReporting):
+class HookSession(TransferServing):
     def __init__(self, registry: Registry, *, report_misses: bool = True, trust: Trust = "verified",
                  limits: ScheduleLimits | None = None, transfer: bool = True, cache: KernelCache | None = None,
                  measure: float = 0.0, objects: ObjectCache | None = None, synthesize: int = 0, rank_by_model: bool | None = None, pad: bool = True,
                  relocate: bool = True, repostprocess: bool = True, rewrites: Rewrites | RewriteOptions = NO_REWRITES, rules: bool = True,
                  network_name: str | None = None) -> None:  # fmt: skip
         check_sample_count(synthesize)
-        self.network_name = network_name  # what the registry's page calls the network this session compiles
         self.rewrite_options = rewrites if isinstance(rewrites, RewriteOptions) else RewriteOptions((rewrites,))  # what a compile may rewrite (:mod:`.choice`)
         self.rewrites = self.rewrite_options.first  # what the compile rewrites before its kernels are looked up (:mod:`.rewrites`)
         self.registry = registry
@@ -112,7 +111,6 @@ class HookSession(TransferServing, MissReporting):
         self.build_workers = usable_cpus()  # candidates compiled at once
         self.cache = cache if cache is not None else KernelCache(default_dir())
         self.lowerings = Lowerings(self.cache)  # scheduled kernels not built alone, lowered alone before the model's build
-        self.report_misses = report_misses
         self.transfer = transfer
         self.trust = trust
         self.trusts = trust_filter(trust)
@@ -127,9 +125,8 @@ class HookSession(TransferServing, MissReporting):
         self._flops: dict[str, float] = {}  # kernel key: TVM's FLOP estimate (a cost model's feature)
         self._retiled: dict[tuple[str, str], Retiling] = {}  # (kernel key, trace id): tile sizes re-derived on replay
         self._committed: dict[str, dict[str, Record]] = {}  # key: trace id: this process's best commit of it, read back at once
-        self._pending_misses: dict[str, Identity] = {}
+        self.reporting = MissReporter(registry, self.cache, enabled=report_misses, name=network_name)  # misses and networks told: :mod:`.misses`
         self._calls: dict[str, int] = {}  # kernel key: call sites in the module being compiled
-        self._networks_reported: set[frozenset[tuple[str, int]]] = set()  # the modules this session told the registry of
         self._served_secs: dict[str, float] = {}  # kernel key: seconds per call of the transfer it served (measured or estimated)
         self._refused_keys: set[str] = set()
         self._refused_named = 0  # records left out at a lookup that this session named and complained about
@@ -153,13 +150,32 @@ class HookSession(TransferServing, MissReporting):
         self._served_objects.clear()
 
     def end_compile(self) -> None:
-        self.flush_misses()
-        self.report_network()
+        self.reporting.flush(self.report, self.offline, self.miss_cost, self.say)
+        self.reporting.report_network(self._calls, self.offline)
         if (why := self.cache.unwritable.tell()) is not None:
             self.say(f"the kernel cache in {self.cache.root} cannot be written ({why}): later compiles redo this one's work")
         if self.objects is not None and (why := self.objects.failed.tell()) is not None:
             self.say(f"kernel objects not cached in {self.objects.root} ({why}): those kernels are built in the model's module")
         log.info(self.report.summary())
+
+    def measure_priority(self, identity: Identity) -> float:
+        """How much measuring a kernel's candidates may matter, before it is served: nothing for a hit, else the
+        seconds it is expected to cost one run of the module, its call sites times its work at the home speed
+        (:func:`.ranking.speed`) of its nearest trusted candidate, or, with none, at :data:`.misses.UNTUNED_SPEED` (a
+        kernel only synthesis can serve). A compile that measures serves its misses in this order, so a budget
+        that runs out has been spent where the module spends its time."""
+        if self.records(identity):
+            return 0.0
+        near = next((c.record for c in self._candidates.get(identity.key, []) if self.trusts(c.record) and not keeps_default_schedule(c.record.trace)), None)
+        return self._calls.get(identity.key, 1) * (transferred_secs(identity, near) if near else untuned_secs(identity))
+
+    def miss_cost(self, identity: Identity) -> float:
+        """Estimated seconds a missed kernel costs one run of the module compiled: its call sites times the
+        seconds per call of what it was served (the transfer's time measured here, or its record's speed on
+        its own workload applied to this kernel's work: :func:`.ranking.work`), or, for a kernel left to
+        TVM's default schedule, its work, data movement included (:func:`.ranking.effort`), at :data:`.misses.UNTUNED_SPEED`."""
+        secs = self._served_secs.get(identity.key)
+        return self._calls.get(identity.key, 1) * (untuned_secs(identity) if secs is None else secs)
 
     def say(self, problem: str) -> None:
         """A problem the compile survived, in the report and the log, once a session."""
@@ -305,7 +321,7 @@ class HookSession(TransferServing, MissReporting):
                 continue
             self._note(identity, HIT, f"default:{record.trace_id}" if keeps_default_schedule(record.trace) else record.trace_id)
             return out
-        self._pending_misses[identity.key] = identity  # a transfer too: the exact schedule is still to tune
+        self.reporting.add(identity)
         ruled, record = self._ruled(identity, apply, kernel)
         transferred = self._transfer(identity, apply, bench, kernel, (record, ruled) if record is not None else None) if transfers else None
         if transferred is not None and not isinstance(transferred, (KeptDefault, RuledFaster)):
