@@ -53,17 +53,28 @@ def test_a_model_imported_as_users_do_gets_the_keys_schedhub_tune_tuned(tmp_path
     np.testing.assert_allclose((got[0] if not hasattr(got, "numpy") else got).numpy(), want, rtol=1e-4, atol=1e-4)
 
 
-def test_an_encoder_layer_imported_as_users_do_has_the_keys_schedhub_tune_imports() -> None:
+def test_an_encoder_layer_imported_as_users_do_has_the_keys_schedhub_tune_imports(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """``from_exported_program`` leaves attention's ``full_like`` of a constant where ``schedhub tune``'s import folds it:
-    the softmax kernel got another key (``…_full_where…``), one kernel a tuned network never hit. The hook folds it."""
+    the softmax kernel got another key (``…_full_where…``), one kernel a tuned network never hit. The hook folds it. By
+    default ``models.kernels``, ``schedhub tune``'s plan and ``use()`` then give one set of keys, whichever path imported
+    the layer."""
     from tvm.relax.frontend.torch import from_exported_program
+
+    from schedhub.hooks import use
 
     from .torch_factories import encoder_layer
 
     with torch.no_grad():
         exported = torch.export.export(encoder_layer(), (torch.randn(1, 64, 32),))  # at 8 tokens TVM folds it itself
-    target = tvm.target.Target(plan.resolve_target("host"))
-    tuned = {k.identity.key: k.name for k in kernels(plan.from_torch_export(exported), target, NO_REWRITES)}
-    imported = {k.identity.key: k.name for k in kernels(from_exported_program(exported), target, NO_REWRITES)}
+    host = plan.resolve_target("host")
+    target = tvm.target.Target(host)
+    tuned_mod, users = plan.from_torch_export(exported), from_exported_program(exported)
+    given = {k.identity.key: k.name for k in kernels(tuned_mod, target, NO_REWRITES)}
+    imported = {k.identity.key: k.name for k in kernels(users, target, NO_REWRITES)}
     assert any("softmax" in name for name in imported.values())
-    assert imported == tuned
+    assert imported == given
+    planned = {k.identity.key for k in kernels(tuned_mod, target, plan.tuning_rewrites(host, plan.AUTO, "exact", None, "direct", [tuned_mod]))}
+    assert {k.identity.key for k in kernels(users, target)} == {k.identity.key for k in kernels(tuned_mod, target)} == planned
+    with use(tmp_path / "store", target, report_misses=False, cache=tmp_path / "cache") as session:
+        tvm.compile(users, target)
+    assert {k.key for k in session.report.kernels} == planned
