@@ -272,8 +272,10 @@ def standing_rows(full: dict[str, Any] | None, studies: list[dict[str, Any]], en
         if "ruled" not in t or not engines:
             continue
         network = study["network"].rpartition(":")[2] + "".join(f" {k} {v}" for k, v in study.get("shape", {}).items() if k != "input")
-        rows.append([network, study["cpu"], "first compile, untuned", f"{t['ruled']['median']:.3g}",
-                     *(f"{engines[name]:.3g}" if name in engines else "" for name in ENGINES), f"{min(engines.values()) / t['ruled']['median']:.2f}×"])  # fmt: skip
+        served = [("ruled", "first compile, untuned")] + ([("starter", study["starter_label"])] if study.get("starter_label") and "starter" in t else [])
+        for column, how in served:
+            rows.append([network, study["cpu"], how, f"{t[column]['median']:.3g}",
+                         *(f"{engines[name]:.3g}" if name in engines else "" for name in ENGINES), f"{min(engines.values()) / t[column]['median']:.2f}×"])  # fmt: skip
     return rows
 
 

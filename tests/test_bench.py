@@ -567,6 +567,9 @@ def test_the_page_opens_with_where_schedhub_stands_beside_every_engine_timed(tmp
     (tmp_path / "runs" / "r.json").write_text(json.dumps(run))
     (tmp_path / "runs" / "plain.json").write_text(json.dumps({**run, "engines": []}))  # eager only: in the model table already
     assert report.standing_rows(None, [], report.engine_runs(tmp_path / "runs")) == [["resnet18", "znver3", "tuned 40 min", "40", "44", "28", "", "", "0.70×"]]
+    tuned = {"network": "bench.networks:resnet50", "cpu": "znver3", "starter_label": "tuned 60 min", "shape": {"input": [1, 3, 224, 224]},
+             "timing": {"ruled": summary(98.0), "starter": summary(90.0), "pytorch": summary(120.0), "openvino": summary(60.0)}}  # fmt: skip
+    assert report.standing_rows(None, [tuned])[1] == ["resnet50", "znver3", "tuned 60 min", "90", "120", "", "60", "", "0.67×"]  # a study's own tuned store
 
 
 def test_the_gap_study_replays_every_kernel_call_of_a_forward_pass_on_the_vms_own_tensors() -> None:

@@ -64,6 +64,8 @@ def main() -> None:
     parser.add_argument("--shape", action="append", default=[], help="with --network: a shape option, e.g. image=224 (repeatable)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--starter-store", type=Path, help="a store tuned for other networks: the network compiled from a copy of it too")
+    parser.add_argument("--starter-label", help="with --starter-store: what the store is, for the standing table (e.g. 'tuned 60 min'): a store "
+                        "tuned for this very network makes its row a tuned row")  # fmt: skip
     parser.add_argument("--engines", default="", help="with --torch: engines timed beside it, comma-separated (onnxruntime, openvino, inductor)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
@@ -74,6 +76,8 @@ def main() -> None:
     engine_names = [e for e in args.engines.split(",") if e]
     if engine_names and not args.torch:
         parser.error("--engines needs --torch")
+    if args.starter_label and not args.starter_store:
+        parser.error("--starter-label goes with --starter-store")
     with TorchProcess(cwd=REPO) as torch_proc, tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         if args.torch:
             from ..network_inputs import INPUTS
@@ -105,7 +109,7 @@ def main() -> None:
     result = {
         "command": "python -m bench.studies.first_compile " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v and k not in ("out", "shape"))
                    + "".join(f" --shape {s}" for s in args.shape),
-        "network": label, "shape": shape, "compile_secs": secs, "reports": reports, "timing": timing, "max_rel_error": errors,
+        "network": label, "shape": shape, "cpu": str(target.attrs.get("mcpu", "")), "starter_label": args.starter_label, "compile_secs": secs, "reports": reports, "timing": timing, "max_rel_error": errors,
         "over_pytorch": {name: timing[name]["median"] / timing["pytorch"]["median"] for name in executables},
         "over_fastest_engine": {name: timing[name]["median"] / min(timing[e]["median"] for e in ("pytorch", *engines)) for name in executables},
         "environment": environment(),
