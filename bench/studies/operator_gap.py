@@ -1,0 +1,96 @@
+"""Where the time goes against oneDNN: a tuned network's heaviest kernels beside the same operator run by PyTorch.
+
+    python -m bench.studies.operator_gap --store DIR --torch bench.networks:resnet50 [--input 1,3,224,224] [--top 12] [--out FILE]
+
+The network (a PyTorch model a user brings, imported as ``schedhub tune`` imports it) is split into the kernels a
+compile with the defaults looks up (``models.kernels``). For each kernel the store holds a verified record of, its
+time is the record's verified mean (the tuner's re-measurement of what it publishes: the kernel alone, its weights
+packed as the schedule reads them). The heaviest ``--top`` (calls × time) that are a convolution or a matmul with an
+add/multiply/ReLU epilogue are then timed as PyTorch runs the same operator at the same shapes
+(``torch.nn.functional.conv2d`` or ``torch.matmul``: oneDNN on CPUs), in a process of its own that never imported
+TVM, on the target's threads, NCHW as its users run it. Both as GFLOPS (the kernel's floating-point operations,
+MetaSchedule's count), with the share of the network's estimate each kernel holds: where a faster library kernel
+would pay off most.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from schedhub.tuner.compare import baselines
+from schedhub.tuner.compare.torch_process import TorchProcess
+from schedhub.tuner.execution import tvm_env
+from schedhub.tuner.networks import models
+
+from ..report import REPO, environment
+from ..torch_export import export_factory
+
+
+def kernel_rows(mod: Any, target: Any, store: Path) -> list[dict[str, Any]]:
+    """Every kernel of ``mod`` the store holds a verified record of: op, calls, the record's verified seconds, FLOPs."""
+    from schedhub.hooks.kernels.identity import workload_module
+    from schedhub.hooks.metaschedule.costmodel import flops
+    from schedhub.registry import LocalRegistry
+
+    rows = []
+    with LocalRegistry(store, readonly=True) as reg:
+        for k in models.kernels(mod, target):
+            entries = reg.lookup_entries([k.identity.key]).get(k.identity.key, [])
+            verified = [status["vmean"] for _, status in entries if status.get("vby") and status.get("vmean")]
+            if not verified:
+                continue
+            rows.append({"op": k.identity.op, "calls": k.calls, "key": k.identity.key, "args_info": k.identity.args_info,
+                         "secs": min(verified), "flops": flops(workload_module(k.identity.workload))})  # fmt: skip
+    return rows
+
+
+def main() -> None:
+    import tvm
+
+    parser = argparse.ArgumentParser(prog="python -m bench.studies.operator_gap", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--store", type=Path, required=True, help="a store tuned for the network (schedhub tune -r DIR)")
+    parser.add_argument("--torch", required=True, help="the PyTorch model's factory, pkg.mod:function (e.g. bench.networks:resnet50)")
+    parser.add_argument("--input", help="the input shape, e.g. 1,3,224,224 (default: bench.network_inputs.INPUTS)")
+    parser.add_argument("--layout", default="NHWC", choices=["NHWC", "given"], help="the layout the store's convolutions were tuned in")
+    parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    from ..network_inputs import INPUTS
+
+    tvm_env.prepare()
+    target = tvm.target.Target(tvm_env.host_target())
+    threads = int(target.attrs["num-cores"])
+    input_shape = [int(d) for d in args.input.split(",")] if args.input else INPUTS[args.torch.rpartition(":")[2]]
+    with tempfile.TemporaryDirectory() as tmp:
+        mod, _, _ = export_factory(args.torch, input_shape, Path(tmp))
+    rows = kernel_rows(mod, target, args.store)
+    estimate = sum(r["calls"] * r["secs"] for r in rows)
+    heaviest = [r for r in sorted(rows, key=lambda r: -r["calls"] * r["secs"]) if baselines.supported(r["op"], r["args_info"])][: args.top]
+    with TorchProcess(cwd=REPO) as torch_proc:
+        torch_proc.load_module(args.torch, [input_shape], threads)  # its threads set as for the network
+        baselines.spin_down()
+        for r in heaviest:
+            r["torch_secs"] = torch_proc.time_kernel(r["op"], baselines.in_nchw(r["op"], r["args_info"], args.layout), repeat=5, min_secs=0.2)
+    for r in heaviest:
+        r["share"] = r["calls"] * r["secs"] / estimate
+        r["gflops"] = r["flops"] / r["secs"] / 1e9
+        r["torch_gflops"] = r["flops"] / r["torch_secs"] / 1e9 if r.get("torch_secs") else None
+        print(f"{r['op']:<40} ×{r['calls']}  {r['share']:6.1%}  schedhub {r['secs'] * 1e3:8.3f} ms {r['gflops']:6.1f} GFLOPS   "
+              f"oneDNN {((r.get('torch_secs') or 0) * 1e3):8.3f} ms {(r['torch_gflops'] or 0):6.1f} GFLOPS", flush=True)
+    result = {"command": "python -m bench.studies.operator_gap " + " ".join(f"--{k} {v}" for k, v in vars(args).items() if v and k != "out"),
+              "network": args.torch, "input": input_shape, "cpu": str(target.attrs.get("mcpu", "")), "kernels": len(rows),
+              "estimate_secs": estimate, "heaviest": [{k: v for k, v in r.items() if k != "args_info"} | {"shapes": [a[2] for a in r["args_info"]]} for r in heaviest],
+              "environment": environment()}  # fmt: skip
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    np.seterr(all="ignore")
+    main()
