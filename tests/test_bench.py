@@ -772,3 +772,22 @@ def test_a_reweighted_network_is_the_same_network_with_other_weights() -> None:
     assert len(before) == len(after) >= 6  # three layers' weights and biases
     for was, now in zip(before, after, strict=True):
         np.testing.assert_array_equal(now, was * 2 if was.size > 1 and was.dtype.kind == "f" else was)
+
+
+def test_the_operator_gap_joins_an_nhwc_kernel_with_onnx_runtimes_node_of_the_same_convolution() -> None:
+    """``bench.studies.operator_gap --ort``: a kernel tuned NHWC (OHWI weights) and ONNX Runtime's NCHW node of the same
+    convolution share one shape; a node of another stride, or of another group count, does not join."""
+    from bench.studies import operator_gap
+
+    args_info = [["TENSOR", "float32", [1, 14, 14, 256]], ["TENSOR", "float32", [1024, 1, 1, 256]], ["TENSOR", "float32", [1, 1, 1, 1024]],
+                 ["TENSOR", "float32", [1, 14, 14, 1024]]]  # fmt: skip
+    node = {"op": "Conv", "inputs": [[1, 256, 14, 14], [1024, 256, 1, 1], [1024]], "outputs": [[1, 1024, 14, 14]]}
+    profile = {"wall_ms": 1.0, "nodes": [{**node, "median_us": 100.0}, {**node, "median_us": 300.0},
+                                         {**node, "outputs": [[1, 1024, 7, 7]], "median_us": 5.0},  # stride 2
+                                         {**node, "inputs": [[1, 256, 14, 14], [1024, 1, 1, 1], [1024]], "median_us": 1.0}]}  # depthwise
+    rows = [{"op": "fused_conv2d_add", "calls": 2, "secs": 4e-4, "flops": 2 * 14 * 14 * 256 * 1024, "args_info": args_info},
+            {"op": "fused_matmul", "calls": 1, "secs": 1e-3, "flops": 1.0, "args_info": []}]  # fmt: skip
+    joined = operator_gap.ort_rows(rows, "NHWC", profile)
+    (conv,) = joined["convs"]
+    assert conv["shape"] == [256, 1024, 1, 256, 14, 14] and conv["ort_us"] == 200.0  # the median of its two nodes
+    assert joined["schedhub_conv_ms"] == pytest.approx(0.8) and joined["ort_conv_ms"] == pytest.approx(0.4) and joined["unmatched"] == []

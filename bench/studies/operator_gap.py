@@ -1,6 +1,6 @@
 """Where the time goes against oneDNN: a tuned network's heaviest kernels beside the same operator run by PyTorch.
 
-    python -m bench.studies.operator_gap --store DIR --torch bench.networks:resnet50 [--input 1,3,224,224] [--top 12] [--out FILE]
+    python -m bench.studies.operator_gap --store DIR --torch bench.networks:resnet50 [--input 1,3,224,224] [--top 12] [--ort] [--out FILE]
 
 The network (a PyTorch model a user brings, imported as ``schedhub tune`` imports it) is split into the kernels a
 compile with the defaults looks up (``models.kernels``). For each kernel the store holds a verified record of, its
@@ -11,12 +11,19 @@ add/multiply/ReLU epilogue are then timed as PyTorch runs the same operator at t
 TVM, on the target's threads, NCHW as its users run it. Both as GFLOPS (the kernel's floating-point operations,
 MetaSchedule's count), with the share of the network's estimate each kernel holds: where a faster library kernel
 would pay off most.
+
+``--ort``: also ONNX Runtime's own time for the same convolutions, from its profiler (:mod:`.ort_profile`, in a
+process of its own): each kernel joined with the ORT nodes of the same shapes (input and output channels, kernel size,
+groups, input and output size), every convolution of the network, with both totals.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -50,6 +57,40 @@ def kernel_rows(mod: Any, target: Any, store: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def conv_signature(args_info: list[Any]) -> tuple[int, ...]:
+    """A convolution's shape in NCHW terms (input and output channels, kernel height, weight's input channels (groups),
+    input and output height), from its NCHW data and OIHW weights' shapes."""
+    x, w, out = args_info[0][2], args_info[1][2], args_info[-1][2]
+    return (x[1], w[0], w[2], w[1], x[2], out[2])
+
+
+def ort_conv_times(profile: dict[str, Any]) -> dict[tuple[int, ...], float]:
+    """Median microseconds of ONNX Runtime's convolution nodes of each shape (:mod:`.ort_profile`)."""
+    found: dict[tuple[int, ...], list[float]] = {}
+    for node in profile["nodes"]:
+        if node["op"] in ("Conv", "FusedConv") and len(node["inputs"]) >= 2:
+            x, w, out = node["inputs"][0], node["inputs"][1], node["outputs"][0]
+            found.setdefault((x[1], w[0], w[2], w[1], x[2], out[2]), []).append(node["median_us"])
+    return {sig: statistics.median(times) for sig, times in found.items()}
+
+
+def ort_rows(rows: list[dict[str, Any]], layout: str, profile: dict[str, Any]) -> dict[str, Any]:
+    """Every convolution kernel of ``rows`` beside ONNX Runtime's node of the same shape, and both totals."""
+    times = ort_conv_times(profile)
+    joined = []
+    for r in rows:
+        if not r["op"].startswith("fused_conv2d"):
+            continue
+        sig = conv_signature(baselines.in_nchw(r["op"], r["args_info"], layout))
+        ort_us = times.get(sig)
+        joined.append({"op": r["op"], "calls": r["calls"], "shape": list(sig), "secs": r["secs"], "flops": r["flops"], "ort_us": ort_us,
+                       "gflops": r["flops"] / r["secs"] / 1e9, "ort_gflops": r["flops"] / ort_us / 1e3 if ort_us else None})  # fmt: skip
+    both = [j for j in joined if j["ort_us"]]
+    return {"wall_ms": profile["wall_ms"], "convs": sorted(joined, key=lambda j: -j["calls"] * j["secs"]),
+            "schedhub_conv_ms": sum(j["calls"] * j["secs"] for j in both) * 1e3, "ort_conv_ms": sum(j["calls"] * j["ort_us"] for j in both) / 1e3,
+            "unmatched": [j["op"] for j in joined if not j["ort_us"]]}  # fmt: skip
+
+
 def main() -> None:
     import tvm
 
@@ -59,6 +100,7 @@ def main() -> None:
     parser.add_argument("--input", help="the input shape, e.g. 1,3,224,224 (default: bench.network_inputs.INPUTS)")
     parser.add_argument("--layout", default="NHWC", choices=["NHWC", "given"], help="the layout the store's convolutions were tuned in")
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--ort", action="store_true", help="also ONNX Runtime's profiled time of every convolution (bench.studies.ort_profile)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     from ..network_inputs import INPUTS
@@ -83,9 +125,20 @@ def main() -> None:
         r["torch_gflops"] = r["flops"] / r["torch_secs"] / 1e9 if r.get("torch_secs") else None
         print(f"{r['op']:<40} ×{r['calls']}  {r['share']:6.1%}  schedhub {r['secs'] * 1e3:8.3f} ms {r['gflops']:6.1f} GFLOPS   "
               f"oneDNN {((r.get('torch_secs') or 0) * 1e3):8.3f} ms {(r['torch_gflops'] or 0):6.1f} GFLOPS", flush=True)
+    ort = None
+    if args.ort:  # after the PyTorch process ended, alone on the cores
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "ort.json"
+            subprocess.run([sys.executable, "-m", "bench.studies.ort_profile", "--torch", args.torch, "--input", ",".join(map(str, input_shape)),
+                            "--threads", str(threads), "--out", str(out)], cwd=REPO, check=True, timeout=1800)  # fmt: skip
+            ort = ort_rows(rows, args.layout, json.loads(out.read_text()))
+        for j in ort["convs"]:
+            print(f"{j['op']:<40} ×{j['calls']}  {str(j['shape']):<28} schedhub {j['gflops']:6.1f} GFLOPS  ONNX Runtime {(j['ort_gflops'] or 0):6.1f}")
+        print(f"convolutions: schedhub {ort['schedhub_conv_ms']:.2f} ms, ONNX Runtime {ort['ort_conv_ms']:.2f} ms (its whole run {ort['wall_ms']:.2f} ms)")
     result = {"command": "python -m bench.studies.operator_gap " + " ".join(f"--{k} {v}" for k, v in vars(args).items() if v and k != "out"),
               "network": args.torch, "input": input_shape, "cpu": str(target.attrs.get("mcpu", "")), "kernels": len(rows),
               "estimate_secs": estimate, "heaviest": [{k: v for k, v in r.items() if k != "args_info"} | {"shapes": [a[2] for a in r["args_info"]]} for r in heaviest],
+              "onnxruntime": ort,
               "environment": environment()}  # fmt: skip
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")

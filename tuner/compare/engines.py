@@ -60,7 +60,7 @@ def compiled(engine: str, net: Any, inputs: tuple[Any, ...], threads: int, workd
         return _eager(net, inputs)
     if engine == "inductor":
         return _inductor(net, inputs, device)
-    onnx_file = _exported(net, inputs, workdir)
+    onnx_file = exported(net, inputs, workdir)
     arrays = [x.detach().cpu().numpy() for x in inputs]
     return _onnxruntime(onnx_file, arrays, threads) if engine == "onnxruntime" else _openvino(onnx_file, arrays, threads)
 
@@ -93,7 +93,8 @@ def _inductor(net: Any, inputs: tuple[Any, ...], device: str) -> Callable[[], np
     return run
 
 
-def _exported(net: Any, inputs: tuple[Any, ...], workdir: Path) -> Path:
+def exported(net: Any, inputs: tuple[Any, ...], workdir: Path) -> Path:
+    """``net`` exported to ONNX by ``torch.onnx.export`` (the dynamo exporter), as ONNX Runtime and OpenVINO read it."""
     import torch
 
     path = workdir / "model.onnx"
@@ -102,7 +103,9 @@ def _exported(net: Any, inputs: tuple[Any, ...], workdir: Path) -> Path:
     return path
 
 
-def _onnxruntime(path: Path, arrays: list[np.ndarray], threads: int) -> Callable[[], np.ndarray]:
+def onnxruntime_options(threads: int) -> Any:
+    """ONNX Runtime's session options as its documentation says a latency-bound CPU model runs fastest: every graph
+    optimization, one request at a time on ``threads`` threads."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -110,7 +113,13 @@ def _onnxruntime(path: Path, arrays: list[np.ndarray], threads: int) -> Callable
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return options
+
+
+def _onnxruntime(path: Path, arrays: list[np.ndarray], threads: int) -> Callable[[], np.ndarray]:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), onnxruntime_options(threads), providers=["CPUExecutionProvider"])
     feeds = {arg.name: array for arg, array in zip(session.get_inputs(), arrays)}
     return lambda: first_output(session.run(None, feeds))
 
