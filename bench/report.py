@@ -233,13 +233,14 @@ ENGINES = {"pytorch": "PyTorch eager", "onnxruntime": "ONNX Runtime", "openvino"
 
 
 def first_compiles(studies: Path) -> list[dict[str, Any]]:
-    """The first-compile studies (``bench.studies.first_compile``), each with the CPU it ran on: its ``cpu``, else its
-    file name's last part (``first-compile-NAME-CPU.json``, as the study's files are named)."""
+    """The first-compile studies (``bench.studies.first_compile``), oldest first (by when each was ``recorded``; one
+    recorded before studies said so counts as older, its file name deciding among those), each with the CPU it ran on:
+    its ``cpu``, else its file name's last part (``first-compile-NAME-CPU.json``, as the study's files were named)."""
     found = []
     for path in sorted(studies.glob("first-compile-*.json")):
         study = json.loads(path.read_text())
         found.append({**study, "cpu": study.get("cpu") or path.stem.rsplit("-", 1)[-1]})
-    return found
+    return sorted(found, key=lambda s: s.get("recorded", ""))  # stable: the file order among the unrecorded
 
 
 def engine_runs(runs: Path) -> list[dict[str, Any]]:

@@ -570,6 +570,9 @@ def test_the_page_opens_with_where_schedhub_stands_beside_every_engine_timed(tmp
     tuned = {"network": "bench.networks:resnet50", "cpu": "znver3", "starter_label": "tuned 60 min", "shape": {"input": [1, 3, 224, 224]},
              "timing": {"ruled": summary(98.0), "starter": summary(90.0), "pytorch": summary(120.0), "openvino": summary(60.0)}}  # fmt: skip
     assert report.standing_rows(None, [tuned])[1] == ["resnet50", "znver3", "tuned 60 min", "90", "120", "", "60", "", "0.67×"]  # a study's own tuned store
+    (tmp_path / "first-compile-resnet50-tuned-znver3.json").write_text(json.dumps({**tuned, "recorded": "2026-12-07 21:06 UTC"}))
+    (tmp_path / "first-compile-resnet50-znver3.json").write_text(json.dumps({**tuned, "timing": {"ruled": summary(99.0), "pytorch": summary(130.0)}}))
+    assert [r[3] for r in report.standing_rows(None, report.first_compiles(tmp_path)) if r[0] == "resnet50"] == ["98", "90"]  # the recorded one is newer
 
 
 def test_the_gap_study_replays_every_kernel_call_of_a_forward_pass_on_the_vms_own_tensors() -> None:

@@ -109,7 +109,7 @@ def main() -> None:
     result = {
         "command": "python -m bench.studies.first_compile " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v and k not in ("out", "shape"))
                    + "".join(f" --shape {s}" for s in args.shape),
-        "network": label, "shape": shape, "cpu": str(target.attrs.get("mcpu", "")), "starter_label": args.starter_label, "compile_secs": secs, "reports": reports, "timing": timing, "max_rel_error": errors,
+        "network": label, "shape": shape, "cpu": str(target.attrs.get("mcpu", "")), "recorded": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "starter_label": args.starter_label, "compile_secs": secs, "reports": reports, "timing": timing, "max_rel_error": errors,
         "over_pytorch": {name: timing[name]["median"] / timing["pytorch"]["median"] for name in executables},
         "over_fastest_engine": {name: timing[name]["median"] / min(timing[e]["median"] for e in ("pytorch", *engines)) for name in executables},
         "environment": environment(),
