@@ -86,7 +86,7 @@ def test_a_source_the_prelude_breaks_is_compiled_as_tvm_does(source: str, monkey
 
 def test_the_precompiled_header_leaves_with_its_process(tmp_path: Path) -> None:
     script = tmp_path / "compile.py"
-    script.write_text("from schedhub.tuner import cuda_build\n"
+    script.write_text("from schedhub.tuner.execution import cuda_build\n"
                       "cuda_build.compile_source('extern \"C\" __global__ void k(float* a) { a[threadIdx.x] += 1.0f; }', 'sm_90')\n"
                       "print(cuda_build._precompiled_dir())\n")  # fmt: skip
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=True)
