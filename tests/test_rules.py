@@ -39,6 +39,66 @@ def test_a_convolution_gets_a_register_block_of_vectors_by_rows_and_its_rows_rem
     assert c512 == [2, 1, 1, 32] and w512 == [1, 7, 1, 8]  # AVX-512: twice the lanes, twice the accumulators
 
 
+def image_tiles(h: int, w: int, c: int, k: int) -> list[Tile]:
+    """:func:`conv_tiles` of a 1×1 convolution, each output axis with the operands it indexes."""
+    reads = (frozenset({"data"}), frozenset({"data"}), frozenset({"data"}), frozenset({"weights"}))
+    return [Tile(e, 4, 64, r) for e, r in zip((1, h, w, c), reads)] + [Tile(e, 2, 64) for e in (1, 1, k)]
+
+
+def test_a_short_row_lets_the_register_block_span_the_image_rows_too_where_the_operands_allow() -> None:
+    n, h, w, c, *_ = tile_decisions(image_tiles(14, 14, 256, 1024), lanes=8, most_accumulators=12)
+    assert c == [16, 1, 1, 16] and w == [1, 7, 1, 2] and h == [7, 1, 1, 2]  # 2 x 2 pixels by 2 vectors: 8 accumulators, not 7 x 1
+    _, h1, w1, c1, *_ = tile_decisions(conv_tiles(1, 14, 14, 256, 1024, 1), lanes=8, most_accumulators=12)
+    assert (h1, w1, c1) == ([14, 1, 1, 1], [1, 2, 1, 7], [32, 1, 1, 8])  # operands unknown: the rows from one axis, as before
+    _, h56, w56, _, *_ = tile_decisions(image_tiles(56, 56, 64, 64), lanes=8, most_accumulators=12)
+    assert w56 == [1, 14, 1, 4] and h56 == [56, 1, 1, 1]  # a long row fills the block alone: the rows stay on it
+    batched = [Tile(12, 4, 64, frozenset({"a", "b"})), Tile(14, 4, 64, frozenset({"a"})), Tile(64, 4, 64, frozenset({"b"})), Tile(64, 2, 64)]
+    b, i, _, _ = tile_decisions(batched, lanes=8, most_accumulators=12)
+    assert b == [12, 1, 1, 1] and i == [1, 2, 1, 7]  # a batch indexes the weights too (each of its rows would need its own): 7 rows of one
+
+
+def test_weights_far_larger_than_the_image_make_their_blocks_the_parallel_loop_and_the_image_axes_go_inside() -> None:
+    heavy = {"data": 7 * 7 * 512 * 4, "weights": 512 * 512 * 9 * 4}  # ResNet-50's last 3x3 convolutions: 9.4 MB of weights, 100 KB of image
+    n, h, w, c, *_ = tile_decisions(image_tiles(7, 7, 512, 4608), lanes=8, most_accumulators=12, operand_bytes=heavy)
+    assert c == [64, 1, 1, 8] and w == [1, 1, 1, 7]  # 7 pixels by one vector, as before
+    assert h == [1, 7, 1, 1]  # the image rows inside each task: a task reads its weight panel once, for every pixel
+    _, h_light, *_ = tile_decisions(image_tiles(7, 7, 512, 4608), lanes=8, most_accumulators=12, operand_bytes={"data": 1, "weights": 2})
+    assert h_light == [7, 1, 1, 1]  # weights no larger than twice the image: the image rows stay the outer parallel loop
+    _, h_few, *_ = tile_decisions(image_tiles(7, 7, 32, 4608), lanes=8, most_accumulators=12, operand_bytes=heavy)
+    assert h_few == [7, 1, 1, 1]  # 2 weight blocks: too few to be the parallel loop alone
+
+
+def test_the_ruled_schedule_of_a_small_image_convolution_blocks_two_image_axes(tmp_path: Path) -> None:
+    from schedhub.hooks.metaschedule.msdb import normalize_mod
+
+    class Conv(nn.Module):
+        def __init__(self) -> None:
+            self.conv = nn.Conv2D(64, 64, 1, bias=False, data_layout="NHWC")
+
+        def forward(self, x: nn.Tensor) -> nn.Tensor:
+            return self.conv(x)
+
+    mod = bound(Conv(), (1, 14, 14, 64), scale=0.1)
+    conv = next(k for k in kernels(mod, CPU, NO_REWRITES) if "conv2d" in k.name)
+    normalized = normalize_mod(workload_module(conv.identity.workload))
+    anchor = rules._anchor_operands(normalized)
+    assert anchor is not None
+    operands, sizes = anchor
+    assert [e for e, _ in operands] == [1, 14, 14, 64]
+    assert operands[1][1] == operands[2][1] != operands[3][1] and not operands[1][1] & operands[3][1]  # rows and columns: the image only
+    spatial = [t for t in rules._tiles(normalized, _space(normalized), anchor) if t.kind == rules.SPATIAL]
+    assert [t.reads for t in spatial] == [r for _, r in operands]
+    assert sizes[next(iter(operands[3][1]))] == 64 * 64 * 4  # the weights' bytes, as the rules weigh them against the image's
+    assert rules.ruled_trace(normalized, CPU) is not None
+
+
+def _space(normalized: tvm.IRModule) -> tvm.s_tir.Schedule:
+    from tvm.s_tir import meta_schedule as ms
+
+    context = ms.TuneContext(mod=normalized, target=CPU, space_generator="post-order-apply", rand_state=1, num_threads=1)
+    return max(reversed(context.generate_design_space()), key=rules._fuses_epilogue)
+
+
 def test_an_axis_no_vector_divides_keeps_its_own_factor_and_every_decision_multiplies_out() -> None:
     *_, c, _, _, _ = tile_decisions(conv_tiles(1, 7, 7, 3, 3, 1), lanes=8, most_accumulators=12)
     assert c == [1, 1, 1, 3]
