@@ -777,6 +777,38 @@ def test_a_reweighted_network_is_the_same_network_with_other_weights() -> None:
         np.testing.assert_array_equal(now, was * 2 if was.size > 1 and was.dtype.kind == "f" else was)
 
 
+def test_the_tuning_plot_reads_each_rounds_estimate_once_every_kernel_was_timed_and_each_check_of_the_compiled_network() -> None:
+    from bench.studies.tuning_plot import plot, tuning_rounds
+
+    log = "\n".join([
+        "round   1     16 trials    1.4 min  fused_conv2d16_add9_relu71               3035.1 µs ×5  network ≥ 15.176 ms so far (1 of 2 kernels timed; inductor 77.919 ms)",
+        "round   2     32 trials    3.6 min  fused_conv2d2_add1_relu11                9237.6 µs ×3  network 142.340 ms (0.55× inductor)",
+        "round   3     48 trials    5.2 min  fused_conv2d2_add1_relu11                2165.1 µs ×3  network 106.110 ms (0.73× inductor)",
+        "check at 48 trials: the compiled network 100.869 ms (0.77× inductor), the estimate 106.110 ms",
+    ])  # fmt: skip
+    assert tuning_rounds(log) == ([(32, 3.6, 142.34), (48, 5.2, 106.11)], [(48, 100.869)])
+    timing = {arm: {"median": ms} for arm, ms in (("ruled", 94.3), ("starter", 95.6), ("pytorch", 142.0), ("onnxruntime", 67.1))}
+    fig = plot(log, {"network": "bench.networks:resnet50", "cpu": "znver3", "timing": timing})
+    labels = fig.axes[0].get_legend_handles_labels()[1]
+    assert {"ONNX Runtime", "PyTorch eager", "schedhub untuned (CPU rules)"} <= set(labels) and "OpenVINO" not in labels  # an engine not timed: no line
+    with pytest.raises(ValueError, match="no round"):
+        plot(log.splitlines()[0], {"network": "n", "timing": timing})
+
+
+def test_the_operator_gap_joins_a_convolution_kernel_with_its_calls_inside_the_network_whatever_the_weights_packing() -> None:
+    """``bench.studies.operator_gap --timed network``: a kernel's OHWI weights and its call's prepacked ones hold the same
+    elements; a 3x3 kernel of the same channels, or one of another stride, is another key."""
+    from bench.studies.operator_gap import call_key
+
+    kernel = [[1, 14, 14, 256], [1024, 1, 1, 256], [1, 1, 1, 1024], [1, 14, 14, 1024]]
+    packed_call = [[1, 14, 14, 256], [64, 1, 1, 32, 1, 8, 16], [1, 1, 1, 1024], [1, 14, 14, 1024]]
+    assert call_key(kernel, "NHWC") == call_key(packed_call, "NHWC") == (256, 1024, 14, 14, 256 * 1024)
+    assert call_key([kernel[0], [1024, 3, 3, 256], kernel[-1]], "NHWC") != call_key(kernel, "NHWC")
+    assert call_key([kernel[0], kernel[1], [1, 7, 7, 1024]], "NHWC") != call_key(kernel, "NHWC")
+    assert call_key([[1, 256, 14, 14], [1024, 256, 1, 1], [1, 1024, 14, 14]], "NCHW") == call_key(kernel, "NHWC")
+    assert call_key([[1, 256], [256, 1024], [1, 1024]], "NHWC") == ()  # not a convolution: joins nothing
+
+
 def test_the_operator_gap_joins_an_nhwc_kernel_with_onnx_runtimes_node_of_the_same_convolution() -> None:
     """``bench.studies.operator_gap --ort``: a kernel tuned NHWC (OHWI weights) and ONNX Runtime's NCHW node of the same
     convolution share one shape; a node of another stride, or of another group count, does not join."""

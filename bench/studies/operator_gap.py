@@ -1,11 +1,16 @@
 """Where the time goes against oneDNN: a tuned network's heaviest kernels beside the same operator run by PyTorch.
 
-    python -m bench.studies.operator_gap --store DIR --torch bench.networks:resnet50 [--input 1,3,224,224] [--top 12] [--ort] [--out FILE]
+    python -m bench.studies.operator_gap --store DIR --torch bench.networks:resnet50 [--input 1,3,224,224] [--timed network|records]
+                                         [--top 12] [--ort] [--out FILE]
 
 The network (a PyTorch model a user brings, imported as ``schedhub tune`` imports it) is split into the kernels a
-compile with the defaults looks up (``models.kernels``). For each kernel the store holds a verified record of, its
-time is the record's verified mean (the tuner's re-measurement of what it publishes: the kernel alone, its weights
-packed as the schedule reads them). The heaviest ``--top`` (calls × time) that are a convolution or a matmul with an
+compile with the defaults looks up (``models.kernels``). Each kernel's time is what it takes inside the network
+(``--timed network``, the default): the network compiled through the hook from ``--store`` as a user's compile gets it
+(the store's records; the CPU rules' schedules for what it lacks, so an empty store times the rules) and run with every
+kernel call timed by an instrument, the median of :data:`NETWORK_PASSES` passes; a convolution's calls are joined with
+its kernel by their shapes (:func:`call_key`). ``--timed records``: the store's verified mean of each kernel it holds
+a record of instead (the tuner's re-measurement: the kernel alone, called again and again, so its weights stay in the
+caches; ResNet-50's 7×7 convolutions ran 2× slower inside the network than so). The heaviest ``--top`` (calls × time) that are a convolution or a matmul with an
 add/multiply/ReLU epilogue are then timed as PyTorch runs the same operator at the same shapes
 (``torch.nn.functional.conv2d`` or ``torch.matmul``: oneDNN on CPUs), in a process of its own that never imported
 TVM, on the target's threads, NCHW as its users run it. Both as GFLOPS (the kernel's floating-point operations,
@@ -57,6 +62,58 @@ def kernel_rows(mod: Any, target: Any, store: Path) -> list[dict[str, Any]]:
     return rows
 
 
+NETWORK_PASSES = 25  # instrumented forward passes a kernel's time inside the network is the median of
+
+
+def network_rows(mod: Any, target: Any, store: Path, layout: str, input_shape: list[int]) -> list[dict[str, Any]]:
+    """Every convolution kernel of ``mod`` with its median seconds per call inside the network compiled through the
+    hook from ``store`` (its records, the rules' schedules for the rest; with the defaults where ``layout`` is NHWC, as
+    given otherwise), joined with its calls by :func:`call_key`."""
+    import tvm
+    from tvm import relax
+
+    from schedhub import hooks
+    from schedhub.hooks.kernels.identity import workload_module
+    from schedhub.hooks.metaschedule.costmodel import flops
+
+    from ..models import network_input
+    from .cache_flush import profile_calls
+    from .gap import kernel_calls
+
+    with tempfile.TemporaryDirectory() as cache:
+        with hooks.use(store, target, cache=cache, report_misses=False, **({} if layout == "NHWC" else {"layout": "given", "prepack": False})):
+            ex = tvm.compile(mod, target)
+    x = network_input(input_shape)
+    calls = kernel_calls(relax.VirtualMachine(ex, tvm.cpu()), tvm.runtime.tensor(x), "main")
+    names_by_key: dict[tuple[int, ...], set[str]] = {}
+    count: dict[str, int] = {}
+    for call in calls:
+        count[call.name] = count.get(call.name, 0) + 1
+        if len(call.arrays) >= 3:
+            names_by_key.setdefault(call_key([list(a.shape) for a in call.arrays], layout), set()).add(call.name)
+    passes = [profile_calls(ex, x) for _ in range(max(1, NETWORK_PASSES // 9))]  # each the median of 9
+    per_call = {name: statistics.median(p.get(name, 0.0) for p in passes) / 1e3 / n for name, n in count.items()}
+    rows = []
+    for k in models.kernels(mod, target):
+        names = names_by_key.get(call_key([a[2] for a in k.identity.args_info], layout), set()) if k.identity.op.startswith("fused_conv2d") else set()
+        if not names:
+            continue
+        rows.append({"op": k.identity.op, "calls": k.calls, "key": k.identity.key, "args_info": k.identity.args_info,
+                     "secs": statistics.median(per_call[n] for n in names), "flops": flops(workload_module(k.identity.workload))})  # fmt: skip
+    return rows
+
+
+def call_key(shapes: list[list[int]], layout: str) -> tuple[int, ...]:
+    """What a convolution's kernel and its calls share whatever the weights' packing: input and output channels and
+    heights (NHWC or NCHW as ``layout`` says), and the weights' element count. ``shapes``: the data's first, the
+    weights' second, the output's last."""
+    x, w, out = shapes[0], shapes[1], shapes[-1]
+    if len(x) != 4 or len(out) != 4:
+        return ()
+    channels, height = (3, 1) if layout == "NHWC" else (1, 2)
+    return (x[channels], out[channels], x[height], out[height], int(np.prod(w)))
+
+
 def conv_signature(args_info: list[Any]) -> tuple[int, ...]:
     """A convolution's shape in NCHW terms (input and output channels, kernel height, weight's input channels (groups),
     input and output height), from its NCHW data and OIHW weights' shapes."""
@@ -99,6 +156,7 @@ def main() -> None:
     parser.add_argument("--torch", required=True, help="the PyTorch model's factory, pkg.mod:function (e.g. bench.networks:resnet50)")
     parser.add_argument("--input", help="the input shape, e.g. 1,3,224,224 (default: bench.network_inputs.INPUTS)")
     parser.add_argument("--layout", default="NHWC", choices=["NHWC", "given"], help="the layout the store's convolutions were tuned in")
+    parser.add_argument("--timed", default="network", choices=["network", "records"], help="each kernel's time inside the network, or its record's alone")
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument("--ort", action="store_true", help="also ONNX Runtime's profiled time of every convolution (bench.studies.ort_profile)")
     parser.add_argument("--out", type=Path)
@@ -111,7 +169,8 @@ def main() -> None:
     input_shape = [int(d) for d in args.input.split(",")] if args.input else INPUTS[args.torch.rpartition(":")[2]]
     with tempfile.TemporaryDirectory() as tmp:
         mod, _, _ = export_factory(args.torch, input_shape, Path(tmp))
-    rows = kernel_rows(mod, target, args.store)
+    layout = "NHWC" if args.layout == "NHWC" else "NCHW"
+    rows = network_rows(mod, target, args.store, layout, input_shape) if args.timed == "network" else kernel_rows(mod, target, args.store)
     estimate = sum(r["calls"] * r["secs"] for r in rows)
     heaviest = [r for r in sorted(rows, key=lambda r: -r["calls"] * r["secs"]) if baselines.supported(r["op"], r["args_info"])][: args.top]
     with TorchProcess(cwd=REPO) as torch_proc:
