@@ -777,6 +777,18 @@ def test_a_reweighted_network_is_the_same_network_with_other_weights() -> None:
         np.testing.assert_array_equal(now, was * 2 if was.size > 1 and was.dtype.kind == "f" else was)
 
 
+def test_two_revisions_kernels_pair_by_their_place_in_the_forward_pass_and_compiles_of_other_calls_do_not_pair() -> None:
+    from bench.studies.revision_kernels import paired
+
+    base = [[2e-3, 1e-3], [4e-3, 1e-3], [2e-3, 3e-3]]  # three passes of two calls, seconds
+    rev = [[1e-3, 1e-3], [1e-3, 1e-3], [1e-3, 1e-3]]
+    result = paired(base, rev)
+    assert [c["base_ms"] for c in result["calls"]] == pytest.approx([2.0, 1.0]) and [c["base_over_rev"] for c in result["calls"]] == pytest.approx([2.0, 1.0])
+    assert result["sums"] == pytest.approx({"base_ms": 3.0, "rev_ms": 2.0}) and result["base_over_rev"] == pytest.approx(1.5)
+    with pytest.raises(ValueError, match="different kernel calls"):
+        paired(base, [[1e-3, 1e-3, 1e-3]])
+
+
 def test_the_tuning_plot_reads_each_rounds_estimate_once_every_kernel_was_timed_and_each_check_of_the_compiled_network() -> None:
     from bench.studies.tuning_plot import plot, tuning_rounds
 
