@@ -12,12 +12,12 @@ instead of random decisions, decides every one by rule:
 - where that axis is short (a convolution's 14 or 7 columns), the rows may span a second axis, the one before it,
   when neither indexes the operand the vector axis reads (an image's rows and columns, never a batched matmul's
   batch, whose rows would each need their own weights): on ResNet-50's 14×14 convolutions a block of 2 × 2 pixels
-  by 2 vectors (8 accumulators) ran 1.1–1.5× faster than 7 pixels of one row by one vector (7);
+  by 2 vectors (8 accumulators) ran 1.12–1.28× faster inside the network than 7 pixels of one row by one vector (7);
 - the rows' remaining iterations are the second tiling level, so one weight panel serves every row tile of a
   parallel task from cache; the second axis's, and every other spatial axis, stay at the outer level, where the
   parallel loop is, unless the weights outweigh the image (over twice its bytes, ResNet-50's 14×14 and 7×7 stages):
   then the vector axis's blocks alone are the parallel loop and the image's axes go inside each task, so a task reads
-  its weight panel once for the whole image (the 7×7 stage's convolutions ran 1.1–1.36× faster in the network);
+  its weight panel once for the whole image (the 7×7 stage's convolutions ran 1.08–1.36× faster in the network);
 - each reduction axis is split with an inner step of at most 8; auto-unrolling is capped at 64 steps; producers
   (padding) are computed once, before the tiled block.
 
@@ -149,7 +149,7 @@ def _weights_inside(axes: Sequence[Tile], row: int | None, blocks: int, operand_
     """Whether the vector axis's blocks (``blocks`` of them) are the parallel loop, every other axis inside each task:
     where the operand the vector axis reads (a convolution's weights) is over :data:`WEIGHT_HEAVY` times the size of
     the one the rows read (its image) and the blocks are :data:`MIN_PARALLEL` or more. Each task then reads its panel
-    of weights once for every pixel; with the image rows outermost, a task takes one row and the next row's task reads
+    of weights once for all its pixels; with the image rows outermost, a task takes one row and the next row's task reads
     the same panel again, from memory where the weights outgrow the caches (ResNet-50's 7×7 convolutions, 9.4 MB of
     weights for 100 KB of image, ran 2× slower inside the network than timed alone)."""
     if row is None or blocks < MIN_PARALLEL or axes[-1].reads is None or axes[row].reads is None:
